@@ -1,0 +1,11 @@
+"""dil_jax: Delayed Interaction Layers for transformer question answering in JAX/Flax."""
+
+from dil_jax.config import ConfigError, EncoderConfig
+from dil_jax.model import DelayedInteractionModel, InputError
+from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput
+
+__all__ = [
+    "ConfigError", "DelayedInteractionModel", "EncoderConfig", "InputError", "PASSAGE_SEGMENT",
+    "QUESTION_SEGMENT", "ReaderOutput",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,396 @@
+"""Hugging Face checkpoint import and orbax save/load of converted params.
+
+A Hugging Face folder holds `config.json` and `model.safetensors` (read here with `safetensors`
+and numpy, no torch needed) or `pytorch_model.bin` (read with torch when it is installed). Names
+are mapped explicitly, every shape is checked against the Flax model's, and the report lists what
+was loaded, what was initialised (a QA head absent from a plain `BertModel` checkpoint) and what
+was ignored (pooler, pre-training heads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from dil_jax.config import ConfigError, EncoderConfig
+from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.modeling import num_param_blocks
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_FILE = "pytorch_model.bin"
+ENCODER_CONFIG_FILE = "encoder_config.json"
+PARAMS_DIR = "params"
+
+# Prefixes of task models (BertForQuestionAnswering holds `bert.embeddings...`).
+_BACKBONE_PREFIXES = ("bert.", "albert.", "distilbert.")
+# Tensors of pre-training heads and poolers: not part of a reader, ignored by name.
+_IGNORED = re.compile(
+    r"^(pooler\.|cls\.|predictions\.|sop_classifier\.|vocab_|classifier\.|pre_classifier\.|"
+    r"embeddings\.position_ids$)")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read or does not fit the model; the message says which tensor."""
+
+
+@dataclasses.dataclass
+class ImportReport:
+    """What a conversion did, by Hugging Face tensor name."""
+
+    source: str
+    loaded: list[str] = dataclasses.field(default_factory=list)
+    initialized: list[str] = dataclasses.field(default_factory=list)
+    ignored: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self) -> str:
+        lines = [f"imported {len(self.loaded)} tensors from {self.source}"]
+        if self.initialized:
+            lines.append(f"initialised (absent from the checkpoint): {', '.join(self.initialized)}")
+        if self.ignored:
+            lines.append(f"ignored (not part of a reader): {', '.join(self.ignored)}")
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
+                           **overrides: Any) -> EncoderConfig:
+    """Maps a Hugging Face `config.json` dict to an EncoderConfig (plus overrides such as k)."""
+    model_type = hf.get("model_type")
+
+    def need(key: str) -> Any:
+        if key not in hf:
+            raise CheckpointError(f"{source}: field {key!r} missing (model_type {model_type!r})")
+        return hf[key]
+
+    if model_type == "bert":
+        values = dict(
+            architecture="bert", hidden_size=need("hidden_size"),
+            num_layers=need("num_hidden_layers"), num_heads=need("num_attention_heads"),
+            intermediate_size=need("intermediate_size"), embedding_size=need("hidden_size"),
+            type_vocab_size=hf.get("type_vocab_size", 2), hidden_act=hf.get("hidden_act", "gelu"),
+            layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+            hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+            attention_dropout=hf.get("attention_probs_dropout_prob", 0.1))
+        if hf.get("position_embedding_type", "absolute") != "absolute":
+            raise CheckpointError(f"{source}: position_embedding_type "
+                                  f"{hf['position_embedding_type']!r} is not supported (absolute)")
+    elif model_type == "albert":
+        if hf.get("inner_group_num", 1) != 1:
+            raise CheckpointError(f"{source}: inner_group_num {hf['inner_group_num']} is not "
+                                  "supported (1, as in every released ALBERT)")
+        values = dict(
+            architecture="albert", hidden_size=need("hidden_size"),
+            num_layers=need("num_hidden_layers"), num_heads=need("num_attention_heads"),
+            intermediate_size=need("intermediate_size"),
+            embedding_size=hf.get("embedding_size", 128),
+            num_hidden_groups=hf.get("num_hidden_groups", 1),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            hidden_act=hf.get("hidden_act", "gelu_new"),
+            layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+            hidden_dropout=hf.get("hidden_dropout_prob", 0.0),
+            attention_dropout=hf.get("attention_probs_dropout_prob", 0.0))
+    elif model_type == "distilbert":
+        values = dict(
+            architecture="distilbert", hidden_size=need("dim"), num_layers=need("n_layers"),
+            num_heads=need("n_heads"), intermediate_size=need("hidden_dim"),
+            embedding_size=need("dim"), type_vocab_size=0,
+            hidden_act=hf.get("activation", "gelu"),
+            layer_norm_eps=1e-12,  # hard-coded in Hugging Face's DistilBERT
+            hidden_dropout=hf.get("dropout", 0.1),
+            attention_dropout=hf.get("attention_dropout", 0.1))
+    else:
+        raise CheckpointError(f"{source}: unknown architecture model_type={model_type!r}; "
+                              "supported: bert, albert, distilbert")
+    values.update(vocab_size=need("vocab_size"),
+                  max_position_embeddings=hf.get("max_position_embeddings", 512),
+                  initializer_range=hf.get("initializer_range", 0.02),
+                  pad_token_id=hf.get("pad_token_id", 0) or 0)
+    values.update(overrides)
+    try:
+        return EncoderConfig(**values)
+    except ConfigError as error:
+        raise CheckpointError(f"{source}: {error}") from error
+
+
+# ----------------------------------------------------------------------------- name map
+
+
+def _dense_rules(hf: str, ours: tuple[str, ...]) -> dict[str, tuple[tuple[str, ...], Callable]]:
+    """torch Linear [out, in] -> flax Dense kernel [in, out]."""
+    return {f"{hf}.weight": (ours + ("kernel",), np.transpose),
+            f"{hf}.bias": (ours + ("bias",), _identity)}
+
+
+def _norm_rules(hf: str, ours: tuple[str, ...]) -> dict[str, tuple[tuple[str, ...], Callable]]:
+    return {f"{hf}.weight": (ours + ("scale",), _identity),
+            f"{hf}.bias": (ours + ("bias",), _identity)}
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def _block_names(config: EncoderConfig, index: int) -> dict[str, str]:
+    """Hugging Face module names of parameter block `index`, keyed by our submodule names."""
+    if config.architecture == "bert":
+        p = f"encoder.layer.{index}"
+        return {"query": f"{p}.attention.self.query", "key": f"{p}.attention.self.key",
+                "value": f"{p}.attention.self.value", "output": f"{p}.attention.output.dense",
+                "attention_norm": f"{p}.attention.output.LayerNorm",
+                "ffn_in": f"{p}.intermediate.dense", "ffn_out": f"{p}.output.dense",
+                "output_norm": f"{p}.output.LayerNorm"}
+    if config.architecture == "albert":
+        p = f"encoder.albert_layer_groups.{index}.albert_layers.0"
+        return {"query": f"{p}.attention.query", "key": f"{p}.attention.key",
+                "value": f"{p}.attention.value", "output": f"{p}.attention.dense",
+                "attention_norm": f"{p}.attention.LayerNorm", "ffn_in": f"{p}.ffn",
+                "ffn_out": f"{p}.ffn_output", "output_norm": f"{p}.full_layer_layer_norm"}
+    p = f"transformer.layer.{index}"
+    return {"query": f"{p}.attention.q_lin", "key": f"{p}.attention.k_lin",
+            "value": f"{p}.attention.v_lin", "output": f"{p}.attention.out_lin",
+            "attention_norm": f"{p}.sa_layer_norm", "ffn_in": f"{p}.ffn.lin1",
+            "ffn_out": f"{p}.ffn.lin2", "output_norm": f"{p}.output_layer_norm"}
+
+
+def name_map(config: EncoderConfig) -> dict[str, tuple[tuple[str, ...], Callable]]:
+    """Hugging Face tensor name (backbone prefix stripped) -> (our param path, transform)."""
+    rules: dict[str, tuple[tuple[str, ...], Callable]] = {}
+    emb = ("embeddings",)
+    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        if table == "token_type_embeddings" and not config.type_vocab_size:
+            continue
+        rules[f"embeddings.{table}.weight"] = (emb + (table, "embedding"), _identity)
+    rules.update(_norm_rules("embeddings.LayerNorm", emb + ("norm",)))
+    if config.architecture == "albert":
+        rules.update(_dense_rules("encoder.embedding_hidden_mapping_in", emb + ("projection",)))
+    for index in range(num_param_blocks(config)):
+        block = (f"block_{index}",)
+        for ours, hf in _block_names(config, index).items():
+            if ours in ("attention_norm", "output_norm"):
+                rules.update(_norm_rules(hf, block + (ours,)))
+            elif ours in ("query", "key", "value", "output"):
+                rules.update(_dense_rules(hf, block + ("attention", ours)))
+            else:
+                rules.update(_dense_rules(hf, block + (ours,)))
+    rules.update(_dense_rules("qa_outputs", ("qa_outputs",)))
+    return rules
+
+
+def _strip_prefix(name: str) -> str:
+    for prefix in _BACKBONE_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def _get_path(tree: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
+                       rng: jax.Array | None = None,
+                       source: str = "state dict") -> tuple[Params, ImportReport]:
+    """Hugging Face tensors (numpy) -> Flax params, checking every name and shape.
+
+    Raises CheckpointError naming a missing backbone tensor, an unexpected one, or the first
+    tensor whose shape differs from what `config` implies. A missing QA head is initialised from
+    `rng` (default key 0) and listed in the report.
+    """
+    rules = name_map(config)
+    model = DelayedInteractionModel(config)
+    rng = jax.random.key(0) if rng is None else rng
+    fresh = model.init(rng)
+    report = ImportReport(source=source)
+    params: dict = {}
+    unexpected = []
+    for hf_name, tensor in state.items():
+        name = _strip_prefix(hf_name)
+        if name not in rules:
+            if _IGNORED.match(name):
+                report.ignored.append(hf_name)
+            else:
+                unexpected.append(hf_name)
+            continue
+        path, transform = rules[name]
+        value = transform(np.asarray(tensor, dtype=np.float32))
+        expected = _get_path(fresh, path).shape
+        if tuple(value.shape) != tuple(expected):
+            raise CheckpointError(
+                f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, but the config "
+                f"implies {tuple(expected) if transform is _identity else tuple(expected)[::-1]} "
+                f"(for {'/'.join(path)}); does config.json describe this checkpoint?")
+        _set_path(params, path, value)
+        report.loaded.append(hf_name)
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected tensor(s) not in a {config.architecture} "
+                              f"reader of {config.num_layers} layers: {sorted(unexpected)}")
+    missing = [name for name, (path, _) in rules.items()
+               if not _has_path(params, path)]
+    missing_backbone = [name for name in missing if not name.startswith("qa_outputs.")]
+    if missing_backbone:
+        raise CheckpointError(f"{source}: missing tensor(s): {missing_backbone}")
+    for name in missing:
+        path, _ = rules[name]
+        _set_path(params, path, np.asarray(_get_path(fresh, path)))
+        report.initialized.append(name)
+    return jax.tree.map(np.asarray, params), report
+
+
+def _has_path(tree: dict, path: tuple[str, ...]) -> bool:
+    try:
+        _get_path(tree, path)
+        return True
+    except KeyError:
+        return False
+
+
+def export_state_dict(params: Params, config: EncoderConfig) -> dict[str, np.ndarray]:
+    """Flax params -> Hugging Face tensor names (no backbone prefix) and layouts."""
+    out = {}
+    for name, (path, transform) in name_map(config).items():
+        value = np.asarray(_get_path(params, path), dtype=np.float32)
+        out[name] = np.ascontiguousarray(transform(value))  # transpose is its own inverse
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Tensors of a Hugging Face folder: safetensors (sharded too), else pytorch_model.bin."""
+    folder = Path(folder)
+    if (folder / SAFETENSORS_FILE).is_file():
+        from safetensors.numpy import load_file
+        return dict(load_file(folder / SAFETENSORS_FILE))
+    if (folder / SAFETENSORS_INDEX).is_file():
+        from safetensors.numpy import load_file
+        index = json.loads((folder / SAFETENSORS_INDEX).read_text())
+        state: dict[str, np.ndarray] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            state.update(load_file(folder / shard))
+        return state
+    if (folder / TORCH_FILE).is_file():
+        try:
+            import torch
+        except ImportError as error:
+            raise CheckpointError(
+                f"{folder / TORCH_FILE} needs torch to read; install it with "
+                "`pip install 'dil_jax[torch]'` or convert the folder to safetensors") from error
+        state = torch.load(folder / TORCH_FILE, map_location="cpu", weights_only=True)
+        return {name: tensor.float().numpy() for name, tensor in state.items()}
+    raise CheckpointError(f"{folder}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {TORCH_FILE}")
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
+    """A local folder, the embedded default ("default"), or a hub id fetched when online."""
+    name = str(name_or_path)
+    if name in ("default", "minilm"):
+        from dil_jax.defaults import default_checkpoint_dir
+        return default_checkpoint_dir()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"checkpoint {name!r} is a file; expected a folder with "
+                              f"{CONFIG_FILE} and {SAFETENSORS_FILE}")
+    is_hub_id = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) is not None
+    if not is_hub_id or name.startswith((".", "/", "~")):
+        raise CheckpointError(f"checkpoint folder not found: {name!r}")
+    try:
+        from huggingface_hub import snapshot_download
+        fetched = snapshot_download(
+            name, allow_patterns=["config.json", "*.safetensors", "*.json", "*.txt", "*.model"])
+    except Exception as error:  # offline, unknown id, ...: say both readings of the name
+        raise CheckpointError(
+            f"checkpoint {name!r}: no such local folder, and fetching it from the Hugging Face hub "
+            f"failed ({type(error).__name__}: {error})") from error
+    return Path(fetched)
+
+
+def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None = None,
+                       **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
+    """Reads a Hugging Face checkpoint into (config, params, report).
+
+    `config_overrides` set reader fields the checkpoint does not hold, e.g.
+    `num_lower_layers=4, max_question_len=64, dtype="bfloat16"`.
+    """
+    folder = resolve_checkpoint(name_or_path)
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise CheckpointError(f"{folder}: no {CONFIG_FILE}")
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
+    config = encoder_config_from_hf(hf_config, str(config_path), **config_overrides)
+    state = read_state_dict(folder)
+    params, report = convert_state_dict(state, config, rng, source=str(folder))
+    for line in report.summary().splitlines()[1:]:
+        log.warning(line)
+    return config, params, report
+
+
+# ----------------------------------------------------------------------------- orbax
+
+
+def save_params(directory: str | os.PathLike, params: Params, config: EncoderConfig) -> Path:
+    """Writes converted params (orbax) and the encoder config to `directory`, atomically.
+
+    Everything is written to a sibling temporary folder first and renamed into place, so a reader
+    never sees a half-written checkpoint.
+    """
+    import orbax.checkpoint as ocp
+
+    directory = Path(directory).absolute()
+    if directory.exists():
+        raise CheckpointError(f"{directory} already exists; refusing to overwrite it")
+    staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(staging / PARAMS_DIR, jax.tree.map(np.asarray, params))
+    checkpointer.wait_until_finished()
+    (staging / ENCODER_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
+    os.replace(staging, directory)
+    return directory
+
+
+def load_params(directory: str | os.PathLike, **config_overrides: Any
+                ) -> tuple[EncoderConfig, Params]:
+    """Reads what `save_params` wrote; overrides (e.g. num_lower_layers) apply to the config."""
+    import orbax.checkpoint as ocp
+
+    directory = Path(directory).absolute()
+    config_path = directory / ENCODER_CONFIG_FILE
+    if not config_path.is_file():
+        raise CheckpointError(f"{directory}: not a dil_jax checkpoint (no {ENCODER_CONFIG_FILE})")
+    values = json.loads(config_path.read_text())
+    values.update(config_overrides)
+    config = EncoderConfig.from_dict(values)
+    abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))
+    params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
+    return config, params

@@ -1,0 +1,147 @@
+"""Encoder configuration shared by BERT, ALBERT and DistilBERT readers.
+
+One frozen dataclass describes every supported architecture; it is hashable so it can be a Flax
+module attribute and a static argument of `jax.jit`. `num_lower_layers` (the paper's `k`) is part of
+the config because it decides where the computation splits, but not what the parameters are: the
+same params serve every `k`, so `dataclasses.replace(config, num_lower_layers=k)` is all it takes
+to read with another split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+ARCHITECTURES = ("bert", "albert", "distilbert")
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """Hyper-parameters of a delayed-interaction reader.
+
+    Attributes:
+      architecture: "bert", "albert" or "distilbert".
+      vocab_size: WordPiece/SentencePiece vocabulary size.
+      hidden_size: width of the transformer blocks.
+      num_layers: `l`, the number of blocks applied (ALBERT applies its shared block `l` times).
+      num_heads: attention heads per block.
+      intermediate_size: width of the feed-forward layer.
+      max_position_embeddings: rows of the learned position table.
+      type_vocab_size: rows of the token-type table (0 for DistilBERT, which has none).
+      embedding_size: ALBERT's factorized embedding width (equals hidden_size elsewhere).
+      num_hidden_groups: ALBERT parameter groups; block `i` uses group `i * groups // l`.
+      hidden_act: feed-forward activation, named as in Hugging Face configs.
+      layer_norm_eps: LayerNorm epsilon.
+      hidden_dropout: dropout on block outputs and embeddings.
+      attention_dropout: dropout on attention probabilities.
+      initializer_range: stddev of the truncated-normal init of fresh weights (e.g. the QA head).
+      pad_token_id: id of the padding token.
+      num_lower_layers: `k`, blocks run on question and passage separately (0..num_layers).
+      max_question_len: fixed padded length of the question segment `[CLS] q [SEP]`.
+      dtype: compute dtype name ("float32" or "bfloat16"); params always stay float32.
+    """
+
+    architecture: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    embedding_size: int = 768
+    num_hidden_groups: int = 1
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    num_lower_layers: int = 0
+    max_question_len: int = 64
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        validate_config(self)
+
+    @property
+    def compute_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def shares_block_weights(self) -> bool:
+        """ALBERT applies a few parameter groups many times."""
+        return self.architecture == "albert"
+
+    def replace(self, **changes: Any) -> EncoderConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown EncoderConfig field(s): {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+def validate_config(config: EncoderConfig) -> None:
+    """Raises ConfigError naming the first invalid field."""
+    if config.architecture not in ARCHITECTURES:
+        raise ConfigError(
+            f"unknown architecture {config.architecture!r}; supported: {list(ARCHITECTURES)}"
+        )
+    if config.hidden_act not in ACTIVATIONS:
+        raise ConfigError(f"unsupported hidden_act {config.hidden_act!r}; supported: {ACTIVATIONS}")
+    if config.dtype not in DTYPES:
+        raise ConfigError(f"unsupported dtype {config.dtype!r}; supported: {list(DTYPES)}")
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                 "max_position_embeddings", "embedding_size", "num_hidden_groups",
+                 "max_question_len"):
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")
+    if config.hidden_size % config.num_heads:
+        raise ConfigError(
+            f"hidden_size {config.hidden_size} is not a multiple of num_heads {config.num_heads}"
+        )
+    if not 0 <= config.num_lower_layers <= config.num_layers:
+        raise ConfigError(
+            f"num_lower_layers (k) must be in 0..{config.num_layers} (num_layers), "
+            f"got {config.num_lower_layers}"
+        )
+    if config.architecture == "albert" and config.num_layers % config.num_hidden_groups:
+        raise ConfigError(
+            f"ALBERT num_layers {config.num_layers} is not a multiple of num_hidden_groups "
+            f"{config.num_hidden_groups}"
+        )
+    if config.architecture != "albert" and config.embedding_size != config.hidden_size:
+        raise ConfigError(
+            f"embedding_size {config.embedding_size} differs from hidden_size {config.hidden_size}; "
+            "only ALBERT factorizes its embeddings"
+        )
+    if config.architecture == "distilbert" and config.type_vocab_size != 0:
+        raise ConfigError("DistilBERT has no token-type embeddings: type_vocab_size must be 0")
+    if config.architecture != "distilbert" and config.type_vocab_size < 2:
+        raise ConfigError(
+            f"type_vocab_size must be >= 2 (question 0, passage 1), got {config.type_vocab_size}"
+        )
+    if config.max_question_len > config.max_position_embeddings:
+        raise ConfigError(
+            f"max_question_len {config.max_question_len} exceeds max_position_embeddings "
+            f"{config.max_position_embeddings}"
+        )

