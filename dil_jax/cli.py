@@ -1,0 +1,51 @@
+"""The `dil-jax` command line: one entry point, one module per subcommand.
+
+Each module in `dil_jax.commands` exposes `register(subparsers)`, which adds its parser and sets
+`func` (called with the parsed args, returning an exit code). Heavy imports (jax, transformers)
+happen inside the commands so that `dil-jax --help` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Subcommand modules, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "dil_jax.commands.check",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dil-jax",
+        description="Delayed Interaction Layers for question answering in JAX/Flax.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, RuntimeError) as error:
+        # Our errors name the file/field/value; a trace from deep inside adds nothing for a user.
+        if args.verbose:
+            raise
+        print(f"dil-jax {args.command}: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
