@@ -1,0 +1,179 @@
+"""Reading a question x passage grid on all devices.
+
+Questions and passages are each encoded once by `encode_lower`; every (question, passage) pair then
+runs `encode_upper`. Pairs are processed in fixed-size chunks (one compilation, memory bounded by
+the chunk, not by q x p), and each chunk is split across all devices of a 1-D `Mesh`.
+
+Why a Mesh and not pmap: `jax.pmap` is in maintenance mode. A `jit` whose pair-index inputs carry
+a `NamedSharding` over the mesh's "data" axis gives the same per-device semantics as pmap (each
+device reads its slice of the chunk; params and lower states are replicated), while working the
+same way on 1 CPU, forced host devices, a GPU, or every chip of a multi-host TPU slice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+
+DATA_AXIS = "data"
+
+
+def make_mesh(devices: list | None = None) -> Mesh:
+    """A 1-D mesh over `devices` (default: every device of every process)."""
+    devices = jax.devices() if devices is None else devices
+    return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+@dataclasses.dataclass
+class GridOutput:
+    """Span scores of every pair; numpy arrays indexed [question, passage, ...].
+
+    start_logits, end_logits: [num_questions, num_passages, passage_len].
+    null_start_logits, null_end_logits: [num_questions, num_passages].
+    """
+
+    start_logits: np.ndarray
+    end_logits: np.ndarray
+    null_start_logits: np.ndarray
+    null_end_logits: np.ndarray
+
+
+class GridReader:
+    """Encodes segments and reads pair grids with one model on one mesh.
+
+    Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
+    multiple of the device count so every device gets an equal slice.
+    """
+
+    def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
+                 batch_size: int = 32, chunk_size: int = 64):
+        self.model = model
+        self.mesh = make_mesh() if mesh is None else mesh
+        num_devices = self.mesh.devices.size
+        self.batch_size = _round_up(batch_size, num_devices)
+        self.chunk_size = _round_up(chunk_size, num_devices)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+
+    # --------------------------------------------------------------------- lower blocks
+
+    @functools.cached_property
+    def _lower_fn(self):
+        def lower(params, ids, mask, segment):
+            return self.model.encode_lower(params, ids, mask, segment)
+
+        return jax.jit(lower, static_argnums=3,
+                       in_shardings=(self.replicated, self.sharded, self.sharded),
+                       out_shardings=self.sharded)
+
+    def encode_segments(self, params: Params, ids: np.ndarray, mask: np.ndarray,
+                        segment: int) -> jax.Array:
+        """Lower states of many segments, in device-sharded batches.
+
+        ids, mask: [n, seq] -> [n, seq, hidden] (a device array, replicated for the pair phase).
+        """
+        n = ids.shape[0]
+        padded = _round_up(max(n, 1), self.batch_size)
+        ids = np.pad(ids, ((0, padded - n), (0, 0)))
+        mask = np.pad(mask, ((0, padded - n), (0, 0)))
+        batches = [self._lower_fn(params, ids[i:i + self.batch_size],
+                                  mask[i:i + self.batch_size], segment)
+                   for i in range(0, padded, self.batch_size)]
+        states = jnp.concatenate(batches, axis=0)[:n]
+        return jax.device_put(states, self.replicated)
+
+    def encode_questions(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
+        return self.encode_segments(params, ids, mask, QUESTION_SEGMENT)
+
+    def encode_passages(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
+        """Passage lower states, for k > 0. With k = 0 (the full model) a passage has no
+        question-independent state to cache (its positions follow the question), so read_grid
+        takes the passage ids instead and this raises."""
+        if self.model.config.num_lower_layers == 0:
+            raise ValueError("with k = 0 (the full model) passage states depend on the question "
+                             "length through positions; pass passage ids to read_pairs instead")
+        return self.encode_segments(params, ids, mask, PASSAGE_SEGMENT)
+
+    # --------------------------------------------------------------------- pair blocks
+
+    @functools.cached_property
+    def _pair_fn(self):
+        model = self.model
+        full_model = model.config.num_lower_layers == 0
+
+        def pairs(params, q_lower, q_mask, p_source, p_mask, q_index, p_index):
+            # Gathering inside the jitted function means only index vectors cross to the devices;
+            # each device gathers its own pairs from the replicated lower states.
+            pair_q_mask = q_mask[q_index]
+            pair_p_mask = p_mask[p_index]
+            if full_model:
+                # k = 0: the "lower" passage state is its embedding at standard BERT positions,
+                # which start after the question's real tokens.
+                offset = jnp.sum(pair_q_mask, axis=1).astype(jnp.int32)
+                p_lower = model.encode_lower(params, p_source[p_index], pair_p_mask,
+                                             PASSAGE_SEGMENT, offset)
+            else:
+                p_lower = p_source[p_index]
+            out = model.encode_upper(params, q_lower[q_index], pair_q_mask, p_lower, pair_p_mask)
+            return (out.start_logits, out.end_logits, out.null_start_logits,
+                    out.null_end_logits)
+
+        rep, shard = self.replicated, self.sharded
+        return jax.jit(pairs, in_shardings=(rep, rep, rep, rep, rep, shard, shard),
+                       out_shardings=shard)
+
+    def iter_pair_chunks(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
+                         p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
+                         q_index: np.ndarray, p_index: np.ndarray
+                         ) -> Iterator[tuple[slice, tuple[jax.Array, ...]]]:
+        """Yields (slice of the pair list, device outputs) chunk by chunk.
+
+        q_lower: [nq, q_len, hidden]; p_source: passage lower states [np, p_len, hidden], or
+        passage ids [np, p_len] when k = 0; q_index, p_index: [num_pairs] int.
+        Outputs per chunk: start/end [chunk, p_len], null start/end [chunk].
+        """
+        num_pairs = len(q_index)
+        q_mask = jax.device_put(np.asarray(q_mask), self.replicated)
+        p_mask = jax.device_put(np.asarray(p_mask), self.replicated)
+        p_source = jax.device_put(p_source, self.replicated)
+        for start in range(0, num_pairs, self.chunk_size):
+            stop = min(start + self.chunk_size, num_pairs)
+            pad = self.chunk_size - (stop - start)
+            # Padding pairs repeat pair 0 of the chunk and are dropped by the caller's slice.
+            chunk_q = np.pad(np.asarray(q_index[start:stop], np.int32), (0, pad), mode="edge")
+            chunk_p = np.pad(np.asarray(p_index[start:stop], np.int32), (0, pad), mode="edge")
+            outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q, chunk_p)
+            yield slice(start, stop), outputs
+
+    def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
+                  p_source: jax.Array | np.ndarray, p_mask: np.ndarray) -> GridOutput:
+        """Every (question, passage) pair; see iter_pair_chunks for the inputs."""
+        nq, np_ = q_mask.shape[0], p_mask.shape[0]
+        q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
+                                                           indexing="ij"))
+        p_len = p_mask.shape[1]
+        start = np.empty((nq * np_, p_len), np.float32)
+        end = np.empty((nq * np_, p_len), np.float32)
+        null_start = np.empty(nq * np_, np.float32)
+        null_end = np.empty(nq * np_, np.float32)
+        for where, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+                                                    q_index, p_index):
+            n = where.stop - where.start
+            for target, value in zip((start, end, null_start, null_end), outputs):
+                target[where] = np.asarray(value)[:n]
+        return GridOutput(start.reshape(nq, np_, p_len), end.reshape(nq, np_, p_len),
+                          null_start.reshape(nq, np_), null_end.reshape(nq, np_))
