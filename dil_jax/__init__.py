@@ -5,7 +5,12 @@ from dil_jax.model import DelayedInteractionModel, InputError
 from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput
 
 __all__ = [
-    "ConfigError", "DelayedInteractionModel", "EncoderConfig", "InputError", "PASSAGE_SEGMENT",
-    "QUESTION_SEGMENT", "ReaderOutput",
+    "PASSAGE_SEGMENT",
+    "QUESTION_SEGMENT",
+    "ConfigError",
+    "DelayedInteractionModel",
+    "EncoderConfig",
+    "InputError",
+    "ReaderOutput",
 ]
 __version__ = "0.1.0"

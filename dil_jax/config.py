@@ -131,8 +131,8 @@ def validate_config(config: EncoderConfig) -> None:
         )
     if config.architecture != "albert" and config.embedding_size != config.hidden_size:
         raise ConfigError(
-            f"embedding_size {config.embedding_size} differs from hidden_size {config.hidden_size}; "
-            "only ALBERT factorizes its embeddings"
+            f"embedding_size {config.embedding_size} differs from hidden_size "
+            f"{config.hidden_size}; only ALBERT factorizes its embeddings"
         )
     if config.architecture == "distilbert" and config.type_vocab_size != 0:
         raise ConfigError("DistilBERT has no token-type embeddings: type_vocab_size must be 0")

@@ -49,7 +49,7 @@ def activation_fn(name: str):
 
 
 def attention_bias(mask: jax.Array) -> jax.Array:
-    """Key-padding mask [batch, seq] (1 = token, 0 = padding) -> additive bias [batch, 1, 1, seq]."""
+    """Key-padding mask [batch, seq] (1 = token, 0 = pad) -> additive bias [batch, 1, 1, seq]."""
     return jnp.where(mask[:, None, None, :] > 0, 0.0, MASK_BIAS).astype(jnp.float32)
 
 

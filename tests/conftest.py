@@ -1,0 +1,102 @@
+"""Shared fixtures: tiny random Hugging Face checkpoints written to disk, and the embedded MiniLM.
+
+Random-init checkpoints are built locally with `transformers` (no download) and saved as real
+Hugging Face folders, so tests exercise the same import path a user's checkpoint takes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def tiny_hf_config(arch: str, **overrides):
+    import transformers
+
+    # initializer_range 0.2 (not 0.02): with BERT's tiny default init a 32-wide model is nearly
+    # linear and attention nearly uniform, so a wrong mask or split would hide under 1e-4.
+    common = dict(vocab_size=99, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0, initializer_range=0.2)
+    if arch == "bert":
+        values = dict(common, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      intermediate_size=37)
+        values.update(overrides)
+        return transformers.BertConfig(**values)
+    if arch == "albert":
+        values = dict(common, embedding_size=16, hidden_size=32, num_hidden_layers=4,
+                      num_attention_heads=4, intermediate_size=37)
+        values.update(overrides)
+        return transformers.AlbertConfig(**values)
+    if arch == "distilbert":
+        values = dict(vocab_size=99, max_position_embeddings=64, dim=32, n_layers=4, n_heads=4,
+                      hidden_dim=37, dropout=0.0, attention_dropout=0.0,
+                      initializer_range=0.2)
+        values.update(overrides)
+        return transformers.DistilBertConfig(**values)
+    raise ValueError(arch)
+
+
+def build_hf_qa_model(arch: str, seed: int = 0, **overrides):
+    """A random-init `*ForQuestionAnswering` torch model in eval mode."""
+    import torch
+    import transformers
+
+    classes = {"bert": transformers.BertForQuestionAnswering,
+               "albert": transformers.AlbertForQuestionAnswering,
+               "distilbert": transformers.DistilBertForQuestionAnswering}
+    torch.manual_seed(seed)
+    model = classes[arch](tiny_hf_config(arch, **overrides)).eval()
+    # Default init leaves LayerNorm at scale 1 / bias 0; perturb so a mapping mix-up can't hide.
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                tensor.add_(0.1 * torch.randn_like(tensor))
+    return model
+
+
+def state_dict_numpy(model) -> dict[str, np.ndarray]:
+    return {name: tensor.detach().numpy().copy() for name, tensor in model.state_dict().items()}
+
+
+@pytest.fixture(scope="session")
+def hf_folder_factory(tmp_path_factory):
+    """Saves a tiny random HF QA model to a folder; returns (folder, torch model)."""
+    cache = {}
+
+    def make(arch: str, **overrides):
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in cache:
+            model = build_hf_qa_model(arch, **overrides)
+            folder = tmp_path_factory.mktemp(f"hf-{arch}")
+            model.save_pretrained(str(folder), safe_serialization=True)
+            cache[key] = (folder, model)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from dil_jax.defaults import default_checkpoint_dir
+
+    folder = default_checkpoint_dir()
+    assert (folder / "model.safetensors").is_file(), folder
+    return folder
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    assert SHARED_DATA.is_dir(), (
+        f"{SHARED_DATA} is missing: tests need the shared data folder beside the repo root")
+    return SHARED_DATA
+
+
+def edit_json(path: Path, **changes) -> None:
+    values = json.loads(path.read_text())
+    values.update(changes)
+    path.write_text(json.dumps(values))

@@ -1,0 +1,160 @@
+"""Delayed interaction is exactly what it claims.
+
+`encode_upper(encode_lower(q), encode_lower(p))` must equal an independently written reader (NumPy,
+tests/numpy_reference.py) that runs all l blocks over the concatenation `[q ; p]` with a
+block-diagonal attention mask in blocks 1..k (each segment sees only itself), passage positions
+restarting at 0 and token types 0/1 — for random k, for BERT, for ALBERT (one block shared by all
+layers, so the split must fall inside repeated applications of the same weights) and DistilBERT.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
+from dil_jax.model import DelayedInteractionModel
+from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+
+from conftest import state_dict_numpy
+from numpy_reference import reference_reader
+
+MAX_Q = 10
+ACT = {"bert": "gelu", "albert": "gelu_new", "distilbert": "gelu"}
+
+
+def _segments(seed: int, q_lens=(4, 10, 6), p_lens=(12, 7, 15), vocab=99):
+    rng = np.random.default_rng(seed)
+    p_len = max(p_lens)
+    q_ids = np.zeros((len(q_lens), MAX_Q), np.int32)
+    p_ids = np.zeros((len(p_lens), p_len), np.int32)
+    for i, (nq, npass) in enumerate(zip(q_lens, p_lens)):
+        q_ids[i, :nq] = [2, *rng.integers(5, vocab, nq - 2), 3]
+        p_ids[i, :npass] = [*rng.integers(5, vocab, npass - 1), 3]
+    return q_ids, (q_ids > 0).astype(np.int32), p_ids, (p_ids > 0).astype(np.int32)
+
+
+def _model_and_state(hf_folder_factory, arch, k, **overrides):
+    _, hf_model = hf_folder_factory(arch, **overrides)
+    hf_config = hf_model.config.to_dict()
+    config = encoder_config_from_hf(hf_config, num_lower_layers=k, max_question_len=MAX_Q)
+    state = state_dict_numpy(hf_model)
+    params, _ = convert_state_dict(state, config)
+    return DelayedInteractionModel(config), params, state
+
+
+def _reference(state, config, q, p, k):
+    """Reference logits over the passage tokens of one pair (unpadded lists of ids)."""
+    nq, npass = len(q), len(p)
+    seq = nq + npass
+    segment = np.array([0] * nq + [1] * npass)
+    same_segment = segment[:, None] == segment[None, :]
+    allowed = [same_segment if layer < k else np.ones((seq, seq), bool)
+               for layer in range(config.num_layers)]
+    positions = np.concatenate([np.arange(nq), np.arange(npass)])
+    start, end, _ = reference_reader(
+        state, config.architecture, config.num_layers, config.num_heads, np.array(q + p),
+        segment, positions, allowed, ACT[config.architecture],
+        num_groups=config.num_hidden_groups)
+    return start[nq:], end[nq:], start[0], end[0]
+
+
+@pytest.mark.parametrize("arch,seed", [("bert", 0), ("bert", 1), ("albert", 2),
+                                       ("distilbert", 3)])
+def test_split_equals_block_diagonal_reference(hf_folder_factory, arch, seed):
+    k = int(np.random.default_rng(seed).integers(1, 5))  # random k in 1..l (l = 4)
+    model, params, state = _model_and_state(hf_folder_factory, arch, k)
+    q_ids, q_mask, p_ids, p_mask = _segments(seed)
+    q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
+    p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
+    out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
+    for row in range(len(q_ids)):
+        q = list(q_ids[row, :q_mask[row].sum()])
+        p = list(p_ids[row, :p_mask[row].sum()])
+        start, end, null_start, null_end = _reference(state, model.config, q, p, k)
+        np.testing.assert_allclose(np.asarray(out.start_logits[row, :len(p)]), start,
+                                   atol=1e-4, err_msg=f"{arch} k={k} row {row}")
+        np.testing.assert_allclose(np.asarray(out.end_logits[row, :len(p)]), end, atol=1e-4)
+        np.testing.assert_allclose(float(out.null_start_logits[row]), null_start, atol=1e-4)
+        np.testing.assert_allclose(float(out.null_end_logits[row]), null_end, atol=1e-4)
+
+
+def test_reference_is_sensitive_to_k(hf_folder_factory):
+    """Guards the test above: different k give clearly different outputs, so passing means
+    the split point really is k."""
+    model, params, state = _model_and_state(hf_folder_factory, "bert", 2)
+    q_ids, q_mask, p_ids, p_mask = _segments(5)
+    out = model(params, q_ids, q_mask, p_ids, p_mask)
+    q = list(q_ids[0, :q_mask[0].sum()])
+    p = list(p_ids[0, :p_mask[0].sum()])
+    wrong_k, _, _, _ = _reference(state, model.config, q, p, k=3)
+    assert np.abs(np.asarray(out.start_logits[0, :len(p)]) - wrong_k).max() > 1e-3
+
+
+def test_albert_shared_block_split(hf_folder_factory):
+    """ALBERT with two parameter groups over 4 layers: the split inside a group is exact."""
+    model, params, state = _model_and_state(hf_folder_factory, "albert", 1, num_hidden_groups=2)
+    assert len([name for name in params if name.startswith("block_")]) == 2
+    q_ids, q_mask, p_ids, p_mask = _segments(7)
+    out = model(params, q_ids, q_mask, p_ids, p_mask)
+    q = list(q_ids[1, :q_mask[1].sum()])
+    p = list(p_ids[1, :p_mask[1].sum()])
+    start, _, _, _ = _reference(state, model.config, q, p, k=1)
+    np.testing.assert_allclose(np.asarray(out.start_logits[1, :len(p)]), start, atol=1e-4)
+
+
+def test_passage_lower_state_is_question_independent(hf_folder_factory):
+    model, params, _ = _model_and_state(hf_folder_factory, "bert", 2)
+    q_ids, q_mask, p_ids, p_mask = _segments(11)
+    same_passage_ids = np.repeat(p_ids[:1], 3, axis=0)
+    same_passage_mask = np.repeat(p_mask[:1], 3, axis=0)
+    out = model(params, q_ids, q_mask, same_passage_ids, same_passage_mask,
+                output_hidden_states=True)
+    alone = model.encode_lower(params, same_passage_ids, same_passage_mask, PASSAGE_SEGMENT)
+    for layer in range(model.config.num_lower_layers + 1):
+        passage_states = np.asarray(out.hidden_states[layer][:, MAX_Q:])
+        for row in (1, 2):  # paired with three different questions: bit-identical
+            np.testing.assert_array_equal(passage_states[row], passage_states[0])
+    np.testing.assert_array_equal(np.asarray(out.hidden_states[2][:, MAX_Q:]),
+                                  np.asarray(alone))
+    # Above k the passage does see the question.
+    upper = np.asarray(out.hidden_states[3][:, MAX_Q:])
+    assert np.abs(upper[1] - upper[0]).max() > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["bert", "albert", "distilbert"])
+def test_no_interaction_logits_ignore_the_question(hf_folder_factory, arch):
+    model, params, _ = _model_and_state(hf_folder_factory, arch, 4)  # k = l
+    q_ids, q_mask, p_ids, p_mask = _segments(13)
+    same_p = np.repeat(p_ids[2:3], 3, axis=0)
+    same_mask = np.repeat(p_mask[2:3], 3, axis=0)
+    out = model(params, q_ids, q_mask, same_p, same_mask)
+    for row in (1, 2):
+        np.testing.assert_array_equal(np.asarray(out.start_logits[row]),
+                                      np.asarray(out.start_logits[0]))
+        np.testing.assert_array_equal(np.asarray(out.end_logits[row]),
+                                      np.asarray(out.end_logits[0]))
+
+
+def test_encode_lower_vmaps_over_segments(hf_folder_factory):
+    """vmapping the one-segment function over a stack of batches equals the batched call."""
+    model, params, _ = _model_and_state(hf_folder_factory, "bert", 3)
+    _, _, p_ids, p_mask = _segments(17)
+    stacked_ids, stacked_mask = p_ids.reshape(3, 1, -1), p_mask.reshape(3, 1, -1)
+    vmapped = jax.vmap(lambda ids, mask: model.encode_lower(params, ids, mask, PASSAGE_SEGMENT))
+    np.testing.assert_allclose(
+        np.asarray(vmapped(stacked_ids, stacked_mask)).reshape(3, p_ids.shape[1], -1),
+        np.asarray(model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)), atol=1e-6)
+
+
+def test_full_model_equals_k0_split_path(hf_folder_factory):
+    """k = 0 is the same code path: embeddings as 'lower', all blocks as 'upper'."""
+    model, params, _ = _model_and_state(hf_folder_factory, "bert", 0)
+    q_ids, q_mask, p_ids, p_mask = _segments(19)
+    offset = q_mask.sum(axis=1)
+    q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
+    p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT, offset)
+    split = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
+    whole = model(params, q_ids, q_mask, p_ids, p_mask)
+    np.testing.assert_array_equal(np.asarray(split.start_logits), np.asarray(whole.start_logits))

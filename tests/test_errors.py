@@ -1,0 +1,170 @@
+"""Bad input gets a clear error that names the problem."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import (
+    CheckpointError,
+    encoder_config_from_hf,
+    load_hf_checkpoint,
+    load_params,
+    save_params,
+)
+from dil_jax.config import ConfigError, EncoderConfig
+from dil_jax.model import DelayedInteractionModel, InputError
+from dil_jax.modeling import PASSAGE_SEGMENT
+from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
+
+from conftest import edit_json
+
+
+def _copy(folder, tmp_path):
+    target = tmp_path / "ckpt"
+    shutil.copytree(folder, target)
+    return target
+
+
+def test_unknown_architecture(hf_folder_factory, tmp_path):
+    with pytest.raises(ConfigError, match="unknown architecture 'gpt2'"):
+        EncoderConfig(architecture="gpt2")
+    folder = _copy(hf_folder_factory("bert")[0], tmp_path)
+    edit_json(folder / "config.json", model_type="roberta")
+    with pytest.raises(CheckpointError, match="model_type='roberta'") as error:
+        load_hf_checkpoint(folder)
+    assert str(folder / "config.json") in str(error.value)
+
+
+def test_config_checkpoint_shape_mismatch_names_tensor(hf_folder_factory, tmp_path):
+    folder = _copy(hf_folder_factory("bert")[0], tmp_path)
+    edit_json(folder / "config.json", intermediate_size=40)
+    with pytest.raises(CheckpointError) as error:
+        load_hf_checkpoint(folder)
+    message = str(error.value)
+    assert "bert.encoder.layer.0.intermediate.dense" in message
+    assert re.search(r"has shape \(37\b.*config implies \(40\b", message), message
+
+
+def test_fewer_layers_in_config_reports_unexpected_tensors(hf_folder_factory, tmp_path):
+    folder = _copy(hf_folder_factory("bert")[0], tmp_path)
+    edit_json(folder / "config.json", num_hidden_layers=3)
+    with pytest.raises(CheckpointError, match="unexpected tensor.*encoder.layer.3"):
+        load_hf_checkpoint(folder)
+
+
+def test_more_layers_in_config_reports_missing_tensors(hf_folder_factory, tmp_path):
+    folder = _copy(hf_folder_factory("distilbert")[0], tmp_path)
+    edit_json(folder / "config.json", n_layers=5)
+    with pytest.raises(CheckpointError, match="missing tensor.*transformer.layer.4"):
+        load_hf_checkpoint(folder)
+
+
+@pytest.mark.parametrize("k", [-1, 5])
+def test_k_outside_range(hf_folder_factory, k):
+    folder, _ = hf_folder_factory("bert")
+    with pytest.raises(CheckpointError, match=rf"num_lower_layers \(k\) must be in 0..4.*{k}"):
+        load_hf_checkpoint(folder, num_lower_layers=k)
+    with pytest.raises(ConfigError, match=r"num_lower_layers \(k\) must be in 0..12"):
+        EncoderConfig(num_lower_layers=13)
+
+
+def test_missing_checkpoint_folder(tmp_path):
+    missing = tmp_path / "no-such-checkpoint"
+    with pytest.raises(CheckpointError, match="checkpoint folder not found"):
+        load_hf_checkpoint(str(missing))
+
+
+def test_folder_without_weights(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(CheckpointError, match="field 'hidden_size' missing"):
+        load_hf_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        model_type="bert", vocab_size=10, hidden_size=8, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=8)))
+    with pytest.raises(CheckpointError, match="no model.safetensors, .* or pytorch_model.bin"):
+        load_hf_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json: not valid JSON"):
+        load_hf_checkpoint(tmp_path)
+
+
+def test_hub_id_offline_says_both_readings(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CheckpointError, match="no such local folder, and fetching it"):
+        load_hf_checkpoint("some-org/some-model-that-is-not-here")
+
+
+def test_empty_and_overlong_questions(minilm_dir, caplog):
+    tokenizer = load_tokenizer(minilm_dir)
+    with pytest.raises(TokenizationError, match="question 1 is empty"):
+        encode_questions(tokenizer, ["what?", "   "], 16)
+    long_question = " ".join(["word"] * 40) + "?"
+    with caplog.at_level(logging.WARNING):
+        segments = encode_questions(tokenizer, ["short?", long_question], 16)
+    assert segments.truncated == [1]
+    assert "1 question(s) longer than max_question_len=16 were truncated" in caplog.text
+    assert segments.ids[1, -1] == tokenizer.sep_token_id and segments.mask[1].sum() == 16
+    # Offsets point into the original text, and special tokens have none.
+    start, end = segments.offsets[0, 1]
+    assert "short?"[start:end] == "short"
+    assert tuple(segments.offsets[0, 0]) == (-1, -1)
+
+
+def test_bad_arrays_are_named():
+    config = EncoderConfig(vocab_size=20, hidden_size=8, num_layers=2, num_heads=2,
+                           intermediate_size=8, embedding_size=8, max_position_embeddings=32,
+                           max_question_len=8)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    ids = np.ones((2, 5), np.int32)
+    with pytest.raises(InputError, match=r"passage mask shape \(2, 4\) differs"):
+        model.encode_lower(params, ids, np.ones((2, 4), np.int32), PASSAGE_SEGMENT)
+    with pytest.raises(InputError, match="segment must be 0 .* or 1"):
+        model.encode_lower(params, ids, ids, 2)
+    with pytest.raises(InputError, match="passage length 40 exceeds max_position_embeddings 32"):
+        long = np.ones((1, 40), np.int32)
+        model.encode_lower(params, long, long, PASSAGE_SEGMENT)
+    with pytest.raises(InputError, match="full model .* 8 \\+ passage length 30 = 38 exceeds"):
+        q = np.ones((1, 8), np.int32)
+        p = np.ones((1, 30), np.int32)
+        model(params, q, q, p, p)
+
+
+def test_hf_config_field_types():
+    with pytest.raises(CheckpointError, match="hidden_size 30 is not a multiple of num_heads 4"):
+        encoder_config_from_hf(dict(model_type="bert", vocab_size=10, hidden_size=30,
+                                    num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=8))
+
+
+def test_orbax_round_trip_and_atomic_save(hf_folder_factory, tmp_path):
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("albert")[0], max_question_len=8)
+    target = save_params(tmp_path / "converted", params, config)
+    assert sorted(p.name for p in target.iterdir()) == ["encoder_config.json", "params"]
+    assert not list(tmp_path.glob(".converted.tmp-*")), "staging folder left behind"
+    loaded_config, loaded = load_params(target, num_lower_layers=3)
+    assert loaded_config == config.replace(num_lower_layers=3)
+    flat_saved = dict(_flatten(params))
+    flat_loaded = dict(_flatten(loaded))
+    assert flat_saved.keys() == flat_loaded.keys()
+    for name, value in flat_saved.items():
+        np.testing.assert_array_equal(np.asarray(flat_loaded[name]), value, err_msg=name)
+    with pytest.raises(CheckpointError, match="already exists"):
+        save_params(target, params, config)
+    with pytest.raises(CheckpointError, match="not a dil_jax checkpoint"):
+        load_params(tmp_path)
+
+
+def _flatten(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}/")
+        else:
+            yield f"{prefix}{key}", value
