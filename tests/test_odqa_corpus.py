@@ -1,0 +1,116 @@
+"""Corpus splitting and BM25 retrieval, checked by hand and against rank-bm25 itself."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dil_jax.odqa.corpus import (
+    CorpusError,
+    Document,
+    read_jsonl,
+    read_squad_paragraphs,
+    read_wikipedia_leads,
+    split_documents,
+    split_paragraphs,
+    split_windows,
+)
+from dil_jax.odqa.retrieval import BM25Retriever, RetrievalError, bm25_tokenize
+
+
+def test_split_paragraphs_drops_short_pieces():
+    text = ("First paragraph is long enough to keep it.\n\nshort one\n  \n"
+            "  Second kept paragraph, also long enough.  \n\n\nTail.")
+    spans = split_paragraphs(text, min_chars=30)
+    assert [text[s:e] for s, e in spans] == ["First paragraph is long enough to keep it.",
+                                              "Second kept paragraph, also long enough."]
+    # A single newline is not a paragraph break.
+    assert len(split_paragraphs("line one is quite long here\nline two is long too", 10)) == 1
+
+
+def test_split_windows_by_hand():
+    words = [f"w{i}" for i in range(250)]
+    text = " ".join(words)
+    spans = split_windows(text, size=100, stride=50)
+    pieces = [text[s:e].split() for s, e in spans]
+    # Windows start at words 0, 50, 100, 150 and the one starting at 150 reaches the end (249).
+    assert [p[0] for p in pieces] == ["w0", "w50", "w100", "w150"]
+    assert [len(p) for p in pieces] == [100, 100, 100, 100]
+    assert pieces[-1][-1] == "w249"
+    assert split_windows("one two three", 100, 50) == [(0, 13)]
+    assert split_windows("   ", 100, 50) == []
+
+
+def test_passages_keep_source_and_offsets():
+    doc = Document("d1", "Title", "Alpha beta gamma delta.\n\nEpsilon zeta eta theta iota.")
+    passages = split_documents([doc], "paragraphs", min_chars=10)
+    assert [p.passage_id for p in passages] == ["d1#0", "d1#1"]
+    for p in passages:
+        assert doc.text[p.char_start:p.char_end] == p.text and p.doc_id == "d1"
+    windows = split_documents([doc], "windows", window_size=3, window_stride=2)
+    assert windows[1].text == "gamma delta.\n\nEpsilon"
+    with pytest.raises(ValueError, match="unknown split strategy 'sentences'"):
+        split_documents([doc], "sentences")
+
+
+def test_jsonl_errors_name_line_and_field(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"id": "a", "title": "A", "text": "hello"}\n{"id": "b", "title": "B"}\n')
+    with pytest.raises(CorpusError, match=r"corpus.jsonl:2: field 'text' missing"):
+        read_jsonl(path)
+    path.write_text('{"id": "a", "text": "x"}\nnot json\n')
+    with pytest.raises(CorpusError, match=r"corpus.jsonl:2: not valid JSON"):
+        read_jsonl(path)
+    path.write_text('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n')
+    with pytest.raises(CorpusError, match=r"corpus.jsonl:2: duplicate id 'a'"):
+        read_jsonl(path)
+    path.write_text('{"id": "a", "text": "x"}\n\n{"id": "b", "text": "y"}\n')
+    assert [d.doc_id for d in read_jsonl(path)] == ["a", "b"]
+
+
+def test_real_sources(shared_data):
+    squad = read_squad_paragraphs(shared_data / "squad" / "dev-v1.1.35-articles.json")
+    assert len(squad) == 1211  # the README's paragraph count
+    wiki = read_wikipedia_leads()
+    assert len(wiki) == 10033 and all(d.doc_id.startswith("wiki:") for d in wiki[:5])
+
+
+def test_bm25_top1_by_hand():
+    texts = ["the cat sat on the mat", "dogs chase cats in the park",
+             "a cat and a dog became friends", "stock markets fell sharply on monday"]
+    retriever = BM25Retriever.build(texts)
+    assert next(h.passage_index for h in retriever.search("cat mat", 2)) == 0
+    assert retriever.search("markets monday", 1)[0].passage_index == 3
+    # Hand computation for the query "mat": only passage 0 has it. rank-bm25's idf is
+    # log((N - n + 0.5) / (n + 0.5)) = log(3.5 / 1.5); tokens after stop words: "cat sat mat",
+    # "dogs chase cats park", "cat dog became friends", "stock markets fell sharply monday",
+    # so dl = 3 and avgdl = (3 + 4 + 4 + 5) / 4 = 4; tf = 1, k1 = 1.5, b = 0.75.
+    idf = math.log(3.5 / 1.5)
+    expected = idf * (1 * 2.5) / (1 + 1.5 * (1 - 0.75 + 0.75 * 3 / 4))
+    assert bm25_tokenize(texts[0]) == ["cat", "sat", "mat"]
+    hit = retriever.search("mat", 1)[0]
+    assert hit.passage_index == 0 and hit.score == pytest.approx(expected, rel=1e-12)
+
+
+def test_bm25_matches_rank_bm25_and_round_trips(tmp_path):
+    from rank_bm25 import BM25Okapi
+
+    rng = np.random.default_rng(0)
+    vocab = [f"term{i}" for i in range(40)]
+    texts = [" ".join(rng.choice(vocab, rng.integers(3, 30))) for _ in range(60)]
+    retriever = BM25Retriever.build(texts)
+    reference = BM25Okapi([bm25_tokenize(t) for t in texts])
+    for query in ("term1 term2 term2", "term39 term7", "nothing here"):
+        np.testing.assert_allclose(retriever.scores(query),
+                                   reference.get_scores(bm25_tokenize(query)), rtol=1e-12)
+    retriever.save(tmp_path / "bm25", fingerprint="abc")
+    loaded = BM25Retriever.load(tmp_path / "bm25", fingerprint="abc")
+    assert [h.passage_index for h in loaded.search("term3 term4", 10)] == \
+        [h.passage_index for h in retriever.search("term3 term4", 10)]
+    with pytest.raises(RetrievalError, match="built over other passages"):
+        BM25Retriever.load(tmp_path / "bm25", fingerprint="xyz")
+    manifest = json.loads((tmp_path / "bm25" / "manifest.json").read_text())
+    assert manifest["num_passages"] == 60
