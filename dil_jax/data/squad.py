@@ -148,13 +148,13 @@ def parse_squad(raw: Any, source: str = "<memory>", *, expected_version: str | N
 
 
 def _field(record: dict, name: str, kind: type, source: str, where: str,
-           qid: str | None = None) -> Any:
+           qid: str | None = None, prefix: str = "") -> Any:
     if name not in record:
-        raise SquadFormatError(source, name, "missing", qid=qid, where=where)
+        raise SquadFormatError(source, prefix + name, "missing", qid=qid, where=where)
     value = record[name]
     # bool is an int subclass: refuse True as an answer_start.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SquadFormatError(source, name, f"expected {kind.__name__}, got "
+        raise SquadFormatError(source, prefix + name, f"expected {kind.__name__}, got "
                                f"{type(value).__name__} {value!r:.60}", qid=qid, where=where)
     return value
 
@@ -170,8 +170,8 @@ def _parse_question(qa: dict, qid: str, title: str, context: str, version: str, 
         name = f"answers[{index}]"
         if not isinstance(answer, dict):
             raise SquadFormatError(source, name, "expected an object", qid=qid)
-        text = _field(answer, "text", str, source, "", qid)
-        start = _field(answer, "answer_start", int, source, "", qid)
+        text = _field(answer, "text", str, source, "", qid, f"{name}.")
+        start = _field(answer, "answer_start", int, source, "", qid, f"{name}.")
         if check_spans:
             _check_span(context, text, start, source, qid, name)
         texts.append(text)
@@ -256,7 +256,9 @@ def load_tfds_squad(name: str = "squad/v1.1", split: str = "validation",
     Nothing is downloaded: the dataset must already be prepared under `data_dir`. Data prepared
     with `file_format="array_record"` is read without TensorFlow (tfds' data source); the default
     tfrecord format needs TensorFlow installed. Needs the `tfds` extra:
-    `pip install 'dil_jax[tfds]'`.
+    `pip install 'dil_jax[tfds]'` (tensorflow-datasets 4.9.10 also imports `importlib_resources`
+    without declaring it). tests/test_squad_data.py prepares tfds' own SQuAD builder over local
+    files this way and runs whenever tensorflow-datasets is installed.
     """
     if name not in TFDS_NAMES:
         raise ValueError(f"unknown tfds SQuAD name {name!r}; expected one of {sorted(TFDS_NAMES)}")
