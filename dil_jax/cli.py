@@ -15,6 +15,8 @@ import sys
 # Subcommand modules, in the order `--help` lists them.
 COMMAND_MODULES = (
     "dil_jax.commands.check",
+    "dil_jax.commands.predict",
+    "dil_jax.commands.evaluate",
 )
 
 

@@ -1,0 +1,56 @@
+"""`dil-jax evaluate`: the official SQuAD scores of a predictions file, printed as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "evaluate", help="score SQuAD predictions (official EM/F1)",
+        description="Prints the official SQuAD v1.1 / v2.0 scores of a predictions file "
+                    "({question id: answer}) as JSON.")
+    parser.add_argument("--data", required=True, help="SQuAD JSON file (v1.1 or v2.0)")
+    parser.add_argument("--predictions", required=True, help="predictions JSON file")
+    parser.set_defaults(func=run)
+
+
+def load_predictions(path: str | Path) -> dict[str, str]:
+    """qid -> answer from a predictions file; errors name the file and the question id."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such predictions file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object {{question id: answer}}, got "
+                         f"{type(raw).__name__}")
+    for qid, answer in raw.items():
+        if not isinstance(answer, str):
+            raise ValueError(f"{path}: question {qid!r}: answer must be a string, got "
+                             f"{type(answer).__name__}")
+    return raw
+
+
+def run(args: argparse.Namespace) -> int:
+    from dil_jax.data.squad import load_squad
+    from dil_jax.metrics.squad_metric import squad_scores
+
+    # Answer spans are not needed to score, and the official scripts do not check them.
+    dataset = load_squad(args.data, check_spans=False)
+    predictions = load_predictions(args.predictions)
+    scores = squad_scores(dataset, predictions)
+    if scores.get("missing"):
+        log.warning("%d question(s) of %s have no prediction; they score 0", scores["missing"],
+                    args.data)
+    unknown = len(set(predictions) - {example.qid for example in dataset.examples})
+    if unknown:
+        log.warning("%d prediction(s) are for question ids not in %s", unknown, args.data)
+    print(json.dumps(scores, indent=2))
+    return 0

@@ -1,0 +1,1 @@
+"""Evaluation metrics (the official SQuAD EM/F1)."""

@@ -1,0 +1,123 @@
+"""The official SQuAD metric: exact match and token F1, v1.1 and v2.0.
+
+Written from the behaviour of the official evaluation scripts, and reproducing them to the last
+printed digit (tests check against the published scores):
+
+- normalization (both): lowercase, drop ASCII punctuation, drop the words a/an/the, collapse
+  whitespace;
+- v1.1: a question's score is its best over the gold answers (duplicates included); F1 is 0 when
+  nothing is shared; scores are summed in file order and reported as 100 * sum / total;
+- v2.0: gold answers that normalize to "" are dropped and an unanswerable question's only gold is
+  ""; F1 of an empty prediction or gold is 1 when both are empty, else 0; adds the HasAns_ and
+  NoAns_ breakdown (exact, f1, total).
+
+One deliberate difference: a question without a prediction scores 0 and counts in `total` in both
+versions (v1.1 does this; v2.0 leaves it out of the overall total and fails on the breakdown);
+`missing` then says how many.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+from dil_jax.data.squad import SquadDataset, SquadExample
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+
+
+def normalize_answer(text: str) -> str:
+    """Lowercase, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_score(prediction: str, gold: str) -> int:
+    return int(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1_score_v1(prediction: str, gold: str) -> float:
+    """v1.1 token F1: 0 when no token is shared (so also when either side is empty)."""
+    return _f1(normalize_answer(prediction).split(), normalize_answer(gold).split())
+
+
+def f1_score_v2(prediction: str, gold: str) -> float:
+    """v2.0 token F1: an empty side scores 1 if both are empty, else 0."""
+    pred_tokens = normalize_answer(prediction).split() if prediction else []
+    gold_tokens = normalize_answer(gold).split() if gold else []
+    if not pred_tokens or not gold_tokens:
+        return int(pred_tokens == gold_tokens)
+    return _f1(pred_tokens, gold_tokens)
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    shared = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if shared == 0:
+        return 0
+    precision = 1.0 * shared / len(pred_tokens)
+    recall = 1.0 * shared / len(gold_tokens)
+    return (2 * precision * recall) / (precision + recall)
+
+
+def squad_scores(data: SquadDataset | Sequence[SquadExample], predictions: Mapping[str, str],
+                 version: str | None = None) -> dict[str, float | int]:
+    """The official scores of `predictions` (qid -> answer text) on `data`.
+
+    version: "1.1" or "2.0"; taken from a SquadDataset when not given.
+    v1.1 -> {exact, f1, total}; v2.0 -> also HasAns_exact/f1/total and NoAns_exact/f1/total
+    (a breakdown only for kinds present). `missing` is added when predictions lack questions.
+    """
+    if isinstance(data, SquadDataset):
+        version = version or data.version
+        examples = data.examples
+    else:
+        examples = list(data)
+    if version not in ("1.1", "2.0"):
+        raise ValueError(f"version must be '1.1' or '2.0', got {version!r}")
+    exact: list[int] = []
+    f1: list[float] = []
+    has_answer: list[bool] = []
+    missing = 0
+    for example in examples:
+        prediction = predictions.get(example.qid)
+        if prediction is None:
+            missing += 1
+        if version == "1.1":
+            golds = list(example.answer_texts)
+            score_f1 = f1_score_v1
+        else:
+            golds = [text for text in example.answer_texts if normalize_answer(text)] or [""]
+            score_f1 = f1_score_v2
+        has_answer.append(bool(example.answer_texts))
+        if prediction is None:
+            exact.append(0)
+            f1.append(0)
+            continue
+        exact.append(max(exact_score(prediction, gold) for gold in golds))
+        f1.append(max(score_f1(prediction, gold) for gold in golds))
+    result = _summary(exact, f1)
+    if version == "2.0":
+        for name, wanted in (("HasAns", True), ("NoAns", False)):
+            rows = [i for i, flag in enumerate(has_answer) if flag == wanted]
+            if rows:
+                part = _summary([exact[i] for i in rows], [f1[i] for i in rows])
+                result.update({f"{name}_{key}": value for key, value in part.items()})
+    if missing:
+        result["missing"] = missing
+    return result
+
+
+def _summary(exact: list[int], f1: list[float]) -> dict[str, float | int]:
+    """100 * sum / total, summing left to right in file order as the official scripts do."""
+    total = len(exact)
+    if total == 0:
+        raise ValueError("no questions to score")
+    exact_sum = 0
+    f1_sum = 0
+    for e, f in zip(exact, f1):
+        exact_sum += e
+        f1_sum += f
+    return {"exact": 100.0 * exact_sum / total, "f1": 100.0 * f1_sum / total, "total": total}

@@ -1,0 +1,144 @@
+"""Extractive QA over featurized SQuAD-style examples with a delayed-interaction reader.
+
+    predictions = predict_squad(model, params, tokenizer, examples)   # qid -> answer text
+
+The delayed-interaction path, in fixed-shape jitted steps (one compilation each):
+  1. each question `[CLS] q [SEP]` once through `encode_lower`;
+  2. each DISTINCT passage window once through `encode_lower` (k > 0; with k = 0 a passage's
+     positions follow its question, so the full model embeds it per pair instead);
+  3. every (question, window) pair through `encode_upper`.
+Questions are taken in blocks of `question_block`, padded to a fixed size, so memory is bounded by
+a block whatever the data set size. The compiled steps are `dil_jax.grid.GridReader`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from dil_jax.data.decoding import answers, decode_predictions
+from dil_jax.data.features import Features, featurize
+from dil_jax.data.squad import SquadExample
+from dil_jax.model import DelayedInteractionModel, Params
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class WindowLogits:
+    """Reader scores of every window of a Features.
+
+    start_logits, end_logits: [n_windows, max_passage_len] float32 over passage tokens.
+    null_start_logits, null_end_logits: [n_windows] float32 [CLS] scores.
+    """
+
+    start_logits: np.ndarray
+    end_logits: np.ndarray
+    null_start_logits: np.ndarray
+    null_end_logits: np.ndarray
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
+
+
+def check_lengths(model: DelayedInteractionModel, max_question_len: int,
+                  max_passage_len: int) -> None:
+    """Raises ValueError when the segments do not fit the model's position table."""
+    config = model.config
+    limit = config.max_position_embeddings
+    if config.num_lower_layers == 0 and max_question_len + max_passage_len > limit:
+        raise ValueError(
+            f"the full model (k = 0) numbers passage positions after the question: "
+            f"max_question_len {max_question_len} + max_passage_len {max_passage_len} exceeds "
+            f"max_position_embeddings {limit}")
+    if max(max_question_len, max_passage_len) > limit:
+        raise ValueError(f"max_question_len {max_question_len} / max_passage_len "
+                         f"{max_passage_len} exceeds max_position_embeddings {limit}")
+
+
+def window_logits(model: DelayedInteractionModel, params: Params, features: Features, *,
+                  batch_size: int = 32, question_block: int = 1024, progress: bool = True,
+                  mesh=None) -> WindowLogits:
+    """Start/end/null scores of every window of `features` (see the module docstring).
+
+    batch_size: rows per encode_lower batch and pairs per encode_upper chunk.
+    question_block: questions (and their windows) per block; bounds memory.
+    """
+    from tqdm.auto import tqdm
+
+    from dil_jax.grid import GridReader
+
+    check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
+    reader = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
+    full_model = model.config.num_lower_layers == 0
+    n_windows, p_len = features.p_ids.shape
+    q_block = _round_up(min(question_block, features.num_questions), reader.batch_size)
+    blocks = []
+    for q0 in range(0, features.num_questions, q_block):
+        rows = np.nonzero((features.window_question_index >= q0)
+                          & (features.window_question_index < q0 + q_block))[0]
+        # One representative window row per distinct passage window of the block.
+        _, first_row, p_index = np.unique(features.window_passage_index[rows],
+                                                 return_index=True, return_inverse=True)
+        blocks.append((q0, rows, rows[first_row], p_index.reshape(-1)))
+    p_block = _round_up(max(len(block[2]) for block in blocks), reader.batch_size)
+
+    out = WindowLogits(np.zeros((n_windows, p_len), np.float32),
+                       np.zeros((n_windows, p_len), np.float32),
+                       np.zeros(n_windows, np.float32), np.zeros(n_windows, np.float32))
+    targets = (out.start_logits, out.end_logits, out.null_start_logits, out.null_end_logits)
+    with tqdm(total=n_windows, unit="window", disable=not progress, desc="reading") as bar:
+        for q0, rows, passage_rows, p_index in blocks:
+            if not len(rows):
+                continue
+            q_ids = _pad_rows(features.q_ids[q0:q0 + q_block], q_block)
+            q_mask = _pad_rows(features.q_mask[q0:q0 + q_block], q_block)
+            p_ids = _pad_rows(features.p_ids[passage_rows], p_block)
+            p_mask = _pad_rows(features.p_mask[passage_rows], p_block)
+            q_lower = reader.encode_questions(params, q_ids, q_mask)
+            p_source = p_ids if full_model else reader.encode_passages(params, p_ids, p_mask)
+            q_index = features.window_question_index[rows] - q0
+            for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source,
+                                                          p_mask, q_index, p_index):
+                count = where.stop - where.start
+                for target, value in zip(targets, outputs):
+                    target[rows[where]] = np.asarray(value)[:count]
+                bar.update(count)
+    return out
+
+
+def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
+                  examples: Sequence[SquadExample], *, max_passage_len: int = 384,
+                  doc_stride: int = 128, batch_size: int = 32, max_answer_length: int = 30,
+                  n_best: int = 20, null_threshold: float | None = None, progress: bool = True,
+                  cache_dir: str | None = None, question_block: int = 1024,
+                  mesh=None) -> dict[str, str]:
+    """qid -> answer text for `examples` (the official predictions-file format).
+
+    The question length is the model's `config.max_question_len`. null_threshold: None answers
+    every question (SQuAD 1.1); a float enables SQuAD 2.0's no-answer ("" when null_score -
+    best_span_score > null_threshold).
+    """
+    max_question_len = model.config.max_question_len
+    check_lengths(model, max_question_len, max_passage_len)
+    features = featurize(examples, tokenizer, max_question_len=max_question_len,
+                         max_passage_len=max_passage_len, doc_stride=doc_stride,
+                         cache_dir=cache_dir)
+    logits = window_logits(model, params, features, batch_size=batch_size,
+                           question_block=question_block, progress=progress, mesh=mesh)
+    with_null = null_threshold is not None
+    predictions = decode_predictions(
+        examples, features, logits.start_logits, logits.end_logits,
+        logits.null_start_logits if with_null else None,
+        logits.null_end_logits if with_null else None, n_best=n_best,
+        max_answer_length=max_answer_length,
+        null_threshold=null_threshold if with_null else 0.0)
+    return answers(predictions)
