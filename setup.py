@@ -29,7 +29,7 @@ setup(
         # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
         "torch": ["torch==2.13.0"],
         "test": ["pytest>=8", "ruff>=0.6"],
-        "tfds": ["tensorflow-datasets>=4.9"],
+        "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         "demo": [],
     },
     entry_points={"console_scripts": ["dil-jax=dil_jax.cli:main"]},

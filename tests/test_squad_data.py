@@ -7,7 +7,6 @@ import json
 import sys
 
 import pytest
-from squad_shared import V11, V20, squad_file
 
 from dil_jax.data.squad import (
     SquadFormatError,
@@ -16,6 +15,8 @@ from dil_jax.data.squad import (
     parse_squad,
     split_by_article,
 )
+
+from squad_shared import V11, V20, squad_file
 
 QID = "q-1"
 

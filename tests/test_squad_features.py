@@ -7,13 +7,14 @@ import time
 
 import numpy as np
 import pytest
-from squad_shared import V11, squad_file
 
 from dil_jax.data import features as features_module
 from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import FeaturizationError, featurize
 from dil_jax.data.squad import SquadExample, load_squad
 from dil_jax.metrics.squad_metric import exact_score, squad_scores
+
+from squad_shared import V11, squad_file
 
 Q_LEN, P_LEN, STRIDE = 64, 384, 128
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from squad_shared import V11, V20, squad_file
 
 from dil_jax.data.squad import SquadExample, load_squad
 from dil_jax.metrics.squad_metric import f1_score_v1, f1_score_v2, normalize_answer, squad_scores
+
+from squad_shared import V11, V20, squad_file
 
 # Reference scores printed by the official scripts (../shared/data/README.md).
 REFERENCES = [

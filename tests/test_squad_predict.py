@@ -7,13 +7,14 @@ import json
 import jax
 import numpy as np
 import pytest
-from squad_shared import V11, V20, squad_file
 
 from dil_jax.config import EncoderConfig
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import load_squad
 from dil_jax.model import DelayedInteractionModel
 from dil_jax.predict import window_logits
+
+from squad_shared import V11, V20, squad_file
 
 
 @pytest.fixture(scope="module")
