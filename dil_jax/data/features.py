@@ -128,7 +128,6 @@ def featurize(examples: Sequence[SquadExample], tokenizer, *, max_question_len: 
 
 def _featurize(examples: Sequence[SquadExample], tokenizer, max_question_len: int,
                max_passage_len: int, doc_stride: int, realign_answers: bool) -> Features:
-    window = max_passage_len - 1
     questions = encode_questions(tokenizer, [e.question for e in examples], max_question_len)
 
     # Distinct contexts, tokenized once, flattened into one token array.
@@ -136,24 +135,13 @@ def _featurize(examples: Sequence[SquadExample], tokenizer, max_question_len: in
     example_context = np.asarray([context_ids.setdefault(e.context, len(context_ids))
                                   for e in examples], dtype=np.int64)
     contexts = list(context_ids)
-    encoded = tokenizer(contexts, add_special_tokens=False, return_offsets_mapping=True,
-                        return_attention_mask=False, return_token_type_ids=False, verbose=False)
-    lengths = np.asarray([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
-    base = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # first token
-    flat_ids = np.fromiter(itertools.chain.from_iterable(encoded["input_ids"]), dtype=np.int32,
-                           count=int(lengths.sum()))
-    flat_offsets = np.asarray(list(itertools.chain.from_iterable(encoded["offset_mapping"])),
-                              dtype=np.int32).reshape(-1, 2)
-
-    # Windows of each distinct context: starts 0, stride, 2 stride, ... until one reaches the end.
-    counts = 1 + -(-np.maximum(lengths - window, 0) // doc_stride)
-    first_window = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    cw_context = np.repeat(np.arange(len(contexts)), counts)
-    cw_start = (np.arange(counts.sum()) - first_window[cw_context]) * doc_stride
-    cw_length = np.minimum(window, lengths[cw_context] - cw_start)
-    cw_ids, cw_mask, cw_offsets, cw_max_context = _window_arrays(
-        flat_ids, flat_offsets, base[cw_context] + cw_start, cw_length, max_passage_len,
-        tokenizer.sep_token_id, tokenizer.pad_token_id)
+    flat = _tokenize_flat(tokenizer, contexts)
+    flat_offsets, base, lengths = flat.offsets, flat.base, flat.lengths
+    windows = _windows_of(flat, tokenizer, max_passage_len, doc_stride)
+    counts, first_window = windows.counts, windows.first_window
+    cw_start, cw_length = windows.window_start, windows.length
+    cw_ids, cw_mask, cw_offsets, cw_max_context = (windows.ids, windows.mask, windows.offsets,
+                                                   windows.max_context)
 
     # Pairs: each example reads all windows of its context.
     ex_counts = counts[example_context]
@@ -176,6 +164,79 @@ def _featurize(examples: Sequence[SquadExample], tokenizer, max_question_len: in
         example_index=example_index.astype(np.int32),
         window_passage_index=passage_index.astype(np.int32),
         window_start=w_start.astype(np.int32))
+
+
+@dataclasses.dataclass
+class _FlatTokens:
+    """Tokens of many texts in one array: text i is ids[base[i]:base[i] + lengths[i]]."""
+
+    ids: np.ndarray       # [total] int32
+    offsets: np.ndarray   # [total, 2] int32 character offsets in the text
+    lengths: np.ndarray   # [n_texts] int64
+    base: np.ndarray      # [n_texts] int64
+
+
+def _tokenize_flat(tokenizer, texts: Sequence[str]) -> _FlatTokens:
+    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
+                        return_attention_mask=False, return_token_type_ids=False, verbose=False)
+    lengths = np.asarray([len(ids) for ids in encoded["input_ids"]], dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    flat_ids = np.fromiter(itertools.chain.from_iterable(encoded["input_ids"]), dtype=np.int32,
+                           count=int(lengths.sum()))
+    flat_offsets = np.asarray(list(itertools.chain.from_iterable(encoded["offset_mapping"])),
+                              dtype=np.int32).reshape(-1, 2)
+    return _FlatTokens(flat_ids, flat_offsets, lengths, base)
+
+
+@dataclasses.dataclass
+class ContextWindows:
+    """`p_window [SEP]` windows of distinct texts (the passage side of features).
+
+    ids, mask: [n_windows, max_passage_len] int32; offsets: [n_windows, max_passage_len, 2]
+    character offsets in the window's text (NO_OFFSET for [SEP]/padding); max_context:
+    [n_windows, max_passage_len] bool; context_index: [n_windows] int32 text of each window;
+    window_start: [n_windows] first token of the window in its text; length: [n_windows] tokens
+    (without [SEP]); counts, first_window: [n_texts] windows per text and the first one's row.
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+    offsets: np.ndarray
+    max_context: np.ndarray
+    context_index: np.ndarray
+    window_start: np.ndarray
+    length: np.ndarray
+    counts: np.ndarray
+    first_window: np.ndarray
+
+
+def _windows_of(flat: _FlatTokens, tokenizer, max_passage_len: int,
+                doc_stride: int) -> ContextWindows:
+    window = max_passage_len - 1
+    # Windows of each text: starts 0, stride, 2 stride, ... until one reaches the end.
+    counts = 1 + -(-np.maximum(flat.lengths - window, 0) // doc_stride)
+    first_window = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    context = np.repeat(np.arange(len(counts)), counts)
+    start = (np.arange(counts.sum()) - first_window[context]) * doc_stride
+    length = np.minimum(window, flat.lengths[context] - start)
+    ids, mask, offsets, max_context = _window_arrays(
+        flat.ids, flat.offsets, flat.base[context] + start, length, max_passage_len,
+        tokenizer.sep_token_id, tokenizer.pad_token_id)
+    return ContextWindows(ids, mask, offsets, max_context, context.astype(np.int32),
+                          start.astype(np.int32), length.astype(np.int32), counts, first_window)
+
+
+def window_contexts(tokenizer, texts: Sequence[str], *, max_passage_len: int = 384,
+                    doc_stride: int = 128) -> ContextWindows:
+    """Strided `p_window [SEP]` windows of each text, exactly as `featurize` makes them (the
+    open-domain index uses this, so a passage reads the same as a SQuAD context)."""
+    window = max_passage_len - 1
+    if window < 1:
+        raise FeaturizationError(f"max_passage_len must be >= 2 (p [SEP]), got {max_passage_len}")
+    if not 1 <= doc_stride <= window:
+        raise FeaturizationError(f"doc_stride must be in 1..{window} (max_passage_len - 1), "
+                                 f"got {doc_stride}")
+    return _windows_of(_tokenize_flat(tokenizer, texts), tokenizer, max_passage_len, doc_stride)
 
 
 def _window_arrays(flat_ids: np.ndarray, flat_offsets: np.ndarray, first: np.ndarray,
