@@ -1,0 +1,181 @@
+"""The open-domain reader: BM25 top-p passages, cached passage states, pair grid, score fusion.
+
+For a batch of questions:
+  1. retrieval: BM25 top-p passages of each question;
+  2. question lower: each question once through `encode_lower`;
+  3. pair upper: every (question, window of a retrieved passage) pair through `encode_upper`,
+     spread over all devices in fixed-size chunks (`dil_jax.grid.GridReader`); the passage lower
+     states are read from the passage cache, only for the retrieved windows (k = 0 reads tokens
+     and embeds them per pair: the full model has no question-independent passage state);
+  4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
+     sliced from the passage's original characters.
+
+Scores (the DilBert paper's rule): a passage's reader score is s_r = (s_start + s_end) / 2 of its
+best span. With fusion the answer maximises mu * z(s_r) + (1 - mu) * z(s_bm25), where z()
+standardises a score over the question's p candidates (subtract their mean, divide by their
+standard deviation). Why: BM25 scores grow with query length and term rarity, reader logits have
+a model-specific scale; over the same candidate set both become unitless "how many deviations
+above the other candidates", so mu weighs comparable quantities, and mu = 1 is the reader alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from dil_jax.data.decoding import window_nbest
+from dil_jax.grid import GridReader
+from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.odqa.cache import PassageCache
+from dil_jax.odqa.index import OpenDomainIndex, window_arrays
+from dil_jax.tokenization import encode_questions
+
+
+@dataclasses.dataclass
+class Candidate:
+    """The best span of one retrieved passage for one question."""
+
+    passage_index: int
+    text: str
+    char_start: int       # in the passage text
+    char_end: int
+    reader_score: float   # (s_start + s_end) / 2
+    bm25_score: float
+
+
+@dataclasses.dataclass
+class ReadResult:
+    """Candidates of each question, in retrieval order (best BM25 first), and phase times (s)."""
+
+    candidates: list[list[Candidate]]
+    timings: dict[str, float]
+
+
+def standardize(scores: np.ndarray) -> np.ndarray:
+    """(scores - mean) / std over the last axis; std 0 (one candidate, or all equal) -> 0."""
+    scores = np.asarray(scores, np.float64)
+    std = scores.std(axis=-1, keepdims=True)
+    centered = scores - scores.mean(axis=-1, keepdims=True)
+    return np.divide(centered, std, out=np.zeros_like(centered), where=std > 0)
+
+
+def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate | None:
+    """The answer among a question's candidates: reader score alone (mu None) or fused."""
+    if not candidates:
+        return None
+    reader = np.asarray([c.reader_score for c in candidates])
+    if mu is None:
+        return candidates[int(np.argmax(reader))]
+    bm25 = np.asarray([c.bm25_score for c in candidates])
+    fused = mu * standardize(reader) + (1 - mu) * standardize(bm25)
+    return candidates[int(np.argmax(fused))]
+
+
+def _bucket(n: int, step: int) -> int:
+    """Pads varying subset sizes to few distinct shapes (each shape compiles once)."""
+    return max(step, -(-n // step) * step)
+
+
+class OpenDomainReader:
+    """Reads the top-p passages of questions with one model (one k) over one index."""
+
+    def __init__(self, index: OpenDomainIndex, model: DelayedInteractionModel, params: Params,
+                 tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
+                 chunk_size: int = 64, max_answer_length: int = 30, mesh=None):
+        self.index, self.model, self.params = index, model, params
+        self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
+        self.max_answer_length = max_answer_length
+        self.grid = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size)
+        arrays = window_arrays(index)
+        self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
+        self.valid_start = self.valid_end & arrays["max_context"]
+        self.full_model = model.config.num_lower_layers == 0
+
+    def retrieve(self, questions: Sequence[str]) -> list[list]:
+        return [self.index.retriever.search(q, self.top_p) for q in questions]
+
+    def read(self, questions: Sequence[str]) -> ReadResult:
+        """Candidates for every question (batched by `batch_size`)."""
+        timings = dict(retrieval=0.0, question_lower=0.0, pair_upper=0.0, decode=0.0)
+        candidates: list[list[Candidate]] = []
+        step = self.grid.batch_size
+        for start in range(0, len(questions), step):
+            batch = list(questions[start:start + step])
+            candidates += self._read_batch(batch, timings)
+        return ReadResult(candidates, timings)
+
+    def _read_batch(self, questions: list[str], timings: dict[str, float]
+                    ) -> list[list[Candidate]]:
+        import jax
+
+        clock = time.perf_counter()
+        hits = self.retrieve(questions)
+        timings["retrieval"] += time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        q = encode_questions(self.tokenizer, questions, self.model.config.max_question_len)
+        size = self.grid.batch_size
+        q_ids = np.pad(q.ids, ((0, size - len(q)), (0, 0)))
+        q_mask = np.pad(q.mask, ((0, size - len(q)), (0, 0)))
+        q_lower = jax.block_until_ready(self.grid.encode_questions(self.params, q_ids, q_mask))
+        timings["question_lower"] += time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        # Pairs (question, cache row) for every window of every retrieved passage.
+        pair_q, pair_row, pair_hit = [], [], []
+        for qi, question_hits in enumerate(hits):
+            for hi, hit in enumerate(question_hits):
+                rows = self.index.windows.rows_of([hit.passage_index])
+                pair_q += [qi] * len(rows)
+                pair_row += rows.tolist()
+                pair_hit += [(qi, hi)] * len(rows)
+        rows, pair_p = np.unique(np.asarray(pair_row, np.int64), return_inverse=True)
+        padded = _bucket(len(rows), size * self.top_p)
+        p_mask = np.pad(np.asarray(self.cache.mask[rows]), ((0, padded - len(rows)), (0, 0)))
+        if self.full_model:
+            p_source = np.pad(np.asarray(self.cache.ids[rows]),
+                              ((0, padded - len(rows)), (0, 0)))
+        else:
+            p_source = np.pad(self.cache.read_states(rows),
+                              ((0, padded - len(rows)), (0, 0), (0, 0)))
+        n_pairs, p_len = len(pair_q), p_mask.shape[1]
+        start_logits = np.empty((n_pairs, p_len), np.float32)
+        end_logits = np.empty((n_pairs, p_len), np.float32)
+        for where, outputs in self.grid.iter_pair_chunks(
+                self.params, q_lower, q_mask, p_source, p_mask, np.asarray(pair_q),
+                pair_p.reshape(-1)):
+            count = where.stop - where.start
+            start_logits[where] = np.asarray(outputs[0])[:count]
+            end_logits[where] = np.asarray(outputs[1])[:count]
+        timings["pair_upper"] += time.perf_counter() - clock
+
+        clock = time.perf_counter()
+        pair_rows = np.asarray(pair_row, np.int64)
+        scores, starts, ends = window_nbest(
+            start_logits, end_logits, self.valid_start[pair_rows], self.valid_end[pair_rows],
+            n_best=1, max_answer_length=self.max_answer_length)
+        best: dict[tuple[int, int], int] = {}
+        for pair, key in enumerate(pair_hit):
+            if key not in best or scores[pair, 0] > scores[best[key], 0]:
+                best[key] = pair
+        offsets = self.cache.offsets
+        results = []
+        for qi, question_hits in enumerate(hits):
+            question_candidates = []
+            for hi, hit in enumerate(question_hits):
+                pair = best[(qi, hi)]
+                passage = self.index.passages[hit.passage_index]
+                if not np.isfinite(scores[pair, 0]):
+                    continue  # no allowed span (an empty passage)
+                row = pair_rows[pair]
+                char_start = int(offsets[row, starts[pair, 0], 0])
+                char_end = int(offsets[row, ends[pair, 0], 1])
+                question_candidates.append(Candidate(
+                    hit.passage_index, passage.text[char_start:char_end], char_start, char_end,
+                    float(scores[pair, 0]) / 2, hit.score))
+            results.append(question_candidates)
+        timings["decode"] += time.perf_counter() - clock
+        return results

@@ -1,0 +1,80 @@
+"""The open-domain reader over a small index with the real MiniLM (seeded QA head)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import load_hf_checkpoint
+from dil_jax.data.squad import SquadExample
+from dil_jax.grid import GridReader
+from dil_jax.model import DelayedInteractionModel
+from dil_jax.odqa.corpus import Document, split_documents
+from dil_jax.odqa.index import build_index, build_reader_cache
+from dil_jax.odqa.reader import Candidate, OpenDomainReader, pick_answer, standardize
+from dil_jax.predict import predict_squad
+from dil_jax.samples import SAMPLE_PASSAGES
+from dil_jax.tokenization import load_tokenizer
+
+P_LEN, STRIDE = 32, 16
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir):
+    config, params, _ = load_hf_checkpoint(minilm_dir, max_question_len=16,
+                                           rng=jax.random.key(3))
+    return config, params, load_tokenizer(minilm_dir)
+
+
+@pytest.fixture(scope="module")
+def index(minilm, tmp_path_factory):
+    _, _, tokenizer = minilm
+    documents = [Document(f"d{i}", f"T{i}", text) for i, text in enumerate(SAMPLE_PASSAGES)]
+    passages = split_documents(documents, "paragraphs")
+    return build_index(tmp_path_factory.mktemp("odqa") / "index", passages, tokenizer,
+                       max_passage_len=P_LEN, doc_stride=STRIDE, split={"strategy": "paragraphs"})
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_reader_equals_squad_predict_path(minilm, index, k):
+    config, params, tokenizer = minilm
+    model = DelayedInteractionModel(config.replace(num_lower_layers=k))
+    grid = GridReader(model, batch_size=4)
+    encode = None if k == 0 else (lambda ids, mask: np.asarray(
+        grid.encode_passages(params, ids, mask)))
+    cache = build_reader_cache(index, model.config, params, tokenizer, encode=encode)
+    assert index.windows.count.max() > 1, "some passage must span several windows"
+    reader = OpenDomainReader(index, model, params, tokenizer, cache,
+                              top_p=len(index.passages), batch_size=4, chunk_size=8)
+    questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]
+    result = reader.read(questions)
+    assert set(result.timings) == {"retrieval", "question_lower", "pair_upper", "decode"}
+    for question, candidates in zip(questions, result.candidates):
+        assert len(candidates) == len(index.passages)
+        examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
+                                 question) for c in candidates]
+        expected = predict_squad(model, params, tokenizer, examples, max_passage_len=P_LEN,
+                                 doc_stride=STRIDE, batch_size=4, progress=False)
+        for candidate in candidates:
+            passage = index.passages[candidate.passage_index]
+            assert candidate.text == expected[f"q{candidate.passage_index}"]
+            assert passage.text[candidate.char_start:candidate.char_end] == candidate.text
+
+
+def test_retrieval_finds_the_right_passage(index):
+    hits = index.retriever.search("Jane Austen novel Elizabeth Bennet", 2)
+    assert index.passages[hits[0].passage_index].doc_id == "d1"
+
+
+def test_score_fusion_rule():
+    np.testing.assert_allclose(standardize(np.array([1.0, 2.0, 3.0])),
+                               [-1.224744871, 0.0, 1.224744871])
+    np.testing.assert_array_equal(standardize(np.array([5.0])), [0.0])
+    candidates = [Candidate(0, "a", 0, 1, reader_score=2.0, bm25_score=1.0),
+                  Candidate(1, "b", 0, 1, reader_score=1.9, bm25_score=30.0),
+                  Candidate(2, "c", 0, 1, reader_score=0.0, bm25_score=2.0)]
+    assert pick_answer(candidates, None).text == "a"      # reader alone
+    assert pick_answer(candidates, 1.0).text == "a"       # mu = 1 is the reader alone
+    assert pick_answer(candidates, 0.5).text == "b"       # a much better BM25 score tips it
+    assert pick_answer([], 0.5) is None
