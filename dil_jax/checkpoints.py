@@ -394,3 +394,34 @@ def load_params(directory: str | os.PathLike, **config_overrides: Any
     abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))
     params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
     return config, params
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
+
+
+def load_reader(checkpoint: str, k: int | None, max_question_len: int,
+                tokenizer_path: str | None = None):
+    """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
+
+    k: the split point (None keeps a dil_jax checkpoint's own, and 0 for a Hugging Face one).
+    """
+    from dil_jax.tokenization import load_tokenizer
+
+    overrides: dict[str, Any] = {"max_question_len": max_question_len}
+    if k is not None:
+        overrides["num_lower_layers"] = k
+    folder = Path(checkpoint).expanduser()
+    if (folder / ENCODER_CONFIG_FILE).is_file():
+        config, params = load_params(folder, **overrides)
+        if tokenizer_path is None:
+            if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+                raise FileNotFoundError(f"{folder}: a dil_jax checkpoint without tokenizer files; "
+                                        "pass --tokenizer (e.g. the folder it was converted from)")
+            tokenizer_path = str(folder)
+    else:
+        config, params, _ = load_hf_checkpoint(checkpoint, **overrides)
+    tokenizer = load_tokenizer(tokenizer_path or checkpoint)
+    if len(tokenizer) > config.vocab_size:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the checkpoint's vocabulary "
+                         f"is {config.vocab_size}: not this checkpoint's tokenizer")
+    return DelayedInteractionModel(config), params, tokenizer

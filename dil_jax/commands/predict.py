@@ -11,7 +11,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
 
 
 def register(subparsers) -> None:
@@ -44,34 +43,8 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def load_reader(checkpoint: str, k: int | None, max_question_len: int,
-                tokenizer_path: str | None = None):
-    """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint."""
-    from dil_jax.checkpoints import ENCODER_CONFIG_FILE, load_hf_checkpoint, load_params
-    from dil_jax.model import DelayedInteractionModel
-    from dil_jax.tokenization import load_tokenizer
-
-    overrides = {"max_question_len": max_question_len}
-    if k is not None:
-        overrides["num_lower_layers"] = k
-    folder = Path(checkpoint).expanduser()
-    if (folder / ENCODER_CONFIG_FILE).is_file():
-        config, params = load_params(folder, **overrides)
-        if tokenizer_path is None:
-            if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-                raise FileNotFoundError(f"{folder}: a dil_jax checkpoint without tokenizer files; "
-                                        "pass --tokenizer (e.g. the folder it was converted from)")
-            tokenizer_path = str(folder)
-    else:
-        config, params, _ = load_hf_checkpoint(checkpoint, **overrides)
-    tokenizer = load_tokenizer(tokenizer_path or checkpoint)
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the checkpoint's vocabulary "
-                         f"is {config.vocab_size}: not this checkpoint's tokenizer")
-    return DelayedInteractionModel(config), params, tokenizer
-
-
 def run(args: argparse.Namespace) -> int:
+    from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad
     from dil_jax.predict import predict_squad
 

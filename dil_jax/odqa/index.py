@@ -25,8 +25,13 @@ from typing import Any
 import numpy as np
 
 from dil_jax.data.features import window_contexts
-from dil_jax.odqa.cache import (PassageCache, build_passage_cache, reader_manifest,
-                                texts_fingerprint, tokenizer_fingerprint)
+from dil_jax.odqa.cache import (
+    PassageCache,
+    build_passage_cache,
+    reader_manifest,
+    texts_fingerprint,
+    tokenizer_fingerprint,
+)
 from dil_jax.odqa.corpus import Passage
 from dil_jax.odqa.retrieval import BM25Retriever
 
@@ -77,8 +82,9 @@ class OpenDomainIndex:
                         ) -> dict[str, Any]:
         tokenizer_id = tokenizer_fingerprint(tokenizer)
         if tokenizer_id != self.settings["tokenizer"]:
-            raise OpenDomainIndexError(f"{self.directory / 'index.json'}: index tokenized with "
-                              f"{self.settings['tokenizer']}, reader tokenizer is {tokenizer_id}")
+            raise OpenDomainIndexError(
+                f"{self.directory / 'index.json'}: index tokenized with "
+                f"{self.settings['tokenizer']}, reader tokenizer is {tokenizer_id}")
         return reader_manifest(config, params, tokenizer_id, self.settings["max_passage_len"],
                                self.settings["passages"], dtype)
 
@@ -117,8 +123,8 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
     directory = Path(directory)
     settings_path = directory / "index.json"
     if not settings_path.is_file():
-        raise OpenDomainIndexError(f"{directory}: not an open-domain index (no index.json); build one "
-                          "with `dil-jax index`")
+        raise OpenDomainIndexError(f"{directory}: not an open-domain index (no index.json); "
+                                   "build one with `dil-jax index`")
     settings = json.loads(settings_path.read_text())
     if settings.get("format") != INDEX_FORMAT:
         raise OpenDomainIndexError(f"{settings_path}: format {settings.get('format')!r}, expected "
@@ -126,8 +132,8 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
     with (directory / "passages.jsonl").open(encoding="utf-8") as lines:
         passages = [Passage(**json.loads(line)) for line in lines]
     if len(passages) != settings["num_passages"]:
-        raise OpenDomainIndexError(f"{directory / 'passages.jsonl'}: {len(passages)} passages, index.json "
-                          f"says {settings['num_passages']}")
+        raise OpenDomainIndexError(f"{directory / 'passages.jsonl'}: {len(passages)} passages, "
+                                   f"index.json says {settings['num_passages']}")
     retriever = BM25Retriever.load(directory / "bm25", fingerprint=settings["passages"])
     with np.load(directory / "windows.npz") as arrays:
         windows = PassageWindows(arrays["first"], arrays["count"], arrays["passage_of_row"])
