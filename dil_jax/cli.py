@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.check",
     "dil_jax.commands.predict",
     "dil_jax.commands.evaluate",
+    "dil_jax.commands.odqa",
 )
 
 

@@ -71,9 +71,9 @@ def test_score_fusion_rule():
     np.testing.assert_allclose(standardize(np.array([1.0, 2.0, 3.0])),
                                [-1.224744871, 0.0, 1.224744871])
     np.testing.assert_array_equal(standardize(np.array([5.0])), [0.0])
-    candidates = [Candidate(0, "a", 0, 1, reader_score=2.0, bm25_score=1.0),
-                  Candidate(1, "b", 0, 1, reader_score=1.9, bm25_score=30.0),
-                  Candidate(2, "c", 0, 1, reader_score=0.0, bm25_score=2.0)]
+    candidates = [Candidate(0, 0, "a", 0, 1, reader_score=2.0, bm25_score=1.0),
+                  Candidate(1, 1, "b", 0, 1, reader_score=1.9, bm25_score=30.0),
+                  Candidate(2, 2, "c", 0, 1, reader_score=0.0, bm25_score=2.0)]
     assert pick_answer(candidates, None).text == "a"      # reader alone
     assert pick_answer(candidates, 1.0).text == "a"       # mu = 1 is the reader alone
     assert pick_answer(candidates, 0.5).text == "b"       # a much better BM25 score tips it

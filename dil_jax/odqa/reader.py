@@ -39,6 +39,7 @@ class Candidate:
     """The best span of one retrieved passage for one question."""
 
     passage_index: int
+    rank: int             # BM25 rank of the passage for this question (0 = best)
     text: str
     char_start: int       # in the passage text
     char_end: int
@@ -51,6 +52,7 @@ class ReadResult:
     """Candidates of each question, in retrieval order (best BM25 first), and phase times (s)."""
 
     candidates: list[list[Candidate]]
+    hits: list[list]  # BM25 hits of each question, best first
     timings: dict[str, float]
 
 
@@ -101,19 +103,20 @@ class OpenDomainReader:
         """Candidates for every question (batched by `batch_size`)."""
         timings = dict(retrieval=0.0, question_lower=0.0, pair_upper=0.0, decode=0.0)
         candidates: list[list[Candidate]] = []
+        all_hits: list[list] = []
         step = self.grid.batch_size
         for start in range(0, len(questions), step):
             batch = list(questions[start:start + step])
-            candidates += self._read_batch(batch, timings)
-        return ReadResult(candidates, timings)
+            clock = time.perf_counter()
+            hits = self.retrieve(batch)
+            timings["retrieval"] += time.perf_counter() - clock
+            candidates += self._read_batch(batch, hits, timings)
+            all_hits += hits
+        return ReadResult(candidates, all_hits, timings)
 
-    def _read_batch(self, questions: list[str], timings: dict[str, float]
+    def _read_batch(self, questions: list[str], hits: list[list], timings: dict[str, float]
                     ) -> list[list[Candidate]]:
         import jax
-
-        clock = time.perf_counter()
-        hits = self.retrieve(questions)
-        timings["retrieval"] += time.perf_counter() - clock
 
         clock = time.perf_counter()
         q = encode_questions(self.tokenizer, questions, self.model.config.max_question_len)
@@ -174,7 +177,7 @@ class OpenDomainReader:
                 char_start = int(offsets[row, starts[pair, 0], 0])
                 char_end = int(offsets[row, ends[pair, 0], 1])
                 question_candidates.append(Candidate(
-                    hit.passage_index, passage.text[char_start:char_end], char_start, char_end,
+                    hit.passage_index, hi, passage.text[char_start:char_end], char_start, char_end,
                     float(scores[pair, 0]) / 2, hit.score))
             results.append(question_candidates)
         timings["decode"] += time.perf_counter() - clock

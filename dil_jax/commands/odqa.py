@@ -1,0 +1,234 @@
+"""Open-domain QA commands: `index`, `ask`, `odqa-eval`.
+
+    dil-jax index --out runs/index --corpus wikipedia --corpus squad:FILE --k 0 4
+    dil-jax ask "Who wrote Pride and Prejudice?" --index runs/index --k 4
+    dil-jax ask --index runs/index --k 4 --interactive
+    dil-jax odqa-eval --index runs/index --data FILE --k 0 4 --p 29 100 --limit 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
+    parser.add_argument("--checkpoint", default="default",
+                        help="reader: 'default' (embedded MiniLM), a Hugging Face folder, or a "
+                             "dil_jax (orbax) checkpoint folder")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
+                                                          "checkpoint's own)")
+    if many_k:
+        parser.add_argument("--k", type=int, nargs="+", default=[0],
+                            help="split points to cache/read (0 = the full model)")
+    else:
+        parser.add_argument("--k", type=int, default=None,
+                            help="split point (default: the checkpoint's own; 0 for HF ones)")
+    parser.add_argument("--max-question-len", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=8, help="questions per batch")
+    parser.add_argument("--chunk-size", type=int, default=64, help="pairs per device step")
+
+
+def register(subparsers) -> None:
+    index = subparsers.add_parser(
+        "index", help="split a corpus, build BM25 and the passage caches",
+        description="Splits documents into passages, builds the BM25 index and, for each k, the "
+                    "cache of passage lower states (resumable; rerun to continue).")
+    index.add_argument("--out", required=True, help="index folder")
+    index.add_argument("--corpus", action="append", required=True,
+                       help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH")
+    index.add_argument("--corpus-limit", type=int, default=None,
+                       help="only the first N documents of each source")
+    index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs")
+    index.add_argument("--max-passage-len", type=int, default=192)
+    index.add_argument("--doc-stride", type=int, default=96)
+    index.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
+    _reader_args(index, many_k=True)
+    index.set_defaults(func=run_index)
+
+    ask = subparsers.add_parser("ask", help="answer a question from an index")
+    ask.add_argument("question", nargs="?", help="the question (omit with --interactive)")
+    ask.add_argument("--index", required=True)
+    ask.add_argument("--top-p", type=int, default=29, help="passages read per question")
+    ask.add_argument("--mu", type=float, default=0.5,
+                     help="fusion weight of the reader score (1 = reader alone)")
+    ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
+    ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
+    ask.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
+    _reader_args(ask, many_k=False)
+    ask.set_defaults(func=run_ask)
+
+    evaluate = subparsers.add_parser(
+        "odqa-eval", help="open-domain evaluation (R, EM/F1 with and without IR score)")
+    evaluate.add_argument("--index", required=True)
+    evaluate.add_argument("--data", required=True, help="SQuAD v1.1 JSON (questions, answers)")
+    evaluate.add_argument("--limit", type=int, default=None,
+                          help="evaluate a random subset of N questions (seeded)")
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--p", type=int, nargs="+", default=[29, 100])
+    evaluate.add_argument("--mu", type=float, default=0.5)
+    evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
+    evaluate.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
+    _reader_args(evaluate, many_k=True)
+    evaluate.set_defaults(func=run_evaluate)
+
+
+def _load(args, k):
+    from dil_jax.checkpoints import load_reader
+
+    return load_reader(args.checkpoint, k, args.max_question_len, args.tokenizer)
+
+
+def _encoder(model, params, batch_size):
+    import numpy as np
+
+    from dil_jax.grid import GridReader
+
+    if model.config.num_lower_layers == 0:
+        return None
+    grid = GridReader(model, batch_size=batch_size)
+    return lambda ids, mask: np.asarray(grid.encode_passages(params, ids, mask))
+
+
+def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
+              max_passage_len: int, doc_stride: int, readers: list, cache_dtype: str,
+              batch_size: int = 32):
+    """Builds (or reopens) the index and one passage cache per (model, params, tokenizer)."""
+    from tqdm.auto import tqdm
+
+    from dil_jax.odqa.corpus import iter_sources, split_documents
+    from dil_jax.odqa.index import build_index, build_reader_cache, open_index
+
+    tokenizer = readers[0][2]
+    if (Path(out) / "index.json").is_file():
+        index = open_index(out)
+        print(f"index: {out} ({len(index.passages)} passages, reused)")
+    else:
+        started = time.perf_counter()
+        documents = []
+        for spec in corpus:
+            source = list(iter_sources([spec]))
+            documents += source[:corpus_limit] if corpus_limit else source
+        passages = split_documents(documents, split)
+        index = build_index(out, passages, tokenizer, max_passage_len=max_passage_len,
+                            doc_stride=doc_stride,
+                            split={"strategy": split, "sources": corpus, "limit": corpus_limit})
+        print(f"index: {len(documents)} documents -> {len(passages)} passages -> "
+              f"{index.settings['num_windows']} windows, BM25 built in "
+              f"{time.perf_counter() - started:.1f} s")
+    caches = []
+    for model, params, reader_tokenizer in readers:
+        k = model.config.num_lower_layers
+        total = index.settings["num_windows"]
+        with tqdm(total=total, unit="window", desc=f"passage cache k={k}") as bar:
+            def progress(done, bar=bar):
+                bar.update(done - bar.n)
+            cache = build_reader_cache(index, model.config, params, reader_tokenizer,
+                                       encode=_encoder(model, params, batch_size),
+                                       dtype=cache_dtype, progress=progress)
+            bar.update(total - bar.n)
+        caches.append(cache)
+    return index, caches
+
+
+def run_index(args: argparse.Namespace) -> int:
+    readers = [_load(args, k) for k in args.k]
+    build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
+              args.doc_stride, readers, args.cache_dtype)
+    return 0
+
+
+def _open_reader(args, k, top_p):
+    from dil_jax.odqa.index import open_index
+    from dil_jax.odqa.reader import OpenDomainReader
+
+    model, params, tokenizer = _load(args, k)
+    index = open_index(args.index)
+    cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+    return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
+                            batch_size=args.batch_size, chunk_size=args.chunk_size)
+
+
+def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
+    from dil_jax.odqa.reader import pick_answer
+
+    answer = pick_answer(candidates, mu)
+    lines = [f"Q: {question}"]
+    if answer is None:
+        lines.append("A: (no passage retrieved)")
+        return "\n".join(lines)
+    passage = reader.index.passages[answer.passage_index]
+    context = (passage.text[:answer.char_start] + "[[" + answer.text + "]]"
+               + passage.text[answer.char_end:])
+    lines += [f"A: {answer.text}",
+              f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
+              f"of {len(hits)}; reader score {answer.reader_score:.2f}, "
+              f"BM25 {answer.bm25_score:.2f}"
+              + ("" if mu is None else f", fused with mu={mu}"),
+              f"   passage: {context[:400]}{'...' if len(context) > 400 else ''}",
+              "   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
+                                      for name, seconds in timings.items())]
+    return "\n".join(lines)
+
+
+def run_ask(args: argparse.Namespace) -> int:
+    reader = _open_reader(args, args.k, args.top_p)
+    mu = None if args.no_fusion else args.mu
+    if args.interactive:
+        print("Ask a question (empty line or Ctrl-D to quit).", file=sys.stderr)
+        questions = iter(lambda: sys.stdin.readline().strip(), "")
+    elif args.question:
+        questions = iter([args.question])
+    else:
+        raise ValueError("give a question, or --interactive")
+    for question in questions:
+        result = reader.read([question])
+        print(format_answer(reader, question, result.candidates[0], result.hits[0],
+                            result.timings, mu))
+        sys.stdout.flush()
+    return 0
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from dil_jax.data.squad import load_squad
+    from dil_jax.odqa.evaluate import dump_json, evaluate_reader, markdown_table
+
+    examples = [e for e in load_squad(args.data).examples if e.answer_texts]
+    if args.limit is not None and args.limit < len(examples):
+        chosen = np.random.default_rng(args.seed).choice(len(examples), args.limit,
+                                                         replace=False)
+        examples = [examples[i] for i in sorted(chosen)]
+    results = {}
+    for k in args.k:
+        reader = _open_reader(args, k, max(args.p))
+        name = "full" if k == 0 else f"DIL k={k}"
+        print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
+              file=sys.stderr)
+        results[name] = evaluate_reader(reader, examples, args.p, args.mu)
+    table = markdown_table(results)
+    print(table)
+    if args.out:
+        import jax
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        extra = dict(command=" ".join(["dil-jax", *sys.argv[1:]]), data=args.data,
+                     index=args.index, checkpoint=args.checkpoint, questions=len(examples),
+                     seed=args.seed, device=str(jax.devices()[0].device_kind),
+                     cpu_count=os.cpu_count(), jax=jax.__version__)
+        for name, text in (("results.md", table + "\n"),
+                           ("results.json", dump_json(results, extra))):
+            temporary = out / f".{name}.tmp"
+            temporary.write_text(text)
+            os.replace(temporary, out / name)
+        print(f"wrote {out / 'results.md'} and {out / 'results.json'}", file=sys.stderr)
+    return 0
+

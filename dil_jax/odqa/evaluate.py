@@ -1,0 +1,81 @@
+"""OpenSQuAD-style evaluation, as in the DilBert paper.
+
+For each reader (the full model and delayed interaction at some k) and each p (29 and 100):
+  R   share of questions for which a gold answer string appears in one of the top-p passages
+      (after SQuAD answer normalisation), a property of retrieval alone;
+  EM, F1  of the reader's answer over the top-p passages, without the IR score (reader score
+      alone) and with it (score fusion, see dil_jax.odqa.reader).
+The top-p of a smaller p is a prefix of the larger one's, so each reader reads max(p) passages
+per question once and every p is scored from that read.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dil_jax.data.squad import SquadExample
+from dil_jax.metrics.squad_metric import exact_score, f1_score_v1, normalize_answer
+from dil_jax.odqa.reader import OpenDomainReader, pick_answer
+
+
+def recall_at_p(example: SquadExample, passage_texts: Sequence[str]) -> bool:
+    """Does a normalised gold answer occur in a normalised retrieved passage?"""
+    golds = [normalize_answer(text) for text in example.answer_texts]
+    golds = [gold for gold in golds if gold]
+    passages = [normalize_answer(text) for text in passage_texts]
+    return any(gold in passage for gold in golds for passage in passages)
+
+
+def _best_over_golds(prediction: str, golds: Sequence[str]) -> tuple[float, float]:
+    return (max(exact_score(prediction, gold) for gold in golds),
+            max(f1_score_v1(prediction, gold) for gold in golds))
+
+
+def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
+                    p_values: Sequence[int] = (29, 100), mu: float = 0.5) -> dict[str, Any]:
+    """Scores of one reader; `examples` must be answerable (SQuAD 1.1 style)."""
+    reader.top_p = max(p_values)
+    started = time.perf_counter()
+    result = reader.read([example.question for example in examples])
+    wall = time.perf_counter() - started
+    rows = {}
+    for p in sorted(p_values):
+        recall = exact_ir = f1_ir = exact = f1 = 0.0
+        for example, candidates, hits in zip(examples, result.candidates, result.hits,
+                                             strict=True):
+            top = [c for c in candidates if c.rank < p]
+            recall += recall_at_p(example, [reader.index.passages[h.passage_index].text
+                                            for h in hits[:p]])
+            for fused, mu_value in ((False, None), (True, mu)):
+                answer = pick_answer(top, mu_value)
+                em, f = _best_over_golds(answer.text if answer else "", example.answer_texts)
+                if fused:
+                    exact_ir, f1_ir = exact_ir + em, f1_ir + f
+                else:
+                    exact, f1 = exact + em, f1 + f
+        n = len(examples)
+        rows[p] = dict(R=100 * recall / n, EM=100 * exact / n, F1=100 * f1 / n,
+                       EM_ir=100 * exact_ir / n, F1_ir=100 * f1_ir / n)
+    return dict(k=reader.model.config.num_lower_layers, l=reader.model.config.num_layers,
+                questions=len(examples), mu=mu, wall_seconds=wall, timings=result.timings,
+                by_p=rows)
+
+
+def markdown_table(results: dict[str, dict[str, Any]]) -> str:
+    """One row per (reader, p): R, EM/F1 without and with the IR score, reader time."""
+    lines = ["| reader | k/l | p | R | EM | F1 | EM (+IR) | F1 (+IR) | pair-upper s | total s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, result in results.items():
+        for p, row in result["by_p"].items():
+            lines.append(
+                f"| {name} | {result['k']}/{result['l']} | {p} | {row['R']:.1f} | "
+                f"{row['EM']:.1f} | {row['F1']:.1f} | {row['EM_ir']:.1f} | {row['F1_ir']:.1f} | "
+                f"{result['timings']['pair_upper']:.1f} | {result['wall_seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def dump_json(results: dict[str, dict[str, Any]], extra: dict[str, Any]) -> str:
+    return json.dumps({"results": results, **extra}, indent=2, default=str)
