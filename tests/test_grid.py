@@ -1,0 +1,68 @@
+"""The pair grid: equals a direct per-pair forward, and is the same on 1 and 8 devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+GRID_SCRIPT = textwrap.dedent("""
+    import sys
+    import jax
+    import numpy as np
+    from dil_jax.config import EncoderConfig
+    from dil_jax.grid import GridReader
+    from dil_jax.model import DelayedInteractionModel
+
+    k, out = int(sys.argv[1]), sys.argv[2]
+    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4,
+                           intermediate_size=40, embedding_size=32, max_question_len=8,
+                           max_position_embeddings=64, num_lower_layers=k,
+                           initializer_range=0.2)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    q_ids = rng.integers(1, 50, (3, 8)).astype(np.int32)
+    q_mask = (np.arange(8)[None] < np.array([[5], [8], [3]])).astype(np.int32)
+    p_ids = rng.integers(1, 50, (5, 16)).astype(np.int32)
+    p_mask = (np.arange(16)[None] < np.array([[16], [9], [4], [12], [16]])).astype(np.int32)
+    reader = GridReader(model, batch_size=4, chunk_size=8)
+    q_lower = reader.encode_questions(params, q_ids, q_mask)
+    p_source = p_ids if k == 0 else reader.encode_passages(params, p_ids, p_mask)
+    grid = reader.read_grid(params, q_lower, q_mask, p_source, p_mask)
+    qi, pi = (a.ravel() for a in np.meshgrid(np.arange(3), np.arange(5), indexing="ij"))
+    direct = model(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
+    np.savez(out, devices=jax.device_count(), start=grid.start_logits, end=grid.end_logits,
+             null_start=grid.null_start_logits, direct_start=np.asarray(direct.start_logits),
+             direct_null=np.asarray(direct.null_start_logits))
+""")
+
+
+def _run(tmp_path: Path, k: int, devices: int) -> dict[str, np.ndarray]:
+    script = tmp_path / "grid.py"
+    script.write_text(GRID_SCRIPT)
+    out = tmp_path / f"grid-{k}-{devices}.npz"
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_PLATFORMS="cpu")
+    subprocess.run([sys.executable, str(script), str(k), str(out)], check=True, env=env,
+                   cwd=Path(__file__).resolve().parents[1])
+    with np.load(out) as arrays:
+        return dict(arrays)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_grid_on_8_devices_equals_1_device_and_direct(tmp_path, k):
+    one, eight = _run(tmp_path, k, 1), _run(tmp_path, k, 8)
+    assert one["devices"] == 1 and eight["devices"] == 8
+    for name in ("start", "end", "null_start"):
+        np.testing.assert_allclose(eight[name], one[name], atol=1e-5, err_msg=name)
+    for result in (one, eight):
+        np.testing.assert_allclose(result["start"].reshape(15, 16), result["direct_start"],
+                                   atol=1e-5)
+        np.testing.assert_allclose(result["null_start"].ravel(), result["direct_null"],
+                                   atol=1e-5)
