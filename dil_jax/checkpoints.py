@@ -425,3 +425,64 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the checkpoint's vocabulary "
                          f"is {config.vocab_size}: not this checkpoint's tokenizer")
     return DelayedInteractionModel(config), params, tokenizer
+
+
+def hf_config_from_encoder_config(config: EncoderConfig) -> dict[str, Any]:
+    """The Hugging Face `config.json` of a *ForQuestionAnswering model with these weights."""
+    common = dict(vocab_size=config.vocab_size,
+                  max_position_embeddings=config.max_position_embeddings,
+                  initializer_range=config.initializer_range, pad_token_id=config.pad_token_id)
+    if config.architecture == "distilbert":
+        return dict(common, model_type="distilbert",
+                    architectures=["DistilBertForQuestionAnswering"], dim=config.hidden_size,
+                    n_layers=config.num_layers, n_heads=config.num_heads,
+                    hidden_dim=config.intermediate_size, activation=config.hidden_act,
+                    dropout=config.hidden_dropout, attention_dropout=config.attention_dropout)
+    values = dict(common, hidden_size=config.hidden_size, num_hidden_layers=config.num_layers,
+                  num_attention_heads=config.num_heads,
+                  intermediate_size=config.intermediate_size,
+                  type_vocab_size=config.type_vocab_size, hidden_act=config.hidden_act,
+                  layer_norm_eps=config.layer_norm_eps,
+                  hidden_dropout_prob=config.hidden_dropout,
+                  attention_probs_dropout_prob=config.attention_dropout)
+    if config.architecture == "albert":
+        return dict(values, model_type="albert", architectures=["AlbertForQuestionAnswering"],
+                    embedding_size=config.embedding_size,
+                    num_hidden_groups=config.num_hidden_groups, inner_group_num=1)
+    return dict(values, model_type="bert", architectures=["BertForQuestionAnswering"])
+
+
+def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: EncoderConfig,
+                         tokenizer=None, dtype: str = "float32",
+                         manifest: dict[str, Any] | None = None) -> Path:
+    """Writes a Hugging Face folder (config.json, model.safetensors, tokenizer files and an
+    optional dil_jax_manifest.json) that both `load_hf_checkpoint` and `transformers` read.
+
+    dtype "bfloat16" halves the size (params are cast back to float32 on load). Written to a
+    staging folder and renamed into place.
+    """
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+    directory = Path(directory).absolute()
+    staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    prefix = f"{config.architecture}."
+    tensors = {}
+    for name, value in export_state_dict(params, config).items():
+        full_name = name if name.startswith("qa_outputs.") else prefix + name
+        tensors[full_name] = value.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
+    save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
+    (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
+                                                  indent=2))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(staging))
+    if manifest is not None:
+        (staging / "dil_jax_manifest.json").write_text(json.dumps(manifest, indent=2))
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(staging, directory)
+    return directory

@@ -168,3 +168,31 @@ def _flatten(tree, prefix=""):
             yield from _flatten(value, f"{prefix}{key}/")
         else:
             yield f"{prefix}{key}", value
+
+
+def test_export_hf_checkpoint_round_trips_through_transformers(hf_folder_factory, tmp_path):
+    """Our export is a real Hugging Face folder: transformers loads it and gives our logits."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering
+
+    from dil_jax.checkpoints import export_hf_checkpoint
+
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("albert")[0], max_question_len=8)
+    folder = export_hf_checkpoint(tmp_path / "export", params, config, dtype="bfloat16",
+                                  manifest={"trained": "nowhere"})
+    config2, params2, report = load_hf_checkpoint(folder, max_question_len=8)
+    assert config2 == config and not report.initialized
+    kernel = np.asarray(params["block_0"]["ffn_in"]["kernel"])
+    np.testing.assert_allclose(np.asarray(params2["block_0"]["ffn_in"]["kernel"]), kernel,
+                               rtol=1e-2, atol=1e-3)  # bfloat16 keeps 8 bits of mantissa
+    hf = AutoModelForQuestionAnswering.from_pretrained(str(folder)).float().eval()
+    ids = torch.tensor([[2, 10, 11, 3, 20, 21, 22, 3]])
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, token_type_ids=torch.tensor([[0] * 4 + [1] * 4])).start_logits
+    q = np.zeros((1, 8), np.int32)
+    q[0, :4] = [2, 10, 11, 3]
+    ours = DelayedInteractionModel(config2)(params2, q, (q > 0).astype(np.int32),
+                                            np.array([[20, 21, 22, 3]], np.int32),
+                                            np.ones((1, 4), np.int32))
+    np.testing.assert_allclose(np.asarray(ours.start_logits[0]), theirs[0, 4:].numpy(),
+                               atol=1e-4)
