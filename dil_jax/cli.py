@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.predict",
     "dil_jax.commands.evaluate",
     "dil_jax.commands.odqa",
+    "dil_jax.commands.demo",
 )
 
 

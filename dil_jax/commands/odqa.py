@@ -85,7 +85,7 @@ def _load(args, k):
     return load_reader(args.checkpoint, k, args.max_question_len, args.tokenizer)
 
 
-def _encoder(model, params, batch_size):
+def encoder_fn(model, params, batch_size):
     import numpy as np
 
     from dil_jax.grid import GridReader
@@ -130,7 +130,7 @@ def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
             def progress(done, bar=bar):
                 bar.update(done - bar.n)
             cache = build_reader_cache(index, model.config, params, reader_tokenizer,
-                                       encode=_encoder(model, params, batch_size),
+                                       encode=encoder_fn(model, params, batch_size),
                                        dtype=cache_dtype, progress=progress)
             bar.update(total - bar.n)
         caches.append(cache)

