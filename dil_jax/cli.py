@@ -15,6 +15,7 @@ import sys
 # Subcommand modules, in the order `--help` lists them.
 COMMAND_MODULES = (
     "dil_jax.commands.check",
+    "dil_jax.commands.train",
 )
 
 
@@ -31,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Unknown arguments are errors, except for commands that take ml_collections-style
+    # `--config.key=value` overrides (argparse cannot declare an open set of dotted options).
+    args, extra_args = parser.parse_known_args(argv)
+    if extra_args and not getattr(args, "accepts_config_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra_args)}")
+    args.extra_args = extra_args
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
