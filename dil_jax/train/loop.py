@@ -65,9 +65,10 @@ def maybe_initialize_distributed(cfg: ml_collections.ConfigDict) -> None:
     coordinator "host:port", the process count and this process's id. CPU processes use gloo
     collectives (JAX's default CPU collectives since 0.5).
     """
-    if cfg.num_cpu_devices:
+    if cfg.num_cpu_devices and jax.config.jax_num_cpu_devices != int(cfg.num_cpu_devices):
+        # Only possible before the CPU backend starts (i.e. before any JAX computation).
         jax.config.update("jax_num_cpu_devices", int(cfg.num_cpu_devices))
-    if not cfg.initialize:
+    if not cfg.initialize or jax.distributed.is_initialized():
         return
     kwargs = {name: cfg[name] for name in ("coordinator_address", "num_processes", "process_id")
               if cfg[name] is not None}
