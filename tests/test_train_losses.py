@@ -1,5 +1,7 @@
 """Span CE labels, DeFormer KD/LRS, the optimizer's decay mask and schedule."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -100,4 +102,4 @@ def test_schedule_warms_up_then_decays_to_zero():
     values = [float(schedule(s)) for s in range(11)]
     assert values[0] == 0.0 and values[2] == pytest.approx(1.0)
     assert values[10] == pytest.approx(0.0, abs=1e-7)
-    assert all(a >= b for a, b in zip(values[2:], values[3:]))
+    assert all(a >= b for a, b in itertools.pairwise(values[2:]))
