@@ -58,8 +58,11 @@ class TrainCheckpointer:
             # Leftover temporary folders of a killed save are removed at start-up.
             cleanup_tmp_directories=True,
         )
+        directory = str(directory)
+        if "://" not in directory:  # gs:// etc. are handed to orbax as they are
+            directory = os.path.abspath(directory)
         self.manager = ocp.CheckpointManager(
-            os.path.abspath(directory), options=options, item_names=(STATE_ITEM, META_ITEM))
+            directory, options=options, item_names=(STATE_ITEM, META_ITEM))
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()

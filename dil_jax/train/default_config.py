@@ -13,7 +13,7 @@ SQUAD_V1_35 = "../shared/data/squad/dev-v1.1.35-articles.json"
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-    c.workdir = "runs/default"  # checkpoints/, metrics.jsonl, tensorboard/, params/
+    c.workdir = "runs/default"  # checkpoints/, metrics.jsonl, tensorboard/, params/; or gs://
     c.seed = 0  # model init (QA head) and dropout
     c.data_seed = 0  # training order; part of the resumable data position
     c.batch_size = 12  # global windows per optimizer step, over all devices and processes
@@ -86,6 +86,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.log.every_steps = 20
     c.log.tensorboard = True
     c.log.progress = True
+    # metrics.jsonl + tensorboard/ go to the workdir when it is local; for a gs:// workdir
+    # (multi-host pods: checkpoints must be on storage every host sees) they go here instead.
+    c.log.local_dir = ""
 
     c.distributed = ml_collections.ConfigDict()
     c.distributed.initialize = False  # jax.distributed.initialize (multi-host)

@@ -52,7 +52,7 @@ class TrainResult:
     last_metrics: dict[str, float]
     eval_metrics: dict[str, float]
     best_step: int | None
-    workdir: Path
+    workdir: Path | str
 
 
 # ----------------------------------------------------------------------------- setup
@@ -75,6 +75,20 @@ def maybe_initialize_distributed(cfg: ml_collections.ConfigDict) -> None:
     jax.distributed.initialize(**kwargs)
     log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
              jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def is_remote(workdir: str | Path) -> bool:
+    """gs://... and other URLs: orbax writes there; plain files (metrics, export) cannot."""
+    return "://" in str(workdir)
+
+
+def metrics_dir(config: ml_collections.ConfigDict) -> Path:
+    """Where process 0 appends metrics.jsonl and TensorBoard events: the workdir if local,
+    else `log.local_dir` (object stores such as GCS cannot append to a file)."""
+    if is_remote(config.workdir):
+        return Path(config.log.local_dir or "runs/" + str(config.workdir).rstrip("/")
+                    .rsplit("/", 1)[-1])
+    return Path(config.workdir)
 
 
 def resolve_callable(spec: str) -> Callable:
@@ -249,7 +263,7 @@ def train(config: ml_collections.ConfigDict, *,
       interrupted run would; the next call resumes.
     """
     maybe_initialize_distributed(config.distributed)
-    workdir = Path(config.workdir)
+    workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
     mesh = sharding_lib.make_data_mesh()
     global_batch, accum, micro = batch_geometry(config, mesh.devices.size)
@@ -286,7 +300,7 @@ def train(config: ml_collections.ConfigDict, *,
                       else sharding_lib.replicate(teacher_params, mesh))
 
     checkpointer = TrainCheckpointer(
-        workdir / "checkpoints", every_steps=int(config.checkpoint.every_steps),
+        f"{config.workdir}/checkpoints", every_steps=int(config.checkpoint.every_steps),
         keep=int(config.checkpoint.keep), best_metric=config.checkpoint.best_metric or None,
         best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
     start_step = 0
@@ -298,14 +312,15 @@ def train(config: ml_collections.ConfigDict, *,
         start_step = int(meta["step"])
         log.info("resumed from step %d (epoch %d, batch %d of the epoch)", start_step,
                  meta["epoch"], meta["position_in_epoch"])
+    log_dir = metrics_dir(config)
     if is_main:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / "config.json").write_text(config.to_json_best_effort(indent=2))
 
     step_fn = make_train_step(student, teacher, loss_weights(config), tx, schedule, mesh)
     eval_loss_fn = make_eval_loss(student, mesh) if val_windows is not None else None
     rows_of_process = sharding_lib.process_rows(mesh, accum, micro)
-    writer = MetricWriter(workdir, enabled=is_main, tensorboard=bool(config.log.tensorboard))
+    writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard))
     progress = Progress(total_steps, start_step, global_batch,
                         enabled=is_main and bool(config.log.progress))
     last_metrics: dict[str, float] = {}
@@ -366,7 +381,7 @@ def train(config: ml_collections.ConfigDict, *,
         checkpointer.close()  # waits for an in-flight async save
         writer.close()
     best_step = checkpointer.best_step()
-    if config.checkpoint.export_params and step == total_steps:
+    if config.checkpoint.export_params and step == total_steps and not is_remote(workdir):
         export_reader(checkpointer, best_step, state, rep, workdir / EXPORT_DIR, student_config)
     return TrainResult(state=state, model=student, last_metrics=last_metrics,
                        eval_metrics=eval_metrics, best_step=best_step, workdir=workdir)
