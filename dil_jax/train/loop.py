@@ -299,9 +299,18 @@ def train(config: ml_collections.ConfigDict, *,
     teacher_params = (None if teacher_params is None
                       else sharding_lib.replicate(teacher_params, mesh))
 
+    best_metric = config.checkpoint.best_metric or None
+    produced = ({"val_loss"} if val_windows is not None else set()) | (
+        {"exact", "f1"} if evaluate_fn is not None else set())
+    if best_metric and best_metric not in produced and evaluate_fn is None:
+        # Without the metric every save would count as "no metrics"; say so once, up front.
+        log.warning("checkpoint.best_metric %r is not produced by this run (metrics: %s; set "
+                    "eval.evaluator for exact/f1): keeping only the last %d checkpoints",
+                    best_metric, sorted(produced) or "none", config.checkpoint.keep)
+        best_metric = None
     checkpointer = TrainCheckpointer(
         f"{config.workdir}/checkpoints", every_steps=int(config.checkpoint.every_steps),
-        keep=int(config.checkpoint.keep), best_metric=config.checkpoint.best_metric or None,
+        keep=int(config.checkpoint.keep), best_metric=best_metric,
         best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
     start_step = 0
     latest = checkpointer.latest_step()
