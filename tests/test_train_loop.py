@@ -33,9 +33,9 @@ def test_interrupted_run_resumes_to_the_same_params(tmp_path):
     assert len(meta["rng_key"]) == 2
 
 
-def test_checkpoints_keep_last_k_plus_best_and_export(tmp_path):
+def test_checkpoints_keep_last_k_plus_best_metrics_and_export(tmp_path):
     result = train(tiny_config(tmp_path, {"num_train_steps": 12, "checkpoint.every_steps": 2,
-                                          "checkpoint.keep": 2}))
+                                          "checkpoint.keep": 2, "log.tensorboard": "true"}))
     steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2,
                               best_metric="val_loss", best_mode="min").all_steps()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -44,6 +44,7 @@ def test_checkpoints_keep_last_k_plus_best_and_export(tmp_path):
     assert result.best_step == best
     assert sorted(steps) == sorted({10, 12, best})
     assert any(line["split"] == "train" and "examples_per_sec" in line for line in lines)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     trained_from = json.loads((tmp_path / "params" / "trained_from.json").read_text())
     assert trained_from["step"] == best
     from dil_jax.checkpoints import load_params
@@ -53,17 +54,21 @@ def test_checkpoints_keep_last_k_plus_best_and_export(tmp_path):
     assert len(flat_params(params)) == len(flat_params(result.state.params))
 
 
-def test_tensorboard_events_are_written(tmp_path):
-    pytest.importorskip("tensorboardX")
-    train(tiny_config(tmp_path, {"num_train_steps": 2, "log.tensorboard": "true",
-                                 "checkpoint.export_params": "false"}))
-    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-
-
-def test_resume_refuses_a_different_data_order(tmp_path):
+def test_resume_ignores_a_half_written_step_and_refuses_another_data_order(tmp_path):
     train(tiny_config(tmp_path, {"num_train_steps": 2, "checkpoint.every_steps": 2}))
+    # What a save killed mid-write leaves: orbax's temporary folder, never renamed to "4".
+    partial = tmp_path / "checkpoints" / "4.orbax-checkpoint-tmp" / "state"
+    partial.mkdir(parents=True)
+    (partial / "garbage").write_bytes(b"\0" * 10)
+    checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2)
+    assert checkpointer.latest_step() == 2 and checkpointer.all_steps() == [2]
+    # Resuming restores step 2 and writes step 4 over the leftover.
+    assert int(train(tiny_config(tmp_path, {"num_train_steps": 4,
+                                            "checkpoint.every_steps": 2})).state.step) == 4
+    assert checkpointer.latest_step() is not None
+    assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps() == [2, 4]
     with pytest.raises(ValueError, match="data order"):
-        train(tiny_config(tmp_path, {"num_train_steps": 4, "data_seed": 5}))
+        train(tiny_config(tmp_path, {"num_train_steps": 6, "data_seed": 5}))
 
 
 def test_data_order_is_a_function_of_seed_and_step():

@@ -197,6 +197,7 @@ def warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
 def validation_loss(eval_fn, params: Params, windows: data_lib.Windows, mesh,
                     batch_size: int) -> float:
     """Mean span CE over all validation windows (the last batch padded with weight-0 rows)."""
+    batch_size = -(-batch_size // mesh.devices.size) * mesh.devices.size  # equal device rows
     rows_of_process = sharding_lib.process_rows(mesh, 1, batch_size)
     total = count = 0.0
     for begin in range(0, len(windows), batch_size):
