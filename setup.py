@@ -30,7 +30,7 @@ setup(
         "torch": ["torch==2.13.0"],
         "test": ["pytest>=8", "ruff>=0.6"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
-        "demo": [],
+        "train": ["tensorboardX>=2.6"],
     },
     entry_points={"console_scripts": ["dil-jax=dil_jax.cli:main"]},
 )

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.evaluate",
     "dil_jax.commands.odqa",
     "dil_jax.commands.demo",
+    "dil_jax.commands.train",
 )
 
 
@@ -35,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Unknown arguments are errors, except for commands that take ml_collections-style
+    # `--config.key=value` overrides (argparse cannot declare an open set of dotted options).
+    args, extra_args = parser.parse_known_args(argv)
+    if extra_args and not getattr(args, "accepts_config_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra_args)}")
+    args.extra_args = extra_args
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:

@@ -1,0 +1,46 @@
+"""The embedded MiniLM (all-MiniLM-L6-v2: 6 layers, hidden 384) fine-tuned on the shared SQuAD
+v1.1 articles, split by article (0-27 train, 28-34 validation). CPU-sized: question 32 +
+passage window 160 tokens, stride 80, 2 epochs.
+
+Variants (`configs/minilm_squad.py:VARIANT`):
+  full        k = 0, the full model (also the distillation teacher)
+  k4          delayed interaction at k = 4, cross-entropy only
+  k4_distill  k = 4 with DeFormer KD + LRS from the fine-tuned full model (run `full` first)
+
+    dil-jax train --config configs/minilm_squad.py:full
+    dil-jax train --config configs/minilm_squad.py:k4
+    dil-jax train --config configs/minilm_squad.py:k4_distill
+"""
+
+import ml_collections
+
+from dil_jax.train.default_config import base_config
+
+VARIANTS = ("full", "k4", "k4_distill")
+
+
+def get_config(variant: str = "k4") -> ml_collections.ConfigDict:
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
+    c = base_config()
+    c.workdir = f"runs/minilm_squad_{variant}"
+    c.model.checkpoint = "default"
+    c.data.tokenizer = "default"
+    c.model.max_question_len = 32
+    c.data.max_passage_len = 160
+    c.data.stride = 80
+    c.batch_size = 16
+    c.num_epochs = 2.0
+    # Small models fine-tune best with a larger rate than BERT-base's 3e-5.
+    c.optim.learning_rate = 1e-4
+    c.optim.warmup_fraction = 0.1
+    c.checkpoint.every_steps = 200
+    c.eval.batch_size = 64
+    c.log.every_steps = 10
+    c.model.num_lower_layers = 0 if variant == "full" else 4
+    if variant == "k4_distill":
+        c.teacher.checkpoint = "runs/minilm_squad_full/params"
+        # DeFormer tunes alpha/beta per task; these are starting points, not the paper's values.
+        c.loss.kd_weight = 1.0
+        c.loss.lrs_weight = 1.0
+    return c

@@ -1,0 +1,67 @@
+"""`dil-jax train --config configs/NAME.py[:variant] [--config.key=value ...]`.
+
+Fine-tunes a delayed-interaction reader per an ml_collections config file (see configs/ and
+dil_jax/train/default_config.py for every key). Re-running the same command with the same workdir
+resumes from its latest checkpoint. Also runnable as `python -m dil_jax.commands.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="fine-tune a reader (configs/*.py, --config.key=value overrides)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run, accepts_config_overrides=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE[:ARG]",
+                        help="config file with get_config(); FILE.py:ARG passes ARG")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dil_jax.train.config_files import load_config, split_overrides
+
+    rest, overrides = split_overrides(getattr(args, "extra_args", None) or [])
+    if rest:
+        raise ValueError(f"unrecognized arguments: {' '.join(rest)} "
+                         "(overrides are --config.key=value)")
+    config = load_config(args.config, overrides)
+    # orbax logs every save step at INFO through absl; keep the console to our own lines.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    if args.print_config:
+        print(config.to_json_best_effort(indent=2))
+        return 0
+    from dil_jax.train.loop import train
+
+    result = train(config)
+    summary = {"workdir": str(result.workdir), "step": int(result.state.step),
+               "train": result.last_metrics, "eval": result.eval_metrics,
+               "best_step": result.best_step}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dil-jax train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args, extras = parser.parse_known_args(argv)
+    args.extra_args = extras
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

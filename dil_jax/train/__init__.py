@@ -1,0 +1,14 @@
+"""Fine-tuning delayed-interaction readers: optax, DeFormer distillation, orbax checkpoints.
+
+  config_files     ml_collections config files + `--config.key=value` overrides
+  default_config   every config key, with defaults
+  data             the featurizer contract, resumable per-process batch order, synthetic data
+  squad_data       the SQuAD featurizer and EM/F1 evaluator of the SQuAD configs
+  losses           span cross-entropy, KD and LRS
+  optim            AdamW + warmup/linear decay + clipping + weight-decay mask
+  sharding         1-D "data" mesh, per-process batch assembly
+  step             the jitted train step (accumulation scan, frozen teacher)
+  checkpointing    orbax CheckpointManager: every N steps, last K + best, resume
+  metrics          JSONL, TensorBoard (tensorboardX), tqdm
+  loop             train(config, ...)
+"""

@@ -1,0 +1,100 @@
+"""The fields every training config has; configs/*.py start from `base_config()` and change some.
+
+Keeping the full field set here means every `--config.x.y=...` override is checked against one
+schema (the config is locked before overrides apply), whatever the config file.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+SQUAD_V1_35 = "../shared/data/squad/dev-v1.1.35-articles.json"
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.workdir = "runs/default"  # checkpoints/, metrics.jsonl, tensorboard/, params/; or gs://
+    c.seed = 0  # model init (QA head) and dropout
+    c.data_seed = 0  # training order; part of the resumable data position
+    c.batch_size = 12  # global windows per optimizer step, over all devices and processes
+    c.grad_accum_steps = 1  # micro-batches per step (lax.scan); batch_size / this per micro
+    c.num_epochs = 2.0
+    c.num_train_steps = -1  # > 0 overrides num_epochs
+
+    c.model = ml_collections.ConfigDict()
+    # "default" (embedded MiniLM), a Hugging Face folder or hub id, a dil_jax params folder
+    # (save_params), or "" for random init from model.encoder.
+    c.model.checkpoint = "default"
+    c.model.encoder = None  # EncoderConfig fields for random init (ConfigDict)
+    c.model.num_lower_layers = 0  # k
+    c.model.max_question_len = 64
+    c.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 params
+    c.model.hidden_dropout = None  # None: the checkpoint's own
+    c.model.attention_dropout = None
+
+    c.teacher = ml_collections.ConfigDict()
+    # "" (no teacher), "student_init" (the student's initial params as a k = 0 model), or a
+    # checkpoint as for model.checkpoint (e.g. the params/ of a fine-tuned full model).
+    c.teacher.checkpoint = ""
+
+    c.loss = ml_collections.ConfigDict()
+    c.loss.ce_weight = 1.0  # gamma
+    c.loss.kd_weight = 0.0  # alpha
+    c.loss.lrs_weight = 0.0  # beta
+    c.loss.temperature = 2.0
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 3e-5
+    c.optim.warmup_fraction = 0.1
+    c.optim.warmup_steps = -1  # >= 0 overrides warmup_fraction
+    c.optim.weight_decay = 0.01
+    c.optim.max_grad_norm = 1.0
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.999
+    c.optim.eps = 1e-6
+
+    c.data = ml_collections.ConfigDict()
+    # "module:function" called as f(data_config, split, max_question_len=...) -> Features
+    # (split "train" or "validation"); "" = the caller passes features to train().
+    c.data.featurizer = "dil_jax.train.squad_data:featurize"
+    c.data.squad_file = SQUAD_V1_35
+    c.data.validation_file = ""  # "" = validation articles come from squad_file too
+    c.data.tokenizer = "default"
+    c.data.train_articles = "0:28"  # slice of the file's articles (split by article)
+    c.data.validation_articles = "28:35"
+    c.data.max_passage_len = 320  # passage window `p [SEP]`
+    c.data.stride = 128  # tokens between window starts
+    c.data.max_questions = -1  # > 0: only the first questions of the split (smoke runs)
+    c.data.synthetic = ml_collections.ConfigDict({
+        "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
+        "null_fraction": 0.25})
+
+    c.eval = ml_collections.ConfigDict()
+    # "module:factory", factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"}.
+    c.eval.evaluator = "dil_jax.train.squad_data:evaluator"
+    c.eval.use_validation_loss = True  # mean span CE on the validation windows
+    c.eval.batch_size = 32
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every_steps = 500  # also evaluates then; a final save always happens
+    c.checkpoint.keep = 2  # the last K, plus the best by best_metric
+    c.checkpoint.best_metric = "f1"  # "" = keep only the last K
+    c.checkpoint.best_mode = "max"
+    c.checkpoint.async_save = True
+    c.checkpoint.export_params = True  # write workdir/params (best, else last) for readers
+
+    c.log = ml_collections.ConfigDict()
+    c.log.every_steps = 20
+    c.log.tensorboard = True
+    c.log.progress = True
+    # metrics.jsonl + tensorboard/ go to the workdir when it is local; for a gs:// workdir
+    # (multi-host pods: checkpoints must be on storage every host sees) they go here instead.
+    c.log.local_dir = ""
+
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.initialize = False  # jax.distributed.initialize (multi-host)
+    c.distributed.coordinator_address = None  # "host:port"; None on Cloud TPU (auto)
+    c.distributed.num_processes = None
+    c.distributed.process_id = None
+    c.distributed.num_cpu_devices = 0  # > 0: jax_num_cpu_devices (host-device testing)
+    return c

@@ -1,0 +1,92 @@
+"""Training metrics: JSONL lines, TensorBoard event files, and a tqdm progress bar.
+
+TensorBoard events are written with `tensorboardX` (pure Python + protobuf, ~100 KB), not
+`flax.metrics.tensorboard` (which needs TensorFlow) nor `clu` (which pulls TensorFlow too). It is
+optional: without it the JSONL file is still written and a warning says how to get the events.
+Only process 0 writes; the others keep silent so a pod run has one log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+
+class MetricWriter:
+    """Appends {"step", "split", **values} lines to metrics.jsonl and scalars to TensorBoard."""
+
+    def __init__(self, workdir: str | Path, *, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled
+        self._tb = None
+        self._file = None
+        if not enabled:
+            return
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        # Append: a resumed run continues the same file (steps after the restored one follow).
+        self._file = open(workdir / METRICS_FILE, "a", encoding="utf-8")
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                log.warning("tensorboardX is not installed: metrics go to %s only "
+                            "(pip install 'dil_jax[train]' for TensorBoard event files)",
+                            workdir / METRICS_FILE)
+            else:
+                self._tb = SummaryWriter(str(workdir / TENSORBOARD_DIR))
+
+    def write(self, step: int, split: str, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        scalars = {name: float(value) for name, value in values.items()}
+        line = {"step": int(step), "split": split, "time": time.time(), **scalars}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for name, value in scalars.items():
+                self._tb.add_scalar(f"{split}/{name}", value, int(step))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """tqdm bar over optimizer steps: step/total, ETA, loss and examples/s in the postfix."""
+
+    def __init__(self, total_steps: int, start_step: int, examples_per_step: int,
+                 enabled: bool = True):
+        from tqdm.auto import tqdm
+
+        self.examples_per_step = examples_per_step
+        self.bar = tqdm(total=total_steps, initial=start_step, disable=not enabled,
+                        unit="step", dynamic_ncols=True, smoothing=0.1)
+        self._last_time = time.perf_counter()
+        self._last_step = start_step
+
+    def update(self, step: int, loss: float | None = None) -> float:
+        """Advances the bar to `step`; returns examples/s since the previous update."""
+        now = time.perf_counter()
+        steps = step - self._last_step
+        rate = steps * self.examples_per_step / max(now - self._last_time, 1e-9)
+        self._last_time, self._last_step = now, step
+        postfix = {"ex/s": f"{rate:.1f}"}
+        if loss is not None:
+            postfix["loss"] = f"{loss:.4f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(steps)
+        return rate
+
+    def close(self) -> None:
+        self.bar.close()

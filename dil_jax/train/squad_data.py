@@ -1,0 +1,80 @@
+"""SQuAD training data and validation metric for `dil-jax train`.
+
+`featurize` is the `data.featurizer` of the SQuAD configs: it reads `data.squad_file`, keeps the
+articles of the split (`data.train_articles` / `data.validation_articles`, slices of the file's
+article order, so the split is by article, never by question) and featurizes them with
+`dil_jax.data.features.featurize` (each question once, strided passage windows, labels inside
+the window or -1).
+
+`evaluator` is the `eval.evaluator`: EM/F1 (the official SQuAD metric) of the model being trained
+on the validation articles, through the same `predict_squad` path as `dil-jax predict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ml_collections
+
+from dil_jax.data.features import Features
+from dil_jax.data.features import featurize as featurize_examples
+from dil_jax.data.squad import SquadExample, load_squad
+
+
+def article_slice(spec: str) -> slice:
+    """"a:b" (either side optional) -> slice(a, b)."""
+    start, _, stop = spec.partition(":")
+    return slice(int(start) if start else None, int(stop) if stop else None)
+
+
+def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
+    """The examples of the split's articles (file order), at most data.max_questions of them."""
+    if split not in ("train", "validation"):
+        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
+    path = data_cfg.squad_file
+    if split == "validation" and data_cfg.get("validation_file"):
+        path = data_cfg.validation_file
+    dataset = load_squad(path)
+    titles = list(dict.fromkeys(example.title for example in dataset.examples))
+    spec = data_cfg.train_articles if split == "train" else data_cfg.validation_articles
+    chosen = set(titles[article_slice(spec)])
+    if not chosen:
+        raise ValueError(f"{path}: article slice {spec!r} of the {split} split "
+                         f"selects no article (the file has {len(titles)})")
+    examples = [example for example in dataset.examples if example.title in chosen]
+    if data_cfg.max_questions > 0:
+        examples = examples[:data_cfg.max_questions]
+    return examples
+
+
+def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
+              max_question_len: int) -> Features:
+    from dil_jax.tokenization import load_tokenizer
+
+    examples = split_examples(data_cfg, split)
+    return featurize_examples(examples, load_tokenizer(data_cfg.tokenizer),
+                              max_question_len=max_question_len,
+                              max_passage_len=data_cfg.max_passage_len,
+                              doc_stride=data_cfg.stride)
+
+
+def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[str, float]]:
+    """factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"} on validation."""
+    from dil_jax.metrics.squad_metric import squad_scores
+    from dil_jax.predict import predict_squad
+    from dil_jax.tokenization import load_tokenizer
+
+    examples = split_examples(config.data, "validation")
+    version = load_squad(config.data.get("validation_file") or config.data.squad_file).version
+    tokenizer = load_tokenizer(config.data.tokenizer)
+
+    def evaluate_fn(params) -> dict[str, float]:
+        predictions = predict_squad(model, params, tokenizer, examples,
+                                    max_passage_len=config.data.max_passage_len,
+                                    doc_stride=config.data.stride,
+                                    batch_size=config.eval.batch_size, progress=False,
+                                    null_threshold=0.0 if version == "2.0" else None)
+        scores = squad_scores(examples, predictions, version=version)
+        return {"exact": float(scores["exact"]), "f1": float(scores["f1"])}
+
+    return evaluate_fn

@@ -1,0 +1,141 @@
+"""The jit-compiled train step: accumulation scan, student + frozen teacher, AdamW update.
+
+Gradient accumulation is an explicit `lax.scan` over micro-batches inside one jitted step, not
+`optax.MultiSteps`. With the scan, one call = one global batch = one optimizer update, so the
+step counter, the LR schedule, checkpoints and the data position all count the same thing, a
+checkpoint never holds a half-accumulated gradient, and the 1-device / N-device / N-process runs
+are the same function of the same global batch. (MultiSteps would make every call a micro-step and
+carry the partial gradient sum in the optimizer state.) Memory is the same: one param-sized
+gradient accumulator in the scan carry.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.train import losses
+from dil_jax.train.sharding import batch_sharding, replicated
+
+# q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp]; start, end [A, M]
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a step changes. `step` counts optimizer updates (global batches)."""
+
+    step: jax.Array  # int32 scalar
+    params: Params
+    opt_state: Any
+
+
+def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
+                   weights: losses.LossWeights, params: Params, teacher_params: Params | None,
+                   batch: Batch, dropout_rng: jax.Array | None,
+                   deterministic: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Total loss and its terms on one micro-batch [M, ...] (no accumulation axis).
+
+    The teacher runs deterministically (no dropout) and its outputs are stop_gradient-ed, so it is
+    frozen even though it runs in the same jitted computation.
+    """
+    use_teacher = teacher is not None and weights.needs_teacher
+    need_states = use_teacher and weights.lrs > 0
+    rngs = None if deterministic else {"dropout": dropout_rng}
+    out = student(params, batch["q_ids"], batch["q_mask"], batch["p_ids"], batch["p_mask"],
+                  deterministic=deterministic, rngs=rngs, output_hidden_states=need_states)
+    ce = losses.span_cross_entropy(out, batch["start"], batch["end"])
+    kd = lrs = jnp.zeros((), jnp.float32)
+    if use_teacher:
+        teacher_out = teacher(teacher_params, batch["q_ids"], batch["q_mask"], batch["p_ids"],
+                              batch["p_mask"], deterministic=True,
+                              output_hidden_states=need_states)
+        teacher_out = jax.lax.stop_gradient(teacher_out)
+        if weights.kd > 0:
+            kd = losses.distillation_kd(out, teacher_out, weights.temperature)
+        if need_states:
+            mask = jnp.concatenate([batch["q_mask"], batch["p_mask"]], axis=1)
+            lrs = losses.distillation_lrs(out.hidden_states, teacher_out.hidden_states, mask,
+                                          student.config.num_lower_layers)
+    total = weights.ce * ce + weights.kd * kd + weights.lrs * lrs
+    return total, {"loss": total, "ce": ce, "kd": kd, "lrs": lrs}
+
+
+def train_step(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
+               weights: losses.LossWeights, tx: optax.GradientTransformation,
+               schedule: optax.Schedule, state: TrainState, teacher_params: Params | None,
+               batch: Batch, base_rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer update on a global batch [A, M, ...] (A accumulation steps of M windows).
+
+    Dropout keys: fold_in(fold_in(base_rng, step), micro-batch index), so a resumed run draws
+    exactly the masks the uninterrupted one would, whatever the device count.
+    """
+    step_rng = jax.random.fold_in(base_rng, state.step)
+    grad_fn = jax.value_and_grad(
+        functools.partial(compute_losses, student, teacher, weights), has_aux=True)
+    accum_steps = batch["start"].shape[0]
+
+    def micro_step(carry, xs):
+        grad_sum, metric_sum = carry
+        micro, index = xs
+        (_, metrics), grads = grad_fn(state.params, teacher_params, micro,
+                                      jax.random.fold_in(step_rng, index))
+        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+        metric_sum = jax.tree.map(jnp.add, metric_sum, metrics)
+        return (grad_sum, metric_sum), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
+    zero_metrics = {name: jnp.zeros((), jnp.float32) for name in ("loss", "ce", "kd", "lrs")}
+    (grad_sum, metric_sum), _ = jax.lax.scan(
+        micro_step, (zero_grads, zero_metrics), (batch, jnp.arange(accum_steps)))
+    # Equal-size micro-batches: the mean of micro-batch means is the global-batch mean.
+    grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
+    metrics = jax.tree.map(lambda m: m / accum_steps, metric_sum)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def make_train_step(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
+                    weights: losses.LossWeights, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, mesh: Mesh):
+    """jit(train_step) with state/teacher/rng replicated and the batch sharded over "data".
+
+    The state is donated: its buffers are reused for the new state (halves peak param memory).
+    """
+    rep, shard = replicated(mesh), batch_sharding(mesh)
+    fn = functools.partial(train_step, student, teacher, weights, tx, schedule)
+    return jax.jit(fn, in_shardings=(rep, rep, shard, rep), out_shardings=(rep, rep),
+                   donate_argnums=(0,))
+
+
+def make_eval_loss(student: DelayedInteractionModel, mesh: Mesh):
+    """jit: (params, batch [A, M, ...], weights [A, M]) -> (sum of CE over rows, sum of weights).
+
+    Padding rows (weight 0) let the last partial validation batch keep the compiled shape.
+    """
+
+    def eval_loss(params, batch, row_weights):
+        def per_micro(micro):
+            out = student(params, micro["q_ids"], micro["q_mask"], micro["p_ids"],
+                          micro["p_mask"])
+            return losses.span_cross_entropy_rows(out, micro["start"], micro["end"])
+
+        per_row = jax.lax.map(per_micro, batch)  # [A, M]
+        return jnp.sum(per_row * row_weights), jnp.sum(row_weights)
+
+    rep, shard = replicated(mesh), batch_sharding(mesh)
+    return jax.jit(eval_loss, in_shardings=(rep, shard, shard), out_shardings=(rep, rep))

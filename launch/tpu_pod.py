@@ -1,0 +1,120 @@
+"""Train on a Cloud TPU VM pod slice: create, copy code, install, run on every worker, stream
+logs, delete. The gcloud conventions of big_vision and the JAX multi-process docs: one Python
+process per host, all started with `--worker=all`; `jax.distributed.initialize()` finds the pod by
+itself (`--config.distributed.initialize=true`), and the workdir must be a gs:// bucket every host
+can write (checkpoints are written once, cooperatively, by orbax).
+
+    python launch/tpu_pod.py all --name dil-v4 --zone us-central2-b --accelerator v4-32 \\
+        --config configs/bert_base_squad.py --workdir gs://BUCKET/runs/bert_k10 \\
+        -- --config.data.squad_file=/home/$USER/data/train-v1.1.json
+    python launch/tpu_pod.py logs   --name dil-v4 --zone us-central2-b
+    python launch/tpu_pod.py delete --name dil-v4 --zone us-central2-b
+
+Every step accepts --dry-run, which prints the exact commands instead of running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+# Run as a script, so this folder is on sys.path: the shared helpers import by name.
+from _common import execute, train_command
+
+REMOTE_DIR = "dil_jax"  # on every worker, relative to the login home
+ARCHIVE = "/tmp/dil_jax_code.tar.gz"
+LOG_FILE = "train.log"
+STEPS = ("create", "copy", "setup", "run", "logs", "delete")
+
+
+def _gcloud_tpu(args: argparse.Namespace, *verb: str) -> list[str]:
+    command = ["gcloud", "compute", "tpus", "tpu-vm", *verb, f"--zone={args.zone}"]
+    if args.project:
+        command.append(f"--project={args.project}")
+    return command
+
+
+def _ssh(args: argparse.Namespace, remote: str, worker: str = "all") -> list[str]:
+    return [*_gcloud_tpu(args, "ssh", args.name), f"--worker={worker}", f"--command={remote}"]
+
+
+def create(args: argparse.Namespace) -> list[list[str]]:
+    command = [*_gcloud_tpu(args, "create", args.name), f"--accelerator-type={args.accelerator}",
+               f"--version={args.version}"]
+    if args.spot:
+        command.append("--spot")
+    return [command]
+
+
+def copy(args: argparse.Namespace) -> list[list[str]]:
+    """The committed tree (git archive: no runs/, caches or untracked files) to every worker."""
+    return [
+        ["git", "archive", "--format=tar.gz", f"--output={ARCHIVE}", "HEAD"],
+        [*_gcloud_tpu(args, "scp", ARCHIVE, f"{args.name}:~/dil_jax_code.tar.gz"),
+         "--worker=all"],
+        _ssh(args, f"rm -rf ~/{REMOTE_DIR} && mkdir -p ~/{REMOTE_DIR} && "
+                   f"tar xzf ~/dil_jax_code.tar.gz -C ~/{REMOTE_DIR}"),
+    ]
+
+
+def setup(args: argparse.Namespace) -> list[list[str]]:
+    return [_ssh(args, f"cd ~/{REMOTE_DIR} && pip install -U 'jax[tpu]' && "
+                       "pip install -e '.[train]'")]
+
+
+def run(args: argparse.Namespace) -> list[list[str]]:
+    """Starts training on all workers, detached (nohup), so the ssh session may end."""
+    if not args.config or not args.workdir:
+        raise SystemExit("launch: run needs --config and --workdir (a gs:// path)")
+    if not args.workdir.startswith("gs://"):
+        raise SystemExit("launch: a pod's --workdir must be gs://... (all hosts write there)")
+    train = train_command("python3", args.config, [
+        "--config.distributed.initialize=true", f"--config.workdir={args.workdir}",
+        *args.overrides])
+    remote = (f"cd ~/{REMOTE_DIR} && nohup {shlex.join(train)} > ~/{LOG_FILE} 2>&1 &")
+    return [_ssh(args, remote)]
+
+
+def logs(args: argparse.Namespace) -> list[list[str]]:
+    """Streams worker 0's log (process 0 prints the progress bar and metrics)."""
+    return [_ssh(args, f"tail -n 100 -F ~/{LOG_FILE}", worker="0")]
+
+
+def delete(args: argparse.Namespace) -> list[list[str]]:
+    return [[*_gcloud_tpu(args, "delete", args.name), "--quiet"]]
+
+
+def plan(args: argparse.Namespace) -> list[list[str]]:
+    steps = ("create", "copy", "setup", "run", "logs") if args.step == "all" else (args.step,)
+    return [command for step in steps for command in globals()[step](args)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=(*STEPS, "all"))
+    parser.add_argument("--name", required=True, help="TPU VM name")
+    parser.add_argument("--zone", required=True)
+    parser.add_argument("--project", default="")
+    parser.add_argument("--accelerator", default="v4-32", help="e.g. v4-32, v5litepod-16")
+    parser.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM image")
+    parser.add_argument("--spot", action="store_true", help="preemptible capacity")
+    parser.add_argument("--config", default="", help="config file[:variant] (run)")
+    parser.add_argument("--workdir", default="", help="gs://bucket/path (run)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`launcher STEP [options] [-- --config.key=value ...]`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    args = build_parser().parse_args(own)
+    args.overrides = overrides
+    return execute(plan(args), args.dry_run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Config files, --config.key=value overrides, and the train command's argument handling."""
+
+import argparse
+
+import pytest
+from train_helpers import REPO, TINY_CONFIG
+
+from dil_jax.train.config_files import (
+    ConfigFileError,
+    load_config,
+    load_config_file,
+    parse_value,
+    split_overrides,
+)
+
+
+def test_overrides_are_typed_by_the_field_they_replace():
+    config = load_config(TINY_CONFIG, [("optim.learning_rate", "1e-4"), ("batch_size", "16"),
+                                       ("model.checkpoint", "1e-3"), ("log.progress", "no"),
+                                       ("distributed.coordinator_address", "localhost:1234"),
+                                       ("distributed.num_processes", "2")])
+    assert config.optim.learning_rate == 1e-4
+    assert config.batch_size == 16 and isinstance(config.batch_size, int)
+    assert config.model.checkpoint == "1e-3"  # a str field keeps the text
+    assert config.log.progress is False
+    assert config.distributed.coordinator_address == "localhost:1234"
+    assert config.distributed.num_processes == 2
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("optim.learnig_rate", "1", "unknown key"),
+    ("nosuch.field", "1", "no section"),
+    ("batch_size", "abc", "cannot parse"),
+    ("batch_size", "1.5", "batch_size"),
+    ("log.progress", "maybe", "boolean"),
+    ("optim", "1", "is a section"),
+])
+def test_bad_overrides_name_the_key(key, value, message):
+    with pytest.raises(ConfigFileError, match=message):
+        load_config(TINY_CONFIG, [(key, value)])
+
+
+def test_split_overrides_accepts_both_spellings():
+    rest, overrides = split_overrides(["--config.a.b=1", "--config.c", "x y", "--other"])
+    assert overrides == [("a.b", "1"), ("c", "x y")]
+    assert rest == ["--other"]
+    with pytest.raises(ConfigFileError):
+        split_overrides(["--config.a"])
+
+
+def test_parse_value_tuples_and_none():
+    assert parse_value("[1, 2]", (0,)) == (1, 2)
+    assert parse_value("some/path", None) == "some/path"
+    assert parse_value("3", None) == 3
+
+
+def test_every_shipped_config_loads():
+    for name in ("tiny", "bert_base_squad", "albert_base_squad"):
+        load_config_file(REPO / "configs" / f"{name}.py")
+    for variant in ("full", "k4", "k4_distill"):
+        config = load_config_file(f"{REPO}/configs/minilm_squad.py:{variant}")
+        assert config.model.num_lower_layers == (0 if variant == "full" else 4)
+        assert (config.loss.kd_weight > 0) == (variant == "k4_distill")
+    paper = load_config_file(REPO / "configs" / "bert_base_squad.py")
+    assert (paper.model.num_lower_layers, paper.optim.learning_rate, paper.num_epochs,
+            paper.batch_size) == (10, 3e-5, 2.0, 12)
+    assert paper.model.max_question_len + paper.data.max_passage_len == 384
+    assert paper.data.stride == 128
+    with pytest.raises(ValueError, match="unknown variant"):
+        load_config_file(f"{REPO}/configs/minilm_squad.py:k7")
+
+
+def test_cli_passes_overrides_to_train_only(monkeypatch, capsys):
+    from dil_jax import cli
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.train",))
+    code = cli.main(["train", "--config", str(TINY_CONFIG), "--print-config",
+                     "--config.model.num_lower_layers=2", "--config.seed", "7"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert '"num_lower_layers": 2' in printed and '"seed": 7' in printed
+    assert cli.main(["train", "--config", str(TINY_CONFIG), "--print-config",
+                     "--config.nope=1"]) == 1
+    assert "unknown key" in capsys.readouterr().err
+    assert cli.main(["train", "--config", str(TINY_CONFIG), "--bogus"]) == 1
+    assert "unrecognized arguments: --bogus" in capsys.readouterr().err
+
+
+def test_train_command_registers_a_subparser():
+    from dil_jax.commands import train as command
+
+    parser = argparse.ArgumentParser()
+    command.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train", "--config", "x.py"])
+    assert args.accepts_config_overrides and args.func is command.run

@@ -1,0 +1,90 @@
+"""The training loop: resume after interruption, checkpoint retention, metrics, data order."""
+
+import json
+
+import numpy as np
+import pytest
+from train_helpers import flat_params, max_abs_diff, tiny_config
+
+from dil_jax.train import data as data_lib
+from dil_jax.train.checkpointing import TrainCheckpointer
+from dil_jax.train.loop import train
+
+
+def test_interrupted_run_resumes_to_the_same_params(tmp_path):
+    overrides = {"num_train_steps": 9, "checkpoint.every_steps": 4}
+    straight = train(tiny_config(tmp_path / "straight", overrides))
+    # Stop after step 6: the latest checkpoint is step 4, so steps 5-6 are redone on resume,
+    # from the restored data position and dropout key.
+    interrupted = tiny_config(tmp_path / "interrupted", overrides)
+    first = train(interrupted, stop_after_step=6)
+    assert int(first.state.step) == 6
+    assert TrainCheckpointer(tmp_path / "interrupted" / "checkpoints",
+                             every_steps=4).latest_step() == 4
+    resumed = train(interrupted)
+    assert int(resumed.state.step) == 9
+    assert max_abs_diff(flat_params(straight.state.params),
+                        flat_params(resumed.state.params)) < 1e-6
+    meta = json.loads((tmp_path / "interrupted" / "checkpoints" / "8" / "meta" /
+                       "metadata").read_text())
+    # 128 windows / batch 8 = 16 steps per epoch.
+    assert (meta["step"], meta["epoch"], meta["position_in_epoch"], meta["data_seed"]) == (
+        8, 0, 8, 0)
+    assert len(meta["rng_key"]) == 2
+
+
+def test_checkpoints_keep_last_k_plus_best_metrics_and_export(tmp_path):
+    result = train(tiny_config(tmp_path, {"num_train_steps": 12, "checkpoint.every_steps": 2,
+                                          "checkpoint.keep": 2, "log.tensorboard": "true"}))
+    steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2,
+                              best_metric="val_loss", best_mode="min").all_steps()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = {line["step"]: line["val_loss"] for line in lines if line["split"] == "eval"}
+    best = min(evals, key=evals.get)
+    assert result.best_step == best
+    assert sorted(steps) == sorted({10, 12, best})
+    assert any(line["split"] == "train" and "examples_per_sec" in line for line in lines)
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    trained_from = json.loads((tmp_path / "params" / "trained_from.json").read_text())
+    assert trained_from["step"] == best
+    from dil_jax.checkpoints import load_params
+
+    config, params = load_params(tmp_path / "params")
+    assert config.num_lower_layers == 1 and config.hidden_size == 32
+    assert len(flat_params(params)) == len(flat_params(result.state.params))
+
+
+def test_resume_ignores_a_half_written_step_and_refuses_another_data_order(tmp_path):
+    train(tiny_config(tmp_path, {"num_train_steps": 2, "checkpoint.every_steps": 2}))
+    # What a save killed mid-write leaves: orbax's temporary folder, never renamed to "4".
+    partial = tmp_path / "checkpoints" / "4.orbax-checkpoint-tmp" / "state"
+    partial.mkdir(parents=True)
+    (partial / "garbage").write_bytes(b"\0" * 10)
+    checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2)
+    assert checkpointer.latest_step() == 2 and checkpointer.all_steps() == [2]
+    # Resuming restores step 2 and writes step 4 over the leftover.
+    assert int(train(tiny_config(tmp_path, {"num_train_steps": 4,
+                                            "checkpoint.every_steps": 2})).state.step) == 4
+    assert checkpointer.latest_step() is not None
+    assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps() == [2, 4]
+    with pytest.raises(ValueError, match="data order"):
+        train(tiny_config(tmp_path, {"num_train_steps": 6, "data_seed": 5}))
+
+
+def test_data_order_is_a_function_of_seed_and_step():
+    n, batch = 10, 4
+    per_epoch = data_lib.steps_per_epoch(n, batch)
+    assert per_epoch == 2
+    epoch0 = np.concatenate([data_lib.global_batch_rows(s, n, batch, 3) for s in range(2)])
+    assert len(set(epoch0.tolist())) == 8  # no window twice in an epoch
+    again = data_lib.global_batch_rows(1, n, batch, 3)
+    assert np.array_equal(again, epoch0[4:])
+    assert not np.array_equal(data_lib.global_batch_rows(2, n, batch, 3), epoch0[:4])
+    assert data_lib.data_position(5, per_epoch) == (2, 1)
+
+
+def test_features_are_validated():
+    features = data_lib.synthetic_features(num_questions=2, question_len=8, passage_len=16)
+    features.start_positions[0] = 99
+    with pytest.raises(ValueError, match="inside the window"):
+        data_lib.windows_from_features(features)
