@@ -105,3 +105,22 @@ def test_schedule_warms_up_then_decays_to_zero():
     assert values[0] == 0.0 and values[2] == pytest.approx(1.0)
     assert values[10] == pytest.approx(0.0, abs=1e-7)
     assert all(a >= b for a, b in itertools.pairwise(values[2:]))
+
+
+def test_frozen_params_do_not_move():
+    import jax
+    import jax.numpy as jnp
+
+    from dil_jax.train.optim import make_optimizer
+
+    params = {"embeddings": {"word_embeddings": {"embedding": jnp.ones((3, 2))},
+                             "norm": {"scale": jnp.ones(2)}},
+              "block_0": {"ffn_in": {"kernel": jnp.ones((2, 2))}}}
+    grads = jax.tree.map(jnp.ones_like, params)
+    tx, _ = make_optimizer(0.1, 10, 0, weight_decay=0.5,
+                           frozen=("embeddings/word_embeddings",))
+    state = tx.init(params)
+    updates, _ = tx.update(grads, state, params)
+    assert float(jnp.abs(updates["embeddings"]["word_embeddings"]["embedding"]).max()) == 0.0
+    assert float(jnp.abs(updates["block_0"]["ffn_in"]["kernel"]).min()) > 0
+    assert float(jnp.abs(updates["embeddings"]["norm"]["scale"]).min()) > 0

@@ -52,6 +52,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.b1 = 0.9
     c.optim.b2 = 0.999
     c.optim.eps = 1e-6
+    # Comma-separated param path prefixes kept fixed, e.g. "embeddings/word_embeddings".
+    c.optim.frozen = ""
 
     c.data = ml_collections.ConfigDict()
     # "module:function" called as f(data_config, split, max_question_len=...) -> Features

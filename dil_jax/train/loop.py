@@ -293,7 +293,8 @@ def train(config: ml_collections.ConfigDict, *,
     tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
         weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
-        b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps)
+        b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
+        frozen=tuple(name for name in config.optim.frozen.split(",") if name))
     rep = sharding_lib.replicated(mesh)
     state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
         sharding_lib.replicate(params, mesh))

@@ -16,15 +16,29 @@ import optax
 DECAYED_LEAVES = ("kernel", "embedding")
 
 
-def weight_decay_mask(params: Any) -> Any:
-    """A pytree of bools like `params`: True for kernels and embedding tables."""
+def _path_names(path) -> list[str]:
+    return [str(getattr(part, "key", getattr(part, "name", part))) for part in path]
 
-    def decayed(path, _leaf) -> bool:
-        last = path[-1]
-        name = getattr(last, "key", getattr(last, "name", str(last)))
-        return name in DECAYED_LEAVES
 
-    return jax.tree_util.tree_map_with_path(decayed, params)
+def frozen_mask(params: Any, frozen: tuple[str, ...] = ()) -> Any:
+    """True for leaves under one of the `frozen` path prefixes ("embeddings/word_embeddings")."""
+    prefixes = [tuple(prefix.strip("/").split("/")) for prefix in frozen if prefix]
+
+    def is_frozen(path, _leaf) -> bool:
+        names = tuple(_path_names(path))
+        return any(names[:len(prefix)] == prefix for prefix in prefixes)
+
+    return jax.tree_util.tree_map_with_path(is_frozen, params)
+
+
+def weight_decay_mask(params: Any, frozen: tuple[str, ...] = ()) -> Any:
+    """A pytree of bools like `params`: True for kernels and embedding tables not frozen."""
+    frozen_leaves = frozen_mask(params, frozen)
+
+    def decayed(path, _leaf, is_frozen) -> bool:
+        return _path_names(path)[-1] in DECAYED_LEAVES and not is_frozen
+
+    return jax.tree_util.tree_map_with_path(decayed, params, frozen_leaves)
 
 
 def warmup_linear_decay(peak: float, total_steps: int, warmup_steps: int) -> optax.Schedule:
@@ -39,13 +53,20 @@ def warmup_linear_decay(peak: float, total_steps: int, warmup_steps: int) -> opt
 
 def make_optimizer(learning_rate: float, total_steps: int, warmup_steps: int,
                    weight_decay: float = 0.01, max_grad_norm: float | None = 1.0,
-                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
+                   b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+                   frozen: tuple[str, ...] = ()
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """(optimizer, schedule). One optimizer step = one global batch (after accumulation)."""
+    """(optimizer, schedule). One optimizer step = one global batch (after accumulation).
+
+    frozen: param path prefixes that never change: their gradients are zeroed before clipping
+    and they get no weight decay, so AdamW's update for them is exactly 0.
+    """
     schedule = warmup_linear_decay(learning_rate, total_steps, warmup_steps)
     parts = []
+    if frozen:
+        parts.append(optax.masked(optax.set_to_zero(), lambda p: frozen_mask(p, frozen)))
     if max_grad_norm:
         parts.append(optax.clip_by_global_norm(max_grad_norm))
     parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                             mask=weight_decay_mask))
+                             mask=lambda p: weight_decay_mask(p, frozen)))
     return optax.chain(*parts), schedule
