@@ -347,11 +347,40 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
     config = encoder_config_from_hf(hf_config, str(config_path), **config_overrides)
-    state = read_state_dict(folder)
+    state = with_base_tensors(folder, read_state_dict(folder))
     params, report = convert_state_dict(state, config, rng, source=str(folder))
     for line in report.summary().splitlines()[1:]:
         log.warning(line)
     return config, params, report
+
+
+MANIFEST_FILE = "dil_jax_manifest.json"
+
+
+def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fills in tensors a folder deliberately left out, from the base checkpoint its manifest
+    names (`{"base_checkpoint": "default", "from_base": [tensor names]}`).
+
+    A fine-tuned reader whose word embeddings were frozen ships without them: they are the base
+    model's, bit for bit, and installing the base package already puts them on disk.
+    """
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return state
+    manifest = json.loads(manifest_path.read_text())
+    names = manifest.get("from_base") or []
+    if not names:
+        return state
+    base_state = read_state_dict(resolve_checkpoint(manifest["base_checkpoint"]))
+    base = {_strip_prefix(name): value for name, value in base_state.items()}
+    merged = dict(state)
+    for name in names:
+        key = _strip_prefix(name)
+        if key not in base:
+            raise CheckpointError(f"{manifest_path}: tensor {name!r} is to come from base "
+                                  f"{manifest['base_checkpoint']!r}, which has no {key!r}")
+        merged[name] = base[key]
+    return merged
 
 
 # ----------------------------------------------------------------------------- orbax
@@ -454,12 +483,17 @@ def hf_config_from_encoder_config(config: EncoderConfig) -> dict[str, Any]:
 
 def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: EncoderConfig,
                          tokenizer=None, dtype: str = "float32",
-                         manifest: dict[str, Any] | None = None) -> Path:
+                         manifest: dict[str, Any] | None = None,
+                         from_base: tuple[str, str] | None = None) -> Path:
     """Writes a Hugging Face folder (config.json, model.safetensors, tokenizer files and an
-    optional dil_jax_manifest.json) that both `load_hf_checkpoint` and `transformers` read.
+    optional dil_jax_manifest.json) that `load_hf_checkpoint` reads (and `transformers` too,
+    unless tensors are left to a base).
 
-    dtype "bfloat16" halves the size (params are cast back to float32 on load). Written to a
-    staging folder and renamed into place.
+    dtype "bfloat16" halves the size (params are cast back to float32 on load).
+    from_base: (base checkpoint, name prefix): tensors under that prefix (e.g.
+    "embeddings.word_embeddings") are left out and recorded in the manifest as coming from the
+    base; the caller asserts they equal the base's (e.g. they were frozen in training).
+    Written to a staging folder and renamed into place.
     """
     import ml_dtypes
     from safetensors.numpy import save_file
@@ -472,16 +506,22 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     staging.mkdir(parents=True)
     prefix = f"{config.architecture}."
     tensors = {}
+    left_to_base = []
     for name, value in export_state_dict(params, config).items():
         full_name = name if name.startswith("qa_outputs.") else prefix + name
+        if from_base is not None and name.startswith(from_base[1]):
+            left_to_base.append(full_name)
+            continue
         tensors[full_name] = value.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
+    if from_base is not None:
+        manifest = dict(manifest or {}, base_checkpoint=from_base[0], from_base=left_to_base)
     save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
     (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
                                                   indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(staging))
     if manifest is not None:
-        (staging / "dil_jax_manifest.json").write_text(json.dumps(manifest, indent=2))
+        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     if directory.exists():
         shutil.rmtree(directory)
     os.replace(staging, directory)

@@ -196,3 +196,20 @@ def test_export_hf_checkpoint_round_trips_through_transformers(hf_folder_factory
                                             np.ones((1, 4), np.int32))
     np.testing.assert_allclose(np.asarray(ours.start_logits[0]), theirs[0, 4:].numpy(),
                                atol=1e-4)
+
+
+def test_export_leaving_word_embeddings_to_the_base(tmp_path):
+    """A reader exported without its (frozen) word embeddings loads them from the base."""
+    from dil_jax.checkpoints import export_hf_checkpoint
+
+    config, params, _ = load_hf_checkpoint("default", max_question_len=8)
+    params["block_2"]["ffn_out"]["bias"] = params["block_2"]["ffn_out"]["bias"] + 1.0
+    folder = export_hf_checkpoint(tmp_path / "reader", params, config,
+                                  from_base=("default", "embeddings.word_embeddings"))
+    assert (folder / "model.safetensors").stat().st_size < 60e6  # the 47 MB table is left out
+    loaded_config, loaded, _ = load_hf_checkpoint(folder, max_question_len=8)
+    assert loaded_config == config
+    np.testing.assert_array_equal(loaded["embeddings"]["word_embeddings"]["embedding"],
+                                  params["embeddings"]["word_embeddings"]["embedding"])
+    np.testing.assert_array_equal(loaded["block_2"]["ffn_out"]["bias"],
+                                  params["block_2"]["ffn_out"]["bias"])
