@@ -487,7 +487,7 @@ class SuiteSpec:
 
 SUITES = ("minilm", "bert-base", "tiny")
 # (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
-SUITE_GRIDS = {"minilm": (16, 8, 16, 8), "bert-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4)}
+SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4)}
 TINY_LENGTHS = (16, 48)
 
 
@@ -655,7 +655,20 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
         record["hf_max_logit_difference"] = max_logit_difference(outputs[FULL], outputs[HF_PEER])
     record["runs"] = runs
     record["results"] = summarize(runs, config, grid)
+    for name, speedup in flop_speedups(record["programs"]).items():
+        record["results"][name]["flop_speedup"] = speedup
     return record
+
+
+def flop_speedups(programs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
+    """Analytical FLOPs of the full model's grid / each variant's: the speedup this grid allows.
+
+    Counts every phase (and the padding of the last batch or chunk), so it is below
+    l / (l - k) by exactly the cost of the lower blocks that the grid has to amortise.
+    """
+    totals = {name: sum(p["analytical_flops"] for p in phases.values())
+              for name, phases in programs.items()}
+    return {name: totals[FULL] / total for name, total in totals.items()}
 
 
 def summarize(runs: dict[str, list[dict[str, float]]], config: EncoderConfig,
@@ -765,8 +778,13 @@ def ratio_checks(suite: dict[str, Any]) -> dict[str, Any]:
                 "measured": row["speedup"], "target": target, "met": row["speedup"] >= target}
     if HF_PEER in results:
         ratio = results[HF_PEER]["seconds"]["total"] / results[FULL]["seconds"]["total"]
-        checks["full model vs HF PyTorch (HF time / ours)"] = {
+        checks["full model vs HF PyTorch (HF time / ours, medians)"] = {
             "measured": ratio, "target": 1.0, "met": ratio >= 1.0}
+        # The fastest pass of each is the closest this run gets to an idle machine; on a shared
+        # one the medians also measure how each runtime copes with losing a core.
+        best = results[HF_PEER]["min_total_s"] / results[FULL]["min_total_s"]
+        checks["full model vs HF PyTorch (HF time / ours, fastest passes)"] = {
+            "measured": best, "target": 1.0, "met": best >= 1.0}
     return checks
 
 

@@ -14,6 +14,10 @@ def _ms(seconds: float | None) -> str:
     return "—" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
+def _times(value: float | None) -> str:
+    return "—" if value is None else f"×{value:.2f}"
+
+
 def _timing_cell(seconds: float, normalized: float | None) -> str:
     """The paper's style: phase time in s, per-block-per-input time in ms in parentheses."""
     if seconds == 0.0 and normalized is None:
@@ -28,15 +32,16 @@ def timing_table(suite: dict[str, Any]) -> list[str]:
     pq, pp = next(iter(suite["results"].values()))["projection_grid"]
     lines = [
         ("| variant | NI Q s (ms/block/q) | NI P s (ms/block/p) | I Q-P s (ms/block/pair) "
-        "| total s | speedup | l/(l−k) | I Q-P speedup "
+        "| total s | speedup | FLOP bound | l/(l−k) | I Q-P speedup "
         f"| projected speedup at q={pq}, p={pp} |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in suite["results"].items():
         sec, norm = row["seconds"], row["per_block_per_input"]
         cells = [_timing_cell(sec[p], norm[p]) for p in PHASES]
         lines.append(
             f"| {name} | {' | '.join(cells)} | {sec['total']:.3f} | ×{row['speedup']:.2f} "
+            f"| {_times(row.get('flop_speedup'))} "
             f"| ×{row['ideal_speedup']:.2f} | ×{row['pair_speedup']:.2f} "
             f"| ×{row['projected_speedup']:.2f} |")
     lines.append("")
@@ -44,7 +49,9 @@ def timing_table(suite: dict[str, Any]) -> list[str]:
                  f"passages = {grid['num_questions'] * grid['num_passages']} pairs; question "
                  f"{grid['question_len']} + passage {grid['passage_len']} tokens; chunk "
                  f"{suite['chunk_size']} pairs, lower batch {suite['batch_size']}; median of "
-                 f"{suite['repeats']} repeats, warm-up excluded.")
+                 f"{suite['repeats']} repeats, warm-up excluded. Normalised times in "
+                 "parentheses: ms per block per input. FLOP bound: analytical FLOPs of the full "
+                 "model's grid / the variant's (lower blocks included).")
     return lines
 
 
@@ -153,6 +160,8 @@ def plot_speedups(record: dict[str, Any], path: Path) -> Path:
         ks = [k for k, _ in rows]
         ax.plot(ks, [r["speedup"] for _, r in rows], "o-", label="measured, total")
         ax.plot(ks, [r["pair_speedup"] for _, r in rows], "s--", label="measured, I Q-P only")
+        ax.plot(ks, [r.get("flop_speedup", float("nan")) for _, r in rows], "x", ms=8,
+                label="FLOP bound of this grid")
         pq, pp = rows[0][1]["projection_grid"]
         ax.plot(ks, [r["projected_speedup"] for _, r in rows], "^:",
                 label=f"projected to q={pq}, p={pp}")
