@@ -734,6 +734,32 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+
+
+def retain_freed_memory() -> bool:
+    """Makes glibc keep freed memory for reuse instead of handing it back to the OS.
+
+    Why: XLA:CPU allocates each call's temporaries afresh (tens to hundreds of MB for a chunk of
+    pairs); by default glibc maps such blocks with mmap, or in per-thread arenas, and returns
+    them on free, so every call faults its pages in again and the kernel zeroes them: measured
+    up to a third of a short program's wall time (one upper block at k = l - 1). One arena, no
+    mmap and a high trim threshold make the second call reuse the first call's pages. The torch
+    peer runs in the same process, so it gets the same allocator. Returns False where this is
+    not glibc (nothing is changed then).
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return all(mallopt(param, value) == 1 for param, value in (
+        (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2 ** 31 - 1)))
+
+
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages (the machine may be shared with other work)."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -115,6 +115,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         (f"- threads: XLA intra-op {threads.get('xla_intra_op_threads')}, torch intra-op "
         f"{threads.get('torch_intra_op_threads')} (inter-op "
         f"{threads.get('torch_inter_op_threads')}); XLA_FLAGS=`{threads.get('xla_flags', '')}`"),
+        f"- malloc: {record.get('malloc', 'as the process found it')}",
         "- token ids are random (a dense transformer's cost does not depend on them); float32",
         "",
     ]

@@ -26,7 +26,8 @@ def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench")
     parser = argparse.ArgumentParser()
     bench_command.add_arguments(parser)
-    args = parser.parse_args(["--suite", "tiny", "--repeats", "1", "--out", str(out)])
+    args = parser.parse_args(["--suite", "tiny", "--repeats", "1", "--out", str(out),
+                              "--no-retain-memory"])  # leave pytest's allocator alone
     assert bench_command.run(args) == 0
     return out
 

@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output folder")
     parser.add_argument("--name", default="speed_grid", help="output file stem")
     parser.add_argument("--seed", type=int, default=0, help="random ids and weights")
+    parser.add_argument("--no-retain-memory", dest="retain_memory", action="store_false",
+                        help="leave glibc's malloc as it is (by default freed memory is kept for "
+                             "reuse so that calls do not re-fault their temporaries; see "
+                             "dil_jax.bench.retain_freed_memory)")
 
 
 def register(subparsers: Any) -> None:
@@ -98,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    # Before any suite builds its models: the allocator setting must precede XLA's first call.
+    retained = args.retain_memory and bench.retain_freed_memory()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before, cpu_before, start = bench.load_average(), bench.cpu_snapshot(), time.time()
     suites = [bench.run_suite(suite, log.info) for suite in build_suites(args)]
@@ -109,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         "threads": suites[0]["threads"], "load_before": load_before,
         "load_after": bench.load_average(), "others_cpu_cores": others,
         "shared": others is not None and others > SHARED_THRESHOLD_CORES,
+        "malloc": ("glibc, freed memory retained (mallopt arena_max=1, mmap_max=0, "
+                   "trim_threshold=2 GiB)") if retained else "as the process found it",
         "suites": suites,
     }
     stem = args.out / args.name
