@@ -660,6 +660,20 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
     return record
 
 
+def grid_flops(config: EncoderConfig, grid: GridSpec) -> int:
+    """Analytical FLOPs of a whole grid at split `config.num_lower_layers`, without padding.
+
+    q * NI Q(1 question) + p * NI P(1 passage) + q p * I Q-P(1 pair); the full model (k = 0)
+    has no NI P (its passages are embedded inside the pair program).
+    """
+    q_len, p_len = grid.question_len, grid.passage_len
+    total = grid.num_pairs * phase_flops(config, "pairs", 1, q_len, p_len)
+    total += grid.num_questions * phase_flops(config, "ni_q", 1, q_len, p_len)
+    if config.num_lower_layers:
+        total += grid.num_passages * phase_flops(config, "ni_p", 1, q_len, p_len)
+    return total
+
+
 def flop_speedups(programs: dict[str, dict[str, dict[str, Any]]]) -> dict[str, float]:
     """Analytical FLOPs of the full model's grid / each variant's: the speedup this grid allows.
 
@@ -677,16 +691,20 @@ def summarize(runs: dict[str, list[dict[str, float]]], config: EncoderConfig,
 
     speedup: median total of the full model / median total of the variant;
     pair_speedup: the same for I Q-P alone (the q, p -> infinity limit);
-    ideal: l / (l - k); projected_speedup: at `projection` = (q, p), from per-input costs.
+    ideal: l / (l - k); projected_speedup: at `projection` = (q, p), from per-input costs;
+    projected_flop_bound: the analytical FLOP ratio at `projection`, what perfect scaling gives.
     """
     medians = {name: _median_times(values) for name, values in runs.items()}
     full = medians[FULL]
     pq, pp = projection
     full_projected = projected_total(full, grid, pq, pp)
+    projected_grid = dataclasses.replace(grid, num_questions=pq, num_passages=pp)
+    full_flops = grid_flops(config.replace(num_lower_layers=0), projected_grid)
     results = {}
     for name, times in medians.items():
         k = 0 if name in (FULL, HF_PEER) else int(name.split("=")[1])
         upper = config.num_layers - k
+        k_flops = grid_flops(config.replace(num_lower_layers=k), projected_grid)
         results[name] = {
             "k": k, "seconds": times,
             "min_total_s": min(sum(run[p] for p in PHASES) for run in runs[name]),
@@ -696,6 +714,7 @@ def summarize(runs: dict[str, list[dict[str, float]]], config: EncoderConfig,
             "ideal_speedup": config.num_layers / upper,
             "projected_speedup": full_projected / projected_total(times, grid, pq, pp),
             "projection_grid": [pq, pp],
+            "projected_flop_bound": full_flops / k_flops,
         }
     return results
 
