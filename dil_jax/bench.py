@@ -714,7 +714,7 @@ def summarize(runs: dict[str, list[dict[str, float]]], config: EncoderConfig,
             "ideal_speedup": config.num_layers / upper,
             "projected_speedup": full_projected / projected_total(times, grid, pq, pp),
             "projection_grid": [pq, pp],
-            "projected_flop_bound": full_flops / k_flops,
+            "projected_flop_bound": None if name == HF_PEER else full_flops / k_flops,
         }
     return results
 
