@@ -578,10 +578,17 @@ Runner = Callable[[int | None], tuple[dict[str, float], GridOutput | None]]
 
 
 def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict[int, GridReader]:
-    """One GridReader per split k, all on one mesh, same batch and chunk sizes."""
+    """One GridReader per split k, all on one mesh, same batch and chunk sizes.
+
+    Sizes are capped by the grid: a lower batch larger than the number of questions or passages
+    (or a chunk larger than the pairs) would time padding, not the model.
+    """
     mesh = make_mesh()
+    grid = suite.grid
+    batch = min(suite.batch_size, grid.num_questions, grid.num_passages)
+    chunk = min(suite.chunk_size, grid.num_pairs)
     return {k: GridReader(DelayedInteractionModel(config.replace(num_lower_layers=k)), mesh,
-                          suite.batch_size, suite.chunk_size) for k in ks}
+                          batch, chunk) for k in ks}
 
 
 def _warm_up(runners: dict[str, Runner], num_pairs: int) -> dict[str, float]:
