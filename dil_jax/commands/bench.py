@@ -31,14 +31,17 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags (shared by the CLI and benchmarks/speed_grid.py)."""
-    from dil_jax.bench import SUITES
+    from dil_jax.bench import SUITE_GRIDS, SUITES
 
     parser.add_argument("--suite", action="append", choices=SUITES, dest="suites",
                         help=f"model to time, repeatable (default: {', '.join(DEFAULT_SUITES)})")
-    parser.add_argument("--questions", type=int, help="q, questions in the grid "
-                        "(default per suite: minilm 16, bert-base 8, tiny 4)")
-    parser.add_argument("--passages", type=int, help="p, passages in the grid "
-                        "(default per suite: minilm 8, bert-base 4, tiny 3)")
+    def per_suite(index: int) -> str:
+        return ", ".join(f"{name} {grid[index]}" for name, grid in SUITE_GRIDS.items())
+
+    parser.add_argument("--questions", type=int,
+                        help=f"q, questions in the grid (default per suite: {per_suite(0)})")
+    parser.add_argument("--passages", type=int,
+                        help=f"p, passages in the grid (default per suite: {per_suite(1)})")
     parser.add_argument("--paper", action="store_true",
                         help="the paper's grid, q = p = 100 (hours on 2 CPU cores)")
     parser.add_argument("--question-len", type=int,
@@ -49,10 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="splits k to time besides the full model, e.g. 8,10,11 "
                              "(default l-2,l-1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
-    parser.add_argument("--chunk-size", type=int, help="pairs per program call "
-                        "(default per suite: minilm 16, bert-base 8, tiny 4)")
+    parser.add_argument("--chunk-size", type=int,
+                        help=f"pairs per program call (default per suite: {per_suite(2)})")
     parser.add_argument("--batch-size", type=int, help="segments per lower-block call "
-                        "(default per suite: minilm 8, bert-base 4, tiny 4)")
+                        f"(default per suite: {per_suite(3)})")
     parser.add_argument("--no-hf", action="store_true", help="skip the PyTorch peer")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="output folder")
