@@ -38,7 +38,10 @@ def timing_table(suite: dict[str, Any]) -> list[str]:
     ]
     for name, row in suite["results"].items():
         sec, norm = row["seconds"], row["per_block_per_input"]
-        cells = [_timing_cell(sec[p], norm[p]) for p in PHASES]
+        # The full model (and the peer) has no passage-only phase: its cell would be a timer's
+        # few microseconds around nothing.
+        cells = ["—" if p == "ni_p" and row["k"] == 0 else _timing_cell(sec[p], norm[p])
+                 for p in PHASES]
         lines.append(
             f"| {name} | {' | '.join(cells)} | {sec['total']:.3f} | ×{row['speedup']:.2f} "
             f"| {_times(row.get('flop_speedup'))} "
