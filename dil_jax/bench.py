@@ -533,12 +533,16 @@ def thread_counts() -> dict[str, Any]:
     XLA:CPU sizes its Eigen intra-op pool to the cores this process may run on (unless
     XLA_FLAGS says otherwise, recorded too); torch is set to the same number by `run_suite`.
     """
-    import torch
-
-    return {"xla_intra_op_threads": len(os.sched_getaffinity(0)),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""),
-            "torch_intra_op_threads": torch.get_num_threads(),
-            "torch_inter_op_threads": torch.get_num_interop_threads()}
+    counts: dict[str, Any] = {"xla_intra_op_threads": len(os.sched_getaffinity(0)),
+                              "xla_flags": os.environ.get("XLA_FLAGS", ""),
+                              "torch_intra_op_threads": None, "torch_inter_op_threads": None}
+    try:
+        import torch
+    except ImportError:  # no peer without torch; the JAX side still runs
+        return counts
+    counts.update(torch_intra_op_threads=torch.get_num_threads(),
+                  torch_inter_op_threads=torch.get_num_interop_threads())
+    return counts
 
 
 def _median_times(runs: list[dict[str, float]]) -> dict[str, float]:
