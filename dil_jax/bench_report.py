@@ -1,0 +1,190 @@
+"""Markdown and PNG views of a `dil_jax.bench` record (the JSON is the record; these render it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dil_jax.bench import FULL, HF_PEER, PHASE_TITLES, PHASES, ratio_checks
+
+MIB = 2 ** 20
+
+
+def _ms(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _times(value: float | None) -> str:
+    return "—" if value is None else f"×{value:.2f}"
+
+
+def _timing_cell(seconds: float, normalized: float | None) -> str:
+    """The paper's style: phase time in s, per-block-per-input time in ms in parentheses."""
+    if seconds == 0.0 and normalized is None:
+        return "—"
+    suffix = "" if normalized is None else f" ({_ms(normalized)})"
+    return f"{seconds:.3f}{suffix}"
+
+
+def timing_table(suite: dict[str, Any]) -> list[str]:
+    """Rows of NI Q, NI P, I Q-P and total per variant, with speedups over the full model."""
+    grid = suite["grid"]
+    pq, pp = next(iter(suite["results"].values()))["projection_grid"]
+    lines = [
+        ("| variant | NI Q s (ms/block/q) | NI P s (ms/block/p) | I Q-P s (ms/block/pair) "
+        "| total s | speedup | FLOP bound | l/(l−k) | I Q-P speedup "
+        f"| projected speedup at q={pq}, p={pp} (FLOP bound) |"),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in suite["results"].items():
+        sec, norm = row["seconds"], row["per_block_per_input"]
+        # The full model (and the peer) has no passage-only phase: its cell would be a timer's
+        # few microseconds around nothing.
+        cells = ["—" if p == "ni_p" and row["k"] == 0 else _timing_cell(sec[p], norm[p])
+                 for p in PHASES]
+        lines.append(
+            f"| {name} | {' | '.join(cells)} | {sec['total']:.3f} | ×{row['speedup']:.2f} "
+            f"| {_times(row.get('flop_speedup'))} "
+            f"| ×{row['ideal_speedup']:.2f} | ×{row['pair_speedup']:.2f} "
+            f"| ×{row['projected_speedup']:.2f} ({_times(row.get('projected_flop_bound'))}) |")
+    lines.append("")
+    lines.append(f"Grid: q = {grid['num_questions']} questions × p = {grid['num_passages']} "
+                 f"passages = {grid['num_questions'] * grid['num_passages']} pairs; question "
+                 f"{grid['question_len']} + passage {grid['passage_len']} tokens; chunk "
+                 f"{suite['chunk_size']} pairs, lower batch {suite['batch_size']}; median of "
+                 f"{suite['repeats']} repeats, warm-up excluded. Normalised times in "
+                 "parentheses: ms per block per input. FLOP bound: analytical FLOPs of the full "
+                 "model's grid / the variant's (lower blocks included).")
+    return lines
+
+
+def flop_table(suite: dict[str, Any]) -> list[str]:
+    """Per variant and phase: XLA's FLOPs of the compiled program vs the analytical count."""
+    lines = [("| variant | phase | calls | XLA GFLOP/call | analytical GFLOP/call | XLA/analytical "
+             "| temp MiB | args+out+temp MiB | compile s |"),
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, phases in suite["programs"].items():
+        for phase, p in phases.items():
+            ratio = p["xla_over_analytical"]
+            footprint = (p["argument_bytes"] + p["output_bytes"] + p["temp_bytes"]) / MIB
+            lines.append(
+                f"| {name} | {PHASE_TITLES[phase]} | {p['calls']} "
+                f"| {p['xla_flops_per_call'] / 1e9:.3f} "
+                f"| {p['analytical_flops_per_call'] / 1e9:.3f} "
+                f"| {'—' if ratio is None else f'{ratio:.4f}'} | {p['temp_bytes'] / MIB:.1f} "
+                f"| {footprint:.1f} | {p['compile_s']:.2f} |")
+    return lines
+
+
+def memory_table(suite: dict[str, Any]) -> list[str]:
+    """Compiled memory of the pair program as the grid grows."""
+    lines = [("| variant | q × p | pairs | arguments MiB | temp MiB | output MiB "
+             "| args+out+temp MiB | XLA peak MiB |"), "|---|---|---|---|---|---|---|---|"]
+    for name, rows in suite["pair_memory_scaling"].items():
+        for r in rows:
+            lines.append(
+                f"| {name} | {r['num_questions']} × {r['num_passages']} | {r['num_pairs']} "
+                f"| {r['argument_bytes'] / MIB:.1f} | {r['temp_bytes'] / MIB:.1f} "
+                f"| {r['output_bytes'] / MIB:.2f} | {r['footprint_bytes'] / MIB:.1f} "
+                f"| {r['xla_peak_bytes'] / MIB:.1f} |")
+    return lines
+
+
+def checks_table(suite: dict[str, Any]) -> list[str]:
+    lines = ["| target | measured | target value | met |", "|---|---|---|---|"]
+    for name, check in ratio_checks(suite).items():
+        lines.append(f"| {name} | {check['measured']:.2f} | {check['target']:.2f} "
+                     f"| {'yes' if check['met'] else 'no'} |")
+    return lines
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    """The whole record as Markdown: machine, then per suite timing, targets, FLOPs, memory."""
+    m, threads = record["machine"], record.get("threads", {})
+    lines = [
+        "# Speed of a question × passage grid",
+        "",
+        f"- command: `{record['command']}`",
+        f"- when: {record['started']}; wall time {record['wall_s']:.0f} s",
+        (f"- machine: {m['cpu']} ({m['cpu_count']} cores), JAX platform {m['platform']} "
+        f"({m['device_kind']}, {m['num_devices']} device(s))"),
+        f"- load average (1, 5, 15 min) before {record['load_before']}, after "
+        f"{record['load_after']}; other processes kept {record.get('others_cpu_cores')} "
+        "cores busy on average during the run"
+        + (" — **shared machine: timings are noisy and slower than on an idle one**"
+           if record.get("shared") else ""),
+        (f"- versions: jax {m['jax']}, jaxlib {m['jaxlib']}, flax {m['flax']}, torch {m['torch']}, "
+        f"transformers {m['transformers']}"),
+        (f"- threads: XLA intra-op {threads.get('xla_intra_op_threads')}, torch intra-op "
+        f"{threads.get('torch_intra_op_threads')} (inter-op "
+        f"{threads.get('torch_inter_op_threads')}); XLA_FLAGS=`{threads.get('xla_flags', '')}`"),
+        f"- malloc: {record.get('malloc', 'as the process found it')}",
+        "- token ids are random (a dense transformer's cost does not depend on them); float32",
+        "",
+    ]
+    for suite in record["suites"]:
+        cfg = suite["config"]
+        lines += [(f"## {suite['name']}: l = {cfg['num_layers']} blocks, hidden "
+                  f"{cfg['hidden_size']}, {cfg['num_heads']} heads, FFN "
+                  f"{cfg['intermediate_size']} ({suite['weights']})"), ""]
+        lines += timing_table(suite)
+        lines.append(f"Other processes kept {suite.get('others_cpu_cores')} cores busy on "
+                     "average during this suite's timed passes.")
+        if HF_PEER in suite["results"]:
+            lines += ["", (f"{HF_PEER}: `BertForQuestionAnswering`, attention "
+                      f"`{suite.get('hf_attention')}`, same weights (largest span-score "
+                      f"difference from {FULL} over the grid: "
+                      f"{suite.get('hf_max_logit_difference', float('nan')):.2e}).")]
+        lines += ["", "### Targets (this run)", ""] + checks_table(suite)
+        lines += ["", "### FLOPs and memory of the compiled programs (one call)", ""]
+        lines += flop_table(suite)
+        lines += ["", "### Pair-phase memory as q × p grows (compiled, not executed)", ""]
+        lines += memory_table(suite)
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedups(record: dict[str, Any], path: Path) -> Path:
+    """Speedup over the full model vs k, one panel per suite, with the l/(l−k) line."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    suites = record["suites"]
+    fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4.2), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        l_ = suite["config"]["num_layers"]
+        rows = [(r["k"], r) for n, r in suite["results"].items() if n != HF_PEER]
+        rows.sort(key=lambda kr: kr[0])
+        ks_line = [k / 10 for k in range(10 * (l_ - 1) + 1)]
+        ax.plot(ks_line, [l_ / (l_ - k) for k in ks_line], "k-", lw=1, label="l/(l−k)")
+        ax.plot(ks_line, [0.9 * l_ / (l_ - k) for k in ks_line], "k:", lw=1,
+                label="0.9·l/(l−k) (target)")
+        ks = [k for k, _ in rows]
+        # Markers only: between the measured k there is nothing measured to draw a line through.
+        ax.plot(ks, [r["speedup"] for _, r in rows], "o", ms=7, label="measured, total")
+        ax.plot(ks, [r["pair_speedup"] for _, r in rows], "s", mfc="none", ms=9,
+                label="measured, I Q-P only")
+        ax.plot(ks, [r.get("flop_speedup", float("nan")) for _, r in rows], "x", ms=8,
+                label="FLOP bound of this grid")
+        pq, pp = rows[0][1]["projection_grid"]
+        ax.plot(ks, [r["projected_speedup"] for _, r in rows], "^",
+                label=f"projected to q={pq}, p={pp}")
+        grid = suite["grid"]
+        ax.set_title(f"{suite['name']} (l={l_}), q={grid['num_questions']}, "
+                     f"p={grid['num_passages']}")
+        ax.set_xlabel("k (blocks run on question and passage separately)")
+        ax.set_ylabel("speedup over the full model")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_yticks([t for t in (1, 2, 3, 4, 6, 8, 12) if t <= l_])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,135 @@
+"""`dil-jax bench`: time a question x passage grid (full model, delayed interaction, HF peer).
+
+Writes `<name>.json` (the record), `<name>.md` (tables) and `<name>.png` (speedup vs k) to
+`--out`. `benchmarks/speed_grid.py` is the same command as a script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SUITES = ("minilm", "bert-base")
+# Other processes keeping this many cores busy on average mark the run as shared.
+SHARED_THRESHOLD_CORES = 0.2
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}"
+                                         ) from error
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's flags (shared by the CLI and benchmarks/speed_grid.py)."""
+    from dil_jax.bench import SUITE_GRIDS, SUITES
+
+    parser.add_argument("--suite", action="append", choices=SUITES, dest="suites",
+                        help=f"model to time, repeatable (default: {', '.join(DEFAULT_SUITES)})")
+    def per_suite(index: int) -> str:
+        return ", ".join(f"{name} {grid[index]}" for name, grid in SUITE_GRIDS.items())
+
+    parser.add_argument("--questions", type=int,
+                        help=f"q, questions in the grid (default per suite: {per_suite(0)})")
+    parser.add_argument("--passages", type=int,
+                        help=f"p, passages in the grid (default per suite: {per_suite(1)})")
+    parser.add_argument("--paper", action="store_true",
+                        help="the paper's grid, q = p = 100 (hours on 2 CPU cores)")
+    parser.add_argument("--question-len", type=int,
+                        help="padded `[CLS] q [SEP]` tokens (default 64; tiny 16)")
+    parser.add_argument("--passage-len", type=int,
+                        help="padded `p [SEP]` tokens (default 256; tiny 48)")
+    parser.add_argument("--ks", type=_int_list,
+                        help="splits k to time besides the full model, e.g. 8,10,11 "
+                             "(default l-2,l-1)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
+    parser.add_argument("--chunk-size", type=int,
+                        help=f"pairs per program call (default per suite: {per_suite(2)})")
+    parser.add_argument("--batch-size", type=int, help="segments per lower-block call "
+                        f"(default per suite: {per_suite(3)})")
+    parser.add_argument("--no-hf", action="store_true", help="skip the PyTorch peer")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                        help="output folder")
+    parser.add_argument("--name", default="speed_grid", help="output file stem")
+    parser.add_argument("--seed", type=int, default=0, help="random ids and weights")
+    parser.add_argument("--no-retain-memory", dest="retain_memory", action="store_false",
+                        help="leave glibc's malloc as it is (by default freed memory is kept for "
+                             "reuse so that calls do not re-fault their temporaries; see "
+                             "dil_jax.bench.retain_freed_memory)")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="time a question x passage grid: full model, delayed interaction, HF peer",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def build_suites(args: argparse.Namespace) -> list[Any]:
+    """SuiteSpecs from the flags, each suite's defaults filling what was not given."""
+    from dil_jax import bench
+
+    suites = []
+    for name in args.suites or DEFAULT_SUITES:
+        questions, passages, chunk, batch = bench.SUITE_GRIDS[name]
+        q_len, p_len = bench.TINY_LENGTHS if name == "tiny" else (64, 256)
+        if args.paper:
+            questions = passages = 100
+        grid = bench.GridSpec(args.questions or questions, args.passages or passages,
+                              args.question_len or q_len, args.passage_len or p_len)
+        config, params, weights = bench.suite_model(name, grid.question_len, args.seed)
+        ks = args.ks or bench.default_ks(config.num_layers)
+        bad = [k for k in ks if not 0 <= k < config.num_layers]
+        if bad:
+            raise ValueError(f"--ks {bad} out of range for {name} (0..{config.num_layers - 1})")
+        suites.append(bench.SuiteSpec(
+            name=name, config=config, params=params, grid=grid, ks=tuple(ks), weights=weights,
+            repeats=args.repeats, batch_size=args.batch_size or batch,
+            chunk_size=args.chunk_size or chunk, with_hf=not args.no_hf, seed=args.seed))
+    return suites
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs every suite, writes the JSON, Markdown and PNG, prints the Markdown."""
+    from dil_jax import bench, bench_report
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    # Before any suite builds its models: the allocator setting must precede XLA's first call.
+    retained = args.retain_memory and bench.retain_freed_memory()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_before, cpu_before, start = bench.load_average(), bench.cpu_snapshot(), time.time()
+    suites = [bench.run_suite(suite, log.info) for suite in build_suites(args)]
+    wall = time.time() - start
+    others = bench.others_cpu_share(cpu_before, bench.cpu_snapshot(), wall)
+    record = {
+        "command": " ".join(shlex.quote(a) for a in sys.argv) or "dil-jax bench",
+        "started": started, "wall_s": wall, "machine": bench.machine_record(),
+        "threads": suites[0]["threads"], "load_before": load_before,
+        "load_after": bench.load_average(), "others_cpu_cores": others,
+        "shared": others is not None and others > SHARED_THRESHOLD_CORES,
+        "malloc": ("glibc, freed memory retained (mallopt arena_max=1, mmap_max=0, "
+                   "trim_threshold=2 GiB)") if retained else "as the process found it",
+        "suites": suites,
+    }
+    stem = args.out / args.name
+    bench.write_json(record, stem.with_suffix(".json"))
+    markdown = bench_report.render_markdown(record)
+    stem.with_suffix(".md").write_text(markdown)
+    try:
+        bench_report.plot_speedups(record, stem.with_suffix(".png"))
+    except ImportError:
+        log.warning("matplotlib is not installed (pip install 'dil_jax[bench]'); no plot")
+    print(markdown)
+    log.info("wrote %s.{json,md,png}", stem)
+    return 0
