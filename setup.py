@@ -33,6 +33,7 @@ setup(
         "test": ["pytest>=8", "ruff>=0.6"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         "train": ["tensorboardX>=2.6"],
+        "bench": ["matplotlib>=3.8", "torch==2.13.0"],
     },
     entry_points={"console_scripts": ["dil-jax=dil_jax.cli:main"]},
 )

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.odqa",
     "dil_jax.commands.demo",
     "dil_jax.commands.train",
+    "dil_jax.commands.bench",
 )
 
 

