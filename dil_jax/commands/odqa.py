@@ -19,9 +19,11 @@ log = logging.getLogger(__name__)
 
 
 def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
-    parser.add_argument("--checkpoint", default="default",
+    parser.add_argument("--checkpoint", default=["default"] if many_k else "default",
+                        nargs="+" if many_k else None,
                         help="reader: 'default' (embedded MiniLM), a Hugging Face folder, or a "
-                             "dil_jax (orbax) checkpoint folder")
+                             "dil_jax (orbax) checkpoint folder"
+                             + ("; one for all k, or one per k (in --k order)" if many_k else ""))
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
                                                           "checkpoint's own)")
     if many_k:
@@ -68,6 +70,9 @@ def register(subparsers) -> None:
         "odqa-eval", help="open-domain evaluation (R, EM/F1 with and without IR score)")
     evaluate.add_argument("--index", required=True)
     evaluate.add_argument("--data", required=True, help="SQuAD v1.1 JSON (questions, answers)")
+    evaluate.add_argument("--articles", default=":",
+                          help="slice of the file's articles to take questions from, e.g. "
+                               "28:35 (the validation articles of the training configs)")
     evaluate.add_argument("--limit", type=int, default=None,
                           help="evaluate a random subset of N questions (seeded)")
     evaluate.add_argument("--seed", type=int, default=0)
@@ -79,10 +84,22 @@ def register(subparsers) -> None:
     evaluate.set_defaults(func=run_evaluate)
 
 
-def _load(args, k):
+def _checkpoint_for(args, position: int) -> str:
+    """The checkpoint of the position-th --k (one for all, or one per k)."""
+    if isinstance(args.checkpoint, str):
+        return args.checkpoint
+    if len(args.checkpoint) == 1:
+        return args.checkpoint[0]
+    if len(args.checkpoint) != len(args.k):
+        raise ValueError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
+                         f"{len(args.k)}: give one checkpoint for all k, or one per k")
+    return args.checkpoint[position]
+
+
+def _load(args, k, position: int = 0):
     from dil_jax.checkpoints import load_reader
 
-    return load_reader(args.checkpoint, k, args.max_question_len, args.tokenizer)
+    return load_reader(_checkpoint_for(args, position), k, args.max_question_len, args.tokenizer)
 
 
 def encoder_fn(model, params, batch_size):
@@ -138,17 +155,17 @@ def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
 
 
 def run_index(args: argparse.Namespace) -> int:
-    readers = [_load(args, k) for k in args.k]
+    readers = [_load(args, k, i) for i, k in enumerate(args.k)]
     build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
               args.doc_stride, readers, args.cache_dtype)
     return 0
 
 
-def _open_reader(args, k, top_p):
+def _open_reader(args, k, top_p, position: int = 0):
     from dil_jax.odqa.index import open_index
     from dil_jax.odqa.reader import OpenDomainReader
 
-    model, params, tokenizer = _load(args, k)
+    model, params, tokenizer = _load(args, k, position)
     index = open_index(args.index)
     cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
     return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
@@ -198,17 +215,18 @@ def run_ask(args: argparse.Namespace) -> int:
 def run_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from dil_jax.data.squad import load_squad
+    from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.odqa.evaluate import dump_json, evaluate_reader, markdown_table
 
-    examples = [e for e in load_squad(args.data).examples if e.answer_texts]
+    examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
+                if e.answer_texts]
     if args.limit is not None and args.limit < len(examples):
         chosen = np.random.default_rng(args.seed).choice(len(examples), args.limit,
                                                          replace=False)
         examples = [examples[i] for i in sorted(chosen)]
     results = {}
-    for k in args.k:
-        reader = _open_reader(args, k, max(args.p))
+    for position, k in enumerate(args.k):
+        reader = _open_reader(args, k, max(args.p), position)
         name = "full" if k == 0 else f"DIL k={k}"
         print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
               file=sys.stderr)
@@ -221,6 +239,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         extra = dict(command=" ".join(["dil-jax", *sys.argv[1:]]), data=args.data,
+                     articles=args.articles,
                      index=args.index, checkpoint=args.checkpoint, questions=len(examples),
                      seed=args.seed, device=str(jax.devices()[0].device_kind),
                      cpu_count=os.cpu_count(), jax=jax.__version__)

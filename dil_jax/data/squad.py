@@ -216,6 +216,16 @@ def _check_span(context: str, text: str, start: int, source: str, qid: str, name
 # ----------------------------------------------------------------------------- splits
 
 
+def select_articles(examples: Sequence[SquadExample], spec: str) -> list[SquadExample]:
+    """The examples of a slice "a:b" of the articles, in the file's article order."""
+    start, _, stop = spec.partition(":")
+    titles = list(dict.fromkeys(example.title for example in examples))
+    chosen = set(titles[slice(int(start) if start else None, int(stop) if stop else None)])
+    if not chosen:
+        raise ValueError(f"article slice {spec!r} selects none of the {len(titles)} articles")
+    return [example for example in examples if example.title in chosen]
+
+
 def split_by_article(data: SquadDataset | Sequence[SquadExample], validation: float | int = 0.1,
                      seed: int = 0) -> tuple[list[SquadExample], list[SquadExample]]:
     """(train, validation) examples, split by article title, never by question.

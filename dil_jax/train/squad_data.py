@@ -18,13 +18,7 @@ import ml_collections
 
 from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
-from dil_jax.data.squad import SquadExample, load_squad
-
-
-def article_slice(spec: str) -> slice:
-    """"a:b" (either side optional) -> slice(a, b)."""
-    start, _, stop = spec.partition(":")
-    return slice(int(start) if start else None, int(stop) if stop else None)
+from dil_jax.data.squad import SquadExample, load_squad, select_articles
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
@@ -34,14 +28,11 @@ def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[Squa
     path = data_cfg.squad_file
     if split == "validation" and data_cfg.get("validation_file"):
         path = data_cfg.validation_file
-    dataset = load_squad(path)
-    titles = list(dict.fromkeys(example.title for example in dataset.examples))
     spec = data_cfg.train_articles if split == "train" else data_cfg.validation_articles
-    chosen = set(titles[article_slice(spec)])
-    if not chosen:
-        raise ValueError(f"{path}: article slice {spec!r} of the {split} split "
-                         f"selects no article (the file has {len(titles)})")
-    examples = [example for example in dataset.examples if example.title in chosen]
+    try:
+        examples = select_articles(load_squad(path).examples, spec)
+    except ValueError as error:
+        raise ValueError(f"{path}: {split} split: {error}") from error
     if data_cfg.max_questions > 0:
         examples = examples[:data_cfg.max_questions]
     return examples
