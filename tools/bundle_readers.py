@@ -37,7 +37,7 @@ def bundle(params_dir: Path, name: str) -> Path:
     trained_from = params_dir / "trained_from.json"
     metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()
                if line.strip()] if (workdir / "metrics.jsonl").is_file() else []
-    evals = [m for m in metrics if "eval" in m]
+    evals = [m for m in metrics if m.get("split") == "eval"]
     manifest = {
         "what": f"embedded MiniLM (all-MiniLM-L6-v2) fine-tuned on SQuAD articles, k = "
                 f"{config.num_lower_layers}",
