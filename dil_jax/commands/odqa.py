@@ -181,14 +181,18 @@ def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
         lines.append("A: (no passage retrieved)")
         return "\n".join(lines)
     passage = reader.index.passages[answer.passage_index]
-    context = (passage.text[:answer.char_start] + "[[" + answer.text + "]]"
-               + passage.text[answer.char_end:])
+    # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
+    first = max(0, answer.char_start - 200)
+    last = min(len(passage.text), answer.char_end + 200)
+    context = ("..." if first else "") + passage.text[first:answer.char_start] + "[[" + \
+        answer.text + "]]" + passage.text[answer.char_end:last] + \
+        ("..." if last < len(passage.text) else "")
     lines += [f"A: {answer.text}",
               f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
               f"of {len(hits)}; reader score {answer.reader_score:.2f}, "
               f"BM25 {answer.bm25_score:.2f}"
               + ("" if mu is None else f", fused with mu={mu}"),
-              f"   passage: {context[:400]}{'...' if len(context) > 400 else ''}",
+              f"   passage: {context}",
               "   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
                                       for name, seconds in timings.items())]
     return "\n".join(lines)
