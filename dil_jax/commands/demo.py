@@ -84,14 +84,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the delayed reader has k = 0; pass --k (1..l)")
 
     started = time.perf_counter()
+    split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": args.distractors,
+             "max_passage_len": args.max_passage_len, "doc_stride": args.doc_stride}
     try:
         index = open_index(args.index)
+        if index.settings.get("split") != split:
+            log.warning("%s was built with other settings (%s); rebuilding it", args.index,
+                        index.settings.get("split"))
+            raise ValueError("stale demo index")
     except ValueError:
         passages = split_documents(demo_documents(args.distractors), "paragraphs")
         index = build_index(args.index, passages, full[2], max_passage_len=args.max_passage_len,
-                            doc_stride=args.doc_stride,
-                            split={"strategy": "paragraphs", "sources": ["wikipedia"],
-                                   "distractors": args.distractors})
+                            doc_stride=args.doc_stride, split=split)
     readers = {}
     for name, (model, params, tokenizer) in (("full", full), ("delayed", delayed)):
         cache = build_reader_cache(index, model.config, params, tokenizer,
