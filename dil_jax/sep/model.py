@@ -1,0 +1,67 @@
+"""The prescreening model ("Prototype 4" of Sentence Encoding Prescreening for Q&A).
+
+The question embedding and the passage's sentence embeddings form one sequence
+`[q, s_1, ..., s_S]`; a small transformer encoder (self-attention over the combined input,
+pre-LayerNorm blocks) mixes them, a dense layer gives one score per sentence, and a softmax over
+the passage's sentences says which one holds the answer. Sentence order matters (a first-sentence
+guess is right a third of the time), so each input also gets a learned position embedding
+(position 0 = the question).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e9
+
+
+@dataclasses.dataclass(frozen=True)
+class PrescreenConfig:
+    embedding_dim: int = 384      # input sentence-embedding width
+    width: int = 128              # transformer width
+    num_layers: int = 4
+    num_heads: int = 4
+    mlp_dim: int = 256
+    max_sentences: int = 32
+    dropout: float = 0.1
+
+
+class _Block(nn.Module):
+    config: PrescreenConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        """x: [batch, 1 + S, width]; mask: [batch, 1 + S]."""
+        cfg = self.config
+        attention_mask = nn.make_attention_mask(mask, mask)
+        h = nn.LayerNorm()(x)
+        h = nn.MultiHeadDotProductAttention(num_heads=cfg.num_heads, dropout_rate=cfg.dropout,
+                                            deterministic=deterministic)(h, h, mask=attention_mask)
+        x = x + nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+        h = nn.Dense(cfg.mlp_dim)(nn.LayerNorm()(x))
+        h = nn.Dense(cfg.width)(nn.gelu(h))
+        return x + nn.Dropout(cfg.dropout)(h, deterministic=deterministic)
+
+
+class Prescreener(nn.Module):
+    config: PrescreenConfig
+
+    @nn.compact
+    def __call__(self, question: jax.Array, sentences: jax.Array, sentence_mask: jax.Array,
+                 deterministic: bool = True) -> jax.Array:
+        """question: [batch, D]; sentences: [batch, S, D]; sentence_mask: [batch, S]
+        -> [batch, S] sentence logits (NEG_INF where masked)."""
+        cfg = self.config
+        x = jnp.concatenate([question[:, None, :], sentences], axis=1)
+        mask = jnp.concatenate([jnp.ones_like(sentence_mask[:, :1]), sentence_mask], axis=1)
+        x = nn.Dense(cfg.width)(x)
+        positions = jnp.arange(x.shape[1])
+        x = x + nn.Embed(cfg.max_sentences + 1, cfg.width)(positions)[None]
+        for _ in range(cfg.num_layers):
+            x = _Block(cfg)(x, mask, deterministic)
+        scores = nn.Dense(1)(nn.LayerNorm()(x[:, 1:]))[..., 0]
+        return jnp.where(sentence_mask > 0, scores, NEG_INF)
