@@ -78,3 +78,24 @@ def test_prescreener_learns_and_respects_the_mask():
 def test_topk_accuracy_by_hand():
     scores = np.array([[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]])
     assert topk_accuracy(scores, np.array([1, 2])) == {"top1": 0.5, "top2": 1.0}
+
+
+def test_reduced_context_maps_answers_back():
+    from dil_jax.data.squad import SquadExample
+    from dil_jax.sep.integrate import map_span_back, prescreen_examples, reduce_context
+
+    context = "First one here. Second has Paris in it. Third is last."
+    spans = split_sentences(context)
+    text, offsets = reduce_context(context, spans, [2, 1])
+    assert text == "Second has Paris in it. Third is last."
+    start = text.index("Paris")
+    a, b = map_span_back(offsets, start, start + 5)
+    assert context[a:b] == "Paris"
+    last = text.index("last")
+    assert context[slice(*map_span_back(offsets, last, last + 4))] == "last"
+    example = SquadExample("q", "T", context, "Where?", ("Paris",), (context.index("Paris"),))
+    scores = np.array([[0.1, 0.9, 0.5]])
+    screened = prescreen_examples([example], [spans], scores, np.array([1]), top_m=1)
+    assert screened.examples[0].context == "Second has Paris in it."
+    assert screened.kept_answer_sentence.tolist() == [True]
+    assert screened.examples[0].question == "Where?" and screened.examples[0].qid == "q"

@@ -29,6 +29,16 @@ def register(subparsers) -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--readers", nargs="*", default=[],
+                        help="reader checkpoints to run end to end with and without prescreening "
+                             "on the validation questions")
+    parser.add_argument("--top-m", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--eval-limit", type=int, default=400,
+                        help="validation questions read end to end (the first N)")
+    parser.add_argument("--max-passage-len", type=int, default=160,
+                        help="passage window of the reader without prescreening")
+    parser.add_argument("--sep-passage-len", type=int, default=96,
+                        help="passage window of the reader over the kept sentences")
     parser.add_argument("--out", default=None, help="write results.json and params.msgpack here")
     parser.set_defaults(func=run)
 
@@ -70,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
               f"{100 * row['top1']:.1f} | {100 * row['top2']:.1f} |")
     print(f"embeddings {embedded:.0f} s, training {trained:.0f} s ({args.steps} steps); final "
           f"train loss {sum(result.losses[-50:]) / 50:.3f}")
+    if args.readers:
+        report["end_to_end"] = end_to_end(args, splits["validation"], result.params, config)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -82,3 +94,48 @@ def run(args: argparse.Namespace) -> int:
             temporary.write_bytes(payload)
             os.replace(temporary, out / name)
     return 0
+
+
+def end_to_end(args, data, prescreen_params, config) -> list[dict]:
+    """EM/F1 and reader time with and without prescreening, per reader and top-m."""
+    import numpy as np
+
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.metrics.squad_metric import squad_scores
+    from dil_jax.sep.integrate import prescreen_examples, timed_predict
+    from dil_jax.sep.train import SentenceData, sentence_scores
+
+    n = min(args.eval_limit, len(data.label))
+    subset = SentenceData(data.question[:n], data.sentences[:n], data.sentence_mask[:n],
+                          data.label[:n], data.qids[:n], 0, data.examples[:n], data.spans[:n])
+    scores = sentence_scores(prescreen_params, config, subset)
+    rows = []
+    print("\n| reader | k | prescreen | EM | F1 | reader s | P(SEP) | EM given SEP kept answer |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for checkpoint in args.readers:
+        model, params, tokenizer = load_reader(checkpoint, None, 32)
+        k = model.config.num_lower_layers
+        runs = [("none", subset.examples, None, args.max_passage_len)]
+        for m in args.top_m:
+            screened = prescreen_examples(subset.examples, subset.spans, scores, subset.label, m)
+            runs.append((f"top-{m}", screened.examples, screened.kept_answer_sentence,
+                         args.sep_passage_len))
+        for name, examples, kept, passage_len in runs:
+            timed_predict(model, params, tokenizer, examples[:8], max_passage_len=passage_len,
+                          doc_stride=passage_len // 2)  # compile outside the timing
+            answers, seconds = timed_predict(model, params, tokenizer, examples,
+                                             max_passage_len=passage_len,
+                                             doc_stride=passage_len // 2)
+            scores_all = squad_scores(subset.examples, answers, version="1.1")
+            row = dict(reader=checkpoint, k=k, prescreen=name, EM=scores_all["exact"],
+                       F1=scores_all["f1"], reader_seconds=seconds, questions=n)
+            if kept is not None:
+                inside = [e for e, keep in zip(subset.examples, kept, strict=True) if keep]
+                row["P_sep"] = float(np.mean(kept))
+                row["EM_given_sep"] = squad_scores(
+                    inside, {e.qid: answers[e.qid] for e in inside}, version="1.1")["exact"]
+            rows.append(row)
+            print(f"| {checkpoint} | {k} | {name} | {row['EM']:.1f} | {row['F1']:.1f} | "
+                  f"{seconds:.1f} | {100 * row.get('P_sep', 1.0):.1f} | "
+                  f"{row.get('EM_given_sep', row['EM']):.1f} |")
+    return rows

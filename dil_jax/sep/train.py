@@ -25,7 +25,8 @@ class SentenceData:
     """Inputs and labels of answerable examples whose answer sentence fits max_sentences.
 
     question: [n, D]; sentences: [n, S, D]; sentence_mask: [n, S]; label: [n] int;
-    qids: the examples' ids; dropped: examples left out (unanswerable or answer beyond S).
+    qids: the examples' ids; dropped: examples left out (unanswerable or answer beyond S);
+    examples, spans: the kept examples and their sentence spans (empty for synthetic data).
     """
 
     question: np.ndarray
@@ -34,6 +35,8 @@ class SentenceData:
     label: np.ndarray
     qids: list[str]
     dropped: int
+    examples: list[SquadExample] = dataclasses.field(default_factory=list)
+    spans: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
 
 
 def build_sentence_data(examples: Sequence[SquadExample], encoder, params, tokenizer, *,
@@ -63,7 +66,7 @@ def build_sentence_data(examples: Sequence[SquadExample], encoder, params, token
         mask[row, :len(spans)] = 1
         labels[row] = answer_sentence(spans, example.answer_starts[0])
     return SentenceData(question_vectors, sentences, mask, labels, [e.qid for e in kept],
-                        len(examples) - len(kept))
+                        len(examples) - len(kept), kept, [contexts[e.context] for e in kept])
 
 
 @dataclasses.dataclass
