@@ -24,6 +24,8 @@ setup(
         "safetensors>=0.4",
         "ml-collections>=0.1.1",
         "numpy>=1.26",
+        "scipy>=1.11",  # BM25's sparse term x passage matrix
+        "ml_dtypes>=0.4",  # bfloat16 passage caches and exports
         "tqdm>=4.66",
         "rank-bm25>=0.2.2",
     ],

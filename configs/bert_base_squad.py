@@ -12,35 +12,8 @@ fine-tuned full-model teacher (set --config.teacher.checkpoint).
 
 import ml_collections
 
-from dil_jax.train.default_config import base_config
+from dil_jax.train.default_config import paper_squad_config
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-    c = base_config()
-    c.workdir = "runs/bert_base_squad" + (f"_{variant}" if variant else "")
-    c.model.checkpoint = "bert-base-uncased"
-    c.data.tokenizer = "bert-base-uncased"
-    c.model.num_lower_layers = 10
-    c.model.max_question_len = 64
-    c.data.max_passage_len = 384 - 64
-    c.data.stride = 128
-    c.data.train_articles = ":"
-    # Validate on the official dev set (set its path); all of its articles.
-    c.data.validation_file = "PATH/dev-v1.1.json"
-    c.data.validation_articles = ":"
-    c.batch_size = 12
-    c.num_epochs = 2.0
-    c.optim.learning_rate = 3e-5
-    c.optim.warmup_fraction = 0.1
-    c.checkpoint.every_steps = 2000
-    c.log.every_steps = 50
-    if variant == "distill":
-        c.teacher.checkpoint = "runs/bert_base_squad_full/params"
-        # DeFormer tunes alpha/beta per task; these are starting points, not the paper's values.
-        c.loss.kd_weight = 1.0
-        c.loss.lrs_weight = 1.0
-    elif variant == "full":
-        c.model.num_lower_layers = 0
-    elif variant:
-        raise ValueError(f"unknown variant {variant!r}: '', 'full' or 'distill'")
-    return c
+    return paper_squad_config("bert_base_squad", "bert-base-uncased", variant)

@@ -34,7 +34,8 @@ def make_mesh(devices: list | None = None) -> Mesh:
     return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
-def _round_up(value: int, multiple: int) -> int:
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= value."""
     return -(-value // multiple) * multiple
 
 
@@ -64,8 +65,8 @@ class GridReader:
         self.model = model
         self.mesh = make_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
-        self.batch_size = _round_up(batch_size, num_devices)
-        self.chunk_size = _round_up(chunk_size, num_devices)
+        self.batch_size = round_up(batch_size, num_devices)
+        self.chunk_size = round_up(chunk_size, num_devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
 
@@ -87,7 +88,7 @@ class GridReader:
         ids, mask: [n, seq] -> [n, seq, hidden] (a device array, replicated for the pair phase).
         """
         n = ids.shape[0]
-        padded = _round_up(max(n, 1), self.batch_size)
+        padded = round_up(max(n, 1), self.batch_size)
         ids = np.pad(ids, ((0, padded - n), (0, 0)))
         mask = np.pad(mask, ((0, padded - n), (0, 0)))
         batches = [self._lower_fn(params, ids[i:i + self.batch_size],

@@ -41,10 +41,6 @@ class WindowLogits:
     null_end_logits: np.ndarray
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
 
@@ -74,13 +70,13 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     """
     from tqdm.auto import tqdm
 
-    from dil_jax.grid import GridReader
+    from dil_jax.grid import GridReader, round_up
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
     reader = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
     full_model = model.config.num_lower_layers == 0
     n_windows, p_len = features.p_ids.shape
-    q_block = _round_up(min(question_block, features.num_questions), reader.batch_size)
+    q_block = round_up(min(question_block, features.num_questions), reader.batch_size)
     blocks = []
     for q0 in range(0, features.num_questions, q_block):
         rows = np.nonzero((features.window_question_index >= q0)
@@ -89,7 +85,7 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
         _, first_row, p_index = np.unique(features.window_passage_index[rows],
                                                  return_index=True, return_inverse=True)
         blocks.append((q0, rows, rows[first_row], p_index.reshape(-1)))
-    p_block = _round_up(max(len(block[2]) for block in blocks), reader.batch_size)
+    p_block = round_up(max(len(block[2]) for block in blocks), reader.batch_size)
 
     out = WindowLogits(np.zeros((n_windows, p_len), np.float32),
                        np.zeros((n_windows, p_len), np.float32),

@@ -33,3 +33,13 @@ def train_command(python: str, config: str, overrides: Sequence[str]) -> list[st
             raise SystemExit(f"launch: overrides must look like --config.key=value, got "
                              f"{override!r}")
     return [python, "-m", "dil_jax.commands.train", "--config", config, *overrides]
+
+
+def launcher_main(argv: Sequence[str] | None, build_parser, plan) -> int:
+    """`launcher STEP [options] [-- --config.key=value ...]`: parse, plan, run or print."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    own, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
+        else (argv, [])
+    args = build_parser().parse_args(own)
+    args.overrides = overrides
+    return execute(plan(args), args.dry_run)

@@ -20,7 +20,7 @@ import shlex
 import sys
 
 # Run as a script, so this folder is on sys.path: the shared helpers import by name.
-from _common import execute, train_command
+from _common import launcher_main, train_command
 
 REMOTE_DIR = "dil_jax"  # on every worker, relative to the login home
 ARCHIVE = "/tmp/dil_jax_code.tar.gz"
@@ -107,13 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`launcher STEP [options] [-- --config.key=value ...]`."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    own, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
-        else (argv, [])
-    args = build_parser().parse_args(own)
-    args.overrides = overrides
-    return execute(plan(args), args.dry_run)
+    return launcher_main(argv, build_parser, plan)
 
 
 if __name__ == "__main__":

@@ -103,12 +103,7 @@ def featurize(examples: Sequence[SquadExample], tokenizer, *, max_question_len: 
     The cache file is keyed by a hash of the examples' content, the tokenizer (its full
     serialized definition: vocab, normalizer, ...) and these settings.
     """
-    window = max_passage_len - 1
-    if window < 1:
-        raise FeaturizationError(f"max_passage_len must be >= 2 (p [SEP]), got {max_passage_len}")
-    if not 1 <= doc_stride <= window:
-        raise FeaturizationError(f"doc_stride must be in 1..{window} (max_passage_len - 1), "
-                                 f"got {doc_stride}")
+    _check_window_args(max_passage_len, doc_stride)
     if not examples:
         raise FeaturizationError("no examples to featurize")
     cache_path = None
@@ -226,16 +221,20 @@ def _windows_of(flat: _FlatTokens, tokenizer, max_passage_len: int,
                           start.astype(np.int32), length.astype(np.int32), counts, first_window)
 
 
-def window_contexts(tokenizer, texts: Sequence[str], *, max_passage_len: int = 384,
-                    doc_stride: int = 128) -> ContextWindows:
-    """Strided `p_window [SEP]` windows of each text, exactly as `featurize` makes them (the
-    open-domain index uses this, so a passage reads the same as a SQuAD context)."""
+def _check_window_args(max_passage_len: int, doc_stride: int) -> None:
     window = max_passage_len - 1
     if window < 1:
         raise FeaturizationError(f"max_passage_len must be >= 2 (p [SEP]), got {max_passage_len}")
     if not 1 <= doc_stride <= window:
         raise FeaturizationError(f"doc_stride must be in 1..{window} (max_passage_len - 1), "
                                  f"got {doc_stride}")
+
+
+def window_contexts(tokenizer, texts: Sequence[str], *, max_passage_len: int = 384,
+                    doc_stride: int = 128) -> ContextWindows:
+    """Strided `p_window [SEP]` windows of each text, exactly as `featurize` makes them (the
+    open-domain index uses this, so a passage reads the same as a SQuAD context)."""
+    _check_window_args(max_passage_len, doc_stride)
     return _windows_of(_tokenize_flat(tokenizer, texts), tokenizer, max_passage_len, doc_stride)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dil_jax.data.decoding import window_nbest
-from dil_jax.grid import GridReader
+from dil_jax.grid import GridReader, round_up
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.odqa.cache import PassageCache
 from dil_jax.odqa.index import OpenDomainIndex, window_arrays
@@ -74,11 +74,6 @@ def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate 
     bm25 = np.asarray([c.bm25_score for c in candidates])
     fused = mu * standardize(reader) + (1 - mu) * standardize(bm25)
     return candidates[int(np.argmax(fused))]
-
-
-def _bucket(n: int, step: int) -> int:
-    """Pads varying subset sizes to few distinct shapes (each shape compiles once)."""
-    return max(step, -(-n // step) * step)
 
 
 class OpenDomainReader:
@@ -136,7 +131,8 @@ class OpenDomainReader:
                 pair_row += rows.tolist()
                 pair_hit += [(qi, hi)] * len(rows)
         rows, pair_p = np.unique(np.asarray(pair_row, np.int64), return_inverse=True)
-        padded = _bucket(len(rows), size * self.top_p)
+        # Few distinct shapes (each compiles once): round the subset up to whole top-p batches.
+        padded = round_up(max(len(rows), 1), size * self.top_p)
         p_mask = np.pad(np.asarray(self.cache.mask[rows]), ((0, padded - len(rows)), (0, 0)))
         if self.full_model:
             p_source = np.pad(np.asarray(self.cache.ids[rows]),
