@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dil_jax.atomic import staged_directory
 from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.modeling import num_param_blocks
@@ -407,14 +407,11 @@ def save_params(directory: str | os.PathLike, params: Params, config: EncoderCon
     directory = Path(directory).absolute()
     if directory.exists():
         raise CheckpointError(f"{directory} already exists; refusing to overwrite it")
-    staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(staging / PARAMS_DIR, jax.tree.map(np.asarray, params))
-    checkpointer.wait_until_finished()
-    (staging / ENCODER_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
-    os.replace(staging, directory)
+    with staged_directory(directory, overwrite=False) as staging:
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(staging / PARAMS_DIR, jax.tree.map(np.asarray, params))
+        checkpointer.wait_until_finished()
+        (staging / ENCODER_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
     return directory
 
 
@@ -511,9 +508,6 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     if dtype not in ("float32", "bfloat16"):
         raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
     directory = Path(directory).absolute()
-    staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     prefix = f"{config.architecture}."
     tensors = {}
     left_to_base = []
@@ -527,14 +521,11 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
                                             "max_question_len": config.max_question_len})
     if from_base is not None:
         manifest.update(base_checkpoint=from_base[0], from_base=left_to_base)
-    save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
-    (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
-                                                  indent=2))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(staging))
-    if manifest is not None:
+    with staged_directory(directory) as staging:
+        save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
+                                                      indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging))
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(staging, directory)
     return directory

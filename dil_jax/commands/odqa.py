@@ -240,6 +240,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
     if args.out:
         import jax
 
+        from dil_jax.atomic import write_atomic
+
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         extra = dict(command=" ".join(["dil-jax", *sys.argv[1:]]), data=args.data,
@@ -249,9 +251,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                      cpu_count=os.cpu_count(), jax=jax.__version__)
         for name, text in (("results.md", table + "\n"),
                            ("results.json", dump_json(results, extra))):
-            temporary = out / f".{name}.tmp"
-            temporary.write_text(text)
-            os.replace(temporary, out / name)
+            write_atomic(out / name, text)
         print(f"wrote {out / 'results.md'} and {out / 'results.json'}", file=sys.stderr)
     return 0
 

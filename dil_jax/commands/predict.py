@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import time
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +42,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dil_jax.atomic import write_atomic
     from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad
     from dil_jax.predict import predict_squad
@@ -63,11 +62,7 @@ def run(args: argparse.Namespace) -> int:
         doc_stride=args.doc_stride, batch_size=args.batch_size,
         max_answer_length=args.max_answer_length, n_best=args.n_best,
         null_threshold=null_threshold, progress=not args.no_progress, cache_dir=args.cache_dir)
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(predictions, ensure_ascii=False, indent=1), encoding="utf-8")
-    os.replace(temporary, output)
+    output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
     log.info("%d predictions (k=%d) in %.1f s -> %s", len(predictions),
              model.config.num_lower_layers, time.perf_counter() - started, output)
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -46,6 +45,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import flax.serialization
 
+    from dil_jax.atomic import write_atomic
     from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.sep.model import PrescreenConfig
@@ -90,9 +90,7 @@ def run(args: argparse.Namespace) -> int:
         for name, payload in (("results.json", json.dumps(record, indent=2, default=str)
                                .encode()),
                               ("params.msgpack", flax.serialization.to_bytes(result.params))):
-            temporary = out / f".{name}.tmp"
-            temporary.write_bytes(payload)
-            os.replace(temporary, out / name)
+            write_atomic(out / name, payload)
     return 0
 
 

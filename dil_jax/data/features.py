@@ -24,12 +24,12 @@ import hashlib
 import itertools
 import logging
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
 from dil_jax.tokenization import NO_OFFSET, encode_questions
 
@@ -409,13 +409,5 @@ def _load_cached(path: Path) -> Features | None:
 
 def _save_atomically(path: Path, features: Features) -> None:
     """np.savez to a temporary file in the same folder, then rename: readers never see half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            np.savez(out, **features.arrays())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda out: np.savez(out, **features.arrays()))
     log.info("features cached in %s", path)

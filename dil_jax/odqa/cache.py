@@ -30,6 +30,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from dil_jax.atomic import write_atomic
+
 CACHE_FORMAT = "dil_jax.passage_cache/1"
 _MANIFEST = "manifest.json"
 _PROGRESS = "progress.json"
@@ -70,9 +72,7 @@ def texts_fingerprint(texts: Sequence[str]) -> str:
 
 
 def _write_json_atomic(path: Path, value: Any) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(value, indent=2))
-    os.replace(temporary, path)
+    write_atomic(path, json.dumps(value, indent=2))
 
 
 class PassageCache:

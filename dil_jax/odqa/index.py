@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dil_jax.atomic import staged_directory
 from dil_jax.data.features import window_contexts
 from dil_jax.odqa.cache import (
     PassageCache,
@@ -102,20 +102,15 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
                     doc_stride=doc_stride, tokenizer=tokenizer_fingerprint(tokenizer),
                     passages=texts_fingerprint(texts), num_passages=len(passages),
                     num_windows=int(windows.ids.shape[0]))
-    staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with (staging / "passages.jsonl").open("w", encoding="utf-8") as out:
-        for passage in passages:
-            out.write(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n")
-    np.savez(staging / "windows.npz", first=windows.first_window, count=windows.counts,
-             passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
-             offsets=windows.offsets, max_context=windows.max_context)
-    BM25Retriever.build(texts).save(staging / "bm25", fingerprint=settings["passages"])
-    (staging / "index.json").write_text(json.dumps(settings, indent=2))
-    if directory.exists():
-        shutil.rmtree(directory)
-    os.replace(staging, directory)
+    with staged_directory(directory) as staging:
+        with (staging / "passages.jsonl").open("w", encoding="utf-8") as out:
+            for passage in passages:
+                out.write(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n")
+        np.savez(staging / "windows.npz", first=windows.first_window, count=windows.counts,
+                 passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
+                 offsets=windows.offsets, max_context=windows.max_context)
+        BM25Retriever.build(texts).save(staging / "bm25", fingerprint=settings["passages"])
+        (staging / "index.json").write_text(json.dumps(settings, indent=2))
     return open_index(directory)
 
 

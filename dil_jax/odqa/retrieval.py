@@ -14,13 +14,14 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import scipy.sparse
+
+from dil_jax.atomic import staged_directory
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 # A small English stop list: BM25 idf already discounts common words, this only keeps the
@@ -111,17 +112,12 @@ class BM25Retriever:
     def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
         """Writes the index to `directory` atomically (staging folder, then rename)."""
         directory = Path(directory).absolute()
-        staging = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        scipy.sparse.save_npz(staging / "weights.npz", self.weights)
-        (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
-        (staging / "manifest.json").write_text(json.dumps(dict(
-            format=INDEX_FORMAT, num_passages=self.num_passages, passages=fingerprint,
-            **self.params), indent=2))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
+        with staged_directory(directory) as staging:
+            scipy.sparse.save_npz(staging / "weights.npz", self.weights)
+            (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
+            (staging / "manifest.json").write_text(json.dumps(dict(
+                format=INDEX_FORMAT, num_passages=self.num_passages, passages=fingerprint,
+                **self.params), indent=2))
         return directory
 
     @classmethod
