@@ -39,6 +39,20 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def kept_positions(keep: np.ndarray, bucket: int = 32) -> np.ndarray:
+    """[n, kept_len] int32: the indices of each row's kept tokens, in order, padded with p_len.
+
+    keep: [n, p_len] bool. kept_len is the most kept tokens of a row rounded up to `bucket`
+    (at most p_len), so a few shapes (one compilation each) cover every selection.
+    """
+    keep = np.asarray(keep, bool)
+    p_len = keep.shape[1]
+    kept_len = min(round_up(max(int(keep.sum(axis=1).max(initial=0)), 1), bucket), p_len)
+    # A stable sort of "not kept" brings each row's kept indices first, in order.
+    order = np.argsort(~keep, axis=1, kind="stable")[:, :kept_len]
+    return np.where(np.take_along_axis(keep, order, axis=1), order, p_len).astype(np.int32)
+
+
 @dataclasses.dataclass
 class GridOutput:
     """Span scores of every pair; numpy arrays indexed [question, passage, ...].
@@ -111,40 +125,69 @@ class GridReader:
 
     # --------------------------------------------------------------------- pair blocks
 
+    def _read_pairs(self, params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
+                    positions=None):
+        """Outputs of one chunk of pairs (traced inside jit; see iter_pair_chunks)."""
+        model = self.model
+        pair_q_mask = q_mask[q_index]
+        pair_p_mask = p_mask[p_index]
+        pair_source = p_source[p_index]
+        if positions is not None:
+            # Only the kept tokens of each pair's window go through the upper blocks (sentence
+            # prescreening): gather them, in order, into a shorter sequence. Padding positions
+            # are p_len (out of range): clamped for the gather, masked out.
+            p_len = p_mask.shape[1]
+            kept = positions < p_len
+            safe = jnp.minimum(positions, p_len - 1)
+            pair_p_mask = jnp.take_along_axis(pair_p_mask, safe, axis=1) * kept
+            index = safe if pair_source.ndim == 2 else safe[..., None]
+            pair_source = jnp.take_along_axis(pair_source, index, axis=1)
+        if model.config.num_lower_layers == 0:
+            # k = 0: the "lower" passage state is its embedding at standard BERT positions,
+            # which start after the question's real tokens (kept tokens: numbered afresh, as if
+            # the kept text were the passage).
+            offset = jnp.sum(pair_q_mask, axis=1).astype(jnp.int32)
+            p_lower = model.encode_lower(params, pair_source, pair_p_mask, PASSAGE_SEGMENT,
+                                         offset)
+        else:
+            p_lower = pair_source
+        out = model.encode_upper(params, q_lower[q_index], pair_q_mask, p_lower, pair_p_mask)
+        start, end = out.start_logits, out.end_logits
+        if positions is not None:
+            # Back to the window's token positions; dropped tokens get -inf (never in a span).
+            rows = jnp.arange(positions.shape[0])[:, None]
+            blank = jnp.full((positions.shape[0], p_mask.shape[1]), -jnp.inf, start.dtype)
+            start = blank.at[rows, positions].set(start, mode="drop")
+            end = blank.at[rows, positions].set(end, mode="drop")
+        return start, end, out.null_start_logits, out.null_end_logits
+
     @functools.cached_property
     def _pair_fn(self):
-        model = self.model
-        full_model = model.config.num_lower_layers == 0
-
-        def pairs(params, q_lower, q_mask, p_source, p_mask, q_index, p_index):
-            # Gathering inside the jitted function means only index vectors cross to the devices;
-            # each device gathers its own pairs from the replicated lower states.
-            pair_q_mask = q_mask[q_index]
-            pair_p_mask = p_mask[p_index]
-            if full_model:
-                # k = 0: the "lower" passage state is its embedding at standard BERT positions,
-                # which start after the question's real tokens.
-                offset = jnp.sum(pair_q_mask, axis=1).astype(jnp.int32)
-                p_lower = model.encode_lower(params, p_source[p_index], pair_p_mask,
-                                             PASSAGE_SEGMENT, offset)
-            else:
-                p_lower = p_source[p_index]
-            out = model.encode_upper(params, q_lower[q_index], pair_q_mask, p_lower, pair_p_mask)
-            return (out.start_logits, out.end_logits, out.null_start_logits,
-                    out.null_end_logits)
-
+        # Gathering inside the jitted function means only index vectors cross to the devices;
+        # each device gathers its own pairs from the replicated lower states.
         rep, shard = self.replicated, self.sharded
-        return jax.jit(pairs, in_shardings=(rep, rep, rep, rep, rep, shard, shard),
+        return jax.jit(self._read_pairs, in_shardings=(rep, rep, rep, rep, rep, shard, shard),
+                       out_shardings=shard)
+
+    @functools.cached_property
+    def _kept_pair_fn(self):
+        rep, shard = self.replicated, self.sharded
+        return jax.jit(self._read_pairs,
+                       in_shardings=(rep, rep, rep, rep, rep, shard, shard, shard),
                        out_shardings=shard)
 
     def iter_pair_chunks(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                          p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
-                         q_index: np.ndarray, p_index: np.ndarray
+                         q_index: np.ndarray, p_index: np.ndarray,
+                         positions: np.ndarray | None = None
                          ) -> Iterator[tuple[slice, tuple[jax.Array, ...]]]:
         """Yields (slice of the pair list, device outputs) chunk by chunk.
 
         q_lower: [nq, q_len, hidden]; p_source: passage lower states [np, p_len, hidden], or
         passage ids [np, p_len] when k = 0; q_index, p_index: [num_pairs] int.
+        positions (optional): [num_pairs, kept_len] int, the window tokens each pair reads, in
+        order, p_len for padding (see `kept_positions`); the other tokens are dropped before the
+        upper blocks and score -inf.
         Outputs per chunk: start/end [chunk, p_len], null start/end [chunk].
         """
         num_pairs = len(q_index)
@@ -157,7 +200,14 @@ class GridReader:
             # Padding pairs repeat pair 0 of the chunk and are dropped by the caller's slice.
             chunk_q = np.pad(np.asarray(q_index[start:stop], np.int32), (0, pad), mode="edge")
             chunk_p = np.pad(np.asarray(p_index[start:stop], np.int32), (0, pad), mode="edge")
-            outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q, chunk_p)
+            if positions is None:
+                outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q,
+                                        chunk_p)
+            else:
+                chunk_positions = np.pad(np.asarray(positions[start:stop], np.int32),
+                                         ((0, pad), (0, 0)), mode="edge")
+                outputs = self._kept_pair_fn(params, q_lower, q_mask, p_source, p_mask,
+                                             chunk_q, chunk_p, chunk_positions)
             yield slice(start, stop), outputs
 
     def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,

@@ -62,15 +62,18 @@ def check_lengths(model: DelayedInteractionModel, max_question_len: int,
 
 def window_logits(model: DelayedInteractionModel, params: Params, features: Features, *,
                   batch_size: int = 32, question_block: int = 1024, progress: bool = True,
-                  mesh=None) -> WindowLogits:
+                  mesh=None, keep: np.ndarray | None = None) -> WindowLogits:
     """Start/end/null scores of every window of `features` (see the module docstring).
 
     batch_size: rows per encode_lower batch and pairs per encode_upper chunk.
     question_block: questions (and their windows) per block; bounds memory.
+    keep: [n_windows, p_len] bool, the tokens each window's pair reads in the upper blocks
+    (sentence prescreening); the others score -inf, and a window with none is not read at all
+    (its span scores -inf, its null scores +inf, so it never decides an answer).
     """
     from tqdm.auto import tqdm
 
-    from dil_jax.grid import GridReader, round_up
+    from dil_jax.grid import GridReader, kept_positions, round_up
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
     reader = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
@@ -78,20 +81,22 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     n_windows, p_len = features.p_ids.shape
     q_block = round_up(min(question_block, features.num_questions), reader.batch_size)
     blocks = []
+    read = np.ones(n_windows, bool) if keep is None else np.asarray(keep).any(axis=1)
     for q0 in range(0, features.num_questions, q_block):
         rows = np.nonzero((features.window_question_index >= q0)
-                          & (features.window_question_index < q0 + q_block))[0]
+                          & (features.window_question_index < q0 + q_block) & read)[0]
         # One representative window row per distinct passage window of the block.
         _, first_row, p_index = np.unique(features.window_passage_index[rows],
                                                  return_index=True, return_inverse=True)
         blocks.append((q0, rows, rows[first_row], p_index.reshape(-1)))
     p_block = round_up(max(len(block[2]) for block in blocks), reader.batch_size)
 
-    out = WindowLogits(np.zeros((n_windows, p_len), np.float32),
-                       np.zeros((n_windows, p_len), np.float32),
-                       np.zeros(n_windows, np.float32), np.zeros(n_windows, np.float32))
+    spans, nulls = (n_windows, p_len), n_windows
+    out = WindowLogits(np.full(spans, -np.inf, np.float32), np.full(spans, -np.inf, np.float32),
+                       np.full(nulls, np.inf, np.float32), np.full(nulls, np.inf, np.float32))
     targets = (out.start_logits, out.end_logits, out.null_start_logits, out.null_end_logits)
-    with tqdm(total=n_windows, unit="window", disable=not progress, desc="reading") as bar:
+    with tqdm(total=int(read.sum()), unit="window", disable=not progress,
+              desc="reading") as bar:
         for q0, rows, passage_rows, p_index in blocks:
             if not len(rows):
                 continue
@@ -102,8 +107,9 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
             q_lower = reader.encode_questions(params, q_ids, q_mask)
             p_source = p_ids if full_model else reader.encode_passages(params, p_ids, p_mask)
             q_index = features.window_question_index[rows] - q0
+            positions = None if keep is None else kept_positions(keep[rows])
             for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source,
-                                                          p_mask, q_index, p_index):
+                                                          p_mask, q_index, p_index, positions):
                 count = where.stop - where.start
                 for target, value in zip(targets, outputs):
                     target[rows[where]] = np.asarray(value)[:count]
@@ -116,20 +122,43 @@ def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
                   doc_stride: int = 128, batch_size: int = 32, max_answer_length: int = 30,
                   n_best: int = 20, null_threshold: float | None = None, progress: bool = True,
                   cache_dir: str | None = None, question_block: int = 1024,
-                  mesh=None) -> dict[str, str]:
+                  mesh=None, prescreen: tuple | None = None,
+                  report: dict | None = None) -> dict[str, str]:
     """qid -> answer text for `examples` (the official predictions-file format).
 
     The question length is the model's `config.max_question_len`. null_threshold: None answers
     every question (SQuAD 1.1); a float enables SQuAD 2.0's no-answer ("" when null_score -
-    best_span_score > null_threshold).
+    best_span_score > null_threshold). prescreen: (SentencePrescreener, SentenceRule) to read
+    only the kept sentences of each context in the upper blocks (answers are still spans of the
+    original context). report: a dict that receives the seconds of each phase (featurize,
+    prescreen, read, decode), and with prescreening the `Screening` and the kept token share.
     """
+    import time
+
+    report = {} if report is None else report
+    clock = time.perf_counter()
     max_question_len = model.config.max_question_len
     check_lengths(model, max_question_len, max_passage_len)
     features = featurize(examples, tokenizer, max_question_len=max_question_len,
                          max_passage_len=max_passage_len, doc_stride=doc_stride,
                          cache_dir=cache_dir)
+    report["featurize_seconds"] = time.perf_counter() - clock
+    keep = None
+    if prescreen is not None:
+        from dil_jax.sep.prescreener import screen_features
+
+        clock = time.perf_counter()
+        screening = screen_features(*prescreen, examples, features)
+        keep = screening.keep
+        report["prescreen_seconds"] = time.perf_counter() - clock
+        report["screening"] = screening
+        report["kept_token_share"] = float(keep.sum() / max(features.p_mask.sum(), 1))
+    clock = time.perf_counter()
     logits = window_logits(model, params, features, batch_size=batch_size,
-                           question_block=question_block, progress=progress, mesh=mesh)
+                           question_block=question_block, progress=progress, mesh=mesh,
+                           keep=keep)
+    report["read_seconds"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     with_null = null_threshold is not None
     predictions = decode_predictions(
         examples, features, logits.start_logits, logits.end_logits,
@@ -137,4 +166,5 @@ def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
         logits.null_end_logits if with_null else None, n_best=n_best,
         max_answer_length=max_answer_length,
         null_threshold=null_threshold if with_null else 0.0)
+    report["decode_seconds"] = time.perf_counter() - clock
     return answers(predictions)

@@ -114,3 +114,20 @@ def edit_json(path: Path, **changes) -> None:
     values = json.loads(path.read_text())
     values.update(changes)
     path.write_text(json.dumps(values))
+
+
+def random_prescreener(minilm_dir, seed: int = 0):
+    """An untrained prescreener (random scores are enough to check where they lead)."""
+    import jax
+
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.sep.model import PrescreenConfig, Prescreener
+    from dil_jax.sep.prescreener import SentencePrescreener
+
+    config = PrescreenConfig(embedding_dim=384, width=16, num_layers=1, num_heads=2, mlp_dim=16,
+                             max_sentences=8, dropout=0.0)
+    params = Prescreener(config).init(jax.random.key(seed), np.zeros((1, 384), np.float32),
+                                      np.zeros((1, 8, 384), np.float32),
+                                      np.ones((1, 8), np.int32))["params"]
+    return SentencePrescreener(config, params, *load_reader(str(minilm_dir), None, 32),
+                               str(minilm_dir), 32)

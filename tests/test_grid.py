@@ -66,3 +66,61 @@ def test_grid_on_8_devices_equals_1_device_and_direct(tmp_path, k):
                                    atol=1e-5)
         np.testing.assert_allclose(result["null_start"].ravel(), result["direct_null"],
                                    atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_reading_kept_tokens_equals_reading_them_alone(k):
+    """Sentence prescreening reads a subset of each window's tokens: the grid's gather/scatter
+    must equal reading the gathered tokens as the passage (k = 0: the full model over
+    `[CLS] q [SEP] kept [SEP]`; k > 0: the cached lower states of those tokens)."""
+    import jax
+
+    from dil_jax.config import EncoderConfig
+    from dil_jax.grid import GridReader, kept_positions
+    from dil_jax.model import DelayedInteractionModel
+    from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+
+    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4,
+                           intermediate_size=40, embedding_size=32, max_question_len=8,
+                           max_position_embeddings=64, num_lower_layers=k,
+                           initializer_range=0.2)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(1)
+    q_ids = rng.integers(1, 50, (2, 8)).astype(np.int32)
+    q_mask = (np.arange(8)[None] < np.array([[5], [8]])).astype(np.int32)
+    p_ids = rng.integers(1, 50, (3, 16)).astype(np.int32)
+    p_mask = (np.arange(16)[None] < np.array([[16], [9], [12]])).astype(np.int32)
+    q_index, p_index = np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])
+    keep = np.zeros((4, 16), bool)
+    keep[0, [1, 2, 3, 9, 15]] = True
+    keep[1, [0, 8]] = True
+    keep[2, 2:9] = True
+    keep[3, [5]] = True
+    positions = kept_positions(keep, bucket=4)
+    assert positions.shape == (4, 8) and positions[1].tolist() == [0, 8] + [16] * 6
+
+    reader = GridReader(model, batch_size=2, chunk_size=2)
+    q_lower = reader.encode_questions(params, q_ids, q_mask)
+    p_source = p_ids if k == 0 else reader.encode_passages(params, p_ids, p_mask)
+    start = np.zeros((4, 16), np.float32)
+    for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+                                                  q_index, p_index, positions):
+        start[where] = np.asarray(outputs[0])[:where.stop - where.start]
+    assert np.all(np.isneginf(start[~keep]))
+
+    for pair in range(4):
+        kept = np.nonzero(keep[pair])[0]
+        ids = p_ids[p_index[pair], kept][None]
+        mask = np.ones_like(ids)
+        if k == 0:
+            direct = model(params, q_ids[q_index[pair]][None], q_mask[q_index[pair]][None],
+                           ids, mask).start_logits
+        else:
+            p_lower = model.encode_lower(params, p_ids[p_index[pair]][None],
+                                         p_mask[p_index[pair]][None], PASSAGE_SEGMENT)
+            q_lower_one = model.encode_lower(params, q_ids[q_index[pair]][None],
+                                             q_mask[q_index[pair]][None], QUESTION_SEGMENT)
+            direct = model.encode_upper(params, q_lower_one, q_mask[q_index[pair]][None],
+                                        np.asarray(p_lower)[:, kept], mask).start_logits
+        np.testing.assert_allclose(start[pair, kept], np.asarray(direct)[0], atol=2e-5)

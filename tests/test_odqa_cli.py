@@ -43,3 +43,55 @@ def test_index_ask_and_eval(tmp_path, capsys):
         for row in result["by_p"].values():
             assert row["R"] in (0.0, 100.0) and 0 <= row["F1"] <= 100
     assert (tmp_path / "eval" / "results.md").read_text().startswith("| reader |")
+
+
+def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, minilm_dir):
+    """--prescreen on every command that reads: a random prescreener over the default encoder."""
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.sentences import split_sentences
+
+    from conftest import random_prescreener
+
+    prescreener = random_prescreener(minilm_dir)
+    folder = SentencePrescreener(prescreener.config, prescreener.params, prescreener.encoder,
+                                 prescreener.encoder_params, prescreener.tokenizer, "default",
+                                 32).save(tmp_path / "sep")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text}) + "\n"
+                              for i, text in enumerate(SAMPLE_PASSAGES)))
+    index = tmp_path / "index"
+    common = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
+    build = ["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "4",
+             "--max-passage-len", "48", "--doc-stride", "24", *common]
+    assert main(build) == 0
+    # The index exists but holds no sentence embeddings yet: a clear error naming the fix.
+    with pytest.raises(ValueError, match="dil-jax index"):
+        main(["-v", "ask", "Who?", "--index", str(index), "--k", "4", "--prescreen", str(folder),
+              *common])
+    assert main([*build, "--prescreen", str(folder)]) == 0
+    assert list(index.glob("sentences-*/embeddings.npy"))
+    assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "4",
+                 "--top-p", "3", "--prescreen", str(folder), "--top-m", "1", *common]) == 0
+    out = capsys.readouterr().out
+    assert "prescreen" in out and "Q: Who wrote" in out
+
+    squad = tmp_path / "squad.json"
+    context = SAMPLE_PASSAGES[1]
+    answer = {"text": "Jane Austen", "answer_start": context.find("Jane Austen")}
+    question = {"id": "q1", "question": "Who wrote it?", "answers": [answer]}
+    squad.write_text(json.dumps({"version": "1.1", "data": [
+        {"title": "T1", "paragraphs": [{"context": context, "qas": [question]}]}]}))
+    assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "4",
+                 "--p", "3", "--prescreen", str(folder), "--mass", "0.5",
+                 "--out", str(tmp_path / "eval"), *common]) == 0
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert set(results) == {"DIL k=4", "DIL k=4 + SEP mass 0.5 (<= 2)"}
+    assert "prescreen" in results["DIL k=4 + SEP mass 0.5 (<= 2)"]["timings"]
+
+    predictions = tmp_path / "predictions.json"
+    assert main(["predict", "--data", str(squad), "--output", str(predictions), "--k", "4",
+                 "--max-question-len", "16", "--max-passage-len", "48", "--doc-stride", "24",
+                 "--prescreen", str(folder), "--top-m", "1", "--no-progress"]) == 0
+    answer_text = json.loads(predictions.read_text())["q1"]
+    # Top-1: the answer lies inside one sentence of the context.
+    assert answer_text and any(answer_text in context[a:b] for a, b in split_sentences(context))

@@ -17,6 +17,8 @@ from dil_jax.predict import predict_squad
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer
 
+from conftest import random_prescreener
+
 P_LEN, STRIDE = 32, 16
 
 
@@ -78,3 +80,59 @@ def test_score_fusion_rule():
     assert pick_answer(candidates, 1.0).text == "a"       # mu = 1 is the reader alone
     assert pick_answer(candidates, 0.5).text == "b"       # a much better BM25 score tips it
     assert pick_answer([], 0.5) is None
+
+
+def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, minilm_dir, tmp_path):
+    """The open-domain reader over stored sentence embeddings keeps the same sentences and finds
+    the same spans as `predict_squad` prescreening each (question, passage) on the fly; a
+    prescreener checkpoint round-trips, and refuses another sentence encoder."""
+    from dil_jax.odqa.reader import ReaderPrescreen
+    from dil_jax.odqa.sentences import build_sentence_store
+    from dil_jax.sep.prescreener import PrescreenerError, SentencePrescreener
+    from dil_jax.sep.screen import SentenceRule
+    from dil_jax.sep.sentences import split_sentences
+
+    saved = random_prescreener(minilm_dir).save(tmp_path / "prescreener", note="test")
+    prescreener = SentencePrescreener.load(saved)
+    other_encoder = (prescreener.encoder, jax.tree.map(lambda x: x * 1.01,
+                                                       prescreener.encoder_params),
+                     prescreener.tokenizer)
+    with pytest.raises(PrescreenerError, match="weights"):
+        SentencePrescreener.load(saved, encoder=other_encoder)
+
+    store = build_sentence_store(index, prescreener)
+    passage = 3
+    spans = split_sentences(index.passages[passage].text)
+    assert store.passage_spans()[passage] == spans and len(spans) > 1
+    np.testing.assert_allclose(store.matrix([passage], 8)[0][0, :len(spans)],
+                               prescreener.embed([index.passages[passage].text[a:b]
+                                                  for a, b in spans]), atol=1e-5)
+
+    config, params, tokenizer = minilm
+    model = DelayedInteractionModel(config.replace(num_lower_layers=4))
+    grid = GridReader(model, batch_size=4)
+    cache = build_reader_cache(index, model.config, params, tokenizer, encode=lambda ids, mask:
+                               np.asarray(grid.encode_passages(params, ids, mask)))
+    rule = SentenceRule(top_m=1)
+    reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=len(index.passages),
+                              batch_size=4, chunk_size=8,
+                              prescreen=ReaderPrescreen(prescreener, rule, store))
+    questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]
+    result = reader.read(questions)
+    assert result.timings["prescreen"] > 0
+    plain = reader.with_prescreen(None).read(questions)
+    differ = 0
+    for question, candidates, unscreened in zip(questions, result.candidates, plain.candidates):
+        examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
+                                 question) for c in candidates]
+        expected = predict_squad(model, params, tokenizer, examples, max_passage_len=P_LEN,
+                                 doc_stride=STRIDE, batch_size=4, progress=False,
+                                 prescreen=(prescreener, rule))
+        for candidate, before in zip(candidates, unscreened, strict=True):
+            assert candidate.text == expected[f"q{candidate.passage_index}"]
+            text = index.passages[candidate.passage_index].text
+            # Top-1: the span lies inside one sentence of the passage.
+            assert any(a <= candidate.char_start < candidate.char_end <= b
+                       for a, b in split_sentences(text))
+            differ += candidate.text != before.text
+    assert differ > 0  # prescreening changed what was read

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from dil_jax.sep.model import PrescreenConfig
 from dil_jax.sep.sentences import answer_sentence, split_sentences
-from dil_jax.sep.train import SentenceData, sentence_scores, topk_accuracy, train_prescreener
+from dil_jax.sep.train import SentenceData, data_scores, topk_accuracy, train_prescreener
 
 
 def test_split_sentences_by_hand():
@@ -68,7 +69,7 @@ def test_prescreener_learns_and_respects_the_mask():
     train, valid = _synthetic(512, 0), _synthetic(128, 1)
     result = train_prescreener(train, config, steps=300, batch_size=32, learning_rate=3e-3)
     assert np.mean(result.losses[-20:]) < 0.5 * np.mean(result.losses[:20])
-    scores = sentence_scores(result.params, config, valid)
+    scores = data_scores(result.params, config, valid)
     assert np.all(scores[valid.sentence_mask == 0] <= -1e8)
     accuracy = topk_accuracy(scores, valid.label)
     chance = float(np.mean(1 / valid.sentence_mask.sum(1)))
@@ -80,22 +81,83 @@ def test_topk_accuracy_by_hand():
     assert topk_accuracy(scores, np.array([1, 2])) == {"top1": 0.5, "top2": 1.0}
 
 
-def test_reduced_context_maps_answers_back():
-    from dil_jax.data.squad import SquadExample
-    from dil_jax.sep.integrate import map_span_back, prescreen_examples, reduce_context
+def test_sentence_rules_by_hand():
+    from dil_jax.sep.screen import SentenceRule
 
-    context = "First one here. Second has Paris in it. Third is last."
+    logits = np.log(np.array([[0.1, 0.6, 0.3, 1.0], [0.5, 0.25, 0.25, 1.0]]))
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]])
+    # Row 1's fourth sentence is real: probabilities 0.25, 0.125, 0.125, 0.5.
+    assert SentenceRule(top_m=1).select(logits, mask).tolist() == [
+        [False, True, False, False], [False, False, False, True]]
+    assert SentenceRule(top_m=2).select(logits, mask).tolist() == [
+        [False, True, True, False], [True, False, False, True]]
+    # mass 0.85: row 0 needs 0.6 + 0.3; row 1 needs 0.5 + 0.25 + 0.125 (either tie; stable).
+    assert SentenceRule(top_m=None, mass=0.85).select(logits, mask).tolist() == [
+        [False, True, True, False], [True, True, False, True]]
+    assert SentenceRule(top_m=2, mass=0.85).select(logits, mask).sum(1).tolist() == [2, 2]
+    assert SentenceRule(top_m=None, mass=0.5).select(logits, mask).sum(1).tolist() == [1, 1]
+    for bad in (dict(top_m=None), dict(top_m=0), dict(top_m=None, mass=1.5)):
+        with pytest.raises(ValueError):
+            SentenceRule(**bad)
+
+
+def test_token_sentences_and_kept_tokens_by_hand():
+    from dil_jax.sep.screen import token_sentences, window_keep
+
+    spans = [[(0, 5), (6, 12)], [(0, 3)]]
+    # Window 0 of passage 0: tokens at chars 0, 3, 6, 10, then [SEP], padding.
+    offsets = np.array([[[0, 3], [3, 5], [6, 10], [10, 12], [-1, -1], [-1, -1]],
+                        [[0, 3], [-1, -1], [-1, -1], [-1, -1], [-1, -1], [-1, -1]]])
+    mask = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]])
+    sentences = token_sentences(offsets, np.array([0, 1]), spans)
+    assert sentences.tolist() == [[0, 0, 1, 1, -1, -1], [0, -1, -1, -1, -1, -1]]
+    kept = np.array([[False, True], [False, False]])
+    assert window_keep(sentences, kept, mask).tolist() == [
+        [False, False, True, True, True, False], [False] * 6]
+    # A sentence past the scored ones (spans cut to max_sentences) is never kept.
+    cut = token_sentences(offsets, np.array([0, 1]), [[(0, 5)], [(0, 3)]])
+    assert cut[0].tolist() == [0, 0, -2, -2, -1, -1]
+    assert window_keep(cut, np.array([[True], [True]]), mask)[0].tolist() == [
+        True, True, False, False, True, False]
+
+
+def test_reading_kept_sentences_equals_reading_their_text():
+    """With the full model, reading only a context's kept sentences (token mask before the upper
+    blocks) gives the same answer as reading a context made of those sentences' text."""
+    import dataclasses
+
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.data.decoding import answers, decode_predictions
+    from dil_jax.data.features import featurize
+    from dil_jax.data.squad import SquadExample
+    from dil_jax.defaults import bundled_reader
+    from dil_jax.predict import predict_squad, window_logits
+    from dil_jax.sep.screen import token_sentences, window_keep
+
+    model, params, tokenizer = load_reader(str(bundled_reader("full")), None, 32)
+    context = ("The Amazon is a river in South America. It flows into the Atlantic Ocean. "
+               "Its basin covers seven million square kilometres. The river was named by "
+               "Francisco de Orellana in 1542. Many fish live in it.")
+    questions = [("q1", "Who named the Amazon river?"), ("q2", "Where does the Amazon flow?")]
+    kept_sets = [(0, 3), (1, 4)]
     spans = split_sentences(context)
-    text, offsets = reduce_context(context, spans, [2, 1])
-    assert text == "Second has Paris in it. Third is last."
-    start = text.index("Paris")
-    a, b = map_span_back(offsets, start, start + 5)
-    assert context[a:b] == "Paris"
-    last = text.index("last")
-    assert context[slice(*map_span_back(offsets, last, last + 4))] == "last"
-    example = SquadExample("q", "T", context, "Where?", ("Paris",), (context.index("Paris"),))
-    scores = np.array([[0.1, 0.9, 0.5]])
-    screened = prescreen_examples([example], [spans], scores, np.array([1]), top_m=1)
-    assert screened.examples[0].context == "Second has Paris in it."
-    assert screened.kept_answer_sentence.tolist() == [True]
-    assert screened.examples[0].question == "Where?" and screened.examples[0].qid == "q"
+    examples = [SquadExample(qid, "T", context, question, (), ()) for qid, question in questions]
+    features = featurize(examples, tokenizer, max_question_len=32, max_passage_len=32,
+                         doc_stride=16)
+    assert features.num_windows > len(examples)  # several windows per context
+    kept = np.zeros((len(examples), len(spans)), bool)
+    for row, chosen in enumerate(kept_sets):
+        kept[row, list(chosen)] = True
+    token_sentence = token_sentences(features.offsets, np.zeros(features.num_windows, int),
+                                     [spans])
+    keep = window_keep(token_sentence, kept[features.example_index], features.p_mask)
+    logits = window_logits(model, params, features, batch_size=4, progress=False, keep=keep)
+    ours = decode_predictions(examples, features, logits.start_logits, logits.end_logits)
+    for example, chosen in zip(examples, kept_sets, strict=True):
+        text = " ".join(context[slice(*spans[i])] for i in chosen)
+        alone = predict_squad(model, params, tokenizer,
+                              [dataclasses.replace(example, context=text)], max_passage_len=32,
+                              doc_stride=16, batch_size=4, progress=False)
+        assert answers(ours)[example.qid] == alone[example.qid] != ""
+        assert answers(ours)[example.qid] in text
+    assert "Orellana" in answers(ours)["q1"] and "Atlantic" in answers(ours)["q2"]

@@ -37,6 +37,37 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
     parser.add_argument("--chunk-size", type=int, default=64, help="pairs per device step")
 
 
+def _prescreen_args(parser: argparse.ArgumentParser, building: bool = False) -> None:
+    if building:
+        parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
+                            help="also store every passage's sentence embeddings for this "
+                                 "prescreener ('default' = the bundled one, or a folder)")
+        return
+    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
+                        help="read only the prescreened sentences of each passage ('default' = "
+                             "the bundled prescreener, or a folder; the index needs its sentence "
+                             "embeddings: dil-jax index --prescreen)")
+    parser.add_argument("--top-m", type=int, default=2,
+                        help="with --prescreen: keep the m best sentences of each passage")
+    parser.add_argument("--mass", type=float, default=None,
+                        help="with --prescreen: keep the fewest best sentences holding this "
+                             "much probability (at most --top-m)")
+
+
+def _reader_prescreen(args, index):
+    """The ReaderPrescreen of --prescreen/--top-m/--mass, or None."""
+    if not args.prescreen:
+        return None
+    from dil_jax.odqa.reader import ReaderPrescreen
+    from dil_jax.odqa.sentences import SentenceStore
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.screen import SentenceRule
+
+    prescreener = SentencePrescreener.load(args.prescreen)
+    return ReaderPrescreen(prescreener, SentenceRule(top_m=args.top_m, mass=args.mass),
+                           SentenceStore.open(index, prescreener))
+
+
 def register(subparsers) -> None:
     index = subparsers.add_parser(
         "index", help="split a corpus, build BM25 and the passage caches",
@@ -52,6 +83,7 @@ def register(subparsers) -> None:
     index.add_argument("--doc-stride", type=int, default=96)
     index.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(index, many_k=True)
+    _prescreen_args(index, building=True)
     index.set_defaults(func=run_index)
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
@@ -64,6 +96,7 @@ def register(subparsers) -> None:
     ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
     ask.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(ask, many_k=False)
+    _prescreen_args(ask)
     ask.set_defaults(func=run_ask)
 
     evaluate = subparsers.add_parser(
@@ -81,6 +114,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
     evaluate.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(evaluate, many_k=True)
+    _prescreen_args(evaluate)  # with it, each reader is evaluated without and with prescreening
     evaluate.set_defaults(func=run_evaluate)
 
 
@@ -115,8 +149,9 @@ def encoder_fn(model, params, batch_size):
 
 def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
               max_passage_len: int, doc_stride: int, readers: list, cache_dtype: str,
-              batch_size: int = 32):
-    """Builds (or reopens) the index and one passage cache per (model, params, tokenizer)."""
+              batch_size: int = 32, prescreener=None):
+    """Builds (or reopens) the index, one passage cache per (model, params, tokenizer) and, with
+    a prescreener, the sentence embeddings of every passage."""
     from tqdm.auto import tqdm
 
     from dil_jax.odqa.corpus import iter_sources, split_documents
@@ -151,17 +186,30 @@ def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
                                        dtype=cache_dtype, progress=progress)
             bar.update(total - bar.n)
         caches.append(cache)
+    if prescreener is not None:
+        from dil_jax.odqa.sentences import build_sentence_store
+
+        with tqdm(unit="sentence", desc="sentence embeddings") as bar:
+            def report(done, total, bar=bar):
+                bar.total = total
+                bar.update(done - bar.n)
+            build_sentence_store(index, prescreener, progress=report)
     return index, caches
 
 
 def run_index(args: argparse.Namespace) -> int:
+    prescreener = None
+    if args.prescreen:
+        from dil_jax.sep.prescreener import SentencePrescreener
+
+        prescreener = SentencePrescreener.load(args.prescreen)
     readers = [_load(args, k, i) for i, k in enumerate(args.k)]
     build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
-              args.doc_stride, readers, args.cache_dtype)
+              args.doc_stride, readers, args.cache_dtype, prescreener=prescreener)
     return 0
 
 
-def _open_reader(args, k, top_p, position: int = 0):
+def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
     from dil_jax.odqa.index import open_index
     from dil_jax.odqa.reader import OpenDomainReader
 
@@ -169,7 +217,8 @@ def _open_reader(args, k, top_p, position: int = 0):
     index = open_index(args.index)
     cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
     return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
-                            batch_size=args.batch_size, chunk_size=args.chunk_size)
+                            batch_size=args.batch_size, chunk_size=args.chunk_size,
+                            prescreen=_reader_prescreen(args, index) if prescreen else None)
 
 
 def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
@@ -230,11 +279,15 @@ def run_evaluate(args: argparse.Namespace) -> int:
         examples = [examples[i] for i in sorted(chosen)]
     results = {}
     for position, k in enumerate(args.k):
-        reader = _open_reader(args, k, max(args.p), position)
-        name = "full" if k == 0 else f"DIL k={k}"
-        print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
-              file=sys.stderr)
-        results[name] = evaluate_reader(reader, examples, args.p, args.mu)
+        base = _open_reader(args, k, max(args.p), position, prescreen=False)
+        readers = {"full" if k == 0 else f"DIL k={k}": base}
+        if args.prescreen:
+            screened = base.with_prescreen(_reader_prescreen(args, base.index))
+            readers[f"{next(iter(readers))} + SEP {screened.prescreen.rule}"] = screened
+        for name, reader in readers.items():
+            print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
+                  file=sys.stderr)
+            results[name] = evaluate_reader(reader, examples, args.p, args.mu)
     table = markdown_table(results)
     print(table)
     if args.out:

@@ -38,6 +38,15 @@ def register(subparsers) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
     parser.add_argument("--cache-dir", default=None, help="cache featurized inputs here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
+                        help="read only the prescreened sentences of each context in the upper "
+                             "blocks ('default' = the bundled prescreener, or a folder written "
+                             "by dil-jax prescreen)")
+    parser.add_argument("--top-m", type=int, default=2,
+                        help="with --prescreen: keep the m best sentences of each context")
+    parser.add_argument("--mass", type=float, default=None,
+                        help="with --prescreen: keep the fewest best sentences holding this "
+                             "much probability (at most --top-m)")
     parser.set_defaults(func=run)
 
 
@@ -56,13 +65,26 @@ def run(args: argparse.Namespace) -> int:
         null_threshold = 0.0
     model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
                                            args.tokenizer)
+    prescreen = None
+    if args.prescreen:
+        from dil_jax.sep.prescreener import SentencePrescreener
+        from dil_jax.sep.screen import SentenceRule
+
+        prescreen = (SentencePrescreener.load(args.prescreen),
+                     SentenceRule(top_m=args.top_m, mass=args.mass))
     started = time.perf_counter()
+    report: dict = {}
     predictions = predict_squad(
         model, params, tokenizer, examples, max_passage_len=args.max_passage_len,
         doc_stride=args.doc_stride, batch_size=args.batch_size,
         max_answer_length=args.max_answer_length, n_best=args.n_best,
-        null_threshold=null_threshold, progress=not args.no_progress, cache_dir=args.cache_dir)
+        null_threshold=null_threshold, progress=not args.no_progress, cache_dir=args.cache_dir,
+        prescreen=prescreen, report=report)
     output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
     log.info("%d predictions (k=%d) in %.1f s -> %s", len(predictions),
              model.config.num_lower_layers, time.perf_counter() - started, output)
+    if prescreen is not None:
+        log.info("prescreening (%s) kept %.0f%% of the passage tokens (%.1f s); reading %.1f s",
+                 prescreen[1], 100 * report["kept_token_share"], report["prescreen_seconds"],
+                 report["read_seconds"])
     return 0

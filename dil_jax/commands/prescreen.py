@@ -1,17 +1,24 @@
-"""`dil-jax prescreen`: train the sentence prescreener on SQuAD articles and report accuracy.
+"""`dil-jax prescreen`: train the sentence prescreener, score it, and read with it end to end.
 
-    dil-jax prescreen --data ../shared/data/squad/dev-v1.1.35-articles.json \
-        --train-articles 0:28 --val-articles 28:35 --out runs/prescreen
+    dil-jax prescreen --config configs/prescreen.py [--config.train.steps=3000 ...]
+    dil-jax prescreen --config configs/prescreen.py --prescreener default \\
+        --readers dil_jax/assets/minilm-squad-full --top-m 1 2 --mass 0.9
 
-Sentence embeddings come from the embedded all-MiniLM-L6-v2 (mean pooling, normalised), computed
-once; the prescreener ("Prototype 4") is trained on the training articles and scored on the
-validation articles: top-1 and top-2 sentence accuracy next to the first-sentence baseline.
+Sentence embeddings come from the config's sentence encoder (default: the embedded
+all-MiniLM-L6-v2; mean pooling, normalised), computed once per distinct sentence. The prescreener
+("Prototype 4") trains on the training articles, keeps the params that score best on the dev
+articles (early stopping), and is written to `workdir` as a prescreener checkpoint folder (with
+results.md). Top-1/top-2 sentence accuracy is reported next to the first-sentence baseline. With
+`--prescreener` an existing checkpoint is scored instead of training one. With `--readers`, each
+reader answers the first `--eval-limit` validation questions without prescreening and with each
+sentence rule, reading only the kept sentences' tokens in the upper blocks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -20,120 +27,172 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "prescreen", help="train/evaluate the sentence prescreener (SEP)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", required=True, help="SQuAD JSON file")
-    parser.add_argument("--train-articles", default="0:28")
-    parser.add_argument("--val-articles", default="28:35")
-    parser.add_argument("--encoder", default="default", help="sentence encoder checkpoint")
-    parser.add_argument("--steps", type=int, default=1500)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", required=True, metavar="FILE[:ARG]",
+                        help="prescreener config (configs/prescreen.py); --config.key=value "
+                             "overrides")
+    parser.add_argument("--prescreener", default=None,
+                        help="score this prescreener ('default' = the bundled one, or a folder) "
+                             "instead of training one")
     parser.add_argument("--readers", nargs="*", default=[],
                         help="reader checkpoints to run end to end with and without prescreening "
                              "on the validation questions")
-    parser.add_argument("--top-m", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--top-m", type=int, nargs="*", default=[1, 2],
+                        help="end-to-end rules: keep the m best sentences")
+    parser.add_argument("--mass", type=float, nargs="*", default=[],
+                        help="end-to-end rules: keep the fewest best sentences with this much "
+                             "probability")
     parser.add_argument("--eval-limit", type=int, default=400,
                         help="validation questions read end to end (the first N)")
     parser.add_argument("--max-passage-len", type=int, default=160,
-                        help="passage window of the reader without prescreening")
-    parser.add_argument("--sep-passage-len", type=int, default=96,
-                        help="passage window of the reader over the kept sentences")
-    parser.add_argument("--out", default=None, help="write results.json and params.msgpack here")
-    parser.set_defaults(func=run)
+                        help="reader window (tokens) with and without prescreening")
+    parser.set_defaults(func=run, accepts_config_overrides=True)
+
+
+def _split_data(config, prescreener, training: bool):
+    from dil_jax.data.squad import load_squad, select_articles
+    from dil_jax.sep.train import build_sentence_data
+
+    examples = load_squad(config.data.file).examples
+    names = ("train", "dev", "validation") if training else ("validation",)
+    specs = dict(train=config.data.train_articles, dev=config.data.dev_articles,
+                 validation=config.data.val_articles)
+    return {name: build_sentence_data(
+        select_articles(examples, specs[name]), prescreener.encoder, prescreener.encoder_params,
+        prescreener.tokenizer, max_sentences=config.data.max_sentences,
+        max_len=config.encoder.max_sentence_len) for name in names}
+
+
+def _train(config, splits, encoder):
+    from dil_jax.sep.model import PrescreenConfig
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.train import train_prescreener
+
+    model_config = PrescreenConfig(
+        embedding_dim=splits["train"].question.shape[1], width=config.model.width,
+        num_layers=config.model.num_layers, num_heads=config.model.num_heads,
+        mlp_dim=config.model.mlp_dim, max_sentences=config.data.max_sentences,
+        dropout=config.model.dropout)
+    train = config.train
+    result = train_prescreener(
+        splits["train"], model_config, steps=train.steps, batch_size=train.batch_size,
+        learning_rate=train.learning_rate, weight_decay=train.weight_decay, seed=train.seed,
+        dev=splits["dev"], eval_every=train.eval_every)
+    prescreener = SentencePrescreener(model_config, result.params, *encoder,
+                                      config.encoder.checkpoint, config.encoder.max_sentence_len)
+    return prescreener, result
 
 
 def run(args: argparse.Namespace) -> int:
-    import flax.serialization
-
     from dil_jax.atomic import write_atomic
     from dil_jax.checkpoints import load_reader
-    from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.sep.model import PrescreenConfig
-    from dil_jax.sep.train import (
-        build_sentence_data,
-        first_sentence_accuracy,
-        sentence_scores,
-        topk_accuracy,
-        train_prescreener,
-    )
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.train import data_scores, first_sentence_accuracy, topk_accuracy
+    from dil_jax.train.config_files import load_config, split_overrides
 
+    rest, overrides = split_overrides(args.extra_args or [])
+    if rest:
+        raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+    config = load_config(args.config, overrides)
     started = time.perf_counter()
-    encoder, params, tokenizer = load_reader(args.encoder, None, 64)
-    examples = load_squad(args.data).examples
-    splits = {name: build_sentence_data(select_articles(examples, spec), encoder, params,
-                                        tokenizer)
-              for name, spec in (("train", args.train_articles), ("validation", args.val_articles))}
-    embedded = time.perf_counter() - started
-    config = PrescreenConfig(embedding_dim=splits["train"].question.shape[1], width=args.width,
-                             mlp_dim=2 * args.width, num_layers=args.layers)
-    result = train_prescreener(splits["train"], config, steps=args.steps, seed=args.seed)
-    trained = time.perf_counter() - started - embedded
+    training = None
+    if args.prescreener is None:
+        encoder = load_reader(config.encoder.checkpoint, None, config.encoder.max_sentence_len)
+        # The encoder alone, to embed the training data; the prescreener comes after training.
+        splits = _split_data(config, SentencePrescreener(None, None, *encoder), training=True)
+        embedded = time.perf_counter() - started
+        prescreener, training = _train(config, splits, encoder)
+        trained = time.perf_counter() - started - embedded
+    else:
+        prescreener = SentencePrescreener.load(args.prescreener)
+        splits = _split_data(config, prescreener, training=False)
+        embedded, trained = time.perf_counter() - started, 0.0
     report = {}
     for name, data in splits.items():
-        scores = sentence_scores(result.params, config, data)
-        report[name] = dict(questions=len(data.label), dropped=data.dropped,
-                            first_sentence=first_sentence_accuracy(data),
-                            **topk_accuracy(scores, data.label))
-    print("| split | questions | first sentence | top-1 | top-2 |\n|---|---|---|---|---|")
+        row = dict(questions=len(data.label), dropped=data.dropped,
+                   first_sentence=first_sentence_accuracy(data),
+                   **topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
+                                   data.label))
+        report[name] = row
+    lines = ["| split | articles | questions | first sentence | top-1 | top-2 |",
+             "|---|---|---|---|---|---|"]
+    specs = dict(train=config.data.train_articles, dev=config.data.dev_articles,
+                 validation=config.data.val_articles)
     for name, row in report.items():
-        print(f"| {name} | {row['questions']} | {100 * row['first_sentence']:.1f} | "
-              f"{100 * row['top1']:.1f} | {100 * row['top2']:.1f} |")
-    print(f"embeddings {embedded:.0f} s, training {trained:.0f} s ({args.steps} steps); final "
-          f"train loss {sum(result.losses[-50:]) / 50:.3f}")
+        lines.append(f"| {name} | {specs[name]} | {row['questions']} | "
+                     f"{100 * row['first_sentence']:.1f} | {100 * row['top1']:.1f} | "
+                     f"{100 * row['top2']:.1f} |")
+    if training is not None:
+        lines.append(f"\nembeddings {embedded:.0f} s, training {trained:.0f} s "
+                     f"({config.train.steps} steps); params of step {training.best_step} "
+                     f"(best dev top-1); final train loss "
+                     f"{sum(training.losses[-50:]) / len(training.losses[-50:]):.3f}")
+    print("\n".join(lines))
     if args.readers:
-        report["end_to_end"] = end_to_end(args, splits["validation"], result.params, config)
-    if args.out:
-        out = Path(args.out)
+        rows, table = end_to_end(args, config, splits["validation"], prescreener)
+        report["end_to_end"] = rows
+        lines += ["", table]
+    record = dict(report=report, command=" ".join(["dil-jax", *sys.argv[1:]]),
+                  config=config.to_dict(),
+                  seconds=dict(embeddings=embedded, training=trained),
+                  dev_top1=training.dev_top1 if training else None,
+                  best_step=training.best_step if training else None)
+    if training is not None:
+        out = prescreener.save(config.workdir, trained=record)
+        write_atomic(out / "results.md", "\n".join(lines) + "\n")
+        print(f"wrote the prescreener and results.md to {out}", file=sys.stderr)
+    elif args.readers:
+        out = Path(config.workdir)
         out.mkdir(parents=True, exist_ok=True)
-        record = dict(report=report, config=config.__dict__, args=vars(args) | {"func": None},
-                      seconds=dict(embeddings=embedded, training=trained))
-        for name, payload in (("results.json", json.dumps(record, indent=2, default=str)
-                               .encode()),
-                              ("params.msgpack", flax.serialization.to_bytes(result.params))):
-            write_atomic(out / name, payload)
+        write_atomic(out / "end_to_end.md", "\n".join(lines) + "\n")
+        write_atomic(out / "end_to_end.json", json.dumps(record, indent=2, default=str))
+        print(f"wrote {out / 'end_to_end.md'} and .json", file=sys.stderr)
     return 0
 
 
-def end_to_end(args, data, prescreen_params, config) -> list[dict]:
-    """EM/F1 and reader time with and without prescreening, per reader and top-m."""
+def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
+    """EM/F1, prescreening time and reader time with and without prescreening, per reader and
+    rule, on the first eval_limit validation questions."""
     import numpy as np
 
     from dil_jax.checkpoints import load_reader
     from dil_jax.metrics.squad_metric import squad_scores
-    from dil_jax.sep.integrate import prescreen_examples, timed_predict
-    from dil_jax.sep.train import SentenceData, sentence_scores
+    from dil_jax.predict import predict_squad
+    from dil_jax.sep.screen import SentenceRule
 
-    n = min(args.eval_limit, len(data.label))
-    subset = SentenceData(data.question[:n], data.sentences[:n], data.sentence_mask[:n],
-                          data.label[:n], data.qids[:n], 0, data.examples[:n], data.spans[:n])
-    scores = sentence_scores(prescreen_params, config, subset)
+    examples = data.examples[:args.eval_limit]
+    rules = [None] + [SentenceRule(top_m=m) for m in args.top_m] + \
+        [SentenceRule(top_m=None, mass=mass) for mass in args.mass]
     rows = []
-    print("\n| reader | k | prescreen | EM | F1 | reader s | P(SEP) | EM given SEP kept answer |\n"
-          "|---|---|---|---|---|---|---|---|")
+    lines = ["| reader | k/l | prescreen | EM | F1 | P(SEP) | EM given SEP kept the answer | "
+             "tokens read | prescreen s | reader s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for checkpoint in args.readers:
         model, params, tokenizer = load_reader(checkpoint, None, 32)
-        k = model.config.num_lower_layers
-        runs = [("none", subset.examples, None, args.max_passage_len)]
-        for m in args.top_m:
-            screened = prescreen_examples(subset.examples, subset.spans, scores, subset.label, m)
-            runs.append((f"top-{m}", screened.examples, screened.kept_answer_sentence,
-                         args.sep_passage_len))
-        for name, examples, kept, passage_len in runs:
-            timed_predict(model, params, tokenizer, examples[:8], max_passage_len=passage_len,
-                          doc_stride=passage_len // 2)  # compile outside the timing
-            answers, seconds = timed_predict(model, params, tokenizer, examples,
-                                             max_passage_len=passage_len,
-                                             doc_stride=passage_len // 2)
-            scores_all = squad_scores(subset.examples, answers, version="1.1")
-            row = dict(reader=checkpoint, k=k, prescreen=name, EM=scores_all["exact"],
-                       F1=scores_all["f1"], reader_seconds=seconds, questions=n)
-            if kept is not None:
-                inside = [e for e, keep in zip(subset.examples, kept, strict=True) if keep]
+        k, layers = model.config.num_lower_layers, model.config.num_layers
+        for rule in rules:
+            screen = None if rule is None else (prescreener, rule)
+            kwargs = dict(max_passage_len=args.max_passage_len,
+                          doc_stride=args.max_passage_len // 2, progress=False, prescreen=screen)
+            predict_squad(model, params, tokenizer, examples, **kwargs)  # compiles every shape
+            report: dict = {}
+            answers = predict_squad(model, params, tokenizer, examples, report=report, **kwargs)
+            scores = squad_scores(examples, answers, version="1.1")
+            row = dict(reader=checkpoint, k=k, l=layers, prescreen=str(rule or "none"),
+                       EM=scores["exact"], F1=scores["f1"], questions=len(examples),
+                       reader_seconds=report["read_seconds"] + report["decode_seconds"],
+                       prescreen_seconds=report.get("prescreen_seconds", 0.0),
+                       kept_token_share=report.get("kept_token_share", 1.0))
+            if rule is not None:
+                kept = report["screening"].answer_kept(examples)
+                inside = [e for e, keep in zip(examples, kept, strict=True) if keep]
                 row["P_sep"] = float(np.mean(kept))
                 row["EM_given_sep"] = squad_scores(
                     inside, {e.qid: answers[e.qid] for e in inside}, version="1.1")["exact"]
             rows.append(row)
-            print(f"| {checkpoint} | {k} | {name} | {row['EM']:.1f} | {row['F1']:.1f} | "
-                  f"{seconds:.1f} | {100 * row.get('P_sep', 1.0):.1f} | "
-                  f"{row.get('EM_given_sep', row['EM']):.1f} |")
-    return rows
+            p_sep = f"{100 * row['P_sep']:.1f}" if "P_sep" in row else "—"
+            given = f"{row['EM_given_sep']:.1f}" if "EM_given_sep" in row else "—"
+            lines.append(f"| {Path(checkpoint).name} | {k}/{layers} | {row['prescreen']} | "
+                         f"{row['EM']:.1f} | {row['F1']:.1f} | {p_sep} | {given} | "
+                         f"{100 * row['kept_token_share']:.0f}% | "
+                         f"{row['prescreen_seconds']:.1f} | {row['reader_seconds']:.1f} |")
+            print(lines[-1], flush=True)
+    return rows, "\n".join(lines)

@@ -10,6 +10,11 @@ For a batch of questions:
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
      sliced from the passage's original characters.
 
+With sentence prescreening (`prescreen=`), between 1 and 3 the prescreener scores each retrieved
+passage's stored sentence embeddings against the question's, a `SentenceRule` keeps some, and each
+pair's upper blocks read only the kept sentences' tokens (the cached lower states of the whole
+passage, gathered; `dil_jax.grid.kept_positions`). Spans stay in passage characters.
+
 Scores (the DilBert paper's rule): a passage's reader score is s_r = (s_start + s_end) / 2 of its
 best span. With fusion the answer maximises mu * z(s_r) + (1 - mu) * z(s_bm25), where z()
 standardises a score over the question's p candidates (subtract their mean, divide by their
@@ -20,6 +25,7 @@ above the other candidates", so mu weighs comparable quantities, and mu = 1 is t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -27,7 +33,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dil_jax.data.decoding import window_nbest
-from dil_jax.grid import GridReader, round_up
+from dil_jax.grid import GridReader, kept_positions, round_up
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.odqa.cache import PassageCache
 from dil_jax.odqa.index import OpenDomainIndex, window_arrays
@@ -76,12 +82,23 @@ def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate 
     return candidates[int(np.argmax(fused))]
 
 
+@dataclasses.dataclass
+class ReaderPrescreen:
+    """Sentence prescreening for the open-domain reader: the model, its rule, the index's
+    stored sentence embeddings (dil_jax.odqa.sentences)."""
+
+    prescreener: object   # dil_jax.sep.prescreener.SentencePrescreener
+    rule: object          # dil_jax.sep.screen.SentenceRule
+    store: object         # dil_jax.odqa.sentences.SentenceStore
+
+
 class OpenDomainReader:
     """Reads the top-p passages of questions with one model (one k) over one index."""
 
     def __init__(self, index: OpenDomainIndex, model: DelayedInteractionModel, params: Params,
                  tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
-                 chunk_size: int = 64, max_answer_length: int = 30, mesh=None):
+                 chunk_size: int = 64, max_answer_length: int = 30, mesh=None,
+                 prescreen: ReaderPrescreen | None = None):
         self.index, self.model, self.params = index, model, params
         self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
         self.max_answer_length = max_answer_length
@@ -90,6 +107,24 @@ class OpenDomainReader:
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
         self.full_model = model.config.num_lower_layers == 0
+        self.offsets = arrays["offsets"]
+        self._set_prescreen(prescreen)
+
+    def _set_prescreen(self, prescreen: ReaderPrescreen | None) -> None:
+        self.prescreen = prescreen
+        if prescreen is not None:
+            from dil_jax.sep.screen import token_sentences
+
+            spans = prescreen.store.passage_spans(prescreen.prescreener.config.max_sentences)
+            # [n_rows, p_len] sentence of each cached token: computed once per reader.
+            self.token_sentence = token_sentences(self.offsets,
+                                                  self.index.windows.passage_of_row, spans)
+
+    def with_prescreen(self, prescreen: ReaderPrescreen | None) -> OpenDomainReader:
+        """The same reader (model, cache, compiled steps) with another prescreening setting."""
+        other = copy.copy(self)
+        other._set_prescreen(prescreen)
+        return other
 
     def retrieve(self, questions: Sequence[str]) -> list[list]:
         return [self.index.retriever.search(q, self.top_p) for q in questions]
@@ -97,6 +132,8 @@ class OpenDomainReader:
     def read(self, questions: Sequence[str]) -> ReadResult:
         """Candidates for every question (batched by `batch_size`)."""
         timings = dict(retrieval=0.0, question_lower=0.0, pair_upper=0.0, decode=0.0)
+        if self.prescreen is not None:
+            timings["prescreen"] = 0.0
         candidates: list[list[Candidate]] = []
         all_hits: list[list] = []
         step = self.grid.batch_size
@@ -121,7 +158,6 @@ class OpenDomainReader:
         q_lower = jax.block_until_ready(self.grid.encode_questions(self.params, q_ids, q_mask))
         timings["question_lower"] += time.perf_counter() - clock
 
-        clock = time.perf_counter()
         # Pairs (question, cache row) for every window of every retrieved passage.
         pair_q, pair_row, pair_hit = [], [], []
         for qi, question_hits in enumerate(hits):
@@ -130,6 +166,17 @@ class OpenDomainReader:
                 pair_q += [qi] * len(rows)
                 pair_row += rows.tolist()
                 pair_hit += [(qi, hi)] * len(rows)
+        positions = None
+        if self.prescreen is not None:
+            clock = time.perf_counter()
+            keep = self._screen(questions, hits, pair_hit, np.asarray(pair_row, np.int64))
+            read = keep.any(axis=1)  # a window with no kept sentence is not read at all
+            pair_q = [v for v, r in zip(pair_q, read, strict=True) if r]
+            pair_row = [v for v, r in zip(pair_row, read, strict=True) if r]
+            pair_hit = [v for v, r in zip(pair_hit, read, strict=True) if r]
+            positions = kept_positions(keep[read])
+            timings["prescreen"] += time.perf_counter() - clock
+        clock = time.perf_counter()
         rows, pair_p = np.unique(np.asarray(pair_row, np.int64), return_inverse=True)
         # Few distinct shapes (each compiles once): round the subset up to whole top-p batches.
         padded = round_up(max(len(rows), 1), size * self.top_p)
@@ -145,7 +192,7 @@ class OpenDomainReader:
         end_logits = np.empty((n_pairs, p_len), np.float32)
         for where, outputs in self.grid.iter_pair_chunks(
                 self.params, q_lower, q_mask, p_source, p_mask, np.asarray(pair_q),
-                pair_p.reshape(-1)):
+                pair_p.reshape(-1), positions):
             count = where.stop - where.start
             start_logits[where] = np.asarray(outputs[0])[:count]
             end_logits[where] = np.asarray(outputs[1])[:count]
@@ -165,10 +212,10 @@ class OpenDomainReader:
         for qi, question_hits in enumerate(hits):
             question_candidates = []
             for hi, hit in enumerate(question_hits):
-                pair = best[(qi, hi)]
+                pair = best.get((qi, hi))
+                if pair is None or not np.isfinite(scores[pair, 0]):
+                    continue  # no allowed span (an empty passage, or nothing kept)
                 passage = self.index.passages[hit.passage_index]
-                if not np.isfinite(scores[pair, 0]):
-                    continue  # no allowed span (an empty passage)
                 row = pair_rows[pair]
                 char_start = int(offsets[row, starts[pair, 0], 0])
                 char_end = int(offsets[row, ends[pair, 0], 1])
@@ -178,3 +225,26 @@ class OpenDomainReader:
             results.append(question_candidates)
         timings["decode"] += time.perf_counter() - clock
         return results
+
+    def _screen(self, questions: list[str], hits: list[list], pair_hit: list[tuple[int, int]],
+                pair_row: np.ndarray) -> np.ndarray:
+        """[n_pairs, p_len] bool: the tokens each pair reads (kept sentences and [SEP])."""
+        from dil_jax.sep.screen import window_keep
+
+        prescreener, rule, store = (self.prescreen.prescreener, self.prescreen.rule,
+                                    self.prescreen.store)
+        flat = [(qi, hit.passage_index) for qi, question_hits in enumerate(hits)
+                for hit in question_hits]
+        hit_number = {}
+        for qi, question_hits in enumerate(hits):
+            for hi in range(len(question_hits)):
+                hit_number[(qi, hi)] = len(hit_number)
+        if not flat:
+            return np.zeros((0, self.valid_end.shape[1]), bool)
+        question_vectors = prescreener.embed(questions)
+        sentences, mask = store.matrix([p for _, p in flat], prescreener.config.max_sentences)
+        logits = prescreener.score(question_vectors[[qi for qi, _ in flat]], sentences, mask)
+        kept = rule.select(logits, mask)                          # [n_hits, S]
+        pair_kept = kept[[hit_number[key] for key in pair_hit]]
+        return window_keep(self.token_sentence[pair_row], pair_kept,
+                           np.asarray(self.cache.mask[pair_row]))

@@ -16,7 +16,6 @@ import numpy as np
 
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.modeling import QUESTION_SEGMENT
-from dil_jax.tokenization import Segments
 
 
 def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:
@@ -26,19 +25,16 @@ def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:
     return mean / jnp.maximum(jnp.linalg.norm(mean, axis=-1, keepdims=True), 1e-12)
 
 
-def encode_texts(tokenizer, texts: Sequence[str], max_len: int) -> Segments:
-    """`[CLS] text [SEP]` segments (long texts cut, silently: this is an embedding, not a read)."""
-    encoded = tokenizer(list(texts), truncation=True, max_length=max_len, padding="max_length",
-                        return_attention_mask=True, return_token_type_ids=False)
-    ids = np.asarray(encoded["input_ids"], np.int32)
-    mask = np.asarray(encoded["attention_mask"], np.int32)
-    return Segments(ids, mask, np.full(ids.shape + (2,), -1, np.int32))
-
-
 def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenizer,
-                        texts: Sequence[str], *, max_len: int = 64,
-                        batch_size: int = 64) -> np.ndarray:
-    """[len(texts), hidden] float32 unit vectors."""
+                        texts: Sequence[str], *, max_len: int = 64, batch_size: int = 64,
+                        bucket: int = 16) -> np.ndarray:
+    """[len(texts), hidden] float32 unit vectors.
+
+    Texts longer than max_len tokens are cut (an embedding, not a read). Why sorted by length:
+    sentences are short (about 30 tokens in SQuAD) and padding every batch to max_len would
+    spend most of the work on padding; batches of similar lengths are padded to their longest,
+    rounded up to `bucket` tokens (few shapes, one compilation each).
+    """
     if model.config.num_lower_layers != model.config.num_layers:
         model = DelayedInteractionModel(
             model.config.replace(num_lower_layers=model.config.num_layers))
@@ -48,11 +44,18 @@ def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenize
         states = model.encode_lower(params, ids, mask, QUESTION_SEGMENT)
         return mean_pool(states.astype(jnp.float32), mask)
 
-    segments = encode_texts(tokenizer, texts, max_len)
-    n = len(texts)
-    padded = -(-max(n, 1) // batch_size) * batch_size
-    ids = np.pad(segments.ids, ((0, padded - n), (0, 0)))
-    mask = np.pad(segments.mask, ((0, padded - n), (0, 0)))
-    out = [np.asarray(embed(ids[i:i + batch_size], mask[i:i + batch_size]))
-           for i in range(0, padded, batch_size)]
-    return np.concatenate(out)[:n]
+    tokens = tokenizer(list(texts), truncation=True, max_length=max_len,
+                       return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+    lengths = np.asarray([len(ids) for ids in tokens], np.int64)
+    order = np.argsort(lengths, kind="stable")
+    out = np.zeros((len(texts), model.config.hidden_size), np.float32)
+    for first in range(0, len(texts), batch_size):
+        rows = order[first:first + batch_size]
+        width = min(-(-int(lengths[rows].max()) // bucket) * bucket, max_len)
+        ids = np.zeros((batch_size, width), np.int32)
+        for slot, row in enumerate(rows):
+            ids[slot, :lengths[row]] = tokens[row]
+        mask = (np.arange(width)[None] < np.pad(lengths[rows], (0, batch_size - len(rows)))
+                [:, None]).astype(np.int32)
+        out[rows] = np.asarray(embed(ids, mask))[:len(rows)]
+    return out

@@ -2,7 +2,7 @@
 
     data = build_sentence_data(examples, encoder, params, tokenizer)
     state = train_prescreener(train_data, PrescreenConfig(), steps=..., seed=0)
-    topk_accuracy(state.params, config, valid_data)   # {"top1": ..., "top2": ...}
+    topk_accuracy(data_scores(state.params, config, valid_data), valid_data.label)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import optax
 from dil_jax.data.squad import SquadExample
 from dil_jax.sep.embed import sentence_embeddings
 from dil_jax.sep.model import PrescreenConfig, Prescreener
+from dil_jax.sep.prescreener import sentence_scores
 from dil_jax.sep.sentences import answer_sentence, split_sentences
 
 
@@ -71,14 +72,30 @@ def build_sentence_data(examples: Sequence[SquadExample], encoder, params, token
 
 @dataclasses.dataclass
 class TrainResult:
+    """params: the final ones, or with `dev` data the best on it; dev_top1: (step, accuracy)
+    of each evaluation; best_step: the step params come from."""
+
     params: dict
     losses: list[float]
+    dev_top1: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    best_step: int = -1
+
+
+def data_scores(params, config: PrescreenConfig, data: SentenceData) -> np.ndarray:
+    """[n, S] sentence logits of every example of `data`."""
+    return sentence_scores(params, config, data.question, data.sentences, data.sentence_mask)
 
 
 def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int = 1500,
                       batch_size: int = 64, learning_rate: float = 1e-3,
-                      weight_decay: float = 0.01, seed: int = 0) -> TrainResult:
-    """AdamW with cosine decay on softmax cross-entropy over each passage's sentences."""
+                      weight_decay: float = 0.01, seed: int = 0,
+                      dev: SentenceData | None = None, eval_every: int = 100) -> TrainResult:
+    """AdamW with cosine decay on softmax cross-entropy over each passage's sentences.
+
+    With `dev` (held-out articles, not the validation ones), top-1 accuracy on it is measured
+    every `eval_every` steps and the best params are returned: early stopping, because a few
+    thousand questions are overfitted long before a fixed step count ends.
+    """
     model = Prescreener(config)
     rng = jax.random.key(seed)
     init_rng, rng = jax.random.split(rng)
@@ -101,26 +118,23 @@ def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int
         return optax.apply_updates(params, updates), opt_state, loss
 
     order_rng = np.random.default_rng(seed)
-    losses = []
+    result = TrainResult(params, [])
+    best = -1.0
     n = len(data.label)
     for i in range(steps):
         rows = order_rng.integers(0, n, batch_size)
         batch = {"question": data.question[rows], "sentences": data.sentences[rows],
                  "mask": data.sentence_mask[rows], "label": data.label[rows]}
         params, opt_state, loss = step(params, opt_state, batch, jax.random.fold_in(rng, i))
-        losses.append(float(loss))
-    return TrainResult(params, losses)
-
-
-def sentence_scores(params, config: PrescreenConfig, data: SentenceData,
-                    batch_size: int = 256) -> np.ndarray:
-    """[n, S] sentence logits (masked sentences get -1e9)."""
-    model = Prescreener(config)
-    apply = jax.jit(lambda q, s, m: model.apply({"params": params}, q, s, m))
-    return np.concatenate([np.asarray(apply(data.question[i:i + batch_size],
-                                            data.sentences[i:i + batch_size],
-                                            data.sentence_mask[i:i + batch_size]))
-                           for i in range(0, len(data.label), batch_size)])
+        result.losses.append(float(loss))
+        if dev is not None and ((i + 1) % eval_every == 0 or i + 1 == steps):
+            top1 = topk_accuracy(data_scores(params, config, dev), dev.label, (1,))["top1"]
+            result.dev_top1.append((i + 1, top1))
+            if top1 > best:
+                best, result.params, result.best_step = top1, params, i + 1
+    if dev is None:
+        result.params, result.best_step = params, steps
+    return result
 
 
 def topk_accuracy(scores: np.ndarray, labels: np.ndarray, ks: Sequence[int] = (1, 2)

@@ -1,0 +1,200 @@
+"""A trained prescreener with its sentence encoder: checkpoint, embedding, scoring, screening.
+
+    prescreener = SentencePrescreener.load("default")      # or a folder `dil-jax prescreen` wrote
+    keep = screen_features(prescreener, SentenceRule(top_m=2), examples, features).keep
+
+A prescreener checkpoint folder follows the reader's conventions: `params/` (orbax) beside a JSON
+(`prescreener.json`) with the model config, the sentence encoder it was trained on (a checkpoint
+reference, "default" = the embedded all-MiniLM-L6-v2, and the fingerprint of its weights: other
+embeddings would feed the model vectors it never saw, so a mismatch is an error) and what the
+training measured. Written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from dil_jax.atomic import staged_directory
+from dil_jax.sep.model import PrescreenConfig, Prescreener
+from dil_jax.sep.screen import SentenceRule, token_sentences, window_keep
+from dil_jax.sep.sentences import answer_sentence, split_sentences
+
+PRESCREENER_FORMAT = "dil_jax.prescreener/1"
+MANIFEST_FILE = "prescreener.json"
+PARAMS_DIR = "params"
+BUNDLED_PRESCREENER = Path(__file__).resolve().parents[1] / "assets" / "prescreener-minilm"
+
+
+class PrescreenerError(ValueError):
+    """A prescreener folder that is missing, malformed or made for another sentence encoder."""
+
+
+@functools.lru_cache(maxsize=8)
+def _apply_fn(config: PrescreenConfig):
+    model = Prescreener(config)
+    return jax.jit(lambda params, q, s, m: model.apply({"params": params}, q, s, m))
+
+
+def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
+                    sentences: np.ndarray, mask: np.ndarray, batch_size: int = 256
+                    ) -> np.ndarray:
+    """[n, S] sentence logits (-1e9 where masked).
+
+    question: [n, D]; sentences: [n, S, D]; mask: [n, S]. Rows are padded to a multiple of 32
+    (few shapes, one compilation each).
+    """
+    apply = _apply_fn(config)
+    n = len(question)
+    out = []
+    for first in range(0, n, batch_size):
+        rows = slice(first, min(first + batch_size, n))
+        count = rows.stop - rows.start
+        pad = -(-count // 32) * 32 - count
+        pieces = [np.pad(np.asarray(a[rows]), ((0, pad),) + ((0, 0),) * (a.ndim - 1))
+                  for a in (question, sentences, mask)]
+        out.append(np.asarray(apply(params, *pieces))[:count])
+    return np.concatenate(out) if out else np.zeros((0, sentences.shape[1]), np.float32)
+
+
+@dataclasses.dataclass
+class SentencePrescreener:
+    """The prescreening model and the sentence encoder whose embeddings it reads."""
+
+    config: PrescreenConfig
+    params: Any
+    encoder: Any            # DelayedInteractionModel of the sentence encoder
+    encoder_params: Any
+    tokenizer: Any
+    encoder_name: str = "default"
+    max_sentence_len: int = 64
+
+    @functools.cached_property
+    def encoder_fingerprint(self) -> str:
+        from dil_jax.odqa.cache import params_fingerprint
+
+        return params_fingerprint(self.encoder_params)
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """[len(texts), D] unit vectors from the sentence encoder."""
+        from dil_jax.sep.embed import sentence_embeddings
+
+        if not texts:
+            return np.zeros((0, self.config.embedding_dim), np.float32)
+        return sentence_embeddings(self.encoder, self.encoder_params, self.tokenizer, texts,
+                                   max_len=self.max_sentence_len)
+
+    def score(self, question: np.ndarray, sentences: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """[n, S] logits; see `sentence_scores`."""
+        return sentence_scores(self.params, self.config, question, sentences, mask)
+
+    def save(self, directory: str | os.PathLike, **record: Any) -> Path:
+        """Writes the checkpoint folder (replacing one that exists); `record`: JSON extras."""
+        import orbax.checkpoint as ocp
+
+        manifest = dict(format=PRESCREENER_FORMAT, config=dataclasses.asdict(self.config),
+                        encoder=self.encoder_name, encoder_fingerprint=self.encoder_fingerprint,
+                        max_sentence_len=self.max_sentence_len, **record)
+        directory = Path(directory).absolute()
+        with staged_directory(directory) as staging:
+            checkpointer = ocp.StandardCheckpointer()
+            checkpointer.save(staging / PARAMS_DIR, jax.tree.map(np.asarray, self.params))
+            checkpointer.wait_until_finished()
+            (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, encoder: tuple | None = None
+             ) -> SentencePrescreener:
+        """directory: a prescreener folder, or "default" (the bundled one). encoder: an already
+        loaded (model, params, tokenizer) to use instead of loading the recorded one."""
+        import orbax.checkpoint as ocp
+
+        from dil_jax.checkpoints import load_reader
+
+        directory = BUNDLED_PRESCREENER if str(directory) == "default" else Path(directory)
+        manifest_path = directory.absolute() / MANIFEST_FILE
+        if not manifest_path.is_file():
+            raise PrescreenerError(f"{directory}: not a prescreener (no {MANIFEST_FILE}); train "
+                                   "one with `dil-jax prescreen --out DIR`")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != PRESCREENER_FORMAT:
+            raise PrescreenerError(f"{manifest_path}: format {manifest.get('format')!r}, "
+                                   f"expected {PRESCREENER_FORMAT!r}")
+        config = PrescreenConfig(**manifest["config"])
+        abstract = jax.eval_shape(
+            lambda: Prescreener(config).init(
+                jax.random.key(0), np.zeros((1, config.embedding_dim), np.float32),
+                np.zeros((1, config.max_sentences, config.embedding_dim), np.float32),
+                np.ones((1, config.max_sentences), np.int32))["params"])
+        params = ocp.StandardCheckpointer().restore(directory.absolute() / PARAMS_DIR, abstract)
+        model, encoder_params, tokenizer = encoder or load_reader(
+            manifest["encoder"], None, manifest["max_sentence_len"])
+        prescreener = cls(config, params, model, encoder_params, tokenizer, manifest["encoder"],
+                          manifest["max_sentence_len"])
+        if prescreener.encoder_fingerprint != manifest["encoder_fingerprint"]:
+            raise PrescreenerError(
+                f"{manifest_path}: trained on sentence embeddings of encoder "
+                f"{manifest['encoder']!r} with weights {manifest['encoder_fingerprint']}, but the "
+                f"loaded encoder's weights are {prescreener.encoder_fingerprint}")
+        return prescreener
+
+
+@dataclasses.dataclass
+class Screening:
+    """What prescreening kept over SQuAD-style examples and their windows.
+
+    keep: [n_windows, p_len] bool tokens the reader reads; spans: each example's sentence spans
+    (cut to max_sentences); kept_sentences: [n_examples, S] bool.
+    """
+
+    keep: np.ndarray
+    spans: list[list[tuple[int, int]]]
+    kept_sentences: np.ndarray
+
+    def answer_kept(self, examples: Sequence) -> np.ndarray:
+        """[n_examples] bool: the sentence of the first gold answer was kept (P(SEP) in the
+        seed's decomposition); False for examples without an answer."""
+        kept = []
+        for example, spans, row in zip(examples, self.spans, self.kept_sentences, strict=True):
+            label = answer_sentence(spans, example.answer_starts[0]) \
+                if example.answer_starts else -1
+            kept.append(bool(0 <= label < len(row) and row[label]))
+        return np.asarray(kept, bool)
+
+
+def screen_features(prescreener: SentencePrescreener, rule: SentenceRule, examples: Sequence,
+                    features) -> Screening:
+    """Scores every example's context sentences against its question and keeps, per window,
+    the tokens of the kept sentences (dil_jax.sep.screen)."""
+    max_sentences = prescreener.config.max_sentences
+    contexts: dict[str, int] = {}
+    for example in examples:
+        contexts.setdefault(example.context, len(contexts))
+    context_spans = [split_sentences(context)[:max_sentences] for context in contexts]
+    texts = [context[a:b] for context, spans in zip(contexts, context_spans)
+             for a, b in spans]
+    vectors = prescreener.embed(texts)
+    first = np.concatenate([[0], np.cumsum([len(spans) for spans in context_spans])])
+    dim = prescreener.config.embedding_dim
+    sentences = np.zeros((len(examples), max_sentences, dim), np.float32)
+    mask = np.zeros((len(examples), max_sentences), np.int32)
+    owner = np.asarray([contexts[example.context] for example in examples], np.int64)
+    for row, c in enumerate(owner):
+        count = first[c + 1] - first[c]
+        sentences[row, :count] = vectors[first[c]:first[c + 1]]
+        mask[row, :count] = 1
+    questions = prescreener.embed([example.question for example in examples])
+    kept = rule.select(prescreener.score(questions, sentences, mask), mask)
+    window_example = np.asarray(features.example_index)
+    token_sentence = token_sentences(features.offsets, owner[window_example], context_spans)
+    keep = window_keep(token_sentence, kept[window_example], features.p_mask)
+    return Screening(keep, [context_spans[c] for c in owner], kept)
