@@ -12,8 +12,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["dil_jax", "dil_jax.*"]),
-    # The bundled fine-tuned readers (Hugging Face folders, see dil_jax/assets/README.md).
-    package_data={"dil_jax": ["assets/*.md", "assets/*/*"]},
+    # The bundled fine-tuned readers (Hugging Face folders) and prescreener (orbax params, nested
+    # folders), see dil_jax/assets/README.md.
+    package_data={"dil_jax": ["assets/*.md", "assets/**/*"]},
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",

@@ -161,3 +161,22 @@ def test_reading_kept_sentences_equals_reading_their_text():
         assert answers(ours)[example.qid] == alone[example.qid] != ""
         assert answers(ours)[example.qid] in text
     assert "Orellana" in answers(ours)["q1"] and "Atlantic" in answers(ours)["q2"]
+
+
+def test_bundled_prescreener_beats_the_first_sentence(shared_data):
+    """The bundled prescreener on two validation articles it was not trained on (28, 29): well
+    above always picking the first sentence (the seed's baseline)."""
+    from dil_jax.data.squad import load_squad, select_articles
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.train import build_sentence_data, first_sentence_accuracy
+
+    prescreener = SentencePrescreener.load("default")
+    examples = select_articles(
+        load_squad(shared_data / "squad" / "dev-v1.1.35-articles.json").examples, "28:30")
+    data = build_sentence_data(examples, prescreener.encoder, prescreener.encoder_params,
+                               prescreener.tokenizer, max_sentences=32)
+    accuracy = topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
+                             data.label)
+    assert len(data.label) > 100
+    assert accuracy["top1"] > first_sentence_accuracy(data) + 0.15
+    assert accuracy["top2"] > 0.7
