@@ -16,7 +16,7 @@ GRID_SCRIPT = textwrap.dedent("""
     import jax
     import numpy as np
     from dil_jax.config import EncoderConfig
-    from dil_jax.grid import GridReader
+    from dil_jax.grid import GridReader, kept_positions
     from dil_jax.model import DelayedInteractionModel
 
     k, out = int(sys.argv[1]), sys.argv[2]
@@ -37,7 +37,14 @@ GRID_SCRIPT = textwrap.dedent("""
     grid = reader.read_grid(params, q_lower, q_mask, p_source, p_mask)
     qi, pi = (a.ravel() for a in np.meshgrid(np.arange(3), np.arange(5), indexing="ij"))
     direct = model(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
+    # Reading only some tokens of each pair (sentence prescreening), sharded the same way.
+    keep = np.random.default_rng(1).random((15, 16)) < 0.5
+    kept_start = np.zeros((15, 16), np.float32)
+    for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+                                                  qi, pi, kept_positions(keep, bucket=4)):
+        kept_start[where] = np.asarray(outputs[0])[:where.stop - where.start]
     np.savez(out, devices=jax.device_count(), start=grid.start_logits, end=grid.end_logits,
+             kept_start=kept_start,
              null_start=grid.null_start_logits, direct_start=np.asarray(direct.start_logits),
              direct_null=np.asarray(direct.null_start_logits))
 """)
@@ -59,8 +66,9 @@ def _run(tmp_path: Path, k: int, devices: int) -> dict[str, np.ndarray]:
 def test_grid_on_8_devices_equals_1_device_and_direct(tmp_path, k):
     one, eight = _run(tmp_path, k, 1), _run(tmp_path, k, 8)
     assert one["devices"] == 1 and eight["devices"] == 8
-    for name in ("start", "end", "null_start"):
+    for name in ("start", "end", "null_start", "kept_start"):
         np.testing.assert_allclose(eight[name], one[name], atol=1e-5, err_msg=name)
+    assert np.isneginf(one["kept_start"]).any() and np.isfinite(one["kept_start"]).any()
     for result in (one, eight):
         np.testing.assert_allclose(result["start"].reshape(15, 16), result["direct_start"],
                                    atol=1e-5)
