@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         # JAX logs at INFO that it found no TPU; that is not news to a CPU or GPU user.
         logging.getLogger("jax").setLevel(logging.WARNING)
+        # orbax logs every checkpoint read and write at INFO through absl.
+        logging.getLogger("absl").setLevel(logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

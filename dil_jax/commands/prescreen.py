@@ -84,8 +84,7 @@ def _train(config, splits, encoder):
 
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import write_atomic
-    from dil_jax.checkpoints import load_reader
-    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.prescreener import SentencePrescreener, load_sentence_encoder
     from dil_jax.sep.train import data_scores, first_sentence_accuracy, topk_accuracy
     from dil_jax.train.config_files import load_config, split_overrides
 
@@ -96,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     training = None
     if args.prescreener is None:
-        encoder = load_reader(config.encoder.checkpoint, None, config.encoder.max_sentence_len)
+        encoder = load_sentence_encoder(config.encoder.checkpoint,
+                                        config.encoder.max_sentence_len)
         # The encoder alone, to embed the training data; the prescreener comes after training.
         splits = _split_data(config, SentencePrescreener(None, None, *encoder), training=True)
         embedded = time.perf_counter() - started

@@ -118,8 +118,6 @@ class SentencePrescreener:
         loaded (model, params, tokenizer) to use instead of loading the recorded one."""
         import orbax.checkpoint as ocp
 
-        from dil_jax.checkpoints import load_reader
-
         directory = BUNDLED_PRESCREENER if str(directory) == "default" else Path(directory)
         manifest_path = directory.absolute() / MANIFEST_FILE
         if not manifest_path.is_file():
@@ -136,8 +134,8 @@ class SentencePrescreener:
                 np.zeros((1, config.max_sentences, config.embedding_dim), np.float32),
                 np.ones((1, config.max_sentences), np.int32))["params"])
         params = ocp.StandardCheckpointer().restore(directory.absolute() / PARAMS_DIR, abstract)
-        model, encoder_params, tokenizer = encoder or load_reader(
-            manifest["encoder"], None, manifest["max_sentence_len"])
+        model, encoder_params, tokenizer = encoder or load_sentence_encoder(
+            manifest["encoder"], manifest["max_sentence_len"])
         prescreener = cls(config, params, model, encoder_params, tokenizer, manifest["encoder"],
                           manifest["max_sentence_len"])
         if prescreener.encoder_fingerprint != manifest["encoder_fingerprint"]:
@@ -146,6 +144,22 @@ class SentencePrescreener:
                 f"{manifest['encoder']!r} with weights {manifest['encoder_fingerprint']}, but the "
                 f"loaded encoder's weights are {prescreener.encoder_fingerprint}")
         return prescreener
+
+
+def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> tuple:
+    """(model, params, tokenizer) of a sentence encoder: a reader checkpoint whose QA head is
+    never used, so the import report's "QA head initialised" warning is not shown."""
+    import logging
+
+    from dil_jax.checkpoints import load_reader
+
+    logger = logging.getLogger("dil_jax.checkpoints")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        return load_reader(checkpoint, None, max_sentence_len)
+    finally:
+        logger.setLevel(level)
 
 
 @dataclasses.dataclass
