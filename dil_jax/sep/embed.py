@@ -8,6 +8,7 @@ last hidden states over the real tokens, then L2 normalisation. Here the "all bl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -25,6 +26,14 @@ def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:
     return mean / jnp.maximum(jnp.linalg.norm(mean, axis=-1, keepdims=True), 1e-12)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _embed(config, params: Params, ids: jax.Array, mask: jax.Array) -> jax.Array:
+    """[batch, seq] ids and mask -> [batch, hidden]; jitted once per (config, shape), so calls
+    with a few texts each (one batch of questions at a time) do not compile again."""
+    states = DelayedInteractionModel(config).encode_lower(params, ids, mask, QUESTION_SEGMENT)
+    return mean_pool(states.astype(jnp.float32), mask)
+
+
 def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenizer,
                         texts: Sequence[str], *, max_len: int = 64, batch_size: int = 64,
                         bucket: int = 16) -> np.ndarray:
@@ -35,20 +44,13 @@ def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenize
     spend most of the work on padding; batches of similar lengths are padded to their longest,
     rounded up to `bucket` tokens (few shapes, one compilation each).
     """
-    if model.config.num_lower_layers != model.config.num_layers:
-        model = DelayedInteractionModel(
-            model.config.replace(num_lower_layers=model.config.num_layers))
-
-    @jax.jit
-    def embed(ids, mask):
-        states = model.encode_lower(params, ids, mask, QUESTION_SEGMENT)
-        return mean_pool(states.astype(jnp.float32), mask)
-
+    config = model.config.replace(num_lower_layers=model.config.num_layers)
     tokens = tokenizer(list(texts), truncation=True, max_length=max_len,
                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
     lengths = np.asarray([len(ids) for ids in tokens], np.int64)
     order = np.argsort(lengths, kind="stable")
     out = np.zeros((len(texts), model.config.hidden_size), np.float32)
+    batch_size = min(batch_size, -(-max(len(texts), 1) // 8) * 8)  # a few questions: small batch
     for first in range(0, len(texts), batch_size):
         rows = order[first:first + batch_size]
         width = min(-(-int(lengths[rows].max()) // bucket) * bucket, max_len)
@@ -57,5 +59,5 @@ def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenize
             ids[slot, :lengths[row]] = tokens[row]
         mask = (np.arange(width)[None] < np.pad(lengths[rows], (0, batch_size - len(rows)))
                 [:, None]).astype(np.int32)
-        out[rows] = np.asarray(embed(ids, mask))[:len(rows)]
+        out[rows] = np.asarray(_embed(config, params, ids, mask))[:len(rows)]
     return out
