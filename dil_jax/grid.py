@@ -26,6 +26,8 @@ from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
 DATA_AXIS = "data"
+# Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
+KEPT_BUCKET = 32
 
 
 def make_mesh(devices: list | None = None) -> Mesh:
@@ -39,7 +41,7 @@ def round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-def kept_positions(keep: np.ndarray, bucket: int = 32) -> np.ndarray:
+def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
     """[n, kept_len] int32: the indices of each row's kept tokens, in order, padded with p_len.
 
     keep: [n, p_len] bool. kept_len is the most kept tokens of a row rounded up to `bucket`
@@ -180,35 +182,44 @@ class GridReader:
                          p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
                          q_index: np.ndarray, p_index: np.ndarray,
                          positions: np.ndarray | None = None
-                         ) -> Iterator[tuple[slice, tuple[jax.Array, ...]]]:
-        """Yields (slice of the pair list, device outputs) chunk by chunk.
+                         ) -> Iterator[tuple[np.ndarray, tuple[jax.Array, ...]]]:
+        """Yields (indices into the pair list, device outputs) chunk by chunk.
 
         q_lower: [nq, q_len, hidden]; p_source: passage lower states [np, p_len, hidden], or
         passage ids [np, p_len] when k = 0; q_index, p_index: [num_pairs] int.
         positions (optional): [num_pairs, kept_len] int, the window tokens each pair reads, in
         order, p_len for padding (see `kept_positions`); the other tokens are dropped before the
-        upper blocks and score -inf.
-        Outputs per chunk: start/end [chunk, p_len], null start/end [chunk].
+        upper blocks and score -inf. Pairs are then taken in order of kept length, so that each
+        chunk is padded only to its own longest (rounded up to KEPT_BUCKET tokens).
+        Outputs per chunk: start/end [chunk, p_len], null start/end [chunk]; the first
+        len(indices) rows are real.
         """
-        num_pairs = len(q_index)
+        num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
         q_mask = jax.device_put(np.asarray(q_mask), self.replicated)
         p_mask = jax.device_put(np.asarray(p_mask), self.replicated)
         p_source = jax.device_put(p_source, self.replicated)
+        if positions is None:
+            order = np.arange(num_pairs)
+        else:
+            kept = np.sum(np.asarray(positions) < p_len, axis=1)
+            order = np.argsort(kept, kind="stable")
         for start in range(0, num_pairs, self.chunk_size):
-            stop = min(start + self.chunk_size, num_pairs)
-            pad = self.chunk_size - (stop - start)
-            # Padding pairs repeat pair 0 of the chunk and are dropped by the caller's slice.
-            chunk_q = np.pad(np.asarray(q_index[start:stop], np.int32), (0, pad), mode="edge")
-            chunk_p = np.pad(np.asarray(p_index[start:stop], np.int32), (0, pad), mode="edge")
+            pairs = order[start:start + self.chunk_size]
+            pad = self.chunk_size - len(pairs)
+            # Padding pairs repeat the chunk's first pair and are dropped by the caller.
+            chunk_q = np.pad(np.asarray(q_index, np.int32)[pairs], (0, pad), mode="edge")
+            chunk_p = np.pad(np.asarray(p_index, np.int32)[pairs], (0, pad), mode="edge")
             if positions is None:
                 outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q,
                                         chunk_p)
             else:
-                chunk_positions = np.pad(np.asarray(positions[start:stop], np.int32),
+                width = min(round_up(max(int(kept[pairs].max()), 1), KEPT_BUCKET),
+                            positions.shape[1])
+                chunk_positions = np.pad(np.asarray(positions, np.int32)[pairs, :width],
                                          ((0, pad), (0, 0)), mode="edge")
                 outputs = self._kept_pair_fn(params, q_lower, q_mask, p_source, p_mask,
                                              chunk_q, chunk_p, chunk_positions)
-            yield slice(start, stop), outputs
+            yield pairs, outputs
 
     def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                   p_source: jax.Array | np.ndarray, p_mask: np.ndarray) -> GridOutput:
@@ -221,10 +232,9 @@ class GridReader:
         end = np.empty((nq * np_, p_len), np.float32)
         null_start = np.empty(nq * np_, np.float32)
         null_end = np.empty(nq * np_, np.float32)
-        for where, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+        for pairs, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
                                                     q_index, p_index):
-            n = where.stop - where.start
             for target, value in zip((start, end, null_start, null_end), outputs):
-                target[where] = np.asarray(value)[:n]
+                target[pairs] = np.asarray(value)[:len(pairs)]
         return GridOutput(start.reshape(nq, np_, p_len), end.reshape(nq, np_, p_len),
                           null_start.reshape(nq, np_), null_end.reshape(nq, np_))

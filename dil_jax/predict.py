@@ -108,12 +108,11 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
             p_source = p_ids if full_model else reader.encode_passages(params, p_ids, p_mask)
             q_index = features.window_question_index[rows] - q0
             positions = None if keep is None else kept_positions(keep[rows])
-            for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source,
+            for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source,
                                                           p_mask, q_index, p_index, positions):
-                count = where.stop - where.start
                 for target, value in zip(targets, outputs):
-                    target[rows[where]] = np.asarray(value)[:count]
-                bar.update(count)
+                    target[rows[pairs]] = np.asarray(value)[:len(pairs)]
+                bar.update(len(pairs))
     return out
 
 

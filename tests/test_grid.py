@@ -40,9 +40,9 @@ GRID_SCRIPT = textwrap.dedent("""
     # Reading only some tokens of each pair (sentence prescreening), sharded the same way.
     keep = np.random.default_rng(1).random((15, 16)) < 0.5
     kept_start = np.zeros((15, 16), np.float32)
-    for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+    for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
                                                   qi, pi, kept_positions(keep, bucket=4)):
-        kept_start[where] = np.asarray(outputs[0])[:where.stop - where.start]
+        kept_start[pairs] = np.asarray(outputs[0])[:len(pairs)]
     np.savez(out, devices=jax.device_count(), start=grid.start_logits, end=grid.end_logits,
              kept_start=kept_start,
              null_start=grid.null_start_logits, direct_start=np.asarray(direct.start_logits),
@@ -112,9 +112,9 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
     q_lower = reader.encode_questions(params, q_ids, q_mask)
     p_source = p_ids if k == 0 else reader.encode_passages(params, p_ids, p_mask)
     start = np.zeros((4, 16), np.float32)
-    for where, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+    for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
                                                   q_index, p_index, positions):
-        start[where] = np.asarray(outputs[0])[:where.stop - where.start]
+        start[pairs] = np.asarray(outputs[0])[:len(pairs)]
     assert np.all(np.isneginf(start[~keep]))
 
     for pair in range(4):

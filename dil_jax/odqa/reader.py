@@ -190,12 +190,11 @@ class OpenDomainReader:
         n_pairs, p_len = len(pair_q), p_mask.shape[1]
         start_logits = np.empty((n_pairs, p_len), np.float32)
         end_logits = np.empty((n_pairs, p_len), np.float32)
-        for where, outputs in self.grid.iter_pair_chunks(
+        for pairs, outputs in self.grid.iter_pair_chunks(
                 self.params, q_lower, q_mask, p_source, p_mask, np.asarray(pair_q),
                 pair_p.reshape(-1), positions):
-            count = where.stop - where.start
-            start_logits[where] = np.asarray(outputs[0])[:count]
-            end_logits[where] = np.asarray(outputs[1])[:count]
+            start_logits[pairs] = np.asarray(outputs[0])[:len(pairs)]
+            end_logits[pairs] = np.asarray(outputs[1])[:len(pairs)]
         timings["pair_upper"] += time.perf_counter() - clock
 
         clock = time.perf_counter()
