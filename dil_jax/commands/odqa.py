@@ -37,38 +37,21 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
     parser.add_argument("--chunk-size", type=int, default=64, help="pairs per device step")
 
 
-def _prescreen_args(parser: argparse.ArgumentParser, building: bool = False) -> None:
-    if building:
-        parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
-                            help="also store every passage's sentence embeddings for this "
-                                 "prescreener ('default' = the bundled one, or a folder)")
-        return
-    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
-                        help="read only the prescreened sentences of each passage ('default' = "
-                             "the bundled prescreener, or a folder; the index needs its sentence "
-                             "embeddings: dil-jax index --prescreen)")
-    parser.add_argument("--top-m", type=int, default=2,
-                        help="with --prescreen: keep the m best sentences of each passage")
-    parser.add_argument("--mass", type=float, default=None,
-                        help="with --prescreen: keep the fewest best sentences holding this "
-                             "much probability (at most --top-m)")
-
-
 def _reader_prescreen(args, index):
     """The ReaderPrescreen of --prescreen/--top-m/--mass, or None."""
-    if not args.prescreen:
-        return None
+    from dil_jax.commands.prescreen import prescreen_from_args
     from dil_jax.odqa.reader import ReaderPrescreen
     from dil_jax.odqa.sentences import SentenceStore
-    from dil_jax.sep.prescreener import SentencePrescreener
-    from dil_jax.sep.screen import SentenceRule
 
-    prescreener = SentencePrescreener.load(args.prescreen)
-    return ReaderPrescreen(prescreener, SentenceRule(top_m=args.top_m, mass=args.mass),
-                           SentenceStore.open(index, prescreener))
+    prescreen = prescreen_from_args(args)
+    if prescreen is None:
+        return None
+    return ReaderPrescreen(*prescreen, SentenceStore.open(index, prescreen[0]))
 
 
 def register(subparsers) -> None:
+    from dil_jax.commands.prescreen import add_reading_arguments
+
     index = subparsers.add_parser(
         "index", help="split a corpus, build BM25 and the passage caches",
         description="Splits documents into passages, builds the BM25 index and, for each k, the "
@@ -83,7 +66,9 @@ def register(subparsers) -> None:
     index.add_argument("--doc-stride", type=int, default=96)
     index.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(index, many_k=True)
-    _prescreen_args(index, building=True)
+    index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
+                       help="also store every passage's sentence embeddings for this "
+                            "prescreener ('default' = the bundled one, or a folder)")
     index.set_defaults(func=run_index)
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
@@ -96,7 +81,8 @@ def register(subparsers) -> None:
     ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
     ask.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(ask, many_k=False)
-    _prescreen_args(ask)
+    add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
+                               "--prescreen)")
     ask.set_defaults(func=run_ask)
 
     evaluate = subparsers.add_parser(
@@ -114,7 +100,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
     evaluate.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(evaluate, many_k=True)
-    _prescreen_args(evaluate)  # with it, each reader is evaluated without and with prescreening
+    add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
     evaluate.set_defaults(func=run_evaluate)
 
 

@@ -12,6 +12,8 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
+    from dil_jax.commands.prescreen import add_reading_arguments
+
     parser = subparsers.add_parser(
         "predict", help="answer the questions of a SQuAD file",
         description="Reads a SQuAD v1.1/v2.0 JSON file with a reader checkpoint and writes the "
@@ -38,21 +40,14 @@ def register(subparsers) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
     parser.add_argument("--cache-dir", default=None, help="cache featurized inputs here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
-                        help="read only the prescreened sentences of each context in the upper "
-                             "blocks ('default' = the bundled prescreener, or a folder written "
-                             "by dil-jax prescreen)")
-    parser.add_argument("--top-m", type=int, default=2,
-                        help="with --prescreen: keep the m best sentences of each context")
-    parser.add_argument("--mass", type=float, default=None,
-                        help="with --prescreen: keep the fewest best sentences holding this "
-                             "much probability (at most --top-m)")
+    add_reading_arguments(parser, "")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import write_atomic
     from dil_jax.checkpoints import load_reader
+    from dil_jax.commands.prescreen import prescreen_from_args
     from dil_jax.data.squad import load_squad
     from dil_jax.predict import predict_squad
 
@@ -65,13 +60,7 @@ def run(args: argparse.Namespace) -> int:
         null_threshold = 0.0
     model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
                                            args.tokenizer)
-    prescreen = None
-    if args.prescreen:
-        from dil_jax.sep.prescreener import SentencePrescreener
-        from dil_jax.sep.screen import SentenceRule
-
-        prescreen = (SentencePrescreener.load(args.prescreen),
-                     SentenceRule(top_m=args.top_m, mass=args.mass))
+    prescreen = prescreen_from_args(args)
     started = time.perf_counter()
     report: dict = {}
     predictions = predict_squad(

@@ -23,6 +23,30 @@ import time
 from pathlib import Path
 
 
+def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
+    """--prescreen/--top-m/--mass of the commands that read (`where` completes the help)."""
+    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
+                        help="read only the prescreened sentences of each passage in the upper "
+                             "blocks ('default' = the bundled prescreener, or a folder written "
+                             f"by dil-jax prescreen){where}")
+    parser.add_argument("--top-m", type=int, default=2,
+                        help="with --prescreen: keep the m best sentences of each passage")
+    parser.add_argument("--mass", type=float, default=None,
+                        help="with --prescreen: keep the fewest best sentences holding this "
+                             "much probability (at most --top-m)")
+
+
+def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
+    """(SentencePrescreener, SentenceRule) of --prescreen/--top-m/--mass, or None."""
+    if not args.prescreen:
+        return None
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.screen import SentenceRule
+
+    return (SentencePrescreener.load(args.prescreen),
+            SentenceRule(top_m=args.top_m, mass=args.mass))
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "prescreen", help="train/evaluate the sentence prescreener (SEP)", description=__doc__,

@@ -122,7 +122,8 @@ class SentencePrescreener:
         manifest_path = directory.absolute() / MANIFEST_FILE
         if not manifest_path.is_file():
             raise PrescreenerError(f"{directory}: not a prescreener (no {MANIFEST_FILE}); train "
-                                   "one with `dil-jax prescreen --out DIR`")
+                                   "one with `dil-jax prescreen --config configs/prescreen.py "
+                                   "--config.workdir=DIR`")
         manifest = json.loads(manifest_path.read_text())
         if manifest.get("format") != PRESCREENER_FORMAT:
             raise PrescreenerError(f"{manifest_path}: format {manifest.get('format')!r}, "
