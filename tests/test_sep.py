@@ -180,3 +180,13 @@ def test_bundled_prescreener_beats_the_first_sentence(shared_data):
     assert len(data.label) > 100
     assert accuracy["top1"] > first_sentence_accuracy(data) + 0.15
     assert accuracy["top2"] > 0.7
+
+
+def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
+    from dil_jax.sep.prescreener import PrescreenerError, SentencePrescreener
+
+    with pytest.raises(PrescreenerError, match=f"{tmp_path}: not a prescreener"):
+        SentencePrescreener.load(tmp_path)
+    (tmp_path / "prescreener.json").write_text('{"format": "something else"}')
+    with pytest.raises(PrescreenerError, match="format 'something else'"):
+        SentencePrescreener.load(tmp_path)
