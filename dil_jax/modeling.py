@@ -159,22 +159,6 @@ def _attend(cfg: EncoderConfig, query: jax.Array, key: jax.Array, value: jax.Arr
     return jnp.einsum("...qk,...kd->...qd", probs.astype(cfg.compute_dtype), value)
 
 
-class _DenseParams(nn.Module):
-    """The parameters of a hidden -> hidden `nn.Dense` (same names, shapes and initialisers as
-    `_dense`), returned instead of applied, so that several projections can share one matmul."""
-
-    config: EncoderConfig
-
-    @nn.compact
-    def __call__(self) -> tuple[jax.Array, jax.Array]:
-        cfg = self.config
-        shape = (cfg.hidden_size, cfg.hidden_size)
-        kernel = self.param("kernel", nn.initializers.normal(cfg.initializer_range), shape,
-                            jnp.float32)
-        bias = self.param("bias", nn.initializers.zeros_init(), (cfg.hidden_size,), jnp.float32)
-        return kernel, bias
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention; scores and softmax in float32 whatever the compute dtype."""
 
@@ -186,19 +170,16 @@ class SelfAttention(nn.Module):
         cfg = self.config
         batch, seq, _ = x.shape
 
-        # One [hidden, 3 hidden] matmul for the query, key and value projections: the three
-        # Dense kernels keep their own parameters (checkpoints, HF import/export) and are
-        # concatenated inside the program (10% faster projections on CPU, same results).
-        kernels, biases = zip(*(_DenseParams(cfg, name=name)()
-                                for name in ("query", "key", "value")))
-        x, kernel, bias_qkv = nn.dtypes.promote_dtype(
-            x, jnp.concatenate(kernels, axis=1), jnp.concatenate(biases), dtype=cfg.compute_dtype)
-        projected = jnp.einsum("bsh,hk->bsk", x, kernel) + bias_qkv
-        # -> [3, batch, heads, seq, head_dim]: head-major, each head's [seq, head_dim] contiguous.
-        projected = projected.reshape(batch, seq, 3, cfg.num_heads, cfg.head_dim)
-        query, key, value = projected.transpose(2, 0, 3, 1, 4)
-        # Scaling the query (seq x hidden) rather than the scores (seq x seq).
-        query = query * jnp.asarray(1.0 / np.sqrt(cfg.head_dim), query.dtype)
+        def heads(name: str, scale: float = 1.0) -> jax.Array:
+            """One projection, head-major: [batch, heads, seq, head_dim]."""
+            projected = _dense(cfg, cfg.hidden_size, name)(x)
+            if scale != 1.0:
+                # Scaling the query (seq x hidden) rather than the scores (seq x seq).
+                projected = projected * jnp.asarray(scale, projected.dtype)
+            return projected.reshape(batch, seq, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+
+        query = heads("query", 1.0 / float(np.sqrt(cfg.head_dim)))
+        key, value = heads("key"), heads("value")
         if deterministic and _attend_per_example():
             # XLA:CPU materialises the [batch, heads, seq, seq] scores, several passes of a tensor
             # far larger than the caches; one example at a time the passes stay in cache (2.5x
