@@ -264,8 +264,9 @@ def batched_attention() -> Iterator[None]:
     On CPU the reader loops attention over the batch at inference (`lax.map`, a while loop), and
     XLA's cost analysis counts a while-loop body once, not once per trip: the attention FLOPs of
     all but one example would vanish from the count. The batched form is the same operations on
-    the same shapes (its outputs are bit-identical), so its count is the program's FLOPs. Trace
-    only fresh jitted functions under it: a jit cache filled here must never serve a real run.
+    the same shapes (its outputs agree to float32 rounding, ~1e-6), so its count is the
+    program's FLOPs. Trace only fresh jitted functions under it: a jit cache filled here must
+    never serve a real run.
     """
     saved = modeling._attend_per_example
     modeling._attend_per_example = lambda: False
