@@ -116,7 +116,7 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(values))
 
 
-def random_prescreener(minilm_dir, seed: int = 0):
+def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = None):
     """An untrained prescreener (random scores are enough to check where they lead)."""
     import jax
 
@@ -130,4 +130,4 @@ def random_prescreener(minilm_dir, seed: int = 0):
                                       np.zeros((1, 8, 384), np.float32),
                                       np.ones((1, 8), np.int32))["params"]
     return SentencePrescreener(config, params, *load_reader(str(minilm_dir), None, 32),
-                               str(minilm_dir), 32)
+                               encoder_name or str(minilm_dir), 32)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# A 3-block encoder, small enough for a subprocess per device count.
+TINY_ENCODER = dict(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4,
+                    intermediate_size=40, embedding_size=32, max_question_len=8,
+                    max_position_embeddings=64, initializer_range=0.2)
+
 GRID_SCRIPT = textwrap.dedent("""
+    import json
     import sys
     import jax
     import numpy as np
@@ -20,10 +27,7 @@ GRID_SCRIPT = textwrap.dedent("""
     from dil_jax.model import DelayedInteractionModel
 
     k, out = int(sys.argv[1]), sys.argv[2]
-    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4,
-                           intermediate_size=40, embedding_size=32, max_question_len=8,
-                           max_position_embeddings=64, num_lower_layers=k,
-                           initializer_range=0.2)
+    config = EncoderConfig(**json.loads(sys.argv[3]), num_lower_layers=k)
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
     rng = np.random.default_rng(0)
@@ -56,7 +60,8 @@ def _run(tmp_path: Path, k: int, devices: int) -> dict[str, np.ndarray]:
     out = tmp_path / f"grid-{k}-{devices}.npz"
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
                JAX_PLATFORMS="cpu")
-    subprocess.run([sys.executable, str(script), str(k), str(out)], check=True, env=env,
+    subprocess.run([sys.executable, str(script), str(k), str(out),
+                    json.dumps(TINY_ENCODER)], check=True, env=env,
                    cwd=Path(__file__).resolve().parents[1])
     with np.load(out) as arrays:
         return dict(arrays)
@@ -88,10 +93,7 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
     from dil_jax.model import DelayedInteractionModel
     from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
-    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4,
-                           intermediate_size=40, embedding_size=32, max_question_len=8,
-                           max_position_embeddings=64, num_lower_layers=k,
-                           initializer_range=0.2)
+    config = EncoderConfig(**TINY_ENCODER, num_lower_layers=k)
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
     rng = np.random.default_rng(1)

@@ -9,14 +9,33 @@ import pytest
 from dil_jax.cli import main
 from dil_jax.samples import SAMPLE_PASSAGES
 
+COMMON = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
 
-def test_index_ask_and_eval(tmp_path, capsys):
+
+def _write_corpus(tmp_path) -> str:
+    """The sample passages as a JSONL corpus; returns the --corpus source."""
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text}) + "\n"
                               for i, text in enumerate(SAMPLE_PASSAGES)))
+    return f"jsonl:{corpus}"
+
+
+def _write_squad(tmp_path):
+    """A one-question SQuAD file over sample passage 1 -> (path, context)."""
+    squad = tmp_path / "squad.json"
+    context = SAMPLE_PASSAGES[1]
+    answer = {"text": "Jane Austen", "answer_start": context.find("Jane Austen")}
+    question = {"id": "q1", "question": "Who wrote it?", "answers": [answer]}
+    squad.write_text(json.dumps({"version": "1.1", "data": [
+        {"title": "T1", "paragraphs": [{"context": context, "qas": [question]}]}]}))
+    return squad, context
+
+
+def test_index_ask_and_eval(tmp_path, capsys):
+    corpus = _write_corpus(tmp_path)
     index = tmp_path / "index"
-    common = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
-    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "4",
+    common = COMMON
+    assert main(["index", "--out", str(index), "--corpus", corpus, "--k", "0", "4",
                  "--max-passage-len", "48", "--doc-stride", "24", *common]) == 0
     assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "4",
                  "--top-p", "3", *common]) == 0
@@ -27,12 +46,7 @@ def test_index_ask_and_eval(tmp_path, capsys):
     with pytest.raises(ValueError, match="no passage cache here"):
         main(["-v", "ask", "Who?", "--index", str(index), "--k", "3", *common])
 
-    squad = tmp_path / "squad.json"
-    context = SAMPLE_PASSAGES[1]
-    answer = {"text": "Jane Austen", "answer_start": context.find("Jane Austen")}
-    question = {"id": "q1", "question": "Who wrote it?", "answers": [answer]}
-    squad.write_text(json.dumps({"version": "1.1", "data": [
-        {"title": "T1", "paragraphs": [{"context": context, "qas": [question]}]}]}))
+    squad, _ = _write_squad(tmp_path)
     assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "0", "4",
                  "--p", "1", "3", "--out", str(tmp_path / "eval"), *common]) == 0
     results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
@@ -47,21 +61,15 @@ def test_index_ask_and_eval(tmp_path, capsys):
 
 def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, minilm_dir):
     """--prescreen on every command that reads: a random prescreener over the default encoder."""
-    from dil_jax.sep.prescreener import SentencePrescreener
     from dil_jax.sep.sentences import split_sentences
 
     from conftest import random_prescreener
 
-    prescreener = random_prescreener(minilm_dir)
-    folder = SentencePrescreener(prescreener.config, prescreener.params, prescreener.encoder,
-                                 prescreener.encoder_params, prescreener.tokenizer, "default",
-                                 32).save(tmp_path / "sep")
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text}) + "\n"
-                              for i, text in enumerate(SAMPLE_PASSAGES)))
+    # The CLI readers use the default checkpoint: the same MiniLM weights as minilm_dir.
+    folder = random_prescreener(minilm_dir, encoder_name="default").save(tmp_path / "sep")
     index = tmp_path / "index"
-    common = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
-    build = ["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "4",
+    common = COMMON
+    build = ["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "4",
              "--max-passage-len", "48", "--doc-stride", "24", *common]
     assert main(build) == 0
     # The index exists but holds no sentence embeddings yet: a clear error naming the fix.
@@ -75,12 +83,7 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
     out = capsys.readouterr().out
     assert "prescreen" in out and "Q: Who wrote" in out
 
-    squad = tmp_path / "squad.json"
-    context = SAMPLE_PASSAGES[1]
-    answer = {"text": "Jane Austen", "answer_start": context.find("Jane Austen")}
-    question = {"id": "q1", "question": "Who wrote it?", "answers": [answer]}
-    squad.write_text(json.dumps({"version": "1.1", "data": [
-        {"title": "T1", "paragraphs": [{"context": context, "qas": [question]}]}]}))
+    squad, context = _write_squad(tmp_path)
     assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "4",
                  "--p", "3", "--prescreen", str(folder), "--mass", "0.5",
                  "--out", str(tmp_path / "eval"), *common]) == 0

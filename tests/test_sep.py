@@ -190,3 +190,26 @@ def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
     (tmp_path / "prescreener.json").write_text('{"format": "something else"}')
     with pytest.raises(PrescreenerError, match="format 'something else'"):
         SentencePrescreener.load(tmp_path)
+
+
+def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
+    """`dil-jax prescreen --config ...` on three tiny article splits: a loadable checkpoint whose
+    record names the dev evaluations and the step it kept."""
+    import json
+
+    from dil_jax.cli import main
+    from dil_jax.sep.prescreener import SentencePrescreener
+
+    workdir = tmp_path / "sep"
+    assert main(["prescreen", "--config", "configs/prescreen.py",
+                 f"--config.data.file={shared_data / 'squad' / 'dev-v1.1.35-articles.json'}",
+                 "--config.data.train_articles=0:1", "--config.data.dev_articles=1:2",
+                 "--config.data.val_articles=2:3", "--config.model.num_layers=1",
+                 "--config.train.steps=20", "--config.train.eval_every=10",
+                 f"--config.workdir={workdir}"]) == 0
+    record = json.loads((workdir / "prescreener.json").read_text())["trained"]
+    assert [step for step, _ in record["dev_top1"]] == [10, 20]
+    assert record["best_step"] in (10, 20)
+    assert (workdir / "results.md").read_text().startswith("| split |")
+    loaded = SentencePrescreener.load(workdir)
+    assert loaded.config.num_layers == 1 and loaded.encoder_name == "default"

@@ -72,18 +72,19 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
-def _split_data(config, prescreener, training: bool):
+def _split_data(config, encoder: tuple, names: tuple[str, ...], max_sentences: int,
+                max_sentence_len: int) -> dict:
+    """SentenceData of the named article splits, embedded by `encoder` (model, params,
+    tokenizer)."""
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.sep.train import build_sentence_data
 
     examples = load_squad(config.data.file).examples
-    names = ("train", "dev", "validation") if training else ("validation",)
     specs = dict(train=config.data.train_articles, dev=config.data.dev_articles,
                  validation=config.data.val_articles)
-    return {name: build_sentence_data(
-        select_articles(examples, specs[name]), prescreener.encoder, prescreener.encoder_params,
-        prescreener.tokenizer, max_sentences=config.data.max_sentences,
-        max_len=config.encoder.max_sentence_len) for name in names}
+    return {name: build_sentence_data(select_articles(examples, specs[name]), *encoder,
+                                      max_sentences=max_sentences, max_len=max_sentence_len)
+            for name in names}
 
 
 def _train(config, splits, encoder):
@@ -121,14 +122,17 @@ def run(args: argparse.Namespace) -> int:
     if args.prescreener is None:
         encoder = load_sentence_encoder(config.encoder.checkpoint,
                                         config.encoder.max_sentence_len)
-        # The encoder alone, to embed the training data; the prescreener comes after training.
-        splits = _split_data(config, SentencePrescreener(None, None, *encoder), training=True)
+        splits = _split_data(config, encoder, ("train", "dev", "validation"),
+                             config.data.max_sentences, config.encoder.max_sentence_len)
         embedded = time.perf_counter() - started
         prescreener, training = _train(config, splits, encoder)
         trained = time.perf_counter() - started - embedded
     else:
         prescreener = SentencePrescreener.load(args.prescreener)
-        splits = _split_data(config, prescreener, training=False)
+        # Embedded as the prescreener was trained (its encoder, sentence count and length).
+        splits = _split_data(config, (prescreener.encoder, prescreener.encoder_params,
+                                      prescreener.tokenizer), ("validation",),
+                             prescreener.config.max_sentences, prescreener.max_sentence_len)
         embedded, trained = time.perf_counter() - started, 0.0
     report = {}
     for name, data in splits.items():

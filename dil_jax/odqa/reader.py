@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,11 @@ from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.odqa.cache import PassageCache
 from dil_jax.odqa.index import OpenDomainIndex, window_arrays
 from dil_jax.tokenization import encode_questions
+
+if TYPE_CHECKING:
+    from dil_jax.odqa.sentences import SentenceStore
+    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.sep.screen import SentenceRule
 
 
 @dataclasses.dataclass
@@ -87,9 +93,9 @@ class ReaderPrescreen:
     """Sentence prescreening for the open-domain reader: the model, its rule, the index's
     stored sentence embeddings (dil_jax.odqa.sentences)."""
 
-    prescreener: object   # dil_jax.sep.prescreener.SentencePrescreener
-    rule: object          # dil_jax.sep.screen.SentenceRule
-    store: object         # dil_jax.odqa.sentences.SentenceStore
+    prescreener: SentencePrescreener
+    rule: SentenceRule
+    store: SentenceStore
 
 
 class OpenDomainReader:
@@ -232,17 +238,18 @@ class OpenDomainReader:
 
         prescreener, rule, store = (self.prescreen.prescreener, self.prescreen.rule,
                                     self.prescreen.store)
-        flat = [(qi, hit.passage_index) for qi, question_hits in enumerate(hits)
-                for hit in question_hits]
-        hit_number = {}
+        # One row per (question, retrieved passage), numbered in retrieval order.
+        hit_number, hit_question, hit_passage = {}, [], []
         for qi, question_hits in enumerate(hits):
-            for hi in range(len(question_hits)):
+            for hi, hit in enumerate(question_hits):
                 hit_number[(qi, hi)] = len(hit_number)
-        if not flat:
+                hit_question.append(qi)
+                hit_passage.append(hit.passage_index)
+        if not hit_number:
             return np.zeros((0, self.valid_end.shape[1]), bool)
         question_vectors = prescreener.embed(questions)
-        sentences, mask = store.matrix([p for _, p in flat], prescreener.config.max_sentences)
-        logits = prescreener.score(question_vectors[[qi for qi, _ in flat]], sentences, mask)
+        sentences, mask = store.matrix(hit_passage, prescreener.config.max_sentences)
+        logits = prescreener.score(question_vectors[hit_question], sentences, mask)
         kept = rule.select(logits, mask)                          # [n_hits, S]
         pair_kept = kept[[hit_number[key] for key in pair_hit]]
         return window_keep(self.token_sentence[pair_row], pair_kept,
