@@ -2,10 +2,12 @@
 
 q questions and p passages, every (question, passage) pair read. Three phases are timed apart:
 
-  NI Q   question lower blocks: `encode_lower` over the q questions (k blocks each);
-  NI P   passage lower blocks: `encode_lower` over the p passages (k blocks each);
-  I Q-P  pair upper blocks: `encode_upper` (blocks k+1..l and the span head) over the q*p pairs,
-         streamed through `GridReader` in fixed-size chunks.
+  NI Q   question lower blocks: `encode_lower` over the q questions (k blocks each), then the
+         first upper block's q/k/v projections of each question (`project_upper`);
+  NI P   passage lower blocks and projections, the same over the p passages;
+  I Q-P  pair upper blocks: `encode_upper` (blocks k+1..l, the first without its projections,
+         and the span head) over the q*p pairs, streamed through `GridReader` in fixed-size
+         chunks.
 
 The full model is k = 0: its NI Q is the question embeddings only, it has no NI P (a passage's
 positions follow the question, so nothing is question-independent), and I Q-P runs all l blocks
@@ -137,6 +139,16 @@ def embedding_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     return batch * 2 * seq * config.embedding_size * config.hidden_size
 
 
+def projection_flops(config: EncoderConfig, batch: int, seq: int) -> int:
+    """The Q, K, V projections of one block, 3 * 2 n h^2: the part of the first upper block
+    that GridReader computes per segment instead of per pair (0 < k < l)."""
+    return batch * 6 * seq * config.hidden_size ** 2
+
+
+def hoists_projections(config: EncoderConfig) -> bool:
+    return 0 < config.num_lower_layers < config.num_layers
+
+
 def qa_head_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     """The span head, a Dense(h -> 2) on every token: 2 n h * 2."""
     return batch * 4 * seq * config.hidden_size
@@ -146,22 +158,25 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
                 passage_len: int) -> int:
     """Analytical matmul FLOPs of ONE call of a phase's program on `batch` inputs.
 
-    ni_q:  embeddings + k blocks on [batch, question_len] questions;
-    ni_p:  embeddings + k blocks on [batch, passage_len] passages;
+    ni_q:  embeddings + k blocks on [batch, question_len] questions (+ the first upper
+           block's q/k/v projections when 0 < k < l);
+    ni_p:  the same on [batch, passage_len] passages;
     pairs: (k = 0: the passage embeddings) + l - k blocks on [batch, question_len + passage_len]
-           pairs + the span head.
+           pairs (less the first one's projections when 0 < k < l) + the span head.
     """
     k, l_ = config.num_lower_layers, config.num_layers
-    if phase == "ni_q":
-        return embedding_flops(config, batch, question_len) + k * block_flops(
-            config, batch, question_len)
-    if phase == "ni_p":
-        return embedding_flops(config, batch, passage_len) + k * block_flops(
-            config, batch, passage_len)
+    hoisted = hoists_projections(config)
+    if phase in ("ni_q", "ni_p"):
+        n = question_len if phase == "ni_q" else passage_len
+        return (embedding_flops(config, batch, n) + k * block_flops(config, batch, n)
+                + (projection_flops(config, batch, n) if hoisted else 0))
     if phase == "pairs":
         n = question_len + passage_len
         embed = embedding_flops(config, batch, passage_len) if k == 0 else 0
-        return embed + (l_ - k) * block_flops(config, batch, n) + qa_head_flops(config, batch, n)
+        upper = (l_ - k) * block_flops(config, batch, n)
+        if hoisted:
+            upper -= projection_flops(config, batch, n)
+        return embed + upper + qa_head_flops(config, batch, n)
     raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
 
 
@@ -194,22 +209,33 @@ def _cost_dict(compiled: Any) -> dict[str, float]:
     return dict(cost or {})
 
 
-def program_stats(lowered: Any, num_devices: int = 1) -> ProgramStats:
-    """Compiles `lowered` (a `jax.stages.Lowered`) and reads its cost and memory analyses."""
+def _one_program_stats(lowered: Any, num_devices: int) -> ProgramStats:
     start = time.perf_counter()
     compiled = lowered.compile()
     compile_s = time.perf_counter() - start
     cost = _cost_dict(compiled)
     memory = compiled.memory_analysis()
-    args = int(getattr(memory, "argument_size_in_bytes", 0))
-    out = int(getattr(memory, "output_size_in_bytes", 0))
-    temp = int(getattr(memory, "temp_size_in_bytes", 0))
     peak = getattr(memory, "peak_memory_in_bytes", None)
     return ProgramStats(
         flops=float(cost.get("flops", float("nan"))) * num_devices,
         bytes_accessed=float(cost.get("bytes accessed", float("nan"))),
-        argument_bytes=args, output_bytes=out, temp_bytes=temp,
+        argument_bytes=int(getattr(memory, "argument_size_in_bytes", 0)),
+        output_bytes=int(getattr(memory, "output_size_in_bytes", 0)),
+        temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
         peak_bytes=int(peak or 0), compile_s=compile_s)
+
+
+def program_stats(lowered: Sequence[Any], num_devices: int = 1) -> ProgramStats:
+    """Compiles the programs of one phase call (`jax.stages.Lowered`, run one after the other)
+    and reads their cost and memory analyses: FLOPs, bytes and compile time add up; memory is
+    the largest program's (each one's buffers are freed before the next runs)."""
+    stats = [_one_program_stats(one, num_devices) for one in lowered]
+    return ProgramStats(
+        flops=sum(s.flops for s in stats), bytes_accessed=sum(s.bytes_accessed for s in stats),
+        argument_bytes=max(s.argument_bytes for s in stats),
+        output_bytes=max(s.output_bytes for s in stats),
+        temp_bytes=max(s.temp_bytes for s in stats), peak_bytes=max(s.peak_bytes for s in stats),
+        compile_s=sum(s.compile_s for s in stats))
 
 
 def _spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:
@@ -217,37 +243,51 @@ def _spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:
 
 
 def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
-                num_passages: int, question_len: int, passage_len: int) -> Any:
-    """The `jax.stages.Lowered` program GridReader runs for `phase`, from shapes alone.
+                num_passages: int, question_len: int, passage_len: int) -> list[Any]:
+    """The `jax.stages.Lowered` programs GridReader runs for one call of `phase`, from shapes.
 
-    These are GridReader's own jitted functions (its private `_lower_fn`, `_pair_fn`), lowered
-    with the shapes of one call: a batch of `reader.batch_size` segments, or a chunk of
-    `reader.chunk_size` pairs over replicated [num_questions, ...] / [num_passages, ...] states.
+    These are GridReader's own jitted functions (its private `_lower_fn`, `_project_fn`,
+    `_pair_fn`), lowered with the shapes of one call: a batch of `reader.batch_size` segments
+    (encode_lower, then project_upper when 0 < k < l), or a chunk of `reader.chunk_size` pairs
+    over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v).
     """
     config = reader.model.config
     abstract = jax.tree.map(lambda x: _spec(np.shape(x), jnp.float32), params)
     batch, chunk = reader.batch_size, reader.chunk_size
+    h, heads, dtype = config.hidden_size, config.num_heads, config.compute_dtype
+
+    def qkv(n: int, length: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+        return (_spec((n, heads, length, config.head_dim), dtype),) * 3
+
     if phase in ("ni_q", "ni_p"):
         length = question_len if phase == "ni_q" else passage_len
         segment = QUESTION_SEGMENT if phase == "ni_q" else PASSAGE_SEGMENT
         ids = _spec((batch, length), jnp.int32)
-        return reader._lower_fn.lower(abstract, ids, ids, segment)
+        programs = [reader._lower_fn.lower(abstract, ids, ids, segment)]
+        if reader.hoists_projections:
+            lower = _spec((batch, length, h), dtype)
+            programs.append(reader._project_fn.lower(abstract, lower))
+        return programs
     if phase != "pairs":
         raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
-    h = config.hidden_size
-    q_lower = _spec((num_questions, question_len, h), config.compute_dtype)
+    q_lower = _spec((num_questions, question_len, h), dtype)
     if config.num_lower_layers == 0:
         p_source = _spec((num_passages, passage_len), jnp.int32)
     else:
-        p_source = _spec((num_passages, passage_len, h), config.compute_dtype)
+        p_source = _spec((num_passages, passage_len, h), dtype)
     q_mask = _spec((num_questions, question_len), jnp.int32)
     p_mask = _spec((num_passages, passage_len), jnp.int32)
     index = _spec((chunk,), jnp.int32)
-    return reader._pair_fn.lower(abstract, q_lower, q_mask, p_source, p_mask, index, index)
+    q_qkv = p_qkv = None
+    if reader.hoists_projections:
+        q_qkv, p_qkv = qkv(num_questions, question_len), qkv(num_passages, passage_len)
+    return [reader._pair_fn.lower(abstract, q_lower, q_mask, p_source, p_mask, index, index,
+                                  None, q_qkv, p_qkv)]
 
 
 def phase_calls(reader: GridReader, phase: str, spec: GridSpec) -> int:
-    """How many program calls a phase makes on the grid (batches or chunks, the last padded)."""
+    """How many calls a phase makes on the grid (batches or chunks, the last padded; a batch
+    of segments is one encode_lower call, plus one project_upper call when 0 < k < l)."""
     if phase == "ni_q":
         return -(-spec.num_questions // reader.batch_size)
     if phase == "ni_p":
@@ -349,23 +389,32 @@ def run_delayed_grid(reader: GridReader, params: Params, inputs: GridInputs,
     compiles the very programs the full pass runs, whose shapes do not depend on the pair count).
     """
     times = {}
+    q_qkv = p_qkv = None
     start = time.perf_counter()
-    q_lower = _ready(reader.encode_questions(params, inputs.q_ids, inputs.q_mask))
+    q_lower = reader.encode_questions(params, inputs.q_ids, inputs.q_mask)
+    if reader.hoists_projections:
+        q_qkv = reader.project_segments(params, q_lower)
+    _ready((q_lower, q_qkv))
     times["ni_q"] = time.perf_counter() - start
     start = time.perf_counter()
     if reader.model.config.num_lower_layers == 0:
         p_source: Any = inputs.p_ids  # the full model embeds passages inside the pair program
     else:
-        p_source = _ready(reader.encode_passages(params, inputs.p_ids, inputs.p_mask))
+        p_source = reader.encode_passages(params, inputs.p_ids, inputs.p_mask)
+        if reader.hoists_projections:
+            p_qkv = reader.project_segments(params, p_source)
+        _ready((p_source, p_qkv))
     times["ni_p"] = time.perf_counter() - start
     start = time.perf_counter()
     if max_pairs is None:
-        output = reader.read_grid(params, q_lower, inputs.q_mask, p_source, inputs.p_mask)
+        output = reader.read_grid(params, q_lower, inputs.q_mask, p_source, inputs.p_mask,
+                                  q_qkv, p_qkv)
     else:
         output = None
         index = np.zeros(max_pairs, np.int32)
         for _, chunk in reader.iter_pair_chunks(params, q_lower, inputs.q_mask, p_source,
-                                                inputs.p_mask, index, index):
+                                                inputs.p_mask, index, index, q_qkv=q_qkv,
+                                                p_qkv=p_qkv):
             _ready(chunk)
     times["pairs"] = time.perf_counter() - start
     return times, output

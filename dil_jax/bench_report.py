@@ -54,7 +54,9 @@ def timing_table(suite: dict[str, Any]) -> list[str]:
                  f"{suite['chunk_size']} pairs, lower batch {suite['batch_size']}; median of "
                  f"{suite['repeats']} repeats, warm-up excluded. Normalised times in "
                  "parentheses: ms per block per input. FLOP bound: analytical FLOPs of the full "
-                 "model's grid / the variant's (lower blocks included).")
+                 "model's grid / the variant's (lower blocks included). For 0 < k < l, NI Q "
+                 "and NI P include the first upper block's q/k/v projections, computed once "
+                 "per segment instead of once per pair, so I Q-P can beat l/(l−k).")
     return lines
 
 

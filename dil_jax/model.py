@@ -6,6 +6,10 @@
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)    # once per passage
     out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)      # per pair
 
+A grid of pairs (`dil_jax.grid.GridReader`) also hoists the first upper block's query/key/value
+out of the pairs: `project_upper(params, q_lower)` once per question and per passage, handed to
+`encode_upper(..., q_qkv=..., p_qkv=...)`.
+
 Every method is a plain function of its array arguments (the object only holds the static config),
 so each can be wrapped in `jax.jit`, `jax.vmap` or a sharded computation. Shape checks run on
 static shapes and raise `InputError` before any tracing reaches deep into XLA.
@@ -19,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from dil_jax.config import EncoderConfig
-from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT, Reader, ReaderOutput
+from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT, Reader, ReaderOutput
 
 Params = Any  # a nested dict of float32 arrays
 
@@ -73,19 +77,46 @@ class DelayedInteractionModel:
             {"params": params}, ids, mask, segment, position_offset, deterministic,
             output_hidden_states, rngs=rngs, method=Reader.encode_lower)
 
+    def project_upper(self, params: Params, lower: jax.Array) -> QKV:
+        """The first upper block's (query, key, value) of lower states, for `encode_upper`.
+
+        lower: [batch, seq, hidden] -> 3 x [batch, heads, seq, head_dim]. Pair-independent:
+        computed once per question and per passage, it saves those matmuls on every pair.
+        """
+        self._check_lower(lower, "segment")
+        if self.config.num_lower_layers >= self.config.num_layers:
+            raise InputError(f"k = {self.config.num_lower_layers} of {self.config.num_layers} "
+                             f"layers leaves no upper block to project for")
+        return self.module.apply({"params": params}, lower, method=Reader.project_upper)
+
+    def _check_lower(self, lower: Any, name: str) -> None:
+        if lower.ndim != 3 or lower.shape[-1] != self.config.hidden_size:
+            raise InputError(f"{name} lower states must be [batch, seq, "
+                             f"{self.config.hidden_size}], got {tuple(lower.shape)}")
+
+    def _check_qkv(self, qkv: Any, lower: Any, name: str) -> None:
+        cfg = self.config
+        want = (lower.shape[0], cfg.num_heads, lower.shape[1], cfg.head_dim)
+        if len(qkv) != 3 or any(tuple(a.shape) != want for a in qkv):
+            raise InputError(f"{name} q/k/v must be 3 arrays of shape {want} (project_upper of "
+                             f"its lower states), got {[tuple(a.shape) for a in qkv]}")
+
     def encode_upper(self, params: Params, q_lower: jax.Array, q_mask: jax.Array,
                      p_lower: jax.Array, p_mask: jax.Array, *, deterministic: bool = True,
                      rngs: dict[str, jax.Array] | None = None,
-                     output_hidden_states: bool = False) -> ReaderOutput:
+                     output_hidden_states: bool = False, q_qkv: QKV | None = None,
+                     p_qkv: QKV | None = None) -> ReaderOutput:
         """Blocks k+1..l over `[q ; p]` and the span head.
 
         q_lower: [batch, q_len, hidden], q_mask: [batch, q_len],
         p_lower: [batch, p_len, hidden], p_mask: [batch, p_len] -> ReaderOutput.
+        q_qkv, p_qkv (optional): `project_upper` of q_lower / p_lower, already computed.
         """
-        for name, lower, mask in (("question", q_lower, q_mask), ("passage", p_lower, p_mask)):
-            if lower.ndim != 3 or lower.shape[-1] != self.config.hidden_size:
-                raise InputError(f"{name} lower states must be [batch, seq, "
-                                 f"{self.config.hidden_size}], got {tuple(lower.shape)}")
+        for name, lower, mask, qkv in (("question", q_lower, q_mask, q_qkv),
+                                       ("passage", p_lower, p_mask, p_qkv)):
+            self._check_lower(lower, name)
+            if qkv is not None:
+                self._check_qkv(qkv, lower, name)
             if tuple(mask.shape) != tuple(lower.shape[:2]):
                 raise InputError(f"{name} mask shape {tuple(mask.shape)} does not match lower "
                                  f"states {tuple(lower.shape)}")
@@ -94,7 +125,7 @@ class DelayedInteractionModel:
                              f"{p_lower.shape[0]}")
         return self.module.apply(
             {"params": params}, q_lower, q_mask, p_lower, p_mask, deterministic,
-            output_hidden_states, rngs=rngs, method=Reader.encode_upper)
+            output_hidden_states, q_qkv, p_qkv, rngs=rngs, method=Reader.encode_upper)
 
     def __call__(self, params: Params, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
                  p_mask: jax.Array, *, deterministic: bool = True,

@@ -37,6 +37,9 @@ MASK_BIAS = float(jnp.finfo(jnp.float32).min)
 # Logit given to padded passage positions so that softmax over spans ignores them.
 PADDED_LOGIT = -1e9
 
+# One attention's (query, key, value), each [batch, heads, seq, head_dim], the query pre-scaled.
+QKV = tuple[jax.Array, jax.Array, jax.Array]
+
 
 def gelu_exact(x: jax.Array) -> jax.Array:
     """The exact (erf) GELU, x/2 * (1 + erf(x/sqrt 2)), written as Hugging Face's `gelu` is.
@@ -87,7 +90,7 @@ class ReaderOutput:
     hidden_states: tuple[jax.Array, ...] | None = None
 
 
-def _dense(config: EncoderConfig, features: int, name: str) -> nn.Dense:
+def _dense(config: EncoderConfig, features: int, name: str | None = None) -> nn.Dense:
     return nn.Dense(
         features,
         dtype=config.compute_dtype,
@@ -97,7 +100,7 @@ def _dense(config: EncoderConfig, features: int, name: str) -> nn.Dense:
     )
 
 
-def _layer_norm(config: EncoderConfig, name: str) -> nn.LayerNorm:
+def _layer_norm(config: EncoderConfig, name: str | None = None) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps, dtype=config.compute_dtype, param_dtype=jnp.float32,
         name=name,
@@ -160,26 +163,49 @@ def _attend(cfg: EncoderConfig, query: jax.Array, key: jax.Array, value: jax.Arr
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention; scores and softmax in float32 whatever the compute dtype."""
+    """Multi-head self-attention; scores and softmax in float32 whatever the compute dtype.
+
+    `project` and the attention proper are separate methods because a delayed-interaction grid
+    computes the FIRST upper block's query/key/value once per question and per passage, not once
+    per pair (see `Reader.project_upper`): each token's projections depend on that token alone.
+    """
 
     config: EncoderConfig
 
-    @nn.compact
-    def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True) -> jax.Array:
-        """x: [batch, seq, hidden]; bias: [batch, 1, 1, seq] -> [batch, seq, hidden]."""
+    def setup(self) -> None:
+        cfg = self.config
+        self.query = _dense(cfg, cfg.hidden_size)
+        self.key = _dense(cfg, cfg.hidden_size)
+        self.value = _dense(cfg, cfg.hidden_size)
+        self.output = _dense(cfg, cfg.hidden_size)
+        self.dropout = nn.Dropout(cfg.attention_dropout)
+
+    def project(self, x: jax.Array) -> QKV:
+        """x: [batch, seq, hidden] -> (query, key, value), each [batch, heads, seq, head_dim].
+
+        The query is already scaled by 1/sqrt(head_dim) (seq x hidden values, not seq x seq).
+        """
         cfg = self.config
         batch, seq, _ = x.shape
 
-        def heads(name: str, scale: float = 1.0) -> jax.Array:
-            """One projection, head-major: [batch, heads, seq, head_dim]."""
-            projected = _dense(cfg, cfg.hidden_size, name)(x)
+        def heads(dense: nn.Dense, scale: float = 1.0) -> jax.Array:
+            projected = dense(x)
             if scale != 1.0:
-                # Scaling the query (seq x hidden) rather than the scores (seq x seq).
                 projected = projected * jnp.asarray(scale, projected.dtype)
             return projected.reshape(batch, seq, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
 
-        query = heads("query", 1.0 / float(np.sqrt(cfg.head_dim)))
-        key, value = heads("key"), heads("value")
+        return (heads(self.query, 1.0 / float(np.sqrt(cfg.head_dim))), heads(self.key),
+                heads(self.value))
+
+    def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True,
+                 qkv: QKV | None = None) -> jax.Array:
+        """x: [batch, seq, hidden]; bias: [batch, 1, 1, seq] -> [batch, seq, hidden].
+
+        qkv: `project(x)` if the caller already has it (the same values), else None.
+        """
+        cfg = self.config
+        batch, seq, _ = x.shape
+        query, key, value = self.project(x) if qkv is None else qkv
         if deterministic and _attend_per_example():
             # XLA:CPU materialises the [batch, heads, seq, seq] scores, several passes of a tensor
             # far larger than the caches; one example at a time the passes stay in cache (2.5x
@@ -188,11 +214,10 @@ class SelfAttention(nn.Module):
         elif deterministic:
             context = _attend(cfg, query, key, value, bias)
         else:
-            dropout = nn.Dropout(cfg.attention_dropout)
             context = _attend(cfg, query, key, value, bias,
-                              lambda probs: dropout(probs, deterministic=False))
+                              lambda probs: self.dropout(probs, deterministic=False))
         context = context.transpose(0, 2, 1, 3).reshape(batch, seq, cfg.hidden_size)
-        return _dense(cfg, cfg.hidden_size, "output")(context)
+        return self.output(context)
 
 
 class Block(nn.Module):
@@ -200,16 +225,26 @@ class Block(nn.Module):
 
     config: EncoderConfig
 
-    @nn.compact
-    def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True) -> jax.Array:
-        """x: [batch, seq, hidden]; bias: [batch, 1, 1, seq] -> [batch, seq, hidden]."""
+    def setup(self) -> None:
         cfg = self.config
-        dropout = nn.Dropout(cfg.hidden_dropout)
-        attended = SelfAttention(cfg, name="attention")(x, bias, deterministic)
-        x = _layer_norm(cfg, "attention_norm")(x + dropout(attended, deterministic=deterministic))
-        hidden = activation_fn(cfg.hidden_act)(_dense(cfg, cfg.intermediate_size, "ffn_in")(x))
-        out = _dense(cfg, cfg.hidden_size, "ffn_out")(hidden)
-        return _layer_norm(cfg, "output_norm")(x + dropout(out, deterministic=deterministic))
+        self.attention = SelfAttention(cfg)
+        self.attention_norm = _layer_norm(cfg)
+        self.ffn_in = _dense(cfg, cfg.intermediate_size)
+        self.ffn_out = _dense(cfg, cfg.hidden_size)
+        self.output_norm = _layer_norm(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True,
+                 qkv: QKV | None = None) -> jax.Array:
+        """x: [batch, seq, hidden]; bias: [batch, 1, 1, seq] -> [batch, seq, hidden].
+
+        qkv: this block's attention projections of x, if precomputed (see SelfAttention).
+        """
+        attended = self.attention(x, bias, deterministic, qkv)
+        x = self.attention_norm(x + self.dropout(attended, deterministic=deterministic))
+        hidden = activation_fn(self.config.hidden_act)(self.ffn_in(x))
+        out = self.ffn_out(hidden)
+        return self.output_norm(x + self.dropout(out, deterministic=deterministic))
 
 
 def num_param_blocks(config: EncoderConfig) -> int:
@@ -236,11 +271,14 @@ class Reader(nn.Module):
         self.qa_outputs = _dense(cfg, 2, "qa_outputs")
 
     def _run_layers(self, x: jax.Array, mask: jax.Array, layers: Sequence[int],
-                    deterministic: bool) -> list[jax.Array]:
+                    deterministic: bool, first_qkv: QKV | None = None) -> list[jax.Array]:
+        """first_qkv: the first layer's attention projections of x, if precomputed."""
         bias = attention_bias(mask)
         states = []
-        for layer in layers:
-            x = self.blocks[param_block_of_layer(self.config, layer)](x, bias, deterministic)
+        for i, layer in enumerate(layers):
+            qkv = first_qkv if i == 0 else None
+            x = self.blocks[param_block_of_layer(self.config, layer)](x, bias, deterministic,
+                                                                      qkv)
             states.append(x)
         return states
 
@@ -269,9 +307,25 @@ class Reader(nn.Module):
             return states[-1], tuple(states)
         return states[-1]
 
+    def project_upper(self, lower: jax.Array) -> QKV:
+        """The first upper block's attention query/key/value of one segment's lower states.
+
+        lower: [batch, seq, hidden] -> 3 x [batch, heads, seq, head_dim]. A token's projections
+        depend on its own lower state only, so a grid computes them once per question and once
+        per passage instead of once per pair; with k = l - 1 that takes the q/k/v matmuls
+        (a quarter of a BERT block's FLOPs) out of the q x p pair phase.
+        """
+        cfg = self.config
+        if cfg.num_lower_layers >= cfg.num_layers:
+            raise ValueError(f"k = {cfg.num_lower_layers} of {cfg.num_layers} layers leaves no "
+                             f"upper block to project for")
+        block = self.blocks[param_block_of_layer(cfg, cfg.num_lower_layers)]
+        return block.attention.project(lower)
+
     def encode_upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
                      p_mask: jax.Array, deterministic: bool = True,
-                     output_hidden_states: bool = False):
+                     output_hidden_states: bool = False, q_qkv: QKV | None = None,
+                     p_qkv: QKV | None = None):
         """Blocks k+1..l over `[question ; passage]` and the span head.
 
         Args:
@@ -279,13 +333,20 @@ class Reader(nn.Module):
           q_mask: [batch, q_len].
           p_lower: [batch, p_len, hidden] passage lower states.
           p_mask: [batch, p_len].
+          q_qkv, p_qkv: `project_upper` of q_lower / p_lower, if already computed (either, both
+            or neither; the other is computed here). Same result, less work per pair.
         Returns:
           ReaderOutput (hidden_states holds the l-k upper states, if asked).
         """
         x = jnp.concatenate([q_lower, p_lower], axis=1)
         mask = jnp.concatenate([q_mask, p_mask], axis=1)
         layers = range(self.config.num_lower_layers, self.config.num_layers)
-        states = self._run_layers(x, mask, layers, deterministic)
+        first_qkv = None
+        if q_qkv is not None or p_qkv is not None:
+            q_qkv = self.project_upper(q_lower) if q_qkv is None else q_qkv
+            p_qkv = self.project_upper(p_lower) if p_qkv is None else p_qkv
+            first_qkv = tuple(jnp.concatenate([q, p], axis=2) for q, p in zip(q_qkv, p_qkv))
+        states = self._run_layers(x, mask, layers, deterministic, first_qkv)
         final = states[-1] if states else x
         logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, seq, 2]
         q_len = q_lower.shape[1]

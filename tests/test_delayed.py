@@ -92,6 +92,31 @@ def test_reference_is_sensitive_to_k(hf_folder_factory):
     assert np.abs(np.asarray(out.start_logits[0, :len(p)]) - wrong_k).max() > 1e-3
 
 
+@pytest.mark.parametrize("arch,k,groups", [("bert", 3, None), ("albert", 2, 2),
+                                            ("distilbert", 1, None)])
+def test_precomputed_first_upper_projections_equal_reference(hf_folder_factory, arch, k, groups):
+    """q/k/v of the first upper block computed per segment (as GridReader does) give the
+    reference logits, whichever side is precomputed. ALBERT with 2 groups over 4 layers and
+    k = 2: the first upper layer uses the second group, so projecting with the wrong block
+    would fail."""
+    overrides = {"num_hidden_groups": groups} if groups else {}
+    model, params, state = _model_and_state(hf_folder_factory, arch, k, **overrides)
+    q_ids, q_mask, p_ids, p_mask = _segments(23)
+    q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
+    p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
+    q_qkv, p_qkv = model.project_upper(params, q_lower), model.project_upper(params, p_lower)
+    assert q_qkv[0].shape == (3, model.config.num_heads, MAX_Q, model.config.head_dim)
+    for given in ({"q_qkv": q_qkv}, {"p_qkv": p_qkv}, {"q_qkv": q_qkv, "p_qkv": p_qkv}):
+        out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, **given)
+        for row in range(len(q_ids)):
+            q = list(q_ids[row, :q_mask[row].sum()])
+            p = list(p_ids[row, :p_mask[row].sum()])
+            start, end, _, _ = _reference(state, model.config, q, p, k)
+            np.testing.assert_allclose(np.asarray(out.start_logits[row, :len(p)]), start,
+                                       atol=1e-4, err_msg=f"{arch} {sorted(given)} row {row}")
+            np.testing.assert_allclose(np.asarray(out.end_logits[row, :len(p)]), end, atol=1e-4)
+
+
 def test_albert_shared_block_split(hf_folder_factory):
     """ALBERT with two parameter groups over 4 layers: the split inside a group is exact."""
     model, params, state = _model_and_state(hf_folder_factory, "albert", 1, num_hidden_groups=2)

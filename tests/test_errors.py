@@ -8,6 +8,7 @@ import re
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -19,7 +20,8 @@ from dil_jax.checkpoints import (
     save_params,
 )
 from dil_jax.config import ConfigError, EncoderConfig
-from dil_jax.model import DelayedInteractionModel, InputError
+from dil_jax.grid import GridReader
+from dil_jax.model import DelayedInteractionModel, InputError, with_num_lower_layers
 from dil_jax.modeling import PASSAGE_SEGMENT
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
@@ -135,6 +137,32 @@ def test_bad_arrays_are_named():
         q = np.ones((1, 8), np.int32)
         p = np.ones((1, 30), np.int32)
         model(params, q, q, p, p)
+
+
+def test_bad_first_upper_projections_are_named():
+    config = EncoderConfig(vocab_size=20, hidden_size=8, num_layers=2, num_heads=2,
+                           intermediate_size=8, embedding_size=8, max_position_embeddings=32,
+                           max_question_len=8, num_lower_layers=1)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    q_lower, p_lower = jnp.ones((2, 8, 8)), jnp.ones((2, 6, 8))
+    q_mask, p_mask = np.ones((2, 8), np.int32), np.ones((2, 6), np.int32)
+    p_qkv = model.project_upper(params, p_lower)
+    with pytest.raises(InputError, match=r"question q/k/v must be 3 arrays of shape "
+                                         r"\(2, 2, 8, 4\).*\(2, 2, 6, 4\)"):
+        # the passage's projections handed in as the question's
+        model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, q_qkv=p_qkv)
+    with pytest.raises(InputError, match="k = 2 of 2 layers leaves no upper block"):
+        with_num_lower_layers(model, 2).project_upper(params, p_lower)
+    reader = GridReader(with_num_lower_layers(model, 0), batch_size=2, chunk_size=2)
+    index = np.zeros(1, np.int32)
+    with pytest.raises(ValueError, match="q/k/v given, but k = 0 of 2 layers"):
+        next(reader.iter_pair_chunks(params, q_lower, q_mask, np.ones((2, 6), np.int32), p_mask,
+                                     index, index, q_qkv=p_qkv))
+    reader = GridReader(model, batch_size=2, chunk_size=2)
+    with pytest.raises(ValueError, match="p_qkv cannot be combined with positions"):
+        next(reader.iter_pair_chunks(params, q_lower, q_mask, p_lower, p_mask, index, index,
+                                     positions=np.zeros((1, 2), np.int32), p_qkv=p_qkv))
 
 
 def test_hf_config_field_types():
