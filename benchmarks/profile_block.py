@@ -7,7 +7,9 @@ Same weights, float32, 2 threads each (the process's CPUs); every candidate runs
 in a shuffled order, so load from other processes falls on all of them; medians and minima.
 Parts: the three q/k/v projections, attention alone (scores, softmax, context; head-major inputs;
 torch's fused scaled_dot_product_attention against our `_attend` looped over the batch as the
-reader does on CPU), the feed-forward (two matmuls and the erf GELU), residual + LayerNorm.
+reader does on CPU; then ours in pieces: the scores matmul with its row max, plus the exp and
+sum, and `jax.nn.dot_product_attention` batched and looped per example), the feed-forward (two
+matmuls and the erf GELU), residual + LayerNorm.
 """
 
 from __future__ import annotations
@@ -95,6 +97,25 @@ def main() -> None:
     def attend_loop(q):
         return jax.lax.map(lambda t: modeling._attend(cfg, *t), (q, q, q, bias))
 
+    def scores(q, k, b):
+        return jnp.einsum("hqd,hkd->hqk", q, k) + b
+
+    def scores_max(q):  # the first matmul, reduced to a small output so that no write dominates
+        return jax.lax.map(lambda t: jnp.max(scores(*t), axis=-1), (q, q, bias))
+
+    def scores_exp_sum(q):
+        def one(t):
+            s_ = scores(*t)
+            return jnp.sum(jnp.exp(s_ - jnp.max(s_, axis=-1, keepdims=True)), axis=-1)
+        return jax.lax.map(one, (q, q, bias))
+
+    q_seq_major = q4.transpose(0, 2, 1, 3)  # [batch, seq, heads, head_dim], jax.nn's layout
+    key_mask = jnp.asarray(mask, bool)[:, None, None, :]
+
+    def jax_dpa_loop(q):
+        return jax.lax.map(lambda t: jax.nn.dot_product_attention(
+            t[0], t[0], t[0], mask=t[1], scale=1.0), (q, key_mask))
+
     runs = {
         "block: HF BertLayer": torch_block,
         "block: ours": lambda: jax.block_until_ready(ours(params, x, bias)),
@@ -104,6 +125,12 @@ def main() -> None:
         "attention alone: torch SDPA": lambda: torch.nn.functional.scaled_dot_product_attention(
             tq4, tq4, tq4, attn_mask=tbias),
         "attention alone: ours": jit_run(attend_loop, q4),
+        "  ours: scores + row max": jit_run(scores_max, q4),
+        "  ours: ... + exp + sum": jit_run(scores_exp_sum, q4),
+        "  jax.nn.dot_product_attention": jit_run(
+            lambda q: jax.nn.dot_product_attention(q, q, q, mask=key_mask, scale=1.0),
+            q_seq_major),
+        "  jax.nn.dot_product_attention/ex.": jit_run(jax_dpa_loop, q_seq_major),
         "feed-forward: torch": lambda: layer.output.dense(layer.intermediate(tx)),
         "feed-forward: ours": jit_run(
             lambda x: modeling.gelu_exact(x @ w1 + b1) @ w2 + b2, jx),

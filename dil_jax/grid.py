@@ -31,6 +31,10 @@ from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
 DATA_AXIS = "data"
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
 KEPT_BUCKET = 32
+# iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
+# are read by at least this many pairs each on average: projecting every row once then costs at
+# most half of projecting inside each pair.
+HOIST_MIN_READS = 2
 
 
 def make_mesh(devices: list | None = None) -> Mesh:
@@ -223,10 +227,12 @@ class GridReader:
         order, p_len for padding (see `kept_positions`); the other tokens are dropped before the
         upper blocks and score -inf. Pairs are then taken in order of kept length, so that each
         chunk is padded only to its own longest (rounded up to KEPT_BUCKET tokens).
-        q_qkv, p_qkv (optional, 0 < k < l): `project_segments` of q_lower / p_source. When k > 0
-        the first upper block's q/k/v are computed once per segment, not per pair: here, if
-        not given (for passages only without `positions`, whose pairs read just their kept
-        tokens: projecting the whole window once costs more than the kept part per pair).
+        q_qkv, p_qkv (optional, 0 < k < l): `project_segments` of q_lower / p_source. When not
+        given, a side's first-upper-block q/k/v are computed here, once per row, if its rows are
+        read by at least HOIST_MIN_READS pairs each on average (then that beats projecting
+        inside every pair; a SQuAD window or an open-domain passage is read once or twice and
+        is left to the pairs), and for passages only without `positions` (pairs that read just
+        their kept tokens would project fewer). A choice of speed only: outputs are the same.
         Outputs per chunk: start/end [chunk, p_len], null start/end [chunk]; the first
         len(indices) rows are real.
         """
@@ -242,9 +248,10 @@ class GridReader:
         p_mask = jax.device_put(np.asarray(p_mask), self.replicated)
         p_source = jax.device_put(p_source, self.replicated)
         if self.hoists_projections:
-            if q_qkv is None:
+            if q_qkv is None and num_pairs >= HOIST_MIN_READS * q_lower.shape[0]:
                 q_qkv = self.project_segments(params, q_lower)
-            if p_qkv is None and positions is None:
+            if (p_qkv is None and positions is None
+                    and num_pairs >= HOIST_MIN_READS * p_source.shape[0]):
                 p_qkv = self.project_segments(params, p_source)
         if positions is None:
             order = np.arange(num_pairs)

@@ -71,7 +71,8 @@ def test_compiled_flops_match_the_formula(record):
 
 
 def test_flop_check_catches_a_wrong_count():
-    """The 5% check has teeth: counting one block too few (k=1 of 3) is far outside it."""
+    """The 5% check has teeth: counting one block too few (k=1 of 3) is far outside it, and so
+    is counting the hoisted q/k/v projections in the pairs."""
     config, params, _ = bench.suite_model("tiny", question_len=16)
     model = DelayedInteractionModel(config.replace(num_lower_layers=1))
     reader = GridReader(model, batch_size=2, chunk_size=2)
@@ -81,6 +82,10 @@ def test_flop_check_catches_a_wrong_count():
     wrong = bench.phase_flops(config.replace(num_lower_layers=2), "pairs", 2, 16, 48)
     assert abs(flops / right - 1) <= FLOP_TOLERANCE
     assert abs(flops / wrong - 1) > 3 * FLOP_TOLERANCE
+    # The pair program reads the first upper block's q/k/v precomputed: counting their
+    # projections in each pair (2 pairs of 64 tokens, 6 n h^2 each) would be ~14% too many.
+    not_hoisted = right + bench.projection_flops(config, 2, 64)
+    assert abs(flops / not_hoisted - 1) > 2 * FLOP_TOLERANCE
 
 
 def test_block_flops_formula():

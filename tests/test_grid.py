@@ -134,3 +134,45 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
             direct = model.encode_upper(params, q_lower_one, q_mask[q_index[pair]][None],
                                         np.asarray(p_lower)[:, kept], mask).start_logits
         np.testing.assert_allclose(start[pair, kept], np.asarray(direct)[0], atol=2e-5)
+
+
+def test_projections_are_hoisted_only_for_segments_read_by_several_pairs(monkeypatch):
+    """The first upper block's q/k/v are computed per segment when a segment is read by
+    several pairs (a grid), inside the pairs when each is read once (SQuAD windows); the
+    span scores are the same either way and equal a direct per-pair forward."""
+    import jax
+
+    from dil_jax.config import EncoderConfig
+    from dil_jax.grid import GridReader
+    from dil_jax.model import DelayedInteractionModel
+
+    model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=2))
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(2)
+    q_ids = rng.integers(1, 50, (3, 8)).astype(np.int32)
+    q_mask = (np.arange(8)[None] < np.array([[5], [8], [3]])).astype(np.int32)
+    p_ids = rng.integers(1, 50, (3, 16)).astype(np.int32)
+    p_mask = (np.arange(16)[None] < np.array([[16], [9], [4]])).astype(np.int32)
+    reader = GridReader(model, batch_size=2, chunk_size=4)
+    projected = []
+    project = reader.project_segments
+    monkeypatch.setattr(reader, "project_segments",
+                        lambda params, lower: projected.append(lower.shape) or project(params,
+                                                                                      lower))
+    q_lower = reader.encode_questions(params, q_ids, q_mask)
+    p_lower = reader.encode_passages(params, p_ids, p_mask)
+
+    def read(q_index, p_index):
+        start = np.zeros((len(q_index), 16), np.float32)
+        for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_lower, p_mask,
+                                                      q_index, p_index):
+            start[pairs] = np.asarray(outputs[0])[:len(pairs)]
+        direct = model(params, q_ids[q_index], q_mask[q_index], p_ids[p_index], p_mask[p_index])
+        np.testing.assert_allclose(start, np.asarray(direct.start_logits), atol=1e-5)
+
+    grid_q, grid_p = (a.ravel() for a in np.meshgrid(np.arange(3), np.arange(3), indexing="ij"))
+    read(grid_q, grid_p)  # 9 pairs, each segment read 3 times: both sides hoisted
+    assert projected == [(3, 8, 32), (3, 16, 32)]
+    projected.clear()
+    read(np.array([0, 1, 2]), np.array([2, 0, 1]))  # each read once: projected in the pairs
+    assert projected == []
