@@ -456,21 +456,43 @@ def hf_model_from_params(config: EncoderConfig, params: Params) -> Any:
     return model
 
 
+def peer_device(backend: str, cuda_available: bool) -> tuple[str | None, str]:
+    """Where the PyTorch peer runs: on the kind of device our reader runs on, or nowhere.
+
+    backend: `jax.default_backend()`. Returns (torch device or None, why), so that a GPU run
+    compares CUDA with CUDA and a TPU run (no torch peer there) says so instead of timing the
+    host CPU against the accelerator.
+    """
+    if backend == "cpu":
+        return "cpu", "JAX runs on the CPU"
+    if backend in ("gpu", "cuda") and cuda_available:
+        return "cuda", "JAX runs on a GPU and torch sees CUDA"
+    if backend in ("gpu", "cuda"):
+        return None, "JAX runs on a GPU but this torch has no CUDA: no peer on the same device"
+    return None, f"no PyTorch peer for the {backend!r} backend (torch-xla is out of scope)"
+
+
 def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
                 max_pairs: int | None = None) -> tuple[dict[str, float], GridOutput | None]:
     """One timed pass of the peer: every pair as `[CLS] q [SEP] p [SEP]`, `chunk_size` at a time.
 
     Builds each chunk from per-segment tensors (as GridReader gathers inside its program) and
-    returns the same span scores as `GridReader.read_grid`. All time is the pair phase.
+    returns the same span scores as `GridReader.read_grid`. All time is the pair phase. Runs on
+    the model's device; copying each chunk's scores to the host synchronises it.
     """
     import torch
 
+    device = next(model.parameters()).device
     nq, npas = inputs.q_ids.shape[0], inputs.p_ids.shape[0]
     q_len, p_len = inputs.q_ids.shape[1], inputs.p_ids.shape[1]
-    q_ids, p_ids = torch.from_numpy(inputs.q_ids).long(), torch.from_numpy(inputs.p_ids).long()
-    q_mask, p_mask = torch.from_numpy(inputs.q_mask).long(), torch.from_numpy(inputs.p_mask).long()
-    types = torch.cat([torch.zeros(q_len, dtype=torch.long), torch.ones(p_len, dtype=torch.long)])
-    q_index, p_index = (torch.from_numpy(a.ravel()) for a in np.meshgrid(
+
+    def tensor(array: np.ndarray) -> Any:
+        return torch.from_numpy(array).long().to(device)
+
+    q_ids, p_ids = tensor(inputs.q_ids), tensor(inputs.p_ids)
+    q_mask, p_mask = tensor(inputs.q_mask), tensor(inputs.p_mask)
+    types = tensor(np.repeat(np.arange(2), (q_len, p_len)))
+    q_index, p_index = (tensor(a.ravel()) for a in np.meshgrid(
         np.arange(nq), np.arange(npas), indexing="ij"))
     num_pairs = nq * npas if max_pairs is None else max_pairs
     start_logits = np.empty((num_pairs, q_len + p_len), np.float32)
@@ -482,8 +504,8 @@ def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
             out = model(input_ids=torch.cat([q_ids[qi], p_ids[pi]], dim=1),
                         attention_mask=torch.cat([q_mask[qi], p_mask[pi]], dim=1),
                         token_type_ids=types.expand(len(qi), -1))
-            start_logits[lo:lo + len(qi)] = out.start_logits.numpy()
-            end_logits[lo:lo + len(qi)] = out.end_logits.numpy()
+            start_logits[lo:lo + len(qi)] = out.start_logits.float().cpu().numpy()
+            end_logits[lo:lo + len(qi)] = out.end_logits.float().cpu().numpy()
     times = {"ni_q": 0.0, "ni_p": 0.0, "pairs": time.perf_counter() - start}
     if max_pairs is not None:
         return times, None
@@ -691,12 +713,18 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
     if suite.with_hf:
         import torch
 
-        # The peer gets the threads XLA's intra-op pool has (see thread_counts).
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
-        hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.params))
-        record["hf_attention"] = hf_model.config._attn_implementation
-        runners[HF_PEER] = lambda max_pairs: run_hf_grid(hf_model, inputs,
-                                                         readers[0].chunk_size, max_pairs)
+        device, why = peer_device(jax.default_backend(), torch.cuda.is_available())
+        record["hf_device"], record["hf_device_reason"] = device, why
+        if device is None:
+            log(f"[{suite.name}] {why}")
+        else:
+            # On CPU the peer gets the threads XLA's intra-op pool has (see thread_counts).
+            torch.set_num_threads(len(os.sched_getaffinity(0)))
+            hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.params))
+            hf_model = hf_model.to(device)
+            record["hf_attention"] = hf_model.config._attn_implementation
+            runners[HF_PEER] = lambda max_pairs: run_hf_grid(hf_model, inputs,
+                                                             readers[0].chunk_size, max_pairs)
     record["threads"] = thread_counts()
 
     log(f"[{suite.name}] compiling and analysing the phase programs")

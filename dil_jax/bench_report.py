@@ -133,10 +133,13 @@ def render_markdown(record: dict[str, Any]) -> str:
         lines.append(f"Other processes kept {suite.get('others_cpu_cores')} cores busy on "
                      "average during this suite's timed passes.")
         if HF_PEER in suite["results"]:
-            lines += ["", (f"{HF_PEER}: `BertForQuestionAnswering`, attention "
+            lines += ["", (f"{HF_PEER}: `BertForQuestionAnswering` on "
+                      f"{suite.get('hf_device', 'cpu')}, attention "
                       f"`{suite.get('hf_attention')}`, same weights (largest span-score "
                       f"difference from {FULL} over the grid: "
                       f"{suite.get('hf_max_logit_difference', float('nan')):.2e}).")]
+        elif suite.get("hf_device_reason"):
+            lines += ["", f"{HF_PEER}: not run — {suite['hf_device_reason']}."]
         lines += ["", "### Targets (this run)", ""] + checks_table(suite)
         lines += ["", "### FLOPs and memory of the compiled programs (one call)", ""]
         lines += flop_table(suite)

@@ -170,3 +170,13 @@ def test_summary_arithmetic():
 def test_others_cpu_share():
     assert bench.others_cpu_share((10.0, 2.0), (14.0, 5.0), 2.0) == 0.5
     assert bench.others_cpu_share(None, (1.0, 1.0), 1.0) is None
+
+
+def test_the_peer_runs_on_the_readers_kind_of_device():
+    """CPU with CPU, CUDA with a GPU; never the host CPU against an accelerator."""
+    assert bench.peer_device("cpu", cuda_available=True)[0] == "cpu"
+    assert bench.peer_device("gpu", cuda_available=True)[0] == "cuda"
+    device, why = bench.peer_device("gpu", cuda_available=False)
+    assert device is None and "no CUDA" in why
+    device, why = bench.peer_device("tpu", cuda_available=False)
+    assert device is None and "'tpu'" in why
