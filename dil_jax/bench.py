@@ -388,22 +388,22 @@ def run_delayed_grid(reader: GridReader, params: Params, inputs: GridInputs,
     With `max_pairs` only that many pairs are read and no output is returned (the warm-up: it
     compiles the very programs the full pass runs, whose shapes do not depend on the pair count).
     """
+    def segments(encode, ids: np.ndarray, mask: np.ndarray) -> tuple[Any, Any]:
+        """Lower states (and, for 0 < k < l, their first-upper-block q/k/v), ready."""
+        lower = encode(params, ids, mask)
+        qkv = reader.project_segments(params, lower) if reader.hoists_projections else None
+        return _ready((lower, qkv))
+
     times = {}
-    q_qkv = p_qkv = None
     start = time.perf_counter()
-    q_lower = reader.encode_questions(params, inputs.q_ids, inputs.q_mask)
-    if reader.hoists_projections:
-        q_qkv = reader.project_segments(params, q_lower)
-    _ready((q_lower, q_qkv))
+    q_lower, q_qkv = segments(reader.encode_questions, inputs.q_ids, inputs.q_mask)
     times["ni_q"] = time.perf_counter() - start
     start = time.perf_counter()
     if reader.model.config.num_lower_layers == 0:
-        p_source: Any = inputs.p_ids  # the full model embeds passages inside the pair program
+        # The full model embeds passages inside the pair program.
+        p_source, p_qkv = inputs.p_ids, None
     else:
-        p_source = reader.encode_passages(params, inputs.p_ids, inputs.p_mask)
-        if reader.hoists_projections:
-            p_qkv = reader.project_segments(params, p_source)
-        _ready((p_source, p_qkv))
+        p_source, p_qkv = segments(reader.encode_passages, inputs.p_ids, inputs.p_mask)
     times["ni_p"] = time.perf_counter() - start
     start = time.perf_counter()
     if max_pairs is None:

@@ -60,6 +60,20 @@ def _reference(state, config, q, p, k):
     return start[nq:], end[nq:], start[0], end[0]
 
 
+def _assert_reference_logits(out, state, config, segments, k: int, label: str) -> None:
+    """Every row's span and null logits equal the NumPy reference's (1e-4)."""
+    q_ids, q_mask, p_ids, p_mask = segments
+    for row in range(len(q_ids)):
+        q = list(q_ids[row, :q_mask[row].sum()])
+        p = list(p_ids[row, :p_mask[row].sum()])
+        start, end, null_start, null_end = _reference(state, config, q, p, k)
+        np.testing.assert_allclose(np.asarray(out.start_logits[row, :len(p)]), start,
+                                   atol=1e-4, err_msg=f"{label} row {row}")
+        np.testing.assert_allclose(np.asarray(out.end_logits[row, :len(p)]), end, atol=1e-4)
+        np.testing.assert_allclose(float(out.null_start_logits[row]), null_start, atol=1e-4)
+        np.testing.assert_allclose(float(out.null_end_logits[row]), null_end, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch,seed", [("bert", 0), ("bert", 1), ("albert", 2),
                                        ("distilbert", 3)])
 def test_split_equals_block_diagonal_reference(hf_folder_factory, arch, seed):
@@ -69,15 +83,8 @@ def test_split_equals_block_diagonal_reference(hf_folder_factory, arch, seed):
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
-    for row in range(len(q_ids)):
-        q = list(q_ids[row, :q_mask[row].sum()])
-        p = list(p_ids[row, :p_mask[row].sum()])
-        start, end, null_start, null_end = _reference(state, model.config, q, p, k)
-        np.testing.assert_allclose(np.asarray(out.start_logits[row, :len(p)]), start,
-                                   atol=1e-4, err_msg=f"{arch} k={k} row {row}")
-        np.testing.assert_allclose(np.asarray(out.end_logits[row, :len(p)]), end, atol=1e-4)
-        np.testing.assert_allclose(float(out.null_start_logits[row]), null_start, atol=1e-4)
-        np.testing.assert_allclose(float(out.null_end_logits[row]), null_end, atol=1e-4)
+    _assert_reference_logits(out, state, model.config, (q_ids, q_mask, p_ids, p_mask), k,
+                             f"{arch} k={k}")
 
 
 def test_reference_is_sensitive_to_k(hf_folder_factory):
@@ -108,13 +115,8 @@ def test_precomputed_first_upper_projections_equal_reference(hf_folder_factory, 
     assert q_qkv[0].shape == (3, model.config.num_heads, MAX_Q, model.config.head_dim)
     for given in ({"q_qkv": q_qkv}, {"p_qkv": p_qkv}, {"q_qkv": q_qkv, "p_qkv": p_qkv}):
         out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, **given)
-        for row in range(len(q_ids)):
-            q = list(q_ids[row, :q_mask[row].sum()])
-            p = list(p_ids[row, :p_mask[row].sum()])
-            start, end, _, _ = _reference(state, model.config, q, p, k)
-            np.testing.assert_allclose(np.asarray(out.start_logits[row, :len(p)]), start,
-                                       atol=1e-4, err_msg=f"{arch} {sorted(given)} row {row}")
-            np.testing.assert_allclose(np.asarray(out.end_logits[row, :len(p)]), end, atol=1e-4)
+        _assert_reference_logits(out, state, model.config, (q_ids, q_mask, p_ids, p_mask), k,
+                                 f"{arch} {sorted(given)}")
 
 
 def test_albert_shared_block_split(hf_folder_factory):
