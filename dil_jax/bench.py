@@ -43,7 +43,7 @@ import numpy as np
 
 from dil_jax import modeling
 from dil_jax.config import EncoderConfig
-from dil_jax.grid import GridOutput, GridReader, make_mesh
+from dil_jax.grid import GridOutput, GridReader, hoists_projections, make_mesh
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
@@ -145,10 +145,6 @@ def projection_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     return batch * 6 * seq * config.hidden_size ** 2
 
 
-def hoists_projections(config: EncoderConfig) -> bool:
-    return 0 < config.num_lower_layers < config.num_layers
-
-
 def qa_head_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     """The span head, a Dense(h -> 2) on every token: 2 n h * 2."""
     return batch * 4 * seq * config.hidden_size
@@ -227,8 +223,9 @@ def _one_program_stats(lowered: Any, num_devices: int) -> ProgramStats:
 
 def program_stats(lowered: Sequence[Any], num_devices: int = 1) -> ProgramStats:
     """Compiles the programs of one phase call (`jax.stages.Lowered`, run one after the other)
-    and reads their cost and memory analyses: FLOPs, bytes and compile time add up; memory is
-    the largest program's (each one's buffers are freed before the next runs)."""
+    and reads their cost and memory analyses: FLOPs, bytes and compile time add up; memory
+    figures are the largest single program's (a projection's input, the lower states, counts
+    as its arguments)."""
     stats = [_one_program_stats(one, num_devices) for one in lowered]
     return ProgramStats(
         flops=sum(s.flops for s in stats), bytes_accessed=sum(s.bytes_accessed for s in stats),

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from dil_jax.config import EncoderConfig
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
 
@@ -36,6 +37,12 @@ KEPT_BUCKET = 32
 # are read by at least this many pairs each on average: projecting every row once then costs at
 # most half of projecting inside each pair.
 HOIST_MIN_READS = 2
+
+
+def hoists_projections(config: EncoderConfig) -> bool:
+    """Whether pairs can read precomputed first-upper-block q/k/v: 0 < k < l (at k = 0 the
+    first block's input is the pair's own embedding; at k = l there is no upper block)."""
+    return 0 < config.num_lower_layers < config.num_layers
 
 
 def make_mesh(devices: list | None = None) -> Mesh:
@@ -136,10 +143,8 @@ class GridReader:
 
     @property
     def hoists_projections(self) -> bool:
-        """Whether pairs read precomputed first-upper-block q/k/v (0 < k < l; at k = 0 the
-        first block's input is the pair's own embedding)."""
-        cfg = self.model.config
-        return 0 < cfg.num_lower_layers < cfg.num_layers
+        """`hoists_projections` of this reader's model."""
+        return hoists_projections(self.model.config)
 
     def project_segments(self, params: Params, lower: jax.Array | np.ndarray) -> QKV:
         """The first upper block's (query, key, value) of every segment, once per segment.

@@ -84,10 +84,13 @@ class DelayedInteractionModel:
         computed once per question and per passage, it saves those matmuls on every pair.
         """
         self._check_lower(lower, "segment")
+        self._check_has_upper_block()
+        return self.module.apply({"params": params}, lower, method=Reader.project_upper)
+
+    def _check_has_upper_block(self) -> None:
         if self.config.num_lower_layers >= self.config.num_layers:
             raise InputError(f"k = {self.config.num_lower_layers} of {self.config.num_layers} "
                              f"layers leaves no upper block to project for")
-        return self.module.apply({"params": params}, lower, method=Reader.project_upper)
 
     def _check_lower(self, lower: Any, name: str) -> None:
         if lower.ndim != 3 or lower.shape[-1] != self.config.hidden_size:
@@ -116,6 +119,7 @@ class DelayedInteractionModel:
                                        ("passage", p_lower, p_mask, p_qkv)):
             self._check_lower(lower, name)
             if qkv is not None:
+                self._check_has_upper_block()  # else the q/k/v would be silently unused
                 self._check_qkv(qkv, lower, name)
             if tuple(mask.shape) != tuple(lower.shape[:2]):
                 raise InputError(f"{name} mask shape {tuple(mask.shape)} does not match lower "

@@ -315,10 +315,7 @@ class Reader(nn.Module):
         per passage instead of once per pair; with k = l - 1 that takes the q/k/v matmuls
         (23% of a BERT-base block's FLOPs at 320 tokens) out of the q x p pair phase.
         """
-        cfg = self.config
-        if cfg.num_lower_layers >= cfg.num_layers:
-            raise ValueError(f"k = {cfg.num_lower_layers} of {cfg.num_layers} layers leaves no "
-                             f"upper block to project for")
+        cfg = self.config  # 0 <= k < l: checked by DelayedInteractionModel
         block = self.blocks[param_block_of_layer(cfg, cfg.num_lower_layers)]
         return block.attention.project(lower)
 

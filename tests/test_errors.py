@@ -152,8 +152,11 @@ def test_bad_first_upper_projections_are_named():
                                          r"\(2, 2, 8, 4\).*\(2, 2, 6, 4\)"):
         # the passage's projections handed in as the question's
         model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, q_qkv=p_qkv)
+    no_upper = with_num_lower_layers(model, 2)
     with pytest.raises(InputError, match="k = 2 of 2 layers leaves no upper block"):
-        with_num_lower_layers(model, 2).project_upper(params, p_lower)
+        no_upper.project_upper(params, p_lower)
+    with pytest.raises(InputError, match="k = 2 of 2 layers leaves no upper block"):
+        no_upper.encode_upper(params, q_lower, q_mask, p_lower, p_mask, p_qkv=p_qkv)
     reader = GridReader(with_num_lower_layers(model, 0), batch_size=2, chunk_size=2)
     index = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="q/k/v given, but k = 0 of 2 layers"):
