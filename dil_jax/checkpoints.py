@@ -23,6 +23,7 @@ import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.config import ConfigError, EncoderConfig
+from dil_jax.errors import DilJaxError
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.modeling import num_param_blocks
 
@@ -43,7 +44,7 @@ _IGNORED = re.compile(
     r"embeddings\.position_ids$)")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(DilJaxError, ValueError):
     """A checkpoint cannot be read or does not fit the model; the message says which tensor."""
 
 

@@ -3,6 +3,11 @@
 Each module in `dil_jax.commands` exposes `register(subparsers)`, which adds its parser and sets
 `func` (called with the parsed args, returning an exit code). Heavy imports (jax, transformers)
 happen inside the commands so that `dil-jax --help` is instant.
+
+Errors: a `DilJaxError` (bad flag, file, field or value; see `dil_jax/errors.py`) is caught here,
+once, and printed as one line naming the problem, exit status 1. `--debug` (or the environment
+variable `DIL_JAX_DEBUG=1`) shows its traceback too. Any other exception is a bug and keeps its
+traceback. Ctrl-C exits with 130 without one.
 """
 
 from __future__ import annotations
@@ -10,7 +15,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+
+from dil_jax.errors import DilJaxError
+
+DEBUG_ENV = "DIL_JAX_DEBUG"
 
 # Subcommand modules, in the order `--help` lists them.
 COMMAND_MODULES = (
@@ -30,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dil-jax",
         description="Delayed Interaction Layers for question answering in JAX/Flax.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of a reported error (or set {DEBUG_ENV}=1)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
@@ -56,12 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except DilJaxError as error:
         # Our errors name the file/field/value; a trace from deep inside adds nothing for a user.
-        if args.verbose:
+        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             raise
         print(f"dil-jax {args.command}: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"dil-jax {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from dil_jax.errors import DilJaxError
+
 ARCHITECTURES = ("bert", "albert", "distilbert")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-class ConfigError(ValueError):
+class ConfigError(DilJaxError, ValueError):
     """A configuration value is invalid; the message names the field and the value."""
 
 

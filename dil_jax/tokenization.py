@@ -16,12 +16,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dil_jax.errors import DilJaxError
+
 log = logging.getLogger(__name__)
 
 NO_OFFSET = -1
 
 
-class TokenizationError(ValueError):
+class TokenizationError(DilJaxError, ValueError):
     """Text that cannot be encoded (e.g. an empty question); the message names which one."""
 
 

@@ -131,3 +131,20 @@ def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = Non
                                       np.ones((1, 8), np.int32))["params"]
     return SentencePrescreener(config, params, *load_reader(str(minilm_dir), None, 32),
                                encoder_name or str(minilm_dir), 32)
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    """Runs `dil-jax ARGV` in this process -> (exit status, stdout, stderr).
+
+    argparse's own errors (exit status 2) are returned like any other exit, so a test asserts
+    on the status and the message the user sees, not on how the CLI got there.
+    """
+    from dil_jax.cli import main
+
+    capsys.readouterr()  # drop what earlier steps printed
+    try:
+        status = main(list(argv))
+    except SystemExit as exit_:
+        status = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err

@@ -31,6 +31,7 @@ import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
+from dil_jax.errors import DilJaxError
 from dil_jax.tokenization import NO_OFFSET, encode_questions
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ FEATURE_FORMAT = 1
 NO_LABEL = -1
 
 
-class FeaturizationError(ValueError):
+class FeaturizationError(DilJaxError, ValueError):
     """Lengths that cannot make windows, or a tokenizer that gives no usable offsets."""
 
 

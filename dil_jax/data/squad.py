@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from dil_jax.errors import DilJaxError
+
 log = logging.getLogger(__name__)
 
 # Spellings of the `version` field, by canonical version.
@@ -26,7 +28,7 @@ VERSIONS = {"1.1": "1.1", "v1.1": "1.1", "2.0": "2.0", "v2.0": "2.0"}
 TFDS_NAMES = {"squad/v1.1": "1.1", "squad/v2.0": "2.0"}
 
 
-class SquadFormatError(ValueError):
+class SquadFormatError(DilJaxError, ValueError):
     """A SQuAD file or record is malformed.
 
     Attributes:

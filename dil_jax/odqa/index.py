@@ -25,6 +25,7 @@ import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.data.features import window_contexts
+from dil_jax.errors import DilJaxError
 from dil_jax.odqa.cache import (
     PassageCache,
     build_passage_cache,
@@ -38,7 +39,7 @@ from dil_jax.odqa.retrieval import BM25Retriever
 INDEX_FORMAT = "dil_jax.odqa_index/1"
 
 
-class OpenDomainIndexError(ValueError):
+class OpenDomainIndexError(DilJaxError, ValueError):
     """An index folder is missing, incomplete or built with other settings; names the field."""
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse
 
 from dil_jax.atomic import staged_directory
+from dil_jax.errors import DilJaxError
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 # A small English stop list: BM25 idf already discounts common words, this only keeps the
@@ -33,7 +34,7 @@ STOPWORDS = frozenset(
 INDEX_FORMAT = "dil_jax.bm25/1"
 
 
-class RetrievalError(ValueError):
+class RetrievalError(DilJaxError, ValueError):
     """An index cannot be read or does not match; the message names the file and the field."""
 
 

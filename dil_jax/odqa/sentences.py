@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from dil_jax.atomic import staged_directory
+from dil_jax.errors import DilJaxError
 from dil_jax.sep.sentences import split_sentences
 
 STORE_FORMAT = "dil_jax.sentence_store/1"
 _MANIFEST = "manifest.json"
 
 
-class SentenceStoreError(ValueError):
+class SentenceStoreError(DilJaxError, ValueError):
     """A sentence store that is missing or was built for another encoder or passage set."""
 
 

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from dil_jax.atomic import staged_directory
+from dil_jax.errors import DilJaxError
 from dil_jax.sep.model import PrescreenConfig, Prescreener
 from dil_jax.sep.screen import SentenceRule, token_sentences, window_keep
 from dil_jax.sep.sentences import answer_sentence, split_sentences
@@ -34,7 +35,7 @@ PARAMS_DIR = "params"
 BUNDLED_PRESCREENER = Path(__file__).resolve().parents[1] / "assets" / "prescreener-minilm"
 
 
-class PrescreenerError(ValueError):
+class PrescreenerError(DilJaxError, ValueError):
     """A prescreener folder that is missing, malformed or made for another sentence encoder."""
 
 

@@ -20,10 +20,12 @@ from pathlib import Path
 
 import ml_collections
 
+from dil_jax.errors import DilJaxError
+
 OVERRIDE_PREFIX = "--config."
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(DilJaxError, ValueError):
     """A config file or override is invalid; the message names the file or key."""
 
 

@@ -1,0 +1,37 @@
+"""The one error type the command line reports without a traceback.
+
+Every problem a user can cause — a bad flag or config value, a missing, corrupt or mismatched
+file, input the model cannot take — is raised as a `DilJaxError` (or a subclass, where a caller
+needs to tell cases apart) whose message names the file / flag / field / value and, where there
+is one, the fix. `dil_jax.cli.main` catches `DilJaxError` once and prints the message; anything
+else is a bug and keeps its traceback.
+
+Subclasses that describe a bad value also derive from `ValueError`, so library callers that
+catch `ValueError` keep working.
+"""
+
+from __future__ import annotations
+
+
+class DilJaxError(Exception):
+    """A problem with the user's input, files, flags or environment; the message names it."""
+
+
+class UsageError(DilJaxError, ValueError):
+    """A command-line flag or config value is out of range or of the wrong type."""
+
+
+class InputFileError(DilJaxError, ValueError):
+    """A file the user gave (or one a manifest names) is missing, unreadable, corrupt or stale."""
+
+
+class OutputPathError(DilJaxError, ValueError):
+    """An output location cannot be written, or writing it would destroy an input."""
+
+
+class BusyError(DilJaxError):
+    """Another process holds the lock on a folder this command needs to write."""
+
+
+class InterruptedRun(DilJaxError):
+    """A long run stopped on a signal; the message says how far it got."""
