@@ -120,8 +120,9 @@ def check_output_path(path: PathLike, flag: str,
     """Checks, before any work, that the output FILE `path` (given as `flag`) can be written.
 
     inputs: {flag: path or paths} the command reads. Refuses (OutputPathError naming the flag
-    and the path) an output that is one of the inputs by any path (symlink, `..`, hard link),
-    a folder, a read-only file, or one under a parent that cannot be created or written.
+    and the path) an output that is one of the inputs by any path (symlink, `..`, hard link) or
+    an existing file inside an input folder, a folder, a read-only file, or one under a parent
+    that cannot be created or written.
     Returns `path` as a Path. Creates nothing.
     """
     path = Path(path)
@@ -129,6 +130,10 @@ def check_output_path(path: PathLike, flag: str,
         if _same_path(path, given):
             raise OutputPathError(f"{flag} {path} is the {input_flag} file {given}: writing it "
                                   "would overwrite the input; choose another output path")
+        if path.exists() and given.is_dir() and _inside(path, given):
+            raise OutputPathError(f"{flag} {path} is a file of the {input_flag} folder {given}: "
+                                  "writing it would overwrite part of the input; choose "
+                                  "another output path")
     if path.is_dir():
         raise OutputPathError(f"{flag} {path} is a folder; give a file path, e.g. "
                               f"{path / 'predictions.json'}")

@@ -51,3 +51,51 @@ unit_interval = _number(float, 0, 1)
 """A number in [0, 1] (mixing weights)."""
 finite_float = _number(float, None, None)
 """Any finite number (thresholds)."""
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An integer >= low (e.g. 2 for a passage window: at least one token and [SEP])."""
+    return _number(int, low, None)
+
+
+window_len = int_at_least(2)
+"""Passage window length: at least one passage token and the [SEP]."""
+
+
+def int_list(element: Callable[[str], int]) -> Callable[[str], tuple[int, ...]]:
+    """Comma-separated integers, e.g. `8,10,11`, each checked by `element`."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        values = tuple(element(part.strip()) for part in text.split(",") if part.strip())
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        return values
+
+    parse.__name__ = f"comma-separated list of {element.__name__}"
+    return parse
+
+
+def check_window_flags(max_passage_len: int, doc_stride: int,
+                       length_flag: str = "--max-passage-len",
+                       stride_flag: str = "--doc-stride") -> None:
+    """Windows hold max_passage_len - 1 passage tokens and a [SEP] and advance by doc_stride: a
+    stride beyond a window would skip passage text, so it must be < max_passage_len."""
+    from dil_jax.errors import UsageError
+
+    if doc_stride >= max_passage_len:
+        raise UsageError(f"{stride_flag} {doc_stride} must be smaller than {length_flag} "
+                         f"{max_passage_len} (a window holds {length_flag} - 1 passage tokens "
+                         f"and moves by {stride_flag}); lower {stride_flag} or raise "
+                         f"{length_flag}")
+
+
+def require_file(path: str, flag: str, what: str = "file") -> None:
+    """Raises InputFileError unless `path` (given as `flag`) is an existing file (not a folder)."""
+    import os
+
+    from dil_jax.errors import InputFileError
+
+    if os.path.isdir(path):
+        raise InputFileError(f"{flag} {path} is a folder, not a {what}; give the {what} itself")
+    if not os.path.exists(path):
+        raise InputFileError(f"{flag} {path}: no such {what}")

@@ -21,27 +21,38 @@ def register(subparsers) -> None:
 
 
 def load_predictions(path: str | Path) -> dict[str, str]:
-    """qid -> answer from a predictions file; errors name the file and the question id."""
+    """qid -> answer from a predictions file; errors (InputFileError) name the file and the
+    question id."""
+    from dil_jax.errors import InputFileError
+
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such predictions file") from None
+        raise InputFileError(f"{path}: no such predictions file") from None
+    except IsADirectoryError:
+        raise InputFileError(f"{path} is a folder, not a predictions file; give the "
+                             "predictions JSON file itself") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not valid JSON ({error})") from None
+        raise InputFileError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object {{question id: answer}}, got "
-                         f"{type(raw).__name__}")
+        raise InputFileError(f"{path}: expected a JSON object {{question id: answer}}, got "
+                             f"{type(raw).__name__}")
     for qid, answer in raw.items():
         if not isinstance(answer, str):
-            raise ValueError(f"{path}: question {qid!r}: answer must be a string, got "
-                             f"{type(answer).__name__}")
+            raise InputFileError(f"{path}: question {qid!r}: answer must be a string, got "
+                                 f"{type(answer).__name__}")
     return raw
 
 
 def run(args: argparse.Namespace) -> int:
+    from dil_jax.commands.arguments import require_file
     from dil_jax.data.squad import load_squad
     from dil_jax.metrics.squad_metric import squad_scores
 
+    # Both files are checked before either is parsed: a folder given for one of them would
+    # otherwise surface as an OS error from deep inside the reader.
+    require_file(args.data, "--data", "SQuAD file")
+    require_file(args.predictions, "--predictions", "predictions file")
     # Answer spans are not needed to score, and the official scripts do not check them.
     dataset = load_squad(args.data, check_spans=False)
     predictions = load_predictions(args.predictions)

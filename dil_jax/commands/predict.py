@@ -7,8 +7,14 @@ import json
 import logging
 import time
 
-log = logging.getLogger(__name__)
+from dil_jax.commands.arguments import (
+    finite_float,
+    non_negative_int,
+    positive_int,
+    window_len,
+)
 
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -25,36 +31,52 @@ def register(subparsers) -> None:
                         help="tokenizer folder (default: the checkpoint's own files)")
     parser.add_argument("--data", required=True, help="SQuAD JSON file")
     parser.add_argument("--output", required=True, help="predictions JSON to write")
-    parser.add_argument("--k", type=int, default=None,
+    parser.add_argument("--k", type=non_negative_int, default=None,
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
-    parser.add_argument("--max-question-len", type=int, default=64)
-    parser.add_argument("--max-passage-len", type=int, default=384)
-    parser.add_argument("--doc-stride", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-answer-length", type=int, default=30, help="in tokens")
-    parser.add_argument("--n-best", type=int, default=20)
-    parser.add_argument("--null-threshold", type=float, default=None,
+    parser.add_argument("--max-question-len", type=positive_int, default=64)
+    parser.add_argument("--max-passage-len", type=window_len, default=384)
+    parser.add_argument("--doc-stride", type=positive_int, default=128,
+                        help="tokens between window starts (< --max-passage-len)")
+    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--max-answer-length", type=positive_int, default=30, help="in tokens")
+    parser.add_argument("--n-best", type=positive_int, default=20)
+    parser.add_argument("--null-threshold", type=finite_float, default=None,
                         help="SQuAD 2.0: answer '' when null - best span score exceeds this "
                              "(default 0.0 for a v2.0 file; v1.1 files always get an answer)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="only the first N questions")
     parser.add_argument("--cache-dir", default=None, help="cache featurized inputs here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_reading_arguments(parser, "")
     parser.set_defaults(func=run)
 
 
+def _local(path: str | None) -> str | None:
+    """A path flag's value, or None for 'default' (a bundled file, not one in the cwd)."""
+    return None if path == "default" else path
+
+
 def run(args: argparse.Namespace) -> int:
-    from dil_jax.atomic import write_atomic
+    from dil_jax.atomic import check_output_path, write_atomic
     from dil_jax.checkpoints import load_reader
+    from dil_jax.commands.arguments import check_window_flags, require_file
     from dil_jax.commands.prescreen import prescreen_from_args
     from dil_jax.data.squad import load_squad
+    from dil_jax.errors import InputFileError
     from dil_jax.predict import predict_squad
 
+    # Everything a flag can get wrong is refused here, before the model is loaded.
+    check_window_flags(args.max_passage_len, args.doc_stride)
+    require_file(args.data, "--data", "SQuAD file")
+    check_output_path(args.output, "--output",
+                      {"--data": args.data, "--checkpoint": _local(args.checkpoint),
+                       "--tokenizer": args.tokenizer, "--cache-dir": args.cache_dir,
+                       "--prescreen": _local(args.prescreen)})
     dataset = load_squad(args.data)
     examples = dataset.examples[:args.limit] if args.limit is not None else dataset.examples
     if not examples:
-        raise ValueError(f"{args.data}: no questions to answer")
+        raise InputFileError(f"--data {args.data}: no questions to answer")
     null_threshold = args.null_threshold
     if null_threshold is None and dataset.version == "2.0":
         null_threshold = 0.0

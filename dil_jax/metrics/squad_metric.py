@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from dil_jax.data.squad import SquadDataset, SquadExample
+from dil_jax.errors import InputFileError, UsageError
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -76,7 +77,7 @@ def squad_scores(data: SquadDataset | Sequence[SquadExample], predictions: Mappi
     else:
         examples = list(data)
     if version not in ("1.1", "2.0"):
-        raise ValueError(f"version must be '1.1' or '2.0', got {version!r}")
+        raise UsageError(f"version must be '1.1' or '2.0', got {version!r}")
     exact: list[int] = []
     f1: list[float] = []
     has_answer: list[bool] = []
@@ -114,7 +115,7 @@ def _summary(exact: list[int], f1: list[float]) -> dict[str, float | int]:
     """100 * sum / total, summing left to right in file order as the official scripts do."""
     total = len(exact)
     if total == 0:
-        raise ValueError("no questions to score")
+        raise InputFileError("no questions to score (the SQuAD data holds none)")
     exact_sum = 0
     f1_sum = 0
     for e, f in zip(exact, f1):
