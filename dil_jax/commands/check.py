@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from dil_jax.commands.arguments import non_negative_int, positive_int, window_len
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -26,11 +28,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="default",
                         help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
-    parser.add_argument("--k", type=int, nargs="+", default=None,
+    parser.add_argument("--k", type=non_negative_int, nargs="+", default=None,
                         help="split points to compare with the full model (default: l-2 l-1)")
-    parser.add_argument("--max-question-len", type=int, default=32)
-    parser.add_argument("--max-passage-len", type=int, default=96)
-    parser.add_argument("--repeats", type=int, default=3, help="timed repeats (median)")
+    parser.add_argument("--max-question-len", type=positive_int, default=32)
+    parser.add_argument("--max-passage-len", type=window_len, default=96)
+    parser.add_argument("--repeats", type=positive_int, default=3,
+                        help="timed repeats (median)")
     parser.set_defaults(func=run)
 
 
@@ -102,6 +105,12 @@ def run(args: argparse.Namespace) -> int:
     print(report.summary())
     l = config.num_layers  # noqa: E741 (the paper's name)
     ks = args.k if args.k is not None else [max(l - 2, 1), l - 1]
+    too_deep = [k for k in ks if k >= l]
+    if too_deep:
+        from dil_jax.errors import UsageError
+
+        raise UsageError(f"--k {' '.join(map(str, too_deep))}: this checkpoint has l = {l} "
+                         f"blocks, so a split point must be in 0..{l - 1}")
     tokenizer = load_tokenizer(folder)
     q = encode_questions(tokenizer, SAMPLE_QUESTIONS, args.max_question_len)
     p = encode_passages(tokenizer, SAMPLE_PASSAGES, args.max_passage_len)

@@ -16,6 +16,13 @@ import argparse
 import logging
 import time
 
+from dil_jax.commands.arguments import (
+    non_negative_int,
+    positive_int,
+    unit_interval,
+    window_len,
+)
+
 log = logging.getLogger(__name__)
 
 DEMO_QUESTIONS = (
@@ -35,19 +42,20 @@ def register(subparsers) -> None:
         "demo", help="open-domain QA over embedded Wikipedia: full vs delayed reader",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--index", default="runs/demo-index", help="index folder (reused)")
-    parser.add_argument("--distractors", type=int, default=2000,
+    parser.add_argument("--distractors", type=non_negative_int, default=2000,
                         help="other Wikipedia articles in the corpus (0 = all 10,033)")
     parser.add_argument("--full-checkpoint", default=None,
                         help="reader for k = 0 (default: the bundled full reader)")
     parser.add_argument("--delayed-checkpoint", default=None,
                         help="reader for delayed interaction (default: the bundled one)")
-    parser.add_argument("--k", type=int, default=None,
-                        help="split point of the delayed reader (default: its own)")
-    parser.add_argument("--top-p", type=int, default=10)
-    parser.add_argument("--mu", type=float, default=0.5)
-    parser.add_argument("--max-question-len", type=int, default=32)
-    parser.add_argument("--max-passage-len", type=int, default=192)
-    parser.add_argument("--doc-stride", type=int, default=96)
+    parser.add_argument("--k", type=positive_int, default=None,
+                        help="split point of the delayed reader, >= 1 (default: its own)")
+    parser.add_argument("--top-p", type=positive_int, default=10)
+    parser.add_argument("--mu", type=unit_interval, default=0.5)
+    parser.add_argument("--max-question-len", type=positive_int, default=32)
+    parser.add_argument("--max-passage-len", type=window_len, default=192)
+    parser.add_argument("--doc-stride", type=positive_int, default=96,
+                        help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
     parser.set_defaults(func=run)
 
@@ -63,14 +71,39 @@ def demo_documents(distractors: int):
     return chosen + (others if distractors == 0 else others[:distractors])
 
 
+def _reusable_index(folder: str, split: dict):
+    """The demo index in `folder` when it was built with `split`, else None (build it)."""
+    from dil_jax.odqa.index import open_index
+
+    try:
+        index = open_index(folder)
+    except ValueError:  # absent, or not readable as an index: built afresh
+        return None
+    if index.settings.get("split") != split:
+        log.warning("%s was built with other settings (%s); rebuilding it", folder,
+                    index.settings.get("split"))
+        return None
+    return index
+
+
 def run(args: argparse.Namespace) -> int:
+    from dil_jax.atomic import check_output_folder
     from dil_jax.checkpoints import load_reader
+    from dil_jax.commands.arguments import check_window_flags
     from dil_jax.commands.odqa import encoder_fn, format_answer
     from dil_jax.defaults import bundled_reader
+    from dil_jax.errors import UsageError
     from dil_jax.odqa.corpus import split_documents
-    from dil_jax.odqa.index import build_index, build_reader_cache, open_index
+    from dil_jax.odqa.index import build_index, build_reader_cache
     from dil_jax.odqa.reader import OpenDomainReader
 
+    check_window_flags(args.max_passage_len, args.doc_stride)
+    # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:
+    # refuse, before any work, a folder that holds something else or a checkpoint.
+    check_output_folder(args.index, "--index",
+                        {"--full-checkpoint": args.full_checkpoint,
+                         "--delayed-checkpoint": args.delayed_checkpoint},
+                        replaced_unless="index.json")
     full_ckpt = args.full_checkpoint or bundled_reader("full")
     delayed_ckpt = args.delayed_checkpoint or bundled_reader("delayed")
     untrained = [c for c in (full_ckpt, delayed_ckpt) if c is None]
@@ -81,18 +114,13 @@ def run(args: argparse.Namespace) -> int:
     k = args.k if args.k is not None else (None if delayed_ckpt else 4)
     delayed = load_reader(str(delayed_ckpt or "default"), k, args.max_question_len)
     if delayed[0].config.num_lower_layers == 0:
-        raise ValueError("the delayed reader has k = 0; pass --k (1..l)")
+        raise UsageError("the delayed reader has k = 0; pass --k (1..l)")
 
     started = time.perf_counter()
     split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": args.distractors,
              "max_passage_len": args.max_passage_len, "doc_stride": args.doc_stride}
-    try:
-        index = open_index(args.index)
-        if index.settings.get("split") != split:
-            log.warning("%s was built with other settings (%s); rebuilding it", args.index,
-                        index.settings.get("split"))
-            raise ValueError("stale demo index")
-    except ValueError:
+    index = _reusable_index(args.index, split)
+    if index is None:
         passages = split_documents(demo_documents(args.distractors), "paragraphs")
         index = build_index(args.index, passages, full[2], max_passage_len=args.max_passage_len,
                             doc_stride=args.doc_stride, split=split)
