@@ -152,9 +152,9 @@ def check_output_folder(folder: PathLike, flag: str,
     """Checks, before any work, that the output FOLDER `folder` (given as `flag`) can be written.
 
     files: the names the command writes into it; none may be an input.
-    replaced_unless: for a folder the command replaces as a whole (staged, then renamed over):
-      the file that marks one it wrote (e.g. "index.json"). An existing, non-empty folder
-      without it is refused, as is one holding an input: replacing it would delete them.
+    replaced_unless: for a folder the command replaces as a whole (staged, then renamed over)
+      unless it holds this file, the mark of one it wrote (e.g. "index.json", reused): without
+      it, a non-empty folder, or one holding an input, is refused (replacing would delete them).
     Returns `folder` as a Path. Creates nothing.
     """
     folder = Path(folder)
@@ -162,16 +162,15 @@ def check_output_folder(folder: PathLike, flag: str,
         raise OutputPathError(f"{flag} {folder} is a file, not a folder; give a folder path")
     given = list(_given(inputs))
     for name in files:
-        check_output_path(folder / name, f"{flag} (its {name})", dict(given))
-    if replaced_unless is not None:
+        check_output_path(folder / name, f"{flag} (its {name})", inputs)
+    if replaced_unless is not None and not (folder / replaced_unless).exists():
         for input_flag, path in given:
             if _inside(path, folder):
                 raise OutputPathError(
                     f"{flag} {folder} holds the {input_flag} input {path}; the command "
                     "replaces that folder as a whole, which would delete the input; choose "
                     "another output folder")
-        if folder.is_dir() and any(folder.iterdir()) and \
-                not (folder / replaced_unless).exists():
+        if folder.is_dir() and any(folder.iterdir()):
             raise OutputPathError(
                 f"{flag} {folder} is a folder that is not empty and has no {replaced_unless}; "
                 "the command replaces that folder as a whole, which would delete what is in "

@@ -15,6 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from dil_jax.commands.arguments import (
+    non_negative_int,
+    positive_int,
+    unit_interval,
+    window_len,
+)
+
 log = logging.getLogger(__name__)
 
 
@@ -27,14 +34,15 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
                                                           "checkpoint's own)")
     if many_k:
-        parser.add_argument("--k", type=int, nargs="+", default=[0],
+        parser.add_argument("--k", type=non_negative_int, nargs="+", default=[0],
                             help="split points to cache/read (0 = the full model)")
     else:
-        parser.add_argument("--k", type=int, default=None,
+        parser.add_argument("--k", type=non_negative_int, default=None,
                             help="split point (default: the checkpoint's own; 0 for HF ones)")
-    parser.add_argument("--max-question-len", type=int, default=32)
-    parser.add_argument("--batch-size", type=int, default=8, help="questions per batch")
-    parser.add_argument("--chunk-size", type=int, default=64, help="pairs per device step")
+    parser.add_argument("--max-question-len", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per batch")
+    parser.add_argument("--chunk-size", type=positive_int, default=64,
+                        help="pairs per device step")
 
 
 def _reader_prescreen(args, index):
@@ -49,6 +57,69 @@ def _reader_prescreen(args, index):
     return ReaderPrescreen(*prescreen, SentenceStore.open(index, prescreen[0]))
 
 
+def _checked_first(check, run):
+    """`run`, preceded by `check(args)`: flag relations and output paths are refused before any
+    model, index or corpus is loaded."""
+    def checked(args: argparse.Namespace) -> int:
+        check(args)
+        return run(args)
+
+    checked.__name__ = run.__name__
+    checked.__doc__ = run.__doc__
+    return checked
+
+
+def _check_checkpoint_count(args: argparse.Namespace) -> None:
+    from dil_jax.errors import UsageError
+
+    if isinstance(args.checkpoint, list) and len(args.checkpoint) not in (1, len(args.k)):
+        raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
+                         f"{len(args.k)}: give one checkpoint for all k, or one per k")
+
+
+def _local_paths(values) -> list[str]:
+    """The values of a path flag that name local files ('default' names a bundled one)."""
+    values = [values] if isinstance(values, str) or values is None else values
+    return [v for v in values if v and v != "default"]
+
+
+def _check_index_flags(args: argparse.Namespace) -> None:
+    from dil_jax.atomic import check_output_folder
+    from dil_jax.commands.arguments import check_window_flags
+
+    check_window_flags(args.max_passage_len, args.doc_stride)
+    _check_checkpoint_count(args)
+    corpus_files = [spec.split(":", 1)[1] for spec in args.corpus
+                    if spec.split(":", 1)[0] in ("squad", "jsonl") and ":" in spec]
+    # The index folder is written as a whole (staged, then renamed over the old one) unless it
+    # already holds an index to resume: never over a folder of other files or over an input.
+    check_output_folder(args.out, "--out",
+                        {"--corpus": corpus_files, "--checkpoint": _local_paths(args.checkpoint),
+                         "--tokenizer": args.tokenizer,
+                         "--prescreen": _local_paths(args.prescreen)},
+                        replaced_unless="index.json")
+
+
+def _check_ask_flags(args: argparse.Namespace) -> None:
+    from dil_jax.errors import UsageError
+
+    if not args.question and not args.interactive:
+        raise UsageError("give a question, or --interactive")
+
+
+def _check_evaluate_flags(args: argparse.Namespace) -> None:
+    from dil_jax.atomic import check_output_folder
+    from dil_jax.commands.arguments import require_file
+
+    _check_checkpoint_count(args)
+    require_file(args.data, "--data", "SQuAD file")
+    if args.out is not None:
+        check_output_folder(args.out, "--out",
+                            {"--data": args.data, "--index": args.index,
+                             "--checkpoint": _local_paths(args.checkpoint)},
+                            files=("results.md", "results.json"))
+
+
 def register(subparsers) -> None:
     from dil_jax.commands.prescreen import add_reading_arguments
 
@@ -59,23 +130,24 @@ def register(subparsers) -> None:
     index.add_argument("--out", required=True, help="index folder")
     index.add_argument("--corpus", action="append", required=True,
                        help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH")
-    index.add_argument("--corpus-limit", type=int, default=None,
+    index.add_argument("--corpus-limit", type=positive_int, default=None,
                        help="only the first N documents of each source")
     index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs")
-    index.add_argument("--max-passage-len", type=int, default=192)
-    index.add_argument("--doc-stride", type=int, default=96)
+    index.add_argument("--max-passage-len", type=window_len, default=192)
+    index.add_argument("--doc-stride", type=positive_int, default=96,
+                       help="tokens between window starts (< --max-passage-len)")
     index.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "
                             "prescreener ('default' = the bundled one, or a folder)")
-    index.set_defaults(func=run_index)
+    index.set_defaults(func=_checked_first(_check_index_flags, run_index))
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
     ask.add_argument("question", nargs="?", help="the question (omit with --interactive)")
     ask.add_argument("--index", required=True)
-    ask.add_argument("--top-p", type=int, default=29, help="passages read per question")
-    ask.add_argument("--mu", type=float, default=0.5,
+    ask.add_argument("--top-p", type=positive_int, default=29, help="passages read per question")
+    ask.add_argument("--mu", type=unit_interval, default=0.5,
                      help="fusion weight of the reader score (1 = reader alone)")
     ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
     ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
@@ -83,7 +155,7 @@ def register(subparsers) -> None:
     _reader_args(ask, many_k=False)
     add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
                                "--prescreen)")
-    ask.set_defaults(func=run_ask)
+    ask.set_defaults(func=_checked_first(_check_ask_flags, run_ask))
 
     evaluate = subparsers.add_parser(
         "odqa-eval", help="open-domain evaluation (R, EM/F1 with and without IR score)")
@@ -92,16 +164,16 @@ def register(subparsers) -> None:
     evaluate.add_argument("--articles", default=":",
                           help="slice of the file's articles to take questions from, e.g. "
                                "28:35 (the validation articles of the training configs)")
-    evaluate.add_argument("--limit", type=int, default=None,
+    evaluate.add_argument("--limit", type=positive_int, default=None,
                           help="evaluate a random subset of N questions (seeded)")
-    evaluate.add_argument("--seed", type=int, default=0)
-    evaluate.add_argument("--p", type=int, nargs="+", default=[29, 100])
-    evaluate.add_argument("--mu", type=float, default=0.5)
+    evaluate.add_argument("--seed", type=non_negative_int, default=0)
+    evaluate.add_argument("--p", type=positive_int, nargs="+", default=[29, 100])
+    evaluate.add_argument("--mu", type=unit_interval, default=0.5)
     evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
     evaluate.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
-    evaluate.set_defaults(func=run_evaluate)
+    evaluate.set_defaults(func=_checked_first(_check_evaluate_flags, run_evaluate))
 
 
 def _checkpoint_for(args, position: int) -> str:
