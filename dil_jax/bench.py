@@ -920,6 +920,7 @@ def ratio_checks(suite: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_json(record: dict[str, Any], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
-    return path
+    """Writes the record atomically (a rerun never leaves a half-written JSON)."""
+    from dil_jax.atomic import write_atomic
+
+    return write_atomic(path, json.dumps(record, indent=2, sort_keys=False) + "\n")

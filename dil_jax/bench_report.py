@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from dil_jax.atomic import write_atomic
 from dil_jax.bench import FULL, HF_PEER, PHASE_TITLES, PHASES, ratio_checks
 
 MIB = 2 ** 20
@@ -189,7 +190,8 @@ def plot_speedups(record: dict[str, Any], path: Path) -> Path:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda out: fig.savefig(out, format="png", dpi=110))
+    finally:
+        plt.close(fig)
     return path

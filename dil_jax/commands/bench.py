@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dil_jax.commands.arguments import int_list, non_negative_int, positive_int
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SUITES = ("minilm", "bert-base")
@@ -21,12 +23,11 @@ DEFAULT_SUITES = ("minilm", "bert-base")
 SHARED_THRESHOLD_CORES = 0.2
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}"
-                                         ) from error
+def _stem(text: str) -> str:
+    """A file stem: the outputs are --out/STEM.{json,md,png}, so no folder part."""
+    if not text or text in (".", "..") or "/" in text or "\\" in text:
+        raise argparse.ArgumentTypeError(f"must be a file name without a folder, got {text!r}")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,29 +39,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     def per_suite(index: int) -> str:
         return ", ".join(f"{name} {grid[index]}" for name, grid in SUITE_GRIDS.items())
 
-    parser.add_argument("--questions", type=int,
+    parser.add_argument("--questions", type=positive_int,
                         help=f"q, questions in the grid (default per suite: {per_suite(0)})")
-    parser.add_argument("--passages", type=int,
+    parser.add_argument("--passages", type=positive_int,
                         help=f"p, passages in the grid (default per suite: {per_suite(1)})")
     parser.add_argument("--paper", action="store_true",
                         help="the paper's grid, q = p = 100 (hours on 2 CPU cores)")
-    parser.add_argument("--question-len", type=int,
+    parser.add_argument("--question-len", type=positive_int,
                         help="padded `[CLS] q [SEP]` tokens (default 64; tiny 16)")
-    parser.add_argument("--passage-len", type=int,
+    parser.add_argument("--passage-len", type=positive_int,
                         help="padded `p [SEP]` tokens (default 256; tiny 48)")
-    parser.add_argument("--ks", type=_int_list,
+    parser.add_argument("--ks", type=int_list(non_negative_int),
                         help="splits k to time besides the full model, e.g. 8,10,11 "
                              "(default l-2,l-1)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes (median)")
-    parser.add_argument("--chunk-size", type=int,
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed passes (median)")
+    parser.add_argument("--chunk-size", type=positive_int,
                         help=f"pairs per program call (default per suite: {per_suite(2)})")
-    parser.add_argument("--batch-size", type=int, help="segments per lower-block call "
+    parser.add_argument("--batch-size", type=positive_int, help="segments per lower-block call "
                         f"(default per suite: {per_suite(3)})")
     parser.add_argument("--no-hf", action="store_true", help="skip the PyTorch peer")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="output folder")
-    parser.add_argument("--name", default="speed_grid", help="output file stem")
-    parser.add_argument("--seed", type=int, default=0, help="random ids and weights")
+    parser.add_argument("--name", type=_stem, default="speed_grid", help="output file stem")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random ids and weights")
     parser.add_argument("--no-retain-memory", dest="retain_memory", action="store_false",
                         help="leave glibc's malloc as it is (by default freed memory is kept for "
                              "reuse so that calls do not re-fault their temporaries; see "
@@ -78,6 +79,7 @@ def register(subparsers: Any) -> None:
 def build_suites(args: argparse.Namespace) -> list[Any]:
     """SuiteSpecs from the flags, each suite's defaults filling what was not given."""
     from dil_jax import bench
+    from dil_jax.errors import UsageError
 
     suites = []
     for name in args.suites or DEFAULT_SUITES:
@@ -91,7 +93,9 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
         ks = args.ks or bench.default_ks(config.num_layers)
         bad = [k for k in ks if not 0 <= k < config.num_layers]
         if bad:
-            raise ValueError(f"--ks {bad} out of range for {name} (0..{config.num_layers - 1})")
+            l = config.num_layers  # noqa: E741 (the paper's name)
+            raise UsageError(f"--ks {','.join(map(str, bad))}: out of range for suite {name} "
+                             f"(l = {l} blocks, so k in 0..{l - 1})")
         suites.append(bench.SuiteSpec(
             name=name, config=config, params=params, grid=grid, ks=tuple(ks), weights=weights,
             repeats=args.repeats, batch_size=args.batch_size or batch,
@@ -102,9 +106,14 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
 def run(args: argparse.Namespace) -> int:
     """Runs every suite, writes the JSON, Markdown and PNG, prints the Markdown."""
     from dil_jax import bench, bench_report
+    from dil_jax.atomic import check_output_folder, write_atomic
+    from dil_jax.errors import UsageError
 
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.repeats < 1:  # argparse checks it; benchmarks/speed_grid.py's callers may not
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    # Minutes to hours of timing must not end in an unwritable --out.
+    check_output_folder(args.out, "--out",
+                        files=[f"{args.name}{suffix}" for suffix in (".json", ".md", ".png")])
     # Before any suite builds its models: the allocator setting must precede XLA's first call.
     retained = args.retain_memory and bench.retain_freed_memory()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -125,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     stem = args.out / args.name
     bench.write_json(record, stem.with_suffix(".json"))
     markdown = bench_report.render_markdown(record)
-    stem.with_suffix(".md").write_text(markdown)
+    write_atomic(stem.with_suffix(".md"), markdown)
     try:
         bench_report.plot_speedups(record, stem.with_suffix(".png"))
     except ImportError:

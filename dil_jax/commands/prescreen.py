@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from dil_jax.commands.arguments import fraction, positive_int, window_len
+
 
 def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
     """--prescreen/--top-m/--mass of the commands that read (`where` completes the help)."""
@@ -29,9 +31,9 @@ def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
                         help="read only the prescreened sentences of each passage in the upper "
                              "blocks ('default' = the bundled prescreener, or a folder written "
                              f"by dil-jax prescreen){where}")
-    parser.add_argument("--top-m", type=int, default=2,
+    parser.add_argument("--top-m", type=positive_int, default=2,
                         help="with --prescreen: keep the m best sentences of each passage")
-    parser.add_argument("--mass", type=float, default=None,
+    parser.add_argument("--mass", type=fraction, default=None,
                         help="with --prescreen: keep the fewest best sentences holding this "
                              "much probability (at most --top-m)")
 
@@ -47,6 +49,28 @@ def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
             SentenceRule(top_m=args.top_m, mass=args.mass))
 
 
+def check_workdir(args: argparse.Namespace, config) -> None:
+    """Refuses, before any embedding or training, a workdir this run cannot write or would
+    destroy: training replaces it as a whole with the prescreener folder (staged, then renamed
+    over), so it must be new, empty or an earlier prescreener, and hold none of the inputs;
+    scoring with --readers writes end_to_end.md/.json into it."""
+    from dil_jax.atomic import check_output_folder
+    from dil_jax.sep.prescreener import MANIFEST_FILE
+
+    def local(*paths) -> list[str]:  # 'default' names a bundled file, not one in the cwd
+        return [str(path) for path in paths if path and str(path) != "default"]
+
+    inputs = {"--config.data.file": config.data.file, "--prescreener": local(args.prescreener),
+              "--readers": local(*args.readers),
+              "--config.encoder.checkpoint": local(config.encoder.checkpoint)}
+    if args.prescreener is None:
+        check_output_folder(config.workdir, "--config.workdir", inputs,
+                            replaced_unless=MANIFEST_FILE)
+    elif args.readers:
+        check_output_folder(config.workdir, "--config.workdir", inputs,
+                            files=("end_to_end.md", "end_to_end.json"))
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "prescreen", help="train/evaluate the sentence prescreener (SEP)", description=__doc__,
@@ -60,14 +84,14 @@ def register(subparsers) -> None:
     parser.add_argument("--readers", nargs="*", default=[],
                         help="reader checkpoints to run end to end with and without prescreening "
                              "on the validation questions")
-    parser.add_argument("--top-m", type=int, nargs="*", default=[1, 2],
+    parser.add_argument("--top-m", type=positive_int, nargs="*", default=[1, 2],
                         help="end-to-end rules: keep the m best sentences")
-    parser.add_argument("--mass", type=float, nargs="*", default=[],
+    parser.add_argument("--mass", type=fraction, nargs="*", default=[],
                         help="end-to-end rules: keep the fewest best sentences with this much "
                              "probability")
-    parser.add_argument("--eval-limit", type=int, default=400,
+    parser.add_argument("--eval-limit", type=positive_int, default=400,
                         help="validation questions read end to end (the first N)")
-    parser.add_argument("--max-passage-len", type=int, default=160,
+    parser.add_argument("--max-passage-len", type=window_len, default=160,
                         help="reader window (tokens) with and without prescreening")
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
@@ -109,14 +133,17 @@ def _train(config, splits, encoder):
 
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import write_atomic
+    from dil_jax.errors import UsageError
     from dil_jax.sep.prescreener import SentencePrescreener, load_sentence_encoder
     from dil_jax.sep.train import data_scores, first_sentence_accuracy, topk_accuracy
     from dil_jax.train.config_files import load_config, split_overrides
 
     rest, overrides = split_overrides(args.extra_args or [])
     if rest:
-        raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
+                         "(overrides are --config.key=value)")
     config = load_config(args.config, overrides)
+    check_workdir(args, config)
     started = time.perf_counter()
     training = None
     if args.prescreener is None:

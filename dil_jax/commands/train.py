@@ -11,6 +11,9 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
+
+from dil_jax.errors import OutputPathError
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +33,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the resolved config and exit")
 
 
+def check_workdir(config) -> None:
+    """Refuses, before training starts, a local workdir that is a file, cannot be written, or is
+    one of the run's input files or checkpoints (checkpoints/, params/, metrics are written
+    into it; a remote gs:// workdir is left to the checkpointer)."""
+    from dil_jax.atomic import check_output_folder
+    from dil_jax.train.loop import is_remote
+
+    if is_remote(config.workdir):
+        return
+    inputs = {f"--config.{key}": value for key, value in (
+        ("data.squad_file", config.data.squad_file),
+        ("data.validation_file", config.data.validation_file),
+        ("model.checkpoint", config.model.checkpoint),
+        ("teacher.checkpoint", config.teacher.checkpoint))
+        if value and str(value) not in ("default", "student_init")}
+    for flag, path in inputs.items():
+        if Path(config.workdir).resolve() == Path(path).resolve():
+            raise OutputPathError(f"--config.workdir {config.workdir} is the {flag} input; "
+                                  "training writes into it; choose another workdir")
+    check_output_folder(config.workdir, "--config.workdir", inputs)
+
+
 def run(args: argparse.Namespace) -> int:
+    from dil_jax.errors import UsageError
     from dil_jax.train.config_files import load_config, split_overrides
 
     rest, overrides = split_overrides(getattr(args, "extra_args", None) or [])
     if rest:
-        raise ValueError(f"unrecognized arguments: {' '.join(rest)} "
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
                          "(overrides are --config.key=value)")
     config = load_config(args.config, overrides)
+    if not args.print_config:
+        check_workdir(config)
     # orbax logs every save step at INFO through absl; keep the console to our own lines.
     logging.getLogger("absl").setLevel(logging.WARNING)
     if args.print_config:

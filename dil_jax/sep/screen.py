@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dil_jax.errors import UsageError
+
 
 @dataclasses.dataclass(frozen=True)
 class SentenceRule:
@@ -27,11 +29,11 @@ class SentenceRule:
 
     def __post_init__(self):
         if self.top_m is None and self.mass is None:
-            raise ValueError("a sentence rule needs top_m, mass or both")
+            raise UsageError("a sentence rule needs top_m (--top-m), mass (--mass) or both")
         if self.top_m is not None and self.top_m < 1:
-            raise ValueError(f"top_m must be >= 1, got {self.top_m}")
+            raise UsageError(f"top_m (--top-m) must be >= 1, got {self.top_m}")
         if self.mass is not None and not 0.0 < self.mass <= 1.0:
-            raise ValueError(f"mass must be in (0, 1], got {self.mass}")
+            raise UsageError(f"mass (--mass) must be in (0, 1], got {self.mass}")
 
     def __str__(self) -> str:
         if self.mass is None:
