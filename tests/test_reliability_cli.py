@@ -137,10 +137,6 @@ RELATION_CASES = [
       "100"], ["--doc-stride 100", "--max-passage-len 64"]),
     (["demo", "--index", "O", "--max-passage-len", "64", "--doc-stride", "64"],
      ["--doc-stride 64", "--max-passage-len 64"]),
-    (["index", "--out", "O", "--corpus", "wikipedia", "--k", "0", "4", "--checkpoint", "a", "b",
-      "c"], ["--checkpoint has 3 values", "--k has 2"]),
-    (["odqa-eval", "--index", "I", "--data", "D", "--k", "0", "4", "--checkpoint", "a", "b",
-      "c"], ["--checkpoint has 3 values", "--k has 2"]),
     (["ask", "--index", "I"], ["give a question, or --interactive"]),
 ]
 
@@ -155,6 +151,31 @@ def test_flag_relations_refused_before_any_work(argv, wanted, capsys, _no_work, 
     assert err.startswith(f"dil-jax {argv[0]}: error: "), err
     for fragment in wanted:
         assert fragment in err, err
+
+
+def _reported_error(argv: list[str]):
+    """The error `dil-jax ARGV` reports, raised as the CLI's function raises it (the CLI prints
+    only a DilJaxError without a traceback; anything else is a bug with one)."""
+    from dil_jax.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(argv)
+    args.extra_args = extra
+    with pytest.raises(Exception) as caught:
+        args.func(args)
+    return caught.value
+
+
+@pytest.mark.parametrize("command", ["index --out O --corpus wikipedia",
+                                     "odqa-eval --index I --data D"])
+def test_checkpoint_count_is_a_usage_error_naming_both_flags(command, _no_work, tmp_path,
+                                                             squad_file):
+    from dil_jax.errors import UsageError
+
+    names = {"D": str(squad_file), "O": str(tmp_path / "out"), "I": str(tmp_path / "index")}
+    argv = [names.get(part, part) for part in command.split()]
+    error = _reported_error(argv + ["--k", "0", "4", "--checkpoint", "a", "b", "c"])
+    assert isinstance(error, UsageError), repr(error)
+    assert "--checkpoint has 3 values" in str(error) and "--k has 2" in str(error)
 
 
 def test_check_k_beyond_the_checkpoint_names_flag_and_blocks(capsys):
@@ -321,14 +342,18 @@ def test_evaluate_names_a_folder_given_as_a_file(flag, capsys, tmp_path, squad_f
     assert f"{flag} {folder} is a folder, not a" in err, err
 
 
-def test_evaluate_reports_bad_predictions_json_without_a_traceback(capsys, tmp_path,
-                                                                   squad_file):
+@pytest.mark.parametrize("content, wanted", [("{not json", "not valid JSON"),
+                                             ("[]", "expected a JSON object"),
+                                             ('{"q1": 3}', "answer must be a string")])
+def test_evaluate_bad_predictions_are_input_file_errors(content, wanted, tmp_path, squad_file):
+    from dil_jax.errors import InputFileError
+
     predictions = tmp_path / "preds.json"
-    predictions.write_text("{not json")
-    status, _, err = run_cli(["evaluate", "--data", str(squad_file), "--predictions",
-                              str(predictions)], capsys)
-    assert status == 1, err
-    assert f"{predictions}: not valid JSON" in err and "Traceback" not in err, err
+    predictions.write_text(content)
+    error = _reported_error(["evaluate", "--data", str(squad_file), "--predictions",
+                             str(predictions)])
+    assert isinstance(error, InputFileError), repr(error)
+    assert f"{predictions}" in str(error) and wanted in str(error)
 
 
 # ------------------------------------------------------------- library errors users can reach
@@ -357,8 +382,13 @@ def test_staged_directory_refusal_is_an_output_path_error(tmp_path):
         pass
 
 
-def test_prescreen_unknown_argument_is_a_usage_error(capsys, _no_work, tmp_path):
-    config = Path(__file__).resolve().parents[1] / "configs" / "prescreen.py"
-    status, _, err = run_cli(["prescreen", "--config", str(config), "--bogus"], capsys)
-    assert status == 1, err
-    assert "unrecognized arguments: --bogus" in err, err
+@pytest.mark.parametrize("command", ["prescreen", "train"])
+def test_unknown_argument_is_a_usage_error(command, _no_work):
+    from dil_jax.errors import UsageError
+
+    config = Path(__file__).resolve().parents[1] / "configs" / f"{command}.py"
+    if command == "train":
+        config = config.with_name("tiny.py")
+    error = _reported_error([command, "--config", str(config), "--bogus"])
+    assert isinstance(error, UsageError), repr(error)
+    assert "unrecognized arguments: --bogus" in str(error)
