@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from dil_jax.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 
@@ -111,7 +113,7 @@ def _checkpoint_for(args, position: int) -> str:
     if len(args.checkpoint) == 1:
         return args.checkpoint[0]
     if len(args.checkpoint) != len(args.k):
-        raise ValueError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
+        raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
                          f"{len(args.k)}: give one checkpoint for all k, or one per k")
     return args.checkpoint[position]
 
@@ -190,6 +192,9 @@ def run_index(args: argparse.Namespace) -> int:
 
         prescreener = SentencePrescreener.load(args.prescreen)
     readers = [_load(args, k, i) for i, k in enumerate(args.k)]
+    from dil_jax.odqa.reader import check_read_lengths
+    for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
+        check_read_lengths(model.config, args.max_passage_len)
     build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
               args.doc_stride, readers, args.cache_dtype, prescreener=prescreener)
     return 0
@@ -213,7 +218,12 @@ def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
     answer = pick_answer(candidates, mu)
     lines = [f"Q: {question}"]
     if answer is None:
-        lines.append("A: (no passage retrieved)")
+        # Why no answer (non-finite reader scores are an error upstream, never reported here).
+        if not hits:
+            lines.append("A: (no answer: no passage shares a word with the question)")
+        else:
+            lines.append(f"A: (no answer: none of the {len(hits)} retrieved passages has an "
+                         f"allowed span)")
         return "\n".join(lines)
     passage = reader.index.passages[answer.passage_index]
     # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
@@ -242,7 +252,7 @@ def run_ask(args: argparse.Namespace) -> int:
     elif args.question:
         questions = iter([args.question])
     else:
-        raise ValueError("give a question, or --interactive")
+        raise UsageError("give a question (ask \"...\" --index DIR), or --interactive")
     for question in questions:
         result = reader.read([question])
         print(format_answer(reader, question, result.candidates[0], result.hits[0],
