@@ -108,9 +108,7 @@ def test_ask_refuses_a_question_length_the_index_windows_do_not_fit(long_window_
     assert "question length 25 + passage length 500 = 525 exceeds" in err
     assert "--max-question-len" in err
     assert "no passage" not in out  # was "(no passage retrieved)" from NaN logits
-
-
-def test_ask_reads_at_the_lengths_that_fit(long_window_index, capsys):
+    # At the question length the index was built for, it reads.
     status, out, _ = run_cli(["ask", "Who wrote Pride and Prejudice?", "--index",
                               str(long_window_index), "--k", "0", "--max-question-len", "12",
                               "--top-p", "2", *READ], capsys)
@@ -199,9 +197,9 @@ def test_a_huge_paragraph_is_indexed_as_bounded_passages(tmp_path, capsys, caplo
 # ----------------------------------------------------------------------------- 4. named errors
 
 
-def test_ask_without_a_question_is_a_usage_error(long_window_index, capsys):
-    status, _, err = run_cli(["ask", "--index", str(long_window_index), "--k", "0",
-                              "--max-question-len", "12"], capsys)
+def test_ask_without_a_question_is_a_usage_error_before_loading(tmp_path, capsys):
+    # Checked first: no model is loaded and the (here missing) index is not opened.
+    status, _, err = run_cli(["ask", "--index", str(tmp_path / "missing")], capsys)
     assert status == 1 and "give a question" in err and "--interactive" in err
 
 

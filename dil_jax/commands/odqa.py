@@ -244,15 +244,15 @@ def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
 
 
 def run_ask(args: argparse.Namespace) -> int:
+    if not (args.interactive or args.question):  # before loading anything
+        raise UsageError("give a question (ask \"...\" --index DIR), or --interactive")
     reader = _open_reader(args, args.k, args.top_p)
     mu = None if args.no_fusion else args.mu
     if args.interactive:
         print("Ask a question (empty line or Ctrl-D to quit).", file=sys.stderr)
         questions = iter(lambda: sys.stdin.readline().strip(), "")
-    elif args.question:
-        questions = iter([args.question])
     else:
-        raise UsageError("give a question (ask \"...\" --index DIR), or --interactive")
+        questions = iter([args.question])
     for question in questions:
         result = reader.read([question])
         print(format_answer(reader, question, result.candidates[0], result.hits[0],
