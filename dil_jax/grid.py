@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dil_jax.config import EncoderConfig
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
 
 DATA_AXIS = "data"
@@ -163,7 +163,7 @@ class GridReader:
         question-independent state to cache (its positions follow the question), so read_grid
         takes the passage ids instead and this raises."""
         if self.model.config.num_lower_layers == 0:
-            raise ValueError("with k = 0 (the full model) passage states depend on the question "
+            raise InputError("with k = 0 (the full model) passage states depend on the question "
                              "length through positions; pass passage ids to read_pairs instead")
         return self.encode_segments(params, ids, mask, PASSAGE_SEGMENT)
 
@@ -244,12 +244,15 @@ class GridReader:
         """
         num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
         if (q_qkv is not None or p_qkv is not None) and not self.hoists_projections:
-            raise ValueError(f"q/k/v given, but k = {self.model.config.num_lower_layers} of "
+            raise InputError(f"q/k/v given, but k = {self.model.config.num_lower_layers} of "
                              f"{self.model.config.num_layers} layers has no lower state to "
                              f"project them from (0 < k < l needed)")
         if p_qkv is not None and positions is not None:
-            raise ValueError("p_qkv cannot be combined with positions: kept tokens are "
+            raise InputError("p_qkv cannot be combined with positions: kept tokens are "
                              "projected inside the pair program")
+        # Before tracing: past the position table XLA would return NaN logits, not an error.
+        check_segment_lengths(self.model.config, np.shape(q_mask)[1],
+                              p_len if positions is None else np.shape(positions)[1])
         q_mask = jax.device_put(np.asarray(q_mask), self.replicated)
         p_mask = jax.device_put(np.asarray(p_mask), self.replicated)
         p_source = jax.device_put(p_source, self.replicated)

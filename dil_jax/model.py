@@ -49,6 +49,30 @@ def _check_segment_arrays(config: EncoderConfig, ids: Any, mask: Any, what: str)
         )
 
 
+def check_segment_lengths(config: EncoderConfig, question_len: int, passage_len: int,
+                          fix: str = "lower the question or passage length") -> None:
+    """Raises InputError unless a question of `question_len` and a passage of `passage_len`
+    tokens fit the position table (`max_position_embeddings`) of a reader split at k.
+
+    The rule: with k = 0 (the full model) passage positions follow the question's, so question
+    + passage must fit; with k > 0 each segment is numbered from 0 and each must fit. Why check
+    up front: past the table, the position lookup reads out of range and XLA returns NaN logits
+    (or clamps), never an error. `fix` names the flags the caller's user can change.
+    """
+    limit = config.max_position_embeddings
+    k = config.num_lower_layers
+    if k == 0 and question_len + passage_len > limit:
+        raise InputError(
+            f"the full model (k = 0) numbers passage positions after the question: question "
+            f"length {question_len} + passage length {passage_len} = "
+            f"{question_len + passage_len} exceeds max_position_embeddings {limit}; {fix}, or "
+            f"read with k > 0")
+    for name, length in (("question", question_len), ("passage", passage_len)):
+        if length > limit:
+            raise InputError(f"{name} length {length} exceeds max_position_embeddings {limit} "
+                             f"(k = {k}); {fix}")
+
+
 class DelayedInteractionModel:
     """A reader with split point `config.num_lower_layers` (k) of `config.num_layers` (l)."""
 
@@ -74,6 +98,15 @@ class DelayedInteractionModel:
             raise InputError(f"segment must be {QUESTION_SEGMENT} (question) or "
                              f"{PASSAGE_SEGMENT} (passage), got {segment!r}")
         _check_segment_arrays(self.config, ids, mask, "question" if segment == 0 else "passage")
+        if position_offset is not None and not isinstance(position_offset, jax.core.Tracer):
+            # A concrete offset is checked here; traced ones (inside GridReader's jit) are
+            # bounded by the static question length, checked by GridReader.
+            last = int(jnp.max(jnp.asarray(position_offset))) + ids.shape[1]
+            if last > self.config.max_position_embeddings:
+                raise InputError(
+                    f"position_offset up to {last - ids.shape[1]} + passage length "
+                    f"{ids.shape[1]} = {last} exceeds max_position_embeddings "
+                    f"{self.config.max_position_embeddings}; shorten the question or passage")
         return self.module.apply(
             {"params": params}, ids, mask, segment, position_offset, deterministic,
             output_hidden_states, rngs=rngs, method=Reader.encode_lower)
@@ -142,14 +175,7 @@ class DelayedInteractionModel:
         if q_ids.shape[0] != p_ids.shape[0]:
             raise InputError(f"question batch {q_ids.shape[0]} differs from passage batch "
                              f"{p_ids.shape[0]}")
-        if self.config.num_lower_layers == 0:
-            total = q_ids.shape[1] + p_ids.shape[1]
-            if total > self.config.max_position_embeddings:
-                raise InputError(
-                    f"the full model (k = 0) numbers passage positions after the question: "
-                    f"question length {q_ids.shape[1]} + passage length {p_ids.shape[1]} = "
-                    f"{total} exceeds max_position_embeddings "
-                    f"{self.config.max_position_embeddings}")
+        check_segment_lengths(self.config, q_ids.shape[1], p_ids.shape[1])
         return self.module.apply(
             {"params": params}, q_ids, q_mask, p_ids, p_mask, deterministic,
             output_hidden_states, rngs=rngs)

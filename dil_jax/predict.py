@@ -22,7 +22,7 @@ import numpy as np
 from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model import DelayedInteractionModel, Params, check_segment_lengths
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +47,10 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
 
 def check_lengths(model: DelayedInteractionModel, max_question_len: int,
                   max_passage_len: int) -> None:
-    """Raises ValueError when the segments do not fit the model's position table."""
-    config = model.config
-    limit = config.max_position_embeddings
-    if config.num_lower_layers == 0 and max_question_len + max_passage_len > limit:
-        raise ValueError(
-            f"the full model (k = 0) numbers passage positions after the question: "
-            f"max_question_len {max_question_len} + max_passage_len {max_passage_len} exceeds "
-            f"max_position_embeddings {limit}")
-    if max(max_question_len, max_passage_len) > limit:
-        raise ValueError(f"max_question_len {max_question_len} / max_passage_len "
-                         f"{max_passage_len} exceeds max_position_embeddings {limit}")
+    """Raises InputError when the segments do not fit the model's position table
+    (`dil_jax.model.check_segment_lengths`, naming the flags to change)."""
+    check_segment_lengths(model.config, max_question_len, max_passage_len,
+                          fix="lower --max-question-len or --max-passage-len")
 
 
 def window_logits(model: DelayedInteractionModel, params: Params, features: Features, *,

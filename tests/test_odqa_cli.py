@@ -44,7 +44,7 @@ def test_index_ask_and_eval(tmp_path, capsys):
     assert "BM25 rank" in out
     # A reader split at another k has no cache in this index: a clear error, not a wrong answer.
     with pytest.raises(ValueError, match="no passage cache here"):
-        main(["-v", "ask", "Who?", "--index", str(index), "--k", "3", *common])
+        main(["--debug", "ask", "Who?", "--index", str(index), "--k", "3", *common])
 
     squad, _ = _write_squad(tmp_path)
     assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "0", "4",
@@ -74,8 +74,8 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
     assert main(build) == 0
     # The index exists but holds no sentence embeddings yet: a clear error naming the fix.
     with pytest.raises(ValueError, match="dil-jax index"):
-        main(["-v", "ask", "Who?", "--index", str(index), "--k", "4", "--prescreen", str(folder),
-              *common])
+        main(["--debug", "ask", "Who?", "--index", str(index), "--k", "4", "--prescreen",
+              str(folder), *common])
     assert main([*build, "--prescreen", str(folder)]) == 0
     assert list(index.glob("sentences-*/embeddings.npy"))
     assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "4",

@@ -13,6 +13,7 @@ from dil_jax.model import DelayedInteractionModel
 from dil_jax.odqa.corpus import Document, split_documents
 from dil_jax.odqa.index import build_index, build_reader_cache
 from dil_jax.odqa.reader import Candidate, OpenDomainReader, pick_answer, standardize
+from dil_jax.odqa.retrieval import bm25_tokenize
 from dil_jax.predict import predict_squad
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer
@@ -49,11 +50,16 @@ def test_reader_equals_squad_predict_path(minilm, index, k):
     assert index.windows.count.max() > 1, "some passage must span several windows"
     reader = OpenDomainReader(index, model, params, tokenizer, cache,
                               top_p=len(index.passages), batch_size=4, chunk_size=8)
-    questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]
+    # Only passages sharing a word with the question are retrieved: the last question shares
+    # one with every passage, so every passage (and window) is compared.
+    every = " ".join(bm25_tokenize(passage.text)[0] for passage in index.passages)
+    questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?",
+                 f"What links {every}?"]
     result = reader.read(questions)
     assert set(result.timings) == {"retrieval", "question_lower", "pair_upper", "decode"}
-    for question, candidates in zip(questions, result.candidates):
-        assert len(candidates) == len(index.passages)
+    assert len(result.candidates[-1]) == len(index.passages)
+    for question, candidates, hits in zip(questions, result.candidates, result.hits):
+        assert len(candidates) == len(hits) >= 1
         examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
                                  question) for c in candidates]
         expected = predict_squad(model, params, tokenizer, examples, max_passage_len=P_LEN,

@@ -137,7 +137,7 @@ RELATION_CASES = [
       "100"], ["--doc-stride 100", "--max-passage-len 64"]),
     (["demo", "--index", "O", "--max-passage-len", "64", "--doc-stride", "64"],
      ["--doc-stride 64", "--max-passage-len 64"]),
-    (["ask", "--index", "I"], ["give a question, or --interactive"]),
+    (["ask", "--index", "I"], ["give a question", "--interactive"]),
 ]
 
 

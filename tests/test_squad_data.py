@@ -15,6 +15,7 @@ from dil_jax.data.squad import (
     parse_squad,
     split_by_article,
 )
+from dil_jax.errors import InputFileError
 
 from squad_shared import V11, V20, squad_file
 
@@ -94,7 +95,7 @@ def test_non_json_and_wrong_version(tmp_path):
     path = _write(tmp_path, _good())
     with pytest.raises(SquadFormatError, match="wrong version: file is SQuAD 1.1, expected 2.0"):
         load_squad(path, expected_version="2.0")
-    with pytest.raises(FileNotFoundError, match="no such SQuAD file"):
+    with pytest.raises(InputFileError, match="no such SQuAD file"):
         load_squad(tmp_path / "nope.json")
 
 
@@ -161,5 +162,5 @@ def test_tfds_real_builder_over_local_files(tmp_path, monkeypatch, name, source)
                                                                    key=lambda e: e.qid)
     with pytest.raises(ValueError, match="no split 'test'"):
         load_tfds_squad(name, "test", data_dir)
-    with pytest.raises(FileNotFoundError, match="not prepared"):
+    with pytest.raises(InputFileError, match="not prepared"):
         load_tfds_squad(name, "validation", tmp_path / "empty")

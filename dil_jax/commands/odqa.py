@@ -21,6 +21,7 @@ from dil_jax.commands.arguments import (
     unit_interval,
     window_len,
 )
+from dil_jax.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,6 @@ def _checked_first(check, run):
 
 
 def _check_checkpoint_count(args: argparse.Namespace) -> None:
-    from dil_jax.errors import UsageError
-
     if isinstance(args.checkpoint, list) and len(args.checkpoint) not in (1, len(args.k)):
         raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
                          f"{len(args.k)}: give one checkpoint for all k, or one per k")
@@ -101,10 +100,8 @@ def _check_index_flags(args: argparse.Namespace) -> None:
 
 
 def _check_ask_flags(args: argparse.Namespace) -> None:
-    from dil_jax.errors import UsageError
-
     if not args.question and not args.interactive:
-        raise UsageError("give a question, or --interactive")
+        raise UsageError("give a question (ask \"...\" --index DIR), or --interactive")
 
 
 def _check_evaluate_flags(args: argparse.Namespace) -> None:
@@ -182,10 +179,7 @@ def _checkpoint_for(args, position: int) -> str:
         return args.checkpoint
     if len(args.checkpoint) == 1:
         return args.checkpoint[0]
-    if len(args.checkpoint) != len(args.k):
-        raise ValueError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
-                         f"{len(args.k)}: give one checkpoint for all k, or one per k")
-    return args.checkpoint[position]
+    return args.checkpoint[position]  # one per k: _check_checkpoint_count ran first
 
 
 def _load(args, k, position: int = 0):
@@ -262,6 +256,9 @@ def run_index(args: argparse.Namespace) -> int:
 
         prescreener = SentencePrescreener.load(args.prescreen)
     readers = [_load(args, k, i) for i, k in enumerate(args.k)]
+    from dil_jax.odqa.reader import check_read_lengths
+    for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
+        check_read_lengths(model.config, args.max_passage_len)
     build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
               args.doc_stride, readers, args.cache_dtype, prescreener=prescreener)
     return 0
@@ -285,7 +282,12 @@ def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
     answer = pick_answer(candidates, mu)
     lines = [f"Q: {question}"]
     if answer is None:
-        lines.append("A: (no passage retrieved)")
+        # Why no answer (non-finite reader scores are an error upstream, never reported here).
+        if not hits:
+            lines.append("A: (no answer: no passage shares a word with the question)")
+        else:
+            lines.append(f"A: (no answer: none of the {len(hits)} retrieved passages has an "
+                         f"allowed span)")
         return "\n".join(lines)
     passage = reader.index.passages[answer.passage_index]
     # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
@@ -311,10 +313,8 @@ def run_ask(args: argparse.Namespace) -> int:
     if args.interactive:
         print("Ask a question (empty line or Ctrl-D to quit).", file=sys.stderr)
         questions = iter(lambda: sys.stdin.readline().strip(), "")
-    elif args.question:
-        questions = iter([args.question])
     else:
-        raise ValueError("give a question, or --interactive")
+        questions = iter([args.question])
     for question in questions:
         result = reader.read([question])
         print(format_answer(reader, question, result.candidates[0], result.hits[0],

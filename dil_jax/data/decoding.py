@@ -20,6 +20,7 @@ import numpy as np
 
 from dil_jax.data.features import Features
 from dil_jax.data.squad import SquadExample
+from dil_jax.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -52,7 +53,7 @@ def window_nbest(start_logits: np.ndarray, end_logits: np.ndarray, valid_start: 
     max_answer_length). Exact: every (s, e) with 0 <= e - s < max_answer_length is scored.
     """
     if max_answer_length < 1 or n_best < 1:
-        raise ValueError(f"max_answer_length and n_best must be >= 1, got {max_answer_length}, "
+        raise UsageError(f"max_answer_length and n_best must be >= 1, got {max_answer_length}, "
                          f"{n_best}")
     n_windows, p_len = start_logits.shape
     band = min(max_answer_length, p_len)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dil_jax.errors import DilJaxError
+from dil_jax.errors import DilJaxError, InputFileError, UsageError
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,8 @@ def load_squad(path: str | os.PathLike, *, expected_version: str | None = None,
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileNotFoundError(f"{source}: no such SQuAD file") from None
+        raise InputFileError(f"{source}: no such SQuAD file; check the path (--data)"
+                             ) from None
     except UnicodeDecodeError as error:
         raise SquadFormatError(source, "<file>", f"not UTF-8 text ({error})") from None
     try:
@@ -220,11 +221,19 @@ def _check_span(context: str, text: str, start: int, source: str, qid: str, name
 
 def select_articles(examples: Sequence[SquadExample], spec: str) -> list[SquadExample]:
     """The examples of a slice "a:b" of the articles, in the file's article order."""
-    start, _, stop = spec.partition(":")
+    start, colon, stop = spec.partition(":")
     titles = list(dict.fromkeys(example.title for example in examples))
-    chosen = set(titles[slice(int(start) if start else None, int(stop) if stop else None)])
+    try:
+        bounds = [int(v) if v.strip() else None for v in (start, stop)]
+    except ValueError:
+        bounds = None
+    if bounds is None or not colon:
+        raise UsageError(f"article slice {spec!r} (--articles) is not START:STOP with integer "
+                         f"bounds, e.g. 28:35 or :")
+    chosen = set(titles[slice(*bounds)])
     if not chosen:
-        raise ValueError(f"article slice {spec!r} selects none of the {len(titles)} articles")
+        raise UsageError(f"article slice {spec!r} (--articles) selects none of the "
+                         f"{len(titles)} articles; give a slice within 0:{len(titles)}")
     return [example for example in examples if example.title in chosen]
 
 
@@ -238,17 +247,17 @@ def split_by_article(data: SquadDataset | Sequence[SquadExample], validation: fl
     examples = list(data.examples if isinstance(data, SquadDataset) else data)
     titles = list(dict.fromkeys(example.title for example in examples))
     if len(titles) < 2:
-        raise ValueError(f"split_by_article needs at least 2 articles, got {len(titles)}")
+        raise UsageError(f"split_by_article needs at least 2 articles, got {len(titles)}")
     if isinstance(validation, bool) or not isinstance(validation, (int, float)):
-        raise ValueError(f"validation must be a fraction or a count, got {validation!r}")
+        raise UsageError(f"validation must be a fraction or a count, got {validation!r}")
     if isinstance(validation, float):
         if not 0.0 < validation < 1.0:
-            raise ValueError(f"validation fraction must be in (0, 1), got {validation}")
+            raise UsageError(f"validation fraction must be in (0, 1), got {validation}")
         count = min(max(round(validation * len(titles)), 1), len(titles) - 1)
     elif 1 <= validation < len(titles):
         count = validation
     else:
-        raise ValueError(f"validation article count must be in 1..{len(titles) - 1}, "
+        raise UsageError(f"validation article count must be in 1..{len(titles) - 1}, "
                          f"got {validation}")
     order = np.random.default_rng(seed).permutation(len(titles))
     held_out = {titles[i] for i in order[:count]}
@@ -273,7 +282,7 @@ def load_tfds_squad(name: str = "squad/v1.1", split: str = "validation",
     files this way and runs whenever tensorflow-datasets is installed.
     """
     if name not in TFDS_NAMES:
-        raise ValueError(f"unknown tfds SQuAD name {name!r}; expected one of {sorted(TFDS_NAMES)}")
+        raise UsageError(f"unknown tfds SQuAD name {name!r}; expected one of {sorted(TFDS_NAMES)}")
     try:
         import tensorflow_datasets as tfds
     except ImportError as error:
@@ -283,11 +292,12 @@ def load_tfds_squad(name: str = "squad/v1.1", split: str = "validation",
     source = f"tfds:{name}[{split}]" + (f" in {data_dir}" if data_dir else "")
     builder = tfds.builder(name, data_dir=None if data_dir is None else str(data_dir))
     if not builder.is_prepared():
-        raise FileNotFoundError(
+        raise InputFileError(
             f"{source}: not prepared under {builder.data_dir}; nothing is downloaded here, prepare "
             "it first (e.g. builder.download_and_prepare(file_format='array_record'))")
     if split not in builder.info.splits:
-        raise ValueError(f"{source}: no split {split!r}; available: {list(builder.info.splits)}")
+        raise InputFileError(f"{source}: no split {split!r}; available: "
+                             f"{list(builder.info.splits)}")
     file_format = getattr(builder.info, "file_format", None)  # a FileFormat enum
     file_format = str(getattr(file_format, "value", file_format) or "").lower()
     if "array_record" in file_format:

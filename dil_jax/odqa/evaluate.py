@@ -36,7 +36,11 @@ def _best_over_golds(prediction: str, golds: Sequence[str]) -> tuple[float, floa
 
 def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
                     p_values: Sequence[int] = (29, 100), mu: float = 0.5) -> dict[str, Any]:
-    """Scores of one reader; `examples` must be answerable (SQuAD 1.1 style)."""
+    """Scores of one reader; `examples` must be answerable (SQuAD 1.1 style).
+
+    `unmatched` counts the questions that share no word with any passage (no BM25 hit): they
+    are scored as unanswered (empty prediction), not errors.
+    """
     reader.top_p = max(p_values)
     started = time.perf_counter()
     result = reader.read([example.question for example in examples])
@@ -59,9 +63,11 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
         n = len(examples)
         rows[p] = dict(R=100 * recall / n, EM=100 * exact / n, F1=100 * f1 / n,
                        EM_ir=100 * exact_ir / n, F1_ir=100 * f1_ir / n)
+    # A question no passage shares a word with gets no hits: it counts as unanswered ("").
+    unmatched = sum(not hits for hits in result.hits)
     return dict(k=reader.model.config.num_lower_layers, l=reader.model.config.num_layers,
-                questions=len(examples), mu=mu, wall_seconds=wall, timings=result.timings,
-                by_p=rows)
+                questions=len(examples), unmatched=unmatched, mu=mu, wall_seconds=wall,
+                timings=result.timings, by_p=rows)
 
 
 def markdown_table(results: dict[str, dict[str, Any]]) -> str:

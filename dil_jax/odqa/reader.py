@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dil_jax.data.decoding import window_nbest
+from dil_jax.errors import DilJaxError
 from dil_jax.grid import GridReader, kept_positions, round_up
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.odqa.cache import PassageCache
 from dil_jax.odqa.index import OpenDomainIndex, window_arrays
 from dil_jax.tokenization import encode_questions
@@ -44,6 +45,44 @@ if TYPE_CHECKING:
     from dil_jax.odqa.sentences import SentenceStore
     from dil_jax.sep.prescreener import SentencePrescreener
     from dil_jax.sep.screen import SentenceRule
+
+
+class ReaderScoreError(DilJaxError, ValueError):
+    """The reader produced NaN or infinite span scores; names the question and passage."""
+
+
+def check_read_lengths(config, max_passage_len: int) -> None:
+    """Raises InputError unless questions of `config.max_question_len` tokens and index
+    windows of `max_passage_len` tokens fit the reader's position table (k = 0: together).
+
+    Called when an index is built (before hours of caching) and when a reader opens one.
+    """
+    check_segment_lengths(
+        config, config.max_question_len, max_passage_len,
+        fix="lower --max-question-len, or build the index with a smaller --max-passage-len "
+            "(dil-jax index)")
+
+
+def _check_finite(start_logits: np.ndarray, end_logits: np.ndarray, pair_q: Sequence[int],
+                  pair_hit: Sequence[tuple[int, int]], questions: Sequence[str], hits,
+                  passages) -> None:
+    """Raises ReaderScoreError at the first pair with a NaN or +inf score. (-inf is allowed:
+    tokens dropped by prescreening score -inf on purpose.) Why: a NaN span score compares
+    false with everything, so the pair would silently drop out and, if all did, the question
+    would read as "no passage" instead of a broken reader."""
+    bad = np.isnan(start_logits) | np.isnan(end_logits) | (start_logits == np.inf) | \
+        (end_logits == np.inf)
+    rows = np.nonzero(bad.any(axis=1))[0]
+    if not len(rows):
+        return
+    pair = int(rows[0])
+    qi, hi = pair_hit[pair]
+    passage = passages[hits[qi][hi].passage_index]
+    raise ReaderScoreError(
+        f"the reader produced non-finite span scores (NaN or inf) for question "
+        f"{questions[qi]!r} on passage {passage.passage_id} ({passage.title!r}), and "
+        f"{len(rows) - 1} more pair(s); the checkpoint's weights may hold NaN/inf, or its "
+        f"position table is shorter than the question + passage lengths")
 
 
 @dataclasses.dataclass
@@ -108,8 +147,9 @@ class OpenDomainReader:
         self.index, self.model, self.params = index, model, params
         self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
         self.max_answer_length = max_answer_length
-        self.grid = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size)
         arrays = window_arrays(index)
+        check_read_lengths(model.config, arrays["mask"].shape[1])
+        self.grid = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size)
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
         self.full_model = model.config.num_lower_layers == 0
@@ -197,11 +237,13 @@ class OpenDomainReader:
         start_logits = np.empty((n_pairs, p_len), np.float32)
         end_logits = np.empty((n_pairs, p_len), np.float32)
         for pairs, outputs in self.grid.iter_pair_chunks(
-                self.params, q_lower, q_mask, p_source, p_mask, np.asarray(pair_q),
+                self.params, q_lower, q_mask, p_source, p_mask, np.asarray(pair_q, np.int64),
                 pair_p.reshape(-1), positions):
             start_logits[pairs] = np.asarray(outputs[0])[:len(pairs)]
             end_logits[pairs] = np.asarray(outputs[1])[:len(pairs)]
         timings["pair_upper"] += time.perf_counter() - clock
+        _check_finite(start_logits, end_logits, pair_q, pair_hit, questions, hits,
+                      self.index.passages)
 
         clock = time.perf_counter()
         pair_rows = np.asarray(pair_row, np.int64)

@@ -94,21 +94,41 @@ class BM25Retriever:
             (np.asarray(values, np.float64), (rows, cols)), shape=(len(vocabulary), len(texts)))
         return cls(weights, vocabulary, dict(k1=k1, b=b, epsilon=epsilon))
 
+    def _query_rows(self, query: str) -> list[int]:
+        """Rows of `weights` of the query's terms that the index knows (repeats kept)."""
+        return [self.vocabulary[t] for t in bm25_tokenize(query) if t in self.vocabulary]
+
     def scores(self, query: str) -> np.ndarray:
         """[num_passages] BM25 scores (duplicate query terms count twice, as in rank-bm25)."""
-        rows = [self.vocabulary[t] for t in bm25_tokenize(query) if t in self.vocabulary]
+        rows = self._query_rows(query)
         if not rows:
             return np.zeros(self.num_passages)
         counts = np.bincount(rows, minlength=self.weights.shape[0])
         return np.asarray(self.weights.T @ counts).ravel()
 
+    def matching(self, query: str) -> np.ndarray:
+        """[n] sorted indices of the passages that share at least one term with the query."""
+        rows = np.unique(self._query_rows(query))
+        if not len(rows):
+            return np.zeros(0, np.int64)
+        # The stored entries of a term's row are exactly the passages holding that term.
+        return np.unique(self.weights[rows].indices).astype(np.int64)
+
     def search(self, query: str, top_p: int) -> list[Hit]:
-        scores = self.scores(query)
-        top_p = min(top_p, len(scores))
+        """The best `top_p` passages among those sharing a term with the query, best first:
+        fewer when fewer match, none when no query term is in the index (a passage that shares
+        no word with the question scores 0 and is not an answer source)."""
+        if top_p < 1:
+            raise RetrievalError(f"top_p must be >= 1, got {top_p}")
+        matched = self.matching(query)
+        if not len(matched):
+            return []
+        scores = self.scores(query)[matched]
+        top_p = min(top_p, len(matched))
         best = np.argpartition(-scores, top_p - 1)[:top_p]
         # Stable order: score descending, then passage index (ties broken deterministically).
-        best = best[np.lexsort((best, -scores[best]))]
-        return [Hit(int(i), float(scores[i])) for i in best]
+        best = best[np.lexsort((matched[best], -scores[best]))]
+        return [Hit(int(matched[i]), float(scores[i])) for i in best]
 
     def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
         """Writes the index to `directory` atomically (staging folder, then rename)."""
