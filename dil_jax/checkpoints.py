@@ -568,7 +568,7 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
         log.warning("--k %d differs from k=%d that the reader %s was trained with: the same "
                     "weights, but read with a split they were not trained for; expect worse "
                     "answers (pass --k %d, or leave --k out to use it)", k, trained, checkpoint,
-                    trained, trained)
+                    trained)
     tokenizer = load_tokenizer(tokenizer_path or checkpoint, vocab_size=config.vocab_size)
     return DelayedInteractionModel(config), params, tokenizer
 
