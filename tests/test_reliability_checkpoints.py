@@ -191,3 +191,28 @@ def test_malformed_prescreener_manifest_is_named(tmp_path, text, problem):
     with pytest.raises(PrescreenerError, match=problem) as error:
         SentencePrescreener.load(tmp_path)
     assert str(tmp_path / "prescreener.json") in str(error.value)
+
+
+def _tiny_config():
+    from dil_jax.config import EncoderConfig
+
+    return EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
+                         intermediate_size=8, embedding_size=8, max_position_embeddings=32,
+                         max_question_len=4)
+
+
+def test_damaged_orbax_params_are_named(tmp_path):
+    import jax
+
+    from dil_jax.checkpoints import save_params
+
+    config = _tiny_config()
+    folder = save_params(tmp_path / "reader", DelayedInteractionModel(config).init(
+        jax.random.key(0)), config)
+    for path in (folder / "params").rglob("*"):
+        if path.is_file() and path.parent.name == "d":  # the array data files
+            path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="cannot restore the params.*damaged") as error:
+        load_params(folder)
+    assert str(folder / "params") in str(error.value)
+

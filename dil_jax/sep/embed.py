@@ -44,8 +44,6 @@ def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenize
     spend most of the work on padding; batches of similar lengths are padded to their longest,
     rounded up to `bucket` tokens (few shapes, one compilation each).
     """
-    if not texts:  # (np.max of no lengths would raise deep below)
-        return np.zeros((0, model.config.hidden_size), np.float32)
     config = model.config.replace(num_lower_layers=model.config.num_layers)
     tokens = tokenizer(list(texts), truncation=True, max_length=max_len,
                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
