@@ -551,9 +551,12 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
         overrides["num_lower_layers"] = k
     folder = Path(checkpoint).expanduser()
     if (folder / ENCODER_CONFIG_FILE).is_file():
-        trained = _read_json(folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
-        trained = trained.get("num_lower_layers") if isinstance(trained, dict) else None
         config, params = load_params(folder, **overrides)
+        # The k the training loop saved with (`save_params`), before --k overrode it.
+        stored = _read_json(folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
+        trained = stored.get("num_lower_layers")
+        if isinstance(trained, bool) or not isinstance(trained, int):
+            trained = None
         if tokenizer_path is None:
             if not any((folder / name).is_file() for name in TOKENIZER_FILES):
                 raise TokenizationError(
@@ -562,14 +565,15 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                     "converted from)")
             tokenizer_path = str(folder)
     else:
-        config, params, _ = load_hf_checkpoint(checkpoint, **overrides)
-        trained = trained_k(resolve_checkpoint(checkpoint))
+        folder = resolve_checkpoint(checkpoint)  # once: a hub id is fetched here
+        config, params, _ = load_hf_checkpoint(folder, **overrides)
+        trained = trained_k(folder)
     if k is not None and trained is not None and k != trained:
         log.warning("--k %d differs from k=%d that the reader %s was trained with: the same "
                     "weights, but read with a split they were not trained for; expect worse "
                     "answers (pass --k %d, or leave --k out to use it)", k, trained, checkpoint,
                     trained)
-    tokenizer = load_tokenizer(tokenizer_path or checkpoint, vocab_size=config.vocab_size)
+    tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size)
     return DelayedInteractionModel(config), params, tokenizer
 
 
