@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     print(report.summary())
     l = config.num_layers  # noqa: E741 (the paper's name)
     ks = args.k if args.k is not None else [max(l - 2, 1), l - 1]
-    tokenizer = load_tokenizer(folder, vocab_size=config.vocab_size)
+    tokenizer = load_tokenizer(folder)
     q = encode_questions(tokenizer, SAMPLE_QUESTIONS, args.max_question_len)
     p = encode_passages(tokenizer, SAMPLE_PASSAGES, args.max_passage_len)
     print(f"model: {config.architecture}, l = {l} blocks, hidden {config.hidden_size}; "
