@@ -134,7 +134,7 @@ def block_flops(config: EncoderConfig, batch: int, seq: int) -> int:
 
 def embedding_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     """ALBERT's E -> H projection, 2 n E h; lookups cost no matmul (0 for BERT/DistilBERT)."""
-    if config.embedding_size == config.hidden_size:
+    if config.architecture != "albert":  # ALBERT projects even when E == H (as transformers)
         return 0
     return batch * 2 * seq * config.embedding_size * config.hidden_size
 

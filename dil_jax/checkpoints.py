@@ -281,18 +281,52 @@ def export_state_dict(params: Params, config: EncoderConfig) -> dict[str, np.nda
 # ----------------------------------------------------------------------------- files
 
 
+_DAMAGED_FIX = ("it is damaged or incomplete (an interrupted download or copy?); re-download "
+                "the checkpoint, or re-export it from the run that trained it")
+
+
+def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """One safetensors file -> {name: array}; a truncated or corrupt file is named, not traced."""
+    from safetensors.numpy import load_file
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (named by {SAFETENSORS_INDEX}); re-download the "
+                              "checkpoint")
+    try:
+        return dict(load_file(path))
+    except Exception as error:  # SafetensorError, OSError, a bad dtype in the header...
+        raise CheckpointError(f"{path}: cannot read the weights ({type(error).__name__}: "
+                              f"{error}); {_DAMAGED_FIX}") from error
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """A JSON file's value; invalid JSON or an unreadable file is a CheckpointError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: not a readable {what} (not valid JSON: {error}); "
+                              f"{_DAMAGED_FIX}") from error
+
+
 def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Tensors of a Hugging Face folder: safetensors (sharded too), else pytorch_model.bin."""
+    """Tensors of a Hugging Face folder: safetensors (sharded too), else pytorch_model.bin.
+
+    Raises CheckpointError naming the file when one is missing, truncated or corrupt.
+    """
     folder = Path(folder)
     if (folder / SAFETENSORS_FILE).is_file():
-        from safetensors.numpy import load_file
-        return dict(load_file(folder / SAFETENSORS_FILE))
+        return _load_safetensors(folder / SAFETENSORS_FILE)
     if (folder / SAFETENSORS_INDEX).is_file():
-        from safetensors.numpy import load_file
-        index = json.loads((folder / SAFETENSORS_INDEX).read_text())
+        index_path = folder / SAFETENSORS_INDEX
+        index = _read_json(index_path, "safetensors index")
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(
+                isinstance(shard, str) for shard in weight_map.values()):
+            raise CheckpointError(f"{index_path}: no 'weight_map' object of tensor name -> shard "
+                                  f"file; {_DAMAGED_FIX}")
         state: dict[str, np.ndarray] = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            state.update(load_file(folder / shard))
+        for shard in sorted(set(weight_map.values())):
+            state.update(_load_safetensors(folder / shard))
         return state
     if (folder / TORCH_FILE).is_file():
         try:
@@ -301,8 +335,12 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
             raise CheckpointError(
                 f"{folder / TORCH_FILE} needs torch to read; install it with "
                 "`pip install 'dil_jax[torch]'` or convert the folder to safetensors") from error
-        state = torch.load(folder / TORCH_FILE, map_location="cpu", weights_only=True)
-        return {name: tensor.float().numpy() for name, tensor in state.items()}
+        try:
+            state = torch.load(folder / TORCH_FILE, map_location="cpu", weights_only=True)
+            return {name: tensor.float().numpy() for name, tensor in state.items()}
+        except Exception as error:  # truncated zip, pickle error, not a state dict...
+            raise CheckpointError(f"{folder / TORCH_FILE}: cannot read the weights "
+                                  f"({type(error).__name__}: {error}); {_DAMAGED_FIX}") from error
     raise CheckpointError(f"{folder}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {TORCH_FILE}")
 
 
@@ -345,8 +383,11 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
         raise CheckpointError(f"{folder}: no {CONFIG_FILE}")
     try:
         hf_config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object of model settings, got "
+                              f"{type(hf_config).__name__}")
     # A reader exported by dil_jax records the split it was trained for; overrides still win.
     overrides = {**reader_defaults(folder), **config_overrides}
     config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
@@ -360,12 +401,62 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
 MANIFEST_FILE = "dil_jax_manifest.json"
 
 
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The folder's `dil_jax_manifest.json` ({} if it has none), its known fields checked.
+
+    Known fields: "reader" {num_lower_layers, max_question_len: int}, "training_config"
+    (an object; its "model" may record num_lower_layers), "base_checkpoint" (str) and
+    "from_base" (list of tensor names). Others are kept as they are (free-form records).
+    Raises CheckpointError naming the file and the field.
+    """
+    path = Path(folder) / MANIFEST_FILE
+    if not path.is_file():
+        return {}
+    manifest = _read_json(path, "dil_jax manifest")
+    fix = "re-export the reader, or delete the file to load the weights without it"
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {what}; {fix}")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"expected a JSON object, got {type(manifest).__name__}")
+    reader = manifest.get("reader", {})
+    if not isinstance(reader, dict):
+        raise bad(f"'reader' must be an object, got {reader!r}")
+    for key, value in reader.items():
+        if key not in ("num_lower_layers", "max_question_len"):
+            raise bad(f"unknown field 'reader.{key}' (known: num_lower_layers, "
+                      "max_question_len)")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad(f"'reader.{key}' must be an integer, got {value!r}")
+    training = manifest.get("training_config", {})
+    if not isinstance(training, dict) or not isinstance(training.get("model", {}), dict):
+        raise bad("'training_config' (and its 'model') must be objects")
+    from_base = manifest.get("from_base") or []
+    if not isinstance(from_base, list) or not all(isinstance(n, str) for n in from_base):
+        raise bad(f"'from_base' must be a list of tensor names, got {from_base!r}")
+    if from_base and not isinstance(manifest.get("base_checkpoint"), str):
+        raise bad("'from_base' names tensors but 'base_checkpoint' (the checkpoint they come "
+                  f"from) is {manifest.get('base_checkpoint')!r}")
+    return manifest
+
+
 def reader_defaults(folder: Path) -> dict[str, Any]:
     """Reader settings (k, max_question_len) recorded by `export_hf_checkpoint`, if any."""
-    manifest_path = folder / MANIFEST_FILE
-    if not manifest_path.is_file():
-        return {}
-    return dict(json.loads(manifest_path.read_text()).get("reader", {}))
+    return dict(read_manifest(folder).get("reader", {}))
+
+
+def trained_k(folder: Path) -> int | None:
+    """The k a reader was trained with, as its manifest records it (None if it does not).
+
+    The training config's model.num_lower_layers when recorded (how it was trained), else the
+    split the export recorded.
+    """
+    manifest = read_manifest(folder)
+    k = manifest.get("training_config", {}).get("model", {}).get("num_lower_layers")
+    if isinstance(k, int) and not isinstance(k, bool):
+        return k
+    return manifest.get("reader", {}).get("num_lower_layers")
 
 
 def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -376,9 +467,7 @@ def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, n
     model's, bit for bit, and installing the base package already puts them on disk.
     """
     manifest_path = folder / MANIFEST_FILE
-    if not manifest_path.is_file():
-        return state
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(folder)
     names = manifest.get("from_base") or []
     if not names:
         return state
@@ -425,24 +514,37 @@ def load_params(directory: str | os.PathLike, **config_overrides: Any
     config_path = directory / ENCODER_CONFIG_FILE
     if not config_path.is_file():
         raise CheckpointError(f"{directory}: not a dil_jax checkpoint (no {ENCODER_CONFIG_FILE})")
-    values = json.loads(config_path.read_text())
-    values.update(config_overrides)
-    config = EncoderConfig.from_dict(values)
+    values = _read_json(config_path, "dil_jax encoder config")
+    if not isinstance(values, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object of EncoderConfig fields, "
+                              f"got {type(values).__name__}")
+    values = {**values, **config_overrides}
+    try:
+        config = EncoderConfig.from_dict(values)
+    except ConfigError as error:
+        raise CheckpointError(f"{config_path}: {error}") from error
     abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))
-    params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
+    if not (directory / PARAMS_DIR).is_dir():
+        raise CheckpointError(f"{directory / PARAMS_DIR}: missing; {_DAMAGED_FIX}")
+    try:
+        params = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
+    except Exception as error:  # orbax/tensorstore: truncated array files, shape mismatch...
+        raise CheckpointError(f"{directory / PARAMS_DIR}: cannot restore the params "
+                              f"({type(error).__name__}: {str(error)[:500]}); {_DAMAGED_FIX}"
+                              ) from error
     return config, params
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
 
 
 def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                 tokenizer_path: str | None = None):
     """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
 
-    k: the split point (None: the one a dil_jax checkpoint or export records, else 0).
+    k: the split point (None: the one a dil_jax checkpoint or export records, else 0). A k other
+    than the one the reader was trained with is allowed (the same params serve every k) but
+    logged as a WARNING: its answers are those of a model it was not trained as.
+    The tokenizer is checked against the model's vocabulary (`check_tokenizer`).
     """
-    from dil_jax.tokenization import load_tokenizer
+    from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
     overrides: dict[str, Any] = {"max_question_len": max_question_len}
     if k is not None:
@@ -450,17 +552,28 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
     folder = Path(checkpoint).expanduser()
     if (folder / ENCODER_CONFIG_FILE).is_file():
         config, params = load_params(folder, **overrides)
+        # The k the training loop saved with (`save_params`), before --k overrode it.
+        stored = _read_json(folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
+        trained = stored.get("num_lower_layers")
+        if isinstance(trained, bool) or not isinstance(trained, int):
+            trained = None
         if tokenizer_path is None:
-            if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
-                raise FileNotFoundError(f"{folder}: a dil_jax checkpoint without tokenizer files; "
-                                        "pass --tokenizer (e.g. the folder it was converted from)")
+            if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+                raise TokenizationError(
+                    f"{folder}: a dil_jax checkpoint without tokenizer files (none of "
+                    f"{', '.join(TOKENIZER_FILES)}); pass --tokenizer (e.g. the folder it was "
+                    "converted from)")
             tokenizer_path = str(folder)
     else:
-        config, params, _ = load_hf_checkpoint(checkpoint, **overrides)
-    tokenizer = load_tokenizer(tokenizer_path or checkpoint)
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the checkpoint's vocabulary "
-                         f"is {config.vocab_size}: not this checkpoint's tokenizer")
+        folder = resolve_checkpoint(checkpoint)  # once: a hub id is fetched here
+        config, params, _ = load_hf_checkpoint(folder, **overrides)
+        trained = trained_k(folder)
+    if k is not None and trained is not None and k != trained:
+        log.warning("--k %d differs from k=%d that the reader %s was trained with: the same "
+                    "weights, but read with a split they were not trained for; expect worse "
+                    "answers (pass --k %d, or leave --k out to use it)", k, trained, checkpoint,
+                    trained)
+    tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size)
     return DelayedInteractionModel(config), params, tokenizer
 
 
@@ -507,7 +620,7 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     from safetensors.numpy import save_file
 
     if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}")
+        raise CheckpointError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
     directory = Path(directory).absolute()
     prefix = f"{config.architecture}."
     tensors = {}

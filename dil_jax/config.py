@@ -10,6 +10,7 @@ to read with another split.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 import jax.numpy as jnp
@@ -95,6 +96,9 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
+        if not isinstance(values, dict):
+            raise ConfigError(f"an EncoderConfig is a JSON object of fields, got "
+                              f"{type(values).__name__}")
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -102,8 +106,32 @@ class EncoderConfig:
         return cls(**values)
 
 
+_INT_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size", "embedding_size",
+               "num_hidden_groups", "pad_token_id", "num_lower_layers", "max_question_len")
+_FLOAT_FIELDS = ("layer_norm_eps", "hidden_dropout", "attention_dropout", "initializer_range")
+_STR_FIELDS = ("architecture", "hidden_act", "dtype")
+
+
+def _check_types(config: EncoderConfig) -> None:
+    """Why: configs come from JSON files (config.json, encoder_config.json); a quoted number or
+    a null would otherwise fail later as a TypeError deep in a comparison or in JAX."""
+    for name in _INT_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+    for name in _FLOAT_FIELDS:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+    for name in _STR_FIELDS:
+        if not isinstance(getattr(config, name), str):
+            raise ConfigError(f"{name} must be a string, got {getattr(config, name)!r}")
+
+
 def validate_config(config: EncoderConfig) -> None:
     """Raises ConfigError naming the first invalid field."""
+    _check_types(config)
     if config.architecture not in ARCHITECTURES:
         raise ConfigError(
             f"unknown architecture {config.architecture!r}; supported: {list(ARCHITECTURES)}"

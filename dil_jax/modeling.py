@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax.config import EncoderConfig
+from dil_jax.config import ACTIVATIONS, ConfigError, EncoderConfig
 
 QUESTION_SEGMENT = 0
 PASSAGE_SEGMENT = 1
@@ -61,7 +61,7 @@ def activation_fn(name: str):
         return lambda x: jax.nn.gelu(x, approximate=True)
     if name == "relu":
         return jax.nn.relu
-    raise ValueError(f"unsupported activation {name!r}")
+    raise ConfigError(f"unsupported hidden_act {name!r}; supported: {ACTIVATIONS}")
 
 
 def attention_bias(mask: jax.Array) -> jax.Array:
@@ -129,8 +129,10 @@ class Embeddings(nn.Module):
             x = x + table(cfg.type_vocab_size, "token_type_embeddings")(token_types)
         x = _layer_norm(cfg, "norm")(x)
         x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
-        if cfg.embedding_size != cfg.hidden_size:
-            # ALBERT's factorized embeddings: project E -> H before the first block.
+        if cfg.architecture == "albert":
+            # ALBERT's factorized embeddings: project E -> H before the first block. Always, as
+            # transformers' AlbertTransformer does (`embedding_hidden_mapping_in`), even when
+            # E == H: the checkpoint holds a trained projection then too.
             x = _dense(cfg, cfg.hidden_size, "projection")(x)
         return x
 

@@ -48,17 +48,68 @@ class Segments:
         return self.ids.shape[0]
 
 
-def load_tokenizer(name_or_path: str | os.PathLike):
-    """The checkpoint's fast tokenizer (offsets need a fast one) from a folder or hub id."""
+# Files a fast tokenizer of a supported architecture is built from (BERT/DistilBERT WordPiece:
+# tokenizer.json or vocab.txt; ALBERT SentencePiece: tokenizer.json or spiece.model).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
+# Special tokens every reader input needs: [CLS] q [SEP], p [SEP], padding, unknown words.
+_SPECIAL_TOKENS = ("cls_token", "sep_token", "pad_token", "unk_token")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, vocab_size: int | None = None):
+    """The checkpoint's fast tokenizer (offsets need a fast one) from a folder or hub id.
+
+    vocab_size: the model's embedding rows, if known; the tokenizer is then checked against it
+    (`check_tokenizer`). Raises TokenizationError naming the folder and what is missing.
+    """
     from transformers import AutoTokenizer
 
     from dil_jax.checkpoints import resolve_checkpoint
 
     folder = resolve_checkpoint(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # Why refuse here: with tokenizer_config.json alone transformers builds a tokenizer of
+        # just the special tokens, and every word becomes [UNK] (a silent wrong answer).
+        raise TokenizationError(
+            f"{folder}: no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); copy the "
+            "tokenizer of the model this checkpoint came from into it, or pass --tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+    except Exception as error:  # a corrupt tokenizer.json / vocab: name the folder, not a trace
+        raise TokenizationError(f"{folder}: cannot load the tokenizer ({type(error).__name__}: "
+                                f"{error}); re-download or re-export its tokenizer files"
+                                ) from error
     if not tokenizer.is_fast:
         raise TokenizationError(f"{folder}: no fast tokenizer (tokenizer.json); offsets need one")
+    if vocab_size is not None:
+        check_tokenizer(tokenizer, vocab_size, str(folder))
     return tokenizer
+
+
+def check_tokenizer(tokenizer, vocab_size: int, source: str) -> None:
+    """Raises TokenizationError unless `tokenizer` can be this model's.
+
+    Its ids must index the embedding table (len(tokenizer) <= vocab_size) and it must not be
+    far smaller (< half the table: some other model's, or one built without its vocabulary
+    file); [CLS], [SEP], [PAD] and [UNK] must exist with ids < vocab_size. A few unused rows are
+    normal (tables are often padded to a round size).
+    """
+    size = len(tokenizer)
+    if size > vocab_size:
+        raise TokenizationError(
+            f"{source}: the tokenizer has {size} tokens but the checkpoint's vocabulary is "
+            f"{vocab_size}: not this checkpoint's tokenizer (pass the right one with --tokenizer)")
+    if size < vocab_size // 2:
+        raise TokenizationError(
+            f"{source}: the tokenizer has only {size} tokens for a vocabulary of {vocab_size}: "
+            "not this checkpoint's tokenizer, or its vocabulary file is missing "
+            f"(expected one of {', '.join(TOKENIZER_FILES)})")
+    for name in _SPECIAL_TOKENS:
+        token_id = getattr(tokenizer, f"{name}_id", None)
+        if token_id is None or not 0 <= token_id < vocab_size:
+            raise TokenizationError(
+                f"{source}: the tokenizer's {name} ({getattr(tokenizer, name, None)!r}) "
+                f"{'is missing' if token_id is None else f'has id {token_id}'}; a reader needs "
+                f"[CLS], [SEP], [PAD] and [UNK] with ids below the vocabulary size {vocab_size}")
 
 
 def _pack(pieces: list[tuple[list[int], list[tuple[int, int]]]], length: int,

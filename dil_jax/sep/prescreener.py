@@ -125,17 +125,23 @@ class SentencePrescreener:
             raise PrescreenerError(f"{directory}: not a prescreener (no {MANIFEST_FILE}); train "
                                    "one with `dil-jax prescreen --config configs/prescreen.py "
                                    "--config.workdir=DIR`")
-        manifest = json.loads(manifest_path.read_text())
-        if manifest.get("format") != PRESCREENER_FORMAT:
-            raise PrescreenerError(f"{manifest_path}: format {manifest.get('format')!r}, "
-                                   f"expected {PRESCREENER_FORMAT!r}")
-        config = PrescreenConfig(**manifest["config"])
+        manifest = read_prescreener_manifest(manifest_path)
+        config = manifest["config"]
         abstract = jax.eval_shape(
             lambda: Prescreener(config).init(
                 jax.random.key(0), np.zeros((1, config.embedding_dim), np.float32),
                 np.zeros((1, config.max_sentences, config.embedding_dim), np.float32),
                 np.ones((1, config.max_sentences), np.int32))["params"])
-        params = ocp.StandardCheckpointer().restore(directory.absolute() / PARAMS_DIR, abstract)
+        params_dir = directory.absolute() / PARAMS_DIR
+        if not params_dir.is_dir():
+            raise PrescreenerError(f"{params_dir}: missing; retrain or re-copy the prescreener")
+        try:
+            params = ocp.StandardCheckpointer().restore(params_dir, abstract)
+        except Exception as error:  # orbax/tensorstore: truncated or mismatched array files
+            raise PrescreenerError(
+                f"{params_dir}: cannot restore the prescreener's params ({type(error).__name__}: "
+                f"{str(error)[:500]}); the folder is damaged or was written for another config: "
+                "retrain or re-copy it") from error
         model, encoder_params, tokenizer = encoder or load_sentence_encoder(
             manifest["encoder"], manifest["max_sentence_len"])
         prescreener = cls(config, params, model, encoder_params, tokenizer, manifest["encoder"],
@@ -146,6 +152,45 @@ class SentencePrescreener:
                 f"{manifest['encoder']!r} with weights {manifest['encoder_fingerprint']}, but the "
                 f"loaded encoder's weights are {prescreener.encoder_fingerprint}")
         return prescreener
+
+
+def read_prescreener_manifest(path: Path) -> dict[str, Any]:
+    """`prescreener.json` with its fields checked; "config" becomes a PrescreenConfig.
+
+    Raises PrescreenerError naming the file and the field (not a KeyError or TypeError).
+    """
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PrescreenerError(f"{path}: not valid JSON ({error}); retrain or re-copy the "
+                               "prescreener") from error
+    if not isinstance(manifest, dict):
+        raise PrescreenerError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
+    if manifest.get("format") != PRESCREENER_FORMAT:
+        raise PrescreenerError(f"{path}: format {manifest.get('format')!r}, "
+                               f"expected {PRESCREENER_FORMAT!r}")
+    for key, kind in (("config", dict), ("encoder", str), ("encoder_fingerprint", str),
+                      ("max_sentence_len", int)):
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            raise PrescreenerError(f"{path}: field {key!r} must be a {kind.__name__}, got "
+                                   f"{manifest.get(key)!r}")
+    try:
+        config = PrescreenConfig(**manifest["config"])
+    except (TypeError, ValueError) as error:
+        raise PrescreenerError(f"{path}: field 'config' is not a prescreener config ({error})"
+                               ) from error
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name == "dropout":
+            valid = isinstance(value, (int, float)) and 0 <= value < 1
+            expected = "a number in [0, 1)"
+        else:  # widths and counts
+            valid = isinstance(value, int) and value > 0
+            expected = "a positive integer"
+        if isinstance(value, bool) or not valid:
+            raise PrescreenerError(f"{path}: config.{field.name} = {value!r} is invalid "
+                                   f"({expected} expected)")
+    return dict(manifest, config=config)
 
 
 def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> tuple:
