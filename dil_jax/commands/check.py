@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise UsageError(f"--k {' '.join(map(str, too_deep))}: this checkpoint has l = {l} "
                          f"blocks, so a split point must be in 0..{l - 1}")
-    tokenizer = load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, vocab_size=config.vocab_size)
     q = encode_questions(tokenizer, SAMPLE_QUESTIONS, args.max_question_len)
     p = encode_passages(tokenizer, SAMPLE_PASSAGES, args.max_passage_len)
     print(f"model: {config.architecture}, l = {l} blocks, hidden {config.hidden_size}; "
