@@ -75,7 +75,7 @@ def split_windows(text: str, size: int = 100, stride: int = 50) -> list[tuple[in
     The last window ends at the last word (no window is only a tail already covered).
     """
     if size <= 0 or stride <= 0:
-        raise ValueError(f"window size and stride must be positive, got {size}, {stride}")
+        raise CorpusError(f"window size and stride must be positive, got {size}, {stride}")
     words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
     if not words:
         return []
@@ -93,7 +93,7 @@ def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
                     window_stride: int = 50) -> list[Passage]:
     """Splits documents into passages; passage ids are `{doc_id}#{n}`."""
     if strategy not in ("paragraphs", "windows"):
-        raise ValueError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
+        raise CorpusError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
     passages = []
     for document in documents:
         if strategy == "paragraphs":
