@@ -96,7 +96,8 @@ _HELD: dict[Path, int] = {}
 @contextlib.contextmanager
 def index_lock(directory: str | os.PathLike) -> Iterator[Path]:
     """Holds `directory/.lock` (creating the folder) for the block; BusyError if another
-    process holds it, naming that process (pid, host, start time) from the lock file.
+    process holds it, naming that process (pid, host, start time) from the lock file;
+    OutputPathError if the folder holds anything but an index (no lock file is put there).
 
     The kernel drops an flock when its holder dies, so a killed build never leaves a stale lock.
     A folder this call created is removed again if the block fails before writing into it.
@@ -109,6 +110,7 @@ def index_lock(directory: str | os.PathLike) -> Iterator[Path]:
         finally:
             _HELD[directory] -= 1
         return
+    _refuse_foreign_folder(directory)  # before the lock file is written into it
     created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -297,17 +299,23 @@ class OpenDomainIndex:
     def open_cache(self, config, params, tokenizer, dtype: str = "float32") -> PassageCache:
         """The passage cache for this reader; a mismatch is an error naming the field.
 
-        Also re-encodes two stored passages with this reader (`check_states`, one small eager
-        encoder call): a cache whose manifest claims another k than its states is refused.
+        Also re-encodes two stored passages with this reader (`check_states`: one jitted
+        encoder call on 2 rows, about a second of compiling on a CPU), so a cache whose manifest
+        claims another k than its states hold is refused instead of giving wrong answers.
         """
+        import jax
+
         from dil_jax.model import DelayedInteractionModel
         from dil_jax.modeling import PASSAGE_SEGMENT
 
         manifest = self.reader_manifest(config, params, tokenizer, dtype)
         cache = PassageCache.open(self.cache_dir(manifest), manifest)
         model = DelayedInteractionModel(config)
-        check_states(cache, lambda ids, mask: np.asarray(
-            model.encode_lower(params, ids, mask, PASSAGE_SEGMENT)))
+        # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
+        # blocks is slower than compiling them once.
+        encode = jax.jit(lambda weights, ids, mask: model.encode_lower(weights, ids, mask,
+                                                                       PASSAGE_SEGMENT))
+        check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)))
         return cache
 
     def reader_manifest(self, config, params, tokenizer, dtype: str = "float32"
@@ -347,7 +355,6 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
     settings = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
                               doc_stride=doc_stride, split=split)
     settings["num_windows"] = int(windows.ids.shape[0])
-    _refuse_foreign_folder(directory)
     with index_lock(directory):
         old = _stored_settings(directory)
         keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
