@@ -19,8 +19,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import run_cli
 from dil_jax.samples import SAMPLE_PASSAGES
+
+from conftest import run_cli
 
 COMMON = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
 SETTINGS = ["--max-passage-len", "32", "--doc-stride", "16"]
