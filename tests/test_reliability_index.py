@@ -260,11 +260,23 @@ def test_an_index_is_never_written_into_a_foreign_folder(tmp_path, built, capsys
 def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     from dil_jax.errors import DilJaxError
     from dil_jax.odqa.cache import reader_manifest
-    from dil_jax.odqa.corpus import Document, split_documents, split_windows
+    from dil_jax.odqa.corpus import (
+        Document,
+        read_jsonl,
+        read_squad_paragraphs,
+        split_documents,
+        split_windows,
+    )
     from dil_jax.odqa.index import open_index
     from dil_jax.odqa.retrieval import BM25Retriever
 
     index, _ = index_copy
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"id": "a", "text": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(DilJaxError, match=r"latin1.jsonl: cannot be read as UTF-8"):
+        read_jsonl(latin1)
+    with pytest.raises(DilJaxError, match=f"{tmp_path}: cannot be read"):
+        read_squad_paragraphs(tmp_path)  # a folder, e.g. `--corpus squad:` with no path
     with pytest.raises(DilJaxError, match="unknown split strategy 'lines'"):
         split_documents([Document("d", "t", "text")], "lines")
     with pytest.raises(DilJaxError, match="must be positive"):

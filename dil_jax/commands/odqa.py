@@ -106,12 +106,14 @@ def register(subparsers) -> None:
 
 def _checkpoint_for(args, position: int) -> str:
     """The checkpoint of the position-th --k (one for all, or one per k)."""
+    from dil_jax.errors import UsageError
+
     if isinstance(args.checkpoint, str):
         return args.checkpoint
     if len(args.checkpoint) == 1:
         return args.checkpoint[0]
     if len(args.checkpoint) != len(args.k):
-        raise ValueError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
+        raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
                          f"{len(args.k)}: give one checkpoint for all k, or one per k")
     return args.checkpoint[position]
 

@@ -115,24 +115,28 @@ def read_jsonl(path: str | os.PathLike) -> list[Document]:
     if not path.is_file():
         raise CorpusError(f"{path}: no such corpus file")
     documents, seen = [], set()
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
-            if not isinstance(record, dict):
-                raise CorpusError(f"{path}:{number}: expected an object, got "
-                                  f"{type(record).__name__}")
-            for field in ("id", "text"):
-                if not isinstance(record.get(field), str):
-                    raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
-            if record["id"] in seen:
-                raise CorpusError(f"{path}:{number}: duplicate id {record['id']!r}")
-            seen.add(record["id"])
-            documents.append(Document(record["id"], str(record.get("title", "")), record["text"]))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CorpusError(f"{path}: cannot be read as UTF-8 text ({error})") from error
+    # Lines as a file yields them (\n only: str.splitlines would also split on U+2028).
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
+        if not isinstance(record, dict):
+            raise CorpusError(f"{path}:{number}: expected an object, got "
+                              f"{type(record).__name__}")
+        for field in ("id", "text"):
+            if not isinstance(record.get(field), str):
+                raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
+        if record["id"] in seen:
+            raise CorpusError(f"{path}:{number}: duplicate id {record['id']!r}")
+        seen.add(record["id"])
+        documents.append(Document(record["id"], str(record.get("title", "")), record["text"]))
     return documents
 
 
@@ -143,14 +147,18 @@ def read_squad_paragraphs(path: str | os.PathLike) -> list[Document]:
         data = json.loads(path.read_text(encoding="utf-8"))["data"]
     except FileNotFoundError as error:
         raise CorpusError(f"{path}: no such SQuAD file") from error
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
+    except OSError as error:
+        raise CorpusError(f"{path}: cannot be read ({error.strerror})") from error
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
         raise CorpusError(f"{path}: not a SQuAD JSON file ({type(error).__name__}: {error})"
                           ) from error
+    if not isinstance(data, list) or not all(isinstance(a, dict) for a in data):
+        raise CorpusError(f"{path}: field 'data' must be a list of article objects")
     documents = []
     for article in data:
         title = article.get("title", "")
         for n, paragraph in enumerate(article.get("paragraphs", [])):
-            if not isinstance(paragraph.get("context"), str):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
                 raise CorpusError(f"{path}: article {title!r} paragraph {n}: field 'context' "
                                   "missing")
             documents.append(Document(f"{title}#p{n}", title, paragraph["context"]))
@@ -173,7 +181,13 @@ def wikipedia_leads_path() -> Path:
 def read_wikipedia_leads(path: str | os.PathLike | None = None) -> list[Document]:
     """The 10,033 English Wikipedia lead sections: one document per article, id `wiki:{title}`."""
     path = wikipedia_leads_path() if path is None else Path(path)
-    records = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CorpusError(f"{path}: not a readable Wikipedia lead-section file ({error}); "
+                          f"reinstall {WIKIPEDIA_PACKAGE}") from error
+    if not isinstance(records, dict):
+        raise CorpusError(f"{path}: expected a JSON object of articles")
     documents = []
     for key, record in records.items():
         if not isinstance(record, dict) or not isinstance(record.get("extract"), str):
