@@ -102,7 +102,8 @@ def index_lock(directory: str | os.PathLike) -> Iterator[Path]:
     The kernel drops an flock when its holder dies, so a killed build never leaves a stale lock.
     A folder this call created is removed again if the block fails before writing into it.
     """
-    directory = Path(directory).absolute()
+    # Resolved: two spellings of one folder (a symlink, `..`) must find the same held lock.
+    directory = Path(directory).resolve()
     if directory in _HELD:
         _HELD[directory] += 1
         try:
