@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from dil_jax.cli import main
 from dil_jax.samples import SAMPLE_PASSAGES
+
+from conftest import run_cli
 
 COMMON = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
 
@@ -43,8 +43,8 @@ def test_index_ask_and_eval(tmp_path, capsys):
     assert "Q: Who wrote Pride and Prejudice?" in out and "time: retrieval" in out
     assert "BM25 rank" in out
     # A reader split at another k has no cache in this index: a clear error, not a wrong answer.
-    with pytest.raises(ValueError, match="no passage cache here"):
-        main(["--debug", "ask", "Who?", "--index", str(index), "--k", "3", *common])
+    status, _, err = run_cli(["ask", "Who?", "--index", str(index), "--k", "3", *common], capsys)
+    assert status == 1 and "no passage cache here" in err
 
     squad, _ = _write_squad(tmp_path)
     assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "0", "4",
@@ -73,9 +73,9 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
              "--max-passage-len", "48", "--doc-stride", "24", *common]
     assert main(build) == 0
     # The index exists but holds no sentence embeddings yet: a clear error naming the fix.
-    with pytest.raises(ValueError, match="dil-jax index"):
-        main(["--debug", "ask", "Who?", "--index", str(index), "--k", "4", "--prescreen",
-              str(folder), *common])
+    status, _, err = run_cli(["ask", "Who?", "--index", str(index), "--k", "4", "--prescreen",
+                              str(folder), *common], capsys)
+    assert status == 1 and "dil-jax index" in err
     assert main([*build, "--prescreen", str(folder)]) == 0
     assert list(index.glob("sentences-*/embeddings.npy"))
     assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "4",

@@ -90,13 +90,13 @@ def _check_index_flags(args: argparse.Namespace) -> None:
     _check_checkpoint_count(args)
     corpus_files = [spec.split(":", 1)[1] for spec in args.corpus
                     if spec.split(":", 1)[0] in ("squad", "jsonl") and ":" in spec]
-    # The index folder is written as a whole (staged, then renamed over the old one) unless it
-    # already holds an index to resume: never over a folder of other files or over an input.
+    # The index is built in place under its lock (dil_jax.odqa.index), which refuses a folder
+    # holding anything an index build did not write; here only what needs no model: the
+    # folder can be written and is none of the inputs.
     check_output_folder(args.out, "--out",
                         {"--corpus": corpus_files, "--checkpoint": _local_paths(args.checkpoint),
                          "--tokenizer": args.tokenizer,
-                         "--prescreen": _local_paths(args.prescreen)},
-                        replaced_unless="index.json")
+                         "--prescreen": _local_paths(args.prescreen)})
 
 
 def _check_ask_flags(args: argparse.Namespace) -> None:
@@ -202,30 +202,77 @@ def encoder_fn(model, params, batch_size):
 def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
               max_passage_len: int, doc_stride: int, readers: list, cache_dtype: str,
               batch_size: int = 32, prescreener=None):
-    """Builds (or reopens) the index, one passage cache per (model, params, tokenizer) and, with
-    a prescreener, the sentence embeddings of every passage."""
+    """Builds (or reopens, or repairs) the index, one passage cache per (model, params,
+    tokenizer) and, with a prescreener, the sentence embeddings of every passage.
+
+    Holds the index folder's lock throughout (a second build fails at once, naming this one).
+    An existing index is reused only if it was built with this run's corpus, split, lengths and
+    tokenizer; otherwise this refuses, naming each differing setting.
+    """
+    from dil_jax.odqa.index import index_lock
+
+    with index_lock(out):
+        return _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_stride,
+                                 readers, cache_dtype, batch_size, prescreener)
+
+
+def _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_stride, readers,
+                      cache_dtype, batch_size, prescreener):
     from tqdm.auto import tqdm
 
     from dil_jax.odqa.corpus import iter_sources, split_documents
-    from dil_jax.odqa.index import build_index, build_reader_cache, open_index
+    from dil_jax.odqa.index import (
+        IndexBrokenError,
+        OpenDomainIndexError,
+        build_index,
+        build_reader_cache,
+        clean_stale,
+        index_settings,
+        open_index,
+        read_settings,
+        settings_differences,
+    )
 
     tokenizer = readers[0][2]
+    started = time.perf_counter()
+    documents = []
+    for spec in corpus:
+        source = list(iter_sources([spec]))
+        documents += source[:corpus_limit] if corpus_limit else source
+    passages = split_documents(documents, split)
+    split_record = {"strategy": split, "sources": corpus, "limit": corpus_limit}
+    wanted = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
+                            doc_stride=doc_stride, split=split_record)
+    index = None
     if (Path(out) / "index.json").is_file():
-        index = open_index(out)
-        print(f"index: {out} ({len(index.passages)} passages, reused)")
-    else:
-        started = time.perf_counter()
-        documents = []
-        for spec in corpus:
-            source = list(iter_sources([spec]))
-            documents += source[:corpus_limit] if corpus_limit else source
-        passages = split_documents(documents, split)
+        try:
+            stored = read_settings(out)
+        except IndexBrokenError as error:
+            log.warning("%s -- rebuilding the index (its caches are removed)", error)
+        else:
+            differences = settings_differences(stored, wanted)
+            if differences:
+                raise OpenDomainIndexError(
+                    f"{out} holds an index built with other settings:\n  "
+                    + "\n  ".join(differences)
+                    + f"\nits caches belong to those settings: give another --out for this run, "
+                      f"or delete {out} to rebuild it with these")
+            try:
+                index = open_index(out)
+                print(f"index: {out} ({len(index.passages)} passages, reused)")
+            except IndexBrokenError as error:
+                log.warning("%s -- rebuilding its files (the caches are kept)", error)
+    if index is None:
+        if not passages:
+            raise OpenDomainIndexError(f"no passages in --corpus {' '.join(corpus)} (is it "
+                                       "empty?)")
         index = build_index(out, passages, tokenizer, max_passage_len=max_passage_len,
-                            doc_stride=doc_stride,
-                            split={"strategy": split, "sources": corpus, "limit": corpus_limit})
+                            doc_stride=doc_stride, split=split_record)
         print(f"index: {len(documents)} documents -> {len(passages)} passages -> "
               f"{index.settings['num_windows']} windows, BM25 built in "
               f"{time.perf_counter() - started:.1f} s")
+    for note in clean_stale(out, index.settings["passages"]):
+        log.info("%s", note)
     caches = []
     for model, params, reader_tokenizer in readers:
         k = model.config.num_lower_layers
@@ -250,17 +297,21 @@ def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
 
 
 def run_index(args: argparse.Namespace) -> int:
-    prescreener = None
-    if args.prescreen:
-        from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.odqa.index import index_lock
 
-        prescreener = SentencePrescreener.load(args.prescreen)
-    readers = [_load(args, k, i) for i, k in enumerate(args.k)]
-    from dil_jax.odqa.reader import check_read_lengths
-    for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
-        check_read_lengths(model.config, args.max_passage_len)
-    build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
-              args.doc_stride, readers, args.cache_dtype, prescreener=prescreener)
+    # The lock first: a second build into the same folder fails at once, before loading models.
+    with index_lock(args.out):
+        prescreener = None
+        if args.prescreen:
+            from dil_jax.sep.prescreener import SentencePrescreener
+
+            prescreener = SentencePrescreener.load(args.prescreen)
+        readers = [_load(args, k, i) for i, k in enumerate(args.k)]
+        from dil_jax.odqa.reader import check_read_lengths
+        for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
+            check_read_lengths(model.config, args.max_passage_len)
+        build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
+                  args.doc_stride, readers, args.cache_dtype, prescreener=prescreener)
     return 0
 
 

@@ -15,13 +15,21 @@ The arrays are plain `.npy` files opened as memory maps, so reading the states o
 passages of a question touches only those rows. Building is resumable and atomic: everything is
 written into `.<name>.partial/` with a progress record updated after each flushed chunk, and the
 folder is renamed into place only when complete.
+
+Opening checks what can be checked cheaply: the manifest parses, every array loads with the shape
+the manifest implies (a truncated `.npy` fails here), and — where the caller can encode — a few
+stored states equal a fresh `encode_lower` of their passages (`check_states`), so a cache whose
+manifest claims another k is refused. A cache that fails these is `CacheBrokenError`; `dil-jax
+index` rebuilds such a cache instead of failing on it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +41,8 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.errors import DilJaxError
 
+log = logging.getLogger(__name__)
+
 CACHE_FORMAT = "dil_jax.passage_cache/1"
 _MANIFEST = "manifest.json"
 _PROGRESS = "progress.json"
@@ -43,6 +53,32 @@ MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "t
 
 class CacheMismatchError(DilJaxError, ValueError):
     """A cache was built for another model, k, tokenizer or passage set; names the field."""
+
+
+class CacheBrokenError(CacheMismatchError):
+    """A cache file is unreadable, truncated, or holds states its manifest does not describe.
+
+    `build_passage_cache` (`dil-jax index`) rebuilds such a cache; opening one names the file.
+    """
+
+
+# Rows compared by `check_states`: first and last are enough to catch another k or model (every
+# state of a row changes), and cost one tiny encoder call.
+CHECKED_ROWS = 2
+# Mean |stored - fresh| / mean |fresh| above which the stored states are not this encoder's.
+# Re-encoding in float32 differs by ~1e-6; bfloat16 storage rounds by ~0.4%; another k or model
+# differs by tens of percent.
+STATES_TOLERANCE = {"float32": 1e-3, "bfloat16": 2e-2}
+
+
+def cache_name(manifest: dict[str, Any]) -> str:
+    """The folder name of a cache inside an index: one per (k, reader weights)."""
+    return f"cache-k{manifest['num_lower_layers']}-{manifest['model'][:8]}"
+
+
+def _broken(path: Path, problem: str) -> CacheBrokenError:
+    return CacheBrokenError(f"{path}: broken passage cache ({problem}); rerun `dil-jax index` "
+                            "with the same --out and reader to rebuild it")
 
 
 def _sha(chunks: Sequence[bytes]) -> str:
@@ -80,13 +116,27 @@ class PassageCache:
     """An opened cache (read-only memory maps)."""
 
     def __init__(self, directory: Path, manifest: dict[str, Any]):
+        """Maps the arrays; one missing, truncated or of the wrong shape is CacheBrokenError."""
         self.directory = directory
         self.manifest = manifest
-        self.ids = np.load(directory / "ids.npy", mmap_mode="r")
-        self.mask = np.load(directory / "mask.npy", mmap_mode="r")
-        self.offsets = np.load(directory / "offsets.npy", mmap_mode="r")
+        try:
+            rows, length = int(manifest["num_passages"]), int(manifest["max_passage_len"])
+            hidden, k = int(manifest["hidden_size"]), int(manifest["num_lower_layers"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise _broken(directory / _MANIFEST, f"field {error} missing or not a number"
+                          ) from error
+        self.ids = _load_array(directory / "ids.npy", (rows, length))
+        self.mask = _load_array(directory / "mask.npy", (rows, length))
+        self.offsets = _load_array(directory / "offsets.npy", (rows, length, 2))
         states = directory / "states.npy"
-        self.states = np.load(states, mmap_mode="r") if states.is_file() else None
+        if k == 0:
+            self.states = None
+        else:
+            self.states = _load_array(states, (rows, length, hidden))
+            if self.states.dtype != (np.uint16 if manifest.get("dtype") == "bfloat16"
+                                     else np.float32):
+                raise _broken(states, f"dtype {self.states.dtype} does not match the "
+                                      f"manifest's {manifest.get('dtype')!r}")
 
     def __len__(self) -> int:
         return self.ids.shape[0]
@@ -98,13 +148,27 @@ class PassageCache:
         directory = Path(directory)
         manifest_path = directory / _MANIFEST
         if not manifest_path.is_file():
+            if directory.is_dir():
+                # A finished cache always has its manifest: this folder was damaged.
+                raise _broken(manifest_path, "the file is missing")
             partial = directory.with_name(f".{directory.name}.partial")
             hint = " (an unfinished build exists: rerun it to resume)" if partial.exists() else ""
             raise CacheMismatchError(f"{directory}: no passage cache here{hint}")
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise _broken(manifest_path, f"not readable JSON: {error}") from error
+        if not isinstance(manifest, dict):
+            raise _broken(manifest_path, f"expected a JSON object, got {type(manifest).__name__}")
         if manifest.get("format") != CACHE_FORMAT:
             raise CacheMismatchError(f"{manifest_path}: format {manifest.get('format')!r}, "
                                      f"expected {CACHE_FORMAT!r}")
+        if (directory.name.startswith("cache-k") and isinstance(manifest.get("model"), str)
+                and "num_lower_layers" in manifest and directory.name != cache_name(manifest)):
+            # The folder name was derived from the manifest when it was written.
+            raise _broken(manifest_path, f"it says k={manifest.get('num_lower_layers')}, model "
+                                         f"{str(manifest['model'])[:8]}, but the folder is "
+                                         f"{directory.name}; was it edited?")
         for field, value in (expected or {}).items():
             if manifest.get(field) != value:
                 raise CacheMismatchError(
@@ -122,12 +186,59 @@ class PassageCache:
         return np.asarray(rows, dtype=np.float32)
 
 
+def _load_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
+    """The .npy at `path` as a read-only memory map of exactly `shape`, else CacheBrokenError."""
+    if not path.is_file():
+        raise _broken(path, "the file is missing")
+    try:
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError, EOFError) as error:  # a truncated file fails here
+        raise _broken(path, f"unreadable, truncated? ({error})") from error
+    if array.shape != shape:
+        raise _broken(path, f"shape {array.shape}, the manifest implies {shape}")
+    return array
+
+
+def check_states(cache: PassageCache,
+                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+    """Refuses (CacheBrokenError) a cache whose stored states are not `encode`'s.
+
+    Re-encodes CHECKED_ROWS sampled rows (the first and the last) and compares them with the
+    stored ones, so a manifest edited to claim another k (or model) is caught on open. A k = 0
+    cache holds no states: nothing to compare.
+
+    encode: (ids, mask) [rows, passage_len] -> [rows, passage_len, hidden] lower states.
+    """
+    if cache.states is None or not len(cache):
+        return
+    rows = sorted({0, len(cache) - 1})[:CHECKED_ROWS]
+    fresh = np.asarray(encode(np.asarray(cache.ids[rows]), np.asarray(cache.mask[rows])),
+                       dtype=np.float32)
+    stored = cache.read_states(rows)
+    mask = np.asarray(cache.mask[rows], bool)
+    # Only real tokens: padding states are never read.
+    scale = float(np.abs(fresh[mask]).mean()) or 1.0
+    difference = float(np.abs(stored[mask] - fresh[mask]).mean()) / scale
+    if not difference <= STATES_TOLERANCE.get(cache.manifest["dtype"], 1e-3):
+        k = cache.manifest["num_lower_layers"]
+        raise CacheBrokenError(
+            f"{cache.directory}: the stored states do not match k={k} of this reader (mean "
+            f"relative difference {difference:.3g} on {len(rows)} sampled passages): the cache "
+            "was built by another model or k, or its manifest was edited; rerun `dil-jax index` "
+            "with the same --out and reader to rebuild it")
+
+
 def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
                         ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
                         encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
                         hidden_size: int, chunk_passages: int = 256,
                         progress: Callable[[int], None] | None = None) -> PassageCache:
     """Builds (or resumes building) a cache; returns it opened.
+
+    An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`);
+    a broken one (CacheBrokenError) is removed and rebuilt, with a warning; one built for other
+    settings is refused, naming the field. The caller must hold the index's lock
+    (`dil_jax.odqa.index.index_lock`): this removes and renames folders inside the index.
 
     Args:
       manifest: MATCHED_FIELDS values (and anything informational) describing the encoder.
@@ -138,8 +249,20 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     directory = Path(directory).absolute()
     manifest = dict(manifest, format=CACHE_FORMAT, num_passages=int(ids.shape[0]))
     if directory.exists():
-        return PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
-                                             if f in manifest})
+        try:
+            cache = PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
+                                                  if f in manifest})
+            if encode is not None:
+                check_states(cache, encode)
+            return cache
+        except CacheBrokenError as error:
+            log.warning("%s -- rebuilding it", error)
+            shutil.rmtree(directory)
+        except CacheMismatchError as error:
+            raise CacheMismatchError(
+                f"{error}. This run would build a different cache under the same name: delete "
+                f"{directory} to rebuild it with this run's settings, or use another --out"
+            ) from error
     staging = directory.with_name(f".{directory.name}.partial")
     done = _resume_point(staging, manifest)
     if done is None:
@@ -177,8 +300,6 @@ def _resume_point(staging: Path, manifest: dict[str, Any]) -> int | None:
 
 def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
                  offsets: np.ndarray, with_states: bool, hidden_size: int) -> None:
-    import shutil
-
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     np.save(staging / "ids.npy", ids.astype(np.int32))
@@ -196,7 +317,8 @@ def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int
                     passages_id: str, dtype: str = "float32") -> dict[str, Any]:
     """The MATCHED_FIELDS of a reader: what a cache must have been built with to serve it."""
     if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"cache dtype must be float32 or bfloat16, got {dtype!r}")
+        raise CacheMismatchError(f"cache dtype must be float32 or bfloat16 (--cache-dtype), "
+                                 f"got {dtype!r}")
     return dict(model=params_fingerprint(params), architecture=config.architecture,
                 num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
                 tokenizer=tokenizer_id, max_passage_len=max_passage_len, dtype=dtype,

@@ -81,7 +81,7 @@ def split_windows(text: str, size: int = 100, stride: int = 50) -> list[tuple[in
     The last window ends at the last word (no window is only a tail already covered).
     """
     if size <= 0 or stride <= 0:
-        raise ValueError(f"window size and stride must be positive, got {size}, {stride}")
+        raise CorpusError(f"window size and stride must be positive, got {size}, {stride}")
     words = [(m.start(), m.end()) for m in _WORD.finditer(text)]
     if not words:
         return []
@@ -122,7 +122,7 @@ def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
     """Splits documents into passages; passage ids are `{doc_id}#{n}`. A paragraph over
     `max_paragraph_words` words is split further into windows (`bound_paragraphs`, logged)."""
     if strategy not in ("paragraphs", "windows"):
-        raise ValueError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
+        raise CorpusError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
     passages = []
     for document in documents:
         if strategy == "paragraphs":
@@ -150,24 +150,28 @@ def read_jsonl(path: str | os.PathLike) -> list[Document]:
     if not path.is_file():
         raise CorpusError(f"{path}: no such corpus file")
     documents, seen = [], set()
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
-            if not isinstance(record, dict):
-                raise CorpusError(f"{path}:{number}: expected an object, got "
-                                  f"{type(record).__name__}")
-            for field in ("id", "text"):
-                if not isinstance(record.get(field), str):
-                    raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
-            if record["id"] in seen:
-                raise CorpusError(f"{path}:{number}: duplicate id {record['id']!r}")
-            seen.add(record["id"])
-            documents.append(Document(record["id"], str(record.get("title", "")), record["text"]))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise CorpusError(f"{path}: cannot be read as UTF-8 text ({error})") from error
+    # Lines as a file yields them (\n only: str.splitlines would also split on U+2028).
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
+        if not isinstance(record, dict):
+            raise CorpusError(f"{path}:{number}: expected an object, got "
+                              f"{type(record).__name__}")
+        for field in ("id", "text"):
+            if not isinstance(record.get(field), str):
+                raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
+        if record["id"] in seen:
+            raise CorpusError(f"{path}:{number}: duplicate id {record['id']!r}")
+        seen.add(record["id"])
+        documents.append(Document(record["id"], str(record.get("title", "")), record["text"]))
     return documents
 
 
@@ -178,14 +182,18 @@ def read_squad_paragraphs(path: str | os.PathLike) -> list[Document]:
         data = json.loads(path.read_text(encoding="utf-8"))["data"]
     except FileNotFoundError as error:
         raise CorpusError(f"{path}: no such SQuAD file") from error
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
+    except OSError as error:
+        raise CorpusError(f"{path}: cannot be read ({error.strerror})") from error
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as error:
         raise CorpusError(f"{path}: not a SQuAD JSON file ({type(error).__name__}: {error})"
                           ) from error
+    if not isinstance(data, list) or not all(isinstance(a, dict) for a in data):
+        raise CorpusError(f"{path}: field 'data' must be a list of article objects")
     documents = []
     for article in data:
         title = article.get("title", "")
         for n, paragraph in enumerate(article.get("paragraphs", [])):
-            if not isinstance(paragraph.get("context"), str):
+            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("context"), str):
                 raise CorpusError(f"{path}: article {title!r} paragraph {n}: field 'context' "
                                   "missing")
             documents.append(Document(f"{title}#p{n}", title, paragraph["context"]))
@@ -208,7 +216,13 @@ def wikipedia_leads_path() -> Path:
 def read_wikipedia_leads(path: str | os.PathLike | None = None) -> list[Document]:
     """The 10,033 English Wikipedia lead sections: one document per article, id `wiki:{title}`."""
     path = wikipedia_leads_path() if path is None else Path(path)
-    records = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise CorpusError(f"{path}: not a readable Wikipedia lead-section file ({error}); "
+                          f"reinstall {WIKIPEDIA_PACKAGE}") from error
+    if not isinstance(records, dict):
+        raise CorpusError(f"{path}: expected a JSON object of articles")
     documents = []
     for key, record in records.items():
         if not isinstance(record, dict) or not isinstance(record.get("extract"), str):

@@ -148,14 +148,35 @@ class BM25Retriever:
         manifest_path = directory / "manifest.json"
         if not manifest_path.is_file():
             raise RetrievalError(f"{directory}: not a BM25 index (no manifest.json)")
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise RetrievalError(f"{manifest_path}: not readable JSON ({error})") from error
+        if not isinstance(manifest, dict):
+            raise RetrievalError(f"{manifest_path}: expected a JSON object")
         if manifest.get("format") != INDEX_FORMAT:
             raise RetrievalError(f"{manifest_path}: format {manifest.get('format')!r}, expected "
                                  f"{INDEX_FORMAT!r}")
         if fingerprint is not None and manifest.get("passages") != fingerprint:
             raise RetrievalError(f"{manifest_path}: built over other passages (fingerprint "
                                  f"{manifest.get('passages')!r}, expected {fingerprint!r})")
-        weights = scipy.sparse.load_npz(directory / "weights.npz")
-        vocabulary = json.loads((directory / "vocabulary.json").read_text())
-        params = {key: manifest[key] for key in ("k1", "b", "epsilon")}
+        try:
+            weights = scipy.sparse.load_npz(directory / "weights.npz")
+        except (OSError, ValueError, KeyError, EOFError) as error:
+            raise RetrievalError(f"{directory / 'weights.npz'}: unreadable ({error})") from error
+        try:
+            vocabulary = json.loads((directory / "vocabulary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise RetrievalError(f"{directory / 'vocabulary.json'}: unreadable ({error})"
+                                 ) from error
+        try:
+            params = {key: float(manifest[key]) for key in ("k1", "b", "epsilon")}
+        except (KeyError, TypeError, ValueError) as error:
+            raise RetrievalError(f"{manifest_path}: field {error} missing or not a number"
+                                 ) from error
+        if not isinstance(vocabulary, dict) or weights.shape[0] != len(vocabulary) or \
+                weights.shape[1] != manifest.get("num_passages"):
+            raise RetrievalError(f"{directory}: weights.npz {weights.shape}, vocabulary.json and "
+                                 f"manifest.json (num_passages {manifest.get('num_passages')}) "
+                                 "disagree")
         return cls(weights, vocabulary, params)

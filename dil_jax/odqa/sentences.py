@@ -16,6 +16,7 @@ and one prescreener pass over its retrieved passages' stored sentences.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,8 +26,11 @@ from dil_jax.atomic import staged_directory
 from dil_jax.errors import DilJaxError
 from dil_jax.sep.sentences import split_sentences
 
+log = logging.getLogger(__name__)
+
 STORE_FORMAT = "dil_jax.sentence_store/1"
 _MANIFEST = "manifest.json"
+_REBUILD = "rerun `dil-jax index` with the same --out and --prescreen to rebuild it"
 
 
 class SentenceStoreError(DilJaxError, ValueError):
@@ -46,11 +50,21 @@ def _expected(prescreener, passages_fingerprint: str) -> dict:
 class SentenceStore:
     """An opened store (read-only memory-mapped embeddings)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, manifest: dict | None = None):
+        """Loads the arrays; a missing, truncated or inconsistent one is SentenceStoreError."""
         self.directory = directory
-        self.first = np.load(directory / "first.npy")
-        self.spans = np.load(directory / "spans.npy")
-        self.embeddings = np.load(directory / "embeddings.npy", mmap_mode="r")
+        self.first = _load(directory / "first.npy")
+        self.spans = _load(directory / "spans.npy")
+        self.embeddings = _load(directory / "embeddings.npy", mmap_mode="r")
+        sentences = int(self.first[-1]) if self.first.ndim == 1 and len(self.first) else -1
+        if (self.first.ndim != 1 or self.spans.shape != (sentences, 2)
+                or self.embeddings.ndim != 2 or self.embeddings.shape[0] != sentences
+                or (manifest is not None and len(self.first) != manifest.get("num_passages", 0)
+                    + 1)):
+            raise SentenceStoreError(
+                f"{directory}: broken sentence store (first.npy {self.first.shape}, spans.npy "
+                f"{self.spans.shape}, embeddings.npy {self.embeddings.shape} disagree); "
+                f"{_REBUILD}")
 
     @classmethod
     def open(cls, index, prescreener) -> SentenceStore:
@@ -60,12 +74,18 @@ class SentenceStore:
             raise SentenceStoreError(
                 f"{directory}: no sentence embeddings for this encoder in the index; build them "
                 f"with `dil-jax index --out {index.directory} --prescreen ...`")
-        manifest = json.loads(manifest_path.read_text())
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise SentenceStoreError(f"{manifest_path}: not readable JSON ({error}); {_REBUILD}"
+                                     ) from error
+        if not isinstance(manifest, dict):
+            raise SentenceStoreError(f"{manifest_path}: expected a JSON object; {_REBUILD}")
         for field, value in _expected(prescreener, index.settings["passages"]).items():
             if field != "encoder" and manifest.get(field) != value:
                 raise SentenceStoreError(f"{manifest_path}: built with {field} = "
                                          f"{manifest.get(field)!r}, the prescreener has {value!r}")
-        return cls(directory)
+        return cls(directory, manifest)
 
     def passage_spans(self, max_sentences: int | None = None) -> list[list[tuple[int, int]]]:
         """Every passage's sentence spans (the first max_sentences of each)."""
@@ -86,13 +106,33 @@ class SentenceStore:
         return vectors.astype(np.float32), mask.astype(np.int32)
 
 
+def _load(path: Path, mmap_mode: str | None = None) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode=mmap_mode)
+    except FileNotFoundError as error:
+        raise SentenceStoreError(f"{path}: missing from the sentence store; {_REBUILD}"
+                                 ) from error
+    except (OSError, ValueError, EOFError) as error:  # truncated or not an array
+        raise SentenceStoreError(f"{path}: unreadable ({error}); {_REBUILD}") from error
+
+
 def build_sentence_store(index, prescreener, *, chunk: int = 4096,
                          progress: Callable[[int, int], None] | None = None) -> SentenceStore:
-    """Splits and embeds every passage's sentences (or opens the store when it exists)."""
+    """Splits and embeds every passage's sentences (or opens the store when it exists and is
+    sound; a broken or mismatched one is rebuilt), holding the index's lock."""
+    from dil_jax.odqa.index import index_lock
+
+    with index_lock(index.directory):
+        return _build_sentence_store(index, prescreener, chunk, progress)
+
+
+def _build_sentence_store(index, prescreener, chunk: int,
+                          progress: Callable[[int, int], None] | None) -> SentenceStore:
     try:
         return SentenceStore.open(index, prescreener)
-    except SentenceStoreError:
-        pass
+    except SentenceStoreError as error:
+        if store_dir(index.directory, prescreener.encoder_fingerprint).exists():
+            log.warning("%s -- rebuilding it", error)
     spans = [split_sentences(passage.text) for passage in index.passages]
     first = np.concatenate([[0], np.cumsum([len(s) for s in spans])]).astype(np.int64)
     texts = [passage.text[a:b] for passage, passage_spans in zip(index.passages, spans)
