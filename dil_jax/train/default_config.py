@@ -286,12 +286,17 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
         wanted = rule(value) if present else None
         if wanted:
             problems.append(f"config.{key} = {value!r}: must be {wanted}")
+    if problems:
+        return problems
     # Relations between keys, once each key is fine on its own.
-    if not problems:
-        if config.batch_size % config.grad_accum_steps:
-            problems.append(f"config.batch_size = {config.batch_size} is not a multiple of "
-                            f"config.grad_accum_steps = {config.grad_accum_steps}")
-        if not config.loss.ce_weight + config.loss.kd_weight + config.loss.lrs_weight > 0:
+    values = {key: _lookup(config, key) for key in (
+        "batch_size", "grad_accum_steps", "loss.ce_weight", "loss.kd_weight", "loss.lrs_weight")}
+    if all(present for present, _ in values.values()):
+        batch, accum = values["batch_size"][1], values["grad_accum_steps"][1]
+        if batch % accum:
+            problems.append(f"config.batch_size = {batch} is not a multiple of "
+                            f"config.grad_accum_steps = {accum}")
+        if not sum(values[f"loss.{name}_weight"][1] for name in ("ce", "kd", "lrs")) > 0:
             problems.append("config.loss.ce_weight, kd_weight and lrs_weight are all 0: "
                             "nothing to train on; set one > 0")
     return problems
