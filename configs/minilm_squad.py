@@ -14,6 +14,7 @@ Variants (`configs/minilm_squad.py:VARIANT`):
 
 import ml_collections
 
+from dil_jax.errors import UsageError
 from dil_jax.train.default_config import base_config
 
 VARIANTS = ("full", "k4", "k4_distill")
@@ -21,7 +22,8 @@ VARIANTS = ("full", "k4", "k4_distill")
 
 def get_config(variant: str = "k4") -> ml_collections.ConfigDict:
     if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; one of {VARIANTS}")
+        raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r}; one of "
+                         f"{VARIANTS} (configs/minilm_squad.py:VARIANT)")
     c = base_config()
     c.workdir = f"runs/minilm_squad_{variant}"
     c.model.checkpoint = "default"

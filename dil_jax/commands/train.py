@@ -56,14 +56,16 @@ def check_workdir(config) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dil_jax.errors import UsageError
+    from dil_jax.errors import InterruptedRun, UsageError
     from dil_jax.train.config_files import load_config, split_overrides
+    from dil_jax.train.default_config import validate_config
 
     rest, overrides = split_overrides(getattr(args, "extra_args", None) or [])
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
                          "(overrides are --config.key=value)")
     config = load_config(args.config, overrides)
+    validate_config(config, args.config)  # every bad value by its key, before anything loads
     if not args.print_config:
         check_workdir(config)
     # orbax logs every save step at INFO through absl; keep the console to our own lines.
@@ -74,9 +76,19 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.train.loop import train
 
     result = train(config)
-    summary = {"workdir": str(result.workdir), "step": int(result.state.step),
+    step = int(result.state.step)
+    summary = {"workdir": str(result.workdir), "step": step, "total_steps": result.total_steps,
                "train": result.last_metrics, "eval": result.eval_metrics,
                "best_step": result.best_step}
+    if result.interrupted_by:
+        status = f"interrupted at step {step} of {result.total_steps}"
+        summary["status"] = status
+        print(json.dumps(summary, indent=2))
+        # Not a success: a script waiting on this run must not take it as finished.
+        raise InterruptedRun(f"{status} ({result.interrupted_by}); the checkpoint of step {step} "
+                             f"is in {result.workdir}/checkpoints: re-run the same command to "
+                             "resume")
+    summary["status"] = "finished"
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -88,7 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     args.extra_args = extras
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return run(args)
+    from dil_jax.errors import DilJaxError
+
+    try:
+        return run(args)
+    except DilJaxError as error:  # as dil_jax.cli does: the message names the problem
+        print(f"dil-jax train: error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -101,7 +101,7 @@ def load_squad(path: str | os.PathLike, *, expected_version: str | None = None,
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputFileError(f"{source}: no such SQuAD file; check the path (--data)"
+        raise InputFileError(f"{source}: no such SQuAD file; check the path"
                              ) from None
     except UnicodeDecodeError as error:
         raise SquadFormatError(source, "<file>", f"not UTF-8 text ({error})") from None

@@ -11,21 +11,33 @@ temporary name and renamed (or, on GCS, marked with a commit file) only when com
 `latest_step()` only lists finished steps, so an interrupted save never becomes "latest".
 In a multi-process run every process calls save/restore; orbax writes each array shard from one
 owner and the metadata from the primary process only.
+
+Resuming (`restore_latest`) takes the newest step that restores; a step whose files are damaged
+(cut or removed after the save completed) is logged, set aside and the previous one is tried. A
+step written by another model shape is not "damaged": that is refused with the differing
+parameters named, since falling back would silently train another model.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from dil_jax.checkpoints import CheckpointError
+from dil_jax.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 STATE_ITEM = "state"
 META_ITEM = "meta"
+# Where damaged steps are moved (beside checkpoints/), so a re-save of that step can happen.
+BROKEN_DIR = "checkpoints.broken"
 
 
 class TrainCheckpointer:
@@ -35,7 +47,8 @@ class TrainCheckpointer:
                  best_metric: str | None = "f1", best_mode: str = "max",
                  async_save: bool = True):
         if best_mode not in ("max", "min"):
-            raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+            raise UsageError(f"config.checkpoint.best_mode must be 'max' or 'min', "
+                             f"got {best_mode!r}")
         self.best_metric = best_metric
         policies: list[Any] = [ocp.checkpoint_managers.LatestN(n=keep)]
         best_fn = None
@@ -61,8 +74,12 @@ class TrainCheckpointer:
         directory = str(directory)
         if "://" not in directory:  # gs:// etc. are handed to orbax as they are
             directory = os.path.abspath(directory)
+        self.directory = directory
+        # Handlers (not just names) let item_metadata() read a step's shapes before restoring.
         self.manager = ocp.CheckpointManager(
-            directory, options=options, item_names=(STATE_ITEM, META_ITEM))
+            directory, options=options,
+            item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
+                           META_ITEM: ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -93,6 +110,72 @@ class TrainCheckpointer:
                                              META_ITEM: ocp.args.JsonRestore()}))
         return restored[STATE_ITEM], dict(restored[META_ITEM])
 
+    def saved_shapes(self, step: int) -> dict[str, tuple[int, ...]] | None:
+        """{"params/a/kernel": shape} of every array in step's state; None if unreadable."""
+        try:
+            tree = self.manager.item_metadata(step)[STATE_ITEM]
+        except Exception:  # damaged metadata: restore will tell
+            return None
+        return None if tree is None else leaf_shapes(tree)
+
+    def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
+        """(state, meta) of the newest step that restores, or None when there is none.
+
+        A damaged step is logged (WARNING), moved to checkpoints.broken/ and the previous one is
+        tried; CheckpointError if no step restores, or if a step holds another model's shapes.
+        """
+        broken: list[tuple[int, str]] = []
+        for step in sorted(self.all_steps(), reverse=True):
+            saved = self.saved_shapes(step)
+            if saved is not None:
+                mismatch = shape_mismatch(saved, leaf_shapes(abstract_state))
+                if mismatch:
+                    raise CheckpointError(
+                        f"{self.directory} step {step} holds another model than this config "
+                        f"builds ({mismatch}); resume with the model settings that wrote it "
+                        "(model.checkpoint, model.encoder: see config.json beside it) or use a "
+                        "new workdir (config.workdir)")
+            try:
+                restored = self.restore(step, abstract_state)
+            except Exception as error:  # orbax/tensorstore raise many kinds
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                log.warning("checkpoint step %d in %s cannot be read (%s); trying the previous "
+                            "one", step, self.directory, reason)
+                broken.append((step, reason))
+                continue
+            if broken:
+                moved = self._set_aside([b for b, _ in broken])
+                log.warning("resuming from step %d: newer step(s) %s in %s are damaged (%s)",
+                            step, [b for b, _ in broken], self.directory, moved)
+            return restored
+        if broken:
+            raise CheckpointError(
+                f"no intact checkpoint in {self.directory}: step(s) "
+                + "; ".join(f"{b} ({reason})" for b, reason in broken)
+                + ". Move that folder aside (or use a new config.workdir) to train from the "
+                "start")
+        return None
+
+    def _set_aside(self, steps: list[int]) -> str:
+        """Moves damaged steps out of orbax's sight (local, single process), so the run can save
+        those steps again; elsewhere deletes them. Returns what was done, for the log."""
+        if "://" in self.directory or jax.process_count() > 1:
+            for step in steps:
+                self.manager.delete(step)
+            self.manager.reload()
+            return "deleted"
+        target = Path(self.directory).with_name(BROKEN_DIR)
+        target.mkdir(exist_ok=True)
+        for step in steps:
+            destination = target / str(step)
+            suffix = 1
+            while destination.exists():
+                destination = target / f"{step}.{suffix}"
+                suffix += 1
+            shutil.move(os.path.join(self.directory, str(step)), destination)
+        self.manager.reload()
+        return f"moved to {target}"
+
     def reached_preemption(self, step: int) -> bool:
         """All processes agree a preemption (SIGTERM) happened (multi-process runs only)."""
         return jax.process_count() > 1 and self.manager.reached_preemption(step)
@@ -102,6 +185,41 @@ class TrainCheckpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+def _key_name(key: Any) -> str:
+    return str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+
+
+def leaf_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{"params/block_0/ffn_in/kernel": shape} of a state, its abstract twin or orbax metadata."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(_key_name(k) for k in path): tuple(leaf.shape) for path, leaf in leaves
+            if hasattr(leaf, "shape")}
+
+
+def shape_mismatch(saved: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+                   limit: int = 3) -> str:
+    """"" if the params agree, else up to `limit` differences, params named first.
+
+    Only params are compared: they are what a model shape decides, and their names are the same
+    in orbax's metadata and in the TrainState (optimizer-state paths are spelled differently).
+    """
+    saved = {k: v for k, v in saved.items() if k.startswith("params/")}
+    expected = {k: v for k, v in expected.items() if k.startswith("params/")}
+    differences = []
+    for name in sorted(saved.keys() | expected.keys()):
+        if name not in expected:
+            differences.append(f"{name} {saved[name]} only in the checkpoint")
+        elif name not in saved:
+            differences.append(f"{name} {expected[name]} missing from the checkpoint")
+        elif saved[name] != expected[name]:
+            differences.append(f"{name}: {saved[name]} in the checkpoint, {expected[name]} in "
+                               "this config")
+    if not differences:
+        return ""
+    more = len(differences) - limit
+    return "; ".join(differences[:limit]) + (f"; and {more} more" if more > 0 else "")
 
 
 def abstract_like(tree: Any, sharding: Any) -> Any:

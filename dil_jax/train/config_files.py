@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import inspect
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,9 +39,16 @@ def load_config_file(spec: str | os.PathLike) -> ml_collections.ConfigDict:
         raise ConfigFileError(f"config file not found: {path}")
     module_spec = importlib.util.spec_from_file_location(f"_dil_config_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as error:
+        raise ConfigFileError(f"{path}, line {error.lineno}: not valid Python: {error.msg}"
+                              ) from None
     if not hasattr(module, "get_config"):
         raise ConfigFileError(f"{path} has no get_config()")
+    if arg and not inspect.signature(module.get_config).parameters:
+        raise ConfigFileError(f"{spec}: {path}'s get_config() takes no argument, got {arg!r}; "
+                              f"use {path} without ':{arg}'")
     config = module.get_config(arg) if arg else module.get_config()
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigFileError(f"{path}: get_config() returned {type(config).__name__}, "
@@ -72,6 +80,19 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[tuple[str, str
     return rest, overrides
 
 
+def type_name(value: object) -> str:
+    """How a message names the type a field wants ("a float (a number such as 3e-05)")."""
+    if isinstance(value, bool):
+        return "a boolean (true/false)"
+    if isinstance(value, int):
+        return f"an integer (such as {value})"
+    if isinstance(value, float):
+        return f"a float (a number such as {value:g})"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} (such as {list(value)!r})"
+    return f"a {type(value).__name__}"
+
+
 def parse_value(text: str, current: object) -> object:
     """Parses `text` by the type of the value it replaces.
 
@@ -93,7 +114,7 @@ def parse_value(text: str, current: object) -> object:
     except (ValueError, SyntaxError):
         if current is None:
             return text
-        raise ConfigFileError(f"cannot parse {text!r} as a {type(current).__name__}") from None
+        raise ConfigFileError(f"cannot parse {text!r} as {type_name(current)}") from None
     if isinstance(current, tuple) and isinstance(value, list):
         value = tuple(value)
     return value
@@ -117,11 +138,17 @@ def apply_overrides(config: ml_collections.ConfigDict,
                                   f"has {sorted(node.keys())}")
         if isinstance(node[leaf], ml_collections.ConfigDict):
             raise ConfigFileError(f"--config.{key} is a section; override its fields instead")
-        value = parse_value(text, node[leaf])
+        # Every message names the key and the value as typed, whatever went wrong.
+        try:
+            value = parse_value(text, node[leaf])
+        except ConfigFileError as error:
+            raise ConfigFileError(f"--config.{key}={text}: {error}") from None
         try:
             node[leaf] = value
-        except TypeError as error:
-            raise ConfigFileError(f"--config.{key}={text}: {error}") from error
+        except TypeError:
+            raise ConfigFileError(
+                f"--config.{key}={text}: expected {type_name(node[leaf])}, got "
+                f"{type(value).__name__} {value!r}") from None
     return config
 
 

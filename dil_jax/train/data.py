@@ -28,6 +28,9 @@ from typing import Protocol
 import ml_collections
 import numpy as np
 
+from dil_jax.data.features import FeaturizationError
+from dil_jax.errors import UsageError
+
 # A window whose answer lies outside it (or an unanswerable question) points at the null ([CLS])
 # logit: label 0 of the [null, passage...] distribution.
 NO_ANSWER = -1
@@ -87,7 +90,8 @@ class Windows:
 
 
 def windows_from_features(features: FeaturesLike) -> Windows:
-    """Validates a featurizer's output and converts it to Windows (raises ValueError)."""
+    """Validates a featurizer's output and converts it to Windows (raises FeaturizationError,
+    a ValueError, naming the field)."""
     q_ids, q_mask = np.asarray(features.q_ids), np.asarray(features.q_mask)
     p_ids, p_mask = np.asarray(features.p_ids), np.asarray(features.p_mask)
     q_index = np.asarray(features.window_question_index)
@@ -95,21 +99,24 @@ def windows_from_features(features: FeaturesLike) -> Windows:
     end = np.asarray(features.end_positions)
     n = p_ids.shape[0]
     if q_ids.ndim != 2 or q_mask.shape != q_ids.shape:
-        raise ValueError(f"q_ids {q_ids.shape} / q_mask {q_mask.shape}: expected equal [nq, Lq]")
+        raise FeaturizationError(f"q_ids {q_ids.shape} / q_mask {q_mask.shape}: expected equal "
+                                 "[nq, Lq]")
     if p_ids.ndim != 2 or p_mask.shape != p_ids.shape:
-        raise ValueError(f"p_ids {p_ids.shape} / p_mask {p_mask.shape}: expected equal [nw, Lp]")
+        raise FeaturizationError(f"p_ids {p_ids.shape} / p_mask {p_mask.shape}: expected equal "
+                                 "[nw, Lp]")
     for name, array in (("window_question_index", q_index), ("start_positions", start),
                         ("end_positions", end)):
         if array.shape != (n,):
-            raise ValueError(f"{name} has shape {array.shape}, expected ({n},)")
+            raise FeaturizationError(f"{name} has shape {array.shape}, expected ({n},)")
     if n and (q_index.min() < 0 or q_index.max() >= q_ids.shape[0]):
-        raise ValueError(f"window_question_index outside 0..{q_ids.shape[0] - 1}")
+        raise FeaturizationError(f"window_question_index outside 0..{q_ids.shape[0] - 1}")
     lp = p_ids.shape[1]
     if n and (start.min() < NO_ANSWER or start.max() >= lp or end.min() < NO_ANSWER
               or end.max() >= lp):
-        raise ValueError(f"start/end positions must be -1 or inside the window (0..{lp - 1})")
+        raise FeaturizationError("start/end positions must be -1 or inside the window "
+                                 f"(0..{lp - 1})")
     if np.any((start == NO_ANSWER) != (end == NO_ANSWER)):
-        raise ValueError("a window has a start but no end position (or the reverse)")
+        raise FeaturizationError("a window has a start but no end position (or the reverse)")
     return Windows(q_ids.astype(np.int32), q_mask.astype(np.int32), p_ids.astype(np.int32),
                    p_mask.astype(np.int32), q_index.astype(np.int64), start.astype(np.int32),
                    end.astype(np.int32))
@@ -137,8 +144,8 @@ def global_batch_rows(step: int, num_windows: int, global_batch: int, seed: int)
     """Window rows [global_batch] of global step `step` (see the module docstring)."""
     per_epoch = steps_per_epoch(num_windows, global_batch)
     if per_epoch == 0:
-        raise ValueError(f"{num_windows} training windows cannot fill one global batch of "
-                         f"{global_batch}")
+        raise UsageError(f"{num_windows} training windows cannot fill one global batch of "
+                         f"{global_batch}: lower config.batch_size or add training data")
     epoch, index = data_position(step, per_epoch)
     order = epoch_permutation(num_windows, seed, epoch)
     return order[index * global_batch:(index + 1) * global_batch]

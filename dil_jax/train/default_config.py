@@ -6,7 +6,12 @@ schema (the config is locked before overrides apply), whatever the config file.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import ml_collections
+
+from dil_jax.errors import UsageError
 
 SQUAD_V1_35 = "../shared/data/squad/dev-v1.1.35-articles.json"
 
@@ -133,5 +138,174 @@ def paper_squad_config(name: str, checkpoint: str, variant: str = "") -> ml_coll
     elif variant == "full":
         c.model.num_lower_layers = 0
     elif variant:
-        raise ValueError(f"unknown variant {variant!r}: '', 'full' or 'distill'")
+        raise UsageError(f"unknown variant {variant!r}: '', 'full' or 'distill'")
     return c
+
+
+# ----------------------------------------------------------------------------- validation
+#
+# One table of rules over the schema above, checked once when a config is loaded (before any
+# model or data loads), so a bad value is reported by its key instead of surfacing as a
+# ZeroDivisionError or a JAX shape error deep inside the loop. A rule returns None when the value
+# is fine, else what the value must be.
+
+Rule = Callable[[object], "str | None"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def int_at_least(low: int, off: int | None = None) -> Rule:
+    """An integer >= low (or exactly `off`, the value that switches the setting off)."""
+    wanted = f"an integer >= {low}" + (f" (or {off} for off)" if off is not None else "")
+    return lambda v: None if _is_int(v) and (v >= low or v == off) else wanted
+
+
+def number_in(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+              high_open: bool = False, optional: bool = False) -> Rule:
+    """A finite number within the bounds (an open bound excludes itself); None if optional."""
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"{'<' if high_open else '<='} {high:g}")
+    wanted = " and ".join(["a number", *bounds]).replace("number and", "number")
+    wanted += " (or None)" if optional else ""
+
+    def check(v: object) -> str | None:
+        if v is None and optional:
+            return None
+        if not _is_number(v):
+            return wanted
+        too_low = low is not None and (v <= low if low_open else v < low)
+        too_high = high is not None and (v >= high if high_open else v > high)
+        return wanted if too_low or too_high else None
+
+    return check
+
+
+def one_of(*choices: object) -> Rule:
+    return lambda v: None if v in choices else f"one of {list(choices)}"
+
+
+def text(*, callable_spec: bool = False) -> Rule:
+    """A string; with callable_spec, "" or "module:function"."""
+    def check(v: object) -> str | None:
+        if not isinstance(v, str):
+            return "a string"
+        if callable_spec and v and (":" not in v or not all(v.partition(":")[::2])):
+            return "\"\" or \"package.module:function\""
+        return None
+
+    return check
+
+
+def optional_int_at_least(low: int) -> Rule:
+    return lambda v: None if v is None or (_is_int(v) and v >= low) else (
+        f"an integer >= {low} (or None)")
+
+
+POSITIVE = int_at_least(1)
+FRACTION = number_in(0, 1)
+WEIGHT = number_in(0)
+RATE = number_in(0, low_open=True)
+
+# Every checked key of base_config(); keys a config lacks are skipped (library callers may build
+# a smaller config), keys not listed here are free-form.
+RULES: dict[str, Rule] = {
+    "seed": int_at_least(0),
+    "data_seed": int_at_least(0),
+    "batch_size": POSITIVE,
+    "grad_accum_steps": POSITIVE,
+    "num_epochs": RATE,
+    "num_train_steps": int_at_least(1, off=-1),
+    "model.checkpoint": text(),
+    "model.num_lower_layers": int_at_least(0),
+    "model.max_question_len": int_at_least(2),  # at least [CLS] and [SEP]
+    "model.dtype": one_of("float32", "bfloat16"),
+    "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),
+    "model.attention_dropout": number_in(0, 1, high_open=True, optional=True),
+    "teacher.checkpoint": text(),
+    "loss.ce_weight": WEIGHT,
+    "loss.kd_weight": WEIGHT,
+    "loss.lrs_weight": WEIGHT,
+    "loss.temperature": RATE,
+    "optim.learning_rate": RATE,
+    "optim.warmup_fraction": FRACTION,
+    "optim.warmup_steps": int_at_least(0, off=-1),
+    "optim.weight_decay": WEIGHT,
+    "optim.max_grad_norm": number_in(0, optional=True),  # 0 / None: no clipping
+    "optim.b1": number_in(0, 1, high_open=True),
+    "optim.b2": number_in(0, 1, high_open=True),
+    "optim.eps": RATE,
+    "optim.frozen": text(),
+    "data.featurizer": text(callable_spec=True),
+    "data.squad_file": text(),
+    "data.validation_file": text(),
+    "data.train_articles": text(),
+    "data.validation_articles": text(),
+    "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
+    "data.stride": POSITIVE,
+    "data.max_questions": int_at_least(1, off=-1),
+    "data.synthetic.num_questions": POSITIVE,
+    "data.synthetic.windows_per_question": POSITIVE,
+    "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved
+    "data.synthetic.null_fraction": FRACTION,
+    "eval.evaluator": text(callable_spec=True),
+    "eval.batch_size": POSITIVE,
+    "checkpoint.every_steps": POSITIVE,
+    "checkpoint.keep": POSITIVE,
+    "checkpoint.best_metric": text(),
+    "checkpoint.best_mode": one_of("max", "min"),
+    "log.every_steps": POSITIVE,
+    "distributed.num_cpu_devices": int_at_least(0),
+    "distributed.num_processes": optional_int_at_least(1),
+    "distributed.process_id": optional_int_at_least(0),
+}
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
+    node: object = config
+    for name in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            return False, None
+        node = node[name]
+    return True, node
+
+
+def config_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Every rule a value of `config` breaks, as "config.KEY = VALUE: must be ..." lines."""
+    problems = []
+    for key, rule in RULES.items():
+        present, value = _lookup(config, key)
+        wanted = rule(value) if present else None
+        if wanted:
+            problems.append(f"config.{key} = {value!r}: must be {wanted}")
+    if problems:
+        return problems
+    # Relations between keys, once each key is fine on its own.
+    values = {key: _lookup(config, key) for key in (
+        "batch_size", "grad_accum_steps", "loss.ce_weight", "loss.kd_weight", "loss.lrs_weight")}
+    if all(present for present, _ in values.values()):
+        batch, accum = values["batch_size"][1], values["grad_accum_steps"][1]
+        if batch % accum:
+            problems.append(f"config.batch_size = {batch} is not a multiple of "
+                            f"config.grad_accum_steps = {accum}")
+        if not sum(values[f"loss.{name}_weight"][1] for name in ("ce", "kd", "lrs")) > 0:
+            problems.append("config.loss.ce_weight, kd_weight and lrs_weight are all 0: "
+                            "nothing to train on; set one > 0")
+    return problems
+
+
+def validate_config(config: ml_collections.ConfigDict, source: str = "") -> None:
+    """Raises UsageError listing every bad value of a training config (see RULES)."""
+    problems = config_problems(config)
+    if problems:
+        where = f" ({source})" if source else ""
+        raise UsageError(f"invalid training config{where}: " + "; ".join(problems)
+                         + "; fix the config file or override with --config.KEY=VALUE")

@@ -28,11 +28,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from dil_jax.atomic import write_atomic
+from dil_jax.checkpoints import CheckpointError
 from dil_jax.config import EncoderConfig
+from dil_jax.errors import UsageError
 from dil_jax.model import DelayedInteractionModel, Params
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
+from dil_jax.train.default_config import validate_config
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.metrics import MetricWriter, Progress
 from dil_jax.train.optim import make_optimizer
@@ -53,6 +57,10 @@ class TrainResult:
     eval_metrics: dict[str, float]
     best_step: int | None
     workdir: Path | str
+    total_steps: int = 0
+    # "SIGTERM", "SIGINT" or "preemption" when a signal stopped the run before total_steps
+    # (a checkpoint of the last finished step was saved); None otherwise.
+    interrupted_by: str | None = None
 
 
 # ----------------------------------------------------------------------------- setup
@@ -91,12 +99,20 @@ def metrics_dir(config: ml_collections.ConfigDict) -> Path:
     return Path(config.workdir)
 
 
-def resolve_callable(spec: str) -> Callable:
-    """"package.module:function" -> the function."""
+def resolve_callable(spec: str, key: str = "") -> Callable:
+    """"package.module:function" -> the function; `key` (e.g. "data.featurizer") names the
+    config key in errors."""
+    where = f"config.{key} = {spec!r}" if key else repr(spec)
     module_name, _, attribute = spec.partition(":")
-    if not attribute:
-        raise ValueError(f"expected 'module:function', got {spec!r}")
-    return getattr(importlib.import_module(module_name), attribute)
+    if not module_name or not attribute:
+        raise UsageError(f"{where}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"{where}: cannot import {module_name!r} ({error})") from None
+    if not callable(getattr(module, attribute, None)):
+        raise UsageError(f"{where}: {module_name} has no function {attribute!r}")
+    return getattr(module, attribute)
 
 
 def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -114,6 +130,11 @@ def load_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
     from dil_jax.checkpoints import ENCODER_CONFIG_FILE, load_hf_checkpoint, load_params
 
     if not checkpoint:
+        fields = {field.name for field in dataclasses.fields(EncoderConfig)}
+        unknown = sorted(set(encoder or {}) - fields)
+        if unknown:
+            raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
+                             f"EncoderConfig takes {sorted(fields)}")
         config = EncoderConfig(**{**dict(encoder or {}), **overrides})
         params = DelayedInteractionModel(config).init(rng)
         return config, jax.tree.map(np.asarray, params)
@@ -133,7 +154,7 @@ def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConf
     if not weights.needs_teacher:
         return None, None
     if not source:
-        raise ValueError("loss.kd_weight / loss.lrs_weight > 0 need a teacher: set "
+        raise UsageError("loss.kd_weight / loss.lrs_weight > 0 need a teacher: set "
                          f"teacher.checkpoint to a checkpoint or {SAME_INIT!r}")
     if source == SAME_INIT:
         teacher_config, params = student_config.replace(num_lower_layers=0), student_params
@@ -143,7 +164,8 @@ def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConf
         teacher_config, params = load_reader(source, None, overrides, rng)
     if weights.lrs > 0 and (teacher_config.num_layers, teacher_config.hidden_size) != (
             student_config.num_layers, student_config.hidden_size):
-        raise ValueError("LRS compares layers one to one: teacher and student need the same "
+        raise UsageError(f"config.teacher.checkpoint = {source!r}: LRS compares layers one to "
+                         "one: teacher and student need the same "
                          f"num_layers and hidden_size, got teacher ({teacher_config.num_layers}, "
                          f"{teacher_config.hidden_size}), student ({student_config.num_layers}, "
                          f"{student_config.hidden_size})")
@@ -160,7 +182,7 @@ def load_split(config: ml_collections.ConfigDict, split: str) -> data_lib.Window
     """Windows of `split` ("train"/"validation") from the configured featurizer, or None."""
     if not config.data.featurizer:
         return None
-    featurize = resolve_callable(config.data.featurizer)
+    featurize = resolve_callable(config.data.featurizer, "data.featurizer")
     features = featurize(config.data, split, max_question_len=config.model.max_question_len)
     return None if features is None else data_lib.windows_from_features(features)
 
@@ -169,11 +191,13 @@ def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple
     """(global batch, accumulation steps, micro-batch) checked against the device count."""
     global_batch, accum = int(config.batch_size), int(config.grad_accum_steps)
     if accum < 1 or global_batch % accum:
-        raise ValueError(f"batch_size {global_batch} is not a multiple of grad_accum_steps {accum}")
+        raise UsageError(f"config.batch_size = {global_batch} is not a multiple of "
+                         f"config.grad_accum_steps = {accum}")
     micro = global_batch // accum
     if micro % num_devices:
-        raise ValueError(f"micro-batch {micro} (batch_size / grad_accum_steps) is not a multiple "
-                         f"of the {num_devices} devices; every device needs equal rows")
+        raise UsageError(f"micro-batch {micro} (config.batch_size / config.grad_accum_steps) is "
+                         f"not a multiple of the {num_devices} devices; every device needs equal "
+                         "rows: change config.batch_size")
     return global_batch, accum, micro
 
 
@@ -222,9 +246,11 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.set = False
+        self.signal_name: str | None = None
 
     def handle(self, signum, _frame) -> None:
-        log.warning("signal %d: saving a checkpoint at the end of this step", signum)
+        self.signal_name = signal.Signals(signum).name
+        log.warning("%s: saving a checkpoint at the end of this step", self.signal_name)
         self.set = True
 
 
@@ -263,6 +289,7 @@ def train(config: ml_collections.ConfigDict, *,
     stop_after_step: return right after this step (and its checkpoint, if one is due), as an
       interrupted run would; the next call resumes.
     """
+    validate_config(config)  # before anything loads: a bad value is named by its key
     maybe_initialize_distributed(config.distributed)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
@@ -272,7 +299,11 @@ def train(config: ml_collections.ConfigDict, *,
     train_windows = (data_lib.windows_from_features(train_features) if train_features is not None
                      else load_split(config, "train"))
     if train_windows is None:
-        raise ValueError("no training data: pass train_features or set data.featurizer")
+        raise UsageError("no training data: pass train_features or set config.data.featurizer")
+    if data_lib.steps_per_epoch(len(train_windows), global_batch) == 0:
+        raise UsageError(f"config.batch_size = {global_batch} is larger than the "
+                         f"{len(train_windows)} training windows: one step cannot be filled; "
+                         "lower config.batch_size or add training data")
     val_windows = (data_lib.windows_from_features(val_features) if val_features is not None
                    else load_split(config, "validation") if config.eval.use_validation_loss
                    else None)
@@ -288,7 +319,7 @@ def train(config: ml_collections.ConfigDict, *,
     student = DelayedInteractionModel(student_config)
     teacher, teacher_params = build_teacher(config, student_config, params, teacher_rng)
     if evaluate_fn is None and config.eval.evaluator:
-        evaluate_fn = resolve_callable(config.eval.evaluator)(config, student)
+        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student)
 
     tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
@@ -315,10 +346,12 @@ def train(config: ml_collections.ConfigDict, *,
         keep=int(config.checkpoint.keep), best_metric=best_metric,
         best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
     start_step = 0
-    latest = checkpointer.latest_step()
-    if latest is not None:
-        state, meta = checkpointer.restore(latest, abstract_like(state, rep))
-        _check_resume(meta, data_seed, len(train_windows), global_batch)
+    # The newest intact checkpoint (a broken newer one is set aside with a warning); a
+    # checkpoint of another model shape is refused by name.
+    restored = checkpointer.restore_latest(abstract_like(state, rep))
+    if restored is not None:
+        state, meta = restored
+        _check_resume(meta, data_seed, len(train_windows), global_batch, config.workdir)
         dropout_rng = jax.random.wrap_key_data(jnp.asarray(meta["rng_key"], jnp.uint32))
         start_step = int(meta["step"])
         log.info("resumed from step %d (epoch %d, batch %d of the epoch)", start_step,
@@ -326,12 +359,14 @@ def train(config: ml_collections.ConfigDict, *,
     log_dir = metrics_dir(config)
     if is_main:
         log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "config.json").write_text(config.to_json_best_effort(indent=2))
+        write_atomic(log_dir / "config.json", config.to_json_best_effort(indent=2))
 
     step_fn = make_train_step(student, teacher, loss_weights(config), tx, schedule, mesh)
     eval_loss_fn = make_eval_loss(student, mesh) if val_windows is not None else None
     rows_of_process = sharding_lib.process_rows(mesh, accum, micro)
-    writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard))
+    # Rows past the resumed step are dropped: those steps run again and are logged again.
+    writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard),
+                          resume_step=start_step)
     progress = Progress(total_steps, start_step, global_batch,
                         enabled=is_main and bool(config.log.progress))
     last_metrics: dict[str, float] = {}
@@ -358,6 +393,7 @@ def train(config: ml_collections.ConfigDict, *,
                 "total_steps": total_steps}
 
     step = start_step
+    interrupted_by: str | None = None
     window_start, window_steps = time.perf_counter(), 0
     try:
         with stop_on_signals() as stop:
@@ -385,6 +421,8 @@ def train(config: ml_collections.ConfigDict, *,
                     eval_metrics = evaluate(step)
                     checkpointer.save(step, state, meta_of(step), metrics=eval_metrics or None,
                                       force=True)
+                if preempted and not final:
+                    interrupted_by = stop.signal_name or "preemption"
                 if preempted or (stop_after_step is not None and step >= stop_after_step):
                     break
     finally:
@@ -395,7 +433,8 @@ def train(config: ml_collections.ConfigDict, *,
     if config.checkpoint.export_params and step == total_steps and not is_remote(workdir):
         export_reader(checkpointer, best_step, state, rep, workdir / EXPORT_DIR, student_config)
     return TrainResult(state=state, model=student, last_metrics=last_metrics,
-                       eval_metrics=eval_metrics, best_step=best_step, workdir=workdir)
+                       eval_metrics=eval_metrics, best_step=best_step, workdir=workdir,
+                       total_steps=total_steps, interrupted_by=interrupted_by)
 
 
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
@@ -429,11 +468,12 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
 
 
 def _check_resume(meta: dict[str, Any], data_seed: int, num_windows: int,
-                  global_batch: int) -> None:
+                  global_batch: int, workdir: str | Path = "") -> None:
     """A resumed run must see the same data order, or its data position means nothing."""
     saved = (meta["data_seed"], meta["num_windows"], meta["global_batch"])
     if saved != (data_seed, num_windows, global_batch):
-        raise ValueError(
-            "the checkpoint was trained with (data_seed, num_windows, global_batch) = "
-            f"{saved}, this run has {(data_seed, num_windows, global_batch)}: resuming would "
-            "not continue the same data order; use a new workdir")
+        raise CheckpointError(
+            f"{workdir}/checkpoints step {meta['step']}: the checkpoint was trained with "
+            f"(data_seed, num_windows, global_batch) = {saved}, this run has "
+            f"{(data_seed, num_windows, global_batch)}: resuming would not continue the same "
+            "data order; use a new workdir (config.workdir) or the run's own settings")

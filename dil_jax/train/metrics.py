@@ -14,16 +14,46 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dil_jax.atomic import write_atomic
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
+def rows_through_step(lines: list[str], last_step: int) -> list[str]:
+    """The JSONL lines whose step is <= last_step; unreadable lines (a write cut off by a kill)
+    are dropped too."""
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step:
+            kept.append(line)
+    return kept
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Drops rows past `last_step` from a metrics.jsonl (atomically); returns how many."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = rows_through_step(lines, last_step)
+    if len(kept) != len(lines):
+        write_atomic(path, "".join(line + "\n" for line in kept))
+    return len(lines) - len(kept)
+
+
 class MetricWriter:
     """Appends {"step", "split", **values} lines to metrics.jsonl and scalars to TensorBoard."""
 
-    def __init__(self, workdir: str | Path, *, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, workdir: str | Path, *, enabled: bool = True, tensorboard: bool = True,
+                 resume_step: int | None = None):
+        """resume_step: the step training continues from; rows logged after it (by a run that
+        stopped before its next checkpoint) are removed, since those steps run again."""
         self.enabled = enabled
         self._tb = None
         self._file = None
@@ -31,6 +61,11 @@ class MetricWriter:
             return
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            dropped = truncate_metrics(workdir / METRICS_FILE, resume_step)
+            if dropped:
+                log.info("dropped %d rows past step %d from %s (those steps run again)",
+                         dropped, resume_step, workdir / METRICS_FILE)
         # Append: a resumed run continues the same file (steps after the restored one follow).
         self._file = open(workdir / METRICS_FILE, "a", encoding="utf-8")
         if tensorboard:

@@ -19,20 +19,28 @@ import ml_collections
 from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
+from dil_jax.errors import DilJaxError, InputFileError, UsageError
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
     """The examples of the split's articles (file order), at most data.max_questions of them."""
     if split not in ("train", "validation"):
-        raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
-    path = data_cfg.squad_file
+        raise UsageError(f"split must be 'train' or 'validation', got {split!r}")
+    file_key = "squad_file"
     if split == "validation" and data_cfg.get("validation_file"):
-        path = data_cfg.validation_file
-    spec = data_cfg.train_articles if split == "train" else data_cfg.validation_articles
+        file_key = "validation_file"
+    path = data_cfg[file_key]
+    spec_key = "train_articles" if split == "train" else "validation_articles"
+    spec = data_cfg[spec_key]
     try:
-        examples = select_articles(load_squad(path).examples, spec)
+        squad = load_squad(path)
+    except (DilJaxError, OSError, ValueError) as error:  # the file's problem, by its config key
+        raise InputFileError(f"config.data.{file_key} = {path!r}: {error}") from None
+    try:
+        examples = select_articles(squad.examples, spec)
     except ValueError as error:
-        raise ValueError(f"{path}: {split} split: {error}") from error
+        raise UsageError(f"{path}: {split} split (config.data.{spec_key} = {spec!r}): "
+                         f"{error}") from None
     if data_cfg.max_questions > 0:
         examples = examples[:data_cfg.max_questions]
     return examples

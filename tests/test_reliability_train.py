@@ -1,0 +1,161 @@
+"""Training under bad input and bad luck: invalid config values, a resume with another model or
+a damaged checkpoint, SIGTERM, and metrics.jsonl after a resume."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from train_helpers import REPO, TINY_CONFIG, tiny_config
+
+from dil_jax.checkpoints import CheckpointError
+from dil_jax.train.checkpointing import TrainCheckpointer
+from dil_jax.train.loop import train
+
+from conftest import run_cli
+
+# A few steps, no validation pass, no export: the cheapest run that writes checkpoints.
+QUICK = {"checkpoint.export_params": "false", "eval.use_validation_loss": "false"}
+
+
+def train_argv(workdir: Path, *overrides: str) -> list[str]:
+    return ["train", "--config", str(TINY_CONFIG), f"--config.workdir={workdir}",
+            "--config.log.progress=false", "--config.log.tensorboard=false",
+            "--config.checkpoint.async_save=false", "--config.num_train_steps=1",
+            *(f"--config.{key}={value}" for key, value in QUICK.items()), *overrides]
+
+
+@pytest.mark.parametrize("override,named", [
+    ("batch_size=0", "config.batch_size = 0: must be an integer >= 1"),
+    ("optim.learning_rate=-1", "config.optim.learning_rate = -1.0: must be a number > 0"),
+    ("optim.warmup_fraction=2", "config.optim.warmup_fraction = 2.0: must be a number >= 0"),
+    ("checkpoint.best_mode=best", "config.checkpoint.best_mode = 'best': must be one of"),
+    ("grad_accum_steps=3", "config.batch_size = 8 is not a multiple of "
+                           "config.grad_accum_steps = 3"),
+])
+def test_bad_config_values_are_named_before_anything_loads(tmp_path, capsys, override, named):
+    status, _, err = run_cli(train_argv(tmp_path / "run", f"--config.{override}"), capsys)
+    assert status == 1, err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before any file was written
+
+
+def test_override_of_the_wrong_type_names_key_value_and_type(tmp_path, capsys):
+    status, _, err = run_cli(train_argv(tmp_path / "run", "--config.optim.learning_rate=fast"),
+                             capsys)
+    assert status == 1
+    assert "--config.optim.learning_rate=fast: cannot parse 'fast' as a float" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_another_model_shape_names_the_checkpoint_and_the_difference(
+        tmp_path, capsys):
+    train(tiny_config(tmp_path, {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}))
+    saved_config = (tmp_path / "config.json").read_text()
+    status, _, err = run_cli(train_argv(tmp_path, "--config.num_train_steps=4",
+                                        "--config.model.encoder.num_layers=3"), capsys)
+    assert status == 1
+    assert f"{tmp_path / 'checkpoints'} step 2 holds another model" in err
+    assert "params/block_2" in err and "missing from the checkpoint" in err
+    assert "Traceback" not in err
+    # Nothing of the first run was touched.
+    assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps() == [2]
+    assert (tmp_path / "config.json").read_text() == saved_config
+
+
+def _damage(step_dir: Path) -> None:
+    """Cuts every array data file of a step in half (what a full disk or a bad copy leaves)."""
+    files = [f for f in (step_dir / "state").rglob("*") if f.is_file() and f.parent.name == "d"]
+    assert files
+    for file in files:
+        with open(file, "r+b") as handle:
+            handle.truncate(file.stat().st_size // 2)
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, capsys):
+    overrides = {"num_train_steps": 4, "checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, overrides))
+    _damage(tmp_path / "checkpoints" / "4")
+    with caplog.at_level(logging.WARNING, logger="dil_jax.train.checkpointing"):
+        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 5}))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("checkpoint step 4" in w and "cannot be read" in w for w in warnings)
+    assert any("resuming from step 2" in w and "[4]" in w for w in warnings)
+    assert int(result.state.step) == 5
+    # The damaged step was kept aside for inspection, not overwritten; 4 was trained again.
+    assert (tmp_path / "checkpoints.broken" / "4" / "state").is_dir()
+    assert 4 in TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps()
+
+    for step in TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps():
+        _damage(tmp_path / "checkpoints" / str(step))
+    status, _, err = run_cli(train_argv(tmp_path, "--config.num_train_steps=6",
+                                        "--config.checkpoint.every_steps=2"), capsys)
+    assert status == 1
+    assert f"no intact checkpoint in {tmp_path / 'checkpoints'}" in err
+    assert "Traceback" not in err
+
+
+def test_metrics_have_each_step_once_after_an_interrupted_run_resumes(tmp_path):
+    overrides = {"num_train_steps": 5, "checkpoint.every_steps": 2, "log.every_steps": 1,
+                 **QUICK}
+    train(tiny_config(tmp_path, overrides), stop_after_step=3)  # step 3 is after checkpoint 2
+    train(tiny_config(tmp_path, overrides))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if json.loads(line)["split"] == "train"]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path):
+    workdir = tmp_path / "run"
+    argv = train_argv(workdir, "--config.num_train_steps=100000", "--config.log.every_steps=1",
+                      "--config.checkpoint.every_steps=100000")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-m", "dil_jax", *argv], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = workdir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and metrics.read_text().strip()):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no step was logged"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode != 0, err
+    summary = json.loads(out)
+    step = summary["step"]
+    assert summary["status"] == f"interrupted at step {step} of 100000"
+    assert f"dil-jax train: error: interrupted at step {step} of 100000 (SIGTERM)" in err
+    # The interruption point was saved: re-running resumes there.
+    assert TrainCheckpointer(workdir / "checkpoints", every_steps=1).latest_step() == step
+
+
+def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path, capsys):
+    cases = [
+        (["--config.batch_size=512"], "config.batch_size = 512 is larger than the 128 training "
+                                      "windows"),
+        (["--config.data.featurizer=no_such_module:fn"],
+         "config.data.featurizer = 'no_such_module:fn': cannot import"),
+        (["--config.data.featurizer=dil_jax.train.squad_data:featurize",
+          f"--config.data.squad_file={tmp_path / 'missing.json'}"],
+         f"config.data.squad_file = '{tmp_path / 'missing.json'}'"),
+    ]
+    for extra, named in cases:
+        status, _, err = run_cli(train_argv(tmp_path / "run", *extra), capsys)
+        assert status == 1, err
+        assert named in err and "Traceback" not in err
+    status, _, err = run_cli(["train", "--config", f"{REPO}/configs/minilm_squad.py:k7",
+                              "--print-config"], capsys)
+    assert status == 1 and "unknown variant 'k7'" in err
+    with pytest.raises(CheckpointError, match="data order"):
+        train(tiny_config(tmp_path / "order", {"num_train_steps": 2, **QUICK}))
+        train(tiny_config(tmp_path / "order", {"num_train_steps": 4, "data_seed": 5, **QUICK}))
