@@ -27,10 +27,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# jaxlib's gloo waits a fixed 30 s (not configurable from Python) for the peer's first collective
-# key: on a loaded machine one process can be starved that long before its first collective,
-# which says nothing about the code under test. Only that failure is retried, on a fresh port and
-# workdir, up to 3 attempts; any other failure fails the test at once.
+# jaxlib's gloo waits a fixed 30 s (not configurable from Python) for the peer to join each new
+# collective context: on a loaded machine one process can be starved that long (compiling the
+# next program while the other waits), which says nothing about the code under test. Only that
+# failure is retried, on a fresh port and workdir, up to 3 attempts; any other failure fails the
+# test at once.
 GLOO_RENDEZVOUS_TIMEOUT = "Gloo context initialization failed"
 
 
