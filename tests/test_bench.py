@@ -15,7 +15,7 @@ import pytest
 
 from dil_jax import bench, bench_report
 from dil_jax.commands import bench as bench_command
-from dil_jax.grid import GridReader
+from dil_jax.grid import GridReader, make_mesh
 from dil_jax.model import DelayedInteractionModel
 
 FLOP_TOLERANCE = 0.05
@@ -75,7 +75,9 @@ def test_flop_check_catches_a_wrong_count():
     is counting the hoisted q/k/v projections in the pairs."""
     config, params, _ = bench.suite_model("tiny", question_len=16)
     model = DelayedInteractionModel(config.replace(num_lower_layers=1))
-    reader = GridReader(model, batch_size=2, chunk_size=2)
+    # One device: the formula counts the 2 pairs of one program. On N devices (a suite run
+    # with forced host devices) the chunk pads to N pairs and XLA reports one device's share.
+    reader = GridReader(model, make_mesh(jax.devices()[:1]), batch_size=2, chunk_size=2)
     with bench.batched_attention():
         flops = bench.program_stats(bench.lower_phase(reader, params, "pairs", 2, 2, 16, 48)).flops
     right = bench.phase_flops(model.config, "pairs", 2, 16, 48)

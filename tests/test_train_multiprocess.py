@@ -10,7 +10,13 @@ import subprocess
 import sys
 
 import numpy as np
-from train_helpers import REPO, assert_same_training, flat_params, tiny_config
+from train_helpers import (
+    REPO,
+    SUBPROCESS_TIMEOUT_S,
+    assert_same_training,
+    flat_params,
+    tiny_config,
+)
 
 from dil_jax.train.loop import train
 
@@ -21,8 +27,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_processes_agree_with_one(tmp_path):
-    workdir, out = tmp_path / "shared_workdir", tmp_path / "params"
+# jaxlib's gloo waits a fixed 30 s (not configurable from Python) for the peer to join each new
+# collective context: on a loaded machine one process can be starved that long (compiling the
+# next program while the other waits), which says nothing about the code under test. Only that
+# failure is retried, on a fresh port and workdir, up to 3 attempts; any other failure fails the
+# test at once.
+GLOO_RENDEZVOUS_TIMEOUT = "Gloo context initialization failed"
+
+
+def _run_two_processes(workdir, out) -> list[tuple[int, str]]:
+    """Starts the two training processes, waits for both -> [(return code, log)] per process."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
@@ -34,21 +48,30 @@ def test_two_processes_agree_with_one(tmp_path):
     logs = []
     try:
         for proc in procs:
-            logs.append(proc.communicate(timeout=240)[0])
+            logs.append(proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)[0])
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    for pid, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"process {pid} failed:\n{log[-4000:]}"
+    return [(proc.returncode, log) for proc, log in zip(procs, logs)]
 
-    single = train(tiny_config(tmp_path / "single", {
-        "num_train_steps": 4, "checkpoint.every_steps": 2,
-        "checkpoint.export_params": "false"}))
+
+def test_two_processes_agree_with_one(tmp_path):
+    for attempt in range(3):
+        workdir, out = tmp_path / f"shared_workdir{attempt}", tmp_path / f"params{attempt}"
+        results = _run_two_processes(workdir, out)
+        if not any(code != 0 and GLOO_RENDEZVOUS_TIMEOUT in log for code, log in results):
+            break
+    for pid, (code, log) in enumerate(results):
+        assert code == 0, f"process {pid} failed:\n{log[-4000:]}"
+
+    single_config = tiny_config(tmp_path / "single", {
+        "num_train_steps": 4, "checkpoint.every_steps": 2, "checkpoint.export_params": "false"})
+    single = train(single_config)
     reference = flat_params(single.state.params)
     for pid in (0, 1):
         theirs = dict(np.load(f"{out}.process{pid}.npz"))
-        assert_same_training(reference, theirs)
+        assert_same_training(reference, theirs, single_config)
     # The checkpoint was written once, as one step directory, and read back by both.
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir()
                   if p.name.isdigit()) == ["2", "4"]

@@ -72,6 +72,40 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
     return total, {"loss": total, "ce": ce, "kd": kd, "lrs": lrs}
 
 
+def accumulate_gradients(student: DelayedInteractionModel,
+                         teacher: DelayedInteractionModel | None, weights: losses.LossWeights,
+                         params: Params, teacher_params: Params | None, batch: Batch,
+                         step_rng: jax.Array) -> tuple[Params, dict[str, jax.Array]]:
+    """Mean gradient and mean loss terms of a global batch [A, M, ...] over its A micro-batches.
+
+    Returns (grads, metrics): grads has the structure of `params`; metrics holds the scalars
+    "loss", "ce", "kd", "lrs". Micro-batch i draws its dropout from fold_in(step_rng, i). This is
+    what gradient accumulation must preserve: for equal-size micro-batches and no dropout it
+    equals the gradient of the one-batch loss (up to float summation order).
+    """
+    grad_fn = jax.value_and_grad(
+        functools.partial(compute_losses, student, teacher, weights), has_aux=True)
+    accum_steps = batch["start"].shape[0]
+
+    def micro_step(carry, xs):
+        grad_sum, metric_sum = carry
+        micro, index = xs
+        (_, metrics), grads = grad_fn(params, teacher_params, micro,
+                                      jax.random.fold_in(step_rng, index))
+        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
+        metric_sum = jax.tree.map(jnp.add, metric_sum, metrics)
+        return (grad_sum, metric_sum), None
+
+    zero_grads = jax.tree.map(jnp.zeros_like, params)
+    zero_metrics = {name: jnp.zeros((), jnp.float32) for name in ("loss", "ce", "kd", "lrs")}
+    (grad_sum, metric_sum), _ = jax.lax.scan(
+        micro_step, (zero_grads, zero_metrics), (batch, jnp.arange(accum_steps)))
+    # Equal-size micro-batches: the mean of micro-batch means is the global-batch mean.
+    grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
+    metrics = jax.tree.map(lambda m: m / accum_steps, metric_sum)
+    return grads, metrics
+
+
 def train_step(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
                weights: losses.LossWeights, tx: optax.GradientTransformation,
                schedule: optax.Schedule, state: TrainState, teacher_params: Params | None,
@@ -82,26 +116,8 @@ def train_step(student: DelayedInteractionModel, teacher: DelayedInteractionMode
     exactly the masks the uninterrupted one would, whatever the device count.
     """
     step_rng = jax.random.fold_in(base_rng, state.step)
-    grad_fn = jax.value_and_grad(
-        functools.partial(compute_losses, student, teacher, weights), has_aux=True)
-    accum_steps = batch["start"].shape[0]
-
-    def micro_step(carry, xs):
-        grad_sum, metric_sum = carry
-        micro, index = xs
-        (_, metrics), grads = grad_fn(state.params, teacher_params, micro,
-                                      jax.random.fold_in(step_rng, index))
-        grad_sum = jax.tree.map(jnp.add, grad_sum, grads)
-        metric_sum = jax.tree.map(jnp.add, metric_sum, metrics)
-        return (grad_sum, metric_sum), None
-
-    zero_grads = jax.tree.map(jnp.zeros_like, state.params)
-    zero_metrics = {name: jnp.zeros((), jnp.float32) for name in ("loss", "ce", "kd", "lrs")}
-    (grad_sum, metric_sum), _ = jax.lax.scan(
-        micro_step, (zero_grads, zero_metrics), (batch, jnp.arange(accum_steps)))
-    # Equal-size micro-batches: the mean of micro-batch means is the global-batch mean.
-    grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
-    metrics = jax.tree.map(lambda m: m / accum_steps, metric_sum)
+    grads, metrics = accumulate_gradients(student, teacher, weights, state.params,
+                                          teacher_params, batch, step_rng)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
