@@ -26,14 +26,13 @@ FLOPs and memory come from the compiled XLA programs (`Compiled.cost_analysis()`
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax import modeling
 from dil_jax.config import EncoderConfig
 from dil_jax.grid import GridOutput, GridReader, hoists_projections, make_mesh
 from dil_jax.model import DelayedInteractionModel, Params
@@ -243,8 +241,8 @@ def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
                 num_passages: int, question_len: int, passage_len: int) -> list[Any]:
     """The `jax.stages.Lowered` programs GridReader runs for one call of `phase`, from shapes.
 
-    These are GridReader's own jitted functions (its private `_lower_fn`, `_project_fn`,
-    `_pair_fn`), lowered with the shapes of one call: a batch of `reader.batch_size` segments
+    These are GridReader's own jitted programs (`GridReader.lowered`), lowered with the shapes
+    of one call: a batch of `reader.batch_size` segments
     (encode_lower, then project_upper when 0 < k < l), or a chunk of `reader.chunk_size` pairs
     over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v).
     """
@@ -260,10 +258,10 @@ def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
         length = question_len if phase == "ni_q" else passage_len
         segment = QUESTION_SEGMENT if phase == "ni_q" else PASSAGE_SEGMENT
         ids = _spec((batch, length), jnp.int32)
-        programs = [reader._lower_fn.lower(abstract, ids, ids, segment)]
+        programs = [reader.lowered("lower", abstract, ids, ids, segment)]
         if reader.hoists_projections:
             lower = _spec((batch, length, h), dtype)
-            programs.append(reader._project_fn.lower(abstract, lower))
+            programs.append(reader.lowered("project", abstract, lower))
         return programs
     if phase != "pairs":
         raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
@@ -278,8 +276,8 @@ def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
     q_qkv = p_qkv = None
     if reader.hoists_projections:
         q_qkv, p_qkv = qkv(num_questions, question_len), qkv(num_passages, passage_len)
-    return [reader._pair_fn.lower(abstract, q_lower, q_mask, p_source, p_mask, index, index,
-                                  None, q_qkv, p_qkv)]
+    return [reader.lowered("pairs", abstract, q_lower, q_mask, p_source, p_mask, index, index,
+                           None, q_qkv, p_qkv)]
 
 
 def phase_calls(reader: GridReader, phase: str, spec: GridSpec) -> int:
@@ -294,36 +292,22 @@ def phase_calls(reader: GridReader, phase: str, spec: GridSpec) -> int:
     return -(-spec.num_pairs // reader.chunk_size)
 
 
-@contextlib.contextmanager
-def batched_attention() -> Iterator[None]:
-    """While active, models trace attention in its batched form, even on CPU.
-
-    On CPU the reader loops attention over the batch at inference (`lax.map`, a while loop), and
-    XLA's cost analysis counts a while-loop body once, not once per trip: the attention FLOPs of
-    all but one example would vanish from the count. The batched form is the same operations on
-    the same shapes (its outputs agree to float32 rounding, ~1e-6), so its count is the
-    program's FLOPs. Trace only fresh jitted functions under it: a jit cache filled here must
-    never serve a real run.
-    """
-    saved = modeling._attend_per_example
-    modeling._attend_per_example = lambda: False
-    try:
-        yield
-    finally:
-        modeling._attend_per_example = saved
-
-
 def flop_profile(reader: GridReader, params: Any, spec: GridSpec) -> dict[str, dict[str, Any]]:
     """Per phase: XLA and analytical FLOPs of one call and of the whole grid, memory, compile.
 
     Memory and compile time are those of the program GridReader runs; XLA's FLOPs are counted on
-    the batched-attention form of the same program (see `batched_attention`). Padding of the last
-    batch or chunk is counted: it is work the program does.
+    the batched-attention form of the same program (`attention_form="batched"`). Why: on CPU the
+    reader loops attention over the batch (`lax.map`, a while loop), and XLA's cost analysis
+    counts a while-loop body once, not once per trip, so the attention FLOPs of all but one
+    example would vanish from the count. The batched form is the same operations on the same
+    shapes (outputs equal to float32 rounding), so its count is the program's FLOPs. Padding of
+    the last batch or chunk is counted: it is work the program does.
     """
     config = reader.model.config
     num_devices = reader.mesh.devices.size
-    # A fresh reader: its jitted functions are traced under batched_attention and never run.
-    accounting = GridReader(reader.model, reader.mesh, reader.batch_size, reader.chunk_size)
+    # Only lowered and compiled for its cost analysis, never run.
+    accounting = GridReader(DelayedInteractionModel(config.replace(attention_form="batched")),
+                            reader.mesh, reader.batch_size, reader.chunk_size)
     shapes = (spec.num_questions, spec.num_passages, spec.question_len, spec.passage_len)
     profile = {}
     for phase in PHASES:
@@ -331,9 +315,7 @@ def flop_profile(reader: GridReader, params: Any, spec: GridSpec) -> dict[str, d
         if calls == 0:
             continue
         stats = program_stats(lower_phase(reader, params, phase, *shapes), num_devices)
-        with batched_attention():
-            flops = program_stats(lower_phase(accounting, params, phase, *shapes),
-                                  num_devices).flops
+        flops = program_stats(lower_phase(accounting, params, phase, *shapes), num_devices).flops
         per_call = reader.chunk_size if phase == "pairs" else reader.batch_size
         analytical = phase_flops(config, phase, per_call, spec.question_len, spec.passage_len)
         profile[phase] = {
