@@ -13,7 +13,8 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax import bench, bench_report
+from dil_jax import bench
+from dil_jax.bench import report as bench_report
 from dil_jax.commands import bench as bench_command
 from dil_jax.grid import GridReader, make_mesh
 from dil_jax.model import DelayedInteractionModel
