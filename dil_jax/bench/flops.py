@@ -2,7 +2,8 @@
 
 The formulas count 2 FLOPs per multiply-add of the matmuls only; `programs.flop_profile` sets
 them next to XLA's count of the compiled programs (which also counts the elementwise work), and
-tests/test_bench.py checks that the two agree within 5%.
+tests/test_bench.py checks that the two agree within 5%. The measured (wall-time) speedups are
+`suites.summarize`'s; it takes its FLOP bound from `grid_flops` here.
 """
 
 from __future__ import annotations

@@ -66,6 +66,8 @@ def run_delayed_grid(reader: GridReader, params: Params, inputs: GridInputs,
     return times, output
 
 
+# One variant's timed pass: max_pairs (None: the whole grid) -> (seconds per phase, span scores
+# or None); `run_delayed_grid` and `peer.run_hf_grid` bound to their model and inputs.
 Runner = Callable[[int | None], tuple[dict[str, float], GridOutput | None]]
 
 
@@ -99,6 +101,7 @@ def timed_repeats(runners: dict[str, Runner], repeats: int, log: Callable[[str],
 
 
 def median_times(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Median seconds of each phase over the passes, and the median of the passes' totals."""
     medians = {phase: statistics.median(run[phase] for run in runs) for phase in PHASES}
     medians["total"] = statistics.median(sum(run[p] for p in PHASES) for run in runs)
     return medians
