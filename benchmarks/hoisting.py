@@ -20,12 +20,13 @@ import time
 import jax
 import numpy as np
 
-from dil_jax import bench
+from dil_jax.bench.grids import GridInputs, GridSpec, random_grid
+from dil_jax.bench.suites import default_ks, suite_model
 from dil_jax.grid import GridReader, make_mesh
 from dil_jax.model import DelayedInteractionModel
 
 
-def compare(config, params, inputs: bench.GridInputs, k: int, repeats: int) -> None:
+def compare(config, params, inputs: GridInputs, k: int, repeats: int) -> None:
     """Times one chunk (pair i = question i with passage i) through both programs; prints."""
     model = DelayedInteractionModel(config.replace(num_lower_layers=k))
     pairs = inputs.q_ids.shape[0]
@@ -62,12 +63,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
 
-    config, params, weights = bench.suite_model(args.suite, question_len=64)
-    spec = bench.GridSpec(num_questions=args.pairs, num_passages=args.pairs)
-    inputs = bench.random_grid(spec, config.vocab_size)
+    config, params, weights = suite_model(args.suite, question_len=64)
+    spec = GridSpec(num_questions=args.pairs, num_passages=args.pairs)
+    inputs = random_grid(spec, config.vocab_size)
     print(f"{args.suite} ({weights}): one chunk of {args.pairs} pairs of "
           f"{spec.question_len} + {spec.passage_len} tokens, {args.repeats} interleaved repeats")
-    for k in bench.default_ks(config.num_layers):
+    for k in default_ks(config.num_layers):
         compare(config, params, inputs, k, args.repeats)
 
 

@@ -24,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from dil_jax import bench, modeling
+from dil_jax import modeling
+from dil_jax.bench.machine import retain_freed_memory
+from dil_jax.bench.peer import hf_model_from_params
 from dil_jax.config import EncoderConfig
 
 
@@ -51,7 +53,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=25)
     args = parser.parse_args()
-    bench.retain_freed_memory()  # as the speed grid does
+    retain_freed_memory()  # as the speed grid does
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     h, b, s = args.hidden, args.batch, args.seq
     cfg = EncoderConfig(hidden_size=h, embedding_size=h, intermediate_size=4 * h, num_heads=12)
@@ -63,7 +65,7 @@ def main() -> None:
     bias = modeling.attention_bias(jnp.asarray(mask))
     block = modeling.Block(cfg)
     params = block.init(jax.random.PRNGKey(0), x, bias)
-    layer = bench.hf_model_from_params(
+    layer = hf_model_from_params(
         cfg.replace(num_layers=1), _reader_params(cfg, params)).bert.encoder.layer[0].eval()
     p = jax.tree_util.tree_map(np.asarray, params)["params"]
     tx, tbias = torch.from_numpy(x), torch.from_numpy(np.asarray(bias))

@@ -20,6 +20,7 @@ from dil_jax.errors import DilJaxError
 ARCHITECTURES = ("bert", "albert", "distilbert")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ATTENTION_FORMS = ("auto", "batched", "per_example")
 
 
 class ConfigError(DilJaxError, ValueError):
@@ -50,6 +51,10 @@ class EncoderConfig:
       num_lower_layers: `k`, blocks run on question and passage separately (0..num_layers).
       max_question_len: fixed padded length of the question segment `[CLS] q [SEP]`.
       dtype: compute dtype name ("float32" or "bfloat16"); params always stay float32.
+      attention_form: how inference attention is traced: "per_example" loops it over the batch,
+        "batched" is one batched op, "auto" picks per_example on CPU and batched elsewhere (see
+        `modeling.attends_per_example`). The same operations either way, so not a
+        hyper-parameter: `to_dict` leaves the default out and saved configs stay as they were.
     """
 
     architecture: str = "bert"
@@ -71,6 +76,7 @@ class EncoderConfig:
     num_lower_layers: int = 0
     max_question_len: int = 64
     dtype: str = "float32"
+    attention_form: str = "auto"
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -92,7 +98,12 @@ class EncoderConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON values; attention_form only when not "auto", so that
+        encoder_config.json and the records written before the field existed are unchanged."""
+        values = dataclasses.asdict(self)
+        if values["attention_form"] == "auto":
+            del values["attention_form"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
@@ -110,7 +121,7 @@ _INT_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermed
                "max_position_embeddings", "type_vocab_size", "embedding_size",
                "num_hidden_groups", "pad_token_id", "num_lower_layers", "max_question_len")
 _FLOAT_FIELDS = ("layer_norm_eps", "hidden_dropout", "attention_dropout", "initializer_range")
-_STR_FIELDS = ("architecture", "hidden_act", "dtype")
+_STR_FIELDS = ("architecture", "hidden_act", "dtype", "attention_form")
 
 
 def _check_types(config: EncoderConfig) -> None:
@@ -140,6 +151,9 @@ def validate_config(config: EncoderConfig) -> None:
         raise ConfigError(f"unsupported hidden_act {config.hidden_act!r}; supported: {ACTIVATIONS}")
     if config.dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype {config.dtype!r}; supported: {list(DTYPES)}")
+    if config.attention_form not in ATTENTION_FORMS:
+        raise ConfigError(f"unknown attention_form {config.attention_form!r}; supported: "
+                          f"{list(ATTENTION_FORMS)}")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                  "max_position_embeddings", "embedding_size", "num_hidden_groups",
                  "max_question_len"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,19 @@ class GridReader:
         self.chunk_size = round_up(chunk_size, num_devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+
+    def lowered(self, program: str, *abstract_args: Any) -> jax.stages.Lowered:
+        """One of this reader's jitted programs lowered for the given argument shapes.
+
+        program: "lower" (encode_lower: params, ids, mask, segment), "project" (project_upper:
+        params, lower states) or "pairs" (one chunk of pairs: the arguments of
+        `_read_pairs`). Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading
+        the compiled programs' cost and memory (dil_jax.bench.programs).
+        """
+        programs = {"lower": self._lower_fn, "project": self._project_fn, "pairs": self._pair_fn}
+        if program not in programs:
+            raise ValueError(f"unknown program {program!r}; programs: {sorted(programs)}")
+        return programs[program].lower(*abstract_args)
 
     # --------------------------------------------------------------------- lower blocks
 

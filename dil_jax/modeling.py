@@ -137,9 +137,14 @@ class Embeddings(nn.Module):
         return x
 
 
-def _attend_per_example() -> bool:
-    """Loop attention over the batch on CPU only: on GPU/TPU the batched form is the fast one."""
-    return jax.default_backend() == "cpu"
+def attends_per_example(config: EncoderConfig) -> bool:
+    """Whether inference attention loops over the batch (`config.attention_form`).
+
+    "auto": on CPU only, where it is the fast form; on GPU/TPU the batched form is.
+    """
+    if config.attention_form == "auto":
+        return jax.default_backend() == "cpu"
+    return config.attention_form == "per_example"
 
 
 def _attend(cfg: EncoderConfig, query: jax.Array, key: jax.Array, value: jax.Array,
@@ -208,7 +213,7 @@ class SelfAttention(nn.Module):
         cfg = self.config
         batch, seq, _ = x.shape
         query, key, value = self.project(x) if qkv is None else qkv
-        if deterministic and _attend_per_example():
+        if deterministic and attends_per_example(cfg):
             # XLA:CPU materialises the [batch, heads, seq, seq] scores, several passes of a tensor
             # far larger than the caches; one example at a time the passes stay in cache (2.5x
             # faster attention at 16 x 320 tokens on 2 cores).

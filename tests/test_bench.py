@@ -13,10 +13,12 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax import bench, bench_report
+from dil_jax import bench
+from dil_jax.bench import report as bench_report
 from dil_jax.commands import bench as bench_command
 from dil_jax.grid import GridReader, make_mesh
 from dil_jax.model import DelayedInteractionModel
+from dil_jax.modeling import attends_per_example
 
 FLOP_TOLERANCE = 0.05
 # The peer and the plot are optional extras ('dil_jax[bench]'); without them the rest still runs.
@@ -74,12 +76,12 @@ def test_flop_check_catches_a_wrong_count():
     """The 5% check has teeth: counting one block too few (k=1 of 3) is far outside it, and so
     is counting the hoisted q/k/v projections in the pairs."""
     config, params, _ = bench.suite_model("tiny", question_len=16)
-    model = DelayedInteractionModel(config.replace(num_lower_layers=1))
+    # Batched attention: on CPU XLA counts the per-example attention loop's body once.
+    model = DelayedInteractionModel(config.replace(num_lower_layers=1, attention_form="batched"))
     # One device: the formula counts the 2 pairs of one program. On N devices (a suite run
     # with forced host devices) the chunk pads to N pairs and XLA reports one device's share.
     reader = GridReader(model, make_mesh(jax.devices()[:1]), batch_size=2, chunk_size=2)
-    with bench.batched_attention():
-        flops = bench.program_stats(bench.lower_phase(reader, params, "pairs", 2, 2, 16, 48)).flops
+    flops = bench.program_stats(bench.lower_phase(reader, params, "pairs", 2, 2, 16, 48)).flops
     right = bench.phase_flops(model.config, "pairs", 2, 16, 48)
     wrong = bench.phase_flops(config.replace(num_lower_layers=2), "pairs", 2, 16, 48)
     assert abs(flops / right - 1) <= FLOP_TOLERANCE
@@ -146,11 +148,10 @@ def test_batched_attention_is_the_same_math():
     args = (params, grid.q_ids, q_mask, np.repeat(grid.p_ids, 3, 0),
             np.repeat(grid.p_mask, 3, 0))
     looped = model(*args)
-    with bench.batched_attention():
-        batched = model(*args)
+    batched = DelayedInteractionModel(config.replace(attention_form="batched"))(*args)
     np.testing.assert_allclose(looped.start_logits, batched.start_logits, atol=1e-5)
     np.testing.assert_allclose(looped.null_end_logits, batched.null_end_logits, atol=1e-5)
-    assert jax.default_backend() != "cpu" or bench.modeling._attend_per_example()
+    assert jax.default_backend() != "cpu" or attends_per_example(config)
 
 
 def test_summary_arithmetic():

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-retain-memory", dest="retain_memory", action="store_false",
                         help="leave glibc's malloc as it is (by default freed memory is kept for "
                              "reuse so that calls do not re-fault their temporaries; see "
-                             "dil_jax.bench.retain_freed_memory)")
+                             "dil_jax.bench.machine.retain_freed_memory)")
 
 
 def register(subparsers: Any) -> None:
@@ -105,8 +105,9 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs every suite, writes the JSON, Markdown and PNG, prints the Markdown."""
-    from dil_jax import bench, bench_report
+    from dil_jax import bench
     from dil_jax.atomic import check_output_folder, write_atomic
+    from dil_jax.bench import report
     from dil_jax.errors import UsageError
 
     if args.repeats < 1:  # argparse checks it; benchmarks/speed_grid.py's callers may not
@@ -133,10 +134,10 @@ def run(args: argparse.Namespace) -> int:
     }
     stem = args.out / args.name
     bench.write_json(record, stem.with_suffix(".json"))
-    markdown = bench_report.render_markdown(record)
+    markdown = report.render_markdown(record)
     write_atomic(stem.with_suffix(".md"), markdown)
     try:
-        bench_report.plot_speedups(record, stem.with_suffix(".png"))
+        report.plot_speedups(record, stem.with_suffix(".png"))
     except ImportError:
         log.warning("matplotlib is not installed (pip install 'dil_jax[bench]'); no plot")
     print(markdown)

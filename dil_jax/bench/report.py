@@ -1,4 +1,4 @@
-"""Markdown and PNG views of a `dil_jax.bench` record (the JSON is the record; these render it)."""
+"""Markdown and PNG views of a benchmark record (the JSON is the record; these render it)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.atomic import write_atomic
-from dil_jax.bench import FULL, HF_PEER, PHASE_TITLES, PHASES, ratio_checks
+from dil_jax.bench.grids import FULL, HF_PEER, PHASE_TITLES, PHASES
+from dil_jax.bench.suites import ratio_checks
 
 MIB = 2 ** 20
 

@@ -1,0 +1,199 @@
+"""What XLA says of GridReader's compiled phase programs: FLOPs, memory, compile time.
+
+The programs are lowered from shapes (`GridReader.lowered`) and compiled, never run; their
+`Compiled.cost_analysis()` and `.memory_analysis()` are read next to the analytical count of
+`flops.phase_flops`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dil_jax.bench.flops import phase_flops
+from dil_jax.bench.grids import PHASES, GridSpec
+from dil_jax.grid import GridReader
+from dil_jax.model import DelayedInteractionModel
+from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+
+
+@dataclasses.dataclass
+class ProgramStats:
+    """What XLA says of one compiled program (one call; bytes per device).
+
+    flops: XLA's count, all ops (matmuls and elementwise), summed over the mesh's devices.
+    peak_bytes: `peak_memory_in_bytes` as the backend reports it (0 where it reports none);
+      argument + output + temp bytes is the footprint the buffer assignment allocates.
+    """
+
+    flops: float
+    bytes_accessed: float
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    peak_bytes: int
+    compile_s: float
+
+
+def _cost_dict(compiled: Any) -> dict[str, float]:
+    """`cost_analysis()` is a dict in current JAX, a list with one dict per program in older."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else {}
+    return dict(cost or {})
+
+
+def _one_program_stats(lowered: Any, num_devices: int) -> ProgramStats:
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - start
+    cost = _cost_dict(compiled)
+    memory = compiled.memory_analysis()
+    peak = getattr(memory, "peak_memory_in_bytes", None)
+    return ProgramStats(
+        flops=float(cost.get("flops", float("nan"))) * num_devices,
+        bytes_accessed=float(cost.get("bytes accessed", float("nan"))),
+        argument_bytes=int(getattr(memory, "argument_size_in_bytes", 0)),
+        output_bytes=int(getattr(memory, "output_size_in_bytes", 0)),
+        temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
+        peak_bytes=int(peak or 0), compile_s=compile_s)
+
+
+def program_stats(lowered: Sequence[Any], num_devices: int = 1) -> ProgramStats:
+    """Compiles the programs of one phase call (`jax.stages.Lowered`, run one after the other)
+    and reads their cost and memory analyses: FLOPs, bytes and compile time add up; memory
+    figures are the largest single program's (a projection's input, the lower states, counts
+    as its arguments)."""
+    stats = [_one_program_stats(one, num_devices) for one in lowered]
+    return ProgramStats(
+        flops=sum(s.flops for s in stats), bytes_accessed=sum(s.bytes_accessed for s in stats),
+        argument_bytes=max(s.argument_bytes for s in stats),
+        output_bytes=max(s.output_bytes for s in stats),
+        temp_bytes=max(s.temp_bytes for s in stats), peak_bytes=max(s.peak_bytes for s in stats),
+        compile_s=sum(s.compile_s for s in stats))
+
+
+def _spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
+                num_passages: int, question_len: int, passage_len: int) -> list[Any]:
+    """The `jax.stages.Lowered` programs GridReader runs for one call of `phase`, from shapes.
+
+    These are GridReader's own jitted programs (`GridReader.lowered`), lowered with the shapes
+    of one call: a batch of `reader.batch_size` segments
+    (encode_lower, then project_upper when 0 < k < l), or a chunk of `reader.chunk_size` pairs
+    over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v).
+    """
+    config = reader.model.config
+    abstract = jax.tree.map(lambda x: _spec(np.shape(x), jnp.float32), params)
+    batch, chunk = reader.batch_size, reader.chunk_size
+    h, heads, dtype = config.hidden_size, config.num_heads, config.compute_dtype
+
+    def qkv(n: int, length: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+        return (_spec((n, heads, length, config.head_dim), dtype),) * 3
+
+    if phase in ("ni_q", "ni_p"):
+        length = question_len if phase == "ni_q" else passage_len
+        segment = QUESTION_SEGMENT if phase == "ni_q" else PASSAGE_SEGMENT
+        ids = _spec((batch, length), jnp.int32)
+        programs = [reader.lowered("lower", abstract, ids, ids, segment)]
+        if reader.hoists_projections:
+            lower = _spec((batch, length, h), dtype)
+            programs.append(reader.lowered("project", abstract, lower))
+        return programs
+    if phase != "pairs":
+        raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
+    q_lower = _spec((num_questions, question_len, h), dtype)
+    if config.num_lower_layers == 0:
+        p_source = _spec((num_passages, passage_len), jnp.int32)
+    else:
+        p_source = _spec((num_passages, passage_len, h), dtype)
+    q_mask = _spec((num_questions, question_len), jnp.int32)
+    p_mask = _spec((num_passages, passage_len), jnp.int32)
+    index = _spec((chunk,), jnp.int32)
+    q_qkv = p_qkv = None
+    if reader.hoists_projections:
+        q_qkv, p_qkv = qkv(num_questions, question_len), qkv(num_passages, passage_len)
+    return [reader.lowered("pairs", abstract, q_lower, q_mask, p_source, p_mask, index, index,
+                           None, q_qkv, p_qkv)]
+
+
+def phase_calls(reader: GridReader, phase: str, spec: GridSpec) -> int:
+    """How many calls a phase makes on the grid (batches or chunks, the last padded; a batch
+    of segments is one encode_lower call, plus one project_upper call when 0 < k < l)."""
+    if phase == "ni_q":
+        return -(-spec.num_questions // reader.batch_size)
+    if phase == "ni_p":
+        if reader.model.config.num_lower_layers == 0:
+            return 0
+        return -(-spec.num_passages // reader.batch_size)
+    return -(-spec.num_pairs // reader.chunk_size)
+
+
+def flop_profile(reader: GridReader, params: Any, spec: GridSpec) -> dict[str, dict[str, Any]]:
+    """Per phase: XLA and analytical FLOPs of one call and of the whole grid, memory, compile.
+
+    Memory and compile time are those of the program GridReader runs; XLA's FLOPs are counted on
+    the batched-attention form of the same program (`attention_form="batched"`). Why: on CPU the
+    reader loops attention over the batch (`lax.map`, a while loop), and XLA's cost analysis
+    counts a while-loop body once, not once per trip, so the attention FLOPs of all but one
+    example would vanish from the count. The batched form is the same operations on the same
+    shapes (outputs equal to float32 rounding), so its count is the program's FLOPs. Padding of
+    the last batch or chunk is counted: it is work the program does.
+    """
+    config = reader.model.config
+    num_devices = reader.mesh.devices.size
+    # Only lowered and compiled for its cost analysis, never run.
+    accounting = GridReader(DelayedInteractionModel(config.replace(attention_form="batched")),
+                            reader.mesh, reader.batch_size, reader.chunk_size)
+    shapes = (spec.num_questions, spec.num_passages, spec.question_len, spec.passage_len)
+    profile = {}
+    for phase in PHASES:
+        calls = phase_calls(reader, phase, spec)
+        if calls == 0:
+            continue
+        stats = program_stats(lower_phase(reader, params, phase, *shapes), num_devices)
+        flops = program_stats(lower_phase(accounting, params, phase, *shapes), num_devices).flops
+        per_call = reader.chunk_size if phase == "pairs" else reader.batch_size
+        analytical = phase_flops(config, phase, per_call, spec.question_len, spec.passage_len)
+        profile[phase] = {
+            "calls": calls, "inputs_per_call": per_call,
+            "xla_flops_per_call": flops, "analytical_flops_per_call": analytical,
+            "xla_over_analytical": flops / analytical if analytical else None,
+            "xla_flops": flops * calls, "analytical_flops": analytical * calls,
+            # XLA's own count of the program as run (attention loop body counted once).
+            "xla_flops_per_call_as_run": stats.flops,
+            "bytes_accessed_per_call": stats.bytes_accessed,
+            "argument_bytes": stats.argument_bytes, "output_bytes": stats.output_bytes,
+            "temp_bytes": stats.temp_bytes, "xla_peak_bytes": stats.peak_bytes,
+            "compile_s": stats.compile_s,
+        }
+    return profile
+
+
+def pair_memory_scaling(reader: GridReader, params: Any, grids: Sequence[tuple[int, int]],
+                        question_len: int, passage_len: int) -> list[dict[str, Any]]:
+    """Compiled memory of the pair program for growing (q, p) grids; nothing is executed.
+
+    The program reads one fixed-size chunk of pairs, so its temporaries are independent of q*p;
+    only its arguments (the replicated lower states, [q + p] segments) grow, linearly in q + p.
+    """
+    rows = []
+    for num_questions, num_passages in grids:
+        stats = program_stats(lower_phase(reader, params, "pairs", num_questions, num_passages,
+                                          question_len, passage_len))
+        rows.append({"num_questions": num_questions, "num_passages": num_passages,
+                     "num_pairs": num_questions * num_passages,
+                     "argument_bytes": stats.argument_bytes, "output_bytes": stats.output_bytes,
+                     "temp_bytes": stats.temp_bytes, "xla_peak_bytes": stats.peak_bytes,
+                     "footprint_bytes": (stats.argument_bytes + stats.output_bytes
+                                         + stats.temp_bytes)})
+    return rows
