@@ -9,6 +9,7 @@ One module per job (each name below is importable from this package too):
   orbax_io     save_params / load_params: dil_jax's own orbax format
   export       export_hf_checkpoint: params -> a Hugging Face folder
   readers      load_reader: (model, params, tokenizer) from either format, checks wired in
+  fingerprint  params_fingerprint: the hash caches record their weights by
 Where a checkpoint name points ("default", a folder, a hub id) is `dil_jax.hub`, and the error
 type is `dil_jax.errors.CheckpointError`: both sit below this package, so the tokenizer loader
 can use them without importing it.
@@ -22,6 +23,7 @@ from dil_jax.checkpoints.files import (
     TORCH_FILE,
     read_state_dict,
 )
+from dil_jax.checkpoints.fingerprint import params_fingerprint
 from dil_jax.checkpoints.hf_config import encoder_config_from_hf, hf_config_from_encoder_config
 from dil_jax.checkpoints.hf_import import load_hf_checkpoint, with_base_tensors
 from dil_jax.checkpoints.hf_tensors import (
@@ -41,6 +43,6 @@ __all__ = [
     "SAFETENSORS_INDEX", "TORCH_FILE", "CheckpointError", "ImportReport", "convert_state_dict",
     "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict",
     "hf_config_from_encoder_config", "load_hf_checkpoint", "load_params", "load_reader",
-    "name_map", "read_manifest", "read_state_dict", "reader_defaults",
+    "name_map", "params_fingerprint", "read_manifest", "read_state_dict", "reader_defaults",
     "resolve_checkpoint", "save_params", "trained_k", "with_base_tensors",
 ]
