@@ -133,6 +133,14 @@ def _get_path(tree: Any, path: tuple[str, ...]) -> Any:
     return tree
 
 
+def _has_path(tree: dict, path: tuple[str, ...]) -> bool:
+    try:
+        _get_path(tree, path)
+        return True
+    except KeyError:
+        return False
+
+
 def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
                        rng: jax.Array | None = None,
                        source: str = "state dict") -> tuple[Params, ImportReport]:
@@ -180,14 +188,6 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
         _set_path(params, path, np.asarray(_get_path(fresh, path)))
         report.initialized.append(name)
     return jax.tree.map(np.asarray, params), report
-
-
-def _has_path(tree: dict, path: tuple[str, ...]) -> bool:
-    try:
-        _get_path(tree, path)
-        return True
-    except KeyError:
-        return False
 
 
 def export_state_dict(params: Params, config: EncoderConfig) -> dict[str, np.ndarray]:
