@@ -25,6 +25,12 @@ class InputFileError(DilJaxError, ValueError):
     """A file the user gave (or one a manifest names) is missing, unreadable, corrupt or stale."""
 
 
+class CheckpointError(DilJaxError, ValueError):
+    """A checkpoint cannot be found or read, or does not fit the model; the message says which
+    file or tensor. (Here, not in `dil_jax.checkpoints`: `dil_jax.hub` raises it too, and the
+    tokenizer loads through the hub without importing the checkpoints package.)"""
+
+
 class OutputPathError(DilJaxError, ValueError):
     """An output location cannot be written, or writing it would destroy an input."""
 

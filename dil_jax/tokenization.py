@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dil_jax.errors import DilJaxError
+from dil_jax.hub import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,6 @@ def load_tokenizer(name_or_path: str | os.PathLike, vocab_size: int | None = Non
     (`check_tokenizer`). Raises TokenizationError naming the folder and what is missing.
     """
     from transformers import AutoTokenizer
-
-    from dil_jax.checkpoints import resolve_checkpoint
 
     folder = resolve_checkpoint(name_or_path)
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):

@@ -163,6 +163,7 @@ def test_bad_encoder_config_json_is_named(tmp_path):
 
 def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, monkeypatch):
     import dil_jax.checkpoints as checkpoints
+    from dil_jax.checkpoints import readers
     from dil_jax.config import EncoderConfig
 
     config = EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
@@ -170,7 +171,7 @@ def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, mon
                            max_question_len=4)
     (tmp_path / "encoder_config.json").write_text(json.dumps(config.to_dict()))
     # No orbax files needed: the refusal is about the tokenizer, after the params are read.
-    monkeypatch.setattr(checkpoints, "load_params", lambda directory, **_: (config, {}))
+    monkeypatch.setattr(readers, "load_params", lambda directory, **_: (config, {}))
     with pytest.raises(DilJaxError, match="without tokenizer files.*pass --tokenizer"):
         load_reader(str(tmp_path), None, 4)
     with pytest.raises(DilJaxError, match="export dtype must be float32 or bfloat16"):

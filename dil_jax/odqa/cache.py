@@ -25,7 +25,6 @@ index` rebuilds such a cache instead of failing on it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,11 +33,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import ml_dtypes
 import numpy as np
 
 from dil_jax.atomic import write_atomic
+from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
 from dil_jax.errors import DilJaxError
 
 log = logging.getLogger(__name__)
@@ -81,31 +80,13 @@ def _broken(path: Path, problem: str) -> CacheBrokenError:
                             "with the same --out and reader to rebuild it")
 
 
-def _sha(chunks: Sequence[bytes]) -> str:
-    digest = hashlib.sha256()
-    for chunk in chunks:
-        digest.update(chunk)
-    return digest.hexdigest()[:16]
-
-
-def params_fingerprint(params: Any) -> str:
-    """Hash of every param's path, shape and float32 bytes (the same weights hash the same)."""
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    chunks = []
-    for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
-        value = np.ascontiguousarray(np.asarray(leaf, dtype=np.float32))
-        chunks += [jax.tree_util.keystr(path).encode(), str(value.shape).encode(),
-                   value.tobytes()]
-    return _sha(chunks)
-
-
 def tokenizer_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
-    return f"{type(tokenizer).__name__}:{_sha([json.dumps(vocab).encode()])}"
+    return f"{type(tokenizer).__name__}:{short_sha256([json.dumps(vocab).encode()])}"
 
 
 def texts_fingerprint(texts: Sequence[str]) -> str:
-    return _sha([json.dumps(list(texts)).encode()])
+    return short_sha256([json.dumps(list(texts)).encode()])
 
 
 def _write_json_atomic(path: Path, value: Any) -> None:

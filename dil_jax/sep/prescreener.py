@@ -80,7 +80,7 @@ class SentencePrescreener:
 
     @functools.cached_property
     def encoder_fingerprint(self) -> str:
-        from dil_jax.odqa.cache import params_fingerprint
+        from dil_jax.checkpoints.fingerprint import params_fingerprint
 
         return params_fingerprint(self.encoder_params)
 

@@ -124,8 +124,9 @@ def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     return overrides
 
 
-def load_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
-                overrides: dict[str, Any], rng: jax.Array) -> tuple[EncoderConfig, Params]:
+def load_or_init_params(checkpoint: str | None, encoder: dict[str, Any] | None,
+                        overrides: dict[str, Any], rng: jax.Array
+                        ) -> tuple[EncoderConfig, Params]:
     """A reader's (config, params): random init, a dil_jax orbax folder, or a Hugging Face one."""
     from dil_jax.checkpoints import ENCODER_CONFIG_FILE, load_hf_checkpoint, load_params
 
@@ -161,7 +162,7 @@ def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConf
     else:
         overrides = {"num_lower_layers": 0, "max_question_len": student_config.max_question_len,
                      "dtype": student_config.dtype}
-        teacher_config, params = load_reader(source, None, overrides, rng)
+        teacher_config, params = load_or_init_params(source, None, overrides, rng)
     if weights.lrs > 0 and (teacher_config.num_layers, teacher_config.hidden_size) != (
             student_config.num_layers, student_config.hidden_size):
         raise UsageError(f"config.teacher.checkpoint = {source!r}: LRS compares layers one to "
@@ -313,9 +314,9 @@ def train(config: ml_collections.ConfigDict, *,
 
     root = jax.random.key(int(config.seed))
     init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
-    student_config, params = load_reader(config.model.checkpoint, config.model.encoder.to_dict()
-                                         if config.model.encoder else None,
-                                         _reader_overrides(config.model), init_rng)
+    encoder = config.model.encoder.to_dict() if config.model.encoder else None
+    student_config, params = load_or_init_params(config.model.checkpoint, encoder,
+                                                 _reader_overrides(config.model), init_rng)
     student = DelayedInteractionModel(student_config)
     teacher, teacher_params = build_teacher(config, student_config, params, teacher_rng)
     if evaluate_fn is None and config.eval.evaluator:

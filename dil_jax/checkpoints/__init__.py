@@ -1,0 +1,48 @@
+"""Checkpoints: Hugging Face import and export, dil_jax's orbax format, and ready readers.
+
+One module per job (each name below is importable from this package too):
+  files        reading a Hugging Face folder's JSON and weights files (damage named)
+  hf_config    Hugging Face config.json <-> EncoderConfig
+  hf_tensors   Hugging Face tensor names <-> Flax param paths, shapes checked, import report
+  manifest     dil_jax_manifest.json: the split a reader was exported / trained with
+  hf_import    load_hf_checkpoint: a Hugging Face folder or hub id -> (config, params, report)
+  orbax_io     save_params / load_params: dil_jax's own orbax format
+  export       export_hf_checkpoint: params -> a Hugging Face folder
+  readers      load_reader: (model, params, tokenizer) from either format, checks wired in
+  fingerprint  params_fingerprint: the hash caches record their weights by
+Where a checkpoint name points ("default", a folder, a hub id) is `dil_jax.hub`, and the error
+type is `dil_jax.errors.CheckpointError`: both sit below this package, so the tokenizer loader
+can use them without importing it.
+"""
+
+from dil_jax.checkpoints.export import export_hf_checkpoint
+from dil_jax.checkpoints.files import (
+    CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX,
+    TORCH_FILE,
+    read_state_dict,
+)
+from dil_jax.checkpoints.fingerprint import params_fingerprint
+from dil_jax.checkpoints.hf_config import encoder_config_from_hf, hf_config_from_encoder_config
+from dil_jax.checkpoints.hf_import import load_hf_checkpoint, with_base_tensors
+from dil_jax.checkpoints.hf_tensors import (
+    ImportReport,
+    convert_state_dict,
+    export_state_dict,
+    name_map,
+)
+from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults, trained_k
+from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, PARAMS_DIR, load_params, save_params
+from dil_jax.checkpoints.readers import load_reader
+from dil_jax.errors import CheckpointError
+from dil_jax.hub import resolve_checkpoint
+
+__all__ = [
+    "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR", "SAFETENSORS_FILE",
+    "SAFETENSORS_INDEX", "TORCH_FILE", "CheckpointError", "ImportReport", "convert_state_dict",
+    "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict",
+    "hf_config_from_encoder_config", "load_hf_checkpoint", "load_params", "load_reader",
+    "name_map", "params_fingerprint", "read_manifest", "read_state_dict", "reader_defaults",
+    "resolve_checkpoint", "save_params", "trained_k", "with_base_tensors",
+]

@@ -1,0 +1,60 @@
+"""Writing a reader as a Hugging Face folder that `load_hf_checkpoint` and `transformers` read."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dil_jax.atomic import staged_directory
+from dil_jax.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
+from dil_jax.checkpoints.hf_config import hf_config_from_encoder_config
+from dil_jax.checkpoints.hf_tensors import export_state_dict
+from dil_jax.checkpoints.manifest import MANIFEST_FILE
+from dil_jax.config import EncoderConfig
+from dil_jax.errors import CheckpointError
+from dil_jax.model import Params
+
+
+def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: EncoderConfig,
+                         tokenizer=None, dtype: str = "float32",
+                         manifest: dict[str, Any] | None = None,
+                         from_base: tuple[str, str] | None = None) -> Path:
+    """Writes a Hugging Face folder (config.json, model.safetensors, tokenizer files and an
+    optional dil_jax_manifest.json) that `load_hf_checkpoint` reads (and `transformers` too,
+    unless tensors are left to a base).
+
+    dtype "bfloat16" halves the size (params are cast back to float32 on load).
+    from_base: (base checkpoint, name prefix): tensors under that prefix (e.g.
+    "embeddings.word_embeddings") are left out and recorded in the manifest as coming from the
+    base; the caller asserts they equal the base's (e.g. they were frozen in training).
+    Written to a staging folder and renamed into place.
+    """
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    if dtype not in ("float32", "bfloat16"):
+        raise CheckpointError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
+    directory = Path(directory).absolute()
+    prefix = f"{config.architecture}."
+    tensors = {}
+    left_to_base = []
+    for name, value in export_state_dict(params, config).items():
+        full_name = name if name.startswith("qa_outputs.") else prefix + name
+        if from_base is not None and name.startswith(from_base[1]):
+            left_to_base.append(full_name)
+            continue
+        tensors[full_name] = value.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
+    manifest = dict(manifest or {}, reader={"num_lower_layers": config.num_lower_layers,
+                                            "max_question_len": config.max_question_len})
+    if from_base is not None:
+        manifest.update(base_checkpoint=from_base[0], from_base=left_to_base)
+    with staged_directory(directory) as staging:
+        save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
+        (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
+                                                      indent=2))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(staging))
+        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    return directory

@@ -1,0 +1,88 @@
+"""Reading a Hugging Face checkpoint folder (local, "default" or a hub id) into Flax params.
+
+The folder's `config.json` gives the EncoderConfig (`hf_config`), its weights file the tensors
+(`files`), `name_map` turns them into params (`hf_tensors`), and a dil_jax manifest, when there
+is one, adds the reader split it was exported with and tensors it left to a base checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from dil_jax.checkpoints.files import CONFIG_FILE, read_state_dict
+from dil_jax.checkpoints.hf_config import encoder_config_from_hf
+from dil_jax.checkpoints.hf_tensors import ImportReport, convert_state_dict, strip_backbone_prefix
+from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults
+from dil_jax.config import EncoderConfig
+from dil_jax.errors import CheckpointError
+from dil_jax.hub import resolve_checkpoint
+from dil_jax.model import Params
+
+# One logger for the whole package: its warnings are silenced by that name (sep.prescreener).
+log = logging.getLogger(__package__)
+
+
+def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None = None,
+                       **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
+    """Reads a Hugging Face checkpoint into (config, params, report).
+
+    `config_overrides` set reader fields the checkpoint does not hold, e.g.
+    `num_lower_layers=4, max_question_len=64, dtype="bfloat16"`.
+    """
+    folder = resolve_checkpoint(name_or_path)
+    config_path = folder / CONFIG_FILE
+    hf_config = _read_hf_config(folder)
+    # A reader exported by dil_jax records the split it was trained for; overrides still win.
+    overrides = {**reader_defaults(folder), **config_overrides}
+    config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
+    state = with_base_tensors(folder, read_state_dict(folder))
+    params, report = convert_state_dict(state, config, rng, source=str(folder))
+    for line in report.summary().splitlines()[1:]:
+        log.warning(line)
+    return config, params, report
+
+
+def _read_hf_config(folder: Path) -> dict[str, Any]:
+    """The folder's `config.json` as a dict; CheckpointError if it is missing or not an object."""
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        raise CheckpointError(f"{folder}: no {CONFIG_FILE}")
+    try:
+        hf_config = json.loads(config_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{config_path}: not valid JSON ({error})") from error
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_path}: expected a JSON object of model settings, got "
+                              f"{type(hf_config).__name__}")
+    return hf_config
+
+
+def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Fills in tensors a folder deliberately left out, from the base checkpoint its manifest
+    names (`{"base_checkpoint": "default", "from_base": [tensor names]}`).
+
+    A fine-tuned reader whose word embeddings were frozen ships without them: they are the base
+    model's, bit for bit, and installing the base package already puts them on disk.
+    """
+    manifest_path = folder / MANIFEST_FILE
+    manifest = read_manifest(folder)
+    names = manifest.get("from_base") or []
+    if not names:
+        return state
+    base_state = read_state_dict(resolve_checkpoint(manifest["base_checkpoint"]))
+    base = {strip_backbone_prefix(name): value for name, value in base_state.items()}
+    merged = dict(state)
+    for name in names:
+        key = strip_backbone_prefix(name)
+        if key not in base:
+            raise CheckpointError(f"{manifest_path}: tensor {name!r} is to come from base "
+                                  f"{manifest['base_checkpoint']!r}, which has no {key!r}")
+        merged[name] = base[key]
+    return merged

@@ -1,0 +1,73 @@
+"""`dil_jax_manifest.json`: what an exported reader records beside its Hugging Face files.
+
+Written by `export_hf_checkpoint`; read back for the split a reader was exported / trained with
+(`reader_defaults`, `trained_k`) and for tensors it left to a base checkpoint (`from_base`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dil_jax.checkpoints.files import read_json
+from dil_jax.errors import CheckpointError
+
+MANIFEST_FILE = "dil_jax_manifest.json"
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The folder's `dil_jax_manifest.json` ({} if it has none), its known fields checked.
+
+    Known fields: "reader" {num_lower_layers, max_question_len: int}, "training_config"
+    (an object; its "model" may record num_lower_layers), "base_checkpoint" (str) and
+    "from_base" (list of tensor names). Others are kept as they are (free-form records).
+    Raises CheckpointError naming the file and the field.
+    """
+    path = Path(folder) / MANIFEST_FILE
+    if not path.is_file():
+        return {}
+    manifest = read_json(path, "dil_jax manifest")
+    fix = "re-export the reader, or delete the file to load the weights without it"
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: {what}; {fix}")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"expected a JSON object, got {type(manifest).__name__}")
+    reader = manifest.get("reader", {})
+    if not isinstance(reader, dict):
+        raise bad(f"'reader' must be an object, got {reader!r}")
+    for key, value in reader.items():
+        if key not in ("num_lower_layers", "max_question_len"):
+            raise bad(f"unknown field 'reader.{key}' (known: num_lower_layers, "
+                      "max_question_len)")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad(f"'reader.{key}' must be an integer, got {value!r}")
+    training = manifest.get("training_config", {})
+    if not isinstance(training, dict) or not isinstance(training.get("model", {}), dict):
+        raise bad("'training_config' (and its 'model') must be objects")
+    from_base = manifest.get("from_base") or []
+    if not isinstance(from_base, list) or not all(isinstance(n, str) for n in from_base):
+        raise bad(f"'from_base' must be a list of tensor names, got {from_base!r}")
+    if from_base and not isinstance(manifest.get("base_checkpoint"), str):
+        raise bad("'from_base' names tensors but 'base_checkpoint' (the checkpoint they come "
+                  f"from) is {manifest.get('base_checkpoint')!r}")
+    return manifest
+
+
+def reader_defaults(folder: Path) -> dict[str, Any]:
+    """Reader settings (k, max_question_len) recorded by `export_hf_checkpoint`, if any."""
+    return dict(read_manifest(folder).get("reader", {}))
+
+
+def trained_k(folder: Path) -> int | None:
+    """The k a reader was trained with, as its manifest records it (None if it does not).
+
+    The training config's model.num_lower_layers when recorded (how it was trained), else the
+    split the export recorded.
+    """
+    manifest = read_manifest(folder)
+    k = manifest.get("training_config", {}).get("model", {}).get("num_lower_layers")
+    if isinstance(k, int) and not isinstance(k, bool):
+        return k
+    return manifest.get("reader", {}).get("num_lower_layers")

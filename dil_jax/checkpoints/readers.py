@@ -1,0 +1,75 @@
+"""`load_reader`: a ready-to-run (model, params, tokenizer) from any checkpoint a command takes.
+
+A dil_jax folder (orbax params beside `encoder_config.json`, as training saves them) or a
+Hugging Face one (local, "default" or a hub id). Two checks sit here because only here are the
+model and its tokenizer both known: the tokenizer must fit the model's vocabulary, and a k other
+than the one the reader was trained with is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from dil_jax.checkpoints.files import read_json
+from dil_jax.checkpoints.hf_import import load_hf_checkpoint
+from dil_jax.checkpoints.manifest import trained_k
+from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, load_params
+from dil_jax.hub import resolve_checkpoint
+from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
+
+# One logger for the whole package: its warnings are silenced by that name (sep.prescreener).
+log = logging.getLogger(__package__)
+
+
+def load_reader(checkpoint: str, k: int | None, max_question_len: int,
+                tokenizer_path: str | None = None
+                ) -> tuple[DelayedInteractionModel, Params, Any]:
+    """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
+
+    k: the split point (None: the one a dil_jax checkpoint or export records, else 0). A k other
+    than the one the reader was trained with is allowed (the same params serve every k) but
+    logged as a WARNING: its answers are those of a model it was not trained as.
+    The tokenizer is checked against the model's vocabulary (`check_tokenizer`).
+    """
+    overrides: dict[str, Any] = {"max_question_len": max_question_len}
+    if k is not None:
+        overrides["num_lower_layers"] = k
+    folder = Path(checkpoint).expanduser()
+    if (folder / ENCODER_CONFIG_FILE).is_file():
+        config, params = load_params(folder, **overrides)
+        trained = _saved_k(folder)
+        if tokenizer_path is None:
+            tokenizer_path = str(_own_tokenizer_folder(folder))
+    else:
+        folder = resolve_checkpoint(checkpoint)  # once: a hub id is fetched here
+        config, params, _ = load_hf_checkpoint(folder, **overrides)
+        trained = trained_k(folder)
+    if k is not None and trained is not None and k != trained:
+        log.warning("--k %d differs from k=%d that the reader %s was trained with: the same "
+                    "weights, but read with a split they were not trained for; expect worse "
+                    "answers (pass --k %d, or leave --k out to use it)", k, trained, checkpoint,
+                    trained)
+    tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size)
+    return DelayedInteractionModel(config), params, tokenizer
+
+
+def _saved_k(folder: Path) -> int | None:
+    """The k the training loop saved a dil_jax folder with (`save_params`), before any --k."""
+    stored = read_json(folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
+    trained = stored.get("num_lower_layers")
+    if isinstance(trained, bool) or not isinstance(trained, int):
+        return None
+    return trained
+
+
+def _own_tokenizer_folder(folder: Path) -> Path:
+    """`folder` itself when it holds tokenizer files; else TokenizationError (pass --tokenizer)."""
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise TokenizationError(
+            f"{folder}: a dil_jax checkpoint without tokenizer files (none of "
+            f"{', '.join(TOKENIZER_FILES)}); pass --tokenizer (e.g. the folder it was "
+            "converted from)")
+    return folder
