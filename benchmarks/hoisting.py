@@ -3,7 +3,7 @@
     python benchmarks/hoisting.py                        # MiniLM (embedded), k = 4 and 5
     python benchmarks/hoisting.py --suite bert-base      # BERT-base shape, k = 10 and 11
 
-`GridReader` computes the first upper block's query/key/value once per question and per passage
+`PairGrid` computes the first upper block's query/key/value once per question and per passage
 (`project_upper`) when a segment is read by several pairs, and hands them to `encode_upper`.
 This times one chunk of pairs (the shapes `speed_grid.py` uses: 64 + 256 tokens, 8 pairs) through
 `encode_upper` both ways, jitted, interleaved, on the same gathered inputs: the per-pair program
@@ -22,15 +22,15 @@ import numpy as np
 
 from dil_jax.bench.grids import GridInputs, GridSpec, random_grid
 from dil_jax.bench.suites import default_ks, suite_model
-from dil_jax.grid import GridReader, make_mesh
-from dil_jax.model import DelayedInteractionModel
+from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.grid import PairGrid, make_mesh
 
 
 def compare(config, params, inputs: GridInputs, k: int, repeats: int) -> None:
     """Times one chunk (pair i = question i with passage i) through both programs; prints."""
     model = DelayedInteractionModel(config.replace(num_lower_layers=k))
     pairs = inputs.q_ids.shape[0]
-    reader = GridReader(model, make_mesh(), pairs, pairs)
+    reader = PairGrid(model, make_mesh(), pairs, pairs)
     q_lower = reader.encode_questions(params, inputs.q_ids, inputs.q_mask)
     p_lower = reader.encode_passages(params, inputs.p_ids, inputs.p_mask)
     q_qkv = reader.project_segments(params, q_lower)

@@ -3,7 +3,7 @@
     python benchmarks/kept_tokens.py [--checkpoint dil_jax/assets/minilm-squad-k4] [--pairs 32]
 
 One chunk of `pairs` (question, passage) pairs through the upper blocks of a reader, with all
-passage tokens, then with only the first n kept (`dil_jax.grid.kept_positions`), interleaved,
+passage tokens, then with only the first n kept (`dil_jax.model.grid.kept_positions`), interleaved,
 median of repeats, compilation excluded. Random token ids (a dense transformer's cost does not
 depend on them). Prints a Markdown table.
 """
@@ -30,10 +30,10 @@ def main() -> None:
     import jax
 
     from dil_jax.checkpoints import load_reader
-    from dil_jax.grid import GridReader, kept_positions
+    from dil_jax.model.grid import PairGrid, kept_positions
 
     model, params, _ = load_reader(args.checkpoint, None, args.question_len)
-    reader = GridReader(model, batch_size=args.pairs, chunk_size=args.pairs)
+    reader = PairGrid(model, batch_size=args.pairs, chunk_size=args.pairs)
     rng = np.random.default_rng(0)
     q_ids = rng.integers(1000, 2000, (args.pairs, args.question_len)).astype(np.int32)
     p_ids = rng.integers(1000, 2000, (args.pairs, args.passage_len)).astype(np.int32)

@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from dil_jax import modeling
 from dil_jax.bench.machine import retain_freed_memory
 from dil_jax.bench.peer import hf_model_from_params
 from dil_jax.config import EncoderConfig
+from dil_jax.model import modules
 
 
 def timed(runs: dict, repeats: int) -> dict[str, list[float]]:
@@ -62,8 +62,8 @@ def main() -> None:
     x = rng.standard_normal((b, s, h)).astype(np.float32)
     mask = np.ones((b, s), np.float32)
     mask[-1, s * 3 // 4:] = 0
-    bias = modeling.attention_bias(jnp.asarray(mask))
-    block = modeling.Block(cfg)
+    bias = modules.attention_bias(jnp.asarray(mask))
+    block = modules.Block(cfg)
     params = block.init(jax.random.PRNGKey(0), x, bias)
     layer = hf_model_from_params(
         cfg.replace(num_layers=1), _reader_params(cfg, params)).bert.encoder.layer[0].eval()
@@ -88,7 +88,7 @@ def main() -> None:
     w1, b1, w2, b2 = (jnp.asarray(p[name][k])
                       for name in ("ffn_in", "ffn_out") for k in ("kernel", "bias"))
     norm = layer.output.LayerNorm
-    ln = modeling._layer_norm(cfg, "norm")
+    ln = modules._layer_norm(cfg, "norm")
     ln_params = {"params": p["output_norm"]}
     jx = jnp.asarray(x)
 
@@ -97,7 +97,7 @@ def main() -> None:
         return lambda: jax.block_until_ready(compiled(*operands))
 
     def attend_loop(q):
-        return jax.lax.map(lambda t: modeling._attend(cfg, *t), (q, q, q, bias))
+        return jax.lax.map(lambda t: modules._attend(cfg, *t), (q, q, q, bias))
 
     def scores(q, k, b):
         return jnp.einsum("hqd,hkd->hqk", q, k) + b
@@ -135,7 +135,7 @@ def main() -> None:
         "  jax.nn.dot_product_attention/ex.": jit_run(jax_dpa_loop, q_seq_major),
         "feed-forward: torch": lambda: layer.output.dense(layer.intermediate(tx)),
         "feed-forward: ours": jit_run(
-            lambda x: modeling.gelu_exact(x @ w1 + b1) @ w2 + b2, jx),
+            lambda x: modules.gelu_exact(x @ w1 + b1) @ w2 + b2, jx),
         "residual + LayerNorm: torch": lambda: norm(tx + tx),
         "residual + LayerNorm: ours": jit_run(lambda x: ln.apply(ln_params, x + x), jx),
     }
@@ -149,9 +149,9 @@ def main() -> None:
 
 def _reader_params(cfg: EncoderConfig, block_params) -> dict:
     """A one-block reader's params around `block_params` (embeddings and head random)."""
-    from dil_jax.modeling import Reader
+    from dil_jax.model.modules import SpanReaderModule
 
-    reader = Reader(cfg.replace(num_layers=1))
+    reader = SpanReaderModule(cfg.replace(num_layers=1))
     ids = jnp.zeros((1, 4), jnp.int32)
     params = reader.init(jax.random.PRNGKey(1), ids, jnp.ones((1, 4)), ids, jnp.ones((1, 4)))
     params = jax.tree_util.tree_map(np.asarray, params)["params"]

@@ -8,7 +8,7 @@ The delayed-interaction path, in fixed-shape jitted steps (one compilation each)
      positions follow its question, so the full model embeds it per pair instead);
   3. every (question, window) pair through `encode_upper`.
 Questions are taken in blocks of `question_block`, padded to a fixed size, so memory is bounded by
-a block whatever the data set size. The compiled steps are `dil_jax.grid.GridReader`'s.
+a block whatever the data set size. The compiled steps are `dil_jax.model.grid.PairGrid`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
-from dil_jax.model import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,10 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     """
     from tqdm.auto import tqdm
 
-    from dil_jax.grid import GridReader, kept_positions, round_up
+    from dil_jax.model.grid import PairGrid, kept_positions, round_up
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
-    reader = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
+    reader = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
     full_model = model.config.num_lower_layers == 0
     n_windows, p_len = features.p_ids.shape
     q_block = round_up(min(question_block, features.num_questions), reader.batch_size)
@@ -137,7 +137,7 @@ def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
     report["featurize_seconds"] = time.perf_counter() - clock
     keep = None
     if prescreen is not None:
-        from dil_jax.sep.prescreener import screen_features
+        from dil_jax.prescreening.prescreener import screen_features
 
         clock = time.perf_counter()
         screening = screen_features(*prescreen, examples, features)

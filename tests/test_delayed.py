@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
-from dil_jax.model import DelayedInteractionModel
-from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
 from conftest import state_dict_numpy
 from numpy_reference import reference_reader
@@ -102,7 +102,7 @@ def test_reference_is_sensitive_to_k(hf_folder_factory):
 @pytest.mark.parametrize("arch,k,groups", [("bert", 3, None), ("albert", 2, 2),
                                             ("distilbert", 1, None)])
 def test_precomputed_first_upper_projections_equal_reference(hf_folder_factory, arch, k, groups):
-    """q/k/v of the first upper block computed per segment (as GridReader does) give the
+    """q/k/v of the first upper block computed per segment (as PairGrid does) give the
     reference logits, whichever side is precomputed. ALBERT with 2 groups over 4 layers and
     k = 2: the first upper layer uses the second group, so projecting with the wrong block
     would fail."""

@@ -20,9 +20,9 @@ from dil_jax.checkpoints import (
     save_params,
 )
 from dil_jax.config import ConfigError, EncoderConfig
-from dil_jax.grid import GridReader
-from dil_jax.model import DelayedInteractionModel, InputError, with_num_lower_layers
-from dil_jax.modeling import PASSAGE_SEGMENT
+from dil_jax.model.delayed import DelayedInteractionModel, InputError, with_num_lower_layers
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.modules import PASSAGE_SEGMENT
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
 from conftest import edit_json
@@ -157,12 +157,12 @@ def test_bad_first_upper_projections_are_named():
         no_upper.project_upper(params, p_lower)
     with pytest.raises(InputError, match="k = 2 of 2 layers leaves no upper block"):
         no_upper.encode_upper(params, q_lower, q_mask, p_lower, p_mask, p_qkv=p_qkv)
-    reader = GridReader(with_num_lower_layers(model, 0), batch_size=2, chunk_size=2)
+    reader = PairGrid(with_num_lower_layers(model, 0), batch_size=2, chunk_size=2)
     index = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="q/k/v given, but k = 0 of 2 layers"):
         next(reader.iter_pair_chunks(params, q_lower, q_mask, np.ones((2, 6), np.int32), p_mask,
                                      index, index, q_qkv=p_qkv))
-    reader = GridReader(model, batch_size=2, chunk_size=2)
+    reader = PairGrid(model, batch_size=2, chunk_size=2)
     with pytest.raises(ValueError, match="p_qkv cannot be combined with positions"):
         next(reader.iter_pair_chunks(params, q_lower, q_mask, p_lower, p_mask, index, index,
                                      positions=np.zeros((1, 2), np.int32), p_qkv=p_qkv))

@@ -23,8 +23,8 @@ GRID_SCRIPT = textwrap.dedent("""
     import jax
     import numpy as np
     from dil_jax.config import EncoderConfig
-    from dil_jax.grid import GridReader, kept_positions
-    from dil_jax.model import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid, kept_positions
+    from dil_jax.model.delayed import DelayedInteractionModel
 
     k, out = int(sys.argv[1]), sys.argv[2]
     config = EncoderConfig(**json.loads(sys.argv[3]), num_lower_layers=k)
@@ -35,7 +35,7 @@ GRID_SCRIPT = textwrap.dedent("""
     q_mask = (np.arange(8)[None] < np.array([[5], [8], [3]])).astype(np.int32)
     p_ids = rng.integers(1, 50, (5, 16)).astype(np.int32)
     p_mask = (np.arange(16)[None] < np.array([[16], [9], [4], [12], [16]])).astype(np.int32)
-    reader = GridReader(model, batch_size=4, chunk_size=8)
+    reader = PairGrid(model, batch_size=4, chunk_size=8)
     q_lower = reader.encode_questions(params, q_ids, q_mask)
     p_source = p_ids if k == 0 else reader.encode_passages(params, p_ids, p_mask)
     grid = reader.read_grid(params, q_lower, q_mask, p_source, p_mask)
@@ -89,9 +89,9 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
     import jax
 
     from dil_jax.config import EncoderConfig
-    from dil_jax.grid import GridReader, kept_positions
-    from dil_jax.model import DelayedInteractionModel
-    from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid, kept_positions
+    from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=k)
     model = DelayedInteractionModel(config)
@@ -110,7 +110,7 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
     positions = kept_positions(keep, bucket=4)
     assert positions.shape == (4, 8) and positions[1].tolist() == [0, 8] + [16] * 6
 
-    reader = GridReader(model, batch_size=2, chunk_size=2)
+    reader = PairGrid(model, batch_size=2, chunk_size=2)
     q_lower = reader.encode_questions(params, q_ids, q_mask)
     p_source = p_ids if k == 0 else reader.encode_passages(params, p_ids, p_mask)
     start = np.zeros((4, 16), np.float32)
@@ -143,8 +143,8 @@ def test_projections_are_hoisted_only_for_segments_read_by_several_pairs(monkeyp
     import jax
 
     from dil_jax.config import EncoderConfig
-    from dil_jax.grid import GridReader
-    from dil_jax.model import DelayedInteractionModel
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid
 
     model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=2))
     params = model.init(jax.random.key(0))
@@ -153,7 +153,7 @@ def test_projections_are_hoisted_only_for_segments_read_by_several_pairs(monkeyp
     q_mask = (np.arange(8)[None] < np.array([[5], [8], [3]])).astype(np.int32)
     p_ids = rng.integers(1, 50, (3, 16)).astype(np.int32)
     p_mask = (np.arange(16)[None] < np.array([[16], [9], [4]])).astype(np.int32)
-    reader = GridReader(model, batch_size=2, chunk_size=4)
+    reader = PairGrid(model, batch_size=2, chunk_size=4)
     projected = []
     project = reader.project_segments
     monkeypatch.setattr(reader, "project_segments",

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
-from dil_jax.grid import GridReader
-from dil_jax.model import DelayedInteractionModel
-from dil_jax.modeling import PASSAGE_SEGMENT
-from dil_jax.odqa.cache import (
+from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.modules import PASSAGE_SEGMENT
+from dil_jax.open_domain.cache import (
     CacheMismatchError,
     PassageCache,
     build_passage_cache,
@@ -36,7 +36,7 @@ def reader_parts(hf_folder_factory):
 
 
 def _encoder(config, params):
-    reader = GridReader(DelayedInteractionModel(config), batch_size=4)
+    reader = PairGrid(DelayedInteractionModel(config), batch_size=4)
     return lambda ids, mask: np.asarray(reader.encode_passages(params, ids, mask))
 
 

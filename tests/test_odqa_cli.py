@@ -61,7 +61,7 @@ def test_index_ask_and_eval(tmp_path, capsys):
 
 def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, minilm_dir):
     """--prescreen on every command that reads: a random prescreener over the default encoder."""
-    from dil_jax.sep.sentences import split_sentences
+    from dil_jax.prescreening.sentences import split_sentences
 
     from conftest import random_prescreener
 

@@ -8,12 +8,12 @@ import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.data.squad import SquadExample
-from dil_jax.grid import GridReader
-from dil_jax.model import DelayedInteractionModel
-from dil_jax.odqa.corpus import Document, split_documents
-from dil_jax.odqa.index import build_index, build_reader_cache
-from dil_jax.odqa.reader import Candidate, OpenDomainReader, pick_answer, standardize
-from dil_jax.odqa.retrieval import bm25_tokenize
+from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.grid import PairGrid
+from dil_jax.open_domain.corpus import Document, split_documents
+from dil_jax.open_domain.index import build_index, build_reader_cache
+from dil_jax.open_domain.reader import Candidate, OpenDomainReader, pick_answer, standardize
+from dil_jax.open_domain.retrieval import bm25_tokenize
 from dil_jax.predict import predict_squad
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer
@@ -43,7 +43,7 @@ def index(minilm, tmp_path_factory):
 def test_reader_equals_squad_predict_path(minilm, index, k):
     config, params, tokenizer = minilm
     model = DelayedInteractionModel(config.replace(num_lower_layers=k))
-    grid = GridReader(model, batch_size=4)
+    grid = PairGrid(model, batch_size=4)
     encode = None if k == 0 else (lambda ids, mask: np.asarray(
         grid.encode_passages(params, ids, mask)))
     cache = build_reader_cache(index, model.config, params, tokenizer, encode=encode)
@@ -92,11 +92,11 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
     """The open-domain reader over stored sentence embeddings keeps the same sentences and finds
     the same spans as `predict_squad` prescreening each (question, passage) on the fly; a
     prescreener checkpoint round-trips, and refuses another sentence encoder."""
-    from dil_jax.odqa.reader import ReaderPrescreen
-    from dil_jax.odqa.sentences import build_sentence_store
-    from dil_jax.sep.prescreener import PrescreenerError, SentencePrescreener
-    from dil_jax.sep.screen import SentenceRule
-    from dil_jax.sep.sentences import split_sentences
+    from dil_jax.open_domain.reader import ReaderPrescreen
+    from dil_jax.open_domain.sentences import build_sentence_store
+    from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
+    from dil_jax.prescreening.screen import SentenceRule
+    from dil_jax.prescreening.sentences import split_sentences
 
     saved = random_prescreener(minilm_dir).save(tmp_path / "prescreener", note="test")
     prescreener = SentencePrescreener.load(saved)
@@ -116,7 +116,7 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
 
     config, params, tokenizer = minilm
     model = DelayedInteractionModel(config.replace(num_lower_layers=4))
-    grid = GridReader(model, batch_size=4)
+    grid = PairGrid(model, batch_size=4)
     cache = build_reader_cache(index, model.config, params, tokenizer, encode=lambda ids, mask:
                                np.asarray(grid.encode_passages(params, ids, mask)))
     rule = SentenceRule(top_m=1)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dil_jax.checkpoints import convert_state_dict, load_hf_checkpoint
-from dil_jax.model import DelayedInteractionModel
+from dil_jax.model.delayed import DelayedInteractionModel
 
 from conftest import state_dict_numpy
 

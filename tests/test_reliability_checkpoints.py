@@ -15,7 +15,7 @@ from test_parity import MAX_Q, _random_pairs, assert_parity
 
 from dil_jax.checkpoints import CheckpointError, load_hf_checkpoint, load_params, load_reader
 from dil_jax.errors import DilJaxError
-from dil_jax.model import DelayedInteractionModel
+from dil_jax.model.delayed import DelayedInteractionModel
 
 from conftest import run_cli
 
@@ -186,7 +186,7 @@ def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, mon
      '"encoder_fingerprint": "x", "max_sentence_len": 8}', "not a prescreener config"),
 ])
 def test_malformed_prescreener_manifest_is_named(tmp_path, text, problem):
-    from dil_jax.sep.prescreener import PrescreenerError, SentencePrescreener
+    from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
 
     (tmp_path / "prescreener.json").write_text(text)
     with pytest.raises(PrescreenerError, match=problem) as error:

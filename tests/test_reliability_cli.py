@@ -30,8 +30,8 @@ class WorkStarted(AssertionError):
 def _no_work(monkeypatch):
     """Makes every heavy entry point fail loudly: the checks under test must come first."""
     from dil_jax import bench, checkpoints
-    from dil_jax.odqa import index
-    from dil_jax.sep import prescreener
+    from dil_jax.open_domain import index
+    from dil_jax.prescreening import prescreener
     from dil_jax.train import loop
 
     def refuse(*args, **kwargs):
@@ -363,7 +363,7 @@ def test_evaluate_bad_predictions_are_input_file_errors(content, wanted, tmp_pat
 def test_reachable_value_errors_are_dil_jax_errors():
     from dil_jax.errors import DilJaxError
     from dil_jax.metrics.squad_metric import squad_scores
-    from dil_jax.sep.screen import SentenceRule
+    from dil_jax.prescreening.screen import SentenceRule
 
     with pytest.raises(DilJaxError, match=r"--top-m\) must be >= 1, got 0"):
         SentenceRule(top_m=0)

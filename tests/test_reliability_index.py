@@ -75,7 +75,7 @@ def _cache(index, k: int):
 
 
 def test_passages_edited_after_the_build_are_refused_then_repaired(index_copy, capsys):
-    from dil_jax.odqa.index import open_index
+    from dil_jax.open_domain.index import open_index
 
     index, corpus = index_copy
     passages = index / "passages.jsonl"
@@ -129,7 +129,7 @@ def test_a_second_build_fails_at_once_naming_the_first(index_copy, capsys):
 
 
 def test_truncated_states_are_named_on_open_and_rebuilt_by_index(index_copy, capsys):
-    from dil_jax.odqa.cache import PassageCache
+    from dil_jax.open_domain.cache import PassageCache
 
     index, corpus = index_copy
     states = _cache(index, 1) / "states.npy"
@@ -169,7 +169,7 @@ def test_a_cache_claiming_another_k_is_refused_by_its_states(index_copy, capsys)
 
 
 def test_a_manifest_disagreeing_with_its_folder_name_is_broken(index_copy):
-    from dil_jax.odqa.cache import CacheBrokenError, PassageCache
+    from dil_jax.open_domain.cache import CacheBrokenError, PassageCache
 
     index, _ = index_copy
     path = _cache(index, 1) / "manifest.json"
@@ -259,16 +259,16 @@ def test_an_index_is_never_written_into_a_foreign_folder(tmp_path, built, capsys
 
 def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     from dil_jax.errors import DilJaxError
-    from dil_jax.odqa.cache import reader_manifest
-    from dil_jax.odqa.corpus import (
+    from dil_jax.open_domain.cache import reader_manifest
+    from dil_jax.open_domain.corpus import (
         Document,
         read_jsonl,
         read_squad_paragraphs,
         split_documents,
         split_windows,
     )
-    from dil_jax.odqa.index import open_index
-    from dil_jax.odqa.retrieval import BM25Retriever
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.retrieval import BM25Retriever
 
     index, _ = index_copy
     latin1 = tmp_path / "latin1.jsonl"

@@ -14,9 +14,9 @@ import pytest
 
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
-from dil_jax.grid import GridReader
-from dil_jax.model import DelayedInteractionModel, InputError
-from dil_jax.modeling import PASSAGE_SEGMENT
+from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.modules import PASSAGE_SEGMENT
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli
@@ -70,7 +70,7 @@ def test_encode_lower_refuses_a_position_offset_past_the_table():
 
 def test_grid_reader_refuses_question_plus_passage_past_the_table_at_k0():
     model, params = _tiny_model(0)
-    reader = GridReader(model, batch_size=2, chunk_size=2)
+    reader = PairGrid(model, batch_size=2, chunk_size=2)
     q = np.ones((2, 8), np.int32)
     p = np.ones((2, 30), np.int32)
     q_lower = reader.encode_questions(params, q, q)
@@ -80,7 +80,7 @@ def test_grid_reader_refuses_question_plus_passage_past_the_table_at_k0():
         reader.read_grid(params, q_lower, q, p, p)
     # k > 0 numbers each segment from 0: the same lengths fit.
     model1 = DelayedInteractionModel(model.config.replace(num_lower_layers=1))
-    reader1 = GridReader(model1, batch_size=2, chunk_size=2)
+    reader1 = PairGrid(model1, batch_size=2, chunk_size=2)
     p_lower = reader1.encode_passages(params, p, p)
     chunks = list(reader1.iter_pair_chunks(params, reader1.encode_questions(params, q, q), q,
                                            p_lower, p, index, index))
@@ -117,8 +117,8 @@ def test_ask_refuses_a_question_length_the_index_windows_do_not_fit(long_window_
 
 def test_non_finite_reader_scores_are_an_error_naming_question_and_passage(long_window_index):
     from dil_jax.checkpoints import load_reader
-    from dil_jax.odqa.index import open_index
-    from dil_jax.odqa.reader import OpenDomainReader
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.reader import OpenDomainReader
 
     model, params, tokenizer = load_reader("default", 0, 12, None)
     index = open_index(long_window_index)
@@ -173,7 +173,7 @@ def test_a_huge_paragraph_is_indexed_as_bounded_passages(tmp_path, capsys, caplo
     words = " ".join(" ".join(text.split()) for text in SAMPLE_PASSAGES).split()
     huge = " ".join((words * (2600 // len(words) + 1))[:2600])
     out = tmp_path / "index"
-    with caplog.at_level(logging.WARNING, logger="dil_jax.odqa.corpus"):
+    with caplog.at_level(logging.WARNING, logger="dil_jax.open_domain.corpus"):
         status, _, err = run_cli(["index", "--out", str(out), "--corpus",
                                   _corpus(tmp_path, [huge, SAMPLE_PASSAGES[0]]), "--k", "0",
                                   "--max-passage-len", "48", "--doc-stride", "24", *READ],
@@ -228,4 +228,4 @@ def test_library_misuse_of_the_grid_is_a_named_error():
     model, params = _tiny_model(0)
     ids = np.ones((2, 6), np.int32)
     with pytest.raises(DilJaxError, match="k = 0 .* passage states depend on the question"):
-        GridReader(model, batch_size=2).encode_passages(params, ids, ids)
+        PairGrid(model, batch_size=2).encode_passages(params, ids, ids)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dil_jax.sep.model import PrescreenConfig
-from dil_jax.sep.sentences import answer_sentence, split_sentences
-from dil_jax.sep.train import SentenceData, data_scores, topk_accuracy, train_prescreener
+from dil_jax.prescreening.model import PrescreenConfig
+from dil_jax.prescreening.sentences import answer_sentence, split_sentences
+from dil_jax.prescreening.train import SentenceData, data_scores, topk_accuracy, train_prescreener
 
 
 def test_split_sentences_by_hand():
@@ -34,7 +34,7 @@ def test_sentence_embeddings_match_hf_mean_pooling(minilm_dir):
     from transformers import AutoModel
 
     from dil_jax.checkpoints import load_reader
-    from dil_jax.sep.embed import sentence_embeddings
+    from dil_jax.prescreening.embed import sentence_embeddings
 
     model, params, tokenizer = load_reader(str(minilm_dir), None, 16)
     texts = ["The cat sat on the mat.", "Paris is the capital of France.", "Hi"]
@@ -82,7 +82,7 @@ def test_topk_accuracy_by_hand():
 
 
 def test_sentence_rules_by_hand():
-    from dil_jax.sep.screen import SentenceRule
+    from dil_jax.prescreening.screen import SentenceRule
 
     logits = np.log(np.array([[0.1, 0.6, 0.3, 1.0], [0.5, 0.25, 0.25, 1.0]]))
     mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]])
@@ -102,7 +102,7 @@ def test_sentence_rules_by_hand():
 
 
 def test_token_sentences_and_kept_tokens_by_hand():
-    from dil_jax.sep.screen import token_sentences, window_keep
+    from dil_jax.prescreening.screen import token_sentences, window_keep
 
     spans = [[(0, 5), (6, 12)], [(0, 3)]]
     # Window 0 of passage 0: tokens at chars 0, 3, 6, 10, then [SEP], padding.
@@ -132,7 +132,7 @@ def test_reading_kept_sentences_equals_reading_their_text():
     from dil_jax.data.squad import SquadExample
     from dil_jax.defaults import bundled_reader
     from dil_jax.predict import predict_squad, window_logits
-    from dil_jax.sep.screen import token_sentences, window_keep
+    from dil_jax.prescreening.screen import token_sentences, window_keep
 
     model, params, tokenizer = load_reader(str(bundled_reader("full")), None, 32)
     context = ("The Amazon is a river in South America. It flows into the Atlantic Ocean. "
@@ -167,8 +167,8 @@ def test_bundled_prescreener_beats_the_first_sentence(shared_data):
     """The bundled prescreener on two validation articles it was not trained on (28, 29): well
     above always picking the first sentence (the seed's baseline)."""
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.sep.prescreener import SentencePrescreener
-    from dil_jax.sep.train import build_sentence_data, first_sentence_accuracy
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.prescreening.train import build_sentence_data, first_sentence_accuracy
 
     prescreener = SentencePrescreener.load("default")
     examples = select_articles(
@@ -183,7 +183,7 @@ def test_bundled_prescreener_beats_the_first_sentence(shared_data):
 
 
 def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
-    from dil_jax.sep.prescreener import PrescreenerError, SentencePrescreener
+    from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
 
     with pytest.raises(PrescreenerError, match=f"{tmp_path}: not a prescreener"):
         SentencePrescreener.load(tmp_path)
@@ -198,7 +198,7 @@ def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
     import json
 
     from dil_jax.cli import main
-    from dil_jax.sep.prescreener import SentencePrescreener
+    from dil_jax.prescreening.prescreener import SentencePrescreener
 
     workdir = tmp_path / "sep"
     assert main(["prescreen", "--config", "configs/prescreen.py",

@@ -11,7 +11,7 @@ import pytest
 from dil_jax.config import EncoderConfig
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import load_squad
-from dil_jax.model import DelayedInteractionModel
+from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.predict import window_logits
 
 from squad_shared import V11, V20, squad_file

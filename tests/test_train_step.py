@@ -19,7 +19,7 @@ from train_helpers import (
 )
 
 from dil_jax.config import EncoderConfig
-from dil_jax.model import DelayedInteractionModel
+from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.train.data import synthetic_features, windows_from_features
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.optim import make_optimizer

@@ -12,7 +12,7 @@ from typing import Any
 
 from dil_jax.bench.grids import FULL, PHASES, GridSpec
 from dil_jax.config import EncoderConfig
-from dil_jax.grid import hoists_projections
+from dil_jax.model.grid import hoists_projections
 
 
 def block_flops(config: EncoderConfig, batch: int, seq: int) -> int:
@@ -41,7 +41,7 @@ def embedding_flops(config: EncoderConfig, batch: int, seq: int) -> int:
 
 def projection_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     """The Q, K, V projections of one block, 3 * 2 n h^2: the part of the first upper block
-    that GridReader computes per segment instead of per pair (0 < k < l)."""
+    that PairGrid computes per segment instead of per pair (0 < k < l)."""
     return batch * 6 * seq * config.hidden_size ** 2
 
 

@@ -6,7 +6,7 @@ A grid is read in three phases, each timed apart (`PHASES`):
          first upper block's q/k/v projections of each question (`project_upper`);
   NI P   passage lower blocks and projections, the same over the p passages;
   I Q-P  pair upper blocks: `encode_upper` (blocks k+1..l, the first without its projections,
-         and the span head) over the q*p pairs, streamed through `GridReader` in fixed-size
+         and the span head) over the q*p pairs, streamed through `PairGrid` in fixed-size
          chunks.
 
 The variants that read it (`variant_name`): the full model, k = 0 (its NI Q is the question

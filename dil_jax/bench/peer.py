@@ -14,9 +14,9 @@ import numpy as np
 
 from dil_jax.bench.grids import GridInputs
 from dil_jax.config import EncoderConfig
-from dil_jax.grid import GridOutput
-from dil_jax.model import Params
-from dil_jax.modeling import PADDED_LOGIT
+from dil_jax.model.delayed import Params
+from dil_jax.model.grid import GridOutput
+from dil_jax.model.modules import PADDED_LOGIT
 
 
 def hf_bert_config(config: EncoderConfig) -> Any:
@@ -72,8 +72,8 @@ def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
                 max_pairs: int | None = None) -> tuple[dict[str, float], GridOutput | None]:
     """One timed pass of the peer: every pair as `[CLS] q [SEP] p [SEP]`, `chunk_size` at a time.
 
-    Builds each chunk from per-segment tensors (as GridReader gathers inside its program) and
-    returns the same span scores as `GridReader.read_grid`. All time is the pair phase. Runs on
+    Builds each chunk from per-segment tensors (as PairGrid gathers inside its program) and
+    returns the same span scores as `PairGrid.read_grid`. All time is the pair phase. Runs on
     the model's device; copying each chunk's scores to the host synchronises it.
     """
     import torch

@@ -1,6 +1,6 @@
-"""What XLA says of GridReader's compiled phase programs: FLOPs, memory, compile time.
+"""What XLA says of PairGrid's compiled phase programs: FLOPs, memory, compile time.
 
-The programs are lowered from shapes (`GridReader.lowered`) and compiled, never run; their
+The programs are lowered from shapes (`PairGrid.lowered`) and compiled, never run; their
 `Compiled.cost_analysis()` and `.memory_analysis()` are read next to the analytical count of
 `flops.phase_flops`.
 """
@@ -18,9 +18,9 @@ import numpy as np
 
 from dil_jax.bench.flops import phase_flops
 from dil_jax.bench.grids import PHASES, GridSpec
-from dil_jax.grid import GridReader
-from dil_jax.model import DelayedInteractionModel
-from dil_jax.modeling import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
 
 @dataclasses.dataclass
@@ -83,11 +83,11 @@ def _spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
-def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
+def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
                 num_passages: int, question_len: int, passage_len: int) -> list[Any]:
-    """The `jax.stages.Lowered` programs GridReader runs for one call of `phase`, from shapes.
+    """The `jax.stages.Lowered` programs PairGrid runs for one call of `phase`, from shapes.
 
-    These are GridReader's own jitted programs (`GridReader.lowered`), lowered with the shapes
+    These are PairGrid's own jitted programs (`PairGrid.lowered`), lowered with the shapes
     of one call: a batch of `reader.batch_size` segments
     (encode_lower, then project_upper when 0 < k < l), or a chunk of `reader.chunk_size` pairs
     over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v).
@@ -126,7 +126,7 @@ def lower_phase(reader: GridReader, params: Any, phase: str, num_questions: int,
                            None, q_qkv, p_qkv)]
 
 
-def phase_calls(reader: GridReader, phase: str, spec: GridSpec) -> int:
+def phase_calls(reader: PairGrid, phase: str, spec: GridSpec) -> int:
     """How many calls a phase makes on the grid (batches or chunks, the last padded; a batch
     of segments is one encode_lower call, plus one project_upper call when 0 < k < l)."""
     if phase == "ni_q":
@@ -138,10 +138,10 @@ def phase_calls(reader: GridReader, phase: str, spec: GridSpec) -> int:
     return -(-spec.num_pairs // reader.chunk_size)
 
 
-def flop_profile(reader: GridReader, params: Any, spec: GridSpec) -> dict[str, dict[str, Any]]:
+def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dict[str, Any]]:
     """Per phase: XLA and analytical FLOPs of one call and of the whole grid, memory, compile.
 
-    Memory and compile time are those of the program GridReader runs; XLA's FLOPs are counted on
+    Memory and compile time are those of the program PairGrid runs; XLA's FLOPs are counted on
     the batched-attention form of the same program (`attention_form="batched"`). Why: on CPU the
     reader loops attention over the batch (`lax.map`, a while loop), and XLA's cost analysis
     counts a while-loop body once, not once per trip, so the attention FLOPs of all but one
@@ -152,7 +152,7 @@ def flop_profile(reader: GridReader, params: Any, spec: GridSpec) -> dict[str, d
     config = reader.model.config
     num_devices = reader.mesh.devices.size
     # Only lowered and compiled for its cost analysis, never run.
-    accounting = GridReader(DelayedInteractionModel(config.replace(attention_form="batched")),
+    accounting = PairGrid(DelayedInteractionModel(config.replace(attention_form="batched")),
                             reader.mesh, reader.batch_size, reader.chunk_size)
     shapes = (spec.num_questions, spec.num_passages, spec.question_len, spec.passage_len)
     profile = {}
@@ -179,7 +179,7 @@ def flop_profile(reader: GridReader, params: Any, spec: GridSpec) -> dict[str, d
     return profile
 
 
-def pair_memory_scaling(reader: GridReader, params: Any, grids: Sequence[tuple[int, int]],
+def pair_memory_scaling(reader: PairGrid, params: Any, grids: Sequence[tuple[int, int]],
                         question_len: int, passage_len: int) -> list[dict[str, Any]]:
     """Compiled memory of the pair program for growing (q, p) grids; nothing is executed.
 

@@ -34,8 +34,8 @@ from dil_jax.bench.timing import (
     warm_up,
 )
 from dil_jax.config import EncoderConfig
-from dil_jax.grid import GridReader, make_mesh
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.grid import PairGrid, make_mesh
 
 
 @dataclasses.dataclass
@@ -97,8 +97,8 @@ def default_ks(num_layers: int) -> tuple[int, ...]:
     return tuple(k for k in (num_layers - 2, num_layers - 1) if k > 0)
 
 
-def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict[int, GridReader]:
-    """One GridReader per split k, all on one mesh, same batch and chunk sizes.
+def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict[int, PairGrid]:
+    """One PairGrid per split k, all on one mesh, same batch and chunk sizes.
 
     Sizes are capped by the grid: a lower batch larger than the number of questions or passages
     (or a chunk larger than the pairs) would time padding, not the model.
@@ -107,7 +107,7 @@ def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict
     grid = suite.grid
     batch = min(suite.batch_size, grid.num_questions, grid.num_passages)
     chunk = min(suite.chunk_size, grid.num_pairs)
-    return {k: GridReader(DelayedInteractionModel(config.replace(num_lower_layers=k)), mesh,
+    return {k: PairGrid(DelayedInteractionModel(config.replace(num_lower_layers=k)), mesh,
                           batch, chunk) for k in ks}
 
 

@@ -19,15 +19,15 @@ import numpy as np
 from dil_jax.bench.grids import PHASES, GridInputs, GridSpec
 from dil_jax.bench.machine import load_average
 from dil_jax.config import EncoderConfig
-from dil_jax.grid import GridOutput, GridReader
-from dil_jax.model import Params
+from dil_jax.model.delayed import Params
+from dil_jax.model.grid import GridOutput, PairGrid
 
 
 def _ready(x: Any) -> Any:
     return jax.block_until_ready(x)
 
 
-def run_delayed_grid(reader: GridReader, params: Params, inputs: GridInputs,
+def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
                      max_pairs: int | None = None) -> tuple[dict[str, float], GridOutput | None]:
     """One timed pass over the grid: seconds per phase, and the grid's span scores.
 

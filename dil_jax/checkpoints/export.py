@@ -14,7 +14,7 @@ from dil_jax.checkpoints.hf_tensors import export_state_dict
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
-from dil_jax.model import Params
+from dil_jax.model.delayed import Params
 
 
 def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: EncoderConfig,

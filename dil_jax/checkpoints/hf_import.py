@@ -23,7 +23,7 @@ from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_de
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
-from dil_jax.model import Params
+from dil_jax.model.delayed import Params
 
 # One logger for the whole package: its warnings are silenced by that name (sep.prescreener).
 log = logging.getLogger(__package__)

@@ -18,7 +18,7 @@ from dil_jax.atomic import staged_directory
 from dil_jax.checkpoints.files import DAMAGED_FIX, read_json
 from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel, Params
 
 ENCODER_CONFIG_FILE = "encoder_config.json"
 PARAMS_DIR = "params"

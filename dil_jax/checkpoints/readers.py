@@ -17,7 +17,7 @@ from dil_jax.checkpoints.hf_import import load_hf_checkpoint
 from dil_jax.checkpoints.manifest import trained_k
 from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, load_params
 from dil_jax.hub import resolve_checkpoint
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
 # One logger for the whole package: its warnings are silenced by that name (sep.prescreener).

@@ -63,7 +63,7 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
     from transformers.utils import logging as hf_logging
 
     from dil_jax.checkpoints import convert_state_dict
-    from dil_jax.model import DelayedInteractionModel
+    from dil_jax.model.delayed import DelayedInteractionModel
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     import jax
 
     from dil_jax.checkpoints import load_hf_checkpoint, resolve_checkpoint
-    from dil_jax.grid import GridReader
-    from dil_jax.model import DelayedInteractionModel
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid
     from dil_jax.samples import SAMPLE_PASSAGES, SAMPLE_QUESTIONS
     from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     results = {}
     for k in [0, *ks]:
         model = DelayedInteractionModel(config.replace(num_lower_layers=k))
-        reader = GridReader(model, batch_size=8, chunk_size=8)
+        reader = PairGrid(model, batch_size=8, chunk_size=8)
         q_lower, q_first, q_time = _timed(
             lambda r=reader: r.encode_questions(params, q.ids, q.mask), args.repeats)
         if k == 0:

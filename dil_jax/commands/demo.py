@@ -62,7 +62,7 @@ def register(subparsers) -> None:
 
 def demo_documents(distractors: int):
     """The demo articles plus `distractors` others (in the corpus file's order)."""
-    from dil_jax.odqa.corpus import read_wikipedia_leads
+    from dil_jax.open_domain.corpus import read_wikipedia_leads
 
     documents = read_wikipedia_leads()
     wanted = {f"wiki:{title}" for title in DEMO_TITLES}
@@ -73,7 +73,7 @@ def demo_documents(distractors: int):
 
 def _reusable_index(folder: str, split: dict):
     """The demo index in `folder` when it was built with `split`, else None (build it)."""
-    from dil_jax.odqa.index import open_index
+    from dil_jax.open_domain.index import open_index
 
     try:
         index = open_index(folder)
@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.commands.odqa import encoder_fn, format_answer
     from dil_jax.defaults import bundled_reader
     from dil_jax.errors import UsageError
-    from dil_jax.odqa.corpus import split_documents
-    from dil_jax.odqa.index import build_index, build_reader_cache
-    from dil_jax.odqa.reader import OpenDomainReader
+    from dil_jax.open_domain.corpus import split_documents
+    from dil_jax.open_domain.index import build_index, build_reader_cache
+    from dil_jax.open_domain.reader import OpenDomainReader
 
     check_window_flags(args.max_passage_len, args.doc_stride)
     # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:

@@ -49,8 +49,8 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
 def _reader_prescreen(args, index):
     """The ReaderPrescreen of --prescreen/--top-m/--mass, or None."""
     from dil_jax.commands.prescreen import prescreen_from_args
-    from dil_jax.odqa.reader import ReaderPrescreen
-    from dil_jax.odqa.sentences import SentenceStore
+    from dil_jax.open_domain.reader import ReaderPrescreen
+    from dil_jax.open_domain.sentences import SentenceStore
 
     prescreen = prescreen_from_args(args)
     if prescreen is None:
@@ -90,7 +90,7 @@ def _check_index_flags(args: argparse.Namespace) -> None:
     _check_checkpoint_count(args)
     corpus_files = [spec.split(":", 1)[1] for spec in args.corpus
                     if spec.split(":", 1)[0] in ("squad", "jsonl") and ":" in spec]
-    # The index is built in place under its lock (dil_jax.odqa.index), which refuses a folder
+    # The index is built in place under its lock (dil_jax.open_domain.index), which refuses a folder
     # holding anything an index build did not write; here only what needs no model: the
     # folder can be written and is none of the inputs.
     check_output_folder(args.out, "--out",
@@ -191,11 +191,11 @@ def _load(args, k, position: int = 0):
 def encoder_fn(model, params, batch_size):
     import numpy as np
 
-    from dil_jax.grid import GridReader
+    from dil_jax.model.grid import PairGrid
 
     if model.config.num_lower_layers == 0:
         return None
-    grid = GridReader(model, batch_size=batch_size)
+    grid = PairGrid(model, batch_size=batch_size)
     return lambda ids, mask: np.asarray(grid.encode_passages(params, ids, mask))
 
 
@@ -209,7 +209,7 @@ def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
     An existing index is reused only if it was built with this run's corpus, split, lengths and
     tokenizer; otherwise this refuses, naming each differing setting.
     """
-    from dil_jax.odqa.index import index_lock
+    from dil_jax.open_domain.index import index_lock
 
     with index_lock(out):
         return _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_stride,
@@ -220,8 +220,8 @@ def _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_str
                       cache_dtype, batch_size, prescreener):
     from tqdm.auto import tqdm
 
-    from dil_jax.odqa.corpus import iter_sources, split_documents
-    from dil_jax.odqa.index import (
+    from dil_jax.open_domain.corpus import iter_sources, split_documents
+    from dil_jax.open_domain.index import (
         IndexBrokenError,
         OpenDomainIndexError,
         build_index,
@@ -286,7 +286,7 @@ def _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_str
             bar.update(total - bar.n)
         caches.append(cache)
     if prescreener is not None:
-        from dil_jax.odqa.sentences import build_sentence_store
+        from dil_jax.open_domain.sentences import build_sentence_store
 
         with tqdm(unit="sentence", desc="sentence embeddings") as bar:
             def report(done, total, bar=bar):
@@ -297,17 +297,17 @@ def _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_str
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from dil_jax.odqa.index import index_lock
+    from dil_jax.open_domain.index import index_lock
 
     # The lock first: a second build into the same folder fails at once, before loading models.
     with index_lock(args.out):
         prescreener = None
         if args.prescreen:
-            from dil_jax.sep.prescreener import SentencePrescreener
+            from dil_jax.prescreening.prescreener import SentencePrescreener
 
             prescreener = SentencePrescreener.load(args.prescreen)
         readers = [_load(args, k, i) for i, k in enumerate(args.k)]
-        from dil_jax.odqa.reader import check_read_lengths
+        from dil_jax.open_domain.reader import check_read_lengths
         for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
             check_read_lengths(model.config, args.max_passage_len)
         build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
@@ -316,8 +316,8 @@ def run_index(args: argparse.Namespace) -> int:
 
 
 def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
-    from dil_jax.odqa.index import open_index
-    from dil_jax.odqa.reader import OpenDomainReader
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.reader import OpenDomainReader
 
     model, params, tokenizer = _load(args, k, position)
     index = open_index(args.index)
@@ -328,7 +328,7 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
 
 
 def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
-    from dil_jax.odqa.reader import pick_answer
+    from dil_jax.open_domain.reader import pick_answer
 
     answer = pick_answer(candidates, mu)
     lines = [f"Q: {question}"]
@@ -378,7 +378,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.odqa.evaluate import dump_json, evaluate_reader, markdown_table
+    from dil_jax.open_domain.evaluate import dump_json, evaluate_reader, markdown_table
 
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]

@@ -42,8 +42,8 @@ def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
     """(SentencePrescreener, SentenceRule) of --prescreen/--top-m/--mass, or None."""
     if not args.prescreen:
         return None
-    from dil_jax.sep.prescreener import SentencePrescreener
-    from dil_jax.sep.screen import SentenceRule
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.prescreening.screen import SentenceRule
 
     return (SentencePrescreener.load(args.prescreen),
             SentenceRule(top_m=args.top_m, mass=args.mass))
@@ -55,7 +55,7 @@ def check_workdir(args: argparse.Namespace, config) -> None:
     over), so it must be new, empty or an earlier prescreener, and hold none of the inputs;
     scoring with --readers writes end_to_end.md/.json into it."""
     from dil_jax.atomic import check_output_folder
-    from dil_jax.sep.prescreener import MANIFEST_FILE
+    from dil_jax.prescreening.prescreener import MANIFEST_FILE
 
     def local(*paths) -> list[str]:  # 'default' names a bundled file, not one in the cwd
         return [str(path) for path in paths if path and str(path) != "default"]
@@ -101,7 +101,7 @@ def _split_data(config, encoder: tuple, names: tuple[str, ...], max_sentences: i
     """SentenceData of the named article splits, embedded by `encoder` (model, params,
     tokenizer)."""
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.sep.train import build_sentence_data
+    from dil_jax.prescreening.train import build_sentence_data
 
     examples = load_squad(config.data.file).examples
     specs = dict(train=config.data.train_articles, dev=config.data.dev_articles,
@@ -112,9 +112,9 @@ def _split_data(config, encoder: tuple, names: tuple[str, ...], max_sentences: i
 
 
 def _train(config, splits, encoder):
-    from dil_jax.sep.model import PrescreenConfig
-    from dil_jax.sep.prescreener import SentencePrescreener
-    from dil_jax.sep.train import train_prescreener
+    from dil_jax.prescreening.model import PrescreenConfig
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.prescreening.train import train_prescreener
 
     model_config = PrescreenConfig(
         embedding_dim=splits["train"].question.shape[1], width=config.model.width,
@@ -134,8 +134,8 @@ def _train(config, splits, encoder):
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import write_atomic
     from dil_jax.errors import UsageError
-    from dil_jax.sep.prescreener import SentencePrescreener, load_sentence_encoder
-    from dil_jax.sep.train import data_scores, first_sentence_accuracy, topk_accuracy
+    from dil_jax.prescreening.prescreener import SentencePrescreener, load_sentence_encoder
+    from dil_jax.prescreening.train import data_scores, first_sentence_accuracy, topk_accuracy
     from dil_jax.train.config_files import load_config, split_overrides
 
     rest, overrides = split_overrides(args.extra_args or [])
@@ -212,7 +212,7 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     from dil_jax.checkpoints import load_reader
     from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.predict import predict_squad
-    from dil_jax.sep.screen import SentenceRule
+    from dil_jax.prescreening.screen import SentenceRule
 
     examples = data.examples[:args.eval_limit]
     rules = [None] + [SentenceRule(top_m=m) for m in args.top_m] + \

@@ -32,13 +32,13 @@ from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints import CheckpointError
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
 from dil_jax.train.default_config import validate_config
+from dil_jax.train.log_writers import MetricWriter, Progress
 from dil_jax.train.losses import LossWeights
-from dil_jax.train.metrics import MetricWriter, Progress
 from dil_jax.train.optim import make_optimizer
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
 

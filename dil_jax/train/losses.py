@@ -20,7 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from dil_jax.modeling import ReaderOutput
+from dil_jax.model.modules import ReaderOutput
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from dil_jax.model import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.train import losses
 from dil_jax.train.sharding import batch_sharding, replicated
 

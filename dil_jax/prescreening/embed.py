@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax.model import DelayedInteractionModel, Params
-from dil_jax.modeling import QUESTION_SEGMENT
+from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.modules import QUESTION_SEGMENT
 
 
 def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:

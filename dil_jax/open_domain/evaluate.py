@@ -4,7 +4,7 @@ For each reader (the full model and delayed interaction at some k) and each p (2
   R   share of questions for which a gold answer string appears in one of the top-p passages
       (after SQuAD answer normalisation), a property of retrieval alone;
   EM, F1  of the reader's answer over the top-p passages, without the IR score (reader score
-      alone) and with it (score fusion, see dil_jax.odqa.reader).
+      alone) and with it (score fusion, see dil_jax.open_domain.reader).
 The top-p of a smaller p is a prefix of the larger one's, so each reader reads max(p) passages
 per question once and every p is scored from that read.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from dil_jax.data.squad import SquadExample
 from dil_jax.metrics.squad_metric import exact_score, f1_score_v1, normalize_answer
-from dil_jax.odqa.reader import OpenDomainReader, pick_answer
+from dil_jax.open_domain.reader import OpenDomainReader, pick_answer
 
 
 def recall_at_p(example: SquadExample, passage_texts: Sequence[str]) -> bool:

@@ -6,7 +6,7 @@
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)    # once per passage
     out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)      # per pair
 
-A grid of pairs (`dil_jax.grid.GridReader`) also hoists the first upper block's query/key/value
+A grid of pairs (`dil_jax.model.grid.PairGrid`) also hoists the first upper block's query/key/value
 out of the pairs: `project_upper(params, q_lower)` once per question and per passage, handed to
 `encode_upper(..., q_qkv=..., p_qkv=...)`.
 
@@ -24,7 +24,13 @@ import jax.numpy as jnp
 
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
-from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT, Reader, ReaderOutput
+from dil_jax.model.modules import (
+    PASSAGE_SEGMENT,
+    QKV,
+    QUESTION_SEGMENT,
+    ReaderOutput,
+    SpanReaderModule,
+)
 
 Params = Any  # a nested dict of float32 arrays
 
@@ -78,7 +84,7 @@ class DelayedInteractionModel:
 
     def __init__(self, config: EncoderConfig):
         self.config = config
-        self.module = Reader(config)
+        self.module = SpanReaderModule(config)
 
     def init(self, rng: jax.Array, passage_len: int = 8) -> Params:
         """Fresh float32 params (normal(initializer_range) weights, as Hugging Face inits)."""
@@ -99,8 +105,8 @@ class DelayedInteractionModel:
                              f"{PASSAGE_SEGMENT} (passage), got {segment!r}")
         _check_segment_arrays(self.config, ids, mask, "question" if segment == 0 else "passage")
         if position_offset is not None and not isinstance(position_offset, jax.core.Tracer):
-            # A concrete offset is checked here; traced ones (inside GridReader's jit) are
-            # bounded by the static question length, checked by GridReader.
+            # A concrete offset is checked here; traced ones (inside PairGrid's jit) are
+            # bounded by the static question length, checked by PairGrid.
             last = int(jnp.max(jnp.asarray(position_offset))) + ids.shape[1]
             if last > self.config.max_position_embeddings:
                 raise InputError(
@@ -109,7 +115,7 @@ class DelayedInteractionModel:
                     f"{self.config.max_position_embeddings}; shorten the question or passage")
         return self.module.apply(
             {"params": params}, ids, mask, segment, position_offset, deterministic,
-            output_hidden_states, rngs=rngs, method=Reader.encode_lower)
+            output_hidden_states, rngs=rngs, method=SpanReaderModule.encode_lower)
 
     def project_upper(self, params: Params, lower: jax.Array) -> QKV:
         """The first upper block's (query, key, value) of lower states, for `encode_upper`.
@@ -119,7 +125,7 @@ class DelayedInteractionModel:
         """
         self._check_lower(lower, "segment")
         self._check_has_upper_block()
-        return self.module.apply({"params": params}, lower, method=Reader.project_upper)
+        return self.module.apply({"params": params}, lower, method=SpanReaderModule.project_upper)
 
     def _check_has_upper_block(self) -> None:
         if self.config.num_lower_layers >= self.config.num_layers:
@@ -163,13 +169,13 @@ class DelayedInteractionModel:
                              f"{p_lower.shape[0]}")
         return self.module.apply(
             {"params": params}, q_lower, q_mask, p_lower, p_mask, deterministic,
-            output_hidden_states, q_qkv, p_qkv, rngs=rngs, method=Reader.encode_upper)
+            output_hidden_states, q_qkv, p_qkv, rngs=rngs, method=SpanReaderModule.encode_upper)
 
     def __call__(self, params: Params, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
                  p_mask: jax.Array, *, deterministic: bool = True,
                  rngs: dict[str, jax.Array] | None = None,
                  output_hidden_states: bool = False) -> ReaderOutput:
-        """The whole reader on aligned (question, passage) pairs; see `Reader.__call__`."""
+        """The whole reader on aligned (question, passage) pairs (`SpanReaderModule.__call__`)."""
         _check_segment_arrays(self.config, q_ids, q_mask, "question")
         _check_segment_arrays(self.config, p_ids, p_mask, "passage")
         if q_ids.shape[0] != p_ids.shape[0]:

@@ -174,7 +174,8 @@ class SelfAttention(nn.Module):
 
     `project` and the attention proper are separate methods because a delayed-interaction grid
     computes the FIRST upper block's query/key/value once per question and per passage, not once
-    per pair (see `Reader.project_upper`): each token's projections depend on that token alone.
+    per pair (see `SpanReaderModule.project_upper`): each token's projections depend on that
+    token alone.
     """
 
     config: EncoderConfig
@@ -266,7 +267,7 @@ def param_block_of_layer(config: EncoderConfig, layer: int) -> int:
     return layer
 
 
-class Reader(nn.Module):
+class SpanReaderModule(nn.Module):
     """Delayed-interaction extractive QA reader (see the module docstring)."""
 
     config: EncoderConfig

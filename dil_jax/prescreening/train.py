@@ -15,10 +15,10 @@ import numpy as np
 import optax
 
 from dil_jax.data.squad import SquadExample
-from dil_jax.sep.embed import sentence_embeddings
-from dil_jax.sep.model import PrescreenConfig, Prescreener
-from dil_jax.sep.prescreener import sentence_scores
-from dil_jax.sep.sentences import answer_sentence, split_sentences
+from dil_jax.prescreening.embed import sentence_embeddings
+from dil_jax.prescreening.model import PrescreenConfig, Prescreener
+from dil_jax.prescreening.prescreener import sentence_scores
+from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 
 
 @dataclasses.dataclass

@@ -28,8 +28,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dil_jax.config import EncoderConfig
-from dil_jax.model import DelayedInteractionModel, InputError, Params, check_segment_lengths
-from dil_jax.modeling import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
+from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
+from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
 
 DATA_AXIS = "data"
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
@@ -85,7 +85,7 @@ class GridOutput:
     null_end_logits: np.ndarray
 
 
-class GridReader:
+class PairGrid:
     """Encodes segments and reads pair grids with one model on one mesh.
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a

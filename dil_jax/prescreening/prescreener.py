@@ -25,9 +25,9 @@ import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.errors import DilJaxError
-from dil_jax.sep.model import PrescreenConfig, Prescreener
-from dil_jax.sep.screen import SentenceRule, token_sentences, window_keep
-from dil_jax.sep.sentences import answer_sentence, split_sentences
+from dil_jax.prescreening.model import PrescreenConfig, Prescreener
+from dil_jax.prescreening.screen import SentenceRule, token_sentences, window_keep
+from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 
 PRESCREENER_FORMAT = "dil_jax.prescreener/1"
 MANIFEST_FILE = "prescreener.json"
@@ -86,7 +86,7 @@ class SentencePrescreener:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """[len(texts), D] unit vectors from the sentence encoder."""
-        from dil_jax.sep.embed import sentence_embeddings
+        from dil_jax.prescreening.embed import sentence_embeddings
 
         if not texts:
             return np.zeros((0, self.config.embedding_dim), np.float32)
@@ -235,7 +235,7 @@ class Screening:
 def screen_features(prescreener: SentencePrescreener, rule: SentenceRule, examples: Sequence,
                     features) -> Screening:
     """Scores every example's context sentences against its question and keeps, per window,
-    the tokens of the kept sentences (dil_jax.sep.screen)."""
+    the tokens of the kept sentences (dil_jax.prescreening.screen)."""
     max_sentences = prescreener.config.max_sentences
     contexts: dict[str, int] = {}
     for example in examples:

@@ -5,8 +5,8 @@
                          the size and sha256 of every file below except the caches (`files`)
       passages.jsonl     one Passage per line (id, source document id, title, text, offsets)
       windows.npz        which cache rows (windows of `p_window [SEP]`) belong to which passage
-      bm25/              the BM25 index (dil_jax.odqa.retrieval)
-      cache-k{k}-{model}/  one passage cache per (reader weights, k) (dil_jax.odqa.cache)
+      bm25/              the BM25 index (dil_jax.open_domain.retrieval)
+      cache-k{k}-{model}/  one passage cache per (reader weights, k) (dil_jax.open_domain.cache)
       .lock              held (fcntl.flock) by the process building the index; names it
 
 Passages longer than `max_passage_len - 1` tokens are read in strided windows exactly as SQuAD
@@ -44,7 +44,7 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.data.features import window_contexts
 from dil_jax.errors import BusyError, DilJaxError, OutputPathError
-from dil_jax.odqa.cache import (
+from dil_jax.open_domain.cache import (
     PassageCache,
     build_passage_cache,
     cache_name,
@@ -53,8 +53,8 @@ from dil_jax.odqa.cache import (
     texts_fingerprint,
     tokenizer_fingerprint,
 )
-from dil_jax.odqa.corpus import Passage
-from dil_jax.odqa.retrieval import BM25Retriever, RetrievalError
+from dil_jax.open_domain.corpus import Passage
+from dil_jax.open_domain.retrieval import BM25Retriever, RetrievalError
 
 log = logging.getLogger(__name__)
 
@@ -306,8 +306,8 @@ class OpenDomainIndex:
         """
         import jax
 
-        from dil_jax.model import DelayedInteractionModel
-        from dil_jax.modeling import PASSAGE_SEGMENT
+        from dil_jax.model.delayed import DelayedInteractionModel
+        from dil_jax.model.modules import PASSAGE_SEGMENT
 
         manifest = self.reader_manifest(config, params, tokenizer, dtype)
         cache = PassageCache.open(self.cache_dir(manifest), manifest)

@@ -4,7 +4,7 @@ For a batch of questions:
   1. retrieval: BM25 top-p passages of each question;
   2. question lower: each question once through `encode_lower`;
   3. pair upper: every (question, window of a retrieved passage) pair through `encode_upper`,
-     spread over all devices in fixed-size chunks (`dil_jax.grid.GridReader`); the passage lower
+     spread over all devices in fixed-size chunks (`dil_jax.model.grid.PairGrid`); the passage lower
      states are read from the passage cache, only for the retrieved windows (k = 0 reads tokens
      and embeds them per pair: the full model has no question-independent passage state);
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
@@ -13,7 +13,7 @@ For a batch of questions:
 With sentence prescreening (`prescreen=`), between 1 and 3 the prescreener scores each retrieved
 passage's stored sentence embeddings against the question's, a `SentenceRule` keeps some, and each
 pair's upper blocks read only the kept sentences' tokens (the cached lower states of the whole
-passage, gathered; `dil_jax.grid.kept_positions`). Spans stay in passage characters.
+passage, gathered; `dil_jax.model.grid.kept_positions`). Spans stay in passage characters.
 
 Scores (the DilBert paper's rule): a passage's reader score is s_r = (s_start + s_end) / 2 of its
 best span. With fusion the answer maximises mu * z(s_r) + (1 - mu) * z(s_bm25), where z()
@@ -35,16 +35,16 @@ import numpy as np
 
 from dil_jax.data.decoding import window_nbest
 from dil_jax.errors import DilJaxError
-from dil_jax.grid import GridReader, kept_positions, round_up
-from dil_jax.model import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.odqa.cache import PassageCache
-from dil_jax.odqa.index import OpenDomainIndex, window_arrays
+from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.grid import PairGrid, kept_positions, round_up
+from dil_jax.open_domain.cache import PassageCache
+from dil_jax.open_domain.index import OpenDomainIndex, window_arrays
 from dil_jax.tokenization import encode_questions
 
 if TYPE_CHECKING:
-    from dil_jax.odqa.sentences import SentenceStore
-    from dil_jax.sep.prescreener import SentencePrescreener
-    from dil_jax.sep.screen import SentenceRule
+    from dil_jax.open_domain.sentences import SentenceStore
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.prescreening.screen import SentenceRule
 
 
 class ReaderScoreError(DilJaxError, ValueError):
@@ -130,7 +130,7 @@ def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate 
 @dataclasses.dataclass
 class ReaderPrescreen:
     """Sentence prescreening for the open-domain reader: the model, its rule, the index's
-    stored sentence embeddings (dil_jax.odqa.sentences)."""
+    stored sentence embeddings (dil_jax.open_domain.sentences)."""
 
     prescreener: SentencePrescreener
     rule: SentenceRule
@@ -149,7 +149,7 @@ class OpenDomainReader:
         self.max_answer_length = max_answer_length
         arrays = window_arrays(index)
         check_read_lengths(model.config, arrays["mask"].shape[1])
-        self.grid = GridReader(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size)
+        self.grid = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size)
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
         self.full_model = model.config.num_lower_layers == 0
@@ -159,7 +159,7 @@ class OpenDomainReader:
     def _set_prescreen(self, prescreen: ReaderPrescreen | None) -> None:
         self.prescreen = prescreen
         if prescreen is not None:
-            from dil_jax.sep.screen import token_sentences
+            from dil_jax.prescreening.screen import token_sentences
 
             spans = prescreen.store.passage_spans(prescreen.prescreener.config.max_sentences)
             # [n_rows, p_len] sentence of each cached token: computed once per reader.
@@ -276,7 +276,7 @@ class OpenDomainReader:
     def _screen(self, questions: list[str], hits: list[list], pair_hit: list[tuple[int, int]],
                 pair_row: np.ndarray) -> np.ndarray:
         """[n_pairs, p_len] bool: the tokens each pair reads (kept sentences and [SEP])."""
-        from dil_jax.sep.screen import window_keep
+        from dil_jax.prescreening.screen import window_keep
 
         prescreener, rule, store = (self.prescreen.prescreener, self.prescreen.rule,
                                     self.prescreen.store)

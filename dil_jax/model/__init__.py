@@ -1,0 +1,28 @@
+"""The delayed-interaction reader: Flax modules, the pure-functional API and the pair grid.
+
+    modules.py  Flax modules: embeddings, attention, blocks, the span head
+                (`SpanReaderModule` with `encode_lower` / `project_upper` / `encode_upper`)
+    delayed.py  `DelayedInteractionModel`: params in, arrays out — `encode_lower` (blocks 1..k on
+                one segment), `project_upper` (the first upper block's q/k/v of one segment),
+                `encode_upper` (blocks k+1..l over [question; passage] and the span head); the
+                length rule `check_segment_lengths`
+    grid.py     `PairGrid`: a question x passage grid on all devices (lower states once per
+                question and per passage, pairs in fixed-size chunks on a 1-D mesh)
+
+Dependencies run one way: modules <- delayed <- grid.
+"""
+
+from dil_jax.model.delayed import (
+    DelayedInteractionModel,
+    InputError,
+    Params,
+    check_segment_lengths,
+    with_num_lower_layers,
+)
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput, SpanReaderModule
+
+__all__ = [
+    "PASSAGE_SEGMENT", "QUESTION_SEGMENT", "DelayedInteractionModel", "InputError", "PairGrid",
+    "Params", "ReaderOutput", "SpanReaderModule", "check_segment_lengths", "with_num_lower_layers",
+]
