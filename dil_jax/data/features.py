@@ -32,6 +32,7 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import DilJaxError
+from dil_jax.rounding import ceil_div
 from dil_jax.tokenization import NO_OFFSET, encode_questions
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ def _windows_of(flat: _FlatTokens, tokenizer, max_passage_len: int,
                 doc_stride: int) -> ContextWindows:
     window = max_passage_len - 1
     # Windows of each text: starts 0, stride, 2 stride, ... until one reaches the end.
-    counts = 1 + -(-np.maximum(flat.lengths - window, 0) // doc_stride)
+    counts = 1 + ceil_div(np.maximum(flat.lengths - window, 0), doc_stride)
     first_window = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     context = np.repeat(np.arange(len(counts)), counts)
     start = (np.arange(counts.sum()) - first_window[context]) * doc_stride

@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
+from dil_jax.rounding import round_up
 
 DATA_AXIS = "data"
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
@@ -50,11 +51,6 @@ def make_mesh(devices: list | None = None) -> Mesh:
     """A 1-D mesh over `devices` (default: every device of every process)."""
     devices = jax.devices() if devices is None else devices
     return Mesh(np.asarray(devices), (DATA_AXIS,))
-
-
-def round_up(value: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is >= value."""
-    return -(-value // multiple) * multiple
 
 
 def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
