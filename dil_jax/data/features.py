@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 
 # Bump when the meaning or layout of the arrays changes: old cache files then stop matching.
 FEATURE_FORMAT = 1
-NO_LABEL = -1
+# The label of a window that does not hold the whole answer (or of an unanswerable question);
+# training points it at the null ([CLS]) logit: label 0 of the [null, passage...] distribution.
+NO_ANSWER = -1
 
 
 class FeaturizationError(DilJaxError, ValueError):
@@ -155,8 +157,8 @@ def _featurize(examples: Sequence[SquadExample], tokenizer, max_question_len: in
         q_ids=questions.ids, q_mask=questions.mask,
         p_ids=cw_ids[passage_index], p_mask=cw_mask[passage_index],
         offsets=cw_offsets[passage_index], max_context=cw_max_context[passage_index],
-        start_positions=np.where(inside, t_start - w_start, NO_LABEL).astype(np.int32),
-        end_positions=np.where(inside, t_end - w_start, NO_LABEL).astype(np.int32),
+        start_positions=np.where(inside, t_start - w_start, NO_ANSWER).astype(np.int32),
+        end_positions=np.where(inside, t_end - w_start, NO_ANSWER).astype(np.int32),
         window_question_index=example_index.astype(np.int32),
         example_index=example_index.astype(np.int32),
         window_passage_index=passage_index.astype(np.int32),
@@ -289,8 +291,8 @@ def _answer_tokens(examples: Sequence[SquadExample], example_context: np.ndarray
     -1 for unanswerable examples and when no answer covers a token.
     """
     n = len(examples)
-    token_start = np.full(n, NO_LABEL, dtype=np.int64)
-    token_end = np.full(n, NO_LABEL, dtype=np.int64)
+    token_start = np.full(n, NO_ANSWER, dtype=np.int64)
+    token_end = np.full(n, NO_ANSWER, dtype=np.int64)
     owner = np.asarray([i for i, e in enumerate(examples) if not e.is_impossible
                         for _ in e.answer_texts], dtype=np.int64)
     if not len(owner) or not len(flat_offsets):

@@ -28,12 +28,8 @@ from typing import Protocol
 import ml_collections
 import numpy as np
 
-from dil_jax.data.features import FeaturizationError
+from dil_jax.data.features import NO_ANSWER, FeaturizationError
 from dil_jax.errors import UsageError
-
-# A window whose answer lies outside it (or an unanswerable question) points at the null ([CLS])
-# logit: label 0 of the [null, passage...] distribution.
-NO_ANSWER = -1
 
 
 class FeaturesLike(Protocol):
