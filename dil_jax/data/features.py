@@ -3,9 +3,10 @@
 Each example gives ONE question segment `[CLS] q [SEP]` (padded to max_question_len) and one or
 more passage windows `p_window [SEP]` of at most max_passage_len - 1 context tokens, taken every
 `doc_stride` tokens and padded to max_passage_len. A window points at its question through
-`window_question_index`, so a question is encoded once however many windows it has, and at its
-distinct passage window through `window_passage_index` (windows depend only on the context, so
-the questions of one paragraph share them: with k > 0 each is encoded once).
+`example_index` (the row of q_ids is the example's index), so a question is encoded once however
+many windows it has, and at its distinct passage window through `window_passage_index` (windows
+depend only on the context, so the questions of one paragraph share them: with k > 0 each is
+encoded once).
 
 The full model (k = 0) and a delayed one read exactly these arrays.
 
@@ -38,6 +39,7 @@ from dil_jax.tokenization import NO_OFFSET, encode_questions
 log = logging.getLogger(__name__)
 
 # Bump when the meaning or layout of the arrays changes: old cache files then stop matching.
+# (Dropping an array needs no bump: old files still hold every field, and extra ones are ignored.)
 FEATURE_FORMAT = 1
 # The label of a window that does not hold the whole answer (or of an unanswerable question);
 # training points it at the null ([CLS]) logit: label 0 of the [null, passage...] distribution.
@@ -62,8 +64,8 @@ class Features:
         this window (BERT's max-context rule); False for [SEP] and padding.
       start_positions, end_positions: [n_windows] int32 answer token indices inside the window,
         or -1 (no whole answer in this window, or unanswerable).
-      window_question_index: [n_windows] int32 row of q_ids.
-      example_index: [n_windows] int32 index of the example.
+      example_index: [n_windows] int32 index of the window's example, which is also the row of
+        q_ids of its question (one question per example).
       window_passage_index: [n_windows] int32 id of the distinct (context, window start): equal
         ids mean identical p_ids rows.
       window_start: [n_windows] int32 first context token of the window.
@@ -77,7 +79,6 @@ class Features:
     max_context: np.ndarray
     start_positions: np.ndarray
     end_positions: np.ndarray
-    window_question_index: np.ndarray
     example_index: np.ndarray
     window_passage_index: np.ndarray
     window_start: np.ndarray
@@ -159,7 +160,6 @@ def _featurize(examples: Sequence[SquadExample], tokenizer, max_question_len: in
         offsets=cw_offsets[passage_index], max_context=cw_max_context[passage_index],
         start_positions=np.where(inside, t_start - w_start, NO_ANSWER).astype(np.int32),
         end_positions=np.where(inside, t_end - w_start, NO_ANSWER).astype(np.int32),
-        window_question_index=example_index.astype(np.int32),
         example_index=example_index.astype(np.int32),
         window_passage_index=passage_index.astype(np.int32),
         window_start=w_start.astype(np.int32))
