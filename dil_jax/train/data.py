@@ -44,8 +44,10 @@ class FeaturesLike(Protocol):
 
 
 @dataclasses.dataclass
-class Features:
-    """A plain container with the featurizer's field names (synthetic data, tests)."""
+class SyntheticFeatures:
+    """Synthetic training windows: only the `FeaturesLike` fields, as random arrays (tests, smoke
+    runs). Not the featurizer's `dil_jax.data.features.Features`, which also holds character
+    offsets, max-context flags and window starts, so that predictions map back to answer text."""
 
     q_ids: np.ndarray
     q_mask: np.ndarray
@@ -149,7 +151,7 @@ def global_batch_rows(step: int, num_windows: int, global_batch: int, seed: int)
 
 def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
                        question_len: int = 8, passage_len: int = 16, vocab_size: int = 100,
-                       seed: int = 0, null_fraction: float = 0.25) -> Features:
+                       seed: int = 0, null_fraction: float = 0.25) -> SyntheticFeatures:
     """Random token features with a learnable answer rule, for tests and smoke runs.
 
     The answer of each answerable window starts at the passage token equal to the question's
@@ -183,14 +185,14 @@ def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
             start[w], end[w] = s, min(s + int(rng.integers(0, 3)), n - 1)
         p_ids[w, :n], p_ids[w, n] = tokens, sep
         p_mask[w, :n + 1] = 1
-    return Features(q_ids, q_mask, p_ids, p_mask, start, end, q_index)
+    return SyntheticFeatures(q_ids, q_mask, p_ids, p_mask, start, end, q_index)
 
 
 SPLIT_SEEDS = {"train": 0, "validation": 1}
 
 
 def synthetic(data_cfg: ml_collections.ConfigDict, split: str, *,
-              max_question_len: int) -> Features:
+              max_question_len: int) -> SyntheticFeatures:
     """Synthetic windows sized by the config (validation uses another seed)."""
     s = data_cfg.synthetic
     return synthetic_features(
