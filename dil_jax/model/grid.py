@@ -3,10 +3,10 @@
 Questions and passages are each encoded once by `encode_lower`; every (question, passage) pair then
 runs `encode_upper`. The first upper block's query/key/value projections depend on one segment's
 lower states only, so they too are computed once per question and per passage (`project_upper`),
-not once per pair (when segments are read by several pairs): at k = l - 1 that removes 22-23% of
-the pair phase's FLOPs at BERT and MiniLM sizes. Pairs are processed in fixed-size chunks (one
-compilation, memory bounded by the chunk, not by q x p), and each chunk is split across all
-devices of a 1-D `Mesh`.
+not once per pair (when segments are read by several pairs; the FLOPs and time this takes out of
+the pair phase are in benchmarks/README.md, "The q/k/v projections per segment vs in every
+pair"). Pairs are processed in fixed-size chunks (one compilation, memory bounded by the chunk,
+not by q x p), and each chunk is split across all devices of a 1-D `Mesh`.
 
 Why a Mesh and not pmap: `jax.pmap` is in maintenance mode. A `jit` whose pair-index inputs carry
 a `NamedSharding` over the mesh's "data" axis gives the same per-device semantics as pmap (each
