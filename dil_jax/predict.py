@@ -76,8 +76,8 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     blocks = []
     read = np.ones(n_windows, bool) if keep is None else np.asarray(keep).any(axis=1)
     for q0 in range(0, features.num_questions, q_block):
-        rows = np.nonzero((features.window_question_index >= q0)
-                          & (features.window_question_index < q0 + q_block) & read)[0]
+        rows = np.nonzero((features.example_index >= q0)
+                          & (features.example_index < q0 + q_block) & read)[0]
         # One representative window row per distinct passage window of the block.
         _, first_row, p_index = np.unique(features.window_passage_index[rows],
                                                  return_index=True, return_inverse=True)
@@ -99,7 +99,7 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
             p_mask = _pad_rows(features.p_mask[passage_rows], p_block)
             q_lower = reader.encode_questions(params, q_ids, q_mask)
             p_source = p_ids if full_model else reader.encode_passages(params, p_ids, p_mask)
-            q_index = features.window_question_index[rows] - q0
+            q_index = features.example_index[rows] - q0
             positions = None if keep is None else kept_positions(keep[rows])
             for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source,
                                                           p_mask, q_index, p_index, positions):

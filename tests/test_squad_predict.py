@@ -38,7 +38,7 @@ def test_window_logits_equal_the_model_on_each_window(tokenizer, k):
     f = featurize(examples, tokenizer, max_question_len=16, max_passage_len=40, doc_stride=16)
     assert len(np.unique(f.window_passage_index)) < f.num_windows  # windows are shared
     got = window_logits(model, params, f, batch_size=4, question_block=3, progress=False)
-    q = f.window_question_index
+    q = f.example_index
     want = model(params, f.q_ids[q], f.q_mask[q], f.p_ids, f.p_mask)
     np.testing.assert_allclose(got.start_logits, want.start_logits, atol=2e-5)
     np.testing.assert_allclose(got.end_logits, want.end_logits, atol=2e-5)

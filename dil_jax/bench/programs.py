@@ -21,6 +21,7 @@ from dil_jax.bench.grids import PHASES, GridSpec
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid
 from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.rounding import ceil_div
 
 
 @dataclasses.dataclass
@@ -130,12 +131,12 @@ def phase_calls(reader: PairGrid, phase: str, spec: GridSpec) -> int:
     """How many calls a phase makes on the grid (batches or chunks, the last padded; a batch
     of segments is one encode_lower call, plus one project_upper call when 0 < k < l)."""
     if phase == "ni_q":
-        return -(-spec.num_questions // reader.batch_size)
+        return ceil_div(spec.num_questions, reader.batch_size)
     if phase == "ni_p":
         if reader.model.config.num_lower_layers == 0:
             return 0
-        return -(-spec.num_passages // reader.batch_size)
-    return -(-spec.num_pairs // reader.chunk_size)
+        return ceil_div(spec.num_passages, reader.batch_size)
+    return ceil_div(spec.num_pairs, reader.chunk_size)
 
 
 def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dict[str, Any]]:

@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from dil_jax.commands.arguments import non_negative_int, positive_int, window_len
+from dil_jax.errors import UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,62 +93,87 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import jax
-
+    """Steps 1-3 of the module docstring; exit status 1 when the grid differs from the direct
+    forward or the Hugging Face parity check fails, else 0."""
     from dil_jax.checkpoints import load_hf_checkpoint, resolve_checkpoint
-    from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid
     from dil_jax.samples import SAMPLE_PASSAGES, SAMPLE_QUESTIONS
     from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 
     folder = resolve_checkpoint(args.checkpoint)
     config, params, report = load_hf_checkpoint(folder, max_question_len=args.max_question_len)
     print(report.summary())
-    l = config.num_layers  # noqa: E741 (the paper's name)
-    ks = args.k if args.k is not None else [max(l - 2, 1), l - 1]
-    too_deep = [k for k in ks if k >= l]
-    if too_deep:
-        from dil_jax.errors import UsageError
-
-        raise UsageError(f"--k {' '.join(map(str, too_deep))}: this checkpoint has l = {l} "
-                         f"blocks, so a split point must be in 0..{l - 1}")
+    ks = _split_points(args.k, config.num_layers)
     tokenizer = load_tokenizer(folder, vocab_size=config.vocab_size)
     q = encode_questions(tokenizer, SAMPLE_QUESTIONS, args.max_question_len)
     p = encode_passages(tokenizer, SAMPLE_PASSAGES, args.max_passage_len)
-    print(f"model: {config.architecture}, l = {l} blocks, hidden {config.hidden_size}; "
-          f"grid {len(q)} questions x {len(p)} passages = {len(q) * len(p)} pairs "
-          f"(question len {args.max_question_len}, passage len {args.max_passage_len}); "
-          f"devices: {jax.device_count()} x {jax.devices()[0].platform}")
+    _print_setup(config, q, p, args)
 
     n = min(len(q), len(p))
-    aligned_q = _take(q, n)
-    aligned_p = _take(p, n)
-    hf_params, message = _hf_parity(folder, config, aligned_q, aligned_p)
+    hf_params, message = _hf_parity(folder, config, _take(q, n), _take(p, n))
     print(message)
     if hf_params is not None:
         params = hf_params  # share the torch QA head so the printed logits are comparable
 
-    results = {}
-    for k in [0, *ks]:
-        model = DelayedInteractionModel(config.replace(num_lower_layers=k))
-        reader = PairGrid(model, batch_size=8, chunk_size=8)
-        q_lower, q_first, q_time = _timed(
-            lambda r=reader: r.encode_questions(params, q.ids, q.mask), args.repeats)
-        if k == 0:
-            p_source, p_first, p_time = p.ids, 0.0, 0.0
-        else:
-            p_source, p_first, p_time = _timed(
-                lambda r=reader: r.encode_passages(params, p.ids, p.mask), args.repeats)
-        grid, pair_first, pair_time = _timed(
-            lambda r=reader, ql=q_lower, ps=p_source: r.read_grid(params, ql, q.mask, ps, p.mask),
-            args.repeats)
-        direct = model(params, np.repeat(q.ids, len(p), 0), np.repeat(q.mask, len(p), 0),
-                       np.tile(p.ids, (len(q), 1)), np.tile(p.mask, (len(q), 1)))
-        cache_error = float(np.abs(grid.start_logits.reshape(-1, p.ids.shape[1])
-                                   - np.asarray(direct.start_logits)).max())
-        results[k] = dict(grid=grid, times=(q_time, p_time, pair_time),
-                          compile=q_first + p_first + pair_first, cache_error=cache_error)
+    results = {k: _read_grid_at(config, params, q, p, k, args.repeats) for k in [0, *ks]}
+    _print_results(results, config.num_layers, args.repeats)
+    worst = max(result["cache_error"] for result in results.values())
+    return 0 if worst < 1e-4 and "MISMATCH" not in message else 1
 
+
+def _split_points(requested: list[int] | None, num_layers: int) -> list[int]:
+    """The k to compare with the full model: `requested`, else l-2 (at least 1) and l-1."""
+    l = num_layers  # noqa: E741 (the paper's name)
+    ks = requested if requested is not None else [max(l - 2, 1), l - 1]
+    too_deep = [k for k in ks if k >= l]
+    if too_deep:
+        raise UsageError(f"--k {' '.join(map(str, too_deep))}: this checkpoint has l = {l} "
+                         f"blocks, so a split point must be in 0..{l - 1}")
+    return ks
+
+
+def _print_setup(config, q, p, args: argparse.Namespace) -> None:
+    import jax
+
+    print(f"model: {config.architecture}, l = {config.num_layers} blocks, hidden "
+          f"{config.hidden_size}; grid {len(q)} questions x {len(p)} passages = "
+          f"{len(q) * len(p)} pairs (question len {args.max_question_len}, passage len "
+          f"{args.max_passage_len}); devices: {jax.device_count()} x "
+          f"{jax.devices()[0].platform}")
+
+
+def _read_grid_at(config, params, q, p, k: int, repeats: int) -> dict:
+    """Reads the q x p sample grid with split point k, timed per phase, and compares it with a
+    direct per-pair forward.
+
+    Returns {"grid": the grid's outputs (start logits [n_q, n_p, Lp]), "times": median seconds
+    of (NI Q, NI P, I Q-P), "compile": seconds of the first runs, "cache_error": max |start
+    logit| difference from the direct forward}.
+    """
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid
+
+    model = DelayedInteractionModel(config.replace(num_lower_layers=k))
+    reader = PairGrid(model, batch_size=8, chunk_size=8)
+    q_lower, q_first, q_time = _timed(
+        lambda: reader.encode_questions(params, q.ids, q.mask), repeats)
+    if k == 0:  # the full model has no lower blocks: pairs read the token ids
+        p_source, p_first, p_time = p.ids, 0.0, 0.0
+    else:
+        p_source, p_first, p_time = _timed(
+            lambda: reader.encode_passages(params, p.ids, p.mask), repeats)
+    grid, pair_first, pair_time = _timed(
+        lambda: reader.read_grid(params, q_lower, q.mask, p_source, p.mask), repeats)
+    direct = model(params, np.repeat(q.ids, len(p), 0), np.repeat(q.mask, len(p), 0),
+                   np.tile(p.ids, (len(q), 1)), np.tile(p.mask, (len(q), 1)))
+    cache_error = float(np.abs(grid.start_logits.reshape(-1, p.ids.shape[1])
+                               - np.asarray(direct.start_logits)).max())
+    return dict(grid=grid, times=(q_time, p_time, pair_time),
+                compile=q_first + p_first + pair_first, cache_error=cache_error)
+
+
+def _print_results(results: dict[int, dict], num_layers: int, repeats: int) -> None:
+    """One row per k: phase times, speedup over k = 0, l/(l-k), grid vs direct, same best start."""
+    l = num_layers  # noqa: E741 (the paper's name)
     full_start = results[0]["grid"].start_logits.argmax(-1)
     full_total = sum(results[0]["times"])
     print(f"\n{'k':>3} {'NI Q ms':>9} {'NI P ms':>9} {'I Q-P ms':>9} {'total ms':>9} "
@@ -163,10 +189,8 @@ def run(args: argparse.Namespace) -> int:
     print("\ngrid=direct: max |start logit| difference between the cached-lower pair grid and a "
           "direct per-pair forward (should be ~1e-6).\nsame start: pairs whose best start token "
           "equals the full model's (the QA head is not fine-tuned: informative only).\n"
-          f"timings: median of {args.repeats} runs after a warm-up run, on this machine; "
+          f"timings: median of {repeats} runs after a warm-up run, on this machine; "
           "see benchmarks/ for the measured speed table.")
-    worst = max(result["cache_error"] for result in results.values())
-    return 0 if worst < 1e-4 and "MISMATCH" not in message else 1
 
 
 def _take(segments, n):

@@ -96,6 +96,12 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
+def _article_specs(config) -> dict[str, str]:
+    """The article slice of each split (config.data.*_articles), by split name."""
+    return dict(train=config.data.train_articles, dev=config.data.dev_articles,
+                validation=config.data.val_articles)
+
+
 def _split_data(config, encoder: tuple, names: tuple[str, ...], max_sentences: int,
                 max_sentence_len: int) -> dict:
     """SentenceData of the named article splits, embedded by `encoder` (model, params,
@@ -104,8 +110,7 @@ def _split_data(config, encoder: tuple, names: tuple[str, ...], max_sentences: i
     from dil_jax.prescreening.train import build_sentence_data
 
     examples = load_squad(config.data.file).examples
-    specs = dict(train=config.data.train_articles, dev=config.data.dev_articles,
-                 validation=config.data.val_articles)
+    specs = _article_specs(config)
     return {name: build_sentence_data(select_articles(examples, specs[name]), *encoder,
                                       max_sentences=max_sentences, max_len=max_sentence_len)
             for name in names}
@@ -132,65 +137,97 @@ def _train(config, splits, encoder):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dil_jax.atomic import write_atomic
-    from dil_jax.errors import UsageError
-    from dil_jax.prescreening.prescreener import SentencePrescreener, load_sentence_encoder
-    from dil_jax.prescreening.train import data_scores, first_sentence_accuracy, topk_accuracy
-    from dil_jax.train.config_files import load_config, split_overrides
-
-    rest, overrides = split_overrides(args.extra_args or [])
-    if rest:
-        raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
-                         "(overrides are --config.key=value)")
-    config = load_config(args.config, overrides)
+    """Trains (or loads) a prescreener, prints its sentence accuracy per split, optionally reads
+    end to end with it, and writes the results to config.workdir (see the module docstring)."""
+    config = _load_config(args)
     check_workdir(args, config)
-    started = time.perf_counter()
-    training = None
-    if args.prescreener is None:
-        encoder = load_sentence_encoder(config.encoder.checkpoint,
-                                        config.encoder.max_sentence_len)
-        splits = _split_data(config, encoder, ("train", "dev", "validation"),
-                             config.data.max_sentences, config.encoder.max_sentence_len)
-        embedded = time.perf_counter() - started
-        prescreener, training = _train(config, splits, encoder)
-        trained = time.perf_counter() - started - embedded
-    else:
-        prescreener = SentencePrescreener.load(args.prescreener)
-        # Embedded as the prescreener was trained (its encoder, sentence count and length).
-        splits = _split_data(config, (prescreener.encoder, prescreener.encoder_params,
-                                      prescreener.tokenizer), ("validation",),
-                             prescreener.config.max_sentences, prescreener.max_sentence_len)
-        embedded, trained = time.perf_counter() - started, 0.0
-    report = {}
-    for name, data in splits.items():
-        row = dict(questions=len(data.label), dropped=data.dropped,
-                   first_sentence=first_sentence_accuracy(data),
-                   **topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
-                                   data.label))
-        report[name] = row
-    lines = ["| split | articles | questions | first sentence | top-1 | top-2 |",
-             "|---|---|---|---|---|---|"]
-    specs = dict(train=config.data.train_articles, dev=config.data.dev_articles,
-                 validation=config.data.val_articles)
-    for name, row in report.items():
-        lines.append(f"| {name} | {specs[name]} | {row['questions']} | "
-                     f"{100 * row['first_sentence']:.1f} | {100 * row['top1']:.1f} | "
-                     f"{100 * row['top2']:.1f} |")
-    if training is not None:
-        lines.append(f"\nembeddings {embedded:.0f} s, training {trained:.0f} s "
-                     f"({config.train.steps} steps); params of step {training.best_step} "
-                     f"(best dev top-1); final train loss "
-                     f"{sum(training.losses[-50:]) / len(training.losses[-50:]):.3f}")
+    prescreener, splits, training, seconds = _obtain_prescreener(args, config)
+    report = {name: _accuracy_row(prescreener, data) for name, data in splits.items()}
+    lines = _accuracy_lines(report, config, training, seconds)
     print("\n".join(lines))
     if args.readers:
         rows, table = end_to_end(args, config, splits["validation"], prescreener)
         report["end_to_end"] = rows
         lines += ["", table]
     record = dict(report=report, command=" ".join(["dil-jax", *sys.argv[1:]]),
-                  config=config.to_dict(),
-                  seconds=dict(embeddings=embedded, training=trained),
+                  config=config.to_dict(), seconds=seconds,
                   dev_top1=training.dev_top1 if training else None,
                   best_step=training.best_step if training else None)
+    _write_results(args, config, prescreener, training, lines, record)
+    return 0
+
+
+def _load_config(args: argparse.Namespace):
+    """The --config file with its --config.key=value overrides (anything else is refused)."""
+    from dil_jax.errors import UsageError
+    from dil_jax.train.config_files import load_config, split_overrides
+
+    rest, overrides = split_overrides(args.extra_args or [])
+    if rest:
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
+                         "(overrides are --config.key=value)")
+    return load_config(args.config, overrides)
+
+
+def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
+    """(prescreener, {split: SentenceData}, TrainResult or None, {"embeddings": s, "training": s}).
+
+    Without --prescreener: embeds the train/dev/validation articles and trains one. With it:
+    loads that one and embeds the validation articles only, as it was trained (its encoder,
+    sentence count and length).
+    """
+    from dil_jax.prescreening.prescreener import SentencePrescreener, load_sentence_encoder
+
+    started = time.perf_counter()
+    if args.prescreener is not None:
+        prescreener = SentencePrescreener.load(args.prescreener)
+        splits = _split_data(config, (prescreener.encoder, prescreener.encoder_params,
+                                      prescreener.tokenizer), ("validation",),
+                             prescreener.config.max_sentences, prescreener.max_sentence_len)
+        return prescreener, splits, None, dict(embeddings=time.perf_counter() - started,
+                                               training=0.0)
+    encoder = load_sentence_encoder(config.encoder.checkpoint, config.encoder.max_sentence_len)
+    splits = _split_data(config, encoder, ("train", "dev", "validation"),
+                         config.data.max_sentences, config.encoder.max_sentence_len)
+    embedded = time.perf_counter() - started
+    prescreener, training = _train(config, splits, encoder)
+    trained = time.perf_counter() - started - embedded
+    return prescreener, splits, training, dict(embeddings=embedded, training=trained)
+
+
+def _accuracy_row(prescreener, data) -> dict:
+    """Questions, dropped questions, first-sentence baseline and top-1/top-2 accuracy of a split."""
+    from dil_jax.prescreening.train import data_scores, first_sentence_accuracy, topk_accuracy
+
+    return dict(questions=len(data.label), dropped=data.dropped,
+                first_sentence=first_sentence_accuracy(data),
+                **topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
+                                data.label))
+
+
+def _accuracy_lines(report: dict, config, training, seconds: dict[str, float]) -> list[str]:
+    """The markdown table of `report`, and after a training run its times and final loss."""
+    lines = ["| split | articles | questions | first sentence | top-1 | top-2 |",
+             "|---|---|---|---|---|---|"]
+    specs = _article_specs(config)
+    for name, row in report.items():
+        lines.append(f"| {name} | {specs[name]} | {row['questions']} | "
+                     f"{100 * row['first_sentence']:.1f} | {100 * row['top1']:.1f} | "
+                     f"{100 * row['top2']:.1f} |")
+    if training is not None:
+        lines.append(f"\nembeddings {seconds['embeddings']:.0f} s, training "
+                     f"{seconds['training']:.0f} s ({config.train.steps} steps); params of step "
+                     f"{training.best_step} (best dev top-1); final train loss "
+                     f"{sum(training.losses[-50:]) / len(training.losses[-50:]):.3f}")
+    return lines
+
+
+def _write_results(args: argparse.Namespace, config, prescreener, training, lines: list[str],
+                   record: dict) -> None:
+    """A trained prescreener: its folder with results.md. A scored one read end to end:
+    end_to_end.md/.json in the workdir. A scored one alone: nothing."""
+    from dil_jax.atomic import write_atomic
+
     if training is not None:
         out = prescreener.save(config.workdir, trained=record)
         write_atomic(out / "results.md", "\n".join(lines) + "\n")
@@ -201,7 +238,6 @@ def run(args: argparse.Namespace) -> int:
         write_atomic(out / "end_to_end.md", "\n".join(lines) + "\n")
         write_atomic(out / "end_to_end.json", json.dumps(record, indent=2, default=str))
         print(f"wrote {out / 'end_to_end.md'} and .json", file=sys.stderr)
-    return 0
 
 
 def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:

@@ -3,9 +3,10 @@
 Each example gives ONE question segment `[CLS] q [SEP]` (padded to max_question_len) and one or
 more passage windows `p_window [SEP]` of at most max_passage_len - 1 context tokens, taken every
 `doc_stride` tokens and padded to max_passage_len. A window points at its question through
-`window_question_index`, so a question is encoded once however many windows it has, and at its
-distinct passage window through `window_passage_index` (windows depend only on the context, so
-the questions of one paragraph share them: with k > 0 each is encoded once).
+`example_index` (the row of q_ids is the example's index), so a question is encoded once however
+many windows it has, and at its distinct passage window through `window_passage_index` (windows
+depend only on the context, so the questions of one paragraph share them: with k > 0 each is
+encoded once).
 
 The full model (k = 0) and a delayed one read exactly these arrays.
 
@@ -32,13 +33,17 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import DilJaxError
+from dil_jax.rounding import ceil_div
 from dil_jax.tokenization import NO_OFFSET, encode_questions
 
 log = logging.getLogger(__name__)
 
 # Bump when the meaning or layout of the arrays changes: old cache files then stop matching.
+# (Dropping an array needs no bump: old files still hold every field, and extra ones are ignored.)
 FEATURE_FORMAT = 1
-NO_LABEL = -1
+# The label of a window that does not hold the whole answer (or of an unanswerable question);
+# training points it at the null ([CLS]) logit: label 0 of the [null, passage...] distribution.
+NO_ANSWER = -1
 
 
 class FeaturizationError(DilJaxError, ValueError):
@@ -59,8 +64,8 @@ class Features:
         this window (BERT's max-context rule); False for [SEP] and padding.
       start_positions, end_positions: [n_windows] int32 answer token indices inside the window,
         or -1 (no whole answer in this window, or unanswerable).
-      window_question_index: [n_windows] int32 row of q_ids.
-      example_index: [n_windows] int32 index of the example.
+      example_index: [n_windows] int32 index of the window's example, which is also the row of
+        q_ids of its question (one question per example).
       window_passage_index: [n_windows] int32 id of the distinct (context, window start): equal
         ids mean identical p_ids rows.
       window_start: [n_windows] int32 first context token of the window.
@@ -74,7 +79,6 @@ class Features:
     max_context: np.ndarray
     start_positions: np.ndarray
     end_positions: np.ndarray
-    window_question_index: np.ndarray
     example_index: np.ndarray
     window_passage_index: np.ndarray
     window_start: np.ndarray
@@ -154,9 +158,8 @@ def _featurize(examples: Sequence[SquadExample], tokenizer, max_question_len: in
         q_ids=questions.ids, q_mask=questions.mask,
         p_ids=cw_ids[passage_index], p_mask=cw_mask[passage_index],
         offsets=cw_offsets[passage_index], max_context=cw_max_context[passage_index],
-        start_positions=np.where(inside, t_start - w_start, NO_LABEL).astype(np.int32),
-        end_positions=np.where(inside, t_end - w_start, NO_LABEL).astype(np.int32),
-        window_question_index=example_index.astype(np.int32),
+        start_positions=np.where(inside, t_start - w_start, NO_ANSWER).astype(np.int32),
+        end_positions=np.where(inside, t_end - w_start, NO_ANSWER).astype(np.int32),
         example_index=example_index.astype(np.int32),
         window_passage_index=passage_index.astype(np.int32),
         window_start=w_start.astype(np.int32))
@@ -210,7 +213,7 @@ def _windows_of(flat: _FlatTokens, tokenizer, max_passage_len: int,
                 doc_stride: int) -> ContextWindows:
     window = max_passage_len - 1
     # Windows of each text: starts 0, stride, 2 stride, ... until one reaches the end.
-    counts = 1 + -(-np.maximum(flat.lengths - window, 0) // doc_stride)
+    counts = 1 + ceil_div(np.maximum(flat.lengths - window, 0), doc_stride)
     first_window = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     context = np.repeat(np.arange(len(counts)), counts)
     start = (np.arange(counts.sum()) - first_window[context]) * doc_stride
@@ -288,8 +291,8 @@ def _answer_tokens(examples: Sequence[SquadExample], example_context: np.ndarray
     -1 for unanswerable examples and when no answer covers a token.
     """
     n = len(examples)
-    token_start = np.full(n, NO_LABEL, dtype=np.int64)
-    token_end = np.full(n, NO_LABEL, dtype=np.int64)
+    token_start = np.full(n, NO_ANSWER, dtype=np.int64)
+    token_end = np.full(n, NO_ANSWER, dtype=np.int64)
     owner = np.asarray([i for i, e in enumerate(examples) if not e.is_impossible
                         for _ in e.answer_texts], dtype=np.int64)
     if not len(owner) or not len(flat_offsets):

@@ -3,10 +3,10 @@
 Questions and passages are each encoded once by `encode_lower`; every (question, passage) pair then
 runs `encode_upper`. The first upper block's query/key/value projections depend on one segment's
 lower states only, so they too are computed once per question and per passage (`project_upper`),
-not once per pair (when segments are read by several pairs): at k = l - 1 that removes 22-23% of
-the pair phase's FLOPs at BERT and MiniLM sizes. Pairs are processed in fixed-size chunks (one
-compilation, memory bounded by the chunk, not by q x p), and each chunk is split across all
-devices of a 1-D `Mesh`.
+not once per pair (when segments are read by several pairs; the FLOPs and time this takes out of
+the pair phase are in benchmarks/README.md, "The q/k/v projections per segment vs in every
+pair"). Pairs are processed in fixed-size chunks (one compilation, memory bounded by the chunk,
+not by q x p), and each chunk is split across all devices of a 1-D `Mesh`.
 
 Why a Mesh and not pmap: `jax.pmap` is in maintenance mode. A `jit` whose pair-index inputs carry
 a `NamedSharding` over the mesh's "data" axis gives the same per-device semantics as pmap (each
@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
+from dil_jax.rounding import round_up
 
 DATA_AXIS = "data"
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
@@ -50,11 +51,6 @@ def make_mesh(devices: list | None = None) -> Mesh:
     """A 1-D mesh over `devices` (default: every device of every process)."""
     devices = jax.devices() if devices is None else devices
     return Mesh(np.asarray(devices), (DATA_AXIS,))
-
-
-def round_up(value: int, multiple: int) -> int:
-    """The smallest multiple of `multiple` that is >= value."""
-    return -(-value // multiple) * multiple
 
 
 def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:

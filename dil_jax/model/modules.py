@@ -45,10 +45,9 @@ def gelu_exact(x: jax.Array) -> jax.Array:
     """The exact (erf) GELU, x/2 * (1 + erf(x/sqrt 2)), written as Hugging Face's `gelu` is.
 
     Not `jax.nn.gelu(approximate=False)`: that is x/2 * erfc(-x/sqrt 2), and XLA:CPU expands erfc
-    into two polynomials, an exp and a select per element, where erf is one cheap polynomial:
-    the bias + GELU pass over MiniLM's [8 x 320, 1536] activations took 2.2x as long (4.1 vs
-    1.9 ms, 2 threads). Same function; largest difference from a float64 reference 1.1e-6 on
-    activations of std 3 (torch's erf GELU: 1.2e-6).
+    into two polynomials, an exp and a select per element, where erf is one cheap polynomial.
+    Same function, as exact as torch's erf GELU (timings and errors: benchmarks/README.md, "What
+    was changed for speed", item 4).
     """
     return x * (0.5 + 0.5 * jax.lax.erf(x * np.sqrt(0.5).astype(x.dtype)))
 
@@ -216,8 +215,8 @@ class SelfAttention(nn.Module):
         query, key, value = self.project(x) if qkv is None else qkv
         if deterministic and attends_per_example(cfg):
             # XLA:CPU materialises the [batch, heads, seq, seq] scores, several passes of a tensor
-            # far larger than the caches; one example at a time the passes stay in cache (2.5x
-            # faster attention at 16 x 320 tokens on 2 cores).
+            # far larger than the caches; one example at a time the passes stay in cache
+            # (benchmarks/README.md, "What was changed for speed", item 1).
             context = jax.lax.map(lambda args: _attend(cfg, *args), (query, key, value, bias))
         elif deterministic:
             context = _attend(cfg, query, key, value, bias)
@@ -320,8 +319,9 @@ class SpanReaderModule(nn.Module):
 
         lower: [batch, seq, hidden] -> 3 x [batch, heads, seq, head_dim]. A token's projections
         depend on its own lower state only, so a grid computes them once per question and once
-        per passage instead of once per pair; with k = l - 1 that takes the q/k/v matmuls
-        (23% of a BERT-base block's FLOPs at 320 tokens) out of the q x p pair phase.
+        per passage instead of once per pair; with k = l - 1 that takes the q/k/v matmuls out of
+        the q x p pair phase (their share: benchmarks/README.md, "The q/k/v projections per
+        segment vs in every pair").
         """
         cfg = self.config  # 0 <= k < l: checked by DelayedInteractionModel
         block = self.blocks[param_block_of_layer(cfg, cfg.num_lower_layers)]

@@ -14,9 +14,9 @@ contexts are (`dil_jax.data.features.window_contexts`), so a passage's answer is
 SQuAD predict path gives for that (question, passage).
 
 Consistency: `index.json` is written last (atomically), so a folder without it holds no index.
-`open_index` checks every file `index.json` lists against its recorded size and sha256 (2 ms for
-the demo's 2,011 passages) and the passages against their fingerprint, so an index edited after
-it was built is refused, naming the file, instead of giving answers shifted by the edit.
+`open_index` checks every file `index.json` lists against its recorded size and sha256 (its cost:
+docs/open_domain.md, "Checked on open") and the passages against their fingerprint, so an index
+edited after it was built is refused, naming the file, instead of giving answers shifted by it.
 Writers (`build_index`, `build_reader_cache`, `dil-jax index`) hold the folder's lock
 (`index_lock`); a second writer fails at once with BusyError naming the holder.
 """

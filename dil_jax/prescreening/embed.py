@@ -17,6 +17,7 @@ import numpy as np
 
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.modules import QUESTION_SEGMENT
+from dil_jax.rounding import round_up
 
 
 def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:
@@ -50,10 +51,10 @@ def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenize
     lengths = np.asarray([len(ids) for ids in tokens], np.int64)
     order = np.argsort(lengths, kind="stable")
     out = np.zeros((len(texts), model.config.hidden_size), np.float32)
-    batch_size = min(batch_size, -(-max(len(texts), 1) // 8) * 8)  # a few questions: small batch
+    batch_size = min(batch_size, round_up(max(len(texts), 1), 8))  # a few questions: small batch
     for first in range(0, len(texts), batch_size):
         rows = order[first:first + batch_size]
-        width = min(-(-int(lengths[rows].max()) // bucket) * bucket, max_len)
+        width = min(round_up(int(lengths[rows].max()), bucket), max_len)
         ids = np.zeros((batch_size, width), np.int32)
         for slot, row in enumerate(rows):
             ids[slot, :lengths[row]] = tokens[row]

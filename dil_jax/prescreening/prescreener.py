@@ -28,6 +28,7 @@ from dil_jax.errors import DilJaxError
 from dil_jax.prescreening.model import PrescreenConfig, Prescreener
 from dil_jax.prescreening.screen import SentenceRule, token_sentences, window_keep
 from dil_jax.prescreening.sentences import answer_sentence, split_sentences
+from dil_jax.rounding import round_up
 
 PRESCREENER_FORMAT = "dil_jax.prescreener/1"
 MANIFEST_FILE = "prescreener.json"
@@ -59,7 +60,7 @@ def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
     for first in range(0, n, batch_size):
         rows = slice(first, min(first + batch_size, n))
         count = rows.stop - rows.start
-        pad = -(-count // 32) * 32 - count
+        pad = round_up(count, 32) - count
         pieces = [np.pad(np.asarray(a[rows]), ((0, pad),) + ((0, 0),) * (a.ndim - 1))
                   for a in (question, sentences, mask)]
         out.append(np.asarray(apply(params, *pieces))[:count])

@@ -4,10 +4,9 @@ The featurizer (`dil_jax.data.features`) encodes each question once and each pas
 
   q_ids, q_mask            [n_questions, Lq]   `[CLS] q [SEP]`
   p_ids, p_mask            [n_windows, Lp]     `p_window [SEP]`
-  window_question_index    [n_windows]         row of q_ids asked about this window
+  example_index            [n_windows]         row of q_ids asked about this window (its example)
   start_positions,
   end_positions            [n_windows]         token index inside the window, -1 = no answer here
-  example_index            [n_windows]
 
 Anything with those attributes (`FeaturesLike`) trains; tests build them synthetically. A training
 example is a window; its question ids are gathered per batch, so questions are stored once.
@@ -28,12 +27,8 @@ from typing import Protocol
 import ml_collections
 import numpy as np
 
-from dil_jax.data.features import FeaturizationError
+from dil_jax.data.features import NO_ANSWER, FeaturizationError
 from dil_jax.errors import UsageError
-
-# A window whose answer lies outside it (or an unanswerable question) points at the null ([CLS])
-# logit: label 0 of the [null, passage...] distribution.
-NO_ANSWER = -1
 
 
 class FeaturesLike(Protocol):
@@ -43,21 +38,21 @@ class FeaturesLike(Protocol):
     q_mask: np.ndarray
     p_ids: np.ndarray
     p_mask: np.ndarray
-    window_question_index: np.ndarray
     start_positions: np.ndarray
     end_positions: np.ndarray
     example_index: np.ndarray
 
 
 @dataclasses.dataclass
-class Features:
-    """A plain container with the featurizer's field names (synthetic data, tests)."""
+class SyntheticFeatures:
+    """Synthetic training windows: only the `FeaturesLike` fields, as random arrays (tests, smoke
+    runs). Not the featurizer's `dil_jax.data.features.Features`, which also holds character
+    offsets, max-context flags and window starts, so that predictions map back to answer text."""
 
     q_ids: np.ndarray
     q_mask: np.ndarray
     p_ids: np.ndarray
     p_mask: np.ndarray
-    window_question_index: np.ndarray
     start_positions: np.ndarray
     end_positions: np.ndarray
     example_index: np.ndarray
@@ -94,7 +89,7 @@ def windows_from_features(features: FeaturesLike) -> Windows:
     a ValueError, naming the field)."""
     q_ids, q_mask = np.asarray(features.q_ids), np.asarray(features.q_mask)
     p_ids, p_mask = np.asarray(features.p_ids), np.asarray(features.p_mask)
-    q_index = np.asarray(features.window_question_index)
+    q_index = np.asarray(features.example_index)
     start = np.asarray(features.start_positions)
     end = np.asarray(features.end_positions)
     n = p_ids.shape[0]
@@ -104,12 +99,12 @@ def windows_from_features(features: FeaturesLike) -> Windows:
     if p_ids.ndim != 2 or p_mask.shape != p_ids.shape:
         raise FeaturizationError(f"p_ids {p_ids.shape} / p_mask {p_mask.shape}: expected equal "
                                  "[nw, Lp]")
-    for name, array in (("window_question_index", q_index), ("start_positions", start),
+    for name, array in (("example_index", q_index), ("start_positions", start),
                         ("end_positions", end)):
         if array.shape != (n,):
             raise FeaturizationError(f"{name} has shape {array.shape}, expected ({n},)")
     if n and (q_index.min() < 0 or q_index.max() >= q_ids.shape[0]):
-        raise FeaturizationError(f"window_question_index outside 0..{q_ids.shape[0] - 1}")
+        raise FeaturizationError(f"example_index outside 0..{q_ids.shape[0] - 1}")
     lp = p_ids.shape[1]
     if n and (start.min() < NO_ANSWER or start.max() >= lp or end.min() < NO_ANSWER
               or end.max() >= lp):
@@ -156,7 +151,7 @@ def global_batch_rows(step: int, num_windows: int, global_batch: int, seed: int)
 
 def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
                        question_len: int = 8, passage_len: int = 16, vocab_size: int = 100,
-                       seed: int = 0, null_fraction: float = 0.25) -> Features:
+                       seed: int = 0, null_fraction: float = 0.25) -> SyntheticFeatures:
     """Random token features with a learnable answer rule, for tests and smoke runs.
 
     The answer of each answerable window starts at the passage token equal to the question's
@@ -190,14 +185,14 @@ def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
             start[w], end[w] = s, min(s + int(rng.integers(0, 3)), n - 1)
         p_ids[w, :n], p_ids[w, n] = tokens, sep
         p_mask[w, :n + 1] = 1
-    return Features(q_ids, q_mask, p_ids, p_mask, q_index, start, end, q_index.copy())
+    return SyntheticFeatures(q_ids, q_mask, p_ids, p_mask, start, end, q_index)
 
 
 SPLIT_SEEDS = {"train": 0, "validation": 1}
 
 
 def synthetic(data_cfg: ml_collections.ConfigDict, split: str, *,
-              max_question_len: int) -> Features:
+              max_question_len: int) -> SyntheticFeatures:
     """Synthetic windows sized by the config (validation uses another seed)."""
     s = data_cfg.synthetic
     return synthetic_features(

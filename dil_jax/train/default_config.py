@@ -61,7 +61,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.frozen = ""
 
     c.data = ml_collections.ConfigDict()
-    # "module:function" called as f(data_config, split, max_question_len=...) -> Features
+    # "module:function" called as f(data_config, split, max_question_len=...) -> FeaturesLike
     # (split "train" or "validation"); "" = the caller passes features to train().
     c.data.featurizer = "dil_jax.train.squad_data:featurize"
     c.data.squad_file = SQUAD_V1_35

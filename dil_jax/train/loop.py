@@ -33,6 +33,7 @@ from dil_jax.checkpoints import CheckpointError
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
@@ -222,7 +223,7 @@ def warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
 def validation_loss(eval_fn, params: Params, windows: data_lib.Windows, mesh,
                     batch_size: int) -> float:
     """Mean span CE over all validation windows (the last batch padded with weight-0 rows)."""
-    batch_size = -(-batch_size // mesh.devices.size) * mesh.devices.size  # equal device rows
+    batch_size = round_up(batch_size, mesh.devices.size)  # equal device rows
     rows_of_process = sharding_lib.process_rows(mesh, 1, batch_size)
     total = count = 0.0
     for begin in range(0, len(windows), batch_size):

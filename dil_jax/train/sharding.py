@@ -1,9 +1,9 @@
 """Data parallelism on a 1-D device mesh: the batch sharded over "data", params replicated.
 
-Why not pmap: `jax.pmap` is in maintenance mode. A `jit` whose batch argument carries a
-`NamedSharding(mesh, P(None, "data"))` runs the same SPMD program on every device; XLA inserts the
-gradient all-reduce. The same code serves 1 CPU, forced host devices, a GPU, and all chips of a
-multi-host TPU slice (where each process feeds only the rows its own devices hold).
+A `jit` whose batch argument carries a `NamedSharding(mesh, P(None, "data"))` runs the same SPMD
+program on every device, and XLA inserts the gradient all-reduce (why a mesh and not pmap: the
+module docstring of `dil_jax.model.grid`). On a multi-host TPU slice each process feeds only the
+rows its own devices hold.
 
 Devices are ordered by (process, id), so each process's devices form one contiguous block of the
 mesh and hence one contiguous block of batch rows: a process loads only those rows.
