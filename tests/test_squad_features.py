@@ -71,7 +71,6 @@ def test_layout_of_the_shared_v11_features(tokenizer, v11, v11_features):
         assert set(counts.values()) == {1}
     # Windows depend on the context only: same passage index, same ids; indices per example.
     assert (np.diff(f.example_index) >= 0).all()
-    assert (f.example_index == f.example_index).all()
     _, first = np.unique(f.window_passage_index, return_index=True)
     assert (f.p_ids == f.p_ids[first][np.searchsorted(np.unique(f.window_passage_index),
                                                       f.window_passage_index)]).all()
