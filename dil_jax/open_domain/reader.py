@@ -287,3 +287,35 @@ class OpenDomainReader:
         pair_kept = kept[[hit_number[key] for key in pair_hit]]
         return window_keep(self.token_sentence[pair_row], pair_kept,
                            np.asarray(self.cache.mask[pair_row]))
+
+
+def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[Candidate],
+                  hits: Sequence, timings: dict[str, float], mu: float | None) -> str:
+    """The answer of `pick_answer(candidates, mu)` shown for a person: the question, the
+    answer, its passage around it (marked [[...]]), ranks, scores and the phase times."""
+    answer = pick_answer(candidates, mu)
+    lines = [f"Q: {question}"]
+    if answer is None:
+        # Why no answer (non-finite reader scores are an error upstream, never reported here).
+        if not hits:
+            lines.append("A: (no answer: no passage shares a word with the question)")
+        else:
+            lines.append(f"A: (no answer: none of the {len(hits)} retrieved passages has an "
+                         f"allowed span)")
+        return "\n".join(lines)
+    passage = reader.index.passages[answer.passage_index]
+    # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
+    first = max(0, answer.char_start - 200)
+    last = min(len(passage.text), answer.char_end + 200)
+    context = ("..." if first else "") + passage.text[first:answer.char_start] + "[[" + \
+        answer.text + "]]" + passage.text[answer.char_end:last] + \
+        ("..." if last < len(passage.text) else "")
+    lines += [f"A: {answer.text}",
+              f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
+              f"of {len(hits)}; reader score {answer.reader_score:.2f}, "
+              f"BM25 {answer.bm25_score:.2f}"
+              + ("" if mu is None else f", fused with mu={mu}"),
+              f"   passage: {context}",
+              "   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
+                                      for name, seconds in timings.items())]
+    return "\n".join(lines)
