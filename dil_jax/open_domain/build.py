@@ -1,8 +1,8 @@
 """Building an open-domain index: corpus -> passages -> BM25 and windows -> one passage cache per
 reader -> (optionally) sentence embeddings for prescreening.
 
-    index, caches = build_open_domain_index("runs/index", ["wikipedia"], readers,
-                                            settings=BuildSettings(max_passage_len=192))
+    settings = BuildSettings(max_passage_len=192, doc_stride=96)
+    index, caches = build_open_domain_index("runs/index", ["wikipedia"], readers, settings)
 
 The library decides everything here; a caller (`dil-jax index`, the demo) only parses its flags
 and shows progress through the one `progress` callback.
@@ -15,14 +15,31 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.grid import PairGrid, reads_passage_ids
 from dil_jax.open_domain.cache import PassageCache
-from dil_jax.open_domain.index import OpenDomainIndex
+from dil_jax.open_domain.corpus import iter_sources, split_documents
+from dil_jax.open_domain.index import (
+    IndexBrokenError,
+    OpenDomainIndex,
+    OpenDomainIndexError,
+    build_index,
+    build_reader_cache,
+    clean_stale,
+    index_lock,
+    index_settings,
+    open_index,
+    read_settings,
+    settings_differences,
+)
+from dil_jax.open_domain.sentences import build_sentence_store
+
+if TYPE_CHECKING:
+    from dil_jax.prescreening.prescreener import SentencePrescreener
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +85,8 @@ def passage_encoder(model: DelayedInteractionModel, params: Params, batch_size: 
 
 
 def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[ReaderParts],
-                            settings: BuildSettings, prescreener=None,
+                            settings: BuildSettings,
+                            prescreener: SentencePrescreener | None = None,
                             progress: Callable[[BuildStep], None] | None = None
                             ) -> tuple[OpenDomainIndex, list[PassageCache]]:
     """Builds (or reopens, or repairs) the index, one passage cache per reader and, with a
@@ -79,15 +97,11 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     if it was built with this run's corpus, split, lengths and tokenizer; otherwise this refuses,
     naming each differing setting.
     """
-    from dil_jax.open_domain.index import index_lock
-
     report = progress or (lambda step: None)
     with index_lock(out):
         index = _split_and_index(out, corpus, readers[0][2], settings, report)
         caches = [_reader_cache(index, reader, settings, report) for reader in readers]
         if prescreener is not None:
-            from dil_jax.open_domain.sentences import build_sentence_store
-
             def sentences_done(done: int, total: int) -> None:
                 report(BuildStep("sentence embeddings", done, total))
 
@@ -98,18 +112,6 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
 def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
                      report: Callable[[BuildStep], None]) -> OpenDomainIndex:
     """The index of the corpus's passages: reused when its settings match, else (re)built."""
-    from dil_jax.open_domain.corpus import iter_sources, split_documents
-    from dil_jax.open_domain.index import (
-        IndexBrokenError,
-        OpenDomainIndexError,
-        build_index,
-        clean_stale,
-        index_settings,
-        open_index,
-        read_settings,
-        settings_differences,
-    )
-
     started = time.perf_counter()
     documents = []
     for spec in corpus:
@@ -157,8 +159,6 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
 def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSettings,
                   report: Callable[[BuildStep], None]) -> PassageCache:
     """One reader's passage cache over the index (built, resumed or reopened)."""
-    from dil_jax.open_domain.index import build_reader_cache
-
     model, params, tokenizer = reader
     stage = f"passage cache k={model.config.num_lower_layers}"
     total = index.settings["num_windows"]
