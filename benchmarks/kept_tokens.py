@@ -39,8 +39,7 @@ def main() -> None:
     p_ids = rng.integers(1000, 2000, (args.pairs, args.passage_len)).astype(np.int32)
     q_mask, p_mask = np.ones_like(q_ids), np.ones_like(p_ids)
     q_lower = reader.encode_questions(params, q_ids, q_mask)
-    p_source = p_ids if model.config.num_lower_layers == 0 else \
-        reader.encode_passages(params, p_ids, p_mask)
+    p_source = reader.passage_side(params, p_ids, p_mask)
     index = np.arange(args.pairs)
 
     def read(positions) -> None:

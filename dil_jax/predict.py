@@ -4,9 +4,9 @@
 
 The delayed-interaction path, in fixed-shape jitted steps (one compilation each):
   1. each question `[CLS] q [SEP]` once through `encode_lower`;
-  2. each DISTINCT passage window once through `encode_lower` (k > 0; with k = 0 a passage's
-     positions follow its question, so the full model embeds it per pair instead);
-  3. every (question, window) pair through `encode_upper`.
+  2. each DISTINCT passage window once: `PairGrid.passage_side` (`encode_lower` for k > 0; with
+     k = 0 a passage's positions follow its question, so the full model embeds it per pair);
+  3. every (question, window) pair through `encode_upper` (`PairGrid.read_pairs`).
 Questions are taken in blocks of `question_block`, padded to a fixed size, so memory is bounded by
 a block whatever the data set size. The compiled steps are `dil_jax.model.grid.PairGrid`'s.
 """
@@ -66,11 +66,11 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     """
     from tqdm.auto import tqdm
 
-    from dil_jax.model.grid import PairGrid, kept_positions, round_up
+    from dil_jax.model.grid import PairGrid, kept_positions
+    from dil_jax.rounding import round_up
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
     reader = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
-    full_model = model.config.num_lower_layers == 0
     n_windows, p_len = features.p_ids.shape
     q_block = round_up(min(question_block, features.num_questions), reader.batch_size)
     blocks = []
@@ -87,7 +87,6 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     spans, nulls = (n_windows, p_len), n_windows
     out = WindowLogits(np.full(spans, -np.inf, np.float32), np.full(spans, -np.inf, np.float32),
                        np.full(nulls, np.inf, np.float32), np.full(nulls, np.inf, np.float32))
-    targets = (out.start_logits, out.end_logits, out.null_start_logits, out.null_end_logits)
     with tqdm(total=int(read.sum()), unit="window", disable=not progress,
               desc="reading") as bar:
         for q0, rows, passage_rows, p_index in blocks:
@@ -98,14 +97,15 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
             p_ids = _pad_rows(features.p_ids[passage_rows], p_block)
             p_mask = _pad_rows(features.p_mask[passage_rows], p_block)
             q_lower = reader.encode_questions(params, q_ids, q_mask)
-            p_source = p_ids if full_model else reader.encode_passages(params, p_ids, p_mask)
+            p_source = reader.passage_side(params, p_ids, p_mask)
             q_index = features.example_index[rows] - q0
             positions = None if keep is None else kept_positions(keep[rows])
-            for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source,
-                                                          p_mask, q_index, p_index, positions):
-                for target, value in zip(targets, outputs):
-                    target[rows[pairs]] = np.asarray(value)[:len(pairs)]
-                bar.update(len(pairs))
+            pairs = reader.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index,
+                                      p_index, positions, on_chunk=bar.update)
+            out.start_logits[rows] = pairs.start_logits
+            out.end_logits[rows] = pairs.end_logits
+            out.null_start_logits[rows] = pairs.null_start_logits
+            out.null_end_logits[rows] = pairs.null_end_logits
     return out
 
 

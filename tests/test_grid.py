@@ -112,7 +112,7 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
 
     reader = PairGrid(model, batch_size=2, chunk_size=2)
     q_lower = reader.encode_questions(params, q_ids, q_mask)
-    p_source = p_ids if k == 0 else reader.encode_passages(params, p_ids, p_mask)
+    p_source = reader.passage_side(params, p_ids, p_mask)
     start = np.zeros((4, 16), np.float32)
     for pairs, outputs in reader.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
                                                   q_index, p_index, positions):

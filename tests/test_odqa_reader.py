@@ -10,6 +10,7 @@ from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid
+from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.corpus import Document, split_documents
 from dil_jax.open_domain.index import build_index, build_reader_cache
 from dil_jax.open_domain.reader import Candidate, OpenDomainReader, pick_answer, standardize
@@ -43,10 +44,8 @@ def index(minilm, tmp_path_factory):
 def test_reader_equals_squad_predict_path(minilm, index, k):
     config, params, tokenizer = minilm
     model = DelayedInteractionModel(config.replace(num_lower_layers=k))
-    grid = PairGrid(model, batch_size=4)
-    encode = None if k == 0 else (lambda ids, mask: np.asarray(
-        grid.encode_passages(params, ids, mask)))
-    cache = build_reader_cache(index, model.config, params, tokenizer, encode=encode)
+    cache = build_reader_cache(index, model.config, params, tokenizer,
+                               encode=passage_encoder(model, params, batch_size=4))
     assert index.windows.count.max() > 1, "some passage must span several windows"
     reader = OpenDomainReader(index, model, params, tokenizer, cache,
                               top_p=len(index.passages), batch_size=4, chunk_size=8)

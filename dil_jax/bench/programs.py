@@ -19,7 +19,7 @@ import numpy as np
 from dil_jax.bench.flops import phase_flops
 from dil_jax.bench.grids import PHASES, GridSpec
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
+from dil_jax.model.grid import PairGrid, reads_passage_ids
 from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.rounding import ceil_div
 
@@ -113,7 +113,7 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
     if phase != "pairs":
         raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
     q_lower = _spec((num_questions, question_len, h), dtype)
-    if config.num_lower_layers == 0:
+    if reads_passage_ids(config):
         p_source = _spec((num_passages, passage_len), jnp.int32)
     else:
         p_source = _spec((num_passages, passage_len, h), dtype)
@@ -133,7 +133,7 @@ def phase_calls(reader: PairGrid, phase: str, spec: GridSpec) -> int:
     if phase == "ni_q":
         return ceil_div(spec.num_questions, reader.batch_size)
     if phase == "ni_p":
-        if reader.model.config.num_lower_layers == 0:
+        if reads_passage_ids(reader.model.config):
             return 0
         return ceil_div(spec.num_passages, reader.batch_size)
     return ceil_div(spec.num_pairs, reader.chunk_size)

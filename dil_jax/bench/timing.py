@@ -45,11 +45,8 @@ def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
     q_lower, q_qkv = segments(reader.encode_questions, inputs.q_ids, inputs.q_mask)
     times["ni_q"] = time.perf_counter() - start
     start = time.perf_counter()
-    if reader.model.config.num_lower_layers == 0:
-        # The full model embeds passages inside the pair program.
-        p_source, p_qkv = inputs.p_ids, None
-    else:
-        p_source, p_qkv = segments(reader.encode_passages, inputs.p_ids, inputs.p_mask)
+    # At k = 0 the passage side is the ids (the full model embeds them inside the pair program).
+    p_source, p_qkv = segments(reader.passage_side, inputs.p_ids, inputs.p_mask)
     times["ni_p"] = time.perf_counter() - start
     start = time.perf_counter()
     if max_pairs is None:

@@ -1,4 +1,6 @@
-"""Argument types that check a flag's range where it is parsed.
+"""The arguments shared by several commands: types that check a flag's range where it is parsed,
+the flag checks run before any work, and the prescreening flags of the commands that read
+(`add_reading_arguments`, `prescreen_from_args`). Commands import each other never, only this.
 
 A bad value ends in argparse's usual error (exit status 2) naming the flag and the value, e.g.
 `dil-jax predict: error: argument --batch-size: must be an integer >= 1, got '0'`, before any
@@ -99,3 +101,27 @@ def require_file(path: str, flag: str, what: str = "file") -> None:
         raise InputFileError(f"{flag} {path} is a folder, not a {what}; give the {what} itself")
     if not os.path.exists(path):
         raise InputFileError(f"{flag} {path}: no such {what}")
+
+
+def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
+    """--prescreen/--top-m/--mass of the commands that read (`where` completes the help)."""
+    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
+                        help="read only the prescreened sentences of each passage in the upper "
+                             "blocks ('default' = the bundled prescreener, or a folder written "
+                             f"by dil-jax prescreen){where}")
+    parser.add_argument("--top-m", type=positive_int, default=2,
+                        help="with --prescreen: keep the m best sentences of each passage")
+    parser.add_argument("--mass", type=fraction, default=None,
+                        help="with --prescreen: keep the fewest best sentences holding this "
+                             "much probability (at most --top-m)")
+
+
+def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
+    """(SentencePrescreener, SentenceRule) of --prescreen/--top-m/--mass, or None."""
+    if not args.prescreen:
+        return None
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.prescreening.screen import SentenceRule
+
+    return (SentencePrescreener.load(args.prescreen),
+            SentenceRule(top_m=args.top_m, mass=args.mass))

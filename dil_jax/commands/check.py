@@ -156,11 +156,9 @@ def _read_grid_at(config, params, q, p, k: int, repeats: int) -> dict:
     reader = PairGrid(model, batch_size=8, chunk_size=8)
     q_lower, q_first, q_time = _timed(
         lambda: reader.encode_questions(params, q.ids, q.mask), repeats)
-    if k == 0:  # the full model has no lower blocks: pairs read the token ids
-        p_source, p_first, p_time = p.ids, 0.0, 0.0
-    else:
-        p_source, p_first, p_time = _timed(
-            lambda: reader.encode_passages(params, p.ids, p.mask), repeats)
+    # The passage side: token ids at k = 0 (nothing to time), lower states otherwise.
+    p_source, p_first, p_time = _timed(
+        lambda: reader.passage_side(params, p.ids, p.mask), repeats)
     grid, pair_first, pair_time = _timed(
         lambda: reader.read_grid(params, q_lower, q.mask, p_source, p.mask), repeats)
     direct = model(params, np.repeat(q.ids, len(p), 0), np.repeat(q.mask, len(p), 0),

@@ -90,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_folder
     from dil_jax.checkpoints import load_reader
     from dil_jax.commands.arguments import check_window_flags
-    from dil_jax.commands.odqa import encoder_fn, format_answer
     from dil_jax.defaults import bundled_reader
     from dil_jax.errors import UsageError
+    from dil_jax.open_domain.build import passage_encoder
     from dil_jax.open_domain.corpus import split_documents
     from dil_jax.open_domain.index import build_index, build_reader_cache
-    from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.open_domain.reader import OpenDomainReader, format_answer
 
     check_window_flags(args.max_passage_len, args.doc_stride)
     # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     readers = {}
     for name, (model, params, tokenizer) in (("full", full), ("delayed", delayed)):
         cache = build_reader_cache(index, model.config, params, tokenizer,
-                                   encode=encoder_fn(model, params, 32))
+                                   encode=passage_encoder(model, params, 32))
         readers[name] = OpenDomainReader(index, model, params, tokenizer, cache,
                                          top_p=args.top_p, batch_size=1, chunk_size=args.top_p)
     print(f"index: {args.index}: {len(index.passages)} passages ({index.settings['num_windows']}"

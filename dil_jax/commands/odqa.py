@@ -12,10 +12,10 @@ import argparse
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from dil_jax.commands.arguments import (
+    add_reading_arguments,
     non_negative_int,
     positive_int,
     unit_interval,
@@ -48,7 +48,7 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
 
 def _reader_prescreen(args, index):
     """The ReaderPrescreen of --prescreen/--top-m/--mass, or None."""
-    from dil_jax.commands.prescreen import prescreen_from_args
+    from dil_jax.commands.arguments import prescreen_from_args
     from dil_jax.open_domain.reader import ReaderPrescreen
     from dil_jax.open_domain.sentences import SentenceStore
 
@@ -118,8 +118,6 @@ def _check_evaluate_flags(args: argparse.Namespace) -> None:
 
 
 def register(subparsers) -> None:
-    from dil_jax.commands.prescreen import add_reading_arguments
-
     index = subparsers.add_parser(
         "index", help="split a corpus, build BM25 and the passage caches",
         description="Splits documents into passages, builds the BM25 index and, for each k, the "
@@ -188,112 +186,32 @@ def _load(args, k, position: int = 0):
     return load_reader(_checkpoint_for(args, position), k, args.max_question_len, args.tokenizer)
 
 
-def encoder_fn(model, params, batch_size):
-    import numpy as np
+class _ProgressBars:
+    """The `progress` of build_open_domain_index: its notes printed, a tqdm bar per stage."""
 
-    from dil_jax.model.grid import PairGrid
+    def __init__(self):
+        from tqdm.auto import tqdm
 
-    if model.config.num_lower_layers == 0:
-        return None
-    grid = PairGrid(model, batch_size=batch_size)
-    return lambda ids, mask: np.asarray(grid.encode_passages(params, ids, mask))
+        self.tqdm = tqdm
+        self.bars = {}
 
+    def __call__(self, step) -> None:
+        if step.note:
+            print(step.note)
+            return
+        bar = self.bars.get(step.stage)
+        if bar is None:
+            self.close()  # stages run one after another: the previous one is finished
+            unit = "sentence" if step.stage == "sentence embeddings" else "window"
+            bar = self.bars[step.stage] = self.tqdm(total=step.total, unit=unit,
+                                                    desc=step.stage)
+        bar.total = step.total
+        bar.update(step.done - bar.n)
 
-def build_all(out: str, corpus: list[str], corpus_limit: int | None, split: str,
-              max_passage_len: int, doc_stride: int, readers: list, cache_dtype: str,
-              batch_size: int = 32, prescreener=None):
-    """Builds (or reopens, or repairs) the index, one passage cache per (model, params,
-    tokenizer) and, with a prescreener, the sentence embeddings of every passage.
-
-    Holds the index folder's lock throughout (a second build fails at once, naming this one).
-    An existing index is reused only if it was built with this run's corpus, split, lengths and
-    tokenizer; otherwise this refuses, naming each differing setting.
-    """
-    from dil_jax.open_domain.index import index_lock
-
-    with index_lock(out):
-        return _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_stride,
-                                 readers, cache_dtype, batch_size, prescreener)
-
-
-def _build_all_locked(out, corpus, corpus_limit, split, max_passage_len, doc_stride, readers,
-                      cache_dtype, batch_size, prescreener):
-    from tqdm.auto import tqdm
-
-    from dil_jax.open_domain.corpus import iter_sources, split_documents
-    from dil_jax.open_domain.index import (
-        IndexBrokenError,
-        OpenDomainIndexError,
-        build_index,
-        build_reader_cache,
-        clean_stale,
-        index_settings,
-        open_index,
-        read_settings,
-        settings_differences,
-    )
-
-    tokenizer = readers[0][2]
-    started = time.perf_counter()
-    documents = []
-    for spec in corpus:
-        source = list(iter_sources([spec]))
-        documents += source[:corpus_limit] if corpus_limit else source
-    passages = split_documents(documents, split)
-    split_record = {"strategy": split, "sources": corpus, "limit": corpus_limit}
-    wanted = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
-                            doc_stride=doc_stride, split=split_record)
-    index = None
-    if (Path(out) / "index.json").is_file():
-        try:
-            stored = read_settings(out)
-        except IndexBrokenError as error:
-            log.warning("%s -- rebuilding the index (its caches are removed)", error)
-        else:
-            differences = settings_differences(stored, wanted)
-            if differences:
-                raise OpenDomainIndexError(
-                    f"{out} holds an index built with other settings:\n  "
-                    + "\n  ".join(differences)
-                    + f"\nits caches belong to those settings: give another --out for this run, "
-                      f"or delete {out} to rebuild it with these")
-            try:
-                index = open_index(out)
-                print(f"index: {out} ({len(index.passages)} passages, reused)")
-            except IndexBrokenError as error:
-                log.warning("%s -- rebuilding its files (the caches are kept)", error)
-    if index is None:
-        if not passages:
-            raise OpenDomainIndexError(f"no passages in --corpus {' '.join(corpus)} (is it "
-                                       "empty?)")
-        index = build_index(out, passages, tokenizer, max_passage_len=max_passage_len,
-                            doc_stride=doc_stride, split=split_record)
-        print(f"index: {len(documents)} documents -> {len(passages)} passages -> "
-              f"{index.settings['num_windows']} windows, BM25 built in "
-              f"{time.perf_counter() - started:.1f} s")
-    for note in clean_stale(out, index.settings["passages"]):
-        log.info("%s", note)
-    caches = []
-    for model, params, reader_tokenizer in readers:
-        k = model.config.num_lower_layers
-        total = index.settings["num_windows"]
-        with tqdm(total=total, unit="window", desc=f"passage cache k={k}") as bar:
-            def progress(done, bar=bar):
-                bar.update(done - bar.n)
-            cache = build_reader_cache(index, model.config, params, reader_tokenizer,
-                                       encode=encoder_fn(model, params, batch_size),
-                                       dtype=cache_dtype, progress=progress)
-            bar.update(total - bar.n)
-        caches.append(cache)
-    if prescreener is not None:
-        from dil_jax.open_domain.sentences import build_sentence_store
-
-        with tqdm(unit="sentence", desc="sentence embeddings") as bar:
-            def report(done, total, bar=bar):
-                bar.total = total
-                bar.update(done - bar.n)
-            build_sentence_store(index, prescreener, progress=report)
-    return index, caches
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.bars = {}
 
 
 def run_index(args: argparse.Namespace) -> int:
@@ -310,8 +228,17 @@ def run_index(args: argparse.Namespace) -> int:
         from dil_jax.open_domain.reader import check_read_lengths
         for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
             check_read_lengths(model.config, args.max_passage_len)
-        build_all(args.out, args.corpus, args.corpus_limit, args.split, args.max_passage_len,
-                  args.doc_stride, readers, args.cache_dtype, prescreener=prescreener)
+        from dil_jax.open_domain.build import BuildSettings, build_open_domain_index
+
+        settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
+                                 split=args.split, corpus_limit=args.corpus_limit,
+                                 cache_dtype=args.cache_dtype)
+        bars = _ProgressBars()
+        try:
+            build_open_domain_index(args.out, args.corpus, readers, settings,
+                                    prescreener=prescreener, progress=bars)
+        finally:
+            bars.close()
     return 0
 
 
@@ -327,38 +254,9 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
                             prescreen=_reader_prescreen(args, index) if prescreen else None)
 
 
-def format_answer(reader, question: str, candidates, hits, timings, mu) -> str:
-    from dil_jax.open_domain.reader import pick_answer
-
-    answer = pick_answer(candidates, mu)
-    lines = [f"Q: {question}"]
-    if answer is None:
-        # Why no answer (non-finite reader scores are an error upstream, never reported here).
-        if not hits:
-            lines.append("A: (no answer: no passage shares a word with the question)")
-        else:
-            lines.append(f"A: (no answer: none of the {len(hits)} retrieved passages has an "
-                         f"allowed span)")
-        return "\n".join(lines)
-    passage = reader.index.passages[answer.passage_index]
-    # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
-    first = max(0, answer.char_start - 200)
-    last = min(len(passage.text), answer.char_end + 200)
-    context = ("..." if first else "") + passage.text[first:answer.char_start] + "[[" + \
-        answer.text + "]]" + passage.text[answer.char_end:last] + \
-        ("..." if last < len(passage.text) else "")
-    lines += [f"A: {answer.text}",
-              f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
-              f"of {len(hits)}; reader score {answer.reader_score:.2f}, "
-              f"BM25 {answer.bm25_score:.2f}"
-              + ("" if mu is None else f", fused with mu={mu}"),
-              f"   passage: {context}",
-              "   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
-                                      for name, seconds in timings.items())]
-    return "\n".join(lines)
-
-
 def run_ask(args: argparse.Namespace) -> int:
+    from dil_jax.open_domain.reader import format_answer
+
     reader = _open_reader(args, args.k, args.top_p)
     mu = None if args.no_fusion else args.mu
     if args.interactive:

@@ -8,6 +8,7 @@ import logging
 import time
 
 from dil_jax.commands.arguments import (
+    add_reading_arguments,
     finite_float,
     non_negative_int,
     positive_int,
@@ -18,8 +19,6 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
-    from dil_jax.commands.prescreen import add_reading_arguments
-
     parser = subparsers.add_parser(
         "predict", help="answer the questions of a SQuAD file",
         description="Reads a SQuAD v1.1/v2.0 JSON file with a reader checkpoint and writes the "
@@ -60,8 +59,7 @@ def _local(path: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_path, write_atomic
     from dil_jax.checkpoints import load_reader
-    from dil_jax.commands.arguments import check_window_flags, require_file
-    from dil_jax.commands.prescreen import prescreen_from_args
+    from dil_jax.commands.arguments import check_window_flags, prescreen_from_args, require_file
     from dil_jax.data.squad import load_squad
     from dil_jax.errors import InputFileError
     from dil_jax.predict import predict_squad

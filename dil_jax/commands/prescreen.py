@@ -25,30 +25,6 @@ from pathlib import Path
 from dil_jax.commands.arguments import fraction, positive_int, window_len
 
 
-def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
-    """--prescreen/--top-m/--mass of the commands that read (`where` completes the help)."""
-    parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
-                        help="read only the prescreened sentences of each passage in the upper "
-                             "blocks ('default' = the bundled prescreener, or a folder written "
-                             f"by dil-jax prescreen){where}")
-    parser.add_argument("--top-m", type=positive_int, default=2,
-                        help="with --prescreen: keep the m best sentences of each passage")
-    parser.add_argument("--mass", type=fraction, default=None,
-                        help="with --prescreen: keep the fewest best sentences holding this "
-                             "much probability (at most --top-m)")
-
-
-def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
-    """(SentencePrescreener, SentenceRule) of --prescreen/--top-m/--mass, or None."""
-    if not args.prescreen:
-        return None
-    from dil_jax.prescreening.prescreener import SentencePrescreener
-    from dil_jax.prescreening.screen import SentenceRule
-
-    return (SentencePrescreener.load(args.prescreen),
-            SentenceRule(top_m=args.top_m, mass=args.mass))
-
-
 def check_workdir(args: argparse.Namespace, config) -> None:
     """Refuses, before any embedding or training, a workdir this run cannot write or would
     destroy: training replaces it as a whole with the prescreener folder (staged, then renamed

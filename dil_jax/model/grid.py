@@ -8,6 +8,10 @@ the pair phase are in benchmarks/README.md, "The q/k/v projections per segment v
 pair"). Pairs are processed in fixed-size chunks (one compilation, memory bounded by the chunk,
 not by q x p), and each chunk is split across all devices of a 1-D `Mesh`.
 
+The straight line: `encode_questions` and `passage_side` (ids at k = 0, lower states otherwise)
+once per segment, then `read_pairs` (any list of pairs) or `read_grid` (every pair) for the span
+scores as numpy arrays; `iter_pair_chunks` is the chunk loop under both.
+
 Why a Mesh and not pmap: `jax.pmap` is in maintenance mode. A `jit` whose pair-index inputs carry
 a `NamedSharding` over the mesh's "data" axis gives the same per-device semantics as pmap (each
 device reads its slice of the chunk; params and lower states are replicated), while working the
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -39,6 +43,13 @@ KEPT_BUCKET = 32
 # are read by at least this many pairs each on average: projecting every row once then costs at
 # most half of projecting inside each pair.
 HOIST_MIN_READS = 2
+
+
+def reads_passage_ids(config: EncoderConfig) -> bool:
+    """Whether pairs read passage ids rather than passage lower states: k = 0 (the full model),
+    where a passage has no question-independent state (its positions follow the question), so
+    each pair embeds its passage itself. The one place that decides the passage side."""
+    return config.num_lower_layers == 0
 
 
 def hoists_projections(config: EncoderConfig) -> bool:
@@ -81,6 +92,20 @@ class GridOutput:
     null_end_logits: np.ndarray
 
 
+@dataclasses.dataclass
+class PairLogits:
+    """Span scores of a list of pairs; numpy arrays indexed [pair, ...] in the list's order.
+
+    start_logits, end_logits: [num_pairs, passage_len].
+    null_start_logits, null_end_logits: [num_pairs].
+    """
+
+    start_logits: np.ndarray
+    end_logits: np.ndarray
+    null_start_logits: np.ndarray
+    null_end_logits: np.ndarray
+
+
 class PairGrid:
     """Encodes segments and reads pair grids with one model on one mesh.
 
@@ -103,7 +128,7 @@ class PairGrid:
 
         program: "lower" (encode_lower: params, ids, mask, segment), "project" (project_upper:
         params, lower states) or "pairs" (one chunk of pairs: the arguments of
-        `_read_pairs`). Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading
+        `_read_chunk`). Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading
         the compiled programs' cost and memory (dil_jax.bench.programs).
         """
         programs = {"lower": self._lower_fn, "project": self._project_fn, "pairs": self._pair_fn}
@@ -172,14 +197,23 @@ class PairGrid:
         """Passage lower states, for k > 0. With k = 0 (the full model) a passage has no
         question-independent state to cache (its positions follow the question), so read_grid
         takes the passage ids instead and this raises."""
-        if self.model.config.num_lower_layers == 0:
+        if reads_passage_ids(self.model.config):
             raise InputError("with k = 0 (the full model) passage states depend on the question "
                              "length through positions; pass passage ids to read_pairs instead")
         return self.encode_segments(params, ids, mask, PASSAGE_SEGMENT)
 
+    def passage_side(self, params: Params, ids: np.ndarray, mask: np.ndarray
+                     ) -> jax.Array | np.ndarray:
+        """What the pairs read of each passage, for any k: ids, mask [n, p_len] -> the ids
+        [n, p_len] themselves at k = 0 (`reads_passage_ids`), else the lower states
+        [n, p_len, hidden] (`encode_passages`). The `p_source` of read_pairs / read_grid."""
+        if reads_passage_ids(self.model.config):
+            return ids
+        return self.encode_passages(params, ids, mask)
+
     # --------------------------------------------------------------------- pair blocks
 
-    def _read_pairs(self, params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
+    def _read_chunk(self, params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
                     positions=None, q_qkv=None, p_qkv=None):
         """Outputs of one chunk of pairs (traced inside jit; see iter_pair_chunks)."""
         model = self.model
@@ -196,7 +230,7 @@ class PairGrid:
             pair_p_mask = jnp.take_along_axis(pair_p_mask, safe, axis=1) * kept
             index = safe if pair_source.ndim == 2 else safe[..., None]
             pair_source = jnp.take_along_axis(pair_source, index, axis=1)
-        if model.config.num_lower_layers == 0:
+        if reads_passage_ids(model.config):
             # k = 0: the "lower" passage state is its embedding at standard BERT positions,
             # which start after the question's real tokens (kept tokens: numbered afresh, as if
             # the kept text were the passage).
@@ -225,7 +259,7 @@ class PairGrid:
         # Optional arguments passed as None are empty pytrees: jit compiles one program per
         # combination in use.
         rep, shard = self.replicated, self.sharded
-        return jax.jit(self._read_pairs,
+        return jax.jit(self._read_chunk,
                        in_shardings=(rep, rep, rep, rep, rep, shard, shard, shard, rep, rep),
                        out_shardings=shard)
 
@@ -237,8 +271,8 @@ class PairGrid:
                          ) -> Iterator[tuple[np.ndarray, tuple[jax.Array, ...]]]:
         """Yields (indices into the pair list, device outputs) chunk by chunk.
 
-        q_lower: [nq, q_len, hidden]; p_source: passage lower states [np, p_len, hidden], or
-        passage ids [np, p_len] when k = 0; q_index, p_index: [num_pairs] int.
+        q_lower: [nq, q_len, hidden]; p_source: `passage_side` of the passages (lower states
+        [np, p_len, hidden], or ids [np, p_len] at k = 0); q_index, p_index: [num_pairs] int.
         positions (optional): [num_pairs, kept_len] int, the window tokens each pair reads, in
         order, p_len for padding (see `kept_positions`); the other tokens are dropped before the
         upper blocks and score -inf. Pairs are then taken in order of kept length, so that each
@@ -293,6 +327,32 @@ class PairGrid:
                                     chunk_positions, q_qkv, p_qkv)
             yield pairs, outputs
 
+    def read_pairs(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
+                   p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
+                   q_index: np.ndarray, p_index: np.ndarray,
+                   positions: np.ndarray | None = None, q_qkv: QKV | None = None,
+                   p_qkv: QKV | None = None,
+                   on_chunk: Callable[[int], None] | None = None) -> PairLogits:
+        """The span scores of every listed pair, copied off the devices into numpy arrays.
+
+        Inputs as iter_pair_chunks (q_index, p_index: [num_pairs]); the outputs are
+        [num_pairs, p_len] and [num_pairs], row i for pair i. on_chunk (optional): called with
+        the number of pairs of each chunk once it is read (a progress bar).
+        """
+        num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
+        out = PairLogits(np.empty((num_pairs, p_len), np.float32),
+                         np.empty((num_pairs, p_len), np.float32),
+                         np.empty(num_pairs, np.float32), np.empty(num_pairs, np.float32))
+        targets = (out.start_logits, out.end_logits, out.null_start_logits, out.null_end_logits)
+        for pairs, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
+                                                    q_index, p_index, positions, q_qkv, p_qkv):
+            # Only the first len(pairs) rows are real: the rest pad the chunk.
+            for target, value in zip(targets, outputs, strict=True):
+                target[pairs] = np.asarray(value)[:len(pairs)]
+            if on_chunk is not None:
+                on_chunk(len(pairs))
+        return out
+
     def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                   p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
                   q_qkv: QKV | None = None, p_qkv: QKV | None = None) -> GridOutput:
@@ -301,13 +361,9 @@ class PairGrid:
         q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
                                                            indexing="ij"))
         p_len = p_mask.shape[1]
-        start = np.empty((nq * np_, p_len), np.float32)
-        end = np.empty((nq * np_, p_len), np.float32)
-        null_start = np.empty(nq * np_, np.float32)
-        null_end = np.empty(nq * np_, np.float32)
-        for pairs, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
-                                                    q_index, p_index, q_qkv=q_qkv, p_qkv=p_qkv):
-            for target, value in zip((start, end, null_start, null_end), outputs):
-                target[pairs] = np.asarray(value)[:len(pairs)]
-        return GridOutput(start.reshape(nq, np_, p_len), end.reshape(nq, np_, p_len),
-                          null_start.reshape(nq, np_), null_end.reshape(nq, np_))
+        pairs = self.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
+                                q_qkv=q_qkv, p_qkv=p_qkv)
+        return GridOutput(pairs.start_logits.reshape(nq, np_, p_len),
+                          pairs.end_logits.reshape(nq, np_, p_len),
+                          pairs.null_start_logits.reshape(nq, np_),
+                          pairs.null_end_logits.reshape(nq, np_))

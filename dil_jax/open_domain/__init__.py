@@ -1,0 +1,14 @@
+"""Open-domain QA: retrieve passages for a question, read them with a delayed-interaction model.
+
+The straight line, one module per step:
+
+    corpus.py     documents in, passages (with source ids and character offsets) out
+    index.py      the index folder: passages, BM25, tokenized windows, the lock
+    cache.py      the passage cache: each window's passage side (lower states; ids at k = 0)
+    sentences.py  sentence embeddings of every passage (for prescreening)
+    build.py      `build_open_domain_index`: corpus -> index -> one cache per reader
+    retrieval.py  BM25 top-p passages of a question
+    reader.py     `OpenDomainReader`: question lower -> cached passage side -> pair upper ->
+                  best span per passage -> score fusion (`pick_answer`, `format_answer`)
+    evaluate.py   OpenSQuAD-style R and EM/F1 of readers
+"""

@@ -157,6 +157,14 @@ class PassageCache:
                     f"the reader has {field} = {value!r}; rebuild the cache (dil-jax index)")
         return cls(directory, manifest)
 
+    def passage_side(self, indices: Sequence[int]) -> np.ndarray:
+        """What pairs read of those passages (`PairGrid.passage_side`, from the cache): the
+        ids [len(indices), passage_len] for a k = 0 cache (it holds no states), else
+        `read_states` [len(indices), passage_len, hidden]."""
+        if self.states is None:
+            return np.asarray(self.ids[np.asarray(indices)])
+        return self.read_states(indices)
+
     def read_states(self, indices: Sequence[int]) -> np.ndarray:
         """[len(indices), passage_len, hidden] float32 lower states of those passages only."""
         if self.states is None:

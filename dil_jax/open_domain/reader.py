@@ -4,9 +4,9 @@ For a batch of questions:
   1. retrieval: BM25 top-p passages of each question;
   2. question lower: each question once through `encode_lower`;
   3. pair upper: every (question, window of a retrieved passage) pair through `encode_upper`,
-     spread over all devices in fixed-size chunks (`dil_jax.model.grid.PairGrid`); the passage lower
-     states are read from the passage cache, only for the retrieved windows (k = 0 reads tokens
-     and embeds them per pair: the full model has no question-independent passage state);
+     spread over all devices in fixed-size chunks (`dil_jax.model.grid.PairGrid`); the passage side
+     (`PassageCache.passage_side`: lower states, or at k = 0 the tokens, embedded per pair) is
+     read from the passage cache, only for the retrieved windows;
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
      sliced from the passage's original characters.
 
@@ -36,9 +36,10 @@ import numpy as np
 from dil_jax.data.decoding import window_nbest
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.model.grid import PairGrid, kept_positions, round_up
+from dil_jax.model.grid import PairGrid, kept_positions
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, window_arrays
+from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
 if TYPE_CHECKING:
@@ -152,7 +153,6 @@ class OpenDomainReader:
         self.grid = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size)
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
-        self.full_model = model.config.num_lower_layers == 0
         self.offsets = arrays["offsets"]
         self._set_prescreen(prescreen)
 
@@ -227,20 +227,12 @@ class OpenDomainReader:
         # Few distinct shapes (each compiles once): round the subset up to whole top-p batches.
         padded = round_up(max(len(rows), 1), size * self.top_p)
         p_mask = np.pad(np.asarray(self.cache.mask[rows]), ((0, padded - len(rows)), (0, 0)))
-        if self.full_model:
-            p_source = np.pad(np.asarray(self.cache.ids[rows]),
-                              ((0, padded - len(rows)), (0, 0)))
-        else:
-            p_source = np.pad(self.cache.read_states(rows),
-                              ((0, padded - len(rows)), (0, 0), (0, 0)))
-        n_pairs, p_len = len(pair_q), p_mask.shape[1]
-        start_logits = np.empty((n_pairs, p_len), np.float32)
-        end_logits = np.empty((n_pairs, p_len), np.float32)
-        for pairs, outputs in self.grid.iter_pair_chunks(
-                self.params, q_lower, q_mask, p_source, p_mask, np.asarray(pair_q, np.int64),
-                pair_p.reshape(-1), positions):
-            start_logits[pairs] = np.asarray(outputs[0])[:len(pairs)]
-            end_logits[pairs] = np.asarray(outputs[1])[:len(pairs)]
+        p_source = self.cache.passage_side(rows)
+        p_source = np.pad(p_source, ((0, padded - len(rows)),) + ((0, 0),) * (p_source.ndim - 1))
+        pair_logits = self.grid.read_pairs(self.params, q_lower, q_mask, p_source, p_mask,
+                                           np.asarray(pair_q, np.int64), pair_p.reshape(-1),
+                                           positions)
+        start_logits, end_logits = pair_logits.start_logits, pair_logits.end_logits
         timings["pair_upper"] += time.perf_counter() - clock
         _check_finite(start_logits, end_logits, pair_q, pair_hit, questions, hits,
                       self.index.passages)
@@ -296,3 +288,35 @@ class OpenDomainReader:
         pair_kept = kept[[hit_number[key] for key in pair_hit]]
         return window_keep(self.token_sentence[pair_row], pair_kept,
                            np.asarray(self.cache.mask[pair_row]))
+
+
+def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[Candidate],
+                  hits: Sequence, timings: dict[str, float], mu: float | None) -> str:
+    """The answer of `pick_answer(candidates, mu)` shown for a person: the question, the
+    answer, its passage around it (marked [[...]]), ranks, scores and the phase times."""
+    answer = pick_answer(candidates, mu)
+    lines = [f"Q: {question}"]
+    if answer is None:
+        # Why no answer (non-finite reader scores are an error upstream, never reported here).
+        if not hits:
+            lines.append("A: (no answer: no passage shares a word with the question)")
+        else:
+            lines.append(f"A: (no answer: none of the {len(hits)} retrieved passages has an "
+                         f"allowed span)")
+        return "\n".join(lines)
+    passage = reader.index.passages[answer.passage_index]
+    # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
+    first = max(0, answer.char_start - 200)
+    last = min(len(passage.text), answer.char_end + 200)
+    context = ("..." if first else "") + passage.text[first:answer.char_start] + "[[" + \
+        answer.text + "]]" + passage.text[answer.char_end:last] + \
+        ("..." if last < len(passage.text) else "")
+    lines += [f"A: {answer.text}",
+              f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
+              f"of {len(hits)}; reader score {answer.reader_score:.2f}, "
+              f"BM25 {answer.bm25_score:.2f}"
+              + ("" if mu is None else f", fused with mu={mu}"),
+              f"   passage: {context}",
+              "   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
+                                      for name, seconds in timings.items())]
+    return "\n".join(lines)
