@@ -28,10 +28,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dil_jax.config import EncoderConfig
+from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
 
-DATA_AXIS = "data"
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
 KEPT_BUCKET = 32
 # iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
@@ -46,10 +46,8 @@ def hoists_projections(config: EncoderConfig) -> bool:
     return 0 < config.num_lower_layers < config.num_layers
 
 
-def make_mesh(devices: list | None = None) -> Mesh:
-    """A 1-D mesh over `devices` (default: every device of every process)."""
-    devices = jax.devices() if devices is None else devices
-    return Mesh(np.asarray(devices), (DATA_AXIS,))
+# The name bench/ and benchmarks/ import; the mesh itself is built in dil_jax/mesh.py.
+make_mesh = data_mesh
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -95,7 +93,7 @@ class PairGrid:
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
                  batch_size: int = 32, chunk_size: int = 64):
         self.model = model
-        self.mesh = make_mesh() if mesh is None else mesh
+        self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
         self.batch_size = round_up(batch_size, num_devices)
         self.chunk_size = round_up(chunk_size, num_devices)

@@ -6,7 +6,7 @@
   squad_data       the SQuAD featurizer and EM/F1 evaluator of the SQuAD configs
   losses           span cross-entropy, KD and LRS
   optim            AdamW + warmup/linear decay + clipping + weight-decay mask
-  sharding         1-D "data" mesh, per-process batch assembly
+  sharding         batch sharding over dil_jax.mesh.data_mesh, per-process batch assembly
   step             the jitted train step (accumulation scan, frozen teacher)
   checkpointing    orbax CheckpointManager: every N steps, last K + best, resume
   metrics          JSONL, TensorBoard (tensorboardX), tqdm

@@ -32,6 +32,7 @@ from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints import CheckpointError
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
+from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
@@ -294,7 +295,7 @@ def train(config: ml_collections.ConfigDict, *,
     maybe_initialize_distributed(config.distributed)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
-    mesh = sharding_lib.make_data_mesh()
+    mesh = data_mesh()
     global_batch, accum, micro = batch_geometry(config, mesh.devices.size)
 
     train_windows = (data_lib.windows_from_features(train_features) if train_features is not None
