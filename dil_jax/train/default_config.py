@@ -11,9 +11,17 @@ from collections.abc import Callable
 
 import ml_collections
 
+from dil_jax.defaults import (
+    DOC_STRIDE,
+    MAX_PASSAGE_LEN,
+    MAX_QUESTION_LEN,
+    READ_BATCH_SIZE,
+    SHARED_SQUAD_FILE,
+    TRAIN_BATCH_SIZE,
+)
 from dil_jax.errors import UsageError
 
-SQUAD_V1_35 = "../shared/data/squad/dev-v1.1.35-articles.json"
+SQUAD_V1_35 = SHARED_SQUAD_FILE
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -21,7 +29,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.workdir = "runs/default"  # checkpoints/, metrics.jsonl, tensorboard/, params/; or gs://
     c.seed = 0  # model init (QA head) and dropout
     c.data_seed = 0  # training order; part of the resumable data position
-    c.batch_size = 12  # global windows per optimizer step, over all devices and processes
+    # Global windows per optimizer step, over all devices and processes.
+    c.batch_size = TRAIN_BATCH_SIZE
     c.grad_accum_steps = 1  # micro-batches per step (lax.scan); batch_size / this per micro
     c.num_epochs = 2.0
     c.num_train_steps = -1  # > 0 overrides num_epochs
@@ -32,7 +41,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.checkpoint = "default"
     c.model.encoder = None  # EncoderConfig fields for random init (ConfigDict)
     c.model.num_lower_layers = 0  # k
-    c.model.max_question_len = 64
+    c.model.max_question_len = MAX_QUESTION_LEN
     c.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 params
     c.model.hidden_dropout = None  # None: the checkpoint's own
     c.model.attention_dropout = None
@@ -69,8 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.tokenizer = "default"
     c.data.train_articles = "0:28"  # slice of the file's articles (split by article)
     c.data.validation_articles = "28:35"
-    c.data.max_passage_len = 320  # passage window `p [SEP]`
-    c.data.stride = 128  # tokens between window starts
+    c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
+    c.data.stride = DOC_STRIDE  # tokens between window starts
     c.data.max_questions = -1  # > 0: only the first questions of the split (smoke runs)
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
@@ -80,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
     # "module:factory", factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"}.
     c.eval.evaluator = "dil_jax.train.squad_data:evaluator"
     c.eval.use_validation_loss = True  # mean span CE on the validation windows
-    c.eval.batch_size = 32
+    c.eval.batch_size = READ_BATCH_SIZE
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 500  # also evaluates then; a final save always happens
@@ -117,14 +126,14 @@ def paper_squad_config(name: str, checkpoint: str, variant: str = "") -> ml_coll
     c.model.checkpoint = checkpoint
     c.data.tokenizer = checkpoint
     c.model.num_lower_layers = 10
-    c.model.max_question_len = 64
-    c.data.max_passage_len = 384 - 64
-    c.data.stride = 128
+    c.model.max_question_len = MAX_QUESTION_LEN
+    c.data.max_passage_len = MAX_PASSAGE_LEN
+    c.data.stride = DOC_STRIDE
     c.data.train_articles = ":"
     # Validate on the official dev set (set its path); all of its articles.
     c.data.validation_file = "PATH/dev-v1.1.json"
     c.data.validation_articles = ":"
-    c.batch_size = 12
+    c.batch_size = TRAIN_BATCH_SIZE
     c.num_epochs = 2.0
     c.optim.learning_rate = 3e-5
     c.optim.warmup_fraction = 0.1
