@@ -31,7 +31,7 @@ def get_config(variant: str = "k4") -> ml_collections.ConfigDict:
     c.data.tokenizer = "default"
     c.model.max_question_len = CPU_MAX_QUESTION_LEN
     c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
-    c.data.stride = CPU_DOC_STRIDE
+    c.data.doc_stride = CPU_DOC_STRIDE
     c.batch_size = 16
     c.num_epochs = 2.0
     # Small models fine-tune best with a larger rate than BERT-base's 3e-5.

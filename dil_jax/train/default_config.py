@@ -79,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.train_articles = "0:28"  # slice of the file's articles (split by article)
     c.data.validation_articles = "28:35"
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
-    c.data.stride = DOC_STRIDE  # tokens between window starts
+    c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     c.data.max_questions = -1  # > 0: only the first questions of the split (smoke runs)
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
@@ -128,7 +128,7 @@ def paper_squad_config(name: str, checkpoint: str, variant: str = "") -> ml_coll
     c.model.num_lower_layers = 10
     c.model.max_question_len = MAX_QUESTION_LEN
     c.data.max_passage_len = MAX_PASSAGE_LEN
-    c.data.stride = DOC_STRIDE
+    c.data.doc_stride = DOC_STRIDE
     c.data.train_articles = ":"
     # Validate on the official dev set (set its path); all of its articles.
     c.data.validation_file = "PATH/dev-v1.1.json"
@@ -259,7 +259,7 @@ RULES: dict[str, Rule] = {
     "data.train_articles": text(),
     "data.validation_articles": text(),
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
-    "data.stride": POSITIVE,
+    "data.doc_stride": POSITIVE,
     "data.max_questions": int_at_least(1, off=-1),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
@@ -278,6 +278,18 @@ RULES: dict[str, Rule] = {
 }
 
 
+# Keys renamed since configs were first written: old key -> new key. A config file or override
+# that still sets an old key is refused by name (it would otherwise be silently ignored).
+RENAMED_KEYS = {"data.stride": "data.doc_stride"}
+
+
+def renamed_key_message(key: str) -> str | None:
+    """How to fix a config that sets the renamed `key` ("data.stride"), or None."""
+    new = RENAMED_KEYS.get(key)
+    return None if new is None else (f"config.{key} was renamed config.{new} (the name the "
+                                     f"featurizers and commands use); set config.{new} instead")
+
+
 def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
     node: object = config
     for name in key.split("."):
@@ -289,7 +301,7 @@ def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
 
 def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     """Every rule a value of `config` breaks, as "config.KEY = VALUE: must be ..." lines."""
-    problems = []
+    problems = [renamed_key_message(old) for old in RENAMED_KEYS if _lookup(config, old)[0]]
     for key, rule in RULES.items():
         present, value = _lookup(config, key)
         wanted = rule(value) if present else None
