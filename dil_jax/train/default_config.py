@@ -21,8 +21,6 @@ from dil_jax.defaults import (
 )
 from dil_jax.errors import UsageError
 
-SQUAD_V1_35 = SHARED_SQUAD_FILE
-
 
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -73,7 +71,7 @@ def base_config() -> ml_collections.ConfigDict:
     # "module:function" called as f(data_config, split, max_question_len=...) -> Features
     # (split "train" or "validation"); "" = the caller passes features to train().
     c.data.featurizer = "dil_jax.train.squad_data:featurize"
-    c.data.squad_file = SQUAD_V1_35
+    c.data.squad_file = SHARED_SQUAD_FILE
     c.data.validation_file = ""  # "" = validation articles come from squad_file too
     c.data.tokenizer = "default"
     c.data.train_articles = "0:28"  # slice of the file's articles (split by article)
