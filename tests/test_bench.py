@@ -16,8 +16,9 @@ import pytest
 from dil_jax import bench
 from dil_jax.bench import report as bench_report
 from dil_jax.commands import bench as bench_command
+from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid, make_mesh
+from dil_jax.model.grid import PairGrid
 from dil_jax.model.modules import attends_per_example
 
 FLOP_TOLERANCE = 0.05
@@ -80,7 +81,7 @@ def test_flop_check_catches_a_wrong_count():
     model = DelayedInteractionModel(config.replace(num_lower_layers=1, attention_form="batched"))
     # One device: the formula counts the 2 pairs of one program. On N devices (a suite run
     # with forced host devices) the chunk pads to N pairs and XLA reports one device's share.
-    reader = PairGrid(model, make_mesh(jax.devices()[:1]), batch_size=2, chunk_size=2)
+    reader = PairGrid(model, data_mesh(jax.devices()[:1]), batch_size=2, chunk_size=2)
     flops = bench.program_stats(bench.lower_phase(reader, params, "pairs", 2, 2, 16, 48)).flops
     right = bench.phase_flops(model.config, "pairs", 2, 16, 48)
     wrong = bench.phase_flops(config.replace(num_lower_layers=2), "pairs", 2, 16, 48)

@@ -40,6 +40,18 @@ def test_bad_overrides_name_the_key(key, value, message):
         load_config(TINY_CONFIG, [(key, value)])
 
 
+def test_renamed_key_names_its_new_name():
+    from dil_jax.errors import UsageError
+    from dil_jax.train.default_config import validate_config
+
+    with pytest.raises(ConfigFileError, match="renamed config.data.doc_stride"):
+        load_config(TINY_CONFIG, [("data.stride", "64")])
+    config = load_config_file(TINY_CONFIG)
+    config.data.stride = 64  # an old config file's line
+    with pytest.raises(UsageError, match="config.data.stride was renamed config.data.doc_stride"):
+        validate_config(config)
+
+
 def test_split_overrides_accepts_both_spellings():
     rest, overrides = split_overrides(["--config.a.b=1", "--config.c", "x y", "--other"])
     assert overrides == [("a.b", "1"), ("c", "x y")]
@@ -65,7 +77,7 @@ def test_every_shipped_config_loads():
     assert (paper.model.num_lower_layers, paper.optim.learning_rate, paper.num_epochs,
             paper.batch_size) == (10, 3e-5, 2.0, 12)
     assert paper.model.max_question_len + paper.data.max_passage_len == 384
-    assert paper.data.stride == 128
+    assert paper.data.doc_stride == 128
     with pytest.raises(ValueError, match="unknown variant"):
         load_config_file(f"{REPO}/configs/minilm_squad.py:k7")
 

@@ -19,11 +19,12 @@ from train_helpers import (
 )
 
 from dil_jax.config import EncoderConfig
+from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.train.data import synthetic_features, windows_from_features
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.optim import make_optimizer
-from dil_jax.train.sharding import make_data_mesh, process_rows, put_process_batch, replicate
+from dil_jax.train.sharding import process_rows, put_process_batch, replicate
 from dil_jax.train.step import accumulate_gradients, init_train_state, make_train_step
 
 TINY = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
@@ -40,7 +41,7 @@ def _flat_vector(tree) -> np.ndarray:
 
 def _setup(config=TINY, lr=3e-3, steps=100, weights=None):
     weights = weights or LossWeights()
-    mesh = make_data_mesh()
+    mesh = data_mesh()
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
     tx, schedule = make_optimizer(lr, steps, 0)
@@ -78,7 +79,7 @@ def test_accumulation_equals_one_big_batch():
     params = model.init(jax.random.key(0))
     accumulate = jax.jit(functools.partial(accumulate_gradients, model, None, LossWeights()))
     rng = jax.random.key(1)
-    big = _fixed_batch(make_data_mesh(), 1, 8)  # [1, 8, ...]
+    big = _fixed_batch(data_mesh(), 1, 8)  # [1, 8, ...]
     split = {k: v.reshape(2, 4, *v.shape[2:]) for k, v in big.items()}
     rows = {k: v.reshape(8, 1, 1, *v.shape[2:]) for k, v in big.items()}
     grads_one, metrics_one = accumulate(params, None, big, rng)

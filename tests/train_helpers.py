@@ -60,8 +60,8 @@ ZERO_GRADIENT_SHARE = 0.01
 
 def learning_rate_sum(config) -> float:
     """Sum of the learning rates of the optimizer steps a train() run with `config` takes."""
-    from dil_jax.train.loop import warmup_steps
     from dil_jax.train.optim import warmup_linear_decay
+    from dil_jax.train.setup import warmup_steps
 
     steps = int(config.num_train_steps)
     schedule = warmup_linear_decay(config.optim.learning_rate, steps,

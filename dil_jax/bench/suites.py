@@ -34,8 +34,9 @@ from dil_jax.bench.timing import (
     warm_up,
 )
 from dil_jax.config import EncoderConfig
+from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.grid import PairGrid, make_mesh
+from dil_jax.model.grid import PairGrid
 
 
 @dataclasses.dataclass
@@ -103,7 +104,7 @@ def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict
     Sizes are capped by the grid: a lower batch larger than the number of questions or passages
     (or a chunk larger than the pairs) would time padding, not the model.
     """
-    mesh = make_mesh()
+    mesh = data_mesh()
     grid = suite.grid
     batch = min(suite.batch_size, grid.num_questions, grid.num_passages)
     chunk = min(suite.chunk_size, grid.num_pairs)

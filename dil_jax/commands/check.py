@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from dil_jax.commands.arguments import non_negative_int, positive_int, window_len
+from dil_jax.defaults import CHECK_MAX_PASSAGE_LEN, CHECK_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
 
 
@@ -31,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
     parser.add_argument("--k", type=non_negative_int, nargs="+", default=None,
                         help="split points to compare with the full model (default: l-2 l-1)")
-    parser.add_argument("--max-question-len", type=positive_int, default=32)
-    parser.add_argument("--max-passage-len", type=window_len, default=96)
+    parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN)
+    parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN)
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="timed repeats (median)")
     parser.set_defaults(func=run)

@@ -22,6 +22,11 @@ from dil_jax.commands.arguments import (
     unit_interval,
     window_len,
 )
+from dil_jax.defaults import (
+    OPEN_DOMAIN_DOC_STRIDE,
+    OPEN_DOMAIN_MAX_PASSAGE_LEN,
+    OPEN_DOMAIN_MAX_QUESTION_LEN,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +57,11 @@ def register(subparsers) -> None:
                         help="split point of the delayed reader, >= 1 (default: its own)")
     parser.add_argument("--top-p", type=positive_int, default=10)
     parser.add_argument("--mu", type=unit_interval, default=0.5)
-    parser.add_argument("--max-question-len", type=positive_int, default=32)
-    parser.add_argument("--max-passage-len", type=window_len, default=192)
-    parser.add_argument("--doc-stride", type=positive_int, default=96,
+    parser.add_argument("--max-question-len", type=positive_int,
+                        default=OPEN_DOMAIN_MAX_QUESTION_LEN)
+    parser.add_argument("--max-passage-len", type=window_len,
+                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
+    parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
     parser.set_defaults(func=run)

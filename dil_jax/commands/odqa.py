@@ -21,6 +21,12 @@ from dil_jax.commands.arguments import (
     unit_interval,
     window_len,
 )
+from dil_jax.defaults import (
+    OPEN_DOMAIN_BATCH_SIZE,
+    OPEN_DOMAIN_DOC_STRIDE,
+    OPEN_DOMAIN_MAX_PASSAGE_LEN,
+    OPEN_DOMAIN_MAX_QUESTION_LEN,
+)
 from dil_jax.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -40,8 +46,10 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
     else:
         parser.add_argument("--k", type=non_negative_int, default=None,
                             help="split point (default: the checkpoint's own; 0 for HF ones)")
-    parser.add_argument("--max-question-len", type=positive_int, default=32)
-    parser.add_argument("--batch-size", type=positive_int, default=8, help="questions per batch")
+    parser.add_argument("--max-question-len", type=positive_int,
+                        default=OPEN_DOMAIN_MAX_QUESTION_LEN)
+    parser.add_argument("--batch-size", type=positive_int, default=OPEN_DOMAIN_BATCH_SIZE,
+                        help="questions per batch")
     parser.add_argument("--chunk-size", type=positive_int, default=64,
                         help="pairs per device step")
 
@@ -128,8 +136,9 @@ def register(subparsers) -> None:
     index.add_argument("--corpus-limit", type=positive_int, default=None,
                        help="only the first N documents of each source")
     index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs")
-    index.add_argument("--max-passage-len", type=window_len, default=192)
-    index.add_argument("--doc-stride", type=positive_int, default=96,
+    index.add_argument("--max-passage-len", type=window_len,
+                       default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
+    index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
     index.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
     _reader_args(index, many_k=True)

@@ -14,6 +14,7 @@ from dil_jax.commands.arguments import (
     positive_int,
     window_len,
 )
+from dil_jax.defaults import DOC_STRIDE, MAX_QUESTION_LEN, PREDICT_MAX_PASSAGE_LEN, READ_BATCH_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,12 @@ def register(subparsers) -> None:
     parser.add_argument("--k", type=non_negative_int, default=None,
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
-    parser.add_argument("--max-question-len", type=positive_int, default=64)
-    parser.add_argument("--max-passage-len", type=window_len, default=384)
-    parser.add_argument("--doc-stride", type=positive_int, default=128,
+    parser.add_argument("--max-question-len", type=positive_int, default=MAX_QUESTION_LEN)
+    parser.add_argument("--max-passage-len", type=window_len,
+                        default=PREDICT_MAX_PASSAGE_LEN)
+    parser.add_argument("--doc-stride", type=positive_int, default=DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
-    parser.add_argument("--batch-size", type=positive_int, default=32)
+    parser.add_argument("--batch-size", type=positive_int, default=READ_BATCH_SIZE)
     parser.add_argument("--max-answer-length", type=positive_int, default=30, help="in tokens")
     parser.add_argument("--n-best", type=positive_int, default=20)
     parser.add_argument("--null-threshold", type=finite_float, default=None,

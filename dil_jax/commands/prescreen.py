@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from dil_jax.commands.arguments import fraction, positive_int, window_len
+from dil_jax.defaults import CPU_MAX_PASSAGE_LEN
 
 
 def check_workdir(args: argparse.Namespace, config) -> None:
@@ -67,7 +68,7 @@ def register(subparsers) -> None:
                              "probability")
     parser.add_argument("--eval-limit", type=positive_int, default=400,
                         help="validation questions read end to end (the first N)")
-    parser.add_argument("--max-passage-len", type=window_len, default=160,
+    parser.add_argument("--max-passage-len", type=window_len, default=CPU_MAX_PASSAGE_LEN,
                         help="reader window (tokens) with and without prescreening")
     parser.set_defaults(func=run, accepts_config_overrides=True)
 

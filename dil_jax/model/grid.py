@@ -32,11 +32,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dil_jax.config import EncoderConfig
+from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
 from dil_jax.rounding import round_up
 
-DATA_AXIS = "data"
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
 KEPT_BUCKET = 32
 # iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
@@ -56,12 +56,6 @@ def hoists_projections(config: EncoderConfig) -> bool:
     """Whether pairs can read precomputed first-upper-block q/k/v: 0 < k < l (at k = 0 the
     first block's input is the pair's own embedding; at k = l there is no upper block)."""
     return 0 < config.num_lower_layers < config.num_layers
-
-
-def make_mesh(devices: list | None = None) -> Mesh:
-    """A 1-D mesh over `devices` (default: every device of every process)."""
-    devices = jax.devices() if devices is None else devices
-    return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
 def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
@@ -116,7 +110,7 @@ class PairGrid:
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
                  batch_size: int = 32, chunk_size: int = 64):
         self.model = model
-        self.mesh = make_mesh() if mesh is None else mesh
+        self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
         self.batch_size = round_up(batch_size, num_devices)
         self.chunk_size = round_up(chunk_size, num_devices)

@@ -71,7 +71,7 @@ def build_sentence_data(examples: Sequence[SquadExample], encoder, params, token
 
 
 @dataclasses.dataclass
-class TrainResult:
+class PrescreenerTrainResult:
     """params: the final ones, or with `dev` data the best on it; dev_top1: (step, accuracy)
     of each evaluation; best_step: the step params come from."""
 
@@ -89,7 +89,8 @@ def data_scores(params, config: PrescreenConfig, data: SentenceData) -> np.ndarr
 def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int = 1500,
                       batch_size: int = 64, learning_rate: float = 1e-3,
                       weight_decay: float = 0.01, seed: int = 0,
-                      dev: SentenceData | None = None, eval_every: int = 100) -> TrainResult:
+                      dev: SentenceData | None = None,
+                      eval_every: int = 100) -> PrescreenerTrainResult:
     """AdamW with cosine decay on softmax cross-entropy over each passage's sentences.
 
     With `dev` (held-out articles, not the validation ones), top-1 accuracy on it is measured
@@ -118,7 +119,7 @@ def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int
         return optax.apply_updates(params, updates), opt_state, loss
 
     order_rng = np.random.default_rng(seed)
-    result = TrainResult(params, [])
+    result = PrescreenerTrainResult(params, [])
     best = -1.0
     n = len(data.label)
     for i in range(steps):

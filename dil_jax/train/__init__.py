@@ -6,9 +6,10 @@
   squad_data       the SQuAD featurizer and EM/F1 evaluator of the SQuAD configs
   losses           span cross-entropy, KD and LRS
   optim            AdamW + warmup/linear decay + clipping + weight-decay mask
-  sharding         1-D "data" mesh, per-process batch assembly
+  sharding         batch sharding over dil_jax.mesh.data_mesh, per-process batch assembly
   step             the jitted train step (accumulation scan, frozen teacher)
   checkpointing    orbax CheckpointManager: every N steps, last K + best, resume
-  metrics          JSONL, TensorBoard (tensorboardX), tqdm
-  loop             train(config, ...)
+  log_writers      JSONL, TensorBoard (tensorboardX), tqdm
+  setup            config -> devices, windows and batch geometry, student/teacher, optimizer
+  loop             train(config, ...): resume, the step loop, evaluation, checkpoints, export
 """

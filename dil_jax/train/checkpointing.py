@@ -90,9 +90,6 @@ class TrainCheckpointer:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
-    def should_save(self, step: int) -> bool:
-        return self.manager.should_save(step)
-
     def save(self, step: int, state: Any, meta: dict[str, Any],
              metrics: dict[str, float] | None = None, force: bool = False) -> bool:
         """Saves if the interval says so (or `force`); metrics feed the best-checkpoint policy."""
@@ -179,9 +176,6 @@ class TrainCheckpointer:
     def reached_preemption(self, step: int) -> bool:
         """All processes agree a preemption (SIGTERM) happened (multi-process runs only)."""
         return jax.process_count() > 1 and self.manager.reached_preemption(step)
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
 
     def close(self) -> None:
         self.manager.close()

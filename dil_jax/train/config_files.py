@@ -22,6 +22,7 @@ from pathlib import Path
 import ml_collections
 
 from dil_jax.errors import DilJaxError
+from dil_jax.train.default_config import renamed_key_message
 
 OVERRIDE_PREFIX = "--config."
 
@@ -133,6 +134,8 @@ def apply_overrides(config: ml_collections.ConfigDict,
                 raise ConfigFileError(f"--config.{key}: no section "
                                       f"{'.'.join(parents[:index + 1])!r} in the config")
             node = node[name]
+        if leaf not in node and renamed_key_message(key):
+            raise ConfigFileError(f"--config.{key}: {renamed_key_message(key)}")
         if leaf not in node:
             raise ConfigFileError(f"--config.{key}: unknown key; {'.'.join(parents) or 'config'} "
                                   f"has {sorted(node.keys())}")

@@ -11,9 +11,15 @@ from collections.abc import Callable
 
 import ml_collections
 
+from dil_jax.defaults import (
+    DOC_STRIDE,
+    MAX_PASSAGE_LEN,
+    MAX_QUESTION_LEN,
+    READ_BATCH_SIZE,
+    SHARED_SQUAD_FILE,
+    TRAIN_BATCH_SIZE,
+)
 from dil_jax.errors import UsageError
-
-SQUAD_V1_35 = "../shared/data/squad/dev-v1.1.35-articles.json"
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -21,7 +27,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.workdir = "runs/default"  # checkpoints/, metrics.jsonl, tensorboard/, params/; or gs://
     c.seed = 0  # model init (QA head) and dropout
     c.data_seed = 0  # training order; part of the resumable data position
-    c.batch_size = 12  # global windows per optimizer step, over all devices and processes
+    # Global windows per optimizer step, over all devices and processes.
+    c.batch_size = TRAIN_BATCH_SIZE
     c.grad_accum_steps = 1  # micro-batches per step (lax.scan); batch_size / this per micro
     c.num_epochs = 2.0
     c.num_train_steps = -1  # > 0 overrides num_epochs
@@ -32,7 +39,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.checkpoint = "default"
     c.model.encoder = None  # EncoderConfig fields for random init (ConfigDict)
     c.model.num_lower_layers = 0  # k
-    c.model.max_question_len = 64
+    c.model.max_question_len = MAX_QUESTION_LEN
     c.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 params
     c.model.hidden_dropout = None  # None: the checkpoint's own
     c.model.attention_dropout = None
@@ -64,13 +71,13 @@ def base_config() -> ml_collections.ConfigDict:
     # "module:function" called as f(data_config, split, max_question_len=...) -> FeaturesLike
     # (split "train" or "validation"); "" = the caller passes features to train().
     c.data.featurizer = "dil_jax.train.squad_data:featurize"
-    c.data.squad_file = SQUAD_V1_35
+    c.data.squad_file = SHARED_SQUAD_FILE
     c.data.validation_file = ""  # "" = validation articles come from squad_file too
     c.data.tokenizer = "default"
     c.data.train_articles = "0:28"  # slice of the file's articles (split by article)
     c.data.validation_articles = "28:35"
-    c.data.max_passage_len = 320  # passage window `p [SEP]`
-    c.data.stride = 128  # tokens between window starts
+    c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
+    c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     c.data.max_questions = -1  # > 0: only the first questions of the split (smoke runs)
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
@@ -80,7 +87,7 @@ def base_config() -> ml_collections.ConfigDict:
     # "module:factory", factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"}.
     c.eval.evaluator = "dil_jax.train.squad_data:evaluator"
     c.eval.use_validation_loss = True  # mean span CE on the validation windows
-    c.eval.batch_size = 32
+    c.eval.batch_size = READ_BATCH_SIZE
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 500  # also evaluates then; a final save always happens
@@ -117,14 +124,14 @@ def paper_squad_config(name: str, checkpoint: str, variant: str = "") -> ml_coll
     c.model.checkpoint = checkpoint
     c.data.tokenizer = checkpoint
     c.model.num_lower_layers = 10
-    c.model.max_question_len = 64
-    c.data.max_passage_len = 384 - 64
-    c.data.stride = 128
+    c.model.max_question_len = MAX_QUESTION_LEN
+    c.data.max_passage_len = MAX_PASSAGE_LEN
+    c.data.doc_stride = DOC_STRIDE
     c.data.train_articles = ":"
     # Validate on the official dev set (set its path); all of its articles.
     c.data.validation_file = "PATH/dev-v1.1.json"
     c.data.validation_articles = ":"
-    c.batch_size = 12
+    c.batch_size = TRAIN_BATCH_SIZE
     c.num_epochs = 2.0
     c.optim.learning_rate = 3e-5
     c.optim.warmup_fraction = 0.1
@@ -250,7 +257,7 @@ RULES: dict[str, Rule] = {
     "data.train_articles": text(),
     "data.validation_articles": text(),
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
-    "data.stride": POSITIVE,
+    "data.doc_stride": POSITIVE,
     "data.max_questions": int_at_least(1, off=-1),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
@@ -269,6 +276,18 @@ RULES: dict[str, Rule] = {
 }
 
 
+# Keys renamed since configs were first written: old key -> new key. A config file or override
+# that still sets an old key is refused by name (it would otherwise be silently ignored).
+RENAMED_KEYS = {"data.stride": "data.doc_stride"}
+
+
+def renamed_key_message(key: str) -> str | None:
+    """How to fix a config that sets the renamed `key` ("data.stride"), or None."""
+    new = RENAMED_KEYS.get(key)
+    return None if new is None else (f"config.{key} was renamed config.{new} (the name the "
+                                     f"featurizers and commands use); set config.{new} instead")
+
+
 def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
     node: object = config
     for name in key.split("."):
@@ -280,7 +299,7 @@ def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
 
 def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     """Every rule a value of `config` breaks, as "config.KEY = VALUE: must be ..." lines."""
-    problems = []
+    problems = [renamed_key_message(old) for old in RENAMED_KEYS if _lookup(config, old)[0]]
     for key, rule in RULES.items():
         present, value = _lookup(config, key)
         wanted = rule(value) if present else None

@@ -1,5 +1,9 @@
 """The training loop: config in, checkpoints and metrics out; resumable and multi-process.
 
+`train` reads as its steps: setup (setup.py: devices, data, models, optimizer), resume from the
+newest checkpoint, `run_steps` (train, log, evaluate + checkpoint on a cadence, stop on signals),
+then export the best params and return a `TrainResult`.
+
     result = train(config)                                   # features from config.data
     result = train(config, train_features=f, evaluate_fn=g)  # the integrator's featurizer/metric
 
@@ -11,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
+import functools
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -31,7 +34,7 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints import CheckpointError
 from dil_jax.config import EncoderConfig
-from dil_jax.errors import UsageError
+from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
@@ -39,19 +42,29 @@ from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
 from dil_jax.train.default_config import validate_config
 from dil_jax.train.log_writers import MetricWriter, Progress
-from dil_jax.train.losses import LossWeights
-from dil_jax.train.optim import make_optimizer
+from dil_jax.train.setup import (
+    EvaluateFn,
+    RunData,
+    is_remote,
+    load_run_data,
+    load_run_models,
+    loss_weights,
+    make_run_optimizer,
+    maybe_initialize_distributed,
+    metrics_dir,
+)
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
 
 log = logging.getLogger(__name__)
 
-EvaluateFn = Callable[[Params], dict[str, float]]
-SAME_INIT = "student_init"
 EXPORT_DIR = "params"
 
 
 @dataclasses.dataclass
 class TrainResult:
+    """What `train` returns: the final state, the student model, the last logged train and eval
+    metrics, and the step of the best checkpoint (None without a best_metric)."""
+
     state: TrainState
     model: DelayedInteractionModel
     last_metrics: dict[str, float]
@@ -62,159 +75,6 @@ class TrainResult:
     # "SIGTERM", "SIGINT" or "preemption" when a signal stopped the run before total_steps
     # (a checkpoint of the last finished step was saved); None otherwise.
     interrupted_by: str | None = None
-
-
-# ----------------------------------------------------------------------------- setup
-
-
-def maybe_initialize_distributed(cfg: ml_collections.ConfigDict) -> None:
-    """jax.distributed.initialize when configured; must run before any other JAX call.
-
-    On Cloud TPU all arguments may stay None (JAX discovers the pod); elsewhere give the
-    coordinator "host:port", the process count and this process's id. CPU processes use gloo
-    collectives (JAX's default CPU collectives since 0.5).
-    """
-    if cfg.num_cpu_devices and jax.config.jax_num_cpu_devices != int(cfg.num_cpu_devices):
-        # Only possible before the CPU backend starts (i.e. before any JAX computation).
-        jax.config.update("jax_num_cpu_devices", int(cfg.num_cpu_devices))
-    if not cfg.initialize or jax.distributed.is_initialized():
-        return
-    kwargs = {name: cfg[name] for name in ("coordinator_address", "num_processes", "process_id")
-              if cfg[name] is not None}
-    jax.distributed.initialize(**kwargs)
-    log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())
-
-
-def is_remote(workdir: str | Path) -> bool:
-    """gs://... and other URLs: orbax writes there; plain files (metrics, export) cannot."""
-    return "://" in str(workdir)
-
-
-def metrics_dir(config: ml_collections.ConfigDict) -> Path:
-    """Where process 0 appends metrics.jsonl and TensorBoard events: the workdir if local,
-    else `log.local_dir` (object stores such as GCS cannot append to a file)."""
-    if is_remote(config.workdir):
-        return Path(config.log.local_dir or "runs/" + str(config.workdir).rstrip("/")
-                    .rsplit("/", 1)[-1])
-    return Path(config.workdir)
-
-
-def resolve_callable(spec: str, key: str = "") -> Callable:
-    """"package.module:function" -> the function; `key` (e.g. "data.featurizer") names the
-    config key in errors."""
-    where = f"config.{key} = {spec!r}" if key else repr(spec)
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise UsageError(f"{where}: expected 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise UsageError(f"{where}: cannot import {module_name!r} ({error})") from None
-    if not callable(getattr(module, attribute, None)):
-        raise UsageError(f"{where}: {module_name} has no function {attribute!r}")
-    return getattr(module, attribute)
-
-
-def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    overrides = {"num_lower_layers": model_cfg.num_lower_layers,
-                 "max_question_len": model_cfg.max_question_len, "dtype": model_cfg.dtype}
-    for name in ("hidden_dropout", "attention_dropout"):
-        if model_cfg.get(name) is not None:
-            overrides[name] = model_cfg[name]
-    return overrides
-
-
-def load_or_init_params(checkpoint: str | None, encoder: dict[str, Any] | None,
-                        overrides: dict[str, Any], rng: jax.Array
-                        ) -> tuple[EncoderConfig, Params]:
-    """A reader's (config, params): random init, a dil_jax orbax folder, or a Hugging Face one."""
-    from dil_jax.checkpoints import ENCODER_CONFIG_FILE, load_hf_checkpoint, load_params
-
-    if not checkpoint:
-        fields = {field.name for field in dataclasses.fields(EncoderConfig)}
-        unknown = sorted(set(encoder or {}) - fields)
-        if unknown:
-            raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
-                             f"EncoderConfig takes {sorted(fields)}")
-        config = EncoderConfig(**{**dict(encoder or {}), **overrides})
-        params = DelayedInteractionModel(config).init(rng)
-        return config, jax.tree.map(np.asarray, params)
-    if (Path(checkpoint) / ENCODER_CONFIG_FILE).is_file():
-        config, params = load_params(checkpoint, **overrides)
-        return config, jax.tree.map(np.asarray, params)
-    config, params, _ = load_hf_checkpoint(checkpoint, rng=rng, **overrides)
-    return config, params
-
-
-def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConfig,
-                  student_params: Params, rng: jax.Array
-                  ) -> tuple[DelayedInteractionModel | None, Params | None]:
-    """The frozen full-model (k = 0) teacher, or (None, None) when no loss needs one."""
-    weights = loss_weights(config)
-    source = config.teacher.checkpoint
-    if not weights.needs_teacher:
-        return None, None
-    if not source:
-        raise UsageError("loss.kd_weight / loss.lrs_weight > 0 need a teacher: set "
-                         f"teacher.checkpoint to a checkpoint or {SAME_INIT!r}")
-    if source == SAME_INIT:
-        teacher_config, params = student_config.replace(num_lower_layers=0), student_params
-    else:
-        overrides = {"num_lower_layers": 0, "max_question_len": student_config.max_question_len,
-                     "dtype": student_config.dtype}
-        teacher_config, params = load_or_init_params(source, None, overrides, rng)
-    if weights.lrs > 0 and (teacher_config.num_layers, teacher_config.hidden_size) != (
-            student_config.num_layers, student_config.hidden_size):
-        raise UsageError(f"config.teacher.checkpoint = {source!r}: LRS compares layers one to "
-                         "one: teacher and student need the same "
-                         f"num_layers and hidden_size, got teacher ({teacher_config.num_layers}, "
-                         f"{teacher_config.hidden_size}), student ({student_config.num_layers}, "
-                         f"{student_config.hidden_size})")
-    return DelayedInteractionModel(teacher_config), params
-
-
-def loss_weights(config: ml_collections.ConfigDict) -> LossWeights:
-    return LossWeights(ce=float(config.loss.ce_weight), kd=float(config.loss.kd_weight),
-                       lrs=float(config.loss.lrs_weight),
-                       temperature=float(config.loss.temperature))
-
-
-def load_split(config: ml_collections.ConfigDict, split: str) -> data_lib.Windows | None:
-    """Windows of `split` ("train"/"validation") from the configured featurizer, or None."""
-    if not config.data.featurizer:
-        return None
-    featurize = resolve_callable(config.data.featurizer, "data.featurizer")
-    features = featurize(config.data, split, max_question_len=config.model.max_question_len)
-    return None if features is None else data_lib.windows_from_features(features)
-
-
-def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
-    """(global batch, accumulation steps, micro-batch) checked against the device count."""
-    global_batch, accum = int(config.batch_size), int(config.grad_accum_steps)
-    if accum < 1 or global_batch % accum:
-        raise UsageError(f"config.batch_size = {global_batch} is not a multiple of "
-                         f"config.grad_accum_steps = {accum}")
-    micro = global_batch // accum
-    if micro % num_devices:
-        raise UsageError(f"micro-batch {micro} (config.batch_size / config.grad_accum_steps) is "
-                         f"not a multiple of the {num_devices} devices; every device needs equal "
-                         "rows: change config.batch_size")
-    return global_batch, accum, micro
-
-
-def total_train_steps(config: ml_collections.ConfigDict, num_windows: int,
-                      global_batch: int) -> int:
-    if config.num_train_steps > 0:
-        return int(config.num_train_steps)
-    per_epoch = data_lib.steps_per_epoch(num_windows, global_batch)
-    return max(1, math.ceil(config.num_epochs * per_epoch))
-
-
-def warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
-    if config.optim.warmup_steps >= 0:
-        return int(config.optim.warmup_steps)
-    return round(config.optim.warmup_fraction * total_steps)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -276,6 +136,122 @@ def stop_on_signals() -> Iterator[StopFlag]:
             signal.signal(sig, handler)
 
 
+def make_checkpointer(config: ml_collections.ConfigDict, has_val_loss: bool,
+                      has_evaluator: bool) -> TrainCheckpointer:
+    """The checkpointer of config.checkpoint; best_metric is dropped (with a warning) when
+    this run cannot produce it."""
+    best_metric = config.checkpoint.best_metric or None
+    produced = ({"val_loss"} if has_val_loss else set()) | (
+        {"exact", "f1"} if has_evaluator else set())
+    if best_metric and best_metric not in produced and not has_evaluator:
+        # Without the metric every save would count as "no metrics"; say so once, up front.
+        log.warning("checkpoint.best_metric %r is not produced by this run (metrics: %s; set "
+                    "eval.evaluator for exact/f1): keeping only the last %d checkpoints",
+                    best_metric, sorted(produced) or "none", config.checkpoint.keep)
+        best_metric = None
+    return TrainCheckpointer(
+        f"{config.workdir}/checkpoints", every_steps=int(config.checkpoint.every_steps),
+        keep=int(config.checkpoint.keep), best_metric=best_metric,
+        best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
+
+
+def resume(checkpointer: TrainCheckpointer, state: TrainState, sharding, data: RunData,
+           dropout_rng: jax.Array, workdir: str | Path
+           ) -> tuple[TrainState, jax.Array, int]:
+    """(state, dropout key, first step) of the newest intact checkpoint, or the inputs and step
+    0 when there is none. A broken newer checkpoint is set aside with a warning; one of another
+    model shape or data order is refused by name."""
+    restored = checkpointer.restore_latest(abstract_like(state, sharding))
+    if restored is None:
+        return state, dropout_rng, 0
+    state, meta = restored
+    _check_resume(meta, data.seed, len(data.train), data.global_batch, workdir)
+    dropout_rng = jax.random.wrap_key_data(jnp.asarray(meta["rng_key"], jnp.uint32))
+    log.info("resumed from step %d (epoch %d, batch %d of the epoch)", int(meta["step"]),
+             meta["epoch"], meta["position_in_epoch"])
+    return state, dropout_rng, int(meta["step"])
+
+
+def checkpoint_meta(step: int, data: RunData, dropout_rng: jax.Array) -> dict[str, Any]:
+    """What a checkpoint records beside the state: the data position and the dropout key."""
+    epoch, position = data_lib.data_position(step, data.per_epoch)
+    return {"step": step, "epoch": epoch, "position_in_epoch": position,
+            "data_seed": data.seed, "num_windows": len(data.train),
+            "global_batch": data.global_batch,
+            "rng_key": np.asarray(jax.random.key_data(dropout_rng)).tolist(),
+            "total_steps": data.total_steps}
+
+
+def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn | None,
+             data: RunData, mesh, batch_size: int, writer: MetricWriter) -> dict[str, float]:
+    """Validation loss and/or the evaluator's metrics at `step`, logged; {} when neither."""
+    metrics: dict[str, float] = {}
+    if eval_loss_fn is not None:
+        metrics["val_loss"] = validation_loss(eval_loss_fn, params, data.validation, mesh,
+                                              batch_size)
+    if evaluate_fn is not None:
+        metrics.update({k: float(v) for k, v in evaluate_fn(params).items()})
+    if metrics:
+        writer.write(step, "eval", metrics)
+        log.info("step %d eval %s", step, json.dumps(metrics))
+    return metrics
+
+
+@dataclasses.dataclass
+class LoopOutcome:
+    state: TrainState
+    step: int  # the last step run
+    last_metrics: dict[str, float]
+    eval_metrics: dict[str, float]
+    interrupted_by: str | None
+
+
+def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainState, *,
+              step_fn, teacher_params: Params | None, dropout_rng: jax.Array, mesh,
+              start_step: int, checkpointer: TrainCheckpointer, writer: MetricWriter,
+              progress: Progress, evaluate_at: Callable[[Params, int], dict[str, float]],
+              stop_after_step: int | None) -> LoopOutcome:
+    """Steps from `start_step` until total_steps, a signal/preemption or stop_after_step; logs
+    every config.log.every_steps and evaluates + checkpoints every config.checkpoint.every_steps
+    (and at the last step)."""
+    rows_of_process = sharding_lib.process_rows(mesh, data.accum, data.micro)
+    last_metrics: dict[str, float] = {}
+    eval_metrics: dict[str, float] = {}
+    step = start_step
+    interrupted_by: str | None = None
+    window_start, window_steps = time.perf_counter(), 0
+    with stop_on_signals() as stop:
+        while step < data.total_steps:
+            rows = data_lib.global_batch_rows(step, len(data.train), data.global_batch,
+                                              data.seed).reshape(data.accum, data.micro)
+            local = data.train.batch(rows[:, rows_of_process])
+            batch = sharding_lib.put_process_batch(local, mesh, data.micro)
+            state, metrics = step_fn(state, teacher_params, batch, dropout_rng)
+            step += 1
+            window_steps += 1
+            final = step == data.total_steps
+            preempted = stop.set or checkpointer.reached_preemption(step)
+            if step % int(config.log.every_steps) == 0 or final or preempted:
+                last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+                elapsed = time.perf_counter() - window_start
+                last_metrics["examples_per_sec"] = window_steps * data.global_batch / elapsed
+                last_metrics["epoch"] = step / data.per_epoch
+                window_start, window_steps = time.perf_counter(), 0
+                writer.write(step, "train", last_metrics)
+                progress.update(step, last_metrics["loss"])
+            # Our own cadence (orbax's default policy would also save the very first step).
+            save_now = step % int(config.checkpoint.every_steps) == 0 or final or preempted
+            if save_now:
+                eval_metrics = evaluate_at(state.params, step)
+                checkpointer.save(step, state, checkpoint_meta(step, data, dropout_rng),
+                                  metrics=eval_metrics or None, force=True)
+            if preempted and not final:
+                interrupted_by = stop.signal_name or "preemption"
+            if preempted or (stop_after_step is not None and step >= stop_after_step):
+                break
+    return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by)
+
+
 def train(config: ml_collections.ConfigDict, *,
           train_features: data_lib.FeaturesLike | None = None,
           val_features: data_lib.FeaturesLike | None = None,
@@ -295,148 +271,55 @@ def train(config: ml_collections.ConfigDict, *,
     maybe_initialize_distributed(config.distributed)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
-    mesh = sharding_lib.make_data_mesh()
-    global_batch, accum, micro = batch_geometry(config, mesh.devices.size)
+    mesh = data_mesh()
+    data = load_run_data(config, mesh.devices.size, train_features, val_features)
+    models = load_run_models(config, evaluate_fn)
 
-    train_windows = (data_lib.windows_from_features(train_features) if train_features is not None
-                     else load_split(config, "train"))
-    if train_windows is None:
-        raise UsageError("no training data: pass train_features or set config.data.featurizer")
-    if data_lib.steps_per_epoch(len(train_windows), global_batch) == 0:
-        raise UsageError(f"config.batch_size = {global_batch} is larger than the "
-                         f"{len(train_windows)} training windows: one step cannot be filled; "
-                         "lower config.batch_size or add training data")
-    val_windows = (data_lib.windows_from_features(val_features) if val_features is not None
-                   else load_split(config, "validation") if config.eval.use_validation_loss
-                   else None)
-    total_steps = total_train_steps(config, len(train_windows), global_batch)
-    per_epoch = data_lib.steps_per_epoch(len(train_windows), global_batch)
-    data_seed = int(config.data_seed)
-
-    root = jax.random.key(int(config.seed))
-    init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
-    encoder = config.model.encoder.to_dict() if config.model.encoder else None
-    student_config, params = load_or_init_params(config.model.checkpoint, encoder,
-                                                 _reader_overrides(config.model), init_rng)
-    student = DelayedInteractionModel(student_config)
-    teacher, teacher_params = build_teacher(config, student_config, params, teacher_rng)
-    if evaluate_fn is None and config.eval.evaluator:
-        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student)
-
-    tx, schedule = make_optimizer(
-        config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
-        weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
-        b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
-        frozen=tuple(name for name in config.optim.frozen.split(",") if name))
+    tx, schedule = make_run_optimizer(config, data.total_steps)
     rep = sharding_lib.replicated(mesh)
     state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
-        sharding_lib.replicate(params, mesh))
-    teacher_params = (None if teacher_params is None
-                      else sharding_lib.replicate(teacher_params, mesh))
-
-    best_metric = config.checkpoint.best_metric or None
-    produced = ({"val_loss"} if val_windows is not None else set()) | (
-        {"exact", "f1"} if evaluate_fn is not None else set())
-    if best_metric and best_metric not in produced and evaluate_fn is None:
-        # Without the metric every save would count as "no metrics"; say so once, up front.
-        log.warning("checkpoint.best_metric %r is not produced by this run (metrics: %s; set "
-                    "eval.evaluator for exact/f1): keeping only the last %d checkpoints",
-                    best_metric, sorted(produced) or "none", config.checkpoint.keep)
-        best_metric = None
-    checkpointer = TrainCheckpointer(
-        f"{config.workdir}/checkpoints", every_steps=int(config.checkpoint.every_steps),
-        keep=int(config.checkpoint.keep), best_metric=best_metric,
-        best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
-    start_step = 0
-    # The newest intact checkpoint (a broken newer one is set aside with a warning); a
-    # checkpoint of another model shape is refused by name.
-    restored = checkpointer.restore_latest(abstract_like(state, rep))
-    if restored is not None:
-        state, meta = restored
-        _check_resume(meta, data_seed, len(train_windows), global_batch, config.workdir)
-        dropout_rng = jax.random.wrap_key_data(jnp.asarray(meta["rng_key"], jnp.uint32))
-        start_step = int(meta["step"])
-        log.info("resumed from step %d (epoch %d, batch %d of the epoch)", start_step,
-                 meta["epoch"], meta["position_in_epoch"])
+        sharding_lib.replicate(models.params, mesh))
+    teacher_params = (None if models.teacher_params is None
+                      else sharding_lib.replicate(models.teacher_params, mesh))
+    checkpointer = make_checkpointer(config, data.validation is not None,
+                                     models.evaluate_fn is not None)
+    state, dropout_rng, start_step = resume(checkpointer, state, rep, data, models.dropout_rng,
+                                            config.workdir)
     log_dir = metrics_dir(config)
     if is_main:
         log_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(log_dir / "config.json", config.to_json_best_effort(indent=2))
 
-    step_fn = make_train_step(student, teacher, loss_weights(config), tx, schedule, mesh)
-    eval_loss_fn = make_eval_loss(student, mesh) if val_windows is not None else None
-    rows_of_process = sharding_lib.process_rows(mesh, accum, micro)
+    step_fn = make_train_step(models.student, models.teacher, loss_weights(config), tx, schedule,
+                              mesh)
+    eval_loss_fn = (make_eval_loss(models.student, mesh) if data.validation is not None
+                    else None)
     # Rows past the resumed step are dropped: those steps run again and are logged again.
     writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard),
                           resume_step=start_step)
-    progress = Progress(total_steps, start_step, global_batch,
+    progress = Progress(data.total_steps, start_step, data.global_batch,
                         enabled=is_main and bool(config.log.progress))
-    last_metrics: dict[str, float] = {}
-    eval_metrics: dict[str, float] = {}
-
-    def evaluate(step: int) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        if eval_loss_fn is not None:
-            metrics["val_loss"] = validation_loss(eval_loss_fn, state.params, val_windows, mesh,
-                                                  int(config.eval.batch_size))
-        if evaluate_fn is not None:
-            metrics.update({k: float(v) for k, v in evaluate_fn(state.params).items()})
-        if metrics:
-            writer.write(step, "eval", metrics)
-            log.info("step %d eval %s", step, json.dumps(metrics))
-        return metrics
-
-    def meta_of(step: int) -> dict[str, Any]:
-        epoch, position = data_lib.data_position(step, per_epoch)
-        return {"step": step, "epoch": epoch, "position_in_epoch": position,
-                "data_seed": data_seed, "num_windows": len(train_windows),
-                "global_batch": global_batch,
-                "rng_key": np.asarray(jax.random.key_data(dropout_rng)).tolist(),
-                "total_steps": total_steps}
-
-    step = start_step
-    interrupted_by: str | None = None
-    window_start, window_steps = time.perf_counter(), 0
+    evaluate_at = functools.partial(
+        evaluate, eval_loss_fn=eval_loss_fn, evaluate_fn=models.evaluate_fn, data=data,
+        mesh=mesh, batch_size=int(config.eval.batch_size), writer=writer)
     try:
-        with stop_on_signals() as stop:
-            while step < total_steps:
-                rows = data_lib.global_batch_rows(step, len(train_windows), global_batch,
-                                                  data_seed).reshape(accum, micro)
-                local = train_windows.batch(rows[:, rows_of_process])
-                batch = sharding_lib.put_process_batch(local, mesh, micro)
-                state, metrics = step_fn(state, teacher_params, batch, dropout_rng)
-                step += 1
-                window_steps += 1
-                final = step == total_steps
-                preempted = stop.set or checkpointer.reached_preemption(step)
-                if step % int(config.log.every_steps) == 0 or final or preempted:
-                    last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-                    elapsed = time.perf_counter() - window_start
-                    last_metrics["examples_per_sec"] = window_steps * global_batch / elapsed
-                    last_metrics["epoch"] = step / per_epoch
-                    window_start, window_steps = time.perf_counter(), 0
-                    writer.write(step, "train", last_metrics)
-                    progress.update(step, last_metrics["loss"])
-                # Our own cadence (orbax's default policy would also save the very first step).
-                save_now = step % int(config.checkpoint.every_steps) == 0 or final or preempted
-                if save_now:
-                    eval_metrics = evaluate(step)
-                    checkpointer.save(step, state, meta_of(step), metrics=eval_metrics or None,
-                                      force=True)
-                if preempted and not final:
-                    interrupted_by = stop.signal_name or "preemption"
-                if preempted or (stop_after_step is not None and step >= stop_after_step):
-                    break
+        outcome = run_steps(config, data, state, step_fn=step_fn, teacher_params=teacher_params,
+                            dropout_rng=dropout_rng, mesh=mesh, start_step=start_step,
+                            checkpointer=checkpointer, writer=writer, progress=progress,
+                            evaluate_at=evaluate_at, stop_after_step=stop_after_step)
     finally:
         progress.close()
         checkpointer.close()  # waits for an in-flight async save
         writer.close()
     best_step = checkpointer.best_step()
-    if config.checkpoint.export_params and step == total_steps and not is_remote(workdir):
-        export_reader(checkpointer, best_step, state, rep, workdir / EXPORT_DIR, student_config)
-    return TrainResult(state=state, model=student, last_metrics=last_metrics,
-                       eval_metrics=eval_metrics, best_step=best_step, workdir=workdir,
-                       total_steps=total_steps, interrupted_by=interrupted_by)
+    if (config.checkpoint.export_params and outcome.step == data.total_steps
+            and not is_remote(workdir)):
+        export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
+                      models.student_config)
+    return TrainResult(state=outcome.state, model=models.student,
+                       last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
+                       best_step=best_step, workdir=workdir, total_steps=data.total_steps,
+                       interrupted_by=outcome.interrupted_by)
 
 
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,

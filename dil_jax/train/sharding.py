@@ -5,8 +5,8 @@ program on every device, and XLA inserts the gradient all-reduce (why a mesh and
 module docstring of `dil_jax.model.grid`). On a multi-host TPU slice each process feeds only the
 rows its own devices hold.
 
-Devices are ordered by (process, id), so each process's devices form one contiguous block of the
-mesh and hence one contiguous block of batch rows: a process loads only those rows.
+The mesh is `dil_jax.mesh.data_mesh`: its devices are ordered by (process, id), so each process's
+devices hold one contiguous block of batch rows and a process loads only those rows.
 """
 
 from __future__ import annotations
@@ -18,16 +18,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-DATA_AXIS = "data"
+from dil_jax.mesh import DATA_AXIS
+
 # Batches are [accumulation steps, micro-batch, ...]: shard the micro-batch axis.
 BATCH_AXIS = 1
-
-
-def make_data_mesh(devices: list | None = None) -> Mesh:
-    """A 1-D "data" mesh over all devices of all processes, grouped by process."""
-    devices = jax.devices() if devices is None else devices
-    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
-    return Mesh(np.asarray(ordered), (DATA_AXIS,))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -50,7 +44,7 @@ def local_rows(sharding: NamedSharding, global_shape: tuple[int, ...],
     covered = {(a, b) for a, b in zip(starts, stops)}
     if sum(b - a for a, b in covered) != rows.stop - rows.start:
         raise ValueError(f"this process's devices hold non-contiguous rows {sorted(covered)}; "
-                         "build the mesh with make_data_mesh")
+                         "build the mesh with dil_jax.mesh.data_mesh")
     return rows
 
 

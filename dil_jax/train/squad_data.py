@@ -54,7 +54,7 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
     return featurize_examples(examples, load_tokenizer(data_cfg.tokenizer),
                               max_question_len=max_question_len,
                               max_passage_len=data_cfg.max_passage_len,
-                              doc_stride=data_cfg.stride)
+                              doc_stride=data_cfg.doc_stride)
 
 
 def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[str, float]]:
@@ -70,7 +70,7 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
     def evaluate_fn(params) -> dict[str, float]:
         predictions = predict_squad(model, params, tokenizer, examples,
                                     max_passage_len=config.data.max_passage_len,
-                                    doc_stride=config.data.stride,
+                                    doc_stride=config.data.doc_stride,
                                     batch_size=config.eval.batch_size, progress=False,
                                     null_threshold=0.0 if version == "2.0" else None)
         scores = squad_scores(examples, predictions, version=version)

@@ -1,0 +1,262 @@
+"""From a training config to what the loop runs: devices, data, models and optimizer.
+
+Each function reads one part of a validated config (see default_config.py):
+
+    maybe_initialize_distributed  config.distributed (before any other JAX call)
+    load_run_data                 config.data, batch_size, grad_accum_steps -> RunData
+    load_run_models               config.model, config.teacher, config.eval -> RunModels
+    make_run_optimizer            config.optim -> (optax transformation, schedule)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from dil_jax.config import EncoderConfig
+from dil_jax.errors import UsageError
+from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.train import data as data_lib
+from dil_jax.train.losses import LossWeights
+from dil_jax.train.optim import make_optimizer
+
+log = logging.getLogger(__name__)
+
+EvaluateFn = Callable[[Params], dict[str, float]]
+# teacher.checkpoint value: the student's own initial params, read as a full (k = 0) model.
+SAME_INIT = "student_init"
+
+
+def maybe_initialize_distributed(cfg: ml_collections.ConfigDict) -> None:
+    """jax.distributed.initialize when configured; must run before any other JAX call.
+
+    On Cloud TPU all arguments may stay None (JAX discovers the pod); elsewhere give the
+    coordinator "host:port", the process count and this process's id. CPU processes use gloo
+    collectives (JAX's default CPU collectives since 0.5).
+    """
+    if cfg.num_cpu_devices and jax.config.jax_num_cpu_devices != int(cfg.num_cpu_devices):
+        # Only possible before the CPU backend starts (i.e. before any JAX computation).
+        jax.config.update("jax_num_cpu_devices", int(cfg.num_cpu_devices))
+    if not cfg.initialize or jax.distributed.is_initialized():
+        return
+    kwargs = {name: cfg[name] for name in ("coordinator_address", "num_processes", "process_id")
+              if cfg[name] is not None}
+    jax.distributed.initialize(**kwargs)
+    log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
+             jax.process_count(), jax.local_device_count(), jax.device_count())
+
+
+def is_remote(workdir: str | Path) -> bool:
+    """gs://... and other URLs: orbax writes there; plain files (metrics, export) cannot."""
+    return "://" in str(workdir)
+
+
+def metrics_dir(config: ml_collections.ConfigDict) -> Path:
+    """Where process 0 appends metrics.jsonl and TensorBoard events: the workdir if local,
+    else `log.local_dir` (object stores such as GCS cannot append to a file)."""
+    if is_remote(config.workdir):
+        return Path(config.log.local_dir or "runs/" + str(config.workdir).rstrip("/")
+                    .rsplit("/", 1)[-1])
+    return Path(config.workdir)
+
+
+def resolve_callable(spec: str, key: str = "") -> Callable:
+    """"package.module:function" -> the function; `key` (e.g. "data.featurizer") names the
+    config key in errors."""
+    where = f"config.{key} = {spec!r}" if key else repr(spec)
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise UsageError(f"{where}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(f"{where}: cannot import {module_name!r} ({error})") from None
+    if not callable(getattr(module, attribute, None)):
+        raise UsageError(f"{where}: {module_name} has no function {attribute!r}")
+    return getattr(module, attribute)
+
+
+def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    overrides = {"num_lower_layers": model_cfg.num_lower_layers,
+                 "max_question_len": model_cfg.max_question_len, "dtype": model_cfg.dtype}
+    for name in ("hidden_dropout", "attention_dropout"):
+        if model_cfg.get(name) is not None:
+            overrides[name] = model_cfg[name]
+    return overrides
+
+
+def load_or_init_params(checkpoint: str | None, encoder: dict[str, Any] | None,
+                        overrides: dict[str, Any], rng: jax.Array
+                        ) -> tuple[EncoderConfig, Params]:
+    """A reader's (config, params): random init, a dil_jax orbax folder, or a Hugging Face one."""
+    from dil_jax.checkpoints import ENCODER_CONFIG_FILE, load_hf_checkpoint, load_params
+
+    if not checkpoint:
+        fields = {field.name for field in dataclasses.fields(EncoderConfig)}
+        unknown = sorted(set(encoder or {}) - fields)
+        if unknown:
+            raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
+                             f"EncoderConfig takes {sorted(fields)}")
+        config = EncoderConfig(**{**dict(encoder or {}), **overrides})
+        params = DelayedInteractionModel(config).init(rng)
+        return config, jax.tree.map(np.asarray, params)
+    if (Path(checkpoint) / ENCODER_CONFIG_FILE).is_file():
+        config, params = load_params(checkpoint, **overrides)
+        return config, jax.tree.map(np.asarray, params)
+    config, params, _ = load_hf_checkpoint(checkpoint, rng=rng, **overrides)
+    return config, params
+
+
+def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConfig,
+                  student_params: Params, rng: jax.Array
+                  ) -> tuple[DelayedInteractionModel | None, Params | None]:
+    """The frozen full-model (k = 0) teacher, or (None, None) when no loss needs one."""
+    weights = loss_weights(config)
+    source = config.teacher.checkpoint
+    if not weights.needs_teacher:
+        return None, None
+    if not source:
+        raise UsageError("loss.kd_weight / loss.lrs_weight > 0 need a teacher: set "
+                         f"teacher.checkpoint to a checkpoint or {SAME_INIT!r}")
+    if source == SAME_INIT:
+        teacher_config, params = student_config.replace(num_lower_layers=0), student_params
+    else:
+        overrides = {"num_lower_layers": 0, "max_question_len": student_config.max_question_len,
+                     "dtype": student_config.dtype}
+        teacher_config, params = load_or_init_params(source, None, overrides, rng)
+    if weights.lrs > 0 and (teacher_config.num_layers, teacher_config.hidden_size) != (
+            student_config.num_layers, student_config.hidden_size):
+        raise UsageError(f"config.teacher.checkpoint = {source!r}: LRS compares layers one to "
+                         "one: teacher and student need the same "
+                         f"num_layers and hidden_size, got teacher ({teacher_config.num_layers}, "
+                         f"{teacher_config.hidden_size}), student ({student_config.num_layers}, "
+                         f"{student_config.hidden_size})")
+    return DelayedInteractionModel(teacher_config), params
+
+
+def loss_weights(config: ml_collections.ConfigDict) -> LossWeights:
+    return LossWeights(ce=float(config.loss.ce_weight), kd=float(config.loss.kd_weight),
+                       lrs=float(config.loss.lrs_weight),
+                       temperature=float(config.loss.temperature))
+
+
+def load_split(config: ml_collections.ConfigDict, split: str) -> data_lib.Windows | None:
+    """Windows of `split` ("train"/"validation") from the configured featurizer, or None."""
+    if not config.data.featurizer:
+        return None
+    featurize = resolve_callable(config.data.featurizer, "data.featurizer")
+    features = featurize(config.data, split, max_question_len=config.model.max_question_len)
+    return None if features is None else data_lib.windows_from_features(features)
+
+
+def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+    """(global batch, accumulation steps, micro-batch) checked against the device count."""
+    global_batch, accum = int(config.batch_size), int(config.grad_accum_steps)
+    if accum < 1 or global_batch % accum:
+        raise UsageError(f"config.batch_size = {global_batch} is not a multiple of "
+                         f"config.grad_accum_steps = {accum}")
+    micro = global_batch // accum
+    if micro % num_devices:
+        raise UsageError(f"micro-batch {micro} (config.batch_size / config.grad_accum_steps) is "
+                         f"not a multiple of the {num_devices} devices; every device needs equal "
+                         "rows: change config.batch_size")
+    return global_batch, accum, micro
+
+
+def total_train_steps(config: ml_collections.ConfigDict, num_windows: int,
+                      global_batch: int) -> int:
+    if config.num_train_steps > 0:
+        return int(config.num_train_steps)
+    per_epoch = data_lib.steps_per_epoch(num_windows, global_batch)
+    return max(1, math.ceil(config.num_epochs * per_epoch))
+
+
+def warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
+    if config.optim.warmup_steps >= 0:
+        return int(config.optim.warmup_steps)
+    return round(config.optim.warmup_fraction * total_steps)
+
+
+@dataclasses.dataclass
+class RunData:
+    """The run's windows and batch geometry (everything the data order depends on)."""
+
+    train: data_lib.Windows
+    validation: data_lib.Windows | None
+    global_batch: int  # windows per optimizer step, all devices
+    accum: int  # micro-batches per step
+    micro: int  # windows per micro-batch, all devices
+    per_epoch: int  # steps per epoch
+    total_steps: int
+    seed: int  # config.data_seed
+
+
+def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
+                  train_features: data_lib.FeaturesLike | None,
+                  val_features: data_lib.FeaturesLike | None) -> RunData:
+    """Training and validation windows (given, else from config.data.featurizer), and the batch
+    geometry checked against them and the device count."""
+    global_batch, accum, micro = batch_geometry(config, num_devices)
+    train_windows = (data_lib.windows_from_features(train_features) if train_features is not None
+                     else load_split(config, "train"))
+    if train_windows is None:
+        raise UsageError("no training data: pass train_features or set config.data.featurizer")
+    if data_lib.steps_per_epoch(len(train_windows), global_batch) == 0:
+        raise UsageError(f"config.batch_size = {global_batch} is larger than the "
+                         f"{len(train_windows)} training windows: one step cannot be filled; "
+                         "lower config.batch_size or add training data")
+    val_windows = (data_lib.windows_from_features(val_features) if val_features is not None
+                   else load_split(config, "validation") if config.eval.use_validation_loss
+                   else None)
+    return RunData(train=train_windows, validation=val_windows, global_batch=global_batch,
+                   accum=accum, micro=micro,
+                   per_epoch=data_lib.steps_per_epoch(len(train_windows), global_batch),
+                   total_steps=total_train_steps(config, len(train_windows), global_batch),
+                   seed=int(config.data_seed))
+
+
+@dataclasses.dataclass
+class RunModels:
+    """The student (to train), its frozen teacher if a loss needs one, and the evaluator."""
+
+    student_config: EncoderConfig
+    student: DelayedInteractionModel
+    params: Params  # the student's initial params (host arrays)
+    teacher: DelayedInteractionModel | None
+    teacher_params: Params | None
+    dropout_rng: jax.Array
+    evaluate_fn: EvaluateFn | None
+
+
+def load_run_models(config: ml_collections.ConfigDict,
+                    evaluate_fn: EvaluateFn | None) -> RunModels:
+    """Student and teacher from config.model / config.teacher, seeded by config.seed."""
+    root = jax.random.key(int(config.seed))
+    init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
+    encoder = config.model.encoder.to_dict() if config.model.encoder else None
+    student_config, params = load_or_init_params(config.model.checkpoint, encoder,
+                                                 _reader_overrides(config.model), init_rng)
+    student = DelayedInteractionModel(student_config)
+    teacher, teacher_params = build_teacher(config, student_config, params, teacher_rng)
+    if evaluate_fn is None and config.eval.evaluator:
+        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student)
+    return RunModels(student_config, student, params, teacher, teacher_params, dropout_rng,
+                     evaluate_fn)
+
+
+def make_run_optimizer(config: ml_collections.ConfigDict, total_steps: int):
+    """(optax transformation, learning-rate schedule) per config.optim."""
+    return make_optimizer(
+        config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
+        weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
+        b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
+        frozen=tuple(name for name in config.optim.frozen.split(",") if name))
