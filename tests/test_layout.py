@@ -1,0 +1,32 @@
+"""The package layout's rules hold: no import cycle, nothing imports a command module."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import import_graph  # noqa: E402  (tools/ is not a package)
+
+
+def test_dil_jax_has_no_import_cycle_and_no_import_into_commands():
+    graph = import_graph.import_graph(ROOT)
+    assert "dil_jax.model.delayed" in graph["dil_jax.model.grid"]  # the scan sees imports
+    assert import_graph.cycles(graph) == []
+    assert import_graph.command_layer_violations(graph) == []
+
+
+def test_the_checker_finds_a_cycle_hidden_in_a_function():
+    # a imports b at the top; b imports a inside a function: still a circle.
+    a = ast.parse("import dil_jax.b\n")
+    b = ast.parse("def f():\n    from dil_jax.a import x\n")
+    known = {"dil_jax.a", "dil_jax.b"}
+    graph = {"dil_jax.a": import_graph.imported_modules(a, known),
+             "dil_jax.b": import_graph.imported_modules(b, known)}
+    assert import_graph.cycles(graph) == [["dil_jax.a", "dil_jax.b"]]
+    assert import_graph.command_layer_violations(
+        {"dil_jax.predict": {"dil_jax.commands.odqa"}}) == [
+        "dil_jax.predict imports the command module dil_jax.commands.odqa"]
