@@ -224,7 +224,7 @@ class _ProgressBars:
 
 
 def run_index(args: argparse.Namespace) -> int:
-    from dil_jax.open_domain.index import index_lock
+    from dil_jax.open_domain.index_lock import index_lock
 
     # The lock first: a second build into the same folder fails at once, before loading models.
     with index_lock(args.out):

@@ -3,7 +3,9 @@
 The straight line, one module per step:
 
     corpus.py     documents in, passages (with source ids and character offsets) out
-    index.py      the index folder: passages, BM25, tokenized windows, the lock
+    index.py      the index folder: passages, BM25, tokenized windows (build, open)
+    index_files.py  index.json: settings, file fingerprints and their check on open
+    index_lock.py   the folder's build lock, and cleanup of what killed builds left
     cache.py      the passage cache: each window's passage side (lower states; ids at k = 0)
     sentences.py  sentence embeddings of every passage (for prescreening)
     build.py      `build_open_domain_index`: corpus -> index -> one cache per reader

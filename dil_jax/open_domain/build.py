@@ -24,18 +24,19 @@ from dil_jax.model.grid import PairGrid, reads_passage_ids
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.corpus import iter_sources, split_documents
 from dil_jax.open_domain.index import (
-    IndexBrokenError,
     OpenDomainIndex,
-    OpenDomainIndexError,
     build_index,
     build_reader_cache,
-    clean_stale,
-    index_lock,
     index_settings,
     open_index,
+)
+from dil_jax.open_domain.index_files import (
+    IndexBrokenError,
+    OpenDomainIndexError,
     read_settings,
     settings_differences,
 )
+from dil_jax.open_domain.index_lock import clean_stale, index_lock
 from dil_jax.open_domain.sentences import build_sentence_store
 
 if TYPE_CHECKING:

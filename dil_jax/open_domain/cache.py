@@ -227,7 +227,8 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`);
     a broken one (CacheBrokenError) is removed and rebuilt, with a warning; one built for other
     settings is refused, naming the field. The caller must hold the index's lock
-    (`dil_jax.open_domain.index.index_lock`): this removes and renames folders inside the index.
+    (`dil_jax.open_domain.index_lock.index_lock`): this removes and renames folders inside the
+    index.
 
     Args:
       manifest: MATCHED_FIELDS values (and anything informational) describing the encoder.
