@@ -38,7 +38,7 @@ import numpy as np
 from dil_jax.data.decoding import window_nbest
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.model.grid import PairGrid, PairLogits, kept_positions
+from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.rounding import round_up
@@ -292,7 +292,7 @@ class OpenDomainReader:
         return p_source, p_mask
 
     def _read_pairs(self, q_lower: jax.Array, q_mask: np.ndarray, pairs: RetrievedPairs,
-                    positions: np.ndarray | None) -> PairLogits:
+                    positions: np.ndarray | None) -> SpanScores:
         """Span scores [n_pairs, p_len] of every pair; each distinct window's passage side is
         read from the cache once, however many questions read it."""
         rows, pair_p = np.unique(np.asarray(pairs.row, np.int64), return_inverse=True)
@@ -301,7 +301,7 @@ class OpenDomainReader:
                                     np.asarray(pairs.question, np.int64), pair_p.reshape(-1),
                                     positions)
 
-    def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: PairLogits
+    def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: SpanScores
                     ) -> list[list[Candidate]]:
         """Each question's candidates: per retrieved passage, the best span of its windows
         (text sliced from the passage's characters); passages with no allowed span are left
