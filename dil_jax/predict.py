@@ -13,7 +13,6 @@ a block whatever the data set size. The compiled steps are `dil_jax.model.grid.P
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -23,22 +22,10 @@ from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
+from dil_jax.rounding import round_up
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class WindowLogits:
-    """Reader scores of every window of a Features.
-
-    start_logits, end_logits: [n_windows, max_passage_len] float32 over passage tokens.
-    null_start_logits, null_end_logits: [n_windows] float32 [CLS] scores.
-    """
-
-    start_logits: np.ndarray
-    end_logits: np.ndarray
-    null_start_logits: np.ndarray
-    null_end_logits: np.ndarray
 
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
@@ -55,8 +42,9 @@ def check_lengths(model: DelayedInteractionModel, max_question_len: int,
 
 def window_logits(model: DelayedInteractionModel, params: Params, features: Features, *,
                   batch_size: int = 32, question_block: int = 1024, progress: bool = True,
-                  mesh=None, keep: np.ndarray | None = None) -> WindowLogits:
-    """Start/end/null scores of every window of `features` (see the module docstring).
+                  mesh=None, keep: np.ndarray | None = None) -> SpanScores:
+    """Start/end/null scores of every window of `features` (see the module docstring):
+    [n_windows, max_passage_len] span scores over passage tokens, [n_windows] `[CLS]` scores.
 
     batch_size: rows per encode_lower batch and pairs per encode_upper chunk.
     question_block: questions (and their windows) per block; bounds memory.
@@ -65,9 +53,6 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     (its span scores -inf, its null scores +inf, so it never decides an answer).
     """
     from tqdm.auto import tqdm
-
-    from dil_jax.model.grid import PairGrid, kept_positions
-    from dil_jax.rounding import round_up
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
     reader = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
@@ -84,9 +69,8 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
         blocks.append((q0, rows, rows[first_row], p_index.reshape(-1)))
     p_block = round_up(max(len(block[2]) for block in blocks), reader.batch_size)
 
-    spans, nulls = (n_windows, p_len), n_windows
-    out = WindowLogits(np.full(spans, -np.inf, np.float32), np.full(spans, -np.inf, np.float32),
-                       np.full(nulls, np.inf, np.float32), np.full(nulls, np.inf, np.float32))
+    # Windows left unread (nothing kept) never decide an answer: spans -inf, null +inf.
+    out = SpanScores.full(n_windows, p_len, -np.inf, np.inf)
     with tqdm(total=int(read.sum()), unit="window", disable=not progress,
               desc="reading") as bar:
         for q0, rows, passage_rows, p_index in blocks:
@@ -102,10 +86,7 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
             positions = None if keep is None else kept_positions(keep[rows])
             pairs = reader.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index,
                                       p_index, positions, on_chunk=bar.update)
-            out.start_logits[rows] = pairs.start_logits
-            out.end_logits[rows] = pairs.end_logits
-            out.null_start_logits[rows] = pairs.null_start_logits
-            out.null_end_logits[rows] = pairs.null_end_logits
+            out.set_rows(rows, pairs)
     return out
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from dil_jax.bench.grids import GridInputs
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
-from dil_jax.model.grid import GridOutput
+from dil_jax.model.grid import SpanScores
 from dil_jax.model.modules import PADDED_LOGIT
 
 
@@ -69,7 +69,7 @@ def peer_device(backend: str, cuda_available: bool) -> tuple[str | None, str]:
 
 
 def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
-                max_pairs: int | None = None) -> tuple[dict[str, float], GridOutput | None]:
+                max_pairs: int | None = None) -> tuple[dict[str, float], SpanScores | None]:
     """One timed pass of the peer: every pair as `[CLS] q [SEP] p [SEP]`, `chunk_size` at a time.
 
     Builds each chunk from per-segment tensors (as PairGrid gathers inside its program) and
@@ -109,19 +109,17 @@ def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
 
 
 def _hf_grid_output(start: np.ndarray, end: np.ndarray, p_mask: np.ndarray, nq: int, npas: int,
-                    q_len: int) -> GridOutput:
-    """[pairs, q_len + p_len] peer logits -> GridOutput (passage scores, `[CLS]` null scores)."""
+                    q_len: int) -> SpanScores:
+    """[pairs, q_len + p_len] peer logits -> SpanScores (passage scores, `[CLS]` null scores)."""
     pair_p_mask = np.repeat(p_mask[None], nq, axis=0).reshape(nq * npas, -1)
 
     def passage(logits: np.ndarray) -> np.ndarray:
         return np.where(pair_p_mask > 0, logits[:, q_len:], PADDED_LOGIT).reshape(nq, npas, -1)
 
-    return GridOutput(passage(start), passage(end), start[:, 0].reshape(nq, npas),
+    return SpanScores(passage(start), passage(end), start[:, 0].reshape(nq, npas),
                       end[:, 0].reshape(nq, npas))
 
 
-def max_logit_difference(a: GridOutput, b: GridOutput) -> float:
+def max_logit_difference(a: SpanScores, b: SpanScores) -> float:
     """Largest absolute difference of any span score (start, end, null) of two grids."""
-    return max(float(np.max(np.abs(getattr(a, name) - getattr(b, name))))
-               for name in ("start_logits", "end_logits", "null_start_logits",
-                            "null_end_logits"))
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a.arrays, b.arrays, strict=True))

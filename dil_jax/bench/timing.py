@@ -20,7 +20,7 @@ from dil_jax.bench.grids import PHASES, GridInputs, GridSpec
 from dil_jax.bench.machine import load_average
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
-from dil_jax.model.grid import GridOutput, PairGrid
+from dil_jax.model.grid import PairGrid, SpanScores
 
 
 def _ready(x: Any) -> Any:
@@ -28,7 +28,7 @@ def _ready(x: Any) -> Any:
 
 
 def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
-                     max_pairs: int | None = None) -> tuple[dict[str, float], GridOutput | None]:
+                     max_pairs: int | None = None) -> tuple[dict[str, float], SpanScores | None]:
     """One timed pass over the grid: seconds per phase, and the grid's span scores.
 
     With `max_pairs` only that many pairs are read and no output is returned (the warm-up: it
@@ -65,7 +65,7 @@ def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
 
 # One variant's timed pass: max_pairs (None: the whole grid) -> (seconds per phase, span scores
 # or None); `run_delayed_grid` and `peer.run_hf_grid` bound to their model and inputs.
-Runner = Callable[[int | None], tuple[dict[str, float], GridOutput | None]]
+Runner = Callable[[int | None], tuple[dict[str, float], SpanScores | None]]
 
 
 def warm_up(runners: dict[str, Runner], num_pairs: int) -> dict[str, float]:
@@ -79,13 +79,13 @@ def warm_up(runners: dict[str, Runner], num_pairs: int) -> dict[str, float]:
 
 
 def timed_repeats(runners: dict[str, Runner], repeats: int, log: Callable[[str], None]
-                   ) -> tuple[dict[str, list[dict[str, float]]], dict[str, GridOutput]]:
+                   ) -> tuple[dict[str, list[dict[str, float]]], dict[str, SpanScores]]:
     """Every variant once per repeat, interleaved so that load drift hits all of them alike.
 
     Returns the phase times of every pass and each variant's span scores from the first.
     """
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in runners}
-    outputs: dict[str, GridOutput] = {}
+    outputs: dict[str, SpanScores] = {}
     for repeat in range(repeats):
         for name, runner in runners.items():
             times, output = runner(None)

@@ -8,7 +8,8 @@
                 length rule `check_segment_lengths`
     grid.py     `PairGrid`: a question x passage grid on all devices (lower states once per
                 question and per passage, pairs in fixed-size chunks on a 1-D mesh);
-                `passage_side` (what pairs read of a passage, for any k) and `read_pairs`
+                `passage_side` (what pairs read of a passage, for any k) and `read_pairs`;
+                `SpanScores`, the four score arrays of any set of pairs
 
 Dependencies run one way: modules <- delayed <- grid.
 """
@@ -20,11 +21,11 @@ from dil_jax.model.delayed import (
     check_segment_lengths,
     with_num_lower_layers,
 )
-from dil_jax.model.grid import PairGrid, PairLogits, reads_passage_ids
+from dil_jax.model.grid import PairGrid, SpanScores, reads_passage_ids
 from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput, SpanReaderModule
 
 __all__ = [
     "PASSAGE_SEGMENT", "QUESTION_SEGMENT", "DelayedInteractionModel", "InputError", "PairGrid",
-    "PairLogits", "Params", "ReaderOutput", "SpanReaderModule", "check_segment_lengths",
+    "Params", "ReaderOutput", "SpanReaderModule", "SpanScores", "check_segment_lengths",
     "reads_passage_ids", "with_num_lower_layers",
 ]

@@ -73,11 +73,14 @@ def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
 
 
 @dataclasses.dataclass
-class GridOutput:
-    """Span scores of every pair; numpy arrays indexed [question, passage, ...].
+class SpanScores:
+    """Span scores of a set of (question, passage) pairs, as numpy arrays.
 
-    start_logits, end_logits: [num_questions, num_passages, passage_len].
-    null_start_logits, null_end_logits: [num_questions, num_passages].
+    start_logits, end_logits: [*lead, passage_len], over the passage's tokens.
+    null_start_logits, null_end_logits: [*lead], the `[CLS]` (no-answer) scores.
+    The leading axes say which pairs: [num_pairs] for a list of pairs, in the list's order
+    (`PairGrid.read_pairs`; a SQuAD window is one pair: [num_windows]), or
+    [num_questions, num_passages] for every pair of a grid (`PairGrid.read_grid`).
     """
 
     start_logits: np.ndarray
@@ -85,19 +88,34 @@ class GridOutput:
     null_start_logits: np.ndarray
     null_end_logits: np.ndarray
 
+    @classmethod
+    def full(cls, lead: int | tuple[int, ...], passage_len: int, span_value: float,
+             null_value: float) -> SpanScores:
+        """float32 scores of shape [*lead, passage_len] / [*lead], filled with these values."""
+        lead = (lead,) if isinstance(lead, int) else tuple(lead)
+        return cls(np.full(lead + (passage_len,), span_value, np.float32),
+                   np.full(lead + (passage_len,), span_value, np.float32),
+                   np.full(lead, null_value, np.float32), np.full(lead, null_value, np.float32))
 
-@dataclasses.dataclass
-class PairLogits:
-    """Span scores of a list of pairs; numpy arrays indexed [pair, ...] in the list's order.
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(start_logits, end_logits, null_start_logits, null_end_logits)."""
+        return self.start_logits, self.end_logits, self.null_start_logits, self.null_end_logits
 
-    start_logits, end_logits: [num_pairs, passage_len].
-    null_start_logits, null_end_logits: [num_pairs].
-    """
+    def set_rows(self, rows: np.ndarray, values: SpanScores) -> None:
+        """Writes `values` (scores [len(rows), ...]) into these rows of the first leading
+        axis, in place."""
+        for target, value in zip(self.arrays, values.arrays, strict=True):
+            target[rows] = value
 
-    start_logits: np.ndarray
-    end_logits: np.ndarray
-    null_start_logits: np.ndarray
-    null_end_logits: np.ndarray
+    def reshape(self, *lead: int) -> SpanScores:
+        """The same scores with other leading axes, e.g. [nq * np] pairs -> a
+        [nq, np] grid (`read_grid`)."""
+        passage_len = self.start_logits.shape[-1]
+        return SpanScores(self.start_logits.reshape(*lead, passage_len),
+                          self.end_logits.reshape(*lead, passage_len),
+                          self.null_start_logits.reshape(lead),
+                          self.null_end_logits.reshape(lead))
 
 
 class PairGrid:
@@ -326,7 +344,7 @@ class PairGrid:
                    q_index: np.ndarray, p_index: np.ndarray,
                    positions: np.ndarray | None = None, q_qkv: QKV | None = None,
                    p_qkv: QKV | None = None,
-                   on_chunk: Callable[[int], None] | None = None) -> PairLogits:
+                   on_chunk: Callable[[int], None] | None = None) -> SpanScores:
         """The span scores of every listed pair, copied off the devices into numpy arrays.
 
         Inputs as iter_pair_chunks (q_index, p_index: [num_pairs]); the outputs are
@@ -334,30 +352,24 @@ class PairGrid:
         the number of pairs of each chunk once it is read (a progress bar).
         """
         num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
-        out = PairLogits(np.empty((num_pairs, p_len), np.float32),
-                         np.empty((num_pairs, p_len), np.float32),
-                         np.empty(num_pairs, np.float32), np.empty(num_pairs, np.float32))
-        targets = (out.start_logits, out.end_logits, out.null_start_logits, out.null_end_logits)
+        # NaN until read: every pair is written below, so none may stay NaN.
+        out = SpanScores.full(num_pairs, p_len, np.nan, np.nan)
         for pairs, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
                                                     q_index, p_index, positions, q_qkv, p_qkv):
             # Only the first len(pairs) rows are real: the rest pad the chunk.
-            for target, value in zip(targets, outputs, strict=True):
-                target[pairs] = np.asarray(value)[:len(pairs)]
+            out.set_rows(pairs, SpanScores(*(np.asarray(value)[:len(pairs)] for value in outputs)))
             if on_chunk is not None:
                 on_chunk(len(pairs))
         return out
 
     def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                   p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
-                  q_qkv: QKV | None = None, p_qkv: QKV | None = None) -> GridOutput:
-        """Every (question, passage) pair; see iter_pair_chunks for the inputs."""
+                  q_qkv: QKV | None = None, p_qkv: QKV | None = None) -> SpanScores:
+        """Every (question, passage) pair: scores [nq, np, p_len] / [nq, np]; see
+        iter_pair_chunks for the inputs."""
         nq, np_ = q_mask.shape[0], p_mask.shape[0]
         q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
                                                            indexing="ij"))
-        p_len = p_mask.shape[1]
         pairs = self.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
                                 q_qkv=q_qkv, p_qkv=p_qkv)
-        return GridOutput(pairs.start_logits.reshape(nq, np_, p_len),
-                          pairs.end_logits.reshape(nq, np_, p_len),
-                          pairs.null_start_logits.reshape(nq, np_),
-                          pairs.null_end_logits.reshape(nq, np_))
+        return pairs.reshape(nq, np_)

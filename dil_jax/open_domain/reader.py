@@ -25,20 +25,22 @@ above the other candidates", so mu weighs comparable quantities, and mu = 1 is t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import jax
 import numpy as np
 
 from dil_jax.data.decoding import window_nbest
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.model.grid import PairGrid, kept_positions
+from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
 from dil_jax.open_domain.cache import PassageCache
-from dil_jax.open_domain.index import OpenDomainIndex, window_arrays
+from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
@@ -64,7 +66,7 @@ def check_read_lengths(config, max_passage_len: int) -> None:
             "(dil-jax index)")
 
 
-def _check_finite(start_logits: np.ndarray, end_logits: np.ndarray, pair_q: Sequence[int],
+def _check_finite(start_logits: np.ndarray, end_logits: np.ndarray,
                   pair_hit: Sequence[tuple[int, int]], questions: Sequence[str], hits,
                   passages) -> None:
     """Raises ReaderScoreError at the first pair with a NaN or +inf score. (-inf is allowed:
@@ -138,6 +140,56 @@ class ReaderPrescreen:
     store: SentenceStore
 
 
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], phase: str) -> Iterator[None]:
+    """Adds the seconds the `with` body takes to timings[phase]."""
+    clock = time.perf_counter()
+    yield
+    timings[phase] += time.perf_counter() - clock
+
+
+@dataclasses.dataclass
+class RetrievedPairs:
+    """The (question, window) pairs of a batch: every window of every retrieved passage.
+
+    One entry per pair, in the same order in each list: question: the question's number in the
+    batch; row: the window's index (and cache) row; hit: (question number, BM25 rank) of the
+    retrieved passage the window belongs to.
+    """
+
+    question: list[int]
+    row: list[int]
+    hit: list[tuple[int, int]]
+
+    @classmethod
+    def of_hits(cls, windows: PassageWindows, hits: Sequence[Sequence]) -> RetrievedPairs:
+        """Pairs for every window of every hit, question by question, in retrieval order."""
+        pairs = cls([], [], [])
+        for qi, question_hits in enumerate(hits):
+            for hi, hit in enumerate(question_hits):
+                rows = windows.rows_of([hit.passage_index])
+                pairs.question += [qi] * len(rows)
+                pairs.row += rows.tolist()
+                pairs.hit += [(qi, hi)] * len(rows)
+        return pairs
+
+    def subset(self, read: np.ndarray) -> RetrievedPairs:
+        """The pairs whose entry of `read` ([n_pairs] bool) is true, in order."""
+        return RetrievedPairs(*([v for v, r in zip(values, read, strict=True) if r]
+                                for values in (self.question, self.row, self.hit)))
+
+
+def best_pair_of_each_hit(best_span_scores: np.ndarray, pair_hit: Sequence[tuple[int, int]]
+                          ) -> dict[tuple[int, int], int]:
+    """hit -> the pair (window) with the highest best-span score among that hit's pairs
+    (the first on ties). best_span_scores: [n_pairs]."""
+    best: dict[tuple[int, int], int] = {}
+    for pair, key in enumerate(pair_hit):
+        if key not in best or best_span_scores[pair] > best_span_scores[best[key]]:
+            best[key] = pair
+    return best
+
+
 class OpenDomainReader:
     """Reads the top-p passages of questions with one model (one k) over one index."""
 
@@ -194,65 +246,78 @@ class OpenDomainReader:
 
     def _read_batch(self, questions: list[str], hits: list[list], timings: dict[str, float]
                     ) -> list[list[Candidate]]:
-        import jax
+        """The candidates of one batch of questions (at most `grid.batch_size`), given their
+        BM25 hits; adds each phase's seconds to `timings`."""
+        with _timed(timings, "question_lower"):
+            q_lower, q_mask = self._encode_question_batch(questions)
+        pairs = RetrievedPairs.of_hits(self.index.windows, hits)
+        positions = None
+        if self.prescreen is not None:
+            with _timed(timings, "prescreen"):
+                pairs, positions = self._prescreen_pairs(questions, hits, pairs)
+        with _timed(timings, "pair_upper"):
+            scores = self._read_pairs(q_lower, q_mask, pairs, positions)
+        _check_finite(scores.start_logits, scores.end_logits, pairs.hit, questions, hits,
+                      self.index.passages)
+        with _timed(timings, "decode"):
+            return self._candidates(hits, pairs, scores)
 
-        clock = time.perf_counter()
+    def _encode_question_batch(self, questions: list[str]) -> tuple[jax.Array, np.ndarray]:
+        """(lower states [batch_size, q_len, hidden], mask [batch_size, q_len]) of the
+        questions, padded to a whole batch (one compiled shape)."""
         q = encode_questions(self.tokenizer, questions, self.model.config.max_question_len)
         size = self.grid.batch_size
         q_ids = np.pad(q.ids, ((0, size - len(q)), (0, 0)))
         q_mask = np.pad(q.mask, ((0, size - len(q)), (0, 0)))
+        # Block so the question phase's time is not counted in the pair phase.
         q_lower = jax.block_until_ready(self.grid.encode_questions(self.params, q_ids, q_mask))
-        timings["question_lower"] += time.perf_counter() - clock
+        return q_lower, q_mask
 
-        # Pairs (question, cache row) for every window of every retrieved passage.
-        pair_q, pair_row, pair_hit = [], [], []
-        for qi, question_hits in enumerate(hits):
-            for hi, hit in enumerate(question_hits):
-                rows = self.index.windows.rows_of([hit.passage_index])
-                pair_q += [qi] * len(rows)
-                pair_row += rows.tolist()
-                pair_hit += [(qi, hi)] * len(rows)
-        positions = None
-        if self.prescreen is not None:
-            clock = time.perf_counter()
-            keep = self._screen(questions, hits, pair_hit, np.asarray(pair_row, np.int64))
-            read = keep.any(axis=1)  # a window with no kept sentence is not read at all
-            pair_q = [v for v, r in zip(pair_q, read, strict=True) if r]
-            pair_row = [v for v, r in zip(pair_row, read, strict=True) if r]
-            pair_hit = [v for v, r in zip(pair_hit, read, strict=True) if r]
-            positions = kept_positions(keep[read])
-            timings["prescreen"] += time.perf_counter() - clock
-        clock = time.perf_counter()
-        rows, pair_p = np.unique(np.asarray(pair_row, np.int64), return_inverse=True)
+    def _prescreen_pairs(self, questions: list[str], hits: list[list], pairs: RetrievedPairs
+                         ) -> tuple[RetrievedPairs, np.ndarray]:
+        """The pairs that read at least one kept token, and their kept positions
+        [n_read, kept_len] (`kept_positions`)."""
+        keep = self._screen(questions, hits, pairs.hit, np.asarray(pairs.row, np.int64))
+        read = keep.any(axis=1)  # a window with no kept sentence is not read at all
+        return pairs.subset(read), kept_positions(keep[read])
+
+    def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(p_source, p_mask) of these distinct cache rows, from the cache, zero-padded to a
+        whole number of top-p batches: [padded, p_len(, hidden)] and [padded, p_len]."""
         # Few distinct shapes (each compiles once): round the subset up to whole top-p batches.
-        padded = round_up(max(len(rows), 1), size * self.top_p)
+        padded = round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
         p_mask = np.pad(np.asarray(self.cache.mask[rows]), ((0, padded - len(rows)), (0, 0)))
         p_source = self.cache.passage_side(rows)
         p_source = np.pad(p_source, ((0, padded - len(rows)),) + ((0, 0),) * (p_source.ndim - 1))
-        pair_logits = self.grid.read_pairs(self.params, q_lower, q_mask, p_source, p_mask,
-                                           np.asarray(pair_q, np.int64), pair_p.reshape(-1),
-                                           positions)
-        start_logits, end_logits = pair_logits.start_logits, pair_logits.end_logits
-        timings["pair_upper"] += time.perf_counter() - clock
-        _check_finite(start_logits, end_logits, pair_q, pair_hit, questions, hits,
-                      self.index.passages)
+        return p_source, p_mask
 
-        clock = time.perf_counter()
-        pair_rows = np.asarray(pair_row, np.int64)
-        scores, starts, ends = window_nbest(
-            start_logits, end_logits, self.valid_start[pair_rows], self.valid_end[pair_rows],
-            n_best=1, max_answer_length=self.max_answer_length)
-        best: dict[tuple[int, int], int] = {}
-        for pair, key in enumerate(pair_hit):
-            if key not in best or scores[pair, 0] > scores[best[key], 0]:
-                best[key] = pair
+    def _read_pairs(self, q_lower: jax.Array, q_mask: np.ndarray, pairs: RetrievedPairs,
+                    positions: np.ndarray | None) -> SpanScores:
+        """Span scores [n_pairs, p_len] of every pair; each distinct window's passage side is
+        read from the cache once, however many questions read it."""
+        rows, pair_p = np.unique(np.asarray(pairs.row, np.int64), return_inverse=True)
+        p_source, p_mask = self._passage_side(rows)
+        return self.grid.read_pairs(self.params, q_lower, q_mask, p_source, p_mask,
+                                    np.asarray(pairs.question, np.int64), pair_p.reshape(-1),
+                                    positions)
+
+    def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: SpanScores
+                    ) -> list[list[Candidate]]:
+        """Each question's candidates: per retrieved passage, the best span of its windows
+        (text sliced from the passage's characters); passages with no allowed span are left
+        out. The BM25 score rides along for fusion (`pick_answer`)."""
+        pair_rows = np.asarray(pairs.row, np.int64)
+        span_scores, starts, ends = window_nbest(
+            scores.start_logits, scores.end_logits, self.valid_start[pair_rows],
+            self.valid_end[pair_rows], n_best=1, max_answer_length=self.max_answer_length)
+        best = best_pair_of_each_hit(span_scores[:, 0], pairs.hit)
         offsets = self.cache.offsets
         results = []
         for qi, question_hits in enumerate(hits):
             question_candidates = []
             for hi, hit in enumerate(question_hits):
                 pair = best.get((qi, hi))
-                if pair is None or not np.isfinite(scores[pair, 0]):
+                if pair is None or not np.isfinite(span_scores[pair, 0]):
                     continue  # no allowed span (an empty passage, or nothing kept)
                 passage = self.index.passages[hit.passage_index]
                 row = pair_rows[pair]
@@ -260,9 +325,8 @@ class OpenDomainReader:
                 char_end = int(offsets[row, ends[pair, 0], 1])
                 question_candidates.append(Candidate(
                     hit.passage_index, hi, passage.text[char_start:char_end], char_start, char_end,
-                    float(scores[pair, 0]) / 2, hit.score))
+                    float(span_scores[pair, 0]) / 2, hit.score))
             results.append(question_candidates)
-        timings["decode"] += time.perf_counter() - clock
         return results
 
     def _screen(self, questions: list[str], hits: list[list], pair_hit: list[tuple[int, int]],
