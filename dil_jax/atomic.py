@@ -161,6 +161,10 @@ def check_output_folder(folder: PathLike, flag: str,
     if folder.exists() and not folder.is_dir():
         raise OutputPathError(f"{flag} {folder} is a file, not a folder; give a folder path")
     given = list(_given(inputs))
+    for input_flag, path in given:
+        if folder.resolve() == path.resolve():
+            raise OutputPathError(f"{flag} {folder} is the {input_flag} input; the command writes "
+                                  "into it; choose another output folder")
     for name in files:
         check_output_path(folder / name, f"{flag} (its {name})", inputs)
     if replaced_unless is not None and not (folder / replaced_unless).exists():

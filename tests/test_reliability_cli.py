@@ -330,6 +330,18 @@ def test_train_refuses_a_file_as_workdir(capsys, _no_work, tmp_path):
     assert blocker.read_text() == "x"
 
 
+
+def test_train_refuses_its_model_checkpoint_as_workdir(capsys, _no_work, tmp_path, minilm_dir):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text((minilm_dir / "config.json").read_text())
+    config = Path(__file__).resolve().parents[1] / "configs" / "tiny.py"
+    status, _, err = run_cli(["train", "--config", str(config), f"--config.workdir={checkpoint}",
+                              f"--config.model.checkpoint={checkpoint}"], capsys)
+    assert status == 1, err
+    assert f"--config.workdir {checkpoint} is the --config.model.checkpoint input" in err, err
+    assert sorted(p.name for p in checkpoint.iterdir()) == ["config.json"]
+
 # ------------------------------------------------------------------------- evaluate (probe 2)
 
 @pytest.mark.parametrize("flag", ["--data", "--predictions"])

@@ -11,9 +11,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
-
-from dil_jax.errors import OutputPathError
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +45,6 @@ def check_workdir(config) -> None:
         ("model.checkpoint", config.model.checkpoint),
         ("teacher.checkpoint", config.teacher.checkpoint))
         if value and str(value) not in ("default", "student_init")}
-    for flag, path in inputs.items():
-        if Path(config.workdir).resolve() == Path(path).resolve():
-            raise OutputPathError(f"--config.workdir {config.workdir} is the {flag} input; "
-                                  "training writes into it; choose another workdir")
     check_output_folder(config.workdir, "--config.workdir", inputs)
 
 
