@@ -229,3 +229,12 @@ def test_library_misuse_of_the_grid_is_a_named_error():
     ids = np.ones((2, 6), np.int32)
     with pytest.raises(DilJaxError, match="k = 0 .* passage states depend on the question"):
         PairGrid(model, batch_size=2).encode_passages(params, ids, ids)
+
+
+def test_demo_refuses_lengths_past_the_position_table_before_building(tmp_path, capsys):
+    index = tmp_path / "demo-index"
+    status, _, err = run_cli(["demo", "--index", str(index), "--max-passage-len", "500",
+                              "--distractors", "5", "Who?"], capsys)
+    assert status == 1, err
+    assert "32 + passage length 500 = 532 exceeds max_position_embeddings 512" in err, err
+    assert not index.exists()

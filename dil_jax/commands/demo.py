@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.build import passage_encoder
     from dil_jax.open_domain.corpus import split_documents
     from dil_jax.open_domain.index import build_index, build_reader_cache
-    from dil_jax.open_domain.reader import OpenDomainReader, format_answer
+    from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
 
     check_window_flags(args.max_passage_len, args.doc_stride)
     # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:
@@ -122,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     delayed = load_reader(str(delayed_ckpt or "default"), k, args.max_question_len)
     if delayed[0].config.num_lower_layers == 0:
         raise UsageError("the delayed reader has k = 0; pass --k (1..l)")
+    for model, _, _ in (full, delayed):  # before the index is built: the lengths must fit
+        check_read_lengths(model.config, args.max_passage_len)
 
     started = time.perf_counter()
     split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": args.distractors,

@@ -234,9 +234,6 @@ def run_index(args: argparse.Namespace) -> int:
 
             prescreener = SentencePrescreener.load(args.prescreen)
         readers = [_load(args, k, i) for i, k in enumerate(args.k)]
-        from dil_jax.open_domain.reader import check_read_lengths
-        for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
-            check_read_lengths(model.config, args.max_passage_len)
         from dil_jax.open_domain.build import BuildSettings, build_open_domain_index
 
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,

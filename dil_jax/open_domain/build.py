@@ -37,6 +37,7 @@ from dil_jax.open_domain.index_files import (
     settings_differences,
 )
 from dil_jax.open_domain.index_lock import clean_stale, index_lock
+from dil_jax.open_domain.reader import check_read_lengths
 from dil_jax.open_domain.sentences import build_sentence_store
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     if it was built with this run's corpus, split, lengths and tokenizer; otherwise this refuses,
     naming each differing setting.
     """
+    for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
+        check_read_lengths(model.config, settings.max_passage_len)
     report = progress or (lambda step: None)
     with index_lock(out):
         index = _split_and_index(out, corpus, readers[0][2], settings, report)
