@@ -78,7 +78,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.validation_articles = "28:35"
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
     c.data.doc_stride = DOC_STRIDE  # tokens between window starts
-    c.data.max_questions = -1  # > 0: only the first questions of the split (smoke runs)
+    # > 0: only the first questions (file order) of the training split: learning curves, sweeps.
+    c.data.max_questions = -1
+    c.data.max_validation_questions = -1  # > 0: the same for validation (smoke runs only)
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
         "null_fraction": 0.25})
@@ -259,6 +261,7 @@ RULES: dict[str, Rule] = {
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
     "data.doc_stride": POSITIVE,
     "data.max_questions": int_at_least(1, off=-1),
+    "data.max_validation_questions": int_at_least(1, off=-1),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
     "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved

@@ -23,7 +23,9 @@ from dil_jax.errors import DilJaxError, InputFileError, UsageError
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
-    """The examples of the split's articles (file order), at most data.max_questions of them."""
+    """The examples of the split's articles (file order), at most data.max_questions of them
+    for training and data.max_validation_questions for validation (a training subset must not
+    shrink the validation set it is compared on)."""
     if split not in ("train", "validation"):
         raise UsageError(f"split must be 'train' or 'validation', got {split!r}")
     file_key = "squad_file"
@@ -41,8 +43,9 @@ def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[Squa
     except ValueError as error:
         raise UsageError(f"{path}: {split} split (config.data.{spec_key} = {spec!r}): "
                          f"{error}") from None
-    if data_cfg.max_questions > 0:
-        examples = examples[:data_cfg.max_questions]
+    limit = data_cfg.max_questions if split == "train" else data_cfg.max_validation_questions
+    if limit > 0:
+        examples = examples[:limit]
     return examples
 
 
