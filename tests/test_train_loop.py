@@ -88,3 +88,29 @@ def test_features_are_validated():
     features.start_positions[0] = 99
     with pytest.raises(ValueError, match="inside the window"):
         data_lib.windows_from_features(features)
+
+
+def test_early_stopping_stops_after_patience_and_exports_the_best(tmp_path):
+    # F1 by evaluation (one per step): best at step 2, then 2 evaluations without a new best.
+    f1_by_call = iter([10.0, 20.0, 15.0, 12.0, 30.0, 40.0])
+
+    def evaluate_fn(params):
+        return {"exact": 0.0, "f1": next(f1_by_call)}
+
+    overrides = {"num_train_steps": 6, "checkpoint.every_steps": 1, "eval.patience": 2,
+                 "checkpoint.best_metric": "f1", "checkpoint.best_mode": "max",
+                 "eval.use_validation_loss": "false"}
+    result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
+    assert result.stopped_early and int(result.state.step) == 4 and result.best_step == 2
+    assert json.loads((tmp_path / "params" / "trained_from.json").read_text())["step"] == 2
+    # A rerun continues nothing: the checkpoints say the run stopped.
+    again = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
+    assert again.stopped_early and int(again.state.step) == 4
+    assert next(f1_by_call) == 30.0  # no evaluation ran
+
+
+def test_early_stopping_needs_a_metric(tmp_path):
+    from dil_jax.errors import UsageError
+
+    with pytest.raises(UsageError, match="eval.patience = 2 needs a metric"):
+        train(tiny_config(tmp_path, {"eval.patience": 2, "checkpoint.best_metric": ""}))

@@ -90,6 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.evaluator = "dil_jax.train.squad_data:evaluator"
     c.eval.use_validation_loss = True  # mean span CE on the validation windows
     c.eval.batch_size = READ_BATCH_SIZE
+    # > 0: early stopping. Stop once this many evaluations (every checkpoint.every_steps) have
+    # passed without a new best checkpoint.best_metric; the export is the best checkpoint. A
+    # rerun of a stopped run exports again and trains no further.
+    c.eval.patience = -1
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 500  # also evaluates then; a final save always happens
@@ -268,6 +272,7 @@ RULES: dict[str, Rule] = {
     "data.synthetic.null_fraction": FRACTION,
     "eval.evaluator": text(callable_spec=True),
     "eval.batch_size": POSITIVE,
+    "eval.patience": int_at_least(1, off=-1),
     "checkpoint.every_steps": POSITIVE,
     "checkpoint.keep": POSITIVE,
     "checkpoint.best_metric": text(),
@@ -321,6 +326,10 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
         if not sum(values[f"loss.{name}_weight"][1] for name in ("ce", "kd", "lrs")) > 0:
             problems.append("config.loss.ce_weight, kd_weight and lrs_weight are all 0: "
                             "nothing to train on; set one > 0")
+    patience, metric = _lookup(config, "eval.patience"), _lookup(config, "checkpoint.best_metric")
+    if patience[0] and metric[0] and patience[1] > 0 and not metric[1]:
+        problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
+                        "config.checkpoint.best_metric (e.g. 'f1')")
     return problems
 
 

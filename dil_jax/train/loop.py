@@ -75,6 +75,8 @@ class TrainResult:
     # "SIGTERM", "SIGINT" or "preemption" when a signal stopped the run before total_steps
     # (a checkpoint of the last finished step was saved); None otherwise.
     interrupted_by: str | None = None
+    # True when eval.patience evaluations passed without a new best (early stopping).
+    stopped_early: bool = False
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -197,6 +199,17 @@ def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn
     return metrics
 
 
+def patience_exhausted(checkpointer: TrainCheckpointer, step: int, every_steps: int,
+                       patience: int) -> bool:
+    """Whether `patience` evaluations (one every `every_steps`) have passed since the best
+    checkpoint. Read from the checkpointer's best step, so a resumed run agrees with the run
+    it continues."""
+    best = checkpointer.best_step()
+    if patience <= 0 or best is None:
+        return False
+    return (step - best) // every_steps >= patience
+
+
 @dataclasses.dataclass
 class LoopOutcome:
     state: TrainState
@@ -204,6 +217,7 @@ class LoopOutcome:
     last_metrics: dict[str, float]
     eval_metrics: dict[str, float]
     interrupted_by: str | None
+    stopped_early: bool = False
 
 
 def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainState, *,
@@ -213,15 +227,19 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
               stop_after_step: int | None) -> LoopOutcome:
     """Steps from `start_step` until total_steps, a signal/preemption or stop_after_step; logs
     every config.log.every_steps and evaluates + checkpoints every config.checkpoint.every_steps
-    (and at the last step)."""
+    (and at the last step); stops early per config.eval.patience."""
     rows_of_process = sharding_lib.process_rows(mesh, data.accum, data.micro)
     last_metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
     step = start_step
     interrupted_by: str | None = None
+    every_steps, patience = int(config.checkpoint.every_steps), int(config.eval.get("patience", -1))
+    # A rerun of an early-stopped run trains no further (its checkpoints say it stopped).
+    stopped_early = start_step > 0 and patience_exhausted(checkpointer, start_step, every_steps,
+                                                          patience)
     window_start, window_steps = time.perf_counter(), 0
     with stop_on_signals() as stop:
-        while step < data.total_steps:
+        while step < data.total_steps and not stopped_early:
             rows = data_lib.global_batch_rows(step, len(data.train), data.global_batch,
                                               data.seed).reshape(data.accum, data.micro)
             local = data.train.batch(rows[:, rows_of_process])
@@ -240,16 +258,22 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                 writer.write(step, "train", last_metrics)
                 progress.update(step, last_metrics["loss"])
             # Our own cadence (orbax's default policy would also save the very first step).
-            save_now = step % int(config.checkpoint.every_steps) == 0 or final or preempted
+            save_now = step % every_steps == 0 or final or preempted
             if save_now:
                 eval_metrics = evaluate_at(state.params, step)
                 checkpointer.save(step, state, checkpoint_meta(step, data, dropout_rng),
                                   metrics=eval_metrics or None, force=True)
+                stopped_early = not final and patience_exhausted(checkpointer, step,
+                                                                 every_steps, patience)
+                if stopped_early:
+                    log.info("early stopping at step %d: no better %s in %d evaluations since "
+                             "step %d", step, config.checkpoint.best_metric, patience,
+                             checkpointer.best_step())
             if preempted and not final:
                 interrupted_by = stop.signal_name or "preemption"
             if preempted or (stop_after_step is not None and step >= stop_after_step):
                 break
-    return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by)
+    return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by, stopped_early)
 
 
 def train(config: ml_collections.ConfigDict, *,
@@ -312,14 +336,15 @@ def train(config: ml_collections.ConfigDict, *,
         checkpointer.close()  # waits for an in-flight async save
         writer.close()
     best_step = checkpointer.best_step()
-    if (config.checkpoint.export_params and outcome.step == data.total_steps
-            and not is_remote(workdir)):
+    finished = outcome.step == data.total_steps or outcome.stopped_early
+    if config.checkpoint.export_params and finished and not is_remote(workdir):
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
                       models.student_config)
     return TrainResult(state=outcome.state, model=models.student,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,
-                       interrupted_by=outcome.interrupted_by)
+                       interrupted_by=outcome.interrupted_by,
+                       stopped_early=outcome.stopped_early)
 
 
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
