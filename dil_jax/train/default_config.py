@@ -90,6 +90,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval.evaluator = "dil_jax.train.squad_data:evaluator"
     c.eval.use_validation_loss = True  # mean span CE on the validation windows
     c.eval.batch_size = READ_BATCH_SIZE
+    # SQuAD v2.0: training questions (every n-th, spread over the training articles; -1 = all)
+    # the evaluator chooses the null threshold on, so validation never tunes it.
+    c.eval.threshold_questions = 1000
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 500  # also evaluates then; a final save always happens
@@ -268,6 +271,7 @@ RULES: dict[str, Rule] = {
     "data.synthetic.null_fraction": FRACTION,
     "eval.evaluator": text(callable_spec=True),
     "eval.batch_size": POSITIVE,
+    "eval.threshold_questions": int_at_least(1, off=-1),
     "checkpoint.every_steps": POSITIVE,
     "checkpoint.keep": POSITIVE,
     "checkpoint.best_metric": text(),
