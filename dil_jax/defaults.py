@@ -65,6 +65,8 @@ OPEN_DOMAIN_BATCH_SIZE = 8
 
 # The SQuAD v1.1 dev articles shared with this project (35 articles), relative to the repository.
 SHARED_SQUAD_FILE = "../shared/data/squad/dev-v1.1.35-articles.json"
+# The SQuAD v2.0 dev set (the same 35 articles, with unanswerable questions), likewise.
+SHARED_SQUAD_V2_FILE = "../shared/data/squad/dev-v2.0.json"
 
 # ----------------------------------------------------------------------------- checkpoints
 

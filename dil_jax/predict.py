@@ -1,6 +1,7 @@
 """Extractive QA over featurized SQuAD-style examples with a delayed-interaction reader.
 
     predictions = predict_squad(model, params, tokenizer, examples)   # qid -> answer text
+    spans = predict_squad_spans(model, params, tokenizer, examples)   # qid -> Prediction
 
 The delayed-interaction path, in fixed-shape jitted steps (one compilation each):
   1. each question `[CLS] q [SEP]` once through `encode_lower`;
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from dil_jax.data.decoding import answers, decode_predictions
+from dil_jax.data.decoding import Prediction, answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
@@ -91,20 +93,29 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
 
 
 def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
-                  examples: Sequence[SquadExample], *, max_passage_len: int = 384,
-                  doc_stride: int = 128, batch_size: int = 32, max_answer_length: int = 30,
-                  n_best: int = 20, null_threshold: float | None = None, progress: bool = True,
-                  cache_dir: str | None = None, question_block: int = 1024,
-                  mesh=None, prescreen: tuple | None = None,
-                  report: dict | None = None) -> dict[str, str]:
-    """qid -> answer text for `examples` (the official predictions-file format).
+                  examples: Sequence[SquadExample], **options: Any) -> dict[str, str]:
+    """qid -> answer text for `examples` (the official predictions-file format); options are
+    `predict_squad_spans`'."""
+    return answers(predict_squad_spans(model, params, tokenizer, examples, **options))
+
+
+def predict_squad_spans(model: DelayedInteractionModel, params: Params, tokenizer,
+                        examples: Sequence[SquadExample], *, max_passage_len: int = 384,
+                        doc_stride: int = 128, batch_size: int = 32, max_answer_length: int = 30,
+                        n_best: int = 20, null_threshold: float | None = None,
+                        progress: bool = True, cache_dir: str | None = None,
+                        question_block: int = 1024, mesh=None, prescreen: tuple | None = None,
+                        report: dict | None = None) -> dict[str, Prediction]:
+    """qid -> Prediction (answer text, best span score, null score) for `examples`.
 
     The question length is the model's `config.max_question_len`. null_threshold: None answers
     every question (SQuAD 1.1); a float enables SQuAD 2.0's no-answer ("" when null_score -
-    best_span_score > null_threshold). prescreen: (SentencePrescreener, SentenceRule) to read
-    only the kept sentences of each context in the upper blocks (answers are still spans of the
-    original context). report: a dict that receives the seconds of each phase (featurize,
-    prescreen, read, decode), and with prescreening the `Screening` and the kept token share.
+    best_span_score > null_threshold); math.inf keeps every best span but still records the
+    null scores, to choose a threshold (`dil_jax.data.decoding.null_score_differences`).
+    prescreen: (SentencePrescreener, SentenceRule) to read only the kept sentences of each
+    context in the upper blocks (answers are still spans of the original context). report: a
+    dict that receives the seconds of each phase (featurize, prescreen, read, decode), and with
+    prescreening the `Screening` and the kept token share.
     """
     import time
 
@@ -140,4 +151,4 @@ def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
         max_answer_length=max_answer_length,
         null_threshold=null_threshold if with_null else 0.0)
     report["decode_seconds"] = time.perf_counter() - clock
-    return answers(predictions)
+    return predictions

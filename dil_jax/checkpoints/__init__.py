@@ -8,7 +8,8 @@ One module per job (each name below is importable from this package too):
   hf_import    load_hf_checkpoint: a Hugging Face folder or hub id -> (config, params, report)
   orbax_io     save_params / load_params: dil_jax's own orbax format
   export       export_hf_checkpoint: params -> a Hugging Face folder
-  readers      load_reader: (model, params, tokenizer) from either format, checks wired in
+  readers      load_reader: (model, params, tokenizer) from either format, checks wired in;
+               recorded_null_threshold: the SQuAD v2.0 threshold a trained reader records
   fingerprint  params_fingerprint: the hash caches record their weights by
 Where a checkpoint name points ("default", a folder, a hub id) is `dil_jax.hub`, and the error
 type is `dil_jax.errors.CheckpointError`: both sit below this package, so the tokenizer loader
@@ -33,16 +34,23 @@ from dil_jax.checkpoints.hf_tensors import (
     name_map,
 )
 from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults, trained_k
-from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, PARAMS_DIR, load_params, save_params
-from dil_jax.checkpoints.readers import load_reader
+from dil_jax.checkpoints.orbax_io import (
+    ENCODER_CONFIG_FILE,
+    PARAMS_DIR,
+    TRAINED_FROM_FILE,
+    load_params,
+    save_params,
+)
+from dil_jax.checkpoints.readers import load_reader, recorded_null_threshold
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 
 __all__ = [
     "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR", "SAFETENSORS_FILE",
-    "SAFETENSORS_INDEX", "TORCH_FILE", "CheckpointError", "ImportReport", "convert_state_dict",
-    "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict",
+    "SAFETENSORS_INDEX", "TORCH_FILE", "TRAINED_FROM_FILE", "CheckpointError", "ImportReport",
+    "convert_state_dict", "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict",
     "hf_config_from_encoder_config", "load_hf_checkpoint", "load_params", "load_reader",
     "name_map", "params_fingerprint", "read_manifest", "read_state_dict", "reader_defaults",
-    "resolve_checkpoint", "save_params", "trained_k", "with_base_tensors",
+    "recorded_null_threshold", "resolve_checkpoint", "save_params", "trained_k",
+    "with_base_tensors",
 ]

@@ -22,6 +22,9 @@ from dil_jax.model.delayed import DelayedInteractionModel, Params
 
 ENCODER_CONFIG_FILE = "encoder_config.json"
 PARAMS_DIR = "params"
+# What a training run's export records beside the params: the steps, and for a SQuAD v2.0 run
+# the null threshold its evaluator chose on training questions ("null_threshold").
+TRAINED_FROM_FILE = "trained_from.json"
 
 
 def save_params(directory: str | os.PathLike, params: Params, config: EncoderConfig) -> Path:

@@ -9,13 +9,15 @@ than the one the reader was trained with is logged.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from dil_jax.checkpoints.files import read_json
 from dil_jax.checkpoints.hf_import import load_hf_checkpoint
 from dil_jax.checkpoints.manifest import trained_k
-from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, load_params
+from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, TRAINED_FROM_FILE, load_params
+from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
@@ -54,6 +56,25 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                     trained)
     tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size)
     return DelayedInteractionModel(config), params, tokenizer
+
+
+def recorded_null_threshold(checkpoint: str) -> float | None:
+    """The SQuAD v2.0 null threshold a trained reader's export records (`trained_from.json`
+    beside its params), or None: not a local dil_jax folder, or a run that chose none.
+
+    A value that is not a finite number is a CheckpointError naming the file.
+    """
+    path = Path(checkpoint).expanduser() / TRAINED_FROM_FILE
+    if not path.is_file():
+        return None
+    record = read_json(path, "training record")
+    value = record.get("null_threshold") if isinstance(record, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CheckpointError(f"{path}: 'null_threshold' must be a finite number, got {value!r}; "
+                              "fix or remove it (then pass --null-threshold)")
+    return float(value)
 
 
 def _saved_k(folder: Path) -> int | None:

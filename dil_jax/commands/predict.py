@@ -44,7 +44,8 @@ def register(subparsers) -> None:
     parser.add_argument("--n-best", type=positive_int, default=20)
     parser.add_argument("--null-threshold", type=finite_float, default=None,
                         help="SQuAD 2.0: answer '' when null - best span score exceeds this "
-                             "(default 0.0 for a v2.0 file; v1.1 files always get an answer)")
+                             "(default: the one a trained reader records, chosen on its "
+                             "training questions, else 0.0; v1.1 files always get an answer)")
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="only the first N questions")
     parser.add_argument("--cache-dir", default=None, help="cache featurized inputs here")
@@ -58,9 +59,22 @@ def _local(path: str | None) -> str | None:
     return None if path == "default" else path
 
 
+def choose_null_threshold(version: str, flag: float | None, recorded: float | None
+                          ) -> tuple[float | None, str]:
+    """(null threshold for predict_squad, where it comes from). A v1.1 file: None (always an
+    answer); v2.0: --null-threshold, else the reader's recorded one, else 0.0."""
+    if version != "2.0":
+        return None, "none: a SQuAD v1.1 file always gets an answer"
+    if flag is not None:
+        return flag, "--null-threshold"
+    if recorded is not None:
+        return recorded, "recorded by the reader (trained_from.json), chosen on training questions"
+    return 0.0, "the default: the reader records none"
+
+
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_path, write_atomic
-    from dil_jax.checkpoints import load_reader
+    from dil_jax.checkpoints import load_reader, recorded_null_threshold
     from dil_jax.commands.arguments import check_window_flags, prescreen_from_args, require_file
     from dil_jax.data.squad import load_squad
     from dil_jax.errors import InputFileError
@@ -77,9 +91,14 @@ def run(args: argparse.Namespace) -> int:
     examples = dataset.examples[:args.limit] if args.limit is not None else dataset.examples
     if not examples:
         raise InputFileError(f"--data {args.data}: no questions to answer")
-    null_threshold = args.null_threshold
-    if null_threshold is None and dataset.version == "2.0":
-        null_threshold = 0.0
+    recorded = recorded_null_threshold(args.checkpoint) if dataset.version == "2.0" else None
+    null_threshold, source = choose_null_threshold(dataset.version, args.null_threshold,
+                                                   recorded)
+    if dataset.version != "2.0" and args.null_threshold is not None:
+        log.warning("--null-threshold is not used: %s is a SQuAD v1.1 file (every question has "
+                    "an answer)", args.data)
+    if null_threshold is not None:
+        log.info("null threshold %g (%s)", null_threshold, source)
     model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
                                            args.tokenizer)
     prescreen = prescreen_from_args(args)

@@ -8,7 +8,8 @@ text is sliced from the ORIGINAL context with the tokens' character offsets.
 
 SQuAD 2.0: the null score of an example is the minimum over its windows of
 null_start + null_end (the [CLS] scores); the answer is "" when
-null_score - best_span_score > null_threshold.
+null_score - best_span_score > null_threshold (`null_score_differences` gives that difference
+per example, to choose the threshold: `dil_jax.metrics.squad_metric.best_null_threshold`).
 """
 
 from __future__ import annotations
@@ -138,3 +139,14 @@ def decode_predictions(examples: Sequence[SquadExample], features: Features,
 def answers(predictions: dict[str, Prediction]) -> dict[str, str]:
     """qid -> answer text: the official predictions-file format."""
     return {qid: prediction.text for qid, prediction in predictions.items()}
+
+
+def null_score_differences(predictions: dict[str, Prediction]) -> dict[str, float]:
+    """qid -> null_score - score (+inf when no span is allowed): the quantity the null threshold
+    is compared with. Needs predictions decoded with null logits (SQuAD 2.0)."""
+    missing = [qid for qid, prediction in predictions.items() if prediction.null_score is None]
+    if missing:
+        raise ValueError(f"{len(missing)} predictions have no null score (e.g. {missing[0]!r}): "
+                         "decode them with null logits (a null_threshold)")
+    return {qid: prediction.null_score - prediction.score
+            for qid, prediction in predictions.items()}

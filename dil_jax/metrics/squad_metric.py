@@ -18,6 +18,7 @@ versions (v1.1 does this; v2.0 leaves it out of the overall total and fails on t
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from collections import Counter
@@ -84,21 +85,15 @@ def squad_scores(data: SquadDataset | Sequence[SquadExample], predictions: Mappi
     missing = 0
     for example in examples:
         prediction = predictions.get(example.qid)
-        if prediction is None:
-            missing += 1
-        if version == "1.1":
-            golds = list(example.answer_texts)
-            score_f1 = f1_score_v1
-        else:
-            golds = [text for text in example.answer_texts if normalize_answer(text)] or [""]
-            score_f1 = f1_score_v2
         has_answer.append(bool(example.answer_texts))
         if prediction is None:
+            missing += 1
             exact.append(0)
             f1.append(0)
             continue
-        exact.append(max(exact_score(prediction, gold) for gold in golds))
-        f1.append(max(score_f1(prediction, gold) for gold in golds))
+        question_exact, question_f1 = question_scores(example, prediction, version)
+        exact.append(question_exact)
+        f1.append(question_f1)
     result = _summary(exact, f1)
     if version == "2.0":
         for name, wanted in (("HasAns", True), ("NoAns", False)):
@@ -109,6 +104,65 @@ def squad_scores(data: SquadDataset | Sequence[SquadExample], predictions: Mappi
     if missing:
         result["missing"] = missing
     return result
+
+
+def question_scores(example: SquadExample, prediction: str, version: str) -> tuple[int, float]:
+    """(exact, F1) of one question's prediction: its best over the gold answers.
+
+    v2.0: gold answers that normalize to "" are dropped, and an unanswerable question's only
+    gold is "" (so "" scores 1 there, anything else 0).
+    """
+    if version == "1.1":
+        golds = list(example.answer_texts)
+        score_f1 = f1_score_v1
+    else:
+        golds = [text for text in example.answer_texts if normalize_answer(text)] or [""]
+        score_f1 = f1_score_v2
+    return (max(exact_score(prediction, gold) for gold in golds),
+            max(score_f1(prediction, gold) for gold in golds))
+
+
+def best_null_threshold(examples: Sequence[SquadExample], span_answers: Mapping[str, str],
+                        null_differences: Mapping[str, float]) -> tuple[float, float]:
+    """(threshold, F1 in %) of the SQuAD v2.0 null threshold that maximises F1 on `examples`.
+
+    span_answers: qid -> the best span's text, the answer when the question is not nulled;
+    null_differences: qid -> null_score - best_span_score. A question answers "" when its
+    difference > threshold (the rule of `dil_jax.data.decoding`).
+
+    The official v2.0 script's `find_best_thresh`: start with every question answered "" (the
+    F1 of the unanswerable ones), answer them in increasing order of difference, each adding
+    F1(span) - F1(""), and keep the difference where the running F1 is highest (the first, i.e.
+    lowest, such). Two deliberate differences: questions with EQUAL differences are answered
+    together (no threshold separates them, so the official one-by-one sum can report an F1 that
+    its threshold does not give), and when answering nothing is best the threshold is 1 below
+    the smallest difference (the official 0.0 is a probability; a score difference of 0.0
+    would answer some).
+    """
+    scored = [example for example in examples if example.qid in null_differences]
+    if not scored:
+        raise UsageError("no questions with a null score difference to choose a threshold on")
+    base = 0.0  # F1 sum with every question answered ""
+    gains: list[tuple[float, float]] = []  # (difference, F1 gained by answering the span)
+    for example in scored:
+        difference = float(null_differences[example.qid])
+        if math.isnan(difference):
+            raise UsageError(f"question {example.qid!r}: the null score difference is NaN")
+        empty_f1 = question_scores(example, "", "2.0")[1]
+        base += empty_f1
+        span_f1 = question_scores(example, span_answers.get(example.qid, ""), "2.0")[1]
+        gains.append((difference, span_f1 - empty_f1))
+    gains.sort(key=lambda pair: pair[0])
+    finite = [difference for difference, _ in gains if math.isfinite(difference)]
+    threshold = min(finite) - 1.0 if finite else 0.0
+    best = current = base
+    for i, (difference, gain) in enumerate(gains):
+        current += gain
+        last_of_tie = i + 1 == len(gains) or gains[i + 1][0] != difference
+        # A threshold of +inf would answer questions no span was allowed for: never chosen.
+        if last_of_tie and math.isfinite(difference) and current > best:
+            best, threshold = current, difference
+    return threshold, 100.0 * best / len(scored)
 
 
 def _summary(exact: list[int], f1: list[float]) -> dict[str, float | int]:

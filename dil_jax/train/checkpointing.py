@@ -90,6 +90,14 @@ class TrainCheckpointer:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
+    def metrics(self, step: int) -> dict[str, float] | None:
+        """The evaluation metrics saved with `step`; None when none were (orbax writes them only
+        with a best_metric, and only when they hold it)."""
+        if not self.best_metric:
+            return None
+        stored = self.manager.metrics(step)
+        return None if stored is None else dict(stored)
+
     def save(self, step: int, state: Any, meta: dict[str, Any],
              metrics: dict[str, float] | None = None, force: bool = False) -> bool:
         """Saves if the interval says so (or `force`); metrics feed the best-checkpoint policy."""

@@ -94,6 +94,9 @@ def base_config() -> ml_collections.ConfigDict:
     # passed without a new best checkpoint.best_metric; the export is the best checkpoint. A
     # rerun of a stopped run exports again and trains no further.
     c.eval.patience = -1
+    # SQuAD v2.0: training questions (every n-th, spread over the training articles; -1 = all)
+    # the evaluator chooses the null threshold on, so validation never tunes it.
+    c.eval.threshold_questions = 1000
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 500  # also evaluates then; a final save always happens
@@ -273,6 +276,7 @@ RULES: dict[str, Rule] = {
     "eval.evaluator": text(callable_spec=True),
     "eval.batch_size": POSITIVE,
     "eval.patience": int_at_least(1, off=-1),
+    "eval.threshold_questions": int_at_least(1, off=-1),
     "checkpoint.every_steps": POSITIVE,
     "checkpoint.keep": POSITIVE,
     "checkpoint.best_metric": text(),

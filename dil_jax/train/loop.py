@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 
 from dil_jax.atomic import write_atomic
-from dil_jax.checkpoints import CheckpointError
+from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
 from dil_jax.config import EncoderConfig
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, Params
@@ -339,7 +339,8 @@ def train(config: ml_collections.ConfigDict, *,
     finished = outcome.step == data.total_steps or outcome.stopped_early
     if config.checkpoint.export_params and finished and not is_remote(workdir):
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
-                      models.student_config)
+                      models.student_config,
+                      exported_metrics(checkpointer, best_step, outcome))
     return TrainResult(state=outcome.state, model=models.student,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,
@@ -347,9 +348,23 @@ def train(config: ml_collections.ConfigDict, *,
                        stopped_early=outcome.stopped_early)
 
 
+def exported_metrics(checkpointer: TrainCheckpointer, best_step: int | None,
+                     outcome: LoopOutcome) -> dict[str, float]:
+    """The evaluation metrics of the step `export_reader` exports: the best step's, as saved
+    with it, else (no best_metric) the final step's evaluation; {} when neither is known."""
+    step = best_step if best_step is not None else outcome.step
+    saved = checkpointer.metrics(step)
+    if saved is not None:
+        return saved
+    return outcome.eval_metrics if step == outcome.step else {}
+
+
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
-                  sharding, directory: Path, config: EncoderConfig) -> Path | None:
-    """Writes the best (else final) params with `save_params`, the format readers load.
+                  sharding, directory: Path, config: EncoderConfig,
+                  metrics: dict[str, float] | None = None) -> Path | None:
+    """Writes the best (else final) params with `save_params`, the format readers load, and
+    `trained_from.json`: the steps, and the null threshold when `metrics` (the exported step's
+    evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
 
     Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
     run's readers restore from its checkpoints/ instead (or export on one host afterwards).
@@ -366,14 +381,18 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     staging = directory.with_name(directory.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     save_params(staging, jax.device_get(params), config)
+    record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
+                              "best_step": best_step, "final_step": int(state.step)}
+    if metrics and "null_threshold" in metrics:
+        record["null_threshold"] = float(metrics["null_threshold"])
+    # Staged with the params, so no reader sees params without their threshold.
+    (staging / TRAINED_FROM_FILE).write_text(json.dumps(record, indent=2))
     # Swap in the new export; the old one survives until the new one is complete.
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(staging, directory)
-    (directory / "trained_from.json").write_text(json.dumps(
-        {"step": best_step if best_step is not None else int(state.step),
-         "best_step": best_step, "final_step": int(state.step)}, indent=2))
-    log.info("exported reader params (step %s) to %s",
-             best_step if best_step is not None else int(state.step), directory)
+    log.info("exported reader params (step %s%s) to %s", record["step"],
+             f", null threshold {record['null_threshold']:g}" if "null_threshold" in record
+             else "", directory)
     return directory
 
 

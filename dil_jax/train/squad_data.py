@@ -7,7 +7,8 @@ article order, so the split is by article, never by question) and featurizes the
 the window or -1).
 
 `evaluator` is the `eval.evaluator`: EM/F1 (the official SQuAD metric) of the model being trained
-on the validation articles, through the same `predict_squad` path as `dil-jax predict`.
+on the validation articles, through the same `predict_squad` path as `dil-jax predict`. On SQuAD
+v2.0 it first chooses the null threshold on training questions (never on validation).
 """
 
 from __future__ import annotations
@@ -60,23 +61,61 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
                               doc_stride=data_cfg.doc_stride)
 
 
+def spread_subset(examples: list[SquadExample], count: int) -> list[SquadExample]:
+    """`count` examples spread evenly over `examples` (so over all of its articles, not the
+    first few): indices floor(i * n / count), i < count; all of them when count is -1 or >= n."""
+    n = len(examples)
+    if count < 0 or count >= n:
+        return list(examples)
+    return [examples[i * n // count] for i in range(count)]
+
+
+V2_METRICS = ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1")
+
+
 def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[str, float]]:
-    """factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"} on validation."""
-    from dil_jax.metrics.squad_metric import squad_scores
-    from dil_jax.predict import predict_squad
+    """factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"} on validation.
+
+    SQuAD v2.0 (the validation file's version): evaluate_fn first predicts
+    `eval.threshold_questions` training questions (`spread_subset`), chooses the null threshold
+    that maximises their F1 (`best_null_threshold`, the official script's search) and predicts
+    validation with it; it returns exact, f1 and the HasAns_/NoAns_ exact and f1 of validation
+    (those present), and "null_threshold".
+    """
+    import math
+
+    from dil_jax.data.decoding import answers, null_score_differences
+    from dil_jax.metrics.squad_metric import best_null_threshold, squad_scores
+    from dil_jax.predict import predict_squad, predict_squad_spans
     from dil_jax.tokenization import load_tokenizer
 
     examples = split_examples(config.data, "validation")
     version = load_squad(config.data.get("validation_file") or config.data.squad_file).version
     tokenizer = load_tokenizer(config.data.tokenizer)
+    options = dict(max_passage_len=config.data.max_passage_len,
+                   doc_stride=config.data.doc_stride, batch_size=config.eval.batch_size,
+                   progress=False)
+    if version != "2.0":
+        def evaluate_fn(params) -> dict[str, float]:
+            predictions = predict_squad(model, params, tokenizer, examples, **options)
+            scores = squad_scores(examples, predictions, version=version)
+            return {"exact": float(scores["exact"]), "f1": float(scores["f1"])}
 
-    def evaluate_fn(params) -> dict[str, float]:
+        return evaluate_fn
+
+    threshold_examples = spread_subset(split_examples(config.data, "train"),
+                                       int(config.eval.threshold_questions))
+
+    def evaluate_v2(params) -> dict[str, float]:
+        # Every best span with its null score (an infinite threshold nulls nothing).
+        spans = predict_squad_spans(model, params, tokenizer, threshold_examples,
+                                    null_threshold=math.inf, **options)
+        threshold, _ = best_null_threshold(threshold_examples, answers(spans),
+                                           null_score_differences(spans))
         predictions = predict_squad(model, params, tokenizer, examples,
-                                    max_passage_len=config.data.max_passage_len,
-                                    doc_stride=config.data.doc_stride,
-                                    batch_size=config.eval.batch_size, progress=False,
-                                    null_threshold=0.0 if version == "2.0" else None)
-        scores = squad_scores(examples, predictions, version=version)
-        return {"exact": float(scores["exact"]), "f1": float(scores["f1"])}
+                                    null_threshold=threshold, **options)
+        scores = squad_scores(examples, predictions, version="2.0")
+        metrics = {key: float(scores[key]) for key in V2_METRICS if key in scores}
+        return {**metrics, "null_threshold": float(threshold)}
 
-    return evaluate_fn
+    return evaluate_v2
