@@ -20,6 +20,7 @@ from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
+from dil_jax.train.distractors import TrainingFeatures, add_distractors
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
@@ -50,14 +51,27 @@ def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[Squa
 
 
 def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
-              max_question_len: int) -> Features:
+              max_question_len: int) -> Features | TrainingFeatures:
+    """Features of the split's examples; for "train" with data.distractors_per_question > 0,
+    plus distractor windows (dil_jax.train.distractors) retrieved among the paragraphs of all
+    training articles (also those of questions cut by data.max_questions). Validation never gets
+    distractors: it measures reading the question's own paragraph."""
     from dil_jax.tokenization import load_tokenizer
 
     examples = split_examples(data_cfg, split)
-    return featurize_examples(examples, load_tokenizer(data_cfg.tokenizer),
-                              max_question_len=max_question_len,
-                              max_passage_len=data_cfg.max_passage_len,
-                              doc_stride=data_cfg.doc_stride)
+    tokenizer = load_tokenizer(data_cfg.tokenizer)
+    features = featurize_examples(examples, tokenizer, max_question_len=max_question_len,
+                                  max_passage_len=data_cfg.max_passage_len,
+                                  doc_stride=data_cfg.doc_stride)
+    if split != "train" or data_cfg.get("distractors_per_question", 0) <= 0:
+        return features
+    article_examples = examples
+    if data_cfg.max_questions > 0:
+        unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
+        unlimited.max_questions = -1
+        article_examples = split_examples(unlimited, "train")
+    paragraphs = list(dict.fromkeys(example.context for example in article_examples))
+    return add_distractors(features, examples, paragraphs, tokenizer, data_cfg)
 
 
 def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[str, float]]:
