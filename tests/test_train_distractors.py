@@ -141,6 +141,25 @@ def test_same_config_same_windows_and_a_missing_wikipedia_names_the_key(tmp_path
         featurize(data, "train", max_question_len=16)
 
 
+def test_wikipedia_leads_are_candidates_except_those_of_validation_articles(tmp_path,
+                                                                          monkeypatch):
+    from dil_jax.open_domain.corpus import Document
+    from dil_jax.tokenization import load_tokenizer
+
+    basin = "The Nile basin: the Nile flow reaches the sea, as Nile flow always reaches the sea."
+    leads = [Document("wiki:Validation", "Validation", VALIDATION),  # a validation article
+             Document("wiki:Nile basin", "Nile basin", basin)]
+    monkeypatch.setattr(distractors, "read_wikipedia_leads", lambda: leads)
+    data = _data_config(_squad_file(tmp_path), distractor_sources="paragraphs,wikipedia")
+    features = featurize(data, "train", max_question_len=16)
+    tokenizer = load_tokenizer(data.tokenizer)
+    added = np.nonzero(features.is_distractor)[0]
+    windows = [features.p_ids[row] for row in added]
+    assert not any(np.array_equal(w, _first_window(tokenizer, VALIDATION, 24)) for w in windows)
+    nile_row = added[features.example_index[added] == 0][0]  # question 0 asks about the Nile
+    np.testing.assert_array_equal(features.p_ids[nile_row], _first_window(tokenizer, basin, 24))
+
+
 def test_answer_match_is_on_whole_normalised_words():
     assert distractors.holds_answer("in 1984 it rained", ["The 1984"])
     assert not distractors.holds_answer("in 1984 it rained", ["4"])

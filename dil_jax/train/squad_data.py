@@ -55,7 +55,8 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
     """Features of the split's examples; for "train" with data.distractors_per_question > 0,
     plus distractor windows (dil_jax.train.distractors) retrieved among the paragraphs of all
     training articles (also those of questions cut by data.max_questions). Validation never gets
-    distractors: it measures reading the question's own paragraph."""
+    distractors: it measures reading the question's own paragraph; nor do the validation
+    articles give any (their Wikipedia leads are left out too)."""
     from dil_jax.tokenization import load_tokenizer
 
     examples = split_examples(data_cfg, split)
@@ -65,13 +66,14 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
                                   doc_stride=data_cfg.doc_stride)
     if split != "train" or data_cfg.get("distractors_per_question", 0) <= 0:
         return features
-    article_examples = examples
-    if data_cfg.max_questions > 0:
-        unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
-        unlimited.max_questions = -1
-        article_examples = split_examples(unlimited, "train")
-    paragraphs = list(dict.fromkeys(example.context for example in article_examples))
-    return add_distractors(features, examples, paragraphs, tokenizer, data_cfg)
+    # Whole articles: every training paragraph and every validation title, whatever the
+    # question limits.
+    unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
+    unlimited.max_questions = unlimited.max_validation_questions = -1
+    paragraphs = list(dict.fromkeys(e.context for e in split_examples(unlimited, "train")))
+    validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
+    return add_distractors(features, examples, paragraphs, tokenizer, data_cfg,
+                           validation_titles)
 
 
 def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[str, float]]:
