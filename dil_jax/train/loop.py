@@ -167,7 +167,7 @@ def resume(checkpointer: TrainCheckpointer, state: TrainState, sharding, data: R
     if restored is None:
         return state, dropout_rng, 0
     state, meta = restored
-    _check_resume(meta, data.seed, len(data.train), data.global_batch, workdir)
+    _check_resume(meta, data_identity(data), workdir)
     dropout_rng = jax.random.wrap_key_data(jnp.asarray(meta["rng_key"], jnp.uint32))
     log.info("resumed from step %d (epoch %d, batch %d of the epoch)", int(meta["step"]),
              meta["epoch"], meta["position_in_epoch"])
@@ -178,10 +178,18 @@ def checkpoint_meta(step: int, data: RunData, dropout_rng: jax.Array) -> dict[st
     """What a checkpoint records beside the state: the data position and the dropout key."""
     epoch, position = data_lib.data_position(step, data.per_epoch)
     return {"step": step, "epoch": epoch, "position_in_epoch": position,
-            "data_seed": data.seed, "num_windows": len(data.train),
-            "global_batch": data.global_batch,
+            **data_identity(data),
             "rng_key": np.asarray(jax.random.key_data(dropout_rng)).tolist(),
             "total_steps": data.total_steps}
+
+
+def data_identity(data: RunData) -> dict[str, int]:
+    """What fixes the data order: the seed, the windows (distractors included), the units the
+    order permutes (windows, or question groups of `group_size` with loss.shared_norm; 0 = no
+    groups) and the global batch. Checkpoints record it; a resume must find it unchanged."""
+    return {"data_seed": data.seed, "num_windows": len(data.train),
+            "num_units": data.train.num_units, "group_size": data.train.group_size,
+            "global_batch": data.global_batch}
 
 
 def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn | None,
@@ -240,9 +248,8 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
     window_start, window_steps = time.perf_counter(), 0
     with stop_on_signals() as stop:
         while step < data.total_steps and not stopped_early:
-            rows = data_lib.global_batch_rows(step, len(data.train), data.global_batch,
-                                              data.seed).reshape(data.accum, data.micro)
-            local = data.train.batch(rows[:, rows_of_process])
+            rows, valid = data.step_rows(step)
+            local = data.train.batch(rows[:, rows_of_process], valid[:, rows_of_process])
             batch = sharding_lib.put_process_batch(local, mesh, data.micro)
             state, metrics = step_fn(state, teacher_params, batch, dropout_rng)
             step += 1
@@ -396,13 +403,19 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     return directory
 
 
-def _check_resume(meta: dict[str, Any], data_seed: int, num_windows: int,
-                  global_batch: int, workdir: str | Path = "") -> None:
-    """A resumed run must see the same data order, or its data position means nothing."""
-    saved = (meta["data_seed"], meta["num_windows"], meta["global_batch"])
-    if saved != (data_seed, num_windows, global_batch):
+def _check_resume(meta: dict[str, Any], identity: dict[str, int],
+                  workdir: str | Path = "") -> None:
+    """A resumed run must see the same data order, or its data position means nothing.
+
+    identity: `data_identity` of this run. Checkpoints written before shared normalisation have
+    no num_units / group_size: they trained on single windows (units = windows, no groups).
+    """
+    defaults = {"num_units": meta["num_windows"], "group_size": 0}
+    saved = {key: meta.get(key, defaults.get(key)) for key in identity}
+    if saved != identity:
+        changed = ", ".join(f"{key} {saved[key]} -> {identity[key]}" for key in identity
+                            if saved[key] != identity[key])
         raise CheckpointError(
-            f"{workdir}/checkpoints step {meta['step']}: the checkpoint was trained with "
-            f"(data_seed, num_windows, global_batch) = {saved}, this run has "
-            f"{(data_seed, num_windows, global_batch)}: resuming would not continue the same "
-            "data order; use a new workdir (config.workdir) or the run's own settings")
+            f"{workdir}/checkpoints step {meta['step']}: the checkpoint was trained on another "
+            f"data order ({changed}): resuming would not continue the same data order; use a "
+            "new workdir (config.workdir) or the run's own settings")

@@ -11,6 +11,10 @@ DeFormer (Cao et al., ACL 2020) trains the decomposed student (k > 0) with
 The teacher is the full model (k = 0). Both models' `hidden_states` use the same concatenated
 layout [question padded to Lq ; passage], so layer i of one lines up with layer i of the other
 token by token, although the student's passage positions restart at 0 and the teacher's continue.
+
+Shared normalisation (Clark & Gardner 2018, "Simple and Effective Multi-Paragraph Reading
+Comprehension") replaces the per-window CE by one softmax over all G windows of a question
+(`shared_norm_span_loss`), so span scores become comparable across passages.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from dil_jax.model.modules import ReaderOutput
+from dil_jax.model.modules import PADDED_LOGIT, ReaderOutput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +35,9 @@ class LossWeights:
     kd: float = 0.0
     lrs: float = 0.0
     temperature: float = 1.0
+    # > 0: the CE term is shared_norm_span_loss over groups of this many consecutive windows
+    # (loss.shared_norm, data.windows_per_question); 0: the per-window span CE.
+    shared_norm_group: int = 0
 
     @property
     def needs_teacher(self) -> bool:
@@ -64,6 +71,59 @@ def span_cross_entropy_rows(out: ReaderOutput, start: jax.Array, end: jax.Array)
 def span_cross_entropy(out: ReaderOutput, start: jax.Array, end: jax.Array) -> jax.Array:
     """Batch mean of span_cross_entropy_rows. -> scalar."""
     return jnp.mean(span_cross_entropy_rows(out, start, end))
+
+
+def shared_norm_nll(logits: jax.Array, null: jax.Array, positions: jax.Array,
+                    valid: jax.Array) -> jax.Array:
+    """-log of the probability of all correct classes of each question group, one side (start or
+    end). -> [Q]
+
+    logits: [Q, G, Lp] passage logits of the G windows of each question; null: [Q, G] their null
+    logits; positions: [Q, G] the label of each window (token index in it, -1 = not here);
+    valid: [Q, G] 1 for a real window, 0 for padding.
+
+    One log-softmax runs over the G * (Lp + 1) classes [null ; passage] of all windows of the
+    group. The correct classes are the labelled token of every window that holds the answer (the
+    same answer in two overlapping windows counts twice: their probabilities add); when no
+    window holds it, the null of every real window. A padding window's classes (its null too) get
+    logit PADDED_LOGIT, so exp() gives them exactly 0 probability and 0 gradient (no NaN: every
+    group has at least one real window).
+    """
+    q, g, lp = logits.shape
+    classes = jnp.concatenate([null[..., None], logits], axis=-1).astype(jnp.float32)
+    valid = valid.astype(bool)
+    classes = jnp.where(valid[..., None], classes, PADDED_LOGIT)  # [Q, G, Lp + 1]
+    log_probs = jax.nn.log_softmax(classes.reshape(q, g * (lp + 1)), axis=-1)
+    picked = jnp.take_along_axis(log_probs.reshape(q, g, lp + 1),
+                                 span_labels(positions)[..., None], axis=-1)[..., 0]  # [Q, G]
+    answered = (positions >= 0) & valid
+    correct = jnp.where(jnp.any(answered, axis=1, keepdims=True), answered, valid)
+    return -jax.nn.logsumexp(picked, axis=1, where=correct)
+
+
+def shared_norm_span_loss(start_logits: jax.Array, end_logits: jax.Array,
+                          null_start: jax.Array, null_end: jax.Array, start: jax.Array,
+                          end: jax.Array, valid: jax.Array) -> jax.Array:
+    """Mean over question groups of (shared_norm_nll(start) + shared_norm_nll(end)) / 2.
+
+    start_logits, end_logits: [Q, G, Lp]; null_start, null_end, start, end, valid: [Q, G].
+    -> scalar. With G = 1 and a real window it is `span_cross_entropy`.
+    """
+    nll_start = shared_norm_nll(start_logits, null_start, start, valid)
+    nll_end = shared_norm_nll(end_logits, null_end, end, valid)
+    return jnp.mean((nll_start + nll_end) / 2)
+
+
+def grouped_span_loss(out: ReaderOutput, start: jax.Array, end: jax.Array, valid: jax.Array,
+                      group: int) -> jax.Array:
+    """shared_norm_span_loss of a flat batch [B] whose consecutive `group` windows are one
+    question's (B a multiple of group). -> scalar."""
+    def grouped(x: jax.Array) -> jax.Array:  # [B, ...] -> [B / group, group, ...]
+        return x.reshape(x.shape[0] // group, group, *x.shape[1:])
+
+    return shared_norm_span_loss(grouped(out.start_logits), grouped(out.end_logits),
+                                 grouped(out.null_start_logits), grouped(out.null_end_logits),
+                                 grouped(start), grouped(end), grouped(valid))
 
 
 def _kl(teacher_logits: jax.Array, student_logits: jax.Array, temperature: float) -> jax.Array:

@@ -143,19 +143,46 @@ def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConf
     return DelayedInteractionModel(teacher_config), params
 
 
+def shared_norm_group(config: ml_collections.ConfigDict) -> int:
+    """G of the shared-normalisation groups (data.windows_per_question), 0 when loss.shared_norm
+    is off (or the config has no such keys: library callers may build a smaller config)."""
+    if not config.loss.get("shared_norm", False):
+        return 0
+    return int(config.data.windows_per_question)
+
+
 def loss_weights(config: ml_collections.ConfigDict) -> LossWeights:
     return LossWeights(ce=float(config.loss.ce_weight), kd=float(config.loss.kd_weight),
                        lrs=float(config.loss.lrs_weight),
-                       temperature=float(config.loss.temperature))
+                       temperature=float(config.loss.temperature),
+                       shared_norm_group=shared_norm_group(config))
 
 
-def load_split(config: ml_collections.ConfigDict, split: str) -> data_lib.Windows | None:
-    """Windows of `split` ("train"/"validation") from the configured featurizer, or None."""
+def training_windows(config: ml_collections.ConfigDict,
+                     features: data_lib.FeaturesLike) -> data_lib.Windows:
+    """The training split's Windows, grouped per question when loss.shared_norm is on.
+
+    data.distractors_per_question > 0 needs a featurizer that marks distractor windows
+    (`is_distractor`, as dil_jax.train.squad_data:featurize does): refused otherwise, instead of
+    silently training without them.
+    """
+    wanted = int(config.data.get("distractors_per_question", 0))
+    if wanted > 0 and getattr(features, "is_distractor", None) is None:
+        raise UsageError(f"config.data.distractors_per_question = {wanted}: the training "
+                         f"features (config.data.featurizer = {config.data.featurizer!r}) have "
+                         "no distractor windows; use dil_jax.train.squad_data:featurize or set "
+                         "it to 0")
+    windows = data_lib.windows_from_features(features)
+    group = shared_norm_group(config)
+    return windows.grouped(group) if group else windows
+
+
+def load_split(config: ml_collections.ConfigDict, split: str) -> data_lib.FeaturesLike | None:
+    """Features of `split` ("train"/"validation") from the configured featurizer, or None."""
     if not config.data.featurizer:
         return None
     featurize = resolve_callable(config.data.featurizer, "data.featurizer")
-    features = featurize(config.data, split, max_question_len=config.model.max_question_len)
-    return None if features is None else data_lib.windows_from_features(features)
+    return featurize(config.data, split, max_question_len=config.model.max_question_len)
 
 
 def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
@@ -172,11 +199,11 @@ def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple
     return global_batch, accum, micro
 
 
-def total_train_steps(config: ml_collections.ConfigDict, num_windows: int,
-                      global_batch: int) -> int:
+def total_train_steps(config: ml_collections.ConfigDict, num_units: int,
+                      units_per_batch: int) -> int:
     if config.num_train_steps > 0:
         return int(config.num_train_steps)
-    per_epoch = data_lib.steps_per_epoch(num_windows, global_batch)
+    per_epoch = data_lib.steps_per_epoch(num_units, units_per_batch)
     return max(1, math.ceil(config.num_epochs * per_epoch))
 
 
@@ -199,6 +226,19 @@ class RunData:
     total_steps: int
     seed: int  # config.data_seed
 
+    @property
+    def units_per_batch(self) -> int:
+        """Units (windows, or question groups of G windows) per optimizer step."""
+        return self.global_batch // max(self.train.group_size, 1)
+
+    def step_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(window rows, valid) [accum, micro] of global step `step`: a pure function of
+        (data seed, step), so a resumed run and every process see the same batch."""
+        units = data_lib.global_batch_rows(step, self.train.num_units, self.units_per_batch,
+                                           self.seed)
+        rows, valid = self.train.unit_rows(units)
+        return rows.reshape(self.accum, self.micro), valid.reshape(self.accum, self.micro)
+
 
 def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
                   train_features: data_lib.FeaturesLike | None,
@@ -206,21 +246,27 @@ def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
     """Training and validation windows (given, else from config.data.featurizer), and the batch
     geometry checked against them and the device count."""
     global_batch, accum, micro = batch_geometry(config, num_devices)
-    train_windows = (data_lib.windows_from_features(train_features) if train_features is not None
-                     else load_split(config, "train"))
-    if train_windows is None:
+    if train_features is None:
+        train_features = load_split(config, "train")
+    if train_features is None:
         raise UsageError("no training data: pass train_features or set config.data.featurizer")
-    if data_lib.steps_per_epoch(len(train_windows), global_batch) == 0:
+    train_windows = training_windows(config, train_features)
+    units_per_batch = global_batch // max(train_windows.group_size, 1)
+    if data_lib.steps_per_epoch(train_windows.num_units, units_per_batch) == 0:
+        what = ("question groups" if train_windows.group_size else "windows")
         raise UsageError(f"config.batch_size = {global_batch} is larger than the "
-                         f"{len(train_windows)} training windows: one step cannot be filled; "
+                         f"{train_windows.num_units} training {what} "
+                         f"({units_per_batch} per step): one step cannot be filled; "
                          "lower config.batch_size or add training data")
-    val_windows = (data_lib.windows_from_features(val_features) if val_features is not None
-                   else load_split(config, "validation") if config.eval.use_validation_loss
-                   else None)
+    if val_features is None and config.eval.use_validation_loss:
+        val_features = load_split(config, "validation")
+    # Validation keeps per-window windows (no distractors, no groups): its loss is the span CE.
+    val_windows = None if val_features is None else data_lib.windows_from_features(val_features)
     return RunData(train=train_windows, validation=val_windows, global_batch=global_batch,
                    accum=accum, micro=micro,
-                   per_epoch=data_lib.steps_per_epoch(len(train_windows), global_batch),
-                   total_steps=total_train_steps(config, len(train_windows), global_batch),
+                   per_epoch=data_lib.steps_per_epoch(train_windows.num_units, units_per_batch),
+                   total_steps=total_train_steps(config, train_windows.num_units,
+                                                 units_per_batch),
                    seed=int(config.data_seed))
 
 

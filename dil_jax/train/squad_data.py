@@ -21,6 +21,7 @@ from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
+from dil_jax.train.distractors import TrainingFeatures, add_distractors
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
@@ -51,14 +52,29 @@ def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[Squa
 
 
 def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
-              max_question_len: int) -> Features:
+              max_question_len: int) -> Features | TrainingFeatures:
+    """Features of the split's examples; for "train" with data.distractors_per_question > 0,
+    plus distractor windows (dil_jax.train.distractors) retrieved among the paragraphs of all
+    training articles (also those of questions cut by data.max_questions). Validation never gets
+    distractors: it measures reading the question's own paragraph; nor do the validation
+    articles give any (their Wikipedia leads are left out too)."""
     from dil_jax.tokenization import load_tokenizer
 
     examples = split_examples(data_cfg, split)
-    return featurize_examples(examples, load_tokenizer(data_cfg.tokenizer),
-                              max_question_len=max_question_len,
-                              max_passage_len=data_cfg.max_passage_len,
-                              doc_stride=data_cfg.doc_stride)
+    tokenizer = load_tokenizer(data_cfg.tokenizer)
+    features = featurize_examples(examples, tokenizer, max_question_len=max_question_len,
+                                  max_passage_len=data_cfg.max_passage_len,
+                                  doc_stride=data_cfg.doc_stride)
+    if split != "train" or data_cfg.get("distractors_per_question", 0) <= 0:
+        return features
+    # Whole articles: every training paragraph and every validation title, whatever the
+    # question limits.
+    unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
+    unlimited.max_questions = unlimited.max_validation_questions = -1
+    paragraphs = list(dict.fromkeys(e.context for e in split_examples(unlimited, "train")))
+    validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
+    return add_distractors(features, examples, paragraphs, tokenizer, data_cfg,
+                           validation_titles)
 
 
 def spread_subset(examples: list[SquadExample], count: int) -> list[SquadExample]:

@@ -24,7 +24,8 @@ from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.train import losses
 from dil_jax.train.sharding import batch_sharding, replicated
 
-# q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp]; start, end [A, M]
+# q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp]; start, end, valid [A, M] (valid: 0 for
+# the padding windows that fill a shared-normalisation group)
 Batch = dict[str, jax.Array]
 
 
@@ -55,7 +56,13 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
     rngs = None if deterministic else {"dropout": dropout_rng}
     out = student(params, batch["q_ids"], batch["q_mask"], batch["p_ids"], batch["p_mask"],
                   deterministic=deterministic, rngs=rngs, output_hidden_states=need_states)
-    ce = losses.span_cross_entropy(out, batch["start"], batch["end"])
+    if weights.shared_norm_group:
+        # The model reads the flat [M] windows; the loss normalises over each question's group
+        # of consecutive windows (the data order keeps groups whole inside a micro-batch).
+        ce = losses.grouped_span_loss(out, batch["start"], batch["end"], batch["valid"],
+                                      weights.shared_norm_group)
+    else:
+        ce = losses.span_cross_entropy(out, batch["start"], batch["end"])
     kd = lrs = jnp.zeros((), jnp.float32)
     if use_teacher:
         teacher_out = teacher(teacher_params, batch["q_ids"], batch["q_mask"], batch["p_ids"],
