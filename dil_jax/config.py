@@ -52,6 +52,11 @@ class EncoderConfig:
       num_lower_layers: `k`, blocks run on question and passage separately (0..num_layers).
       max_question_len: fixed padded length of the question segment `[CLS] q [SEP]`.
       dtype: compute dtype name ("float32" or "bfloat16"); params always stay float32.
+      passage_position_offset: with k > 0, the position of a passage's first token (0: numbered
+        from 0, the papers' convention). A constant keeps the passage question-independent (its
+        lower states stay cacheable) while moving it to where a full reader's passages sit,
+        after a typical question; a reader warm-started from a full one then starts closer to
+        it. Ignored at k = 0 (positions follow the real question). Saved configs omit it at 0.
       attention_form: how inference attention is traced: "per_example" loops it over the batch,
         "batched" is one batched op, "auto" picks per_example on CPU and batched elsewhere (see
         `modeling.attends_per_example`). The same operations either way, so not a
@@ -78,6 +83,7 @@ class EncoderConfig:
     max_question_len: int = MAX_QUESTION_LEN
     dtype: str = "float32"
     attention_form: str = "auto"
+    passage_position_offset: int = 0
 
     def __post_init__(self) -> None:
         validate_config(self)
@@ -104,6 +110,8 @@ class EncoderConfig:
         values = dataclasses.asdict(self)
         if values["attention_form"] == "auto":
             del values["attention_form"]
+        if values["passage_position_offset"] == 0:
+            del values["passage_position_offset"]
         return values
 
     @classmethod
@@ -120,7 +128,8 @@ class EncoderConfig:
 
 _INT_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size", "embedding_size",
-               "num_hidden_groups", "pad_token_id", "num_lower_layers", "max_question_len")
+               "num_hidden_groups", "pad_token_id", "num_lower_layers", "max_question_len",
+               "passage_position_offset")
 _FLOAT_FIELDS = ("layer_norm_eps", "hidden_dropout", "attention_dropout", "initializer_range")
 _STR_FIELDS = ("architecture", "hidden_act", "dtype", "attention_form")
 
@@ -185,6 +194,10 @@ def validate_config(config: EncoderConfig) -> None:
         raise ConfigError(
             f"type_vocab_size must be >= 2 (question 0, passage 1), got {config.type_vocab_size}"
         )
+    if not 0 <= config.passage_position_offset < config.max_position_embeddings:
+        raise ConfigError(
+            f"passage_position_offset must be in 0..{config.max_position_embeddings - 1} "
+            f"(max_position_embeddings - 1), got {config.passage_position_offset}")
     if config.max_question_len > config.max_position_embeddings:
         raise ConfigError(
             f"max_question_len {config.max_question_len} exceeds max_position_embeddings "

@@ -44,15 +44,16 @@ def _model_and_state(hf_folder_factory, arch, k, **overrides):
     return DelayedInteractionModel(config), params, state
 
 
-def _reference(state, config, q, p, k):
-    """Reference logits over the passage tokens of one pair (unpadded lists of ids)."""
+def _reference(state, config, q, p, k, passage_offset: int = 0):
+    """Reference logits over the passage tokens of one pair (unpadded lists of ids); the
+    passage's positions start at `passage_offset`."""
     nq, npass = len(q), len(p)
     seq = nq + npass
     segment = np.array([0] * nq + [1] * npass)
     same_segment = segment[:, None] == segment[None, :]
     allowed = [same_segment if layer < k else np.ones((seq, seq), bool)
                for layer in range(config.num_layers)]
-    positions = np.concatenate([np.arange(nq), np.arange(npass)])
+    positions = np.concatenate([np.arange(nq), passage_offset + np.arange(npass)])
     start, end, _ = reference_reader(
         state, config.architecture, config.num_layers, config.num_heads, np.array(q + p),
         segment, positions, allowed, ACT[config.architecture],
@@ -60,13 +61,14 @@ def _reference(state, config, q, p, k):
     return start[nq:], end[nq:], start[0], end[0]
 
 
-def _assert_reference_logits(out, state, config, segments, k: int, label: str) -> None:
+def _assert_reference_logits(out, state, config, segments, k: int, label: str,
+                             passage_offset: int = 0) -> None:
     """Every row's span and null logits equal the NumPy reference's (1e-4)."""
     q_ids, q_mask, p_ids, p_mask = segments
     for row in range(len(q_ids)):
         q = list(q_ids[row, :q_mask[row].sum()])
         p = list(p_ids[row, :p_mask[row].sum()])
-        start, end, null_start, null_end = _reference(state, config, q, p, k)
+        start, end, null_start, null_end = _reference(state, config, q, p, k, passage_offset)
         np.testing.assert_allclose(np.asarray(out.start_logits[row, :len(p)]), start,
                                    atol=1e-4, err_msg=f"{label} row {row}")
         np.testing.assert_allclose(np.asarray(out.end_logits[row, :len(p)]), end, atol=1e-4)
@@ -85,6 +87,23 @@ def test_split_equals_block_diagonal_reference(hf_folder_factory, arch, seed):
     out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
     _assert_reference_logits(out, state, model.config, (q_ids, q_mask, p_ids, p_mask), k,
                              f"{arch} k={k}")
+
+
+def test_passage_position_offset_numbers_the_passage_from_the_offset(hf_folder_factory):
+    """passage_position_offset = 7: the passage's positions are 7, 8, ... for every pair (the
+    reference numbers them so), and the outputs differ from offset 0 (else the test is void)."""
+    model, params, state = _model_and_state(hf_folder_factory, "bert", 2)
+    shifted = DelayedInteractionModel(model.config.replace(passage_position_offset=7))
+    segments = _segments(6)
+    out = shifted(params, *segments)
+    _assert_reference_logits(out, state, shifted.config, segments, 2, "offset 7", 7)
+    plain = model(params, *segments)
+    assert np.abs(np.asarray(out.start_logits) - np.asarray(plain.start_logits)).max() > 1e-3
+    # The length rule counts the offset: 7 + 15 tokens fit 22 positions, not 21.
+    from dil_jax.model.delayed import InputError, check_segment_lengths
+    check_segment_lengths(shifted.config.replace(max_position_embeddings=22), MAX_Q, 15)
+    with pytest.raises(InputError, match="passage_position_offset 7"):
+        check_segment_lengths(shifted.config.replace(max_position_embeddings=21), MAX_Q, 15)
 
 
 def test_reference_is_sensitive_to_k(hf_folder_factory):

@@ -61,18 +61,24 @@ def check_segment_lengths(config: EncoderConfig, question_len: int, passage_len:
     tokens fit the position table (`max_position_embeddings`) of a reader split at k.
 
     The rule: with k = 0 (the full model) passage positions follow the question's, so question
-    + passage must fit; with k > 0 each segment is numbered from 0 and each must fit. Why check
+    + passage must fit; with k > 0 the question is numbered from 0 and the passage from
+    `passage_position_offset`, and each must fit. Why check
     up front: past the table, the position lookup reads out of range and XLA returns NaN logits
     (or clamps), never an error. `fix` names the flags the caller's user can change.
     """
     limit = config.max_position_embeddings
     k = config.num_lower_layers
+    offset = config.passage_position_offset if k > 0 else 0
     if k == 0 and question_len + passage_len > limit:
         raise InputError(
             f"the full model (k = 0) numbers passage positions after the question: question "
             f"length {question_len} + passage length {passage_len} = "
             f"{question_len + passage_len} exceeds max_position_embeddings {limit}; {fix}, or "
             f"read with k > 0")
+    if offset and offset + passage_len > limit:
+        raise InputError(f"passage positions start at passage_position_offset {offset}: "
+                         f"{offset} + passage length {passage_len} = {offset + passage_len} "
+                         f"exceeds max_position_embeddings {limit} (k = {k}); {fix}")
     for name, length in (("question", question_len), ("passage", passage_len)):
         if length > limit:
             raise InputError(f"{name} length {length} exceeds max_position_embeddings {limit} "
@@ -104,6 +110,13 @@ class DelayedInteractionModel:
             raise InputError(f"segment must be {QUESTION_SEGMENT} (question) or "
                              f"{PASSAGE_SEGMENT} (passage), got {segment!r}")
         _check_segment_arrays(self.config, ids, mask, "question" if segment == 0 else "passage")
+        start = self.config.passage_position_offset
+        if position_offset is None and segment == PASSAGE_SEGMENT and start:
+            if start + ids.shape[1] > self.config.max_position_embeddings:
+                raise InputError(
+                    f"passage_position_offset {start} + passage length {ids.shape[1]} = "
+                    f"{start + ids.shape[1]} exceeds max_position_embeddings "
+                    f"{self.config.max_position_embeddings}; shorten the passage")
         if position_offset is not None and not isinstance(position_offset, jax.core.Tracer):
             # A concrete offset is checked here; traced ones (inside PairGrid's jit) are
             # bounded by the static question length, checked by PairGrid.

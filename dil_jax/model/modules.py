@@ -298,13 +298,17 @@ class SpanReaderModule(nn.Module):
           ids: [batch, seq] token ids of `[CLS] q [SEP]` (segment 0) or `p [SEP]` (segment 1).
           mask: [batch, seq] 1 for tokens, 0 for padding.
           segment: QUESTION_SEGMENT or PASSAGE_SEGMENT, used as the token type id.
-          position_offset: None (positions 0..seq-1) or [batch] int added to every position; the
-            full model (k = 0) passes the question length so that positions are standard BERT's.
+          position_offset: None or [batch] int added to every position; the full model (k = 0)
+            passes the question length so that positions are standard BERT's. None: a question
+            is numbered from 0, a passage from `config.passage_position_offset` (default 0).
         Returns:
           [batch, seq, hidden] lower states, or (that, tuple of k+1 states) with hidden states.
         """
         positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
-        if position_offset is not None:
+        if position_offset is None and segment == PASSAGE_SEGMENT:
+            # Delayed passages: a constant start, the same for every question (cacheable).
+            positions = positions + self.config.passage_position_offset
+        elif position_offset is not None:
             positions = positions + position_offset[:, None].astype(jnp.int32)
         token_types = jnp.full(ids.shape, segment, dtype=jnp.int32)
         x = self.embeddings(ids, token_types, positions, deterministic)

@@ -41,6 +41,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.num_lower_layers = 0  # k
     c.model.max_question_len = MAX_QUESTION_LEN
     c.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 params
+    # k > 0: first position of a passage (EncoderConfig.passage_position_offset); 0 = from 0.
+    c.model.passage_position_offset = 0
     c.model.hidden_dropout = None  # None: the checkpoint's own
     c.model.attention_dropout = None
 
@@ -277,6 +279,7 @@ RULES: dict[str, Rule] = {
     "model.num_lower_layers": int_at_least(0),
     "model.max_question_len": int_at_least(2),  # at least [CLS] and [SEP]
     "model.dtype": one_of("float32", "bfloat16"),
+    "model.passage_position_offset": int_at_least(0),
     "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),
     "model.attention_dropout": number_in(0, 1, high_open=True, optional=True),
     "teacher.checkpoint": text(),

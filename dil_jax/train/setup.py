@@ -87,7 +87,8 @@ def resolve_callable(spec: str, key: str = "") -> Callable:
 
 def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     overrides = {"num_lower_layers": model_cfg.num_lower_layers,
-                 "max_question_len": model_cfg.max_question_len, "dtype": model_cfg.dtype}
+                 "max_question_len": model_cfg.max_question_len, "dtype": model_cfg.dtype,
+                 "passage_position_offset": model_cfg.get("passage_position_offset", 0)}
     for name in ("hidden_dropout", "attention_dropout"):
         if model_cfg.get(name) is not None:
             overrides[name] = model_cfg[name]
