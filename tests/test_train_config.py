@@ -73,6 +73,15 @@ def test_every_shipped_config_loads():
         config = load_config_file(f"{REPO}/configs/minilm_squad.py:{variant}")
         assert config.model.num_lower_layers == (0 if variant == "full" else 4)
         assert (config.loss.kd_weight > 0) == (variant == "k4_distill")
+    warm = load_config_file(f"{REPO}/configs/minilm_squad.py:k5_warm,shared")
+    assert warm.model.num_lower_layers == 5 and warm.model.passage_position_offset == 14
+    assert warm.model.checkpoint == warm.teacher.checkpoint == (
+        "runs/minilm_squad_full_shared/params")
+    assert warm.loss.shared_norm and warm.data.windows_per_question == 4
+    assert warm.workdir == "runs/minilm_squad_k5_warm_shared"
+    for spec in ("k6", "k0", "k4_cold", "full_warm"):
+        with pytest.raises(ValueError, match=f"unknown variant '{spec}'"):
+            load_config_file(f"{REPO}/configs/minilm_squad.py:{spec}")
     paper = load_config_file(REPO / "configs" / "bert_base_squad.py")
     assert (paper.model.num_lower_layers, paper.optim.learning_rate, paper.num_epochs,
             paper.batch_size) == (10, 3e-5, 2.0, 12)
