@@ -176,3 +176,33 @@ def test_projections_are_hoisted_only_for_segments_read_by_several_pairs(monkeyp
     projected.clear()
     read(np.array([0, 1, 2]), np.array([2, 0, 1]))  # each read once: projected in the pairs
     assert projected == []
+
+
+def test_grid_reads_a_passage_position_offset_like_the_direct_forward():
+    """A reader whose passages start at position 5: the grid (cached passage states, hoisted
+    projections) reads what the direct forward reads, which test_delayed checks against the
+    NumPy reference."""
+    import jax
+
+    from dil_jax.config import EncoderConfig
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid
+
+    config = EncoderConfig(**TINY_ENCODER, num_lower_layers=2, passage_position_offset=5)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    q_ids = rng.integers(1, 50, (2, 8)).astype(np.int32)
+    q_mask = (np.arange(8)[None] < np.array([[5], [8]])).astype(np.int32)
+    p_ids = rng.integers(1, 50, (3, 16)).astype(np.int32)
+    p_mask = (np.arange(16)[None] < np.array([[16], [9], [4]])).astype(np.int32)
+    reader = PairGrid(model, batch_size=4, chunk_size=8)
+    grid = reader.read_grid(params, reader.encode_questions(params, q_ids, q_mask), q_mask,
+                            reader.encode_passages(params, p_ids, p_mask), p_mask)
+    qi, pi = (a.ravel() for a in np.meshgrid(np.arange(2), np.arange(3), indexing="ij"))
+    direct = model(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
+    np.testing.assert_allclose(np.asarray(grid.start_logits).reshape(6, 16),
+                               np.asarray(direct.start_logits), atol=1e-5)
+    unshifted = DelayedInteractionModel(config.replace(passage_position_offset=0))
+    plain = unshifted(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
+    assert np.abs(np.asarray(plain.start_logits) - np.asarray(direct.start_logits)).max() > 1e-3
