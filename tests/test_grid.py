@@ -54,6 +54,16 @@ GRID_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _tiny_segments(seed: int, p_lens: tuple[int, ...]):
+    """2 questions (5 and 8 real tokens of 8) and len(p_lens) passages of 16 token slots."""
+    rng = np.random.default_rng(seed)
+    q_ids = rng.integers(1, 50, (2, 8)).astype(np.int32)
+    q_mask = (np.arange(8)[None] < np.array([[5], [8]])).astype(np.int32)
+    p_ids = rng.integers(1, 50, (len(p_lens), 16)).astype(np.int32)
+    p_mask = (np.arange(16)[None] < np.array(p_lens)[:, None]).astype(np.int32)
+    return q_ids, q_mask, p_ids, p_mask
+
+
 def _run(tmp_path: Path, k: int, devices: int) -> dict[str, np.ndarray]:
     script = tmp_path / "grid.py"
     script.write_text(GRID_SCRIPT)
@@ -96,11 +106,7 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=k)
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
-    rng = np.random.default_rng(1)
-    q_ids = rng.integers(1, 50, (2, 8)).astype(np.int32)
-    q_mask = (np.arange(8)[None] < np.array([[5], [8]])).astype(np.int32)
-    p_ids = rng.integers(1, 50, (3, 16)).astype(np.int32)
-    p_mask = (np.arange(16)[None] < np.array([[16], [9], [12]])).astype(np.int32)
+    q_ids, q_mask, p_ids, p_mask = _tiny_segments(1, (16, 9, 12))
     q_index, p_index = np.array([0, 0, 1, 1]), np.array([0, 1, 1, 2])
     keep = np.zeros((4, 16), bool)
     keep[0, [1, 2, 3, 9, 15]] = True
@@ -191,11 +197,7 @@ def test_grid_reads_a_passage_position_offset_like_the_direct_forward():
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=2, passage_position_offset=5)
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
-    rng = np.random.default_rng(0)
-    q_ids = rng.integers(1, 50, (2, 8)).astype(np.int32)
-    q_mask = (np.arange(8)[None] < np.array([[5], [8]])).astype(np.int32)
-    p_ids = rng.integers(1, 50, (3, 16)).astype(np.int32)
-    p_mask = (np.arange(16)[None] < np.array([[16], [9], [4]])).astype(np.int32)
+    q_ids, q_mask, p_ids, p_mask = _tiny_segments(0, (16, 9, 4))
     reader = PairGrid(model, batch_size=4, chunk_size=8)
     grid = reader.read_grid(params, reader.encode_questions(params, q_ids, q_mask), q_mask,
                             reader.encode_passages(params, p_ids, p_mask), p_mask)

@@ -49,10 +49,17 @@ class FeaturesLike(Protocol):
 
 
 @dataclasses.dataclass
-class SyntheticFeatures:
-    """Synthetic training windows: only the `FeaturesLike` fields, as random arrays (tests, smoke
-    runs). Not the featurizer's `dil_jax.data.features.Features`, which also holds character
-    offsets, max-context flags and window starts, so that predictions map back to answer text."""
+class TrainingFeatures:
+    """Training windows as plain arrays: the `FeaturesLike` fields, plus `is_distractor` when
+    retrieved passages of other paragraphs were added (dil_jax.train.distractors). Built by the
+    synthetic featurizer (tests, smoke runs) and by the distractor step. Not the featurizer's
+    `dil_jax.data.features.Features`, which also holds character offsets, max-context flags and
+    window starts, so that predictions map back to answer text (a distractor window's offsets
+    would point into another text, and training needs none).
+      q_ids, q_mask: [n_questions, Lq]; p_ids, p_mask: [n_windows, Lp];
+      start_positions, end_positions, example_index: [n_windows];
+      is_distractor: [n_windows] bool (True: an added window, always -1 / -1) or None.
+    """
 
     q_ids: np.ndarray
     q_mask: np.ndarray
@@ -61,6 +68,7 @@ class SyntheticFeatures:
     start_positions: np.ndarray
     end_positions: np.ndarray
     example_index: np.ndarray
+    is_distractor: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +237,7 @@ def global_batch_rows(step: int, num_units: int, units_per_batch: int, seed: int
 
 def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
                        question_len: int = 8, passage_len: int = 16, vocab_size: int = 100,
-                       seed: int = 0, null_fraction: float = 0.25) -> SyntheticFeatures:
+                       seed: int = 0, null_fraction: float = 0.25) -> TrainingFeatures:
     """Random token features with a learnable answer rule, for tests and smoke runs.
 
     The answer of each answerable window starts at the passage token equal to the question's
@@ -263,14 +271,14 @@ def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
             start[w], end[w] = s, min(s + int(rng.integers(0, 3)), n - 1)
         p_ids[w, :n], p_ids[w, n] = tokens, sep
         p_mask[w, :n + 1] = 1
-    return SyntheticFeatures(q_ids, q_mask, p_ids, p_mask, start, end, q_index)
+    return TrainingFeatures(q_ids, q_mask, p_ids, p_mask, start, end, q_index)
 
 
 SPLIT_SEEDS = {"train": 0, "validation": 1}
 
 
 def synthetic(data_cfg: ml_collections.ConfigDict, split: str, *,
-              max_question_len: int) -> SyntheticFeatures:
+              max_question_len: int) -> TrainingFeatures:
     """Synthetic windows sized by the config (validation uses another seed)."""
     s = data_cfg.synthetic
     return synthetic_features(

@@ -32,7 +32,6 @@ every process of a multi-process run builds the same windows from the same confi
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -46,33 +45,13 @@ from dil_jax.errors import UsageError
 from dil_jax.metrics.squad_metric import normalize_answer
 from dil_jax.open_domain.corpus import CorpusError, read_wikipedia_leads, split_documents
 from dil_jax.open_domain.retrieval import BM25Retriever
+from dil_jax.train.data import TrainingFeatures
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("paragraphs", "wikipedia")
 # Hits asked for per question beyond the n wanted; doubled while skipped hits leave it short.
 _EXTRA_HITS = 8
-
-
-@dataclasses.dataclass
-class TrainingFeatures:
-    """Training windows with distractors: the `FeaturesLike` fields plus `is_distractor`.
-
-    Not a `dil_jax.data.features.Features`: a distractor window's offsets would point into
-    another text than its example's context, and training needs no offsets.
-      q_ids, q_mask: [n_questions, Lq]; p_ids, p_mask: [n_windows, Lp];
-      start_positions, end_positions, example_index: [n_windows];
-      is_distractor: [n_windows] bool, True on the added windows (always -1 / -1).
-    """
-
-    q_ids: np.ndarray
-    q_mask: np.ndarray
-    p_ids: np.ndarray
-    p_mask: np.ndarray
-    start_positions: np.ndarray
-    end_positions: np.ndarray
-    example_index: np.ndarray
-    is_distractor: np.ndarray
 
 
 def source_names(spec: str) -> list[str]:

@@ -21,7 +21,8 @@ from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
-from dil_jax.train.distractors import TrainingFeatures, add_distractors
+from dil_jax.train.data import TrainingFeatures
+from dil_jax.train.distractors import add_distractors
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
