@@ -114,3 +114,12 @@ def test_early_stopping_needs_a_metric(tmp_path):
 
     with pytest.raises(UsageError, match="eval.patience = 2 needs a metric"):
         train(tiny_config(tmp_path, {"eval.patience": 2, "checkpoint.best_metric": ""}))
+
+
+def test_lengths_past_the_position_table_are_refused_before_training(tmp_path):
+    from dil_jax.model.delayed import InputError
+
+    # The tiny model has 64 positions: passages of 16 from position 60 do not fit.
+    with pytest.raises(InputError, match="offset 60: .*config.data.max_passage_len"):
+        train(tiny_config(tmp_path, {"model.passage_position_offset": 60}))
+    assert not (tmp_path / "checkpoints").exists()

@@ -303,8 +303,9 @@ def train(config: ml_collections.ConfigDict, *,
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
     mesh = data_mesh()
-    data = load_run_data(config, mesh.devices.size, train_features, val_features)
+    # Models first: their length check is cheap, featurizing the data is not.
     models = load_run_models(config, evaluate_fn)
+    data = load_run_data(config, mesh.devices.size, train_features, val_features)
 
     tx, schedule = make_run_optimizer(config, data.total_steps)
     rep = sharding_lib.replicated(mesh)

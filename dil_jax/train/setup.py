@@ -24,7 +24,7 @@ import numpy as np
 
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
-from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.train import data as data_lib
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.optim import make_optimizer
@@ -292,6 +292,12 @@ def load_run_models(config: ml_collections.ConfigDict,
     encoder = config.model.encoder.to_dict() if config.model.encoder else None
     student_config, params = load_or_init_params(config.model.checkpoint, encoder,
                                                  _reader_overrides(config.model), init_rng)
+    # The length rule before any step: question + window (+ the passage offset) must fit the
+    # position table, named by the config keys to change.
+    check_segment_lengths(student_config, int(config.model.max_question_len),
+                          int(config.data.max_passage_len),
+                          fix="lower config.model.max_question_len, config.data.max_passage_len "
+                              "or config.model.passage_position_offset")
     student = DelayedInteractionModel(student_config)
     teacher, teacher_params = build_teacher(config, student_config, params, teacher_rng)
     if evaluate_fn is None and config.eval.evaluator:
