@@ -7,7 +7,8 @@
                 `encode_upper` (blocks k+1..l over [question; passage] and the span head); the
                 length rule `check_segment_lengths`
     grid.py     `PairGrid`: a question x passage grid on all devices (lower states once per
-                question and per passage, pairs in fixed-size chunks on a 1-D mesh);
+                question and per passage, pairs in fixed-size chunks on a 1-D mesh, the pair
+                program's exact reuses: `passage_attention_stats`, the last block's rows);
                 `passage_side` (what pairs read of a passage, for any k) and `read_pairs`;
                 `SpanScores`, the four score arrays of any set of pairs
 
@@ -22,10 +23,16 @@ from dil_jax.model.delayed import (
     with_num_lower_layers,
 )
 from dil_jax.model.grid import PairGrid, SpanScores, reads_passage_ids
-from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput, SpanReaderModule
+from dil_jax.model.modules import (
+    PASSAGE_SEGMENT,
+    QUESTION_SEGMENT,
+    PassageAttentionStats,
+    ReaderOutput,
+    SpanReaderModule,
+)
 
 __all__ = [
     "PASSAGE_SEGMENT", "QUESTION_SEGMENT", "DelayedInteractionModel", "InputError", "PairGrid",
-    "Params", "ReaderOutput", "SpanReaderModule", "SpanScores", "check_segment_lengths",
-    "reads_passage_ids", "with_num_lower_layers",
+    "Params", "PassageAttentionStats", "ReaderOutput", "SpanReaderModule", "SpanScores",
+    "check_segment_lengths", "reads_passage_ids", "with_num_lower_layers",
 ]

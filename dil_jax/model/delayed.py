@@ -8,7 +8,10 @@
 
 A grid of pairs (`dil_jax.model.grid.PairGrid`) also hoists the first upper block's query/key/value
 out of the pairs: `project_upper(params, q_lower)` once per question and per passage, handed to
-`encode_upper(..., q_qkv=..., p_qkv=...)`.
+`encode_upper(..., q_qkv=..., p_qkv=...)`; and at inference it reuses two more things exactly
+(`encode_upper(..., span_rows_only=True, p_stats=...)`): the last block computes only the rows
+the span head reads, and the first upper block's passage-to-passage attention comes from
+`passage_attention_stats(p_qkv, p_mask)`, once per passage.
 
 Every method is a plain function of its array arguments (the object only holds the static config),
 so each can be wrapped in `jax.jit`, `jax.vmap` or a sharded computation. Shape checks run on
@@ -28,8 +31,10 @@ from dil_jax.model.modules import (
     PASSAGE_SEGMENT,
     QKV,
     QUESTION_SEGMENT,
+    PassageAttentionStats,
     ReaderOutput,
     SpanReaderModule,
+    passage_attention_stats,
 )
 
 Params = Any  # a nested dict of float32 arrays
@@ -140,6 +145,38 @@ class DelayedInteractionModel:
         self._check_has_upper_block()
         return self.module.apply({"params": params}, lower, method=SpanReaderModule.project_upper)
 
+    def passage_attention_stats(self, p_qkv: QKV, p_mask: jax.Array) -> PassageAttentionStats:
+        """The first upper block's attention statistics of passages over their own keys.
+
+        p_qkv: `project_upper` of passage lower states, 3 x [batch, heads, p_len, head_dim];
+        p_mask: [batch, p_len] -> PassageAttentionStats ([batch, heads, p_len] row max and row
+        sum, [batch, heads, p_len, head_dim] weighted values). Question-independent: computed
+        once per passage, handed to `encode_upper(..., p_stats=...)` for every pair reading it.
+        """
+        self._check_has_upper_block()
+        if self.config.num_lower_layers == 0:
+            raise InputError("passage attention statistics need k > 0: at k = 0 a passage's "
+                             "first-block input depends on the question (its positions)")
+        want = (p_mask.shape[0], self.config.num_heads, p_mask.shape[1], self.config.head_dim)
+        if len(p_qkv) != 3 or any(tuple(a.shape) != want for a in p_qkv):
+            raise InputError(f"p_qkv must be 3 arrays of shape {want} (project_upper of the "
+                             f"passages whose mask is p_mask), got "
+                             f"{[tuple(a.shape) for a in p_qkv]}")
+        return passage_attention_stats(self.config, tuple(p_qkv), p_mask)
+
+    def _check_stats(self, stats: Any, p_lower: Any) -> None:
+        cfg = self.config
+        if cfg.num_lower_layers == 0:
+            raise InputError("p_stats given with k = 0: the full model has no "
+                             "question-independent passage attention")
+        batch, p_len = p_lower.shape[:2]
+        want = {"row_max": (batch, cfg.num_heads, p_len), "row_sum": (batch, cfg.num_heads, p_len),
+                "weighted_values": (batch, cfg.num_heads, p_len, cfg.head_dim)}
+        got = {name: tuple(getattr(stats, name).shape) for name in want}
+        if got != want:
+            raise InputError(f"p_stats shapes {got} do not fit passage lower states "
+                             f"{tuple(p_lower.shape)}: want {want} (passage_attention_stats)")
+
     def _check_has_upper_block(self) -> None:
         if self.config.num_lower_layers >= self.config.num_layers:
             raise InputError(f"k = {self.config.num_lower_layers} of {self.config.num_layers} "
@@ -161,12 +198,17 @@ class DelayedInteractionModel:
                      p_lower: jax.Array, p_mask: jax.Array, *, deterministic: bool = True,
                      rngs: dict[str, jax.Array] | None = None,
                      output_hidden_states: bool = False, q_qkv: QKV | None = None,
-                     p_qkv: QKV | None = None) -> ReaderOutput:
+                     p_qkv: QKV | None = None, span_rows_only: bool = False,
+                     p_stats: PassageAttentionStats | None = None) -> ReaderOutput:
         """Blocks k+1..l over `[q ; p]` and the span head.
 
         q_lower: [batch, q_len, hidden], q_mask: [batch, q_len],
         p_lower: [batch, p_len, hidden], p_mask: [batch, p_len] -> ReaderOutput.
         q_qkv, p_qkv (optional): `project_upper` of q_lower / p_lower, already computed.
+        span_rows_only: the last block computes only `[CLS]` and the passage rows, all the span
+        head reads. p_stats (optional, 0 < k < l): `passage_attention_stats` of p_lower's
+        passages. Both are exact reuses for inference (deterministic, no hidden states); the
+        defaults are the reference computation.
         """
         for name, lower, mask, qkv in (("question", q_lower, q_mask, q_qkv),
                                        ("passage", p_lower, p_mask, p_qkv)):
@@ -180,9 +222,18 @@ class DelayedInteractionModel:
         if q_lower.shape[0] != p_lower.shape[0]:
             raise InputError(f"question batch {q_lower.shape[0]} differs from passage batch "
                              f"{p_lower.shape[0]}")
+        if span_rows_only or p_stats is not None:
+            if not deterministic or output_hidden_states:
+                raise InputError("span_rows_only and p_stats are inference reuses: they need "
+                                 "deterministic=True and no hidden states (the last block's "
+                                 "question rows are not computed)")
+            if p_stats is not None:
+                self._check_has_upper_block()
+                self._check_stats(p_stats, p_lower)
         return self.module.apply(
             {"params": params}, q_lower, q_mask, p_lower, p_mask, deterministic,
-            output_hidden_states, q_qkv, p_qkv, rngs=rngs, method=SpanReaderModule.encode_upper)
+            output_hidden_states, q_qkv, p_qkv, span_rows_only, p_stats, rngs=rngs,
+            method=SpanReaderModule.encode_upper)
 
     def __call__(self, params: Params, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
                  p_mask: jax.Array, *, deterministic: bool = True,

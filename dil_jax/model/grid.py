@@ -5,8 +5,13 @@ runs `encode_upper`. The first upper block's query/key/value projections depend 
 lower states only, so they too are computed once per question and per passage (`project_upper`),
 not once per pair (when segments are read by several pairs; the FLOPs and time this takes out of
 the pair phase are in benchmarks/README.md, "The q/k/v projections per segment vs in every
-pair"). Pairs are processed in fixed-size chunks (one compilation, memory bounded by the chunk,
-not by q x p), and each chunk is split across all devices of a 1-D `Mesh`.
+pair"). Two more exact reuses are on by default (`PairGrid(reuse=False)` is the reference): the
+last block computes only the rows the span head reads (`[CLS]` and the passage), and, for
+passages read by several pairs, the first upper block's passage-to-passage attention comes from
+per-passage softmax statistics (`passage_attention_stats`), merged per pair with the passage's
+scores against the question (docs/architecture.md, "Exact reuse in the pair program").
+Pairs are processed in fixed-size chunks (one compilation, memory bounded by the chunk, not by
+q x p), and each chunk is split across all devices of a 1-D `Mesh`.
 
 The straight line: `encode_questions` and `passage_side` (ids at k = 0, lower states otherwise)
 once per segment, then `read_pairs` (any list of pairs) or `read_grid` (every pair) for the span
@@ -34,14 +39,16 @@ from jax.sharding import PartitionSpec as P
 from dil_jax.config import EncoderConfig
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
-from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT
+from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT, PassageAttentionStats
 from dil_jax.rounding import round_up
 
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
 KEPT_BUCKET = 32
 # iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
 # are read by at least this many pairs each on average: projecting every row once then costs at
-# most half of projecting inside each pair.
+# most half of projecting inside each pair. The same rule picks the passages' attention
+# statistics (`passage_attention_stats`): computing them costs one pair's passage x passage
+# attention per passage, which each further pair reading the passage saves.
 HOIST_MIN_READS = 2
 
 
@@ -122,12 +129,15 @@ class PairGrid:
     """Encodes segments and reads pair grids with one model on one mesh.
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
-    multiple of the device count so every device gets an equal slice.
+    multiple of the device count so every device gets an equal slice. reuse=False turns off the
+    pair program's exact reuses (`reads_span_rows_only`, `uses_passage_stats`): the reference
+    computation, every row of every upper block and full attention in each pair.
     """
 
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
-                 batch_size: int = 32, chunk_size: int = 64):
+                 batch_size: int = 32, chunk_size: int = 64, reuse: bool = True):
         self.model = model
+        self.reuse = reuse
         self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
         self.batch_size = round_up(batch_size, num_devices)
@@ -139,11 +149,13 @@ class PairGrid:
         """One of this reader's jitted programs lowered for the given argument shapes.
 
         program: "lower" (encode_lower: params, ids, mask, segment), "project" (project_upper:
-        params, lower states) or "pairs" (one chunk of pairs: the arguments of
-        `_read_chunk`). Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading
+        params, lower states), "stats" (passage_attention_stats: the passages' query, key,
+        value, mask) or "pairs" (one chunk of pairs: the arguments of `_read_chunk`).
+        Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading
         the compiled programs' cost and memory (dil_jax.bench.programs).
         """
-        programs = {"lower": self._lower_fn, "project": self._project_fn, "pairs": self._pair_fn}
+        programs = {"lower": self._lower_fn, "project": self._project_fn,
+                    "stats": self._stats_fn, "pairs": self._pair_fn}
         if program not in programs:
             raise ValueError(f"unknown program {program!r}; programs: {sorted(programs)}")
         return programs[program].lower(*abstract_args)
@@ -163,6 +175,13 @@ class PairGrid:
     def _project_fn(self):
         return jax.jit(self.model.project_upper, in_shardings=(self.replicated, self.sharded),
                        out_shardings=self.sharded)
+
+    @functools.cached_property
+    def _stats_fn(self):
+        def stats(query, key, value, mask):
+            return self.model.passage_attention_stats((query, key, value), mask)
+
+        return jax.jit(stats, in_shardings=(self.sharded,) * 4, out_shardings=self.sharded)
 
     def _in_batches(self, fn, params: Params, *arrays):
         """fn(params, *batch) over the rows of `arrays` in device-sharded batches of
@@ -202,6 +221,36 @@ class PairGrid:
         """
         return self._in_batches(self._project_fn, params, lower)
 
+    @property
+    def reads_span_rows_only(self) -> bool:
+        """Whether the pair program's last block computes only `[CLS]` and the passage rows
+        (the rows the span head reads; the question rows still serve as keys and values).
+        Always, unless reuse=False: it only removes work."""
+        return self.reuse
+
+    @property
+    def uses_passage_stats(self) -> bool:
+        """Whether pairs can read the passages' first-upper-block attention statistics
+        (`passage_attention_stats`): reuse on and 0 < k < l. iter_pair_chunks computes them
+        when passages are read by enough pairs (HOIST_MIN_READS)."""
+        return self.reuse and self.hoists_projections
+
+    def passage_attention_stats(self, p_qkv: QKV, p_mask: np.ndarray | jax.Array
+                                ) -> PassageAttentionStats:
+        """The first upper block's softmax statistics of every passage over its own keys.
+
+        p_qkv: `project_segments` of the passages' lower states, 3 x [n, heads, p_len,
+        head_dim]; p_mask: [n, p_len] -> PassageAttentionStats ([n, heads, p_len] and [n, heads,
+        p_len, head_dim], float32, replicated). Once per passage, whatever number of pairs read
+        it; `iter_pair_chunks` computes them itself when not given (see there).
+        """
+        if not self.hoists_projections:
+            raise InputError(f"passage attention statistics need 0 < k < l, got k = "
+                             f"{self.model.config.num_lower_layers} of "
+                             f"{self.model.config.num_layers} layers")
+        return self._in_batches(lambda _, *batch: self._stats_fn(*batch), None, *p_qkv,
+                                jnp.asarray(p_mask))
+
     def encode_questions(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
         return self.encode_segments(params, ids, mask, QUESTION_SEGMENT)
 
@@ -226,7 +275,7 @@ class PairGrid:
     # --------------------------------------------------------------------- pair blocks
 
     def _read_chunk(self, params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
-                    positions=None, q_qkv=None, p_qkv=None):
+                    positions=None, q_qkv=None, p_qkv=None, p_stats=None):
         """Outputs of one chunk of pairs (traced inside jit; see iter_pair_chunks)."""
         model = self.model
         pair_q_mask = q_mask[q_index]
@@ -254,7 +303,9 @@ class PairGrid:
         out = model.encode_upper(
             params, q_lower[q_index], pair_q_mask, p_lower, pair_p_mask,
             q_qkv=None if q_qkv is None else tuple(a[q_index] for a in q_qkv),
-            p_qkv=None if p_qkv is None else tuple(a[p_index] for a in p_qkv))
+            p_qkv=None if p_qkv is None else tuple(a[p_index] for a in p_qkv),
+            span_rows_only=self.reads_span_rows_only,
+            p_stats=None if p_stats is None else jax.tree.map(lambda a: a[p_index], p_stats))
         start, end = out.start_logits, out.end_logits
         if positions is not None:
             # Back to the window's token positions; dropped tokens get -inf (never in a span).
@@ -272,14 +323,15 @@ class PairGrid:
         # combination in use.
         rep, shard = self.replicated, self.sharded
         return jax.jit(self._read_chunk,
-                       in_shardings=(rep, rep, rep, rep, rep, shard, shard, shard, rep, rep),
+                       in_shardings=(rep, rep, rep, rep, rep, shard, shard, shard, rep, rep,
+                                     rep),
                        out_shardings=shard)
 
     def iter_pair_chunks(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                          p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
                          q_index: np.ndarray, p_index: np.ndarray,
                          positions: np.ndarray | None = None, q_qkv: QKV | None = None,
-                         p_qkv: QKV | None = None
+                         p_qkv: QKV | None = None, p_stats: PassageAttentionStats | None = None
                          ) -> Iterator[tuple[np.ndarray, tuple[jax.Array, ...]]]:
         """Yields (indices into the pair list, device outputs) chunk by chunk.
 
@@ -295,6 +347,10 @@ class PairGrid:
         inside every pair; a SQuAD window or an open-domain passage is read once or twice and
         is left to the pairs), and for passages only without `positions` (pairs that read just
         their kept tokens would project fewer). A choice of speed only: outputs are the same.
+        p_stats (optional, `uses_passage_stats`): `passage_attention_stats` of the passages.
+        When not given they are computed here by the same rule as the passages' q/k/v (and
+        from them), never with `positions`: kept tokens attend a subset of the passage's keys,
+        whose statistics differ from the whole passage's, so prescreened pairs attend in full.
         Outputs per chunk: start/end [chunk, p_len], null start/end [chunk]; the first
         len(indices) rows are real.
         """
@@ -306,6 +362,13 @@ class PairGrid:
         if p_qkv is not None and positions is not None:
             raise InputError("p_qkv cannot be combined with positions: kept tokens are "
                              "projected inside the pair program")
+        if p_stats is not None and not self.uses_passage_stats:
+            raise InputError(f"p_stats given, but this reader does not use them (reuse="
+                             f"{self.reuse}, k = {self.model.config.num_lower_layers} of "
+                             f"{self.model.config.num_layers} layers; 0 < k < l needed)")
+        if p_stats is not None and positions is not None:
+            raise InputError("p_stats cannot be combined with positions: kept tokens attend "
+                             "only the kept keys, not the whole passage's")
         # Before tracing: past the position table XLA would return NaN logits, not an error.
         check_segment_lengths(self.model.config, np.shape(q_mask)[1],
                               p_len if positions is None else np.shape(positions)[1])
@@ -315,9 +378,12 @@ class PairGrid:
         if self.hoists_projections:
             if q_qkv is None and num_pairs >= HOIST_MIN_READS * q_lower.shape[0]:
                 q_qkv = self.project_segments(params, q_lower)
-            if (p_qkv is None and positions is None
-                    and num_pairs >= HOIST_MIN_READS * p_source.shape[0]):
+            passages_reread = (positions is None
+                               and num_pairs >= HOIST_MIN_READS * p_source.shape[0])
+            if p_qkv is None and passages_reread:
                 p_qkv = self.project_segments(params, p_source)
+            if p_stats is None and passages_reread and self.uses_passage_stats:
+                p_stats = self.passage_attention_stats(p_qkv, p_mask)
         if positions is None:
             order = np.arange(num_pairs)
         else:
@@ -336,14 +402,14 @@ class PairGrid:
                 chunk_positions = np.pad(np.asarray(positions, np.int32)[pairs, :width],
                                          ((0, pad), (0, 0)), mode="edge")
             outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q, chunk_p,
-                                    chunk_positions, q_qkv, p_qkv)
+                                    chunk_positions, q_qkv, p_qkv, p_stats)
             yield pairs, outputs
 
     def read_pairs(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                    p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
                    q_index: np.ndarray, p_index: np.ndarray,
                    positions: np.ndarray | None = None, q_qkv: QKV | None = None,
-                   p_qkv: QKV | None = None,
+                   p_qkv: QKV | None = None, p_stats: PassageAttentionStats | None = None,
                    on_chunk: Callable[[int], None] | None = None) -> SpanScores:
         """The span scores of every listed pair, copied off the devices into numpy arrays.
 
@@ -355,7 +421,8 @@ class PairGrid:
         # NaN until read: every pair is written below, so none may stay NaN.
         out = SpanScores.full(num_pairs, p_len, np.nan, np.nan)
         for pairs, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
-                                                    q_index, p_index, positions, q_qkv, p_qkv):
+                                                    q_index, p_index, positions, q_qkv, p_qkv,
+                                                    p_stats):
             # Only the first len(pairs) rows are real: the rest pad the chunk.
             out.set_rows(pairs, SpanScores(*(np.asarray(value)[:len(pairs)] for value in outputs)))
             if on_chunk is not None:
@@ -364,12 +431,13 @@ class PairGrid:
 
     def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                   p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
-                  q_qkv: QKV | None = None, p_qkv: QKV | None = None) -> SpanScores:
+                  q_qkv: QKV | None = None, p_qkv: QKV | None = None,
+                  p_stats: PassageAttentionStats | None = None) -> SpanScores:
         """Every (question, passage) pair: scores [nq, np, p_len] / [nq, np]; see
         iter_pair_chunks for the inputs."""
         nq, np_ = q_mask.shape[0], p_mask.shape[0]
         q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
                                                            indexing="ij"))
         pairs = self.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
-                                q_qkv=q_qkv, p_qkv=p_qkv)
+                                q_qkv=q_qkv, p_qkv=p_qkv, p_stats=p_stats)
         return pairs.reshape(nq, np_)

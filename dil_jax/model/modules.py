@@ -18,6 +18,7 @@ With k = 0 and the passage offset set to the question's length this is exactly s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -146,6 +147,26 @@ def attends_per_example(config: EncoderConfig) -> bool:
     return config.attention_form == "per_example"
 
 
+def _softmax_parts(cfg: EncoderConfig, query: jax.Array, key: jax.Array, value: jax.Array,
+                   bias: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The running-softmax statistics of scaled dot-product attention over some keys.
+
+    query: [..., heads, rows, head_dim] (pre-scaled), key, value: [..., heads, keys, head_dim],
+    bias: [..., 1, 1, keys] -> (row max m [..., heads, rows, 1], row sum of exp l [..., rows, 1],
+    unnormalised context o [..., rows, head_dim]), float32: softmax(s) @ v == o / l with
+    s = q k^T + bias, m = max_k s, l = sum_k exp(s - m), o = exp(s - m) @ v. Two such parts over
+    disjoint key sets merge exactly by the log-sum-exp rule (`_merge_softmax_parts`).
+    """
+    scores = jnp.einsum("...qd,...kd->...qk", query, key, preferred_element_type=jnp.float32)
+    scores = scores + bias
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    weights = jnp.exp(scores - row_max)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    context = jnp.einsum("...qk,...kd->...qd", weights.astype(cfg.compute_dtype), value,
+                         preferred_element_type=jnp.float32)
+    return row_max, total, context
+
+
 def _attend(cfg: EncoderConfig, query: jax.Array, key: jax.Array, value: jax.Array,
             bias: jax.Array, dropout=None) -> jax.Array:
     """Dot-product attention, head-major, with or without a leading batch axis.
@@ -154,18 +175,102 @@ def _attend(cfg: EncoderConfig, query: jax.Array, key: jax.Array, value: jax.Arr
     bias: [..., 1, 1, seq] -> context [..., heads, seq, head_dim]. Scores and softmax are float32.
     `dropout` (optional) is applied to the probabilities.
     """
-    scores = jnp.einsum("...qd,...kd->...qk", query, key, preferred_element_type=jnp.float32)
-    scores = scores + bias
-    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-    total = jnp.sum(weights, axis=-1, keepdims=True)
     if dropout is None:
         # softmax(s) @ v == (exp(s - max) @ v) / sum: dividing the [seq, head_dim] context
         # instead of the [seq, seq] weights saves a pass over the largest tensor of the block.
-        context = jnp.einsum("...qk,...kd->...qd", weights.astype(cfg.compute_dtype), value,
-                             preferred_element_type=jnp.float32)
+        _, total, context = _softmax_parts(cfg, query, key, value, bias)
         return (context / total).astype(cfg.compute_dtype)
-    probs = dropout(weights / total)
+    scores = jnp.einsum("...qd,...kd->...qk", query, key, preferred_element_type=jnp.float32)
+    scores = scores + bias
+    weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    probs = dropout(weights / jnp.sum(weights, axis=-1, keepdims=True))
     return jnp.einsum("...qk,...kd->...qd", probs.astype(cfg.compute_dtype), value)
+
+
+@flax.struct.dataclass
+class PassageAttentionStats:
+    """A passage's first-upper-block attention over its OWN keys, per head and token.
+
+    In the first upper block (layer k + 1) a passage token's scores against the passage's keys
+    do not depend on the question (both sides are question-independent lower states), so their
+    softmax statistics are computed once per passage (`passage_attention_stats`); each pair then
+    scores the passage queries against the question's keys only and merges the two parts
+    (`_merge_softmax_parts`), exact up to float rounding. With s the scaled scores of query
+    token i against the passage's keys j plus the key-padding bias (padded keys get MASK_BIAS):
+
+      row_max:         [batch, heads, p_len] float32, m_i = max_j s_ij
+      row_sum:         [batch, heads, p_len] float32, l_i = sum_j exp(s_ij - m_i)
+      weighted_values: [batch, heads, p_len, head_dim] float32, o_i = sum_j exp(s_ij - m_i) v_j
+
+    A pytree: it is gathered per pair, sharded and replicated like the q/k/v of `project_upper`,
+    and can be stored beside a passage's lower states (float32, (heads * (head_dim + 2)) values
+    per token).
+    """
+
+    row_max: jax.Array
+    row_sum: jax.Array
+    weighted_values: jax.Array
+
+
+def _merge_softmax_parts(cfg: EncoderConfig, first: tuple[jax.Array, jax.Array, jax.Array],
+                         second: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+    """softmax over the union of two disjoint key sets, from each set's `_softmax_parts`.
+
+    (m_1, l_1, o_1), (m_2, l_2, o_2) with m, l: [..., rows, 1], o: [..., rows, head_dim] ->
+    context [..., rows, head_dim] in the compute dtype. The log-sum-exp rule: with
+    m = max(m_1, m_2), l = l_1 e^(m_1 - m) + l_2 e^(m_2 - m), o likewise, context = o / l. Each
+    part's exponentials were taken against its own max; rescaling both to the common max is
+    what makes the sum exact (the max itself cancels in o / l).
+    """
+    (max_1, sum_1, context_1), (max_2, sum_2, context_2) = first, second
+    row_max = jnp.maximum(max_1, max_2)
+    scale_1, scale_2 = jnp.exp(max_1 - row_max), jnp.exp(max_2 - row_max)
+    total = sum_1 * scale_1 + sum_2 * scale_2
+    context = context_1 * scale_1 + context_2 * scale_2
+    return (context / total).astype(cfg.compute_dtype)
+
+
+def _attend_with_passage_stats(cfg: EncoderConfig, query: jax.Array, key: jax.Array,
+                               value: jax.Array, bias: jax.Array, row_max: jax.Array,
+                               row_sum: jax.Array, weighted_values: jax.Array) -> jax.Array:
+    """Passage queries' attention over [question ; passage] keys from the passage part's stats.
+
+    query: [..., heads, p_len, head_dim] passage queries (pre-scaled); key, value:
+    [..., heads, q_len, head_dim] the QUESTION's keys and values; bias: [..., 1, 1, q_len] the
+    question's key-padding bias; row_max, row_sum: [..., heads, p_len] and weighted_values:
+    [..., heads, p_len, head_dim], a `PassageAttentionStats`' fields -> context
+    [..., heads, p_len, head_dim], `_attend` over all q_len + p_len keys up to float rounding.
+    Per pair this scores p_len x q_len, not p_len x (q_len + p_len).
+    """
+    passage_part = (row_max[..., None], row_sum[..., None], weighted_values)
+    return _merge_softmax_parts(cfg, passage_part, _softmax_parts(cfg, query, key, value, bias))
+
+
+def passage_attention_stats(config: EncoderConfig, qkv: QKV, mask: jax.Array
+                            ) -> PassageAttentionStats:
+    """The first upper block's attention statistics of passages over their own keys.
+
+    qkv: `SpanReaderModule.project_upper` of the passages' lower states, 3 x [batch, heads,
+    p_len, head_dim]; mask: [batch, p_len] (1 = token) -> PassageAttentionStats ([batch, heads,
+    p_len] and [batch, heads, p_len, head_dim]). Needs no parameters: the projections hold them.
+    """
+    query, key, value = qkv
+
+    def stats(query, key, value, bias):
+        row_max, total, context = _softmax_parts(config, query, key, value, bias)
+        return PassageAttentionStats(row_max[..., 0], total[..., 0], context)
+
+    return _per_example(config, stats, query, key, value, attention_bias(mask))
+
+
+def _per_example(cfg: EncoderConfig, fn, *args) -> jax.Array:
+    """fn(*args) on arrays with a leading batch axis; on CPU (`attends_per_example`) one example
+    at a time: XLA:CPU then keeps each example's [heads, rows, keys] scores in cache instead of
+    materialising the whole batch's (benchmarks/README.md, "What was changed for speed", item 1).
+    """
+    if attends_per_example(cfg):
+        return jax.lax.map(lambda one: fn(*one), args)
+    return fn(*args)
 
 
 class SelfAttention(nn.Module):
@@ -187,22 +292,35 @@ class SelfAttention(nn.Module):
         self.output = _dense(cfg, cfg.hidden_size)
         self.dropout = nn.Dropout(cfg.attention_dropout)
 
-    def project(self, x: jax.Array) -> QKV:
-        """x: [batch, seq, hidden] -> (query, key, value), each [batch, heads, seq, head_dim].
-
-        The query is already scaled by 1/sqrt(head_dim) (seq x hidden values, not seq x seq).
-        """
+    def _heads(self, dense: nn.Dense, x: jax.Array, scale: float = 1.0) -> jax.Array:
+        """x: [batch, seq, hidden] -> dense(x) * scale as [batch, heads, seq, head_dim]."""
         cfg = self.config
         batch, seq, _ = x.shape
+        projected = dense(x)
+        if scale != 1.0:
+            projected = projected * jnp.asarray(scale, projected.dtype)
+        return projected.reshape(batch, seq, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
 
-        def heads(dense: nn.Dense, scale: float = 1.0) -> jax.Array:
-            projected = dense(x)
-            if scale != 1.0:
-                projected = projected * jnp.asarray(scale, projected.dtype)
-            return projected.reshape(batch, seq, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+    def project_query(self, x: jax.Array) -> jax.Array:
+        """x: [batch, seq, hidden] -> query [batch, heads, seq, head_dim], scaled by
+        1/sqrt(head_dim) (seq x hidden values, not seq x seq)."""
+        return self._heads(self.query, x, 1.0 / float(np.sqrt(self.config.head_dim)))
 
-        return (heads(self.query, 1.0 / float(np.sqrt(cfg.head_dim))), heads(self.key),
-                heads(self.value))
+    def project_key_value(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """x: [batch, seq, hidden] -> (key, value), each [batch, heads, seq, head_dim]."""
+        return self._heads(self.key, x), self._heads(self.value, x)
+
+    def project(self, x: jax.Array) -> QKV:
+        """x: [batch, seq, hidden] -> (query, key, value), each [batch, heads, seq, head_dim];
+        the query pre-scaled (`project_query`)."""
+        return (self.project_query(x), *self.project_key_value(x))
+
+    def _output(self, context: jax.Array) -> jax.Array:
+        """context: [batch, heads, rows, head_dim] -> W_o of the joined heads [batch, rows,
+        hidden]."""
+        batch, _, rows, _ = context.shape
+        context = context.transpose(0, 2, 1, 3).reshape(batch, rows, self.config.hidden_size)
+        return self.output(context)
 
     def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True,
                  qkv: QKV | None = None) -> jax.Array:
@@ -211,20 +329,53 @@ class SelfAttention(nn.Module):
         qkv: `project(x)` if the caller already has it (the same values), else None.
         """
         cfg = self.config
-        batch, seq, _ = x.shape
         query, key, value = self.project(x) if qkv is None else qkv
-        if deterministic and attends_per_example(cfg):
-            # XLA:CPU materialises the [batch, heads, seq, seq] scores, several passes of a tensor
-            # far larger than the caches; one example at a time the passes stay in cache
-            # (benchmarks/README.md, "What was changed for speed", item 1).
-            context = jax.lax.map(lambda args: _attend(cfg, *args), (query, key, value, bias))
-        elif deterministic:
-            context = _attend(cfg, query, key, value, bias)
+        if deterministic:
+            context = _per_example(cfg, functools.partial(_attend, cfg), query, key, value, bias)
         else:
             context = _attend(cfg, query, key, value, bias,
                               lambda probs: self.dropout(probs, deterministic=False))
-        context = context.transpose(0, 2, 1, 3).reshape(batch, seq, cfg.hidden_size)
-        return self.output(context)
+        return self._output(context)
+
+    def attend_rows(self, query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array,
+                    question_len: int, stats: PassageAttentionStats | None = None) -> jax.Array:
+        """Inference attention of a pair for some query rows: the first `rows - p_len` question
+        rows and every passage row, over all q_len + p_len keys.
+
+        query: [batch, heads, rows, head_dim] (pre-scaled); key, value: [batch, heads, q_len +
+        p_len, head_dim]; bias: [batch, 1, 1, q_len + p_len]; question_len: q_len (static);
+        stats: the passage's `PassageAttentionStats` over its own keys, or None. With stats the
+        passage rows score only the question's keys and merge the passage part from the stats
+        (`_attend_with_passage_stats`). -> [batch, rows, hidden] (W_o applied).
+        """
+        cfg = self.config
+        if stats is None:
+            context = _per_example(cfg, functools.partial(_attend, cfg), query, key, value, bias)
+            return self._output(context)
+        question_rows = query.shape[2] - (key.shape[2] - question_len)
+
+        def attend(query, key, value, bias, row_max, row_sum, weighted_values):
+            # The question rows (all, or [CLS] alone) attend every key as usual.
+            asked = _attend(cfg, query[..., :question_rows, :], key, value, bias)
+            read = _attend_with_passage_stats(
+                cfg, query[..., question_rows:, :], key[..., :question_len, :],
+                value[..., :question_len, :], bias[..., :question_len], row_max, row_sum,
+                weighted_values)
+            return jnp.concatenate([asked, read], axis=-2)
+
+        context = _per_example(cfg, attend, query, key, value, bias, stats.row_max,
+                               stats.row_sum, stats.weighted_values)
+        return self._output(context)
+
+
+def _pair_rows(x: jax.Array, question_len: int, question_rows: int, axis: int) -> jax.Array:
+    """The rows of a pair a block computes: the first `question_rows` of the question's
+    `question_len` rows, then every passage row, along `axis` (static slices)."""
+    if question_rows == question_len:
+        return x
+    asked = jax.lax.slice_in_dim(x, 0, question_rows, axis=axis)
+    read = jax.lax.slice_in_dim(x, question_len, x.shape[axis], axis=axis)
+    return jnp.concatenate([asked, read], axis=axis)
 
 
 class Block(nn.Module):
@@ -248,10 +399,39 @@ class Block(nn.Module):
         qkv: this block's attention projections of x, if precomputed (see SelfAttention).
         """
         attended = self.attention(x, bias, deterministic, qkv)
+        return self._feed_forward(x, attended, deterministic)
+
+    def _feed_forward(self, x: jax.Array, attended: jax.Array, deterministic: bool
+                      ) -> jax.Array:
+        """Residual + LayerNorm, FFN, residual + LayerNorm of the rows x: [batch, rows, hidden]
+        given their attention output attended: [batch, rows, hidden]. Row by row."""
         x = self.attention_norm(x + self.dropout(attended, deterministic=deterministic))
         hidden = activation_fn(self.config.hidden_act)(self.ffn_in(x))
         out = self.ffn_out(hidden)
         return self.output_norm(x + self.dropout(out, deterministic=deterministic))
+
+    def read_rows(self, x: jax.Array, bias: jax.Array, question_len: int, question_rows: int,
+                  qkv: QKV | None = None, stats: PassageAttentionStats | None = None
+                  ) -> jax.Array:
+        """The block at inference on [question ; passage] pairs, computing only some rows.
+
+        x: [batch, q_len + p_len, hidden]; bias: [batch, 1, 1, q_len + p_len]; question_len:
+        q_len; question_rows: how many leading question rows to compute (q_len, or 1 for `[CLS]`
+        alone: the last block, whose other question rows no span score reads); qkv: `project`
+        of x if precomputed; stats: the passage's `PassageAttentionStats` (first upper block
+        only) or None -> [batch, question_rows + p_len, hidden], this block's output at those
+        rows. Every row still serves as a key and value; everything after the keys and values
+        (queries, attention, W_o, LayerNorms, FFN) runs on the computed rows only.
+        """
+        rows = _pair_rows(x, question_len, question_rows, axis=1)
+        if qkv is None:
+            key, value = self.attention.project_key_value(x)
+            query = self.attention.project_query(rows)
+        else:
+            query, key, value = qkv
+            query = _pair_rows(query, question_len, question_rows, axis=2)
+        attended = self.attention.attend_rows(query, key, value, bias, question_len, stats)
+        return self._feed_forward(rows, attended, True)
 
 
 def num_param_blocks(config: EncoderConfig) -> int:
@@ -334,7 +514,8 @@ class SpanReaderModule(nn.Module):
     def encode_upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
                      p_mask: jax.Array, deterministic: bool = True,
                      output_hidden_states: bool = False, q_qkv: QKV | None = None,
-                     p_qkv: QKV | None = None):
+                     p_qkv: QKV | None = None, span_rows_only: bool = False,
+                     p_stats: PassageAttentionStats | None = None):
         """Blocks k+1..l over `[question ; passage]` and the span head.
 
         Args:
@@ -344,22 +525,34 @@ class SpanReaderModule(nn.Module):
           p_mask: [batch, p_len].
           q_qkv, p_qkv: `project_upper` of q_lower / p_lower, if already computed (either, both
             or neither; the other is computed here). Same result, less work per pair.
+          span_rows_only: the last block computes only the rows the span head reads, `[CLS]`
+            (the null score) and the passage (inference only; no hidden states).
+          p_stats: `passage_attention_stats` of p_lower's first-upper-block projections: the
+            first upper block's passage rows then score only the question's keys (inference
+            only; 0 < k < l).
+          Both reuses are exact up to float rounding (docs/architecture.md, "Exact reuse").
         Returns:
           ReaderOutput (hidden_states holds the l-k upper states, if asked).
         """
         x = jnp.concatenate([q_lower, p_lower], axis=1)
         mask = jnp.concatenate([q_mask, p_mask], axis=1)
+        q_len = q_lower.shape[1]
         layers = range(self.config.num_lower_layers, self.config.num_layers)
         first_qkv = None
         if q_qkv is not None or p_qkv is not None:
             q_qkv = self.project_upper(q_lower) if q_qkv is None else q_qkv
             p_qkv = self.project_upper(p_lower) if p_qkv is None else p_qkv
             first_qkv = tuple(jnp.concatenate([q, p], axis=2) for q, p in zip(q_qkv, p_qkv))
-        states = self._run_layers(x, mask, layers, deterministic, first_qkv)
+        if span_rows_only or p_stats is not None:
+            states = self._read_upper_rows(x, mask, q_len, first_qkv, span_rows_only, p_stats)
+        else:
+            states = self._run_layers(x, mask, layers, deterministic, first_qkv)
         final = states[-1] if states else x
-        logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, seq, 2]
-        q_len = q_lower.shape[1]
-        passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, q_len:], PADDED_LOGIT)
+        logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, rows, 2]
+        # The passage's rows are the last p_len: after the question's (or [CLS] alone).
+        passage_rows = final.shape[1] - p_lower.shape[1]
+        passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, passage_rows:],
+                                   PADDED_LOGIT)
         return ReaderOutput(
             start_logits=passage_logits[..., 0],
             end_logits=passage_logits[..., 1],
@@ -367,6 +560,28 @@ class SpanReaderModule(nn.Module):
             null_end_logits=logits[:, 0, 1],
             hidden_states=tuple(states) if output_hidden_states else None,
         )
+
+    def _read_upper_rows(self, x: jax.Array, mask: jax.Array, question_len: int,
+                         first_qkv: QKV | None, span_rows_only: bool,
+                         p_stats: PassageAttentionStats | None) -> list[jax.Array]:
+        """The upper blocks at inference with the pair program's reuses (`Block.read_rows`).
+
+        x: [batch, q_len + p_len, hidden] -> each upper block's output; the last one is
+        [batch, 1 + p_len, hidden] ([CLS], then the passage) with span_rows_only. p_stats
+        serves the first upper block only: above it the passage's states depend on the question.
+        """
+        cfg = self.config
+        bias = attention_bias(mask)
+        layers = range(cfg.num_lower_layers, cfg.num_layers)
+        states = []
+        for i, layer in enumerate(layers):
+            last = i == len(layers) - 1
+            question_rows = 1 if span_rows_only and last else question_len
+            x = self.blocks[param_block_of_layer(cfg, layer)].read_rows(
+                x, bias, question_len, question_rows, first_qkv if i == 0 else None,
+                p_stats if i == 0 else None)
+            states.append(x)
+        return states
 
     def __call__(self, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array, p_mask: jax.Array,
                  deterministic: bool = True, output_hidden_states: bool = False) -> ReaderOutput:
