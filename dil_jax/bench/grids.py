@@ -4,10 +4,13 @@ A grid is read in three phases, each timed apart (`PHASES`):
 
   NI Q   question lower blocks: `encode_lower` over the q questions (k blocks each), then the
          first upper block's q/k/v projections of each question (`project_upper`);
-  NI P   passage lower blocks and projections, the same over the p passages;
+  NI P   passage lower blocks and projections, the same over the p passages, and (with the
+         pair program's reuses, 0 < k < l) each passage's first-upper-block attention
+         statistics over its own keys (`PairGrid.passage_attention_stats`);
   I Q-P  pair upper blocks: `encode_upper` (blocks k+1..l, the first without its projections,
          and the span head) over the q*p pairs, streamed through `PairGrid` in fixed-size
-         chunks.
+         chunks; with the reuses (the default) the first upper block's passage rows score only
+         the question's keys and the last block computes only `[CLS]` and the passage rows.
 
 The variants that read it (`variant_name`): the full model, k = 0 (its NI Q is the question
 embeddings only, it has no NI P: a passage's positions follow the question, so nothing is

@@ -20,7 +20,7 @@ from dil_jax.bench.flops import phase_flops
 from dil_jax.bench.grids import PHASES, GridSpec
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid, reads_passage_ids
-from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT, PassageAttentionStats
 from dil_jax.rounding import ceil_div
 
 
@@ -90,8 +90,10 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
 
     These are PairGrid's own jitted programs (`PairGrid.lowered`), lowered with the shapes
     of one call: a batch of `reader.batch_size` segments
-    (encode_lower, then project_upper when 0 < k < l), or a chunk of `reader.chunk_size` pairs
-    over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v).
+    (encode_lower, then project_upper when 0 < k < l, then for passages
+    passage_attention_stats when the reader uses them), or a chunk of `reader.chunk_size` pairs
+    over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v and
+    statistics).
     """
     config = reader.model.config
     abstract = jax.tree.map(lambda x: _spec(np.shape(x), jnp.float32), params)
@@ -101,6 +103,11 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
     def qkv(n: int, length: int) -> tuple[jax.ShapeDtypeStruct, ...]:
         return (_spec((n, heads, length, config.head_dim), dtype),) * 3
 
+    def stats(n: int) -> PassageAttentionStats:
+        row = _spec((n, heads, passage_len), jnp.float32)
+        return PassageAttentionStats(
+            row, row, _spec((n, heads, passage_len, config.head_dim), jnp.float32))
+
     if phase in ("ni_q", "ni_p"):
         length = question_len if phase == "ni_q" else passage_len
         segment = QUESTION_SEGMENT if phase == "ni_q" else PASSAGE_SEGMENT
@@ -109,6 +116,9 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
         if reader.hoists_projections:
             lower = _spec((batch, length, h), dtype)
             programs.append(reader.lowered("project", abstract, lower))
+        if phase == "ni_p" and reader.uses_passage_stats:
+            mask = _spec((batch, passage_len), jnp.int32)
+            programs.append(reader.lowered("stats", *qkv(batch, passage_len), mask))
         return programs
     if phase != "pairs":
         raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
@@ -120,16 +130,19 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
     q_mask = _spec((num_questions, question_len), jnp.int32)
     p_mask = _spec((num_passages, passage_len), jnp.int32)
     index = _spec((chunk,), jnp.int32)
-    q_qkv = p_qkv = None
+    q_qkv = p_qkv = p_stats = None
     if reader.hoists_projections:
         q_qkv, p_qkv = qkv(num_questions, question_len), qkv(num_passages, passage_len)
+    if reader.uses_passage_stats:
+        p_stats = stats(num_passages)
     return [reader.lowered("pairs", abstract, q_lower, q_mask, p_source, p_mask, index, index,
-                           None, q_qkv, p_qkv)]
+                           None, q_qkv, p_qkv, p_stats)]
 
 
 def phase_calls(reader: PairGrid, phase: str, spec: GridSpec) -> int:
     """How many calls a phase makes on the grid (batches or chunks, the last padded; a batch
-    of segments is one encode_lower call, plus one project_upper call when 0 < k < l)."""
+    of segments is one encode_lower call, plus one project_upper call when 0 < k < l, plus for
+    passages one passage_attention_stats call when the reader uses them)."""
     if phase == "ni_q":
         return ceil_div(spec.num_questions, reader.batch_size)
     if phase == "ni_p":
@@ -154,7 +167,7 @@ def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dic
     num_devices = reader.mesh.devices.size
     # Only lowered and compiled for its cost analysis, never run.
     accounting = PairGrid(DelayedInteractionModel(config.replace(attention_form="batched")),
-                            reader.mesh, reader.batch_size, reader.chunk_size)
+                          reader.mesh, reader.batch_size, reader.chunk_size, reader.reuse)
     shapes = (spec.num_questions, spec.num_passages, spec.question_len, spec.passage_len)
     profile = {}
     for phase in PHASES:
@@ -164,7 +177,8 @@ def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dic
         stats = program_stats(lower_phase(reader, params, phase, *shapes), num_devices)
         flops = program_stats(lower_phase(accounting, params, phase, *shapes), num_devices).flops
         per_call = reader.chunk_size if phase == "pairs" else reader.batch_size
-        analytical = phase_flops(config, phase, per_call, spec.question_len, spec.passage_len)
+        analytical = phase_flops(config, phase, per_call, spec.question_len, spec.passage_len,
+                                 reader.reuse)
         profile[phase] = {
             "calls": calls, "inputs_per_call": per_call,
             "xla_flops_per_call": flops, "analytical_flops_per_call": analytical,

@@ -58,8 +58,20 @@ def timing_table(suite: dict[str, Any]) -> list[str]:
                  "parentheses: ms per block per input. FLOP bound: analytical FLOPs of the full "
                  "model's grid / the variant's (lower blocks included). For 0 < k < l, NI Q "
                  "and NI P include the first upper block's q/k/v projections, computed once "
-                 "per segment instead of once per pair, so I Q-P can beat l/(l−k).")
+                 "per segment instead of once per pair, so I Q-P can beat l/(l−k). "
+                 + REUSE_NOTE[suite.get("reuse", False)])
     return lines
+
+
+# What the record's pair program reused (records before the reuses have no "reuse" key).
+REUSE_NOTE = {
+    True: "Pair program with its exact reuses (every variant, the full model's included): the "
+          "last block computes only [CLS] and the passage rows, and for 0 < k < l NI P also "
+          "computes each passage's first-upper-block attention statistics, so that the pairs' "
+          "passage rows score only the question's keys.",
+    False: "Reference pair program (no reuse of the last block's rows or of the passages' "
+           "attention statistics).",
+}
 
 
 def flop_table(suite: dict[str, Any]) -> list[str]:

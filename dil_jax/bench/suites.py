@@ -44,6 +44,8 @@ class SuiteSpec:
     """One model on one grid: the variants to time and how.
 
     ks: the delayed-interaction splits to time besides the full model (k = 0).
+    reuse: the pair program's exact reuses (`PairGrid.reuse`) for every variant, the full
+      model's included; False times the reference pair program.
     """
 
     name: str
@@ -58,6 +60,7 @@ class SuiteSpec:
     with_hf: bool = True
     memory_grids: tuple[tuple[int, int], ...] = ((4, 4), (16, 16), (64, 64), (100, 100))
     seed: int = 0
+    reuse: bool = True
 
 
 SUITES = ("minilm", "bert-base", "tiny")
@@ -109,7 +112,7 @@ def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict
     batch = min(suite.batch_size, grid.num_questions, grid.num_passages)
     chunk = min(suite.chunk_size, grid.num_pairs)
     return {k: PairGrid(DelayedInteractionModel(config.replace(num_lower_layers=k)), mesh,
-                          batch, chunk) for k in ks}
+                        batch, chunk, suite.reuse) for k in ks}
 
 
 def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -125,7 +128,8 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
     record: dict[str, Any] = {"name": suite.name, "weights": suite.weights,
                               "config": config.to_dict(), "grid": dataclasses.asdict(grid),
                               "ks": list(ks), "batch_size": readers[0].batch_size,
-                              "chunk_size": readers[0].chunk_size, "repeats": suite.repeats}
+                              "chunk_size": readers[0].chunk_size, "repeats": suite.repeats,
+                              "reuse": suite.reuse}
     if suite.with_hf:
         import torch
 
@@ -159,32 +163,34 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
     if HF_PEER in outputs:
         record["hf_max_logit_difference"] = max_logit_difference(outputs[FULL], outputs[HF_PEER])
     record["runs"] = runs
-    record["results"] = summarize(runs, config, grid)
+    record["results"] = summarize(runs, config, grid, reuse=suite.reuse)
     for name, speedup in flop_speedups(record["programs"]).items():
         record["results"][name]["flop_speedup"] = speedup
     return record
 
 
 def summarize(runs: dict[str, list[dict[str, float]]], config: EncoderConfig,
-              grid: GridSpec, projection: tuple[int, int] = (100, 100)) -> dict[str, Any]:
+              grid: GridSpec, projection: tuple[int, int] = (100, 100),
+              reuse: bool = True) -> dict[str, Any]:
     """Medians, normalised times and speedups of every variant over the full model.
 
     speedup: median total of the full model / median total of the variant;
     pair_speedup: the same for I Q-P alone (the q, p -> infinity limit);
     ideal: l / (l - k); projected_speedup: at `projection` = (q, p), from per-input costs;
-    projected_flop_bound: the analytical FLOP ratio at `projection`, what perfect scaling gives.
+    projected_flop_bound: the analytical FLOP ratio at `projection`, what perfect scaling gives
+    (with the pair program's reuses on or off, as the variants ran: `reuse`).
     """
     medians = {name: median_times(values) for name, values in runs.items()}
     full = medians[FULL]
     pq, pp = projection
     full_projected = projected_total(full, grid, pq, pp)
     projected_grid = dataclasses.replace(grid, num_questions=pq, num_passages=pp)
-    full_flops = grid_flops(config.replace(num_lower_layers=0), projected_grid)
+    full_flops = grid_flops(config.replace(num_lower_layers=0), projected_grid, reuse)
     results = {}
     for name, times in medians.items():
         k = 0 if name in (FULL, HF_PEER) else int(name.split("=")[1])
         upper = config.num_layers - k
-        k_flops = grid_flops(config.replace(num_lower_layers=k), projected_grid)
+        k_flops = grid_flops(config.replace(num_lower_layers=k), projected_grid, reuse)
         results[name] = {
             "k": k, "seconds": times,
             "min_total_s": min(sum(run[p] for p in PHASES) for run in runs[name]),

@@ -34,30 +34,35 @@ def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
     With `max_pairs` only that many pairs are read and no output is returned (the warm-up: it
     compiles the very programs the full pass runs, whose shapes do not depend on the pair count).
     """
-    def segments(encode, ids: np.ndarray, mask: np.ndarray) -> tuple[Any, Any]:
-        """Lower states (and, for 0 < k < l, their first-upper-block q/k/v), ready."""
+    def segments(encode, ids: np.ndarray, mask: np.ndarray, stats: bool
+                 ) -> tuple[Any, Any, Any]:
+        """Lower states (and, for 0 < k < l, their first-upper-block q/k/v, and with `stats`
+        the passages' attention statistics), ready."""
         lower = encode(params, ids, mask)
         qkv = reader.project_segments(params, lower) if reader.hoists_projections else None
-        return _ready((lower, qkv))
+        p_stats = reader.passage_attention_stats(qkv, mask) if stats else None
+        return _ready((lower, qkv, p_stats))
 
     times = {}
     start = time.perf_counter()
-    q_lower, q_qkv = segments(reader.encode_questions, inputs.q_ids, inputs.q_mask)
+    q_lower, q_qkv, _ = segments(reader.encode_questions, inputs.q_ids, inputs.q_mask, False)
     times["ni_q"] = time.perf_counter() - start
     start = time.perf_counter()
     # At k = 0 the passage side is the ids (the full model embeds them inside the pair program).
-    p_source, p_qkv = segments(reader.passage_side, inputs.p_ids, inputs.p_mask)
+    # The passages' attention statistics are per-passage work: timed in NI P, like their q/k/v.
+    p_source, p_qkv, p_stats = segments(reader.passage_side, inputs.p_ids, inputs.p_mask,
+                                        reader.uses_passage_stats)
     times["ni_p"] = time.perf_counter() - start
     start = time.perf_counter()
     if max_pairs is None:
         output = reader.read_grid(params, q_lower, inputs.q_mask, p_source, inputs.p_mask,
-                                  q_qkv, p_qkv)
+                                  q_qkv, p_qkv, p_stats)
     else:
         output = None
         index = np.zeros(max_pairs, np.int32)
         for _, chunk in reader.iter_pair_chunks(params, q_lower, inputs.q_mask, p_source,
                                                 inputs.p_mask, index, index, q_qkv=q_qkv,
-                                                p_qkv=p_qkv):
+                                                p_qkv=p_qkv, p_stats=p_stats):
             _ready(chunk)
     times["pairs"] = time.perf_counter() - start
     return times, output

@@ -58,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, help="segments per lower-block call "
                         f"(default per suite: {per_suite(3)})")
     parser.add_argument("--no-hf", action="store_true", help="skip the PyTorch peer")
+    parser.add_argument("--no-reuse", dest="reuse", action="store_false",
+                        help="time the reference pair program: without the exact reuses (the "
+                             "last block on every row, the first upper block's passage "
+                             "attention in every pair; docs/architecture.md)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="output folder")
     parser.add_argument("--name", type=_stem, default="speed_grid", help="output file stem")
@@ -99,7 +103,8 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
         suites.append(bench.SuiteSpec(
             name=name, config=config, params=params, grid=grid, ks=tuple(ks), weights=weights,
             repeats=args.repeats, batch_size=args.batch_size or batch,
-            chunk_size=args.chunk_size or chunk, with_hf=not args.no_hf, seed=args.seed))
+            chunk_size=args.chunk_size or chunk, with_hf=not args.no_hf, seed=args.seed,
+            reuse=args.reuse))
     return suites
 
 
