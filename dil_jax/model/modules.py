@@ -19,7 +19,8 @@ With k = 0 and the passage offset set to the question's length this is exactly s
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import flax.linen as nn
 import flax.struct
@@ -263,7 +264,7 @@ def passage_attention_stats(config: EncoderConfig, qkv: QKV, mask: jax.Array
     return _per_example(config, stats, query, key, value, attention_bias(mask))
 
 
-def _per_example(cfg: EncoderConfig, fn, *args) -> jax.Array:
+def _per_example(cfg: EncoderConfig, fn: Callable[..., Any], *args: Any) -> Any:
     """fn(*args) on arrays with a leading batch axis; on CPU (`attends_per_example`) one example
     at a time: XLA:CPU then keeps each example's [heads, rows, keys] scores in cache instead of
     materialising the whole batch's (benchmarks/README.md, "What was changed for speed", item 1).
