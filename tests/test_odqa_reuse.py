@@ -326,3 +326,45 @@ def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
     status, _, err = run_cli(ask, capsys)
     assert status == 1
     assert "dtype = 'int8', but the reader has dtype = 'float32'" in err
+
+
+def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
+    """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
+    file made of the sample passages: every scheme's row, bytes/token from its files."""
+    import importlib.util
+    from pathlib import Path
+
+    _, _, _, folder = tiny
+    questions = [("Who wrote Pride and Prejudice?", "Jane Austen"),
+                 ("When did Apollo 11 land on the Moon?", "20 July 1969"),
+                 ("What is the capital of France?", "Paris")]
+    data = {"version": "1.1", "data": []}
+    for number, text in enumerate(SAMPLE_PASSAGES):
+        qas = [{"id": f"q{number}-{i}", "question": question,
+                "answers": [{"text": answer, "answer_start": text.index(answer)}]}
+               for i, (question, answer) in enumerate(questions) if answer in text]
+        data["data"].append({"title": f"A{number % 2}",
+                             "paragraphs": [{"context": text, "qas": qas}]})
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps(data))
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cache_compression.py"
+    spec = importlib.util.spec_from_file_location("cache_compression", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
+                       "--max-question-len", str(Q_LEN), "--data", str(squad),
+                       "--schemes", "float32", "int8", "pca8", "--reuse", "--top-p", "3",
+                       "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
+                       "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
+                       str(STRIDE), "--batch-size", "2", "--chunk-size", "8",
+                       "--out", str(tmp_path / "out")])
+    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8"]
+    assert all(row["reads_cached_reuse"] for row in rows)
+    hidden = 32
+    states = [row["bytes_per_token"]["states"] for row in rows]
+    assert states[0] > 4 * hidden and hidden + 4 < states[1] < 4 * hidden and states[2] < states[1]
+    for row in rows:
+        assert row["open_domain"]["questions"] == 3 and 0 <= row["predict"]["F1"] <= 100
+    record = json.loads((tmp_path / "out" / "cache_compression.json").read_text())
+    assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
+    assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
