@@ -153,8 +153,8 @@ def register(subparsers) -> None:
                        metavar="STORAGE", help=_STORAGE_HELP)
     index.add_argument("--cache-reuse", action="store_true",
                        help="also store each window's first-upper-block q/k/v and attention "
-                            "statistics (k > 0): less work per pair, about 4-5x the states' "
-                            "disk (docs/open_domain.md)")
+                            "statistics (0 < k < l): less work per pair, about 4x the "
+                            "states' disk (pca<d>: these are int8; docs/open_domain.md)")
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "

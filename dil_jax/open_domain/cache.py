@@ -524,6 +524,7 @@ def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int
     dtype: the storage scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>, d <= hidden);
     another name is CacheStorageError.
     """
+    Storage.parse(dtype)  # an unknown name is refused before the config is read
     Storage.parse(dtype, config.hidden_size)
     return dict(model=params_fingerprint(params), architecture=config.architecture,
                 num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
