@@ -64,6 +64,20 @@ window_len = int_at_least(2)
 """Passage window length: at least one passage token and the [SEP]."""
 
 
+def cache_storage(text: str) -> str:
+    """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8 or pca<d>
+    (`dil_jax.open_domain.compression`; d <= the hidden size is checked once the model loads)."""
+    from dil_jax.open_domain.compression import CacheStorageError, Storage
+
+    try:
+        return Storage.parse(text).name
+    except CacheStorageError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+cache_storage.__name__ = "cache storage"
+
+
 def int_list(element: Callable[[str], int]) -> Callable[[str], tuple[int, ...]]:
     """Comma-separated integers, e.g. `8,10,11`, each checked by `element`."""
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dil_jax.commands.arguments import (
     add_reading_arguments,
+    cache_storage,
     non_negative_int,
     positive_int,
     unit_interval,
@@ -30,6 +31,14 @@ from dil_jax.defaults import (
 from dil_jax.errors import UsageError
 
 log = logging.getLogger(__name__)
+
+
+_STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-token "
+                 "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
+                 "name the same (docs/open_domain.md)")
+
+_NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
+                  "--cache-reuse): the reference, for timing")
 
 
 def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
@@ -140,7 +149,12 @@ def register(subparsers) -> None:
                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
     index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
-    index.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
+    index.add_argument("--cache-dtype", type=cache_storage, default="float32",
+                       metavar="STORAGE", help=_STORAGE_HELP)
+    index.add_argument("--cache-reuse", action="store_true",
+                       help="also store each window's first-upper-block q/k/v and attention "
+                            "statistics (0 < k < l): less work per pair, about 4x the "
+                            "states' disk (pca<d>: these are int8; docs/open_domain.md)")
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "
@@ -155,7 +169,9 @@ def register(subparsers) -> None:
                      help="fusion weight of the reader score (1 = reader alone)")
     ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
     ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
-    ask.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
+    ask.add_argument("--cache-dtype", type=cache_storage, default="float32",
+                     metavar="STORAGE", help="the storage the index's cache was built with")
+    ask.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(ask, many_k=False)
     add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
                                "--prescreen)")
@@ -174,7 +190,9 @@ def register(subparsers) -> None:
     evaluate.add_argument("--p", type=positive_int, nargs="+", default=[29, 100])
     evaluate.add_argument("--mu", type=unit_interval, default=0.5)
     evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
-    evaluate.add_argument("--cache-dtype", choices=["float32", "bfloat16"], default="float32")
+    evaluate.add_argument("--cache-dtype", type=cache_storage, default="float32",
+                          metavar="STORAGE", help="the storage the index's cache was built with")
+    evaluate.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
     evaluate.set_defaults(func=_checked_first(_check_evaluate_flags, run_evaluate))
@@ -238,7 +256,7 @@ def run_index(args: argparse.Namespace) -> int:
 
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
                                  split=args.split, corpus_limit=args.corpus_limit,
-                                 cache_dtype=args.cache_dtype)
+                                 cache_dtype=args.cache_dtype, cache_reuse=args.cache_reuse)
         bars = _ProgressBars()
         try:
             build_open_domain_index(args.out, args.corpus, readers, settings,
@@ -257,7 +275,8 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
     cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
     return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
                             batch_size=args.batch_size, chunk_size=args.chunk_size,
-                            prescreen=_reader_prescreen(args, index) if prescreen else None)
+                            prescreen=_reader_prescreen(args, index) if prescreen else None,
+                            cached_reuse=not args.no_cached_reuse)
 
 
 def run_ask(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from dil_jax.open_domain.index_files import (
 )
 from dil_jax.open_domain.index_lock import clean_stale, index_lock
 from dil_jax.open_domain.reader import check_read_lengths
+from dil_jax.open_domain.reuse import reuse_encoder
 from dil_jax.open_domain.sentences import build_sentence_store
 
 if TYPE_CHECKING:
@@ -73,6 +74,9 @@ class BuildSettings:
     corpus_limit: int | None = None
     cache_dtype: str = "float32"
     batch_size: int = 32
+    # Also store each window's first-upper-block q/k/v and attention statistics (k > 0 caches;
+    # `dil_jax.open_domain.reuse`): less work per pair, more disk.
+    cache_reuse: bool = False
 
 
 def passage_encoder(model: DelayedInteractionModel, params: Params, batch_size: int = 32
@@ -167,9 +171,15 @@ def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSe
     stage = f"passage cache k={model.config.num_lower_layers}"
     total = index.settings["num_windows"]
     report(BuildStep(stage, 0, total))
+    reuse = None
+    if settings.cache_reuse:
+        reuse = reuse_encoder(model, params, settings.batch_size)
+        if reuse is None:
+            log.info("k = %d: no first-upper-block arrays to store (they need 0 < k < l)",
+                     model.config.num_lower_layers)
     cache = build_reader_cache(index, model.config, params, tokenizer,
                                encode=passage_encoder(model, params, settings.batch_size),
-                               dtype=settings.cache_dtype,
+                               dtype=settings.cache_dtype, reuse=reuse,
                                progress=lambda done: report(BuildStep(stage, done, total)))
     report(BuildStep(stage, total, total))
     return cache

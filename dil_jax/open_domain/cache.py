@@ -3,13 +3,20 @@
 Layout of a cache folder:
 
   manifest.json   what the states were computed with (model fingerprint, k, tokenizer, lengths,
-                  dtype, passages fingerprint); opening a cache that does not match the reader is
-                  an error, never silently wrong answers
+                  storage `dtype`, passages fingerprint, `reuse`); opening a cache that does not
+                  match the reader is an error, never silently wrong answers
   ids.npy         [num_passages, passage_len] int32   `p [SEP]` token ids
   mask.npy        [num_passages, passage_len] int32
   offsets.npy     [num_passages, passage_len, 2] int32 character offsets in the passage text
-  states.npy      [num_passages, passage_len, hidden]  lower states (float32, or bfloat16 stored
-                  as uint16 bits); absent for k = 0, whose passage states depend on the question
+  states.npy      [num_passages, passage_len, hidden]  lower states in the manifest's storage
+                  (`dil_jax.open_domain.compression`: float32, bfloat16 as uint16 bits, int8
+                  codes, or [.., d] int8 PCA coordinates); absent for k = 0, whose passage
+                  states depend on the question
+  states.scale.npy      [num_passages, passage_len] float32, per-token int8 scales (int8, pca<d>)
+  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>)
+  upper_*.npy     with `reuse` (`dil-jax index --cache-reuse`): the first upper block's passage
+                  q/k/v and attention statistics (`dil_jax.open_domain.reuse`), in the same
+                  storage (int8 for pca<d>), each with its `.scale.npy` where scaled
 
 The arrays are plain `.npy` files opened as memory maps, so reading the states of the top-p
 passages of a question touches only those rows. Building is resumable and atomic: everything is
@@ -17,10 +24,11 @@ written into `.<name>.partial/` with a progress record updated after each flushe
 folder is renamed into place only when complete.
 
 Opening checks what can be checked cheaply: the manifest parses, every array loads with the shape
-the manifest implies (a truncated `.npy` fails here), and — where the caller can encode — a few
-stored states equal a fresh `encode_lower` of their passages (`check_states`), so a cache whose
-manifest claims another k is refused. A cache that fails these is `CacheBrokenError`; `dil-jax
-index` rebuilds such a cache instead of failing on it.
+and dtype the manifest implies (a truncated `.npy` fails here), and — where the caller can encode —
+a few stored states (and stored first-upper-block arrays) equal a fresh computation stored the
+same way (`check_states`), so a cache whose manifest claims another k, or whose arrays belong to
+another model, is refused, naming the file. A cache that fails these is `CacheBrokenError`;
+`dil-jax index` rebuilds such a cache instead of failing on it.
 """
 
 from __future__ import annotations
@@ -33,12 +41,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
 from dil_jax.errors import DilJaxError
+from dil_jax.open_domain.compression import CacheStorageError, PcaBasis, Storage, fit_pca
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +72,23 @@ class CacheBrokenError(CacheMismatchError):
 # Rows compared by `check_states`: first and last are enough to catch another k or model (every
 # state of a row changes), and cost one tiny encoder call.
 CHECKED_ROWS = 2
-# Mean |stored - fresh| / mean |fresh| above which the stored states are not this encoder's.
-# Re-encoding in float32 differs by ~1e-6; bfloat16 storage rounds by ~0.4%; another k or model
-# differs by tens of percent.
-STATES_TOLERANCE = {"float32": 1e-3, "bfloat16": 2e-2}
+# Mean |stored - expected| / mean |expected| above which stored values are not this encoder's,
+# where expected = the fresh values sent through the array's own storage (its round trip), so
+# compression error does not count: re-encoding in float32 differs by ~1e-6 (more across devices,
+# e.g. TF32 matmuls on a GPU: ~1e-3), which flips an int8 code or a bfloat16 rounding only near a
+# rounding boundary (~4e-3 at most on the mean); another k or model differs by tens of percent.
+CHECK_TOLERANCE = {"float32": 1e-3}
+QUANTIZED_TOLERANCE = 1e-2
+
+# The first-upper-block arrays of a `reuse` cache (dil_jax.open_domain.reuse explains them):
+# [rows, p_len, hidden] in the cache's storage (pca<d>: int8, they have no basis of their own) ...
+REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
+# ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
+REUSE_LSE_ARRAY = "upper_logsumexp"
+# PCA bases are fitted on the states of up to this many windows, evenly spread over the corpus,
+# and up to this many of their real tokens (a width x width covariance: memory does not grow).
+PCA_FIT_WINDOWS = 1024
+PCA_FIT_TOKENS = 131072
 
 
 def cache_name(manifest: dict[str, Any]) -> str:
@@ -93,8 +114,48 @@ def _write_json_atomic(path: Path, value: Any) -> None:
     write_atomic(path, json.dumps(value, indent=2))
 
 
+class StoredArray:
+    """One float array of a cache, [rows, p_len, width], in its storage scheme (read-only).
+
+    Files: `{stem}.npy` (codes, [rows, p_len, code_width]), `{stem}.scale.npy` ([rows, p_len],
+    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>). A file missing,
+    truncated, or of the wrong shape or dtype is CacheBrokenError naming it.
+    """
+
+    def __init__(self, directory: Path, stem: str, storage: Storage,
+                 shape: tuple[int, int, int]):
+        rows, length, width = shape
+        self.storage, self.path = storage, directory / f"{stem}.npy"
+        self.codes = _load_array(self.path, (rows, length, storage.code_width(width)))
+        if self.codes.dtype != storage.code_dtype:
+            raise _broken(self.path, f"dtype {self.codes.dtype} does not match the manifest's "
+                                     f"storage {storage.name!r}")
+        self.scale = (_load_array(directory / f"{stem}.scale.npy", (rows, length))
+                      if storage.scaled else None)
+        self.pca = None
+        if storage.pca_dim is not None:
+            self.pca = PcaBasis(
+                np.asarray(_load_array(directory / f"{stem}.pca_mean.npy", (width,))),
+                np.asarray(_load_array(directory / f"{stem}.pca_basis.npy",
+                                       (width, storage.pca_dim))))
+
+    def read(self, indices: Sequence[int]) -> np.ndarray:
+        """[len(indices), p_len, width] float32: those rows, decoded."""
+        rows = np.asarray(indices)
+        return self.storage.decode(self.codes[rows],
+                                   None if self.scale is None else self.scale[rows], self.pca)
+
+    def round_trip(self, x: np.ndarray) -> np.ndarray:
+        """What this array would hold for values x [..., width] (its storage's round trip)."""
+        return self.storage.round_trip(x, self.pca)
+
+
 class PassageCache:
-    """An opened cache (read-only memory maps)."""
+    """An opened cache (read-only memory maps).
+
+    states: the lower states (a StoredArray), None for k = 0. reuse: name -> StoredArray of the
+    first-upper-block arrays (REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY), None unless built with them.
+    """
 
     def __init__(self, directory: Path, manifest: dict[str, Any]):
         """Maps the arrays; one missing, truncated or of the wrong shape is CacheBrokenError."""
@@ -103,21 +164,26 @@ class PassageCache:
         try:
             rows, length = int(manifest["num_passages"]), int(manifest["max_passage_len"])
             hidden, k = int(manifest["hidden_size"]), int(manifest["num_lower_layers"])
+            heads = int(manifest["num_heads"]) if manifest.get("reuse") else 0
         except (KeyError, TypeError, ValueError) as error:
             raise _broken(directory / _MANIFEST, f"field {error} missing or not a number"
                           ) from error
+        try:
+            self.storage = Storage.parse(str(manifest.get("dtype")), hidden)
+        except CacheStorageError as error:
+            raise _broken(directory / _MANIFEST, str(error)) from error
         self.ids = _load_array(directory / "ids.npy", (rows, length))
         self.mask = _load_array(directory / "mask.npy", (rows, length))
         self.offsets = _load_array(directory / "offsets.npy", (rows, length, 2))
-        states = directory / "states.npy"
-        if k == 0:
-            self.states = None
-        else:
-            self.states = _load_array(states, (rows, length, hidden))
-            if self.states.dtype != (np.uint16 if manifest.get("dtype") == "bfloat16"
-                                     else np.float32):
-                raise _broken(states, f"dtype {self.states.dtype} does not match the "
-                                      f"manifest's {manifest.get('dtype')!r}")
+        self.states = (None if k == 0
+                       else StoredArray(directory, "states", self.storage, (rows, length, hidden)))
+        self.reuse: dict[str, StoredArray] | None = None
+        if manifest.get("reuse"):
+            wide = self.storage.without_pca()
+            self.reuse = {name: StoredArray(directory, name, wide, (rows, length, hidden))
+                          for name in REUSE_WIDE_ARRAYS}
+            self.reuse[REUSE_LSE_ARRAY] = StoredArray(directory, REUSE_LSE_ARRAY,
+                                                      Storage("float32"), (rows, length, heads))
 
     def __len__(self) -> int:
         return self.ids.shape[0]
@@ -166,13 +232,25 @@ class PassageCache:
         return self.read_states(indices)
 
     def read_states(self, indices: Sequence[int]) -> np.ndarray:
-        """[len(indices), passage_len, hidden] float32 lower states of those passages only."""
+        """[len(indices), passage_len, hidden] float32 lower states of those passages only
+        (decoded from the cache's storage)."""
         if self.states is None:
             raise CacheMismatchError(f"{self.directory}: a k = 0 cache holds no lower states")
-        rows = self.states[np.asarray(indices)]
-        if self.manifest["dtype"] == "bfloat16":
-            return rows.view(ml_dtypes.bfloat16).astype(np.float32)
-        return np.asarray(rows, dtype=np.float32)
+        return self.states.read(indices)
+
+    @property
+    def has_reuse(self) -> bool:
+        """Whether the cache holds the first upper block's passage arrays (`reuse`)."""
+        return self.reuse is not None
+
+    def read_reuse(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """name -> float32 [len(indices), passage_len, hidden (heads for the log-sum-exp)] of the
+        first-upper-block arrays of those passages (`dil_jax.open_domain.reuse.pair_inputs`
+        turns them into the pair program's p_qkv / p_stats)."""
+        if self.reuse is None:
+            raise CacheMismatchError(f"{self.directory}: this cache holds no first-upper-block "
+                                     "arrays (built without `dil-jax index --cache-reuse`)")
+        return {name: array.read(indices) for name, array in self.reuse.items()}
 
 
 def _load_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
@@ -188,62 +266,106 @@ def _load_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def check_states(cache: PassageCache,
-                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
-    """Refuses (CacheBrokenError) a cache whose stored states are not `encode`'s.
+def _mean_relative_difference(stored: np.ndarray, expected: np.ndarray, mask: np.ndarray
+                              ) -> float:
+    """mean |stored - expected| / mean |expected| over the real tokens (mask [rows, p_len]):
+    padding rows are never read."""
+    mask = np.asarray(mask, bool)
+    scale = float(np.abs(expected[mask]).mean()) or 1.0
+    return float(np.abs(stored[mask] - expected[mask]).mean()) / scale
 
-    Re-encodes CHECKED_ROWS sampled rows (the first and the last) and compares them with the
-    stored ones, so a manifest edited to claim another k (or model) is caught on open. A k = 0
-    cache holds no states: nothing to compare.
+
+def _tolerance(storage: Storage) -> float:
+    return CHECK_TOLERANCE.get(storage.name, QUANTIZED_TOLERANCE)
+
+
+def check_states(cache: PassageCache,
+                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                 reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None = None
+                 ) -> None:
+    """Refuses (CacheBrokenError) a cache whose stored states (or reuse arrays) are not these.
+
+    Re-encodes CHECKED_ROWS sampled rows (the first and the last), sends the fresh values through
+    each array's own storage (so compression error does not count) and compares them with the
+    stored ones, so a manifest edited to claim another k (or model) is caught on open. With
+    `reuse` and a cache holding the first-upper-block arrays, those are recomputed from the fresh
+    states and compared too; a mismatch names the file. A k = 0 cache holds no states: nothing
+    to compare.
 
     encode: (ids, mask) [rows, passage_len] -> [rows, passage_len, hidden] lower states.
+    reuse: (states, mask) -> the first-upper-block arrays (`dil_jax.open_domain.reuse`).
     """
     if cache.states is None or not len(cache):
         return
     rows = sorted({0, len(cache) - 1})[:CHECKED_ROWS]
-    fresh = np.asarray(encode(np.asarray(cache.ids[rows]), np.asarray(cache.mask[rows])),
-                       dtype=np.float32)
-    stored = cache.read_states(rows)
-    mask = np.asarray(cache.mask[rows], bool)
-    # Only real tokens: padding states are never read.
-    scale = float(np.abs(fresh[mask]).mean()) or 1.0
-    difference = float(np.abs(stored[mask] - fresh[mask]).mean()) / scale
-    if not difference <= STATES_TOLERANCE.get(cache.manifest["dtype"], 1e-3):
+    mask = np.asarray(cache.mask[rows])
+    fresh = np.asarray(encode(np.asarray(cache.ids[rows]), mask), dtype=np.float32)
+    difference = _mean_relative_difference(cache.read_states(rows),
+                                           cache.states.round_trip(fresh), mask)
+    if not difference <= _tolerance(cache.storage):
         k = cache.manifest["num_lower_layers"]
         raise CacheBrokenError(
             f"{cache.directory}: the stored states do not match k={k} of this reader (mean "
             f"relative difference {difference:.3g} on {len(rows)} sampled passages): the cache "
             "was built by another model or k, or its manifest was edited; rerun `dil-jax index` "
             "with the same --out and reader to rebuild it")
+    if reuse is None or cache.reuse is None:
+        return
+    for name, fresh_array in reuse(fresh, mask).items():
+        stored = cache.reuse[name]
+        difference = _mean_relative_difference(stored.read(rows),
+                                               stored.round_trip(fresh_array), mask)
+        if not difference <= _tolerance(stored.storage):
+            raise CacheBrokenError(
+                f"{stored.path}: the stored first-upper-block array {name} does not match this "
+                f"reader's (mean relative difference {difference:.3g} on {len(rows)} sampled "
+                "passages): it belongs to another model or k, or was edited; rerun `dil-jax "
+                "index` with the same --out and reader to rebuild the cache")
 
 
 def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
                         ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
                         encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
                         hidden_size: int, chunk_passages: int = 256,
-                        progress: Callable[[int], None] | None = None) -> PassageCache:
+                        progress: Callable[[int], None] | None = None,
+                        reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
+                        | None = None, num_heads: int | None = None) -> PassageCache:
     """Builds (or resumes building) a cache; returns it opened.
 
-    An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`);
-    a broken one (CacheBrokenError) is removed and rebuilt, with a warning; one built for other
-    settings is refused, naming the field. The caller must hold the index's lock
-    (`dil_jax.open_domain.index_lock.index_lock`): this removes and renames folders inside the
-    index.
+    An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`)
+    and holds the reuse arrays if they are asked for; a broken one (CacheBrokenError) is removed
+    and rebuilt, with a warning; one built for other settings is refused, naming the field. The
+    caller must hold the index's lock (`dil_jax.open_domain.index_lock.index_lock`): this
+    removes and renames folders inside the index.
 
     Args:
-      manifest: MATCHED_FIELDS values (and anything informational) describing the encoder.
+      manifest: MATCHED_FIELDS values (and anything informational) describing the encoder; its
+        `dtype` names the storage (`dil_jax.open_domain.compression.Storage`).
       ids, mask: [num_passages, passage_len]; offsets: [num_passages, passage_len, 2].
       encode: (ids, mask) chunk -> [chunk, passage_len, hidden] lower states, or None for k = 0.
       progress: called with the number of passages finished after each chunk.
+      reuse: (float32 lower states, mask) chunk -> the first-upper-block arrays to store beside
+        them (`dil_jax.open_domain.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
     """
     directory = Path(directory).absolute()
-    manifest = dict(manifest, format=CACHE_FORMAT, num_passages=int(ids.shape[0]))
+    if reuse is not None and (encode is None or not num_heads):
+        raise CacheMismatchError("the first-upper-block arrays need lower states (k > 0) and "
+                                 "the number of heads")
+    manifest = dict(manifest, format=CACHE_FORMAT, num_passages=int(ids.shape[0]),
+                    reuse=reuse is not None)
+    if reuse is not None:
+        manifest["num_heads"] = int(num_heads)
+    storage = Storage.parse(manifest["dtype"], hidden_size)
     if directory.exists():
         try:
             cache = PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
                                                   if f in manifest})
+            if reuse is not None and not cache.has_reuse:
+                raise CacheMismatchError(
+                    f"{directory / _MANIFEST}: cache built without the first upper block's "
+                    "arrays, and this run asks for them (--cache-reuse)")
             if encode is not None:
-                check_states(cache, encode)
+                check_states(cache, encode, reuse)
             return cache
         except CacheBrokenError as error:
             log.warning("%s -- rebuilding it", error)
@@ -256,26 +378,133 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     staging = directory.with_name(f".{directory.name}.partial")
     done = _resume_point(staging, manifest)
     if done is None:
-        _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, hidden_size)
+        _start_fresh(staging, manifest, ids, mask, offsets, encode, hidden_size, storage)
         done = 0
     if encode is not None:
-        states = np.load(staging / "states.npy", mmap_mode="r+")
+        writers = {"states": _ArrayWriter(staging, "states", storage)}
+        if reuse is not None:
+            writers.update({name: _ArrayWriter(staging, name, storage.without_pca())
+                            for name in REUSE_WIDE_ARRAYS})
+            writers[REUSE_LSE_ARRAY] = _ArrayWriter(staging, REUSE_LSE_ARRAY, Storage("float32"))
         for start in range(done, ids.shape[0], chunk_passages):
             stop = min(start + chunk_passages, ids.shape[0])
             chunk = np.asarray(encode(ids[start:stop], mask[start:stop]), dtype=np.float32)
-            if manifest["dtype"] == "bfloat16":
-                chunk = chunk.astype(ml_dtypes.bfloat16).view(np.uint16)
-            states[start:stop] = chunk
-            states.flush()  # data on disk before the progress record says so
+            values = {"states": chunk}
+            if reuse is not None:
+                # From the exact float32 states, not their stored round trip: each array then
+                # carries only its own storage error.
+                values.update(reuse(chunk, mask[start:stop]))
+            for name, writer in writers.items():
+                writer.write(start, values[name])
+            for writer in writers.values():
+                writer.flush()  # data on disk before the progress record says so
             _write_json_atomic(staging / _PROGRESS, {"done": stop})
             if progress:
                 progress(stop)
-        del states
+        del writers
     (staging / _PROGRESS).unlink(missing_ok=True)
     (staging / "plan.json").unlink(missing_ok=True)
     _write_json_atomic(staging / _MANIFEST, manifest)
     os.replace(staging, directory)
     return PassageCache.open(directory)
+
+
+class _ArrayWriter:
+    """Writes float32 rows into a StoredArray's files (created by `_create_array`)."""
+
+    def __init__(self, staging: Path, stem: str, storage: Storage):
+        self.storage = storage
+        self.codes = np.load(staging / f"{stem}.npy", mmap_mode="r+")
+        self.scale = (np.load(staging / f"{stem}.scale.npy", mmap_mode="r+")
+                      if storage.scaled else None)
+        self.pca = None
+        if storage.pca_dim is not None:
+            self.pca = PcaBasis(np.load(staging / f"{stem}.pca_mean.npy"),
+                                np.load(staging / f"{stem}.pca_basis.npy"))
+
+    def write(self, start: int, values: np.ndarray) -> None:
+        """values: [n, p_len, width] float32 -> rows start .. start + n."""
+        codes, scale = self.storage.encode(values, self.pca)
+        self.codes[start:start + len(values)] = codes
+        if self.scale is not None:
+            self.scale[start:start + len(values)] = scale
+
+    def flush(self) -> None:
+        self.codes.flush()
+        if self.scale is not None:
+            self.scale.flush()
+
+
+def _create_array(staging: Path, stem: str, storage: Storage, shape: tuple[int, int, int],
+                  pca: PcaBasis | None = None) -> None:
+    """Empty files of a StoredArray [rows, p_len, width] (and its PCA basis) in `staging`."""
+    rows, length, width = shape
+    np.lib.format.open_memmap(staging / f"{stem}.npy", mode="w+", dtype=storage.code_dtype,
+                              shape=(rows, length, storage.code_width(width))).flush()
+    if storage.scaled:
+        np.lib.format.open_memmap(staging / f"{stem}.scale.npy", mode="w+", dtype=np.float32,
+                                  shape=(rows, length)).flush()
+    if pca is not None:
+        np.save(staging / f"{stem}.pca_mean.npy", pca.mean)
+        np.save(staging / f"{stem}.pca_basis.npy", pca.basis)
+
+
+def _pca_sample(ids: np.ndarray, mask: np.ndarray,
+                encode: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """[n, hidden] float32 real-token lower states of up to PCA_FIT_WINDOWS windows spread evenly
+    over the corpus (up to PCA_FIT_TOKENS of them, evenly spaced): what a PCA basis is fitted on.
+    """
+    rows = np.unique(np.linspace(0, len(ids) - 1, min(len(ids), PCA_FIT_WINDOWS)).astype(int))
+    states = np.asarray(encode(ids[rows], mask[rows]), np.float32)
+    tokens = states[np.asarray(mask[rows], bool)]
+    step = max(1, -(-len(tokens) // PCA_FIT_TOKENS))
+    return tokens[::step]
+
+
+def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
+                 offsets: np.ndarray,
+                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+                 hidden_size: int, storage: Storage) -> None:
+    """A new staging folder: token arrays, empty state (and reuse) arrays, a fitted PCA basis
+    (pca<d>, saved here so a resumed build encodes with the same one), the plan, progress 0."""
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    np.save(staging / "ids.npy", ids.astype(np.int32))
+    np.save(staging / "mask.npy", mask.astype(np.int32))
+    np.save(staging / "offsets.npy", offsets.astype(np.int32))
+    shape = (ids.shape[0], ids.shape[1], hidden_size)
+    if encode is not None:
+        pca = None
+        if storage.pca_dim is not None:
+            pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
+        _create_array(staging, "states", storage, shape, pca)
+    if manifest.get("reuse"):
+        for name in REUSE_WIDE_ARRAYS:
+            _create_array(staging, name, storage.without_pca(), shape)
+        _create_array(staging, REUSE_LSE_ARRAY, Storage("float32"),
+                      shape[:2] + (int(manifest["num_heads"]),))
+    _write_json_atomic(staging / "plan.json", manifest)
+    _write_json_atomic(staging / _PROGRESS, {"done": 0})
+
+
+def cache_bytes_per_token(cache: PassageCache) -> dict[str, float]:
+    """File bytes per token slot (num_passages x passage_len, padding included) of each part of
+    a cache, from the files on disk: `states` (lower states: codes, scales, PCA basis), `reuse`
+    (the first-upper-block arrays), `tokens` (ids, mask, offsets), `total` (every file, the
+    manifest included). The per-scheme formulas (docs/open_domain.md) are these less the .npy
+    headers and the amortised PCA basis."""
+    slots = max(int(cache.manifest["num_passages"]) * int(cache.manifest["max_passage_len"]), 1)
+    parts = dict(states=0, reuse=0, tokens=0, total=0)
+    for path in cache.directory.iterdir():
+        size = path.stat().st_size
+        parts["total"] += size
+        if path.name.startswith("states."):
+            parts["states"] += size
+        elif path.name.startswith("upper_"):
+            parts["reuse"] += size
+        elif path.name in ("ids.npy", "mask.npy", "offsets.npy"):
+            parts["tokens"] += size
+    return {name: size / slots for name, size in parts.items()}
 
 
 def _resume_point(staging: Path, manifest: dict[str, Any]) -> int | None:
@@ -288,27 +517,15 @@ def _resume_point(staging: Path, manifest: dict[str, Any]) -> int | None:
     return int(done) if planned == manifest else None
 
 
-def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
-                 offsets: np.ndarray, with_states: bool, hidden_size: int) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    np.save(staging / "ids.npy", ids.astype(np.int32))
-    np.save(staging / "mask.npy", mask.astype(np.int32))
-    np.save(staging / "offsets.npy", offsets.astype(np.int32))
-    if with_states:
-        dtype = np.uint16 if manifest["dtype"] == "bfloat16" else np.float32
-        np.lib.format.open_memmap(staging / "states.npy", mode="w+", dtype=dtype,
-                                  shape=(ids.shape[0], ids.shape[1], hidden_size)).flush()
-    _write_json_atomic(staging / "plan.json", manifest)
-    _write_json_atomic(staging / _PROGRESS, {"done": 0})
-
-
 def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int,
                     passages_id: str, dtype: str = "float32") -> dict[str, Any]:
-    """The MATCHED_FIELDS of a reader: what a cache must have been built with to serve it."""
-    if dtype not in ("float32", "bfloat16"):
-        raise CacheMismatchError(f"cache dtype must be float32 or bfloat16 (--cache-dtype), "
-                                 f"got {dtype!r}")
+    """The MATCHED_FIELDS of a reader: what a cache must have been built with to serve it.
+
+    dtype: the storage scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>, d <= hidden);
+    another name is CacheStorageError.
+    """
+    Storage.parse(dtype)  # an unknown name is refused before the config is read
+    Storage.parse(dtype, config.hidden_size)
     return dict(model=params_fingerprint(params), architecture=config.architecture,
                 num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
                 tokenizer=tokenizer_id, max_passage_len=max_passage_len, dtype=dtype,

@@ -35,6 +35,7 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.data.features import window_contexts
 from dil_jax.open_domain.cache import (
+    CHECKED_ROWS,
     PassageCache,
     build_passage_cache,
     cache_name,
@@ -97,14 +98,18 @@ class OpenDomainIndex:
     def open_cache(self, config, params, tokenizer, dtype: str = "float32") -> PassageCache:
         """The passage cache for this reader; a mismatch is an error naming the field.
 
-        Also re-encodes two stored passages with this reader (`check_states`: one jitted
-        encoder call on 2 rows), so a cache whose manifest claims another k than its states
-        hold is refused instead of giving wrong answers.
+        dtype: the storage the reader expects (`--cache-dtype`); a cache stored another way is
+        refused, naming both. Also re-encodes two stored passages with this reader
+        (`check_states`: one jitted encoder call on 2 rows, plus the first upper block's
+        projections and statistics when the cache holds them), so a cache whose manifest claims
+        another k than its states hold, or whose arrays belong to another model, is refused
+        instead of giving wrong answers.
         """
         import jax
 
         from dil_jax.model.delayed import DelayedInteractionModel
         from dil_jax.model.modules import PASSAGE_SEGMENT
+        from dil_jax.open_domain.reuse import reuse_encoder
 
         manifest = self.reader_manifest(config, params, tokenizer, dtype)
         cache = PassageCache.open(self.cache_dir(manifest), manifest)
@@ -113,7 +118,9 @@ class OpenDomainIndex:
         # blocks is slower than compiling them once.
         encode = jax.jit(lambda weights, ids, mask: model.encode_lower(weights, ids, mask,
                                                                        PASSAGE_SEGMENT))
-        check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)))
+        reuse = (reuse_encoder(model, params, batch_size=CHECKED_ROWS) if cache.has_reuse
+                 else None)
+        check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)), reuse)
         return cache
 
     def reader_manifest(self, config, params, tokenizer, dtype: str = "float32"
@@ -233,11 +240,15 @@ def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
 def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                        encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
                        dtype: str = "float32", chunk_passages: int = 256,
-                       progress: Callable[[int], None] | None = None) -> PassageCache:
+                       progress: Callable[[int], None] | None = None,
+                       reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
+                       | None = None) -> PassageCache:
     """Builds (or resumes, or just opens, or repairs) the passage cache of this reader over
     the index, holding the index's lock.
 
     encode: (ids, mask) -> lower states; None for k = 0 (the cache then holds tokens only).
+    dtype: the storage scheme (`dil_jax.open_domain.compression`). reuse: the first upper
+    block's arrays to store too (`dil_jax.open_domain.reuse.reuse_encoder`), or None.
     """
     manifest = index.reader_manifest(config, params, tokenizer, dtype)
     with index_lock(index.directory):
@@ -245,4 +256,5 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
         return build_passage_cache(index.cache_dir(manifest), manifest, arrays["ids"],
                                    arrays["mask"], arrays["offsets"], encode,
                                    config.hidden_size, chunk_passages=chunk_passages,
-                                   progress=progress)
+                                   progress=progress, reuse=reuse,
+                                   num_heads=config.num_heads if reuse else None)

@@ -6,7 +6,9 @@ For a batch of questions:
   3. pair upper: every (question, window of a retrieved passage) pair through `encode_upper`,
      spread over all devices in fixed-size chunks (`dil_jax.model.grid.PairGrid`); the passage side
      (`PassageCache.passage_side`: lower states, or at k = 0 the tokens, embedded per pair) is
-     read from the passage cache, only for the retrieved windows;
+     read from the passage cache, only for the retrieved windows, and so, when the cache holds
+     them (`dil-jax index --cache-reuse`), are the first upper block's passage q/k/v and
+     attention statistics (`dil_jax.open_domain.reuse`; not for prescreened pairs);
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
      sliced from the passage's original characters.
 
@@ -39,8 +41,10 @@ from dil_jax.data.decoding import window_nbest
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
+from dil_jax.model.modules import QKV, PassageAttentionStats
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
+from dil_jax.open_domain.reuse import pair_inputs
 from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
@@ -52,6 +56,11 @@ if TYPE_CHECKING:
 
 class ReaderScoreError(DilJaxError, ValueError):
     """The reader produced NaN or infinite span scores; names the question and passage."""
+
+
+def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """array [n, ...] zero-padded to [rows, ...]."""
+    return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
 
 
 def check_read_lengths(config, max_passage_len: int) -> None:
@@ -196,8 +205,12 @@ class OpenDomainReader:
     def __init__(self, index: OpenDomainIndex, model: DelayedInteractionModel, params: Params,
                  tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
                  chunk_size: int = 64, max_answer_length: int = 30, mesh=None,
-                 prescreen: ReaderPrescreen | None = None):
+                 prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True):
+        """cached_reuse: read the first upper block's passage q/k/v and attention statistics
+        from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
+        did not (the reference, for timing and tests)."""
         self.index, self.model, self.params = index, model, params
+        self.cached_reuse = cached_reuse
         self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
         self.max_answer_length = max_answer_length
         arrays = window_arrays(index)
@@ -217,6 +230,15 @@ class OpenDomainReader:
             # [n_rows, p_len] sentence of each cached token: computed once per reader.
             self.token_sentence = token_sentences(self.offsets,
                                                   self.index.windows.passage_of_row, spans)
+
+    @property
+    def reads_cached_reuse(self) -> bool:
+        """Whether pairs read their passage's first-upper-block q/k/v and statistics from the
+        cache: it holds them, `cached_reuse` is on and the pair program uses statistics
+        (0 < k < l). Never for prescreened pairs (`positions`): they read only kept tokens,
+        which attend only kept keys, so the whole passage's statistics do not apply (and the
+        kept tokens' projections are gathered inside the pair program)."""
+        return self.cached_reuse and self.cache.has_reuse and self.grid.uses_passage_stats
 
     def with_prescreen(self, prescreen: ReaderPrescreen | None) -> OpenDomainReader:
         """The same reader (model, cache, compiled steps) with another prescreening setting."""
@@ -281,25 +303,42 @@ class OpenDomainReader:
         read = keep.any(axis=1)  # a window with no kept sentence is not read at all
         return pairs.subset(read), kept_positions(keep[read])
 
+    def _padded_rows(self, rows: np.ndarray) -> int:
+        """Rows the passage side of these distinct cache rows is padded to: whole top-p batches
+        (few distinct shapes, each compiled once)."""
+        return round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
+
     def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(p_source, p_mask) of these distinct cache rows, from the cache, zero-padded to a
-        whole number of top-p batches: [padded, p_len(, hidden)] and [padded, p_len]."""
-        # Few distinct shapes (each compiles once): round the subset up to whole top-p batches.
-        padded = round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
-        p_mask = np.pad(np.asarray(self.cache.mask[rows]), ((0, padded - len(rows)), (0, 0)))
-        p_source = self.cache.passage_side(rows)
-        p_source = np.pad(p_source, ((0, padded - len(rows)),) + ((0, 0),) * (p_source.ndim - 1))
-        return p_source, p_mask
+        """(p_source, p_mask) of these distinct cache rows, from the cache, zero-padded to
+        `_padded_rows`: [padded, p_len(, hidden)] and [padded, p_len]."""
+        padded = self._padded_rows(rows)
+        p_mask = _pad_rows(np.asarray(self.cache.mask[rows]), padded)
+        return _pad_rows(self.cache.passage_side(rows), padded), p_mask
+
+    def _cached_reuse(self, rows: np.ndarray) -> tuple[QKV, PassageAttentionStats]:
+        """(p_qkv, p_stats) of these distinct cache rows, from the cache, padded like
+        `_passage_side` and placed on the devices once (replicated, as the pair program reads
+        them)."""
+        padded = self._padded_rows(rows)
+        arrays = {name: _pad_rows(values, padded)
+                  for name, values in self.cache.read_reuse(rows).items()}
+        config = self.model.config
+        qkv, stats = pair_inputs(arrays, config.num_heads, config.compute_dtype)
+        return jax.device_put((qkv, stats), self.grid.replicated)
 
     def _read_pairs(self, q_lower: jax.Array, q_mask: np.ndarray, pairs: RetrievedPairs,
                     positions: np.ndarray | None) -> SpanScores:
-        """Span scores [n_pairs, p_len] of every pair; each distinct window's passage side is
-        read from the cache once, however many questions read it."""
+        """Span scores [n_pairs, p_len] of every pair; each distinct window's passage side (and
+        first-upper-block arrays, `reads_cached_reuse`) is read from the cache once, however
+        many questions read it."""
         rows, pair_p = np.unique(np.asarray(pairs.row, np.int64), return_inverse=True)
         p_source, p_mask = self._passage_side(rows)
+        p_qkv = p_stats = None
+        if positions is None and self.reads_cached_reuse:
+            p_qkv, p_stats = self._cached_reuse(rows)
         return self.grid.read_pairs(self.params, q_lower, q_mask, p_source, p_mask,
                                     np.asarray(pairs.question, np.int64), pair_p.reshape(-1),
-                                    positions)
+                                    positions, p_qkv=p_qkv, p_stats=p_stats)
 
     def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: SpanScores
                     ) -> list[list[Candidate]]:
