@@ -24,8 +24,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_FORMS = ("auto", "batched", "per_example")
 # `remat_policy` names -> the `jax.checkpoint_policies` entry they select ("none": no remat;
 # "full": save nothing, recompute the whole block in the backward pass).
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable",
-                  "nothing_saveable", "everything_saveable")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
 class ConfigError(DilJaxError, ValueError):
