@@ -329,3 +329,32 @@ def test_reversible_refuses_hidden_states_and_pair_reuses():
     assert "reversible_norm" in params  # the pre-LN stack's final LayerNorm
     out = model(params, q, q_mask, p, p_mask)
     assert np.all(np.isfinite(np.asarray(out.start_logits)))
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+def test_long_passages_benchmark_runs_end_to_end(tmp_path):
+    """benchmarks/long_passages.py on the tiny size: one row per variant with both programs'
+    memory and times, and the record, table and plot written."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "long_passages.py"
+    spec = importlib.util.spec_from_file_location("long_passages", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "lp"
+    rows = bench.main(["--size", "tiny", "--lengths", "64", "--variants", "full", "lsh1",
+                       "reversible", "--bucket-size", "16", "--time-max-len", "64",
+                       "--repeats", "1", "--out", str(out)])
+    assert [row["variant"] for row in rows] == ["full", "lsh1", "reversible"]
+    for row in rows:
+        for program in ("train", "inference"):
+            assert row[program]["temp_bytes"] > 0 and row[program]["median_s"] > 0
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["rows"] == json.loads(json.dumps(rows))
+    assert record["command"].startswith("python benchmarks/long_passages.py --size tiny")
+    table = out.with_suffix(".md").read_text()
+    assert table.count("\n| ") == 2 + len(rows) and "| lsh1 | 64 |" in table
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert out.with_suffix(".png").stat().st_size > 0
