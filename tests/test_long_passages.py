@@ -358,3 +358,45 @@ def test_long_passages_benchmark_runs_end_to_end(tmp_path):
     assert table.count("\n| ") == 2 + len(rows) and "| lsh1 | 64 |" in table
     if importlib.util.find_spec("matplotlib") is not None:
         assert out.with_suffix(".png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- predict flags
+
+def _one_question_squad(tmp_path):
+    context = ("The Eiffel Tower is in Paris. It was built in 1889 for the World's Fair and "
+               "was the tallest structure in the world until 1930.")
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{
+        "context": context, "qas": [{"id": "q1", "question": "When was the tower built?",
+                                     "answers": [{"text": "1889",
+                                                  "answer_start": context.index("1889")}]}]}]}]}
+    path = tmp_path / "squad.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_predict_reads_with_lsh_in_the_lower_blocks(tmp_path, capsys):
+    """`dil-jax predict --lsh-layers lower`: with one chunk per segment (bucket >= window) the
+    answers are the plain reader's; with small buckets it still answers; flags are checked."""
+    from conftest import run_cli
+
+    squad = _one_question_squad(tmp_path)
+
+    def predict(name, *flags):
+        output = tmp_path / f"{name}.json"
+        status, _, err = run_cli(["predict", "--data", str(squad), "--output", str(output),
+                                  "--k", "3", "--no-progress", *flags], capsys)
+        assert status == 0, err
+        return json.loads(output.read_text()), err
+
+    plain, _ = predict("plain")
+    one_chunk, _ = predict("one_chunk", "--lsh-layers", "lower", "--lsh-bucket-size", "512")
+    assert one_chunk == plain
+    small, _ = predict("small", "--lsh-layers", "0,1,2", "--lsh-bucket-size", "4",
+                       "--lsh-num-hashes", "2")
+    assert set(small) == {"q1"}
+    status, _, err = run_cli(["predict", "--data", str(squad), "--output",
+                              str(tmp_path / "x.json"), "--lsh-num-hashes", "2"], capsys)
+    assert status == 1 and "--lsh-num-hashes needs --lsh-layers" in err
+    status, _, err = run_cli(["predict", "--data", str(squad), "--output",
+                              str(tmp_path / "x.json"), "--lsh-layers", "9"], capsys)
+    assert status == 1 and "lsh_attention_layers" in err, err
