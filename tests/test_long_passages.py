@@ -397,6 +397,29 @@ def test_predict_reads_with_lsh_in_the_lower_blocks(tmp_path, capsys):
     status, _, err = run_cli(["predict", "--data", str(squad), "--output",
                               str(tmp_path / "x.json"), "--lsh-num-hashes", "2"], capsys)
     assert status == 1 and "--lsh-num-hashes needs --lsh-layers" in err
-    status, _, err = run_cli(["predict", "--data", str(squad), "--output",
-                              str(tmp_path / "x.json"), "--lsh-layers", "9"], capsys)
-    assert status == 1 and "lsh_attention_layers" in err, err
+
+
+
+def test_predict_lsh_flags_are_checked():
+    import argparse
+
+    from dil_jax.commands.predict import check_lsh_flags, lsh_layers, with_lsh_flags
+    from dil_jax.errors import UsageError
+
+    model = DelayedInteractionModel(_config(num_lower_layers=2))
+
+    def flags(layers=None, hashes=None, bucket=None):
+        return argparse.Namespace(lsh_layers=None if layers is None else lsh_layers(layers),
+                                  lsh_num_hashes=hashes, lsh_bucket_size=bucket)
+
+    with pytest.raises(UsageError, match="--lsh-bucket-size needs --lsh-layers"):
+        check_lsh_flags(flags(bucket=8))
+    assert with_lsh_flags(model, flags()) is model
+    config = with_lsh_flags(model, flags("lower", 4, 8)).config
+    assert (config.lsh_attention_layers, config.lsh_num_hashes, config.lsh_bucket_size) == (
+        (0, 1), 4, 8)
+    assert with_lsh_flags(model, flags("1,3")).config.lsh_attention_layers == (1, 3)
+    with pytest.raises(ConfigError, match="lsh_attention_layers"):
+        with_lsh_flags(model, flags("9"))
+    with pytest.raises(UsageError, match="no lower blocks"):
+        with_lsh_flags(DelayedInteractionModel(_config()), flags("lower"))
