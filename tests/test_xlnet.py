@@ -337,3 +337,34 @@ def test_unsupported_reuses_and_offsets_are_refused(xlnet_folder):
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     with pytest.raises(DilJaxError, match="p_stats.*xlnet"):
         model.passage_attention_stats(model.project_upper(params, p_lower), p_mask)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+@pytest.mark.parametrize("reuse", [True, False])
+def test_pair_grid_equals_direct_pairs(xlnet_folder, k, reuse):
+    """PairGrid on a 3 x 4 grid (every side read by >= 2 pairs: q/k/v hoisted at 0 < k < l)
+    equals the model on each pair. float32 tolerance 1e-5: the same ops, in other batch shapes
+    (and the hoisted projections computed outside the pair program)."""
+    from dil_jax.model.grid import PairGrid
+
+    model, params, _ = _model_and_state(xlnet_folder, k)
+    q_ids, q_mask, p_ids, p_mask = _segments(_pairs(19))
+    q_ids, q_mask, p_ids, p_mask = q_ids[:3], q_mask[:3], p_ids, p_mask
+    grid = PairGrid(model, batch_size=2, chunk_size=4, reuse=reuse)
+    assert not grid.uses_passage_stats
+    q_lower = grid.encode_questions(params, q_ids, q_mask)
+    scores = grid.read_grid(params, q_lower, q_mask, grid.passage_side(params, p_ids, p_mask),
+                            p_mask)
+    qi, pi = (a.ravel() for a in np.meshgrid(np.arange(3), np.arange(4), indexing="ij"))
+    direct = model(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
+    np.testing.assert_allclose(scores.start_logits.reshape(12, -1),
+                               np.asarray(direct.start_logits), atol=1e-5)
+    np.testing.assert_allclose(scores.null_end_logits.reshape(12),
+                               np.asarray(direct.null_end_logits), atol=1e-5)
+    if k == 1:
+        from dil_jax.model.delayed import InputError
+        from dil_jax.model.grid import kept_positions
+
+        with pytest.raises(InputError, match="prescreening.*xlnet"):
+            next(grid.iter_pair_chunks(params, q_lower, q_mask, grid.passage_side(
+                params, p_ids, p_mask), p_mask, qi, pi, kept_positions(p_mask[pi] > 0)))
