@@ -406,3 +406,30 @@ def test_train_step_with_kd_and_lrs_learns():
             assert np.isfinite(float(metrics[term])) and float(metrics[term]) >= 0
     assert float(metrics["kd"]) > 0 and float(metrics["lrs"]) > 0
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_bench_flop_formulas_match_xla_for_xlnet(k):
+    """The analytical FLOPs of each phase (bench.flops, with XLNet's position terms and its
+    all-rows pair program) are within 2% of XLA's count of the compiled programs, as
+    tests/test_bench.py requires of BERT; leaving the position terms out is far outside."""
+    from dil_jax import bench
+    from dil_jax.config import EncoderConfig
+    from dil_jax.mesh import data_mesh
+    from dil_jax.model.grid import PairGrid
+
+    # The "tiny" bench suite's shape: at this width the elementwise work XLA also counts
+    # (softmax, LayerNorm, bias adds) stays under 2% of the matmuls, as for BERT there.
+    config = EncoderConfig(architecture="xlnet", vocab_size=1000, hidden_size=384, num_layers=3,
+                           num_heads=6, intermediate_size=1536, embedding_size=384,
+                           type_vocab_size=0, max_question_len=16, num_lower_layers=k)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    reader = PairGrid(model, data_mesh(jax.devices()[:1]), batch_size=2, chunk_size=2)
+    for phase in ("ni_q", "pairs") if k else ("pairs",):
+        flops = bench.program_stats(bench.lower_phase(reader, params, phase, 2, 2, 16, 48)).flops
+        right = bench.phase_flops(config, phase, 2, 16, 48)
+        assert abs(flops / right - 1) <= 0.02, (phase, flops / right)
+        bert_formula = bench.phase_flops(config.replace(architecture="bert", type_vocab_size=2),
+                                         phase, 2, 16, 48, reuse=False)
+        assert abs(flops / bert_formula - 1) > 0.06, (phase, flops / bert_formula)
