@@ -1,0 +1,97 @@
+"""XLNet's SentencePiece tokenizer: its pair layout is the one the reader rebuilds, and SQuAD
+answers map back through its character offsets.
+
+The tokenizer is trained here (no download): a Unigram vocabulary learned with `tokenizers` on
+the shared SQuAD v1.1 text, with XLNet's special tokens at XLNet's ids, wrapped in transformers'
+own `XLNetTokenizer` (its normalizer, Metaspace pre-tokenizer, `A <sep> B <sep> <cls>`
+post-processor, left padding) and saved as a folder that `load_tokenizer` reads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dil_jax.data.decoding import answers, decode_predictions
+from dil_jax.data.features import featurize
+from dil_jax.data.squad import load_squad
+from dil_jax.metrics.squad_metric import squad_scores
+from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
+
+from squad_shared import V11, squad_file
+
+# XLNet's special tokens, in the order that gives them xlnet-base-cased's ids (<cls> 3, <sep> 4,
+# <pad> 5).
+XLNET_SPECIALS = ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "<eod>", "<eop>"]
+VOCAB_SIZE = 4000
+
+
+@pytest.fixture(scope="module")
+def v11():
+    return load_squad(squad_file(V11))
+
+
+@pytest.fixture(scope="module")
+def xlnet_tokenizer(v11, tmp_path_factory):
+    from tokenizers import Tokenizer, models, trainers
+    from transformers import XLNetTokenizer
+
+    # XLNetTokenizer's own normalizer and pre-tokenizer, so the pieces are learned as it splits.
+    shell = XLNetTokenizer()
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = shell.backend_tokenizer.normalizer
+    tokenizer.pre_tokenizer = shell.backend_tokenizer.pre_tokenizer
+    trainer = trainers.UnigramTrainer(vocab_size=VOCAB_SIZE, special_tokens=XLNET_SPECIALS,
+                                      unk_token="<unk>", show_progress=False)
+    texts = sorted({example.context for example in v11.examples})
+    texts += [example.question for example in v11.examples]
+    tokenizer.train_from_iterator(texts, trainer)
+    vocab = [tuple(piece) for piece in json.loads(tokenizer.to_str())["model"]["vocab"]]
+    assert [piece for piece, _ in vocab[:len(XLNET_SPECIALS)]] == XLNET_SPECIALS
+    folder = tmp_path_factory.mktemp("xlnet-tokenizer")
+    XLNetTokenizer(vocab=vocab).save_pretrained(str(folder))
+    loaded = load_tokenizer(folder, vocab_size=len(vocab))
+    assert type(loaded).__name__ == "XLNetTokenizer" and loaded.padding_side == "left"
+    return loaded
+
+
+def test_special_ids_are_xlnets(xlnet_tokenizer):
+    assert (xlnet_tokenizer.cls_token_id, xlnet_tokenizer.sep_token_id,
+            xlnet_tokenizer.pad_token_id) == (3, 4, 5)
+
+
+def test_tokenizer_pair_layout_is_the_readers(xlnet_tokenizer, v11):
+    """Our segments `[CLS] q [SEP]` / `p [SEP]`, put in XLNet order by the mapping the parity
+    tests use (`test_xlnet.xlnet_order`, which `model/xlnet.pair_layout` positions reproduce),
+    are token for token XLNet's own pair encoding of (passage, question), segment ids too."""
+    from test_xlnet import xlnet_order
+
+    examples = v11.examples[:40:4]
+    questions = encode_questions(xlnet_tokenizer, [e.question for e in examples], 48)
+    passages = encode_passages(xlnet_tokenizer, [e.context[:200] for e in examples], 96)
+    for row, example in enumerate(examples):
+        q = list(questions.ids[row, :questions.mask[row].sum()])
+        p = list(passages.ids[row, :passages.mask[row].sum()])
+        assert len(q) < 48 and len(p) < 96, "not truncated: the whole texts are compared"
+        ids, segments, _ = xlnet_order(q, p)
+        theirs = xlnet_tokenizer(example.context[:200], example.question,
+                                 return_token_type_ids=True)
+        assert ids == theirs["input_ids"]
+        assert segments == theirs["token_type_ids"]
+
+
+def test_gold_labels_round_trip_through_the_decoder(xlnet_tokenizer, v11):
+    """SQuAD v1.1 (shared file): gold spans through features, offsets and the decoder give
+    EM >= 99.5 against gold, as the BERT tokenizer must (tests/test_squad_features.py)."""
+    features = featurize(v11.examples, xlnet_tokenizer, max_question_len=64,
+                         max_passage_len=384, doc_stride=128)
+    column = np.arange(features.p_ids.shape[1])[None, :]
+    start = np.where(column == features.start_positions[:, None], 10.0, -10.0)
+    end = np.where(column == features.end_positions[:, None], 10.0, -10.0)
+    predicted = answers(decode_predictions(v11.examples, features, start, end,
+                                           max_answer_length=64))
+    scores = squad_scores(v11, predicted)
+    print(f"\nXLNet SentencePiece round trip: {scores}")
+    assert scores["exact"] >= 99.5 and scores["f1"] >= 99.8
