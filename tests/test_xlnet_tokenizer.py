@@ -95,3 +95,43 @@ def test_gold_labels_round_trip_through_the_decoder(xlnet_tokenizer, v11):
     scores = squad_scores(v11, predicted)
     print(f"\nXLNet SentencePiece round trip: {scores}")
     assert scores["exact"] >= 99.5 and scores["f1"] >= 99.8
+
+
+@pytest.fixture(scope="module")
+def xlnet_reader_folder(xlnet_tokenizer, tmp_path_factory):
+    """A random-init XLNetForQuestionAnsweringSimple (every tensor perturbed) with the trained
+    tokenizer, saved as a Hugging Face folder: what a user's XLNet SQuAD checkpoint looks like."""
+    from test_xlnet import build_xlnet
+
+    model = build_xlnet(vocab_size=VOCAB_SIZE, n_layer=2)
+    folder = tmp_path_factory.mktemp("xlnet-reader")
+    model.save_pretrained(str(folder), safe_serialization=True)
+    xlnet_tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+def test_check_cli_on_an_xlnet_folder(xlnet_reader_folder, capsys):
+    """`dil-jax check`: parity with Hugging Face on XLNet's own layout, and the grid at k = 1
+    equal to the direct per-pair forward (exit status 0 only if both hold)."""
+    from conftest import run_cli
+
+    status, out, err = run_cli(["check", "--checkpoint", str(xlnet_reader_folder), "--k", "1",
+                                "--repeats", "1"], capsys)
+    assert status == 0, out + err
+    assert "XLNetForQuestionAnsweringSimple" in out and "[OK]" in out, out
+
+
+def test_predict_cli_on_an_xlnet_folder(xlnet_reader_folder, v11, tmp_path):
+    """`dil-jax predict` at k = 1 over 3 v1.1 questions: every answer is a span of its context
+    (the QA head is random, so which span is arbitrary)."""
+    from dil_jax import cli
+
+    output = tmp_path / "preds.json"
+    code = cli.main(["predict", "--checkpoint", str(xlnet_reader_folder), "--data",
+                     str(squad_file(V11)), "--output", str(output), "--limit", "3", "--k", "1",
+                     "--max-question-len", "24", "--max-passage-len", "48", "--doc-stride", "24",
+                     "--batch-size", "4", "--no-progress"])
+    assert code == 0
+    predictions = json.loads(output.read_text())
+    for example in v11.examples[:3]:
+        assert predictions[example.qid] in example.context

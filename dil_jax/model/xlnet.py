@@ -104,6 +104,18 @@ def pair_layout(q_mask: jax.Array, p_mask: jax.Array) -> tuple[jax.Array, jax.Ar
             jnp.concatenate([q_segments, p_segments], axis=1))
 
 
+def xlnet_input_order(q_ids: Sequence[int], p_ids: Sequence[int]
+                      ) -> tuple[list[int], list[int]]:
+    """One pair's unpadded segments (`[CLS] q [SEP]`, `p [SEP]`) as XLNet's own input
+    `P [SEP] Q [SEP] [CLS]`: (token ids, segment ids 0 / 1 / 2), what Hugging Face's XLNet
+    models and tokenizer take (for peers and checks; the reader itself never reorders)."""
+    q_ids, p_ids = [int(i) for i in q_ids], [int(i) for i in p_ids]
+    ids = p_ids + q_ids[1:] + q_ids[:1]
+    segments = ([XLNET_PASSAGE_ID] * len(p_ids) + [XLNET_QUESTION_ID] * (len(q_ids) - 1)
+                + [XLNET_CLS_ID])
+    return ids, segments
+
+
 def relative_position_table(seq_len: int, hidden: int) -> jax.Array:
     """Sinusoids of the relative distances -(seq_len-1)..seq_len-1 -> [2 seq_len - 1, hidden].
 
