@@ -1,5 +1,5 @@
-"""XLNet's SentencePiece tokenizer: its pair layout is the one the reader rebuilds, and SQuAD
-answers map back through its character offsets.
+"""XLNet through the pipeline: its SentencePiece tokenizer (pair layout, SQuAD offsets round
+trip), `check`, `predict` and the open-domain reader over a cached index.
 
 The tokenizer is trained here (no download): a Unigram vocabulary learned with `tokenizers` on
 the shared SQuAD v1.1 text, with XLNet's special tokens at XLNet's ids, wrapped in transformers'
@@ -135,3 +135,43 @@ def test_predict_cli_on_an_xlnet_folder(xlnet_reader_folder, v11, tmp_path):
     predictions = json.loads(output.read_text())
     for example in v11.examples[:3]:
         assert predictions[example.qid] in example.context
+
+
+def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_path):
+    """An index over the sample passages with cached XLNet lower states (k = 1): each retrieved
+    passage's answer is the one the SQuAD predict path gives for that passage and question.
+    The cache's first-upper-block reuse arrays (--cache-reuse) are refused by name."""
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.data.squad import SquadExample
+    from dil_jax.model.xlnet import XLNetUnsupportedError
+    from dil_jax.open_domain.build import passage_encoder
+    from dil_jax.open_domain.corpus import Document, split_documents
+    from dil_jax.open_domain.index import build_index, build_reader_cache
+    from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.open_domain.reuse import reuse_encoder
+    from dil_jax.predict import predict_squad
+    from dil_jax.samples import SAMPLE_PASSAGES
+
+    model, params, tokenizer = load_reader(str(xlnet_reader_folder), 1, 16)
+    config = model.config
+    documents = [Document(f"d{i}", f"T{i}", text) for i, text in enumerate(SAMPLE_PASSAGES)]
+    index = build_index(tmp_path / "index", split_documents(documents, "paragraphs"), tokenizer,
+                        max_passage_len=32, doc_stride=16, split={"strategy": "paragraphs"})
+    cache = build_reader_cache(index, model.config, params, tokenizer,
+                               encode=passage_encoder(model, params, batch_size=4))
+    reader = OpenDomainReader(index, model, params, tokenizer, cache,
+                              top_p=len(index.passages), batch_size=4, chunk_size=8)
+    questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]
+    result = reader.read(questions)
+    for question, candidates in zip(questions, result.candidates):
+        assert candidates
+        examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
+                                 question) for c in candidates]
+        expected = predict_squad(model, params, tokenizer, examples, max_passage_len=32,
+                                 doc_stride=16, batch_size=4, progress=False)
+        for candidate in candidates:
+            assert candidate.text == expected[f"q{candidate.passage_index}"]
+    encode = reuse_encoder(model, params, batch_size=4)
+    states = np.zeros((2, 32, config.hidden_size), np.float32)
+    with pytest.raises(XLNetUnsupportedError, match="p_stats.*xlnet"):
+        encode(states, np.ones((2, 32), np.int32))
