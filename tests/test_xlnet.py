@@ -433,3 +433,19 @@ def test_bench_flop_formulas_match_xla_for_xlnet(k):
         bert_formula = bench.phase_flops(config.replace(architecture="bert", type_vocab_size=2),
                                          phase, 2, 16, 48, reuse=False)
         assert abs(flops / bert_formula - 1) > 0.06, (phase, flops / bert_formula)
+
+
+def test_bfloat16_compute_stays_close_to_float32(xlnet_folder):
+    """dtype "bfloat16": params stay float32, scores and softmax run in float32, and the logits
+    stay within bfloat16's reach of float32's. Bound: bfloat16 keeps 8 significant bits
+    (relative 2^-8 = 0.4%) per op; through 3 blocks of O(1) LayerNorm outputs and a head of 32
+    O(0.3)-weighted terms the logits (O(1)) move by a few 1e-2, so 0.25 catches a wrong cast
+    (e.g. a float32-only table broadcast into the wrong dtype gives garbage, not a 1% shift)."""
+    model, params, _ = _model_and_state(xlnet_folder, 1)
+    segments = _segments(_pairs(21))
+    full = model(params, *segments)
+    half = DelayedInteractionModel(model.config.replace(dtype="bfloat16"))(params, *segments)
+    assert half.start_logits.dtype == np.float32
+    p_mask = segments[3] > 0
+    diff = np.abs(np.asarray(half.start_logits) - np.asarray(full.start_logits))[p_mask]
+    assert diff.max() < 0.25, diff.max()
