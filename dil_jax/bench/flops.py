@@ -123,10 +123,8 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
     """
     k, l_ = config.num_lower_layers, config.num_layers
     hoisted = hoists_projections(config)
-    # XLNet's pair program computes every row and has no passage statistics (PairGrid).
-    xlnet = config.architecture == "xlnet"
-    stats = reuse and hoisted and not xlnet
-    rows_only = reuse and not xlnet
+    # XLNet's pair program has no passage statistics (PairGrid.uses_passage_stats).
+    stats = reuse and hoisted and config.architecture != "xlnet"
     if phase in ("ni_q", "ni_p"):
         n = question_len if phase == "ni_q" else passage_len
         total = (embedding_flops(config, batch, n) + k * block_flops(config, batch, n)
@@ -142,8 +140,8 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
             upper += pair_block_flops(
                 config, batch, question_len, passage_len,
                 projections=not (first and hoisted),
-                question_rows=1 if rows_only and last else None, passage_stats=first and stats)
-        head_rows = (1 if rows_only and l_ > k else question_len) + passage_len
+                question_rows=1 if reuse and last else None, passage_stats=first and stats)
+        head_rows = (1 if reuse and l_ > k else question_len) + passage_len
         return embed + upper + qa_head_flops(config, batch, head_rows)
     raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
 

@@ -47,6 +47,7 @@ from dil_jax.model.modules import (
     ReaderOutput,
     _dense,
     _layer_norm,
+    _pair_rows,
     activation_fn,
     attention_bias,
 )
@@ -166,12 +167,31 @@ class RelativeAttention(nn.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array, positions: jax.Array, segments: jax.Array,
                  position_table: jax.Array, deterministic: bool = True,
-                 qkv: QKV | None = None) -> jax.Array:
+                 qkv: QKV | None = None, rows: tuple[int, int] | None = None) -> jax.Array:
         """x: [batch, seq, hidden]; mask, positions, segments: [batch, seq]; position_table:
-        [2 seq - 1, hidden] (`relative_position_table(seq)`) -> [batch, seq, hidden]."""
+        [2 seq - 1, hidden] (`relative_position_table(seq)`) -> [batch, seq, hidden].
+
+        rows: None, or (question_len, question_rows) of a `[question ; passage]` pair: only the
+        first question_rows question rows and every passage row are computed (queries, scores,
+        output), every token still a key and value -> [batch, question_rows + p_len, hidden].
+        """
         cfg = self.config
         seq = x.shape[1]
-        query, key, value = self.project(x) if qkv is None else qkv
+        row_positions, row_segments = positions, segments
+        if rows is not None:
+            question_len, question_rows = rows
+            row_positions = _pair_rows(positions, question_len, question_rows, axis=1)
+            row_segments = _pair_rows(segments, question_len, question_rows, axis=1)
+        if qkv is None:
+            x_rows = x if rows is None else _pair_rows(x, *rows, axis=1)
+            query = self._heads(x_rows, self.query)
+            key, value = self._heads(x, self.key), self._heads(x, self.value)
+        else:
+            query, key, value = qkv
+            x_rows = x
+            if rows is not None:
+                x_rows = _pair_rows(x, *rows, axis=1)
+                query = _pair_rows(query, *rows, axis=2)
         f32 = jnp.float32
 
         def biased(bias: jax.Array) -> jax.Array:
@@ -183,12 +203,12 @@ class RelativeAttention(nn.Module):
                                    self.position.astype(cfg.compute_dtype))
         by_distance = jnp.einsum("bnid,nrd->bnir", biased(self.position_bias), position_keys,
                                  preferred_element_type=f32)  # [batch, heads, seq, 2 seq - 1]
-        distance = positions[:, :, None] - positions[:, None, :] + (seq - 1)  # [batch, i, j]
+        distance = row_positions[:, :, None] - positions[:, None, :] + (seq - 1)  # [b, i, j]
         position = jnp.take_along_axis(by_distance, distance[:, None], axis=-1)
         by_segment = jnp.einsum("bnid,snd->bnis", biased(self.segment_bias),
                                 self.segment_embedding.astype(cfg.compute_dtype),
                                 preferred_element_type=f32)  # [batch, heads, seq, 2]
-        different = (segments[:, :, None] != segments[:, None, :])[:, None]
+        different = (row_segments[:, :, None] != segments[:, None, :])[:, None]
         segment = jnp.where(different, by_segment[..., 1:], by_segment[..., :1])
         scores = (content + position + segment) * (1.0 / float(np.sqrt(cfg.head_dim)))
         scores = scores + attention_bias(mask)
@@ -197,7 +217,7 @@ class RelativeAttention(nn.Module):
                              deterministic=deterministic)
         context = jnp.einsum("bnij,bnjd->bnid", probs.astype(cfg.compute_dtype), value)
         out = jnp.einsum("bnid,hnd->bih", context, self.output.astype(cfg.compute_dtype))
-        return self.norm(x + self.dropout(out, deterministic=deterministic))
+        return self.norm(x_rows + self.dropout(out, deterministic=deterministic))
 
 
 class XLNetBlock(nn.Module):
@@ -216,9 +236,11 @@ class XLNetBlock(nn.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array, positions: jax.Array, segments: jax.Array,
                  position_table: jax.Array, deterministic: bool = True,
-                 qkv: QKV | None = None) -> jax.Array:
-        """x: [batch, seq, hidden] -> [batch, seq, hidden] (arguments as RelativeAttention)."""
-        x = self.attention(x, mask, positions, segments, position_table, deterministic, qkv)
+                 qkv: QKV | None = None, rows: tuple[int, int] | None = None) -> jax.Array:
+        """x: [batch, seq, hidden] -> [batch, seq (or the rows), hidden] (arguments as
+        RelativeAttention; the feed-forward is row by row)."""
+        x = self.attention(x, mask, positions, segments, position_table, deterministic, qkv,
+                           rows)
         hidden = self.dropout(activation_fn(self.config.hidden_act)(self.ffn_in(x)),
                               deterministic=deterministic)
         out = self.dropout(self.ffn_out(hidden), deterministic=deterministic)
@@ -255,15 +277,19 @@ class XLNetSpanReaderModule(nn.Module):
 
     def _run_layers(self, x: jax.Array, mask: jax.Array, positions: jax.Array,
                     segments: jax.Array, layers: Sequence[int], deterministic: bool,
-                    first_qkv: QKV | None = None) -> list[jax.Array]:
+                    first_qkv: QKV | None = None, last_rows: tuple[int, int] | None = None
+                    ) -> list[jax.Array]:
         """Blocks `layers` over x: [batch, seq, hidden] -> each block's output. The relative
-        position table is built once per call (and dropped out once, as transformers does)."""
+        position table is built once per call (and dropped out once, as transformers does).
+        last_rows: (question_len, question_rows) computed by the last block (see
+        RelativeAttention), None for every row."""
         table = self.position_dropout(relative_position_table(x.shape[1], self.config.hidden_size),
                                       deterministic=deterministic)
         states = []
         for i, layer in enumerate(layers):
+            rows = last_rows if i == len(layers) - 1 else None
             x = self.blocks[layer](x, mask, positions, segments, table, deterministic,
-                                   first_qkv if i == 0 else None)
+                                   first_qkv if i == 0 else None, rows)
             states.append(x)
         return states
 
@@ -301,14 +327,14 @@ class XLNetSpanReaderModule(nn.Module):
 
         q_lower: [batch, q_len, hidden], q_mask: [batch, q_len], p_lower: [batch, p_len,
         hidden], p_mask: [batch, p_len] -> ReaderOutput. q_qkv / p_qkv: `project_upper` of
-        either side, if computed already. span_rows_only computes every row (exact, no saving:
-        the rows-only program is BERT's). p_stats is refused: a passage's softmax statistics
-        over its own keys would need XLNet's position and segment terms.
+        either side, if computed already. span_rows_only: the last block computes only `[CLS]`
+        (row 0) and the passage rows, all the span head reads (inference; exact). p_stats is
+        refused: a passage's softmax statistics over its own keys would need XLNet's position
+        and segment terms.
         """
         if p_stats is not None:
             raise XLNetUnsupportedError("p_stats (passage attention statistics) are not "
                                         "implemented for architecture 'xlnet'")
-        del span_rows_only
         x = jnp.concatenate([q_lower, p_lower], axis=1)
         mask = jnp.concatenate([q_mask, p_mask], axis=1)
         positions, segments = pair_layout(q_mask, p_mask)
@@ -318,12 +344,15 @@ class XLNetSpanReaderModule(nn.Module):
             p_qkv = self.project_upper(p_lower) if p_qkv is None else p_qkv
             first_qkv = tuple(jnp.concatenate([q, p], axis=2) for q, p in zip(q_qkv, p_qkv))
         layers = range(self.config.num_lower_layers, self.config.num_layers)
-        states = self._run_layers(x, mask, positions, segments, layers, deterministic,
-                                  first_qkv)
-        final = states[-1] if states else x
-        logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, q_len + p_len, 2]
         q_len = q_lower.shape[1]
-        passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, q_len:], PADDED_LOGIT)
+        states = self._run_layers(x, mask, positions, segments, layers, deterministic,
+                                  first_qkv, (q_len, 1) if span_rows_only else None)
+        final = states[-1] if states else x
+        logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, rows, 2]
+        # The passage's rows are the last p_len: after the question's (or [CLS] alone).
+        passage_rows = final.shape[1] - p_lower.shape[1]
+        passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, passage_rows:],
+                                   PADDED_LOGIT)
         return ReaderOutput(
             start_logits=passage_logits[..., 0], end_logits=passage_logits[..., 1],
             null_start_logits=logits[:, 0, 0], null_end_logits=logits[:, 0, 1],
