@@ -274,6 +274,8 @@ class XLNetSpanReaderModule(nn.Module):
         self.blocks = [XLNetBlock(cfg, name=f"block_{i}") for i in range(cfg.num_layers)]
         self.qa_outputs = _dense(cfg, 2, "qa_outputs")
         self.position_dropout = nn.Dropout(cfg.hidden_dropout)
+        # transformers drops out XLNetModel's output before the span head (training only).
+        self.output_dropout = nn.Dropout(cfg.hidden_dropout)
 
     def _run_layers(self, x: jax.Array, mask: jax.Array, positions: jax.Array,
                     segments: jax.Array, layers: Sequence[int], deterministic: bool,
@@ -348,7 +350,8 @@ class XLNetSpanReaderModule(nn.Module):
         states = self._run_layers(x, mask, positions, segments, layers, deterministic,
                                   first_qkv, (q_len, 1) if span_rows_only else None)
         final = states[-1] if states else x
-        logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, rows, 2]
+        logits = self.qa_outputs(self.output_dropout(final, deterministic=deterministic))
+        logits = logits.astype(jnp.float32)  # [batch, rows, 2]
         # The passage's rows are the last p_len: after the question's (or [CLS] alone).
         passage_rows = final.shape[1] - p_lower.shape[1]
         passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, passage_rows:],
