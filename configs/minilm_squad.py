@@ -23,11 +23,15 @@ Suffixes (any order, each at most once):
   shared  2 BM25 distractor windows per training question (other training paragraphs and
           Wikipedia leads) and a shared normalisation over groups of 4 windows per question;
           the teacher is the `full,shared` run
+  extra   (kN_distill / kN_warm, v1.1 only) also distil on the 4,706 SQuAD v2.0 questions of
+          the training articles that v1.1 lacks (data.distill_file): no labels, the teacher's
+          KD and LRS only, twice the questions on the same paragraphs
 The workdir is runs/minilm_squad_VARIANT[_SUFFIX...].
 
     dil-jax train --config configs/minilm_squad.py:full
     dil-jax train --config configs/minilm_squad.py:k4_warm
     dil-jax train --config configs/minilm_squad.py:full,v2
+    dil-jax train --config configs/minilm_squad.py:k4_warm,extra
 """
 
 import re
@@ -44,9 +48,10 @@ from dil_jax.errors import UsageError
 from dil_jax.train.default_config import base_config
 
 VARIANT_PATTERN = re.compile(r"full|k([1-5])(_distill|_warm)?")
-V2_SUFFIX, SHARED_SUFFIX = "v2", "shared"
-SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX)
-USAGE = "configs/minilm_squad.py:VARIANT[,v2][,shared], VARIANT = full, kN, kN_distill or kN_warm"
+V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX = "v2", "shared", "extra"
+SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX)
+USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra], VARIANT = full, kN, kN_distill "
+         "or kN_warm")
 # The median length of `[CLS] q [SEP]` over the 4,735 training questions (MiniLM WordPiece).
 PASSAGE_POSITION_OFFSET = 14
 # Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
@@ -76,6 +81,10 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
         raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r} ({USAGE})")
     k = int(match.group(1) or 0)
     recipe = (match.group(2) or "").lstrip("_")
+    if EXTRA_SUFFIX in suffixes and (not recipe or V2_SUFFIX in suffixes):
+        raise UsageError(f"configs/minilm_squad.py: {spec!r}: the {EXTRA_SUFFIX!r} suffix adds "
+                         "questions without labels, for a distilled v1.1 student (kN_distill "
+                         "or kN_warm, without v2)")
     tail = "".join(f"_{suffix}" for suffix in SUFFIXES if suffix in suffixes)
     c = base_config()
     c.workdir = f"runs/minilm_squad_{variant}{tail}"
@@ -108,9 +117,14 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
         c.data.distractors_per_question = 2
         c.data.windows_per_question = 4
         c.loss.shared_norm = True
+    if EXTRA_SUFFIX in suffixes:
+        c.data.distill_file = SHARED_SQUAD_V2_FILE
     if recipe:
-        # The teacher read the same data (a v1.1 teacher never learned the null answer).
-        c.teacher.checkpoint = f"runs/minilm_squad_full{tail}/params"
+        # The teacher read the same data (a v1.1 teacher never learned the null answer); the
+        # extra questions are the student's only, so its teacher is the plain one.
+        teacher_tail = "".join(f"_{suffix}" for suffix in (V2_SUFFIX, SHARED_SUFFIX)
+                               if suffix in suffixes)
+        c.teacher.checkpoint = f"runs/minilm_squad_full{teacher_tail}/params"
         # DeFormer tunes alpha/beta per task; see the sweep in docs/training.md.
         c.loss.kd_weight = 1.0
         c.loss.lrs_weight = 1.0

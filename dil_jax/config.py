@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from dil_jax.defaults import MAX_QUESTION_LEN
 from dil_jax.errors import DilJaxError
 
-ARCHITECTURES = ("bert", "albert", "distilbert")
+ARCHITECTURES = ("bert", "albert", "distilbert", "xlnet")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_FORMS = ("auto", "batched", "per_example")
@@ -36,14 +36,15 @@ class EncoderConfig:
     """Hyper-parameters of a delayed-interaction reader.
 
     Attributes:
-      architecture: "bert", "albert" or "distilbert".
+      architecture: "bert", "albert", "distilbert" or "xlnet" (`model/xlnet.py`).
       vocab_size: WordPiece/SentencePiece vocabulary size.
       hidden_size: width of the transformer blocks.
       num_layers: `l`, the number of blocks applied (ALBERT applies its shared block `l` times).
       num_heads: attention heads per block.
       intermediate_size: width of the feed-forward layer.
-      max_position_embeddings: rows of the learned position table.
-      type_vocab_size: rows of the token-type table (0 for DistilBERT, which has none).
+      max_position_embeddings: rows of the learned position table (XLNet, whose positions
+        are relative sinusoids, has none: there it is the longest sequence accepted).
+      type_vocab_size: rows of the token-type table (0 for DistilBERT and XLNet: none).
       embedding_size: ALBERT's factorized embedding width (equals hidden_size elsewhere).
       num_hidden_groups: ALBERT parameter groups; block `i` uses group `i * groups // l`.
       hidden_act: feed-forward activation, named as in Hugging Face configs.
@@ -235,6 +236,14 @@ def _validate_long_passages(config: EncoderConfig) -> None:
     if config.remat_policy not in REMAT_POLICIES:
         raise ConfigError(f"unknown remat_policy {config.remat_policy!r}; supported: "
                           f"{list(REMAT_POLICIES)}")
+    if config.architecture == "xlnet":
+        switched_on = [name for name in ("ffn_chunk_size", "lsh_attention_layers",
+                                         "remat_policy", "reversible")
+                       if getattr(config, name) != LONG_PASSAGE_DEFAULTS[name]]
+        if switched_on:
+            raise ConfigError(f"{', '.join(switched_on)}: not implemented for architecture "
+                              f"'xlnet' (its relative-attention blocks, model/xlnet.py, have "
+                              f"none of the long-passage options)")
     if config.reversible and config.remat_policy != "none":
         raise ConfigError(f"reversible blocks recompute their activations themselves: "
                           f"remat_policy must be 'none' with reversible, got "
@@ -282,7 +291,9 @@ def validate_config(config: EncoderConfig) -> None:
         )
     if config.architecture == "distilbert" and config.type_vocab_size != 0:
         raise ConfigError("DistilBERT has no token-type embeddings: type_vocab_size must be 0")
-    if config.architecture != "distilbert" and config.type_vocab_size < 2:
+    if config.architecture == "xlnet":
+        _validate_xlnet(config)
+    elif config.architecture != "distilbert" and config.type_vocab_size < 2:
         raise ConfigError(
             f"type_vocab_size must be >= 2 (question 0, passage 1), got {config.type_vocab_size}"
         )
@@ -295,3 +306,15 @@ def validate_config(config: EncoderConfig) -> None:
             f"max_question_len {config.max_question_len} exceeds max_position_embeddings "
             f"{config.max_position_embeddings}"
         )
+
+
+def _validate_xlnet(config: EncoderConfig) -> None:
+    """XLNet has relative segment encodings instead of a token-type table, and relative
+    positions, which a passage offset cannot move (it cancels in every distance)."""
+    if config.type_vocab_size != 0:
+        raise ConfigError("XLNet has no token-type embeddings (relative segment encodings "
+                          f"instead): type_vocab_size must be 0, got {config.type_vocab_size}")
+    if config.passage_position_offset != 0:
+        raise ConfigError("passage_position_offset has no meaning for architecture 'xlnet' "
+                          "(relative positions: an offset cancels); it must be 0, got "
+                          f"{config.passage_position_offset}")

@@ -100,6 +100,16 @@ def test_invalid_values_are_refused_by_name(changes, named):
         _config(**changes)
 
 
+@pytest.mark.parametrize("changes", [dict(ffn_chunk_size=8), dict(lsh_attention_layers=(0,)),
+                                     dict(remat_policy="full"), dict(reversible=True)])
+def test_xlnet_refuses_the_long_passage_options(changes):
+    """XLNet's blocks (model/xlnet.py) implement none of them: refused, not silently ignored."""
+    xlnet = dict(architecture="xlnet", type_vocab_size=0)
+    _config(**xlnet)
+    with pytest.raises(ConfigError, match=f"{next(iter(changes))}.*xlnet"):
+        _config(**xlnet, **changes)
+
+
 def test_reversible_is_refused_for_pretrained_checkpoints():
     hf = tiny_hf_config("bert").to_dict()
     with pytest.raises(CheckpointError, match="reversible"):

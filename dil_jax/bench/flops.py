@@ -30,7 +30,24 @@ def block_flops(config: EncoderConfig, batch: int, seq: int) -> int:
     formula does not (benchmarks/README.md records by how much XLA's count exceeds it).
     """
     n, h, f = seq, config.hidden_size, config.intermediate_size
-    return batch * (8 * n * h * h + 4 * n * h * f + 4 * n * n * h)
+    return batch * (8 * n * h * h + 4 * n * h * f + 4 * n * n * h) + xlnet_position_flops(
+        config, batch, seq, seq)
+
+
+def xlnet_position_flops(config: EncoderConfig, batch: int, keys: int, rows: int) -> int:
+    """What XLNet's relative attention (model/xlnet.py) adds to a block, 0 for the others.
+
+    With n = keys tokens (2n - 1 relative distances) and r = query rows:
+      position keys        2 (2n - 1) h^2   (the sinusoid table times W_r: once per block
+                                             and call, not per batch element)
+      position scores      2 r (2n - 1) h   (every row against every distance, before the
+                                             gather picks n of them)
+      segment scores       2 r 2 h          (against the two segment embeddings)
+    """
+    if config.architecture != "xlnet":
+        return 0
+    h, distances = config.hidden_size, 2 * keys - 1
+    return 2 * distances * h * h + batch * (2 * rows * distances * h + 4 * rows * h)
 
 
 def embedding_flops(config: EncoderConfig, batch: int, seq: int) -> int:
@@ -81,7 +98,7 @@ def pair_block_flops(config: EncoderConfig, batch: int, question_len: int, passa
     total += 4 * rows * h * f
     if projections:
         total += 4 * n * h * h + 2 * rows * h * h
-    return batch * total
+    return batch * total + xlnet_position_flops(config, batch, n, rows)
 
 
 def qa_head_flops(config: EncoderConfig, batch: int, seq: int) -> int:
@@ -106,7 +123,8 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
     """
     k, l_ = config.num_lower_layers, config.num_layers
     hoisted = hoists_projections(config)
-    stats = reuse and hoisted
+    # XLNet's pair program has no passage statistics (PairGrid.uses_passage_stats).
+    stats = reuse and hoisted and config.architecture != "xlnet"
     if phase in ("ni_q", "ni_p"):
         n = question_len if phase == "ni_q" else passage_len
         total = (embedding_flops(config, batch, n) + k * block_flops(config, batch, n)

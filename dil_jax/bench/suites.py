@@ -63,9 +63,10 @@ class SuiteSpec:
     reuse: bool = True
 
 
-SUITES = ("minilm", "bert-base", "tiny")
+SUITES = ("minilm", "bert-base", "tiny", "xlnet-base")
 # (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
-SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4)}
+SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4),
+               "xlnet-base": (8, 4, 8, 4)}
 TINY_LENGTHS = (16, 48)
 
 
@@ -75,7 +76,9 @@ def suite_model(name: str, question_len: int, seed: int = 0
 
     minilm: the embedded all-MiniLM-L6-v2 (6 blocks, 384 wide; its QA head is freshly
       initialised, which does not change the cost); bert-base: BERT-base's shape (12 blocks,
-      768 wide), randomly initialised; tiny: 3 blocks of MiniLM's width, for tests.
+      768 wide), randomly initialised; tiny: 3 blocks of MiniLM's width, for tests;
+      xlnet-base: xlnet-base-cased's shape (12 blocks, 768 wide, 32,000 pieces), randomly
+      initialised, timed without a PyTorch peer (the peer is BERT's).
     """
     if name == "minilm":
         from dil_jax.checkpoints import load_hf_checkpoint
@@ -90,6 +93,10 @@ def suite_model(name: str, question_len: int, seed: int = 0
                                intermediate_size=1536, vocab_size=1000,
                                max_position_embeddings=128, max_question_len=question_len)
         weights = "random init, tiny"
+    elif name == "xlnet-base":
+        config = EncoderConfig(architecture="xlnet", vocab_size=32000, type_vocab_size=0,
+                               pad_token_id=5, max_question_len=question_len)
+        weights = "random init, XLNet-base shape"
     else:
         raise ValueError(f"unknown suite {name!r}; suites: {SUITES}")
     params = DelayedInteractionModel(config).init(jax.random.key(seed))
@@ -130,7 +137,12 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
                               "ks": list(ks), "batch_size": readers[0].batch_size,
                               "chunk_size": readers[0].chunk_size, "repeats": suite.repeats,
                               "reuse": suite.reuse}
-    if suite.with_hf:
+    if suite.with_hf and config.architecture != "bert":
+        record["hf_device"] = None
+        record["hf_device_reason"] = (f"no PyTorch peer for architecture "
+                                      f"{config.architecture!r} (the peer is BERT's)")
+        log(f"[{suite.name}] {record['hf_device_reason']}")
+    elif suite.with_hf:
         import torch
 
         device, why = peer_device(jax.default_backend(), torch.cuda.is_available())

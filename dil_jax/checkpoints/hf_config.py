@@ -1,4 +1,5 @@
-"""Hugging Face `config.json` <-> EncoderConfig, both ways, for BERT, ALBERT and DistilBERT.
+"""Hugging Face `config.json` <-> EncoderConfig, both ways, for BERT, ALBERT, DistilBERT and
+XLNet (`xlnet_config.py`).
 
 Each architecture names its fields its own way (DistilBERT: `dim`, `n_layers`, `activation`);
 the defaults filled in for absent fields are those of Hugging Face's config classes.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from dil_jax.checkpoints.xlnet_config import hf_xlnet_config, xlnet_fields
 from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
 
@@ -69,7 +71,8 @@ def _distilbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
 
 # Hugging Face model_type -> the EncoderConfig fields its own config.json names hold.
 _ARCHITECTURE_FIELDS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
-    "bert": _bert_fields, "albert": _albert_fields, "distilbert": _distilbert_fields}
+    "bert": _bert_fields, "albert": _albert_fields, "distilbert": _distilbert_fields,
+    "xlnet": xlnet_fields}
 
 
 def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
@@ -85,7 +88,7 @@ def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                            else None)
     if architecture_fields is None:
         raise CheckpointError(f"{source}: unknown architecture model_type={model_type!r}; "
-                              "supported: bert, albert, distilbert")
+                              "supported: bert, albert, distilbert, xlnet")
     values = architecture_fields(hf, source)
     values.update(vocab_size=_required(hf, "vocab_size", source),
                   max_position_embeddings=hf.get("max_position_embeddings", 512),
@@ -112,6 +115,8 @@ def hf_config_from_encoder_config(config: EncoderConfig) -> dict[str, Any]:
     common = dict(vocab_size=config.vocab_size,
                   max_position_embeddings=config.max_position_embeddings,
                   initializer_range=config.initializer_range, pad_token_id=config.pad_token_id)
+    if config.architecture == "xlnet":
+        return hf_xlnet_config(config)
     if config.architecture == "distilbert":
         return dict(common, model_type="distilbert",
                     architectures=["DistilBertForQuestionAnswering"], dim=config.hidden_size,

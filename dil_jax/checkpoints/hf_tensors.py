@@ -31,7 +31,11 @@ _BACKBONE_PREFIXES = ("bert.", "albert.", "distilbert.")
 # Tensors of pre-training heads and poolers: not part of a reader, ignored by name.
 _IGNORED = re.compile(
     r"^(pooler\.|cls\.|predictions\.|sop_classifier\.|vocab_|classifier\.|pre_classifier\.|"
-    r"embeddings\.position_ids$)")
+    r"embeddings\.position_ids$|"
+    # XLNet: the query stream's mask embedding, the LM head, the sequence-summary head.
+    r"mask_emb$|lm_loss\.|sequence_summary\.|logits_proj\.)")
+# XLNetForQuestionAnswering's beam-search head: refused by name, never silently dropped.
+_XLNET_BEAM_HEAD = re.compile(r"^(start_logits|end_logits|answer_class)\.")
 
 
 @dataclasses.dataclass
@@ -89,8 +93,35 @@ def _block_names(config: EncoderConfig, index: int) -> dict[str, str]:
             "ffn_out": f"{p}.ffn.lin2", "output_norm": f"{p}.output_layer_norm"}
 
 
+def _xlnet_name_map(config: EncoderConfig) -> dict[str, TensorRule]:
+    """XLNet's tensors (`transformer.` stripped). The attention tensors keep their [d_model,
+    n_head, d_head] / [n_head, d_head] layouts (model/xlnet.py `RelativeAttention`)."""
+    rules: dict[str, TensorRule] = {
+        "word_embedding.weight": (("embeddings", "word_embeddings", "embedding"), _identity)}
+    attention_names = {"q": "query", "k": "key", "v": "value", "o": "output", "r": "position",
+                       "r_w_bias": "content_bias", "r_r_bias": "position_bias",
+                       "r_s_bias": "segment_bias", "seg_embed": "segment_embedding"}
+    for index in range(config.num_layers):
+        p, block = f"layer.{index}", (f"block_{index}",)
+        for hf, ours in attention_names.items():
+            rules[f"{p}.rel_attn.{hf}"] = (block + ("attention", ours), _identity)
+        rules.update(_norm_rules(f"{p}.rel_attn.layer_norm", block + ("attention", "norm")))
+        rules.update(_norm_rules(f"{p}.ff.layer_norm", block + ("output_norm",)))
+        rules.update(_dense_rules(f"{p}.ff.layer_1", block + ("ffn_in",)))
+        rules.update(_dense_rules(f"{p}.ff.layer_2", block + ("ffn_out",)))
+    rules.update(_dense_rules("qa_outputs", ("qa_outputs",)))
+    return rules
+
+
+def backbone_prefix(config: EncoderConfig) -> str:
+    """The prefix task models give backbone tensors: `bert.`, ..., XLNet's `transformer.`."""
+    return "transformer." if config.architecture == "xlnet" else f"{config.architecture}."
+
+
 def name_map(config: EncoderConfig) -> dict[str, TensorRule]:
     """Hugging Face tensor name (backbone prefix stripped) -> (our param path, transform)."""
+    if config.architecture == "xlnet":
+        return _xlnet_name_map(config)
     rules: dict[str, TensorRule] = {}
     emb = ("embeddings",)
     for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
@@ -113,9 +144,14 @@ def name_map(config: EncoderConfig) -> dict[str, TensorRule]:
     return rules
 
 
-def strip_backbone_prefix(name: str) -> str:
-    """`bert.embeddings.x` -> `embeddings.x`: task models nest the backbone under its name."""
-    for prefix in _BACKBONE_PREFIXES:
+def strip_backbone_prefix(name: str, architecture: str | None = None) -> str:
+    """`bert.embeddings.x` -> `embeddings.x`: task models nest the backbone under its name.
+
+    XLNet's is `transformer.`, stripped only for architecture "xlnet": a bare DistilBertModel's
+    own tensors start with `transformer.`.
+    """
+    prefixes = _BACKBONE_PREFIXES + (("transformer.",) if architecture == "xlnet" else ())
+    for prefix in prefixes:
         if name.startswith(prefix):
             return name[len(prefix):]
     return name
@@ -158,7 +194,11 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
     params: dict = {}
     unexpected = []
     for hf_name, tensor in state.items():
-        name = strip_backbone_prefix(hf_name)
+        name = strip_backbone_prefix(hf_name, config.architecture)
+        if config.architecture == "xlnet" and _XLNET_BEAM_HEAD.match(name):
+            raise CheckpointError(
+                f"{source}: tensor {hf_name!r} belongs to XLNetForQuestionAnswering's beam-search "
+                "head, which is not supported; use XLNetForQuestionAnsweringSimple (qa_outputs)")
         if name not in rules:
             if _IGNORED.match(name):
                 report.ignored.append(hf_name)

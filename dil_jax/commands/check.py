@@ -2,7 +2,8 @@
 
 1. Imports the checkpoint (default: the embedded MiniLM) and prints the import report.
 2. With torch installed, runs Hugging Face's `AutoModelForQuestionAnswering` on the same
-   `[CLS] q [SEP] p [SEP]` inputs and prints the max abs logit difference of our full model (k = 0).
+   `[CLS] q [SEP] p [SEP]` inputs (XLNet: `p [SEP] q [SEP] [CLS]`) and prints the max abs
+   logit difference of our full model (k = 0).
 3. Reads every (question, passage) pair of a small sample grid with the full model and with
    delayed interaction at each requested k: lower states once per question and per passage, the
    upper blocks per pair. Prints, per k, that the cached-lower grid equals the direct per-pair
@@ -66,6 +67,7 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
 
     from dil_jax.checkpoints import convert_state_dict
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.xlnet import xlnet_input_order
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -78,15 +80,23 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
     for row in range(len(q)):
         q_ids = q.ids[row, :q.mask[row].sum()]
         p_ids = p.ids[row, :p.mask[row].sum()]
-        ids = torch.tensor(np.concatenate([q_ids, p_ids])[None].astype(np.int64))
+        if config.architecture == "xlnet":
+            # XLNet's own layout, `P [SEP] Q [SEP] [CLS]`: the passage comes first.
+            order, types = xlnet_input_order(q_ids, p_ids)
+            passage = slice(0, len(p_ids))
+        else:
+            order = list(np.concatenate([q_ids, p_ids]))
+            types = [0] * len(q_ids) + [1] * len(p_ids)
+            passage = slice(len(q_ids), len(q_ids) + len(p_ids))
+        ids = torch.tensor(np.asarray(order)[None].astype(np.int64))
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if config.type_vocab_size:
-            kwargs["token_type_ids"] = torch.tensor([[0] * len(q_ids) + [1] * len(p_ids)])
+        if config.type_vocab_size or config.architecture == "xlnet":
+            kwargs["token_type_ids"] = torch.tensor([types])
         with torch.no_grad():
             out = hf_model(**kwargs)
         for mine, theirs in ((ours.start_logits, out.start_logits),
                              (ours.end_logits, out.end_logits)):
-            diff = np.abs(np.asarray(mine[row, :len(p_ids)]) - theirs[0, len(q_ids):].numpy())
+            diff = np.abs(np.asarray(mine[row, :len(p_ids)]) - theirs[0, passage].numpy())
             worst = max(worst, float(diff.max()))
     verdict = "OK" if worst < 1e-4 else "MISMATCH"
     return params, (f"parity vs Hugging Face {type(hf_model).__name__} (torch {torch.__version__}),"

@@ -37,6 +37,7 @@ from dil_jax.model.modules import (
     pair_reuses_apply,
     passage_attention_stats,
 )
+from dil_jax.model.xlnet import XLNetSpanReaderModule, XLNetUnsupportedError
 
 Params = Any  # a nested dict of float32 arrays
 
@@ -91,12 +92,21 @@ def check_segment_lengths(config: EncoderConfig, question_len: int, passage_len:
                              f"(k = {k}); {fix}")
 
 
+def reader_module(config: EncoderConfig) -> SpanReaderModule | XLNetSpanReaderModule:
+    """The Flax module of an architecture: XLNet's relative attention has its own
+    (`model/xlnet.py`); BERT, ALBERT and DistilBERT share `SpanReaderModule`. Both have the
+    same methods, called by name below."""
+    if config.architecture == "xlnet":
+        return XLNetSpanReaderModule(config)
+    return SpanReaderModule(config)
+
+
 class DelayedInteractionModel:
     """A reader with split point `config.num_lower_layers` (k) of `config.num_layers` (l)."""
 
     def __init__(self, config: EncoderConfig):
         self.config = config
-        self.module = SpanReaderModule(config)
+        self.module = reader_module(config)
 
     def init(self, rng: jax.Array, passage_len: int = 8) -> Params:
         """Fresh float32 params (normal(initializer_range) weights, as Hugging Face inits)."""
@@ -135,7 +145,7 @@ class DelayedInteractionModel:
                     f"{self.config.max_position_embeddings}; shorten the question or passage")
         return self.module.apply(
             {"params": params}, ids, mask, segment, position_offset, deterministic,
-            output_hidden_states, rngs=rngs, method=SpanReaderModule.encode_lower)
+            output_hidden_states, rngs=rngs, method="encode_lower")
 
     def project_upper(self, params: Params, lower: jax.Array) -> QKV:
         """The first upper block's (query, key, value) of lower states, for `encode_upper`.
@@ -146,7 +156,7 @@ class DelayedInteractionModel:
         self._check_lower(lower, "segment")
         self._check_has_upper_block()
         self._check_pair_reuses("project_upper")
-        return self.module.apply({"params": params}, lower, method=SpanReaderModule.project_upper)
+        return self.module.apply({"params": params}, lower, method="project_upper")
 
     def passage_attention_stats(self, p_qkv: QKV, p_mask: jax.Array) -> PassageAttentionStats:
         """The first upper block's attention statistics of passages over their own keys.
@@ -158,6 +168,7 @@ class DelayedInteractionModel:
         """
         self._check_has_upper_block()
         self._check_pair_reuses("passage_attention_stats")
+        self._refuse_xlnet_stats()
         if self.config.num_lower_layers == 0:
             raise InputError("passage attention statistics need k > 0: at k = 0 a passage's "
                              "first-block input depends on the question (its positions)")
@@ -168,7 +179,14 @@ class DelayedInteractionModel:
                              f"{[tuple(a.shape) for a in p_qkv]}")
         return passage_attention_stats(self.config, tuple(p_qkv), p_mask)
 
+    def _refuse_xlnet_stats(self) -> None:
+        if self.config.architecture == "xlnet":
+            raise XLNetUnsupportedError(
+                "passage attention statistics (p_stats) are not implemented for architecture "
+                "'xlnet': its scores carry relative position and segment terms")
+
     def _check_stats(self, stats: Any, p_lower: Any) -> None:
+        self._refuse_xlnet_stats()
         cfg = self.config
         if cfg.num_lower_layers == 0:
             raise InputError("p_stats given with k = 0: the full model has no "
@@ -254,7 +272,7 @@ class DelayedInteractionModel:
         return self.module.apply(
             {"params": params}, q_lower, q_mask, p_lower, p_mask, deterministic,
             output_hidden_states, q_qkv, p_qkv, span_rows_only, p_stats, rngs=rngs,
-            method=SpanReaderModule.encode_upper)
+            method="encode_upper")
 
     def __call__(self, params: Params, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
                  p_mask: jax.Array, *, deterministic: bool = True,

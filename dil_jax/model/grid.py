@@ -239,9 +239,11 @@ class PairGrid:
     @property
     def uses_passage_stats(self) -> bool:
         """Whether pairs can read the passages' first-upper-block attention statistics
-        (`passage_attention_stats`): reuse on and 0 < k < l. iter_pair_chunks computes them
-        when passages are read by enough pairs (HOIST_MIN_READS)."""
-        return self.reuse and self.hoists_projections
+        (`passage_attention_stats`): reuse on and 0 < k < l, not XLNet (its scores' position
+        and segment terms are not in the statistics). iter_pair_chunks computes them when
+        passages are read by enough pairs (HOIST_MIN_READS)."""
+        return (self.reuse and self.hoists_projections
+                and self.model.config.architecture != "xlnet")
 
     def passage_attention_stats(self, p_qkv: QKV, p_mask: np.ndarray | jax.Array
                                 ) -> PassageAttentionStats:
@@ -377,6 +379,10 @@ class PairGrid:
         if p_stats is not None and positions is not None:
             raise InputError("p_stats cannot be combined with positions: kept tokens attend "
                              "only the kept keys, not the whole passage's")
+        if positions is not None and self.model.config.architecture == "xlnet":
+            raise InputError("kept-token positions (sentence prescreening) are not supported "
+                             "for architecture 'xlnet': its upper blocks would renumber the "
+                             "kept tokens' relative distances")
         # Before tracing: past the position table XLA would return NaN logits, not an error.
         check_segment_lengths(self.model.config, np.shape(q_mask)[1],
                               p_len if positions is None else np.shape(positions)[1])

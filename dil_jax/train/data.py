@@ -9,6 +9,10 @@ The featurizer (`dil_jax.data.features`) encodes each question once and each pas
   end_positions            [n_windows]         token index inside the window, -1 = no answer here
   is_distractor            [n_windows]         optional: a retrieved passage of another paragraph
                                                (`dil_jax.train.distractors`), always -1 / -1
+  is_unlabelled            [n_windows]         optional: a window of a distillation-only question
+                                               (`dil_jax.train.squad_data`, data.distill_file):
+                                               -1 / -1, and no span cross-entropy; only the
+                                               teacher's KD and LRS train on it
 
 Anything with those attributes (`FeaturesLike`) trains; tests build them synthetically. A training
 unit is a window; its question ids are gathered per batch, so questions are stored once. With
@@ -51,14 +55,16 @@ class FeaturesLike(Protocol):
 @dataclasses.dataclass
 class TrainingFeatures:
     """Training windows as plain arrays: the `FeaturesLike` fields, plus `is_distractor` when
-    retrieved passages of other paragraphs were added (dil_jax.train.distractors). Built by the
+    retrieved passages of other paragraphs were added (dil_jax.train.distractors) and
+    `is_unlabelled` when distillation-only questions were (`append_unlabelled`). Built by the
     synthetic featurizer (tests, smoke runs) and by the distractor step. Not the featurizer's
     `dil_jax.data.features.Features`, which also holds character offsets, max-context flags and
     window starts, so that predictions map back to answer text (a distractor window's offsets
     would point into another text, and training needs none).
       q_ids, q_mask: [n_questions, Lq]; p_ids, p_mask: [n_windows, Lp];
       start_positions, end_positions, example_index: [n_windows];
-      is_distractor: [n_windows] bool (True: an added window, always -1 / -1) or None.
+      is_distractor: [n_windows] bool (True: an added window, always -1 / -1) or None;
+      is_unlabelled: [n_windows] bool (True: no span label, distillation only) or None.
     """
 
     q_ids: np.ndarray
@@ -69,6 +75,44 @@ class TrainingFeatures:
     end_positions: np.ndarray
     example_index: np.ndarray
     is_distractor: np.ndarray | None = None
+    is_unlabelled: np.ndarray | None = None
+
+
+def append_unlabelled(features: FeaturesLike, extra: FeaturesLike) -> TrainingFeatures:
+    """`features` followed by the questions and windows of `extra`, the latter marked unlabelled
+    (their span labels become -1 / -1 and the span cross-entropy skips them; the teacher's KD
+    and LRS still train on them). Both must be featurized at the same question and window
+    lengths. Distractor marks of `features` are kept; `extra`'s windows are not distractors."""
+    for name in ("q_ids", "p_ids"):
+        base, added = np.asarray(getattr(features, name)), np.asarray(getattr(extra, name))
+        if base.shape[1:] != added.shape[1:]:
+            raise FeaturizationError(f"unlabelled questions' {name} rows are {added.shape[1:]}, "
+                                     f"the labelled ones' {base.shape[1:]}: featurize both at "
+                                     "the same lengths")
+    n_base, n_added = len(features.p_ids), len(extra.p_ids)
+
+    def flag(source: FeaturesLike, name: str, n: int) -> np.ndarray:
+        values = getattr(source, name, None)
+        return np.zeros(n, bool) if values is None else np.asarray(values, bool)
+
+    def joined(name: str) -> np.ndarray:
+        return np.concatenate([np.asarray(getattr(features, name)),
+                               np.asarray(getattr(extra, name))])
+
+    return TrainingFeatures(
+        q_ids=joined("q_ids").astype(np.int32), q_mask=joined("q_mask").astype(np.int32),
+        p_ids=joined("p_ids").astype(np.int32), p_mask=joined("p_mask").astype(np.int32),
+        start_positions=np.concatenate([features.start_positions,
+                                        np.full(n_added, NO_ANSWER)]).astype(np.int32),
+        end_positions=np.concatenate([features.end_positions,
+                                      np.full(n_added, NO_ANSWER)]).astype(np.int32),
+        example_index=np.concatenate([
+            features.example_index,
+            np.asarray(extra.example_index) + len(features.q_ids)]).astype(np.int32),
+        is_distractor=np.concatenate([flag(features, "is_distractor", n_base),
+                                      np.zeros(n_added, bool)]),
+        is_unlabelled=np.concatenate([flag(features, "is_unlabelled", n_base),
+                                      np.ones(n_added, bool)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +128,8 @@ class Windows:
     start: np.ndarray  # [n_windows] int32, -1 = null
     end: np.ndarray  # [n_windows] int32, -1 = null
     is_distractor: np.ndarray  # [n_windows] bool
+    # [n_windows] bool: False on distillation-only windows (no span cross-entropy).
+    labelled: np.ndarray
     # Shared normalisation (`grouped`): [n_groups, G] window rows of each question group and
     # whether each is real; a padding slot repeats the group's first row with valid False.
     # None: every window is its own unit.
@@ -117,10 +163,12 @@ class Windows:
         return self.groups[units].reshape(-1), self.group_valid[units].reshape(-1)
 
     def batch(self, rows: np.ndarray, valid: np.ndarray | None = None) -> dict[str, np.ndarray]:
-        """rows: int array of any shape S -> dict of arrays [*S, ...] (ids, masks, labels, valid).
+        """rows: int array of any shape S -> dict of arrays [*S, ...] (ids, masks, labels, valid,
+        labelled).
 
         valid [*S] (default all true): a row marked invalid becomes a padding window: ids and
         mask all 0 (the model gives its passage logits PADDED_LOGIT), labels -1, valid 0.
+        labelled [*S]: 0 on distillation-only windows (the span cross-entropy skips them).
         """
         rows = np.asarray(rows)
         valid = np.ones(rows.shape, bool) if valid is None else np.asarray(valid, bool)
@@ -133,6 +181,7 @@ class Windows:
             "start": np.where(valid, self.start[rows], NO_ANSWER).astype(np.int32),
             "end": np.where(valid, self.end[rows], NO_ANSWER).astype(np.int32),
             "valid": valid.astype(np.int32),
+            "labelled": self.labelled[rows].astype(np.int32),
         }
 
 
@@ -180,8 +229,11 @@ def windows_from_features(features: FeaturesLike) -> Windows:
                                  "[nw, Lp]")
     distractor = getattr(features, "is_distractor", None)
     distractor = np.zeros(n, bool) if distractor is None else np.asarray(distractor, bool)
+    unlabelled = getattr(features, "is_unlabelled", None)
+    unlabelled = np.zeros(n, bool) if unlabelled is None else np.asarray(unlabelled, bool)
     for name, array in (("example_index", q_index), ("start_positions", start),
-                        ("end_positions", end), ("is_distractor", distractor)):
+                        ("end_positions", end), ("is_distractor", distractor),
+                        ("is_unlabelled", unlabelled)):
         if array.shape != (n,):
             raise FeaturizationError(f"{name} has shape {array.shape}, expected ({n},)")
     if n and (q_index.min() < 0 or q_index.max() >= q_ids.shape[0]):
@@ -196,9 +248,12 @@ def windows_from_features(features: FeaturesLike) -> Windows:
     if np.any(distractor & (start != NO_ANSWER)):
         raise FeaturizationError("a distractor window has an answer label; distractors are "
                                  "labelled -1 / -1")
+    if np.any(unlabelled & (start != NO_ANSWER)):
+        raise FeaturizationError("an unlabelled (distillation-only) window has an answer label; "
+                                 "they are labelled -1 / -1")
     return Windows(q_ids.astype(np.int32), q_mask.astype(np.int32), p_ids.astype(np.int32),
                    p_mask.astype(np.int32), q_index.astype(np.int64), start.astype(np.int32),
-                   end.astype(np.int32), distractor)
+                   end.astype(np.int32), distractor, ~unlabelled)
 
 
 # ----------------------------------------------------------------------------- order

@@ -98,6 +98,13 @@ def base_config() -> ml_collections.ConfigDict:
     # padding); needed (> 0) when loss.shared_norm is on, 0 otherwise. batch_size counts windows
     # and must be a multiple of G per micro-batch.
     c.data.windows_per_question = 0
+    # A SQuAD file whose questions on the training articles (by title) that are not labelled
+    # training questions (by id) are added WITHOUT labels: the span CE skips their windows and
+    # only the teacher's KD and LRS train on them (e.g. dev-v2.0.json: the training articles'
+    # unanswerable questions, more questions on the same paragraphs); "" = none. Needs
+    # loss.kd_weight or loss.lrs_weight > 0; not with loss.shared_norm.
+    c.data.distill_file = ""
+    c.data.max_distill_questions = -1  # > 0: only the first of them (file order)
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
         "null_fraction": 0.25})
@@ -309,6 +316,8 @@ RULES: dict[str, Rule] = {
     "data.distractors_per_question": int_at_least(0),
     "data.distractor_sources": names_from("paragraphs", "wikipedia"),
     "data.windows_per_question": int_at_least(0),
+    "data.distill_file": text(),
+    "data.max_distill_questions": int_at_least(1, off=-1),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
     "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved
@@ -375,7 +384,25 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
         problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
                         "config.checkpoint.best_metric (e.g. 'f1')")
     problems += _shared_norm_problems(config)
+    problems += _distill_file_problems(config)
     return problems
+
+
+def _distill_file_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """data.distill_file adds windows without labels: only KD or LRS can learn from them, and
+    shared normalisation has no group label for them."""
+    present, path = _lookup(config, "data.distill_file")
+    if not (present and path):
+        return []
+    weights = [_lookup(config, f"loss.{name}_weight") for name in ("kd", "lrs")]
+    if not any(found and value > 0 for found, value in weights):
+        return [f"config.data.distill_file = {path!r} adds unlabelled questions, which only the "
+                "teacher's losses train on: set config.loss.kd_weight or config.loss.lrs_weight "
+                "> 0 (and config.teacher.checkpoint), or set it to ''"]
+    if _lookup(config, "loss.shared_norm")[1]:
+        return [f"config.data.distill_file = {path!r} cannot be combined with "
+                "config.loss.shared_norm = true (an unlabelled question has no group label)"]
+    return []
 
 
 def _shared_norm_problems(config: ml_collections.ConfigDict) -> list[str]:

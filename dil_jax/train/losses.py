@@ -68,9 +68,19 @@ def span_cross_entropy_rows(out: ReaderOutput, start: jax.Array, end: jax.Array)
     return (ce_start + ce_end) / 2
 
 
-def span_cross_entropy(out: ReaderOutput, start: jax.Array, end: jax.Array) -> jax.Array:
-    """Batch mean of span_cross_entropy_rows. -> scalar."""
-    return jnp.mean(span_cross_entropy_rows(out, start, end))
+def span_cross_entropy(out: ReaderOutput, start: jax.Array, end: jax.Array,
+                       labelled: jax.Array | None = None) -> jax.Array:
+    """Mean of span_cross_entropy_rows over the labelled rows. -> scalar.
+
+    labelled: [B] 1 for a window with a span label, 0 for a distillation-only one (its row is
+    left out of the mean, so its logits get no CE gradient); None = every row. A batch with no
+    labelled row gives 0.
+    """
+    rows = span_cross_entropy_rows(out, start, end)
+    if labelled is None:
+        return jnp.mean(rows)
+    weights = labelled.astype(jnp.float32)
+    return jnp.sum(weights * rows) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
 def shared_norm_nll(logits: jax.Array, null: jax.Array, positions: jax.Array,

@@ -4,7 +4,8 @@
 articles of the split (`data.train_articles` / `data.validation_articles`, slices of the file's
 article order, so the split is by article, never by question) and featurizes them with
 `dil_jax.data.features.featurize` (each question once, strided passage windows, labels inside
-the window or -1).
+the window or -1). Training may add distractor windows (`data.distractors_per_question`) and
+distillation-only questions (`data.distill_file`, `distillation_examples`).
 
 `evaluator` is the `eval.evaluator`: EM/F1 (the official SQuAD metric) of the model being trained
 on the validation articles, through the same `predict_squad` path as `dil-jax predict`. On SQuAD
@@ -13,16 +14,20 @@ v2.0 it first chooses the null threshold on training questions (never on validat
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import ml_collections
+import numpy as np
 
 from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
-from dil_jax.train.data import TrainingFeatures
+from dil_jax.train.data import TrainingFeatures, append_unlabelled
 from dil_jax.train.distractors import add_distractors
+
+log = logging.getLogger(__name__)
 
 
 def split_examples(data_cfg: ml_collections.ConfigDict, split: str) -> list[SquadExample]:
@@ -63,19 +68,56 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
 
     examples = split_examples(data_cfg, split)
     tokenizer = load_tokenizer(data_cfg.tokenizer)
-    features = featurize_examples(examples, tokenizer, max_question_len=max_question_len,
-                                  max_passage_len=data_cfg.max_passage_len,
-                                  doc_stride=data_cfg.doc_stride)
-    if split != "train" or data_cfg.get("distractors_per_question", 0) <= 0:
+    options = dict(max_question_len=max_question_len, max_passage_len=data_cfg.max_passage_len,
+                   doc_stride=data_cfg.doc_stride)
+    features = featurize_examples(examples, tokenizer, **options)
+    if split != "train":
         return features
     # Whole articles: every training paragraph and every validation title, whatever the
     # question limits.
     unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
     unlimited.max_questions = unlimited.max_validation_questions = -1
-    paragraphs = list(dict.fromkeys(e.context for e in split_examples(unlimited, "train")))
-    validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
-    return add_distractors(features, examples, paragraphs, tokenizer, data_cfg,
-                           validation_titles)
+    all_training = split_examples(unlimited, "train")
+    if data_cfg.get("distractors_per_question", 0) > 0:
+        paragraphs = list(dict.fromkeys(e.context for e in all_training))
+        validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
+        features = add_distractors(features, examples, paragraphs, tokenizer, data_cfg,
+                                   validation_titles)
+    if data_cfg.get("distill_file", ""):
+        extra = distillation_examples(data_cfg, all_training)
+        features = append_unlabelled(features, featurize_examples(extra, tokenizer, **options))
+        log.info("distillation-only questions: %d from %s (%d windows)", len(extra),
+                 data_cfg.distill_file, int(np.sum(features.is_unlabelled)))
+    return features
+
+
+def distillation_examples(data_cfg: ml_collections.ConfigDict,
+                          training: list[SquadExample]) -> list[SquadExample]:
+    """The questions of data.distill_file on the training articles (matched by title, so a
+    file in another article order cannot leak a validation article) that are not labelled
+    training questions (by id), in file order, at most data.max_distill_questions of them.
+
+    training: every labelled example of the training split (whatever data.max_questions), so a
+    learning-curve subset never gets the rest of its own questions back as unlabelled ones.
+    With dev-v2.0.json beside the v1.1 file these are the training articles' unanswerable
+    questions: questions on the same paragraphs whose teacher distributions KD and LRS learn
+    from (their v2.0 "no answer" label is not used).
+    """
+    path = data_cfg.distill_file
+    try:
+        squad = load_squad(path)
+    except (DilJaxError, OSError, ValueError) as error:
+        raise InputFileError(f"config.data.distill_file = {path!r}: {error}") from None
+    titles = {example.title for example in training}
+    labelled_ids = {example.qid for example in training}
+    chosen = [example for example in squad.examples
+              if example.title in titles and example.qid not in labelled_ids]
+    if not chosen:
+        raise UsageError(f"config.data.distill_file = {path!r}: none of its questions is on a "
+                         f"training article ({len(titles)} titles) and not already a labelled "
+                         "training question")
+    limit = int(data_cfg.get("max_distill_questions", -1))
+    return chosen[:limit] if limit > 0 else chosen
 
 
 def spread_subset(examples: list[SquadExample], count: int) -> list[SquadExample]:
