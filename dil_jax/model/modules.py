@@ -14,6 +14,10 @@ the paper's:
 
 With k = 0 and the passage offset set to the question's length this is exactly standard BERT over
 `[CLS] q [SEP] p [SEP]`: masked padding between the two segments receives zero attention weight.
+
+Long passages (docs/architecture.md, "Long passages"): `EncoderConfig` can chunk the feed-forward
+over the sequence, put LSH attention in chosen blocks (`lsh.py`), remat the blocks
+(`memory.py`) or make them reversible (`reversible.py`); all off by default.
 """
 
 from __future__ import annotations
@@ -511,7 +515,8 @@ def pair_reuses_apply(config: EncoderConfig) -> bool:
 
 def _reversible_residual(config: EncoderConfig, deterministic: bool, method: str,
                          params: Any, x: jax.Array, aux: tuple[Any, ...]) -> jax.Array:
-    """F or G of one reversible block as a pure function (`reversible.Residual`).
+    """F ("attention") or G ("feed_forward") of one reversible block as a pure function
+    (`reversible.Residual`): params of one Block, x [batch, seq, hidden] -> the same shape.
 
     aux: (bias [batch, 1, 1, seq], dropout key or None, LSH key or None)."""
     bias, dropout_rng, lsh_rng = aux
@@ -521,8 +526,10 @@ def _reversible_residual(config: EncoderConfig, deterministic: bool, method: str
     if method == "attention":
         return block.apply({"params": params}, x, bias, deterministic, lsh_rng, rngs=rngs,
                            method=Block.reversible_attention)
-    return block.apply({"params": params}, x, deterministic, rngs=rngs,
-                       method=Block.reversible_feed_forward)
+    if method == "feed_forward":
+        return block.apply({"params": params}, x, deterministic, rngs=rngs,
+                           method=Block.reversible_feed_forward)
+    raise ValueError(f"unknown reversible residual {method!r}: 'attention' or 'feed_forward'")
 
 
 class SpanReaderModule(nn.Module):
