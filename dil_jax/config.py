@@ -22,6 +22,9 @@ ARCHITECTURES = ("bert", "albert", "distilbert", "xlnet")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_FORMS = ("auto", "batched", "per_example")
+# `remat_policy` names -> the `jax.checkpoint_policies` entry they select ("none": no remat;
+# "full": save nothing, recompute the whole block in the backward pass).
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
 
 
 class ConfigError(DilJaxError, ValueError):
@@ -62,6 +65,25 @@ class EncoderConfig:
         "batched" is one batched op, "auto" picks per_example on CPU and batched elsewhere (see
         `modeling.attends_per_example`). The same operations either way, so not a
         hyper-parameter: `to_dict` leaves the default out and saved configs stay as they were.
+
+    Long passages (docs/architecture.md, "Long passages"); every field is off by default and
+    `to_dict` leaves it out then, so saved configs are unchanged:
+      ffn_chunk_size: > 0 runs each block's feed-forward over the sequence in chunks of this
+        many rows (exact: the FFN is row-wise); 0 = in one piece.
+      lsh_attention_layers: the 0-based layers whose attention is Reformer LSH attention
+        (`dil_jax.model.lsh`), e.g. the passage's lower blocks; () = full attention everywhere.
+      lsh_num_hashes: hash rounds of LSH attention.
+      lsh_bucket_size: tokens per chunk of the sorted sequence (Reformer's bucket size).
+      lsh_num_buckets: hash buckets; 0 = derived from the length (one per bucket_size tokens,
+        rounded up to an even count).
+      lsh_exclude_self: Reformer's rule that a token attends to itself only when nothing else
+        is available (for shared-QK models); False keeps the self term, as pretrained readers'
+        full attention has it.
+      lsh_seed: the seed of the hash rotations when no "lsh" rng is passed (inference).
+      remat_policy: `jax.checkpoint` policy of every block in training ("none" = no remat).
+      reversible: RevNet blocks (pre-LayerNorm, two residual streams, activations recomputed
+        from the outputs in the backward pass); a different function than the post-LayerNorm
+        blocks, so for readers trained from scratch only (pretrained checkpoints are refused).
     """
 
     architecture: str = "bert"
@@ -85,8 +107,20 @@ class EncoderConfig:
     dtype: str = "float32"
     attention_form: str = "auto"
     passage_position_offset: int = 0
+    ffn_chunk_size: int = 0
+    lsh_attention_layers: tuple[int, ...] = ()
+    lsh_num_hashes: int = 2
+    lsh_bucket_size: int = 64
+    lsh_num_buckets: int = 0
+    lsh_exclude_self: bool = False
+    lsh_seed: int = 0
+    remat_policy: str = "none"
+    reversible: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.lsh_attention_layers, list):
+            # JSON has no tuples; a tuple keeps the config hashable (a jit static argument).
+            object.__setattr__(self, "lsh_attention_layers", tuple(self.lsh_attention_layers))
         validate_config(self)
 
     @property
@@ -113,7 +147,21 @@ class EncoderConfig:
             del values["attention_form"]
         if values["passage_position_offset"] == 0:
             del values["passage_position_offset"]
+        for name, default in LONG_PASSAGE_DEFAULTS.items():
+            if values[name] == default:
+                del values[name]
+        if "lsh_attention_layers" in values:
+            values["lsh_attention_layers"] = list(values["lsh_attention_layers"])
         return values
+
+    @property
+    def uses_lsh(self) -> bool:
+        return bool(self.lsh_attention_layers)
+
+    def lsh_in_upper_blocks(self) -> bool:
+        """Whether some block above k uses LSH attention (the pair program's reuses assume
+        full attention there)."""
+        return any(layer >= self.num_lower_layers for layer in self.lsh_attention_layers)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
@@ -127,12 +175,20 @@ class EncoderConfig:
         return cls(**values)
 
 
+# The long-passage fields and their defaults (off): `to_dict` omits them at these values.
+LONG_PASSAGE_DEFAULTS: dict[str, Any] = {
+    "ffn_chunk_size": 0, "lsh_attention_layers": (), "lsh_num_hashes": 2,
+    "lsh_bucket_size": 64, "lsh_num_buckets": 0, "lsh_exclude_self": False, "lsh_seed": 0,
+    "remat_policy": "none", "reversible": False}
+
 _INT_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size", "embedding_size",
                "num_hidden_groups", "pad_token_id", "num_lower_layers", "max_question_len",
-               "passage_position_offset")
+               "passage_position_offset", "ffn_chunk_size", "lsh_num_hashes",
+               "lsh_bucket_size", "lsh_num_buckets", "lsh_seed")
 _FLOAT_FIELDS = ("layer_norm_eps", "hidden_dropout", "attention_dropout", "initializer_range")
-_STR_FIELDS = ("architecture", "hidden_act", "dtype", "attention_form")
+_STR_FIELDS = ("architecture", "hidden_act", "dtype", "attention_form", "remat_policy")
+_BOOL_FIELDS = ("lsh_exclude_self", "reversible")
 
 
 def _check_types(config: EncoderConfig) -> None:
@@ -149,11 +205,55 @@ def _check_types(config: EncoderConfig) -> None:
     for name in _STR_FIELDS:
         if not isinstance(getattr(config, name), str):
             raise ConfigError(f"{name} must be a string, got {getattr(config, name)!r}")
+    for name in _BOOL_FIELDS:
+        if not isinstance(getattr(config, name), bool):
+            raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
+    layers = config.lsh_attention_layers
+    if not isinstance(layers, tuple) or any(
+            isinstance(layer, bool) or not isinstance(layer, numbers.Integral) for layer in layers):
+        raise ConfigError(f"lsh_attention_layers must be a list of layer indices, got {layers!r}")
+
+
+def _validate_long_passages(config: EncoderConfig) -> None:
+    """The long-passage fields (`ffn_chunk_size`, `lsh_*`, `remat_policy`, `reversible`)."""
+    if config.ffn_chunk_size < 0:
+        raise ConfigError(f"ffn_chunk_size must be >= 0 (0 = unchunked), got "
+                          f"{config.ffn_chunk_size}")
+    layers = config.lsh_attention_layers
+    bad = [layer for layer in layers if not 0 <= layer < config.num_layers]
+    if bad:
+        raise ConfigError(f"lsh_attention_layers {list(layers)}: {bad} not in "
+                          f"0..{config.num_layers - 1} (num_layers - 1)")
+    if len(set(layers)) != len(layers):
+        raise ConfigError(f"lsh_attention_layers {list(layers)} names a layer twice")
+    for name in ("lsh_num_hashes", "lsh_bucket_size"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(config, name)}")
+    buckets = config.lsh_num_buckets
+    if buckets < 0 or (buckets > 1 and buckets % 2):
+        raise ConfigError(f"lsh_num_buckets must be 0 (derived from the length), 1 or even "
+                          f"(angular LSH takes the argmax over [xR; -xR]), got {buckets}")
+    if config.remat_policy not in REMAT_POLICIES:
+        raise ConfigError(f"unknown remat_policy {config.remat_policy!r}; supported: "
+                          f"{list(REMAT_POLICIES)}")
+    if config.architecture == "xlnet":
+        switched_on = [name for name in ("ffn_chunk_size", "lsh_attention_layers",
+                                         "remat_policy", "reversible")
+                       if getattr(config, name) != LONG_PASSAGE_DEFAULTS[name]]
+        if switched_on:
+            raise ConfigError(f"{', '.join(switched_on)}: not implemented for architecture "
+                              f"'xlnet' (its relative-attention blocks, model/xlnet.py, have "
+                              f"none of the long-passage options)")
+    if config.reversible and config.remat_policy != "none":
+        raise ConfigError(f"reversible blocks recompute their activations themselves: "
+                          f"remat_policy must be 'none' with reversible, got "
+                          f"{config.remat_policy!r}")
 
 
 def validate_config(config: EncoderConfig) -> None:
     """Raises ConfigError naming the first invalid field."""
     _check_types(config)
+    _validate_long_passages(config)
     if config.architecture not in ARCHITECTURES:
         raise ConfigError(
             f"unknown architecture {config.architecture!r}; supported: {list(ARCHITECTURES)}"

@@ -95,6 +95,12 @@ def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                   initializer_range=hf.get("initializer_range", 0.02),
                   pad_token_id=hf.get("pad_token_id", 0) or 0)
     values.update(overrides)
+    if values.get("reversible"):
+        raise CheckpointError(
+            f"{source}: reversible=True with a pretrained checkpoint: its post-LayerNorm blocks "
+            f"compute a different function than reversible (RevNet) blocks, whose residual "
+            f"stream is two halves; reversible is for readers trained from scratch (use "
+            f"remat_policy to save memory with pretrained weights)")
     try:
         return EncoderConfig(**values)
     except ConfigError as error:
@@ -103,6 +109,9 @@ def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
 
 def hf_config_from_encoder_config(config: EncoderConfig) -> dict[str, Any]:
     """The Hugging Face `config.json` of a *ForQuestionAnswering model with these weights."""
+    if config.reversible:
+        raise CheckpointError("reversible=True: reversible (RevNet) blocks have no Hugging Face "
+                              "*ForQuestionAnswering equivalent to export to")
     common = dict(vocab_size=config.vocab_size,
                   max_position_embeddings=config.max_position_embeddings,
                   initializer_range=config.initializer_range, pad_token_id=config.pad_token_id)

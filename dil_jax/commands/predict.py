@@ -10,6 +10,7 @@ import time
 from dil_jax.commands.arguments import (
     add_reading_arguments,
     finite_float,
+    int_list,
     non_negative_int,
     positive_int,
     window_len,
@@ -50,8 +51,55 @@ def register(subparsers) -> None:
                         help="only the first N questions")
     parser.add_argument("--cache-dir", default=None, help="cache featurized inputs here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--lsh-layers", type=lsh_layers, default=None,
+                        help="read with Reformer LSH attention in these blocks: 'lower' (the "
+                             "passage's lower blocks, 0..k-1) or comma-separated 0-based "
+                             "layers (docs/architecture.md, 'Long passages')")
+    parser.add_argument("--lsh-num-hashes", type=positive_int, default=None,
+                        help="hash rounds of --lsh-layers (default 2)")
+    parser.add_argument("--lsh-bucket-size", type=positive_int, default=None,
+                        help="tokens per chunk of --lsh-layers (default 64)")
     add_reading_arguments(parser, "")
     parser.set_defaults(func=run)
+
+
+def lsh_layers(text: str) -> str | tuple[int, ...]:
+    """--lsh-layers: 'lower' or comma-separated layer indices."""
+    return "lower" if text.strip() == "lower" else int_list(non_negative_int)(text)
+
+
+lsh_layers.__name__ = "'lower' or comma-separated layers"
+
+
+def check_lsh_flags(args: argparse.Namespace) -> None:
+    """Refuses --lsh-num-hashes / --lsh-bucket-size without --lsh-layers (before loading)."""
+    from dil_jax.errors import UsageError
+
+    if args.lsh_layers is None:
+        for flag in ("lsh_num_hashes", "lsh_bucket_size"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --lsh-layers")
+
+
+def with_lsh_flags(model, args: argparse.Namespace):
+    """The model with the --lsh-* flags' LSH attention (the same params), or as it is."""
+    from dil_jax.errors import UsageError
+    from dil_jax.model.delayed import DelayedInteractionModel
+
+    if args.lsh_layers is None:
+        return model
+    config = model.config
+    layers = (tuple(range(config.num_lower_layers)) if args.lsh_layers == "lower"
+              else args.lsh_layers)
+    if not layers:
+        raise UsageError(f"--lsh-layers lower with k = {config.num_lower_layers}: the reader "
+                         f"has no lower blocks (pass --k, or name the layers)")
+    changes = {"lsh_attention_layers": layers}
+    if args.lsh_num_hashes is not None:
+        changes["lsh_num_hashes"] = args.lsh_num_hashes
+    if args.lsh_bucket_size is not None:
+        changes["lsh_bucket_size"] = args.lsh_bucket_size
+    return DelayedInteractionModel(config.replace(**changes))  # ConfigError names a bad layer
 
 
 def _local(path: str | None) -> str | None:
@@ -82,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Everything a flag can get wrong is refused here, before the model is loaded.
     check_window_flags(args.max_passage_len, args.doc_stride)
+    check_lsh_flags(args)
     require_file(args.data, "--data", "SQuAD file")
     check_output_path(args.output, "--output",
                       {"--data": args.data, "--checkpoint": _local(args.checkpoint),
@@ -101,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("null threshold %g (%s)", null_threshold, source)
     model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
                                            args.tokenizer)
+    model = with_lsh_flags(model, args)
     prescreen = prescreen_from_args(args)
     started = time.perf_counter()
     report: dict = {}
@@ -111,8 +161,10 @@ def run(args: argparse.Namespace) -> int:
         null_threshold=null_threshold, progress=not args.no_progress, cache_dir=args.cache_dir,
         prescreen=prescreen, report=report)
     output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
-    log.info("%d predictions (k=%d) in %.1f s -> %s", len(predictions),
-             model.config.num_lower_layers, time.perf_counter() - started, output)
+    log.info("%d predictions (k=%d%s) in %.1f s -> %s", len(predictions),
+             model.config.num_lower_layers,
+             f", LSH attention in layers {list(model.config.lsh_attention_layers)}"
+             if model.config.uses_lsh else "", time.perf_counter() - started, output)
     if prescreen is not None:
         log.info("prescreening (%s) kept %.0f%% of the passage tokens (%.1f s); reading %.1f s",
                  prescreen[1], 100 * report["kept_token_share"], report["prescreen_seconds"],

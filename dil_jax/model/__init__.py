@@ -12,7 +12,11 @@
                 `passage_side` (what pairs read of a passage, for any k) and `read_pairs`;
                 `SpanScores`, the four score arrays of any set of pairs
 
-Dependencies run one way: modules <- delayed <- grid.
+    lsh.py, memory.py, reversible.py
+                the long-passage options (docs/architecture.md, "Long passages"): Reformer
+                LSH attention, chunked row-wise maps and remat policies, reversible layers
+
+Dependencies run one way: lsh, memory, reversible <- modules <- delayed <- grid.
 """
 
 from dil_jax.model.delayed import (

@@ -34,6 +34,7 @@ from dil_jax.model.modules import (
     PassageAttentionStats,
     ReaderOutput,
     SpanReaderModule,
+    pair_reuses_apply,
     passage_attention_stats,
 )
 from dil_jax.model.xlnet import XLNetSpanReaderModule, XLNetUnsupportedError
@@ -125,6 +126,7 @@ class DelayedInteractionModel:
             raise InputError(f"segment must be {QUESTION_SEGMENT} (question) or "
                              f"{PASSAGE_SEGMENT} (passage), got {segment!r}")
         _check_segment_arrays(self.config, ids, mask, "question" if segment == 0 else "passage")
+        self._check_hidden_states(output_hidden_states)
         start = self.config.passage_position_offset
         if position_offset is None and segment == PASSAGE_SEGMENT and start:
             if start + ids.shape[1] > self.config.max_position_embeddings:
@@ -153,6 +155,7 @@ class DelayedInteractionModel:
         """
         self._check_lower(lower, "segment")
         self._check_has_upper_block()
+        self._check_pair_reuses("project_upper")
         return self.module.apply({"params": params}, lower, method="project_upper")
 
     def passage_attention_stats(self, p_qkv: QKV, p_mask: jax.Array) -> PassageAttentionStats:
@@ -164,6 +167,7 @@ class DelayedInteractionModel:
         once per passage, handed to `encode_upper(..., p_stats=...)` for every pair reading it.
         """
         self._check_has_upper_block()
+        self._check_pair_reuses("passage_attention_stats")
         self._refuse_xlnet_stats()
         if self.config.num_lower_layers == 0:
             raise InputError("passage attention statistics need k > 0: at k = 0 a passage's "
@@ -194,6 +198,20 @@ class DelayedInteractionModel:
         if got != want:
             raise InputError(f"p_stats shapes {got} do not fit passage lower states "
                              f"{tuple(p_lower.shape)}: want {want} (passage_attention_stats)")
+
+    def _check_pair_reuses(self, what: str) -> None:
+        cfg = self.config
+        if not pair_reuses_apply(cfg):
+            raise InputError(
+                f"{what} is an exact reuse of post-LayerNorm, full-attention upper blocks; this "
+                f"reader has reversible={cfg.reversible}, lsh_attention_layers="
+                f"{list(cfg.lsh_attention_layers)} with k = {cfg.num_lower_layers}: read pairs "
+                f"without it (PairGrid turns it off itself)")
+
+    def _check_hidden_states(self, output_hidden_states: bool) -> None:
+        if output_hidden_states and self.config.reversible:
+            raise InputError("output_hidden_states with reversible=True: reversible blocks keep "
+                             "no per-layer states (that is the memory they save)")
 
     def _check_has_upper_block(self) -> None:
         if self.config.num_lower_layers >= self.config.num_layers:
@@ -240,6 +258,9 @@ class DelayedInteractionModel:
         if q_lower.shape[0] != p_lower.shape[0]:
             raise InputError(f"question batch {q_lower.shape[0]} differs from passage batch "
                              f"{p_lower.shape[0]}")
+        self._check_hidden_states(output_hidden_states)
+        if span_rows_only or p_stats is not None or q_qkv is not None or p_qkv is not None:
+            self._check_pair_reuses("span_rows_only, p_stats, q_qkv or p_qkv")
         if span_rows_only or p_stats is not None:
             if not deterministic or output_hidden_states:
                 raise InputError("span_rows_only and p_stats are inference reuses: they need "
@@ -264,6 +285,7 @@ class DelayedInteractionModel:
             raise InputError(f"question batch {q_ids.shape[0]} differs from passage batch "
                              f"{p_ids.shape[0]}")
         check_segment_lengths(self.config, q_ids.shape[1], p_ids.shape[1])
+        self._check_hidden_states(output_hidden_states)
         return self.module.apply(
             {"params": params}, q_ids, q_mask, p_ids, p_mask, deterministic,
             output_hidden_states, rngs=rngs)

@@ -39,7 +39,13 @@ from jax.sharding import PartitionSpec as P
 from dil_jax.config import EncoderConfig
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
-from dil_jax.model.modules import PASSAGE_SEGMENT, QKV, QUESTION_SEGMENT, PassageAttentionStats
+from dil_jax.model.modules import (
+    PASSAGE_SEGMENT,
+    QKV,
+    QUESTION_SEGMENT,
+    PassageAttentionStats,
+    pair_reuses_apply,
+)
 from dil_jax.rounding import round_up
 
 # Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
@@ -61,8 +67,9 @@ def reads_passage_ids(config: EncoderConfig) -> bool:
 
 def hoists_projections(config: EncoderConfig) -> bool:
     """Whether pairs can read precomputed first-upper-block q/k/v: 0 < k < l (at k = 0 the
-    first block's input is the pair's own embedding; at k = l there is no upper block)."""
-    return 0 < config.num_lower_layers < config.num_layers
+    first block's input is the pair's own embedding; at k = l there is no upper block), and
+    the upper blocks are plain ones (`pair_reuses_apply`)."""
+    return 0 < config.num_lower_layers < config.num_layers and pair_reuses_apply(config)
 
 
 def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
@@ -225,8 +232,9 @@ class PairGrid:
     def reads_span_rows_only(self) -> bool:
         """Whether the pair program's last block computes only `[CLS]` and the passage rows
         (the rows the span head reads; the question rows still serve as keys and values).
-        Always, unless reuse=False: it only removes work."""
-        return self.reuse
+        Always, unless reuse=False or the upper blocks are not plain ones (reversible, LSH:
+        `pair_reuses_apply`): it only removes work."""
+        return self.reuse and pair_reuses_apply(self.model.config)
 
     @property
     def uses_passage_stats(self) -> bool:

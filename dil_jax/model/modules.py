@@ -14,6 +14,10 @@ the paper's:
 
 With k = 0 and the passage offset set to the question's length this is exactly standard BERT over
 `[CLS] q [SEP] p [SEP]`: masked padding between the two segments receives zero attention weight.
+
+Long passages (docs/architecture.md, "Long passages"): `EncoderConfig` can chunk the feed-forward
+over the sequence, put LSH attention in chosen blocks (`lsh.py`), remat the blocks
+(`memory.py`) or make them reversible (`reversible.py`); all off by default.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dil_jax.config import ACTIVATIONS, ConfigError, EncoderConfig
+from dil_jax.model.lsh import lsh_attention
+from dil_jax.model.memory import checkpoint_policy, map_row_chunks
+from dil_jax.model.reversible import reversible_layers
 
 QUESTION_SEGMENT = 0
 PASSAGE_SEGMENT = 1
@@ -338,6 +345,21 @@ class SelfAttention(nn.Module):
                               lambda probs: self.dropout(probs, deterministic=False))
         return self._output(context)
 
+    def attend_lsh(self, x: jax.Array, bias: jax.Array, rng: jax.Array,
+                   qkv: QKV | None = None) -> jax.Array:
+        """Reformer LSH attention (`dil_jax.model.lsh`) of x: [batch, seq, hidden] with the key
+        padding bias [batch, 1, 1, seq] -> [batch, seq, hidden] (W_o applied). rng: the hash
+        rotations' key. No attention-probability dropout (see lsh.py)."""
+        cfg = self.config
+        query, key, value = self.project(x) if qkv is None else qkv
+        mask = (bias[:, 0, 0, :] == 0).astype(jnp.int32)  # attention_bias: 0 = token
+        context = lsh_attention(query, key, value, mask, rng, num_hashes=cfg.lsh_num_hashes,
+                                bucket_size=cfg.lsh_bucket_size,
+                                num_buckets=cfg.lsh_num_buckets,
+                                exclude_self=cfg.lsh_exclude_self,
+                                compute_dtype=cfg.compute_dtype)
+        return self._output(context)
+
     def attend_rows(self, query: jax.Array, key: jax.Array, value: jax.Array, bias: jax.Array,
                     question_len: int, stats: PassageAttentionStats | None = None) -> jax.Array:
         """Inference attention of a pair for some query rows: the first `rows - p_len` question
@@ -394,21 +416,58 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True,
-                 qkv: QKV | None = None) -> jax.Array:
+                 qkv: QKV | None = None, lsh_rng: jax.Array | None = None) -> jax.Array:
         """x: [batch, seq, hidden]; bias: [batch, 1, 1, seq] -> [batch, seq, hidden].
 
         qkv: this block's attention projections of x, if precomputed (see SelfAttention).
+        lsh_rng: given, the attention is LSH attention with these hash rotations (an LSH layer
+        of `config.lsh_attention_layers`).
         """
-        attended = self.attention(x, bias, deterministic, qkv)
+        attended = self._attention(x, bias, deterministic, qkv, lsh_rng)
         return self._feed_forward(x, attended, deterministic)
+
+    def _attention(self, x: jax.Array, bias: jax.Array, deterministic: bool,
+                   qkv: QKV | None = None, lsh_rng: jax.Array | None = None) -> jax.Array:
+        if lsh_rng is not None:
+            return self.attention.attend_lsh(x, bias, lsh_rng, qkv)
+        return self.attention(x, bias, deterministic, qkv)
+
+    def _ffn(self, x: jax.Array) -> jax.Array:
+        """The feed-forward proper, row-wise: [batch, rows, hidden] -> [batch, rows, hidden];
+        in chunks of `config.ffn_chunk_size` rows when set (exact: `map_row_chunks`)."""
+        cfg = self.config
+        act = activation_fn(cfg.hidden_act)
+        chunk = cfg.ffn_chunk_size
+        if not chunk or x.shape[1] <= chunk or self.is_initializing():
+            return self.ffn_out(act(self.ffn_in(x)))
+        # Inside lax.map only pure functions may run: the same Dense layers, applied to this
+        # block's own parameters.
+        dense_in, dense_out = self.ffn_in.clone(parent=None), self.ffn_out.clone(parent=None)
+        params_in = {"params": self.ffn_in.variables["params"]}
+        params_out = {"params": self.ffn_out.variables["params"]}
+
+        def rows_ffn(rows: jax.Array) -> jax.Array:
+            return dense_out.apply(params_out, act(dense_in.apply(params_in, rows)))
+
+        return map_row_chunks(rows_ffn, x, chunk)
+
+    def reversible_attention(self, x2: jax.Array, bias: jax.Array, deterministic: bool = True,
+                             lsh_rng: jax.Array | None = None) -> jax.Array:
+        """F of a reversible block (pre-LayerNorm): dropout(attention(LN(x2))), [batch, seq,
+        hidden] -> [batch, seq, hidden]; y1 = x1 + F(x2) (`dil_jax.model.reversible`)."""
+        attended = self._attention(self.attention_norm(x2), bias, deterministic, None, lsh_rng)
+        return self.dropout(attended, deterministic=deterministic)
+
+    def reversible_feed_forward(self, y1: jax.Array, deterministic: bool = True) -> jax.Array:
+        """G of a reversible block (pre-LayerNorm): dropout(FFN(LN(y1))); y2 = x2 + G(y1)."""
+        return self.dropout(self._ffn(self.output_norm(y1)), deterministic=deterministic)
 
     def _feed_forward(self, x: jax.Array, attended: jax.Array, deterministic: bool
                       ) -> jax.Array:
         """Residual + LayerNorm, FFN, residual + LayerNorm of the rows x: [batch, rows, hidden]
         given their attention output attended: [batch, rows, hidden]. Row by row."""
         x = self.attention_norm(x + self.dropout(attended, deterministic=deterministic))
-        hidden = activation_fn(self.config.hidden_act)(self.ffn_in(x))
-        out = self.ffn_out(hidden)
+        out = self._ffn(x)
         return self.output_norm(x + self.dropout(out, deterministic=deterministic))
 
     def read_rows(self, x: jax.Array, bias: jax.Array, question_len: int, question_rows: int,
@@ -447,6 +506,32 @@ def param_block_of_layer(config: EncoderConfig, layer: int) -> int:
     return layer
 
 
+def pair_reuses_apply(config: EncoderConfig) -> bool:
+    """Whether the pair program's exact reuses (the first upper block's q/k/v per segment, the
+    passage's attention statistics, the last block's rows) hold: they assume post-LayerNorm
+    blocks with full attention above k, so not with reversible blocks or LSH upper layers."""
+    return not config.reversible and not config.lsh_in_upper_blocks()
+
+
+def _reversible_residual(config: EncoderConfig, deterministic: bool, method: str,
+                         params: Any, x: jax.Array, aux: tuple[Any, ...]) -> jax.Array:
+    """F ("attention") or G ("feed_forward") of one reversible block as a pure function
+    (`reversible.Residual`): params of one Block, x [batch, seq, hidden] -> the same shape.
+
+    aux: (bias [batch, 1, 1, seq], dropout key or None, LSH key or None)."""
+    bias, dropout_rng, lsh_rng = aux
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    # parent=None: an unbound module even when called inside SpanReaderModule's methods.
+    block = Block(config, parent=None)
+    if method == "attention":
+        return block.apply({"params": params}, x, bias, deterministic, lsh_rng, rngs=rngs,
+                           method=Block.reversible_attention)
+    if method == "feed_forward":
+        return block.apply({"params": params}, x, deterministic, rngs=rngs,
+                           method=Block.reversible_feed_forward)
+    raise ValueError(f"unknown reversible residual {method!r}: 'attention' or 'feed_forward'")
+
+
 class SpanReaderModule(nn.Module):
     """Delayed-interaction extractive QA reader (see the module docstring)."""
 
@@ -455,20 +540,71 @@ class SpanReaderModule(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.embeddings = Embeddings(cfg)
-        self.blocks = [Block(cfg, name=f"block_{i}") for i in range(num_param_blocks(cfg))]
+        block_class = Block
+        if cfg.remat_policy != "none":
+            # Arguments counted with self as 0: `deterministic` (3) is a Python bool.
+            block_class = nn.remat(Block, policy=checkpoint_policy(cfg.remat_policy),
+                                   static_argnums=(3,))
+        self.blocks = [block_class(cfg, name=f"block_{i}")
+                       for i in range(num_param_blocks(cfg))]
         self.qa_outputs = _dense(cfg, 2, "qa_outputs")
+        if cfg.reversible:
+            # Pre-LayerNorm streams are not normalised at the end of the stack; post-LN
+            # readers have no such layer, so it exists only in reversible readers.
+            self.reversible_norm = _layer_norm(cfg, "reversible_norm")
+
+    def _lsh_rng(self, layer: int, deterministic: bool) -> jax.Array | None:
+        """The hash rotations' key of `layer`, None if it is not an LSH layer: a fresh "lsh"
+        rng in training when the caller passes one, else the fixed `config.lsh_seed` (the same
+        buckets on every call: inference, caches)."""
+        cfg = self.config
+        if layer not in cfg.lsh_attention_layers:
+            return None
+        if not deterministic and self.has_rng("lsh"):
+            return jax.random.fold_in(self.make_rng("lsh"), layer)
+        return jax.random.fold_in(jax.random.key(cfg.lsh_seed), layer)
 
     def _run_layers(self, x: jax.Array, mask: jax.Array, layers: Sequence[int],
                     deterministic: bool, first_qkv: QKV | None = None) -> list[jax.Array]:
         """first_qkv: the first layer's attention projections of x, if precomputed."""
+        if self.config.reversible:
+            return self._run_reversible(x, mask, layers, deterministic)
         bias = attention_bias(mask)
         states = []
         for i, layer in enumerate(layers):
             qkv = first_qkv if i == 0 else None
-            x = self.blocks[param_block_of_layer(self.config, layer)](x, bias, deterministic,
-                                                                      qkv)
+            x = self.blocks[param_block_of_layer(self.config, layer)](
+                x, bias, deterministic, qkv, self._lsh_rng(layer, deterministic))
             states.append(x)
         return states
+
+    def _run_reversible(self, x: jax.Array, mask: jax.Array, layers: Sequence[int],
+                        deterministic: bool) -> list[jax.Array]:
+        """Reversible blocks: both streams start as x [batch, seq, hidden]; -> [their mean
+        after the last layer] (one state: the per-layer states are what is not kept).
+
+        `reversible_layers` recomputes activations in the backward pass. At init the same
+        functions run as ordinary Flax calls, which is what creates the parameters.
+        """
+        cfg = self.config
+        if not layers:
+            return []
+        bias = attention_bias(mask)
+        blocks = [self.blocks[param_block_of_layer(cfg, layer)] for layer in layers]
+        aux = tuple((bias, None if deterministic else self.make_rng("dropout"),
+                     self._lsh_rng(layer, deterministic)) for layer in layers)
+        if self.is_initializing():
+            x1 = x2 = x
+            for block, (_, _, lsh_rng) in zip(blocks, aux):
+                x1 = x1 + block.reversible_attention(x2, bias, deterministic, lsh_rng)
+                x2 = x2 + block.reversible_feed_forward(x1, deterministic)
+        else:
+            params = tuple(block.variables["params"] for block in blocks)
+            x1, x2 = reversible_layers(
+                functools.partial(_reversible_residual, cfg, deterministic, "attention"),
+                functools.partial(_reversible_residual, cfg, deterministic, "feed_forward"),
+                params, aux, x, x)
+        return [(x1 + x2) * jnp.asarray(0.5, x1.dtype)]
 
     def encode_lower(self, ids: jax.Array, mask: jax.Array, segment: int,
                      position_offset: jax.Array | None = None, deterministic: bool = True,
@@ -549,6 +685,8 @@ class SpanReaderModule(nn.Module):
         else:
             states = self._run_layers(x, mask, layers, deterministic, first_qkv)
         final = states[-1] if states else x
+        if self.config.reversible:
+            final = self.reversible_norm(final)
         logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, rows, 2]
         # The passage's rows are the last p_len: after the question's (or [CLS] alone).
         passage_rows = final.shape[1] - p_lower.shape[1]
