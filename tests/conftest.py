@@ -46,6 +46,23 @@ def tiny_hf_config(arch: str, **overrides):
                       num_attention_heads=4, intermediate_size=37)
         values.update(overrides)
         return transformers.AlbertConfig(**values)
+    if arch in ("roberta", "xlm-roberta"):
+        # type_vocab_size 1 and pad_token_id 1 as the released checkpoints; positions start at
+        # pad_token_id + 1 = 2, so 66 rows leave 64 positions, as the other tiny configs have.
+        values = dict(common, max_position_embeddings=66, hidden_size=32, num_hidden_layers=4,
+                      num_attention_heads=4, intermediate_size=37, type_vocab_size=1,
+                      pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
+        values.update(overrides)
+        config_class = (transformers.RobertaConfig if arch == "roberta"
+                        else transformers.XLMRobertaConfig)
+        return config_class(**values)
+    if arch == "electra":
+        # embedding_size 16 < hidden 32 by default (ELECTRA-small's factorisation, 128 -> 256);
+        # pass embedding_size=32 for the unfactorised form (no embeddings_project).
+        values = dict(common, embedding_size=16, hidden_size=32, num_hidden_layers=4,
+                      num_attention_heads=4, intermediate_size=37)
+        values.update(overrides)
+        return transformers.ElectraConfig(**values)
     if arch == "distilbert":
         values = dict(vocab_size=99, max_position_embeddings=64, dim=32, n_layers=4, n_heads=4,
                       hidden_dim=37, dropout=0.0, attention_dropout=0.0,
@@ -62,13 +79,19 @@ def build_hf_qa_model(arch: str, seed: int = 0, **overrides):
 
     classes = {"bert": transformers.BertForQuestionAnswering,
                "albert": transformers.AlbertForQuestionAnswering,
-               "distilbert": transformers.DistilBertForQuestionAnswering}
+               "distilbert": transformers.DistilBertForQuestionAnswering,
+               "roberta": transformers.RobertaForQuestionAnswering,
+               "xlm-roberta": transformers.XLMRobertaForQuestionAnswering,
+               "electra": transformers.ElectraForQuestionAnswering}
     torch.manual_seed(seed)
     model = classes[arch](tiny_hf_config(arch, **overrides)).eval()
-    # Default init leaves LayerNorm at scale 1 / bias 0; perturb so a mapping mix-up can't hide.
+    # Default init leaves LayerNorm at scale 1 / bias 0 and every Linear bias at 0; perturb so
+    # a mapping mix-up can't hide. The backbones added with issue 16 perturb EVERY tensor
+    # (biases, the padding row of the embeddings, the type table included).
+    perturb_all = arch in ("roberta", "xlm-roberta", "electra")
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name:
+            if perturb_all or "LayerNorm" in name or "layer_norm" in name:
                 tensor.add_(0.1 * torch.randn_like(tensor))
     return model
 

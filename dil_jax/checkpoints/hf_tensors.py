@@ -26,12 +26,17 @@ from dil_jax.model.modules import num_param_blocks
 # transforms are their own inverses (identity, 2-D transpose), so export uses them as they are.
 TensorRule = tuple[tuple[str, ...], Callable[[np.ndarray], np.ndarray]]
 
-# Prefixes of task models (BertForQuestionAnswering holds `bert.embeddings...`).
-_BACKBONE_PREFIXES = ("bert.", "albert.", "distilbert.")
-# Tensors of pre-training heads and poolers: not part of a reader, ignored by name.
+# The attribute a task model nests its backbone under (BertForQuestionAnswering holds
+# `bert.embeddings...`; XLM-RoBERTa's task models reuse RoBERTa's `roberta.`).
+BACKBONE_PREFIX = {"bert": "bert.", "albert": "albert.", "distilbert": "distilbert.",
+                   "roberta": "roberta.", "xlm-roberta": "roberta.", "electra": "electra."}
+_BACKBONE_PREFIXES = tuple(sorted(set(BACKBONE_PREFIX.values())))
+# Tensors of pre-training heads and poolers: not part of a reader, ignored by name (RoBERTa's
+# `lm_head`, ELECTRA's `discriminator_predictions`, buffers older checkpoints saved).
 _IGNORED = re.compile(
     r"^(pooler\.|cls\.|predictions\.|sop_classifier\.|vocab_|classifier\.|pre_classifier\.|"
-    r"embeddings\.position_ids$)")
+    r"lm_head\.|discriminator_predictions\.|embeddings\.position_ids$|"
+    r"embeddings\.token_type_ids$)")
 
 
 @dataclasses.dataclass
@@ -69,7 +74,7 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 def _block_names(config: EncoderConfig, index: int) -> dict[str, str]:
     """Hugging Face module names of parameter block `index`, keyed by our submodule names."""
-    if config.architecture == "bert":
+    if config.architecture in ("bert", "roberta", "xlm-roberta", "electra"):
         p = f"encoder.layer.{index}"
         return {"query": f"{p}.attention.self.query", "key": f"{p}.attention.self.key",
                 "value": f"{p}.attention.self.value", "output": f"{p}.attention.output.dense",
@@ -98,8 +103,10 @@ def name_map(config: EncoderConfig) -> dict[str, TensorRule]:
             continue
         rules[f"embeddings.{table}.weight"] = (emb + (table, "embedding"), _identity)
     rules.update(_norm_rules("embeddings.LayerNorm", emb + ("norm",)))
-    if config.architecture == "albert":
-        rules.update(_dense_rules("encoder.embedding_hidden_mapping_in", emb + ("projection",)))
+    if config.projects_embeddings:
+        hf_projection = {"albert": "encoder.embedding_hidden_mapping_in",
+                         "electra": "embeddings_project"}[config.architecture]
+        rules.update(_dense_rules(hf_projection, emb + ("projection",)))
     for index in range(num_param_blocks(config)):
         block = (f"block_{index}",)
         for ours, hf in _block_names(config, index).items():
