@@ -72,6 +72,26 @@ def tiny_hf_config(arch: str, **overrides):
     raise ValueError(arch)
 
 
+# Special-token ids of the tiny configs' pair layout, as each family's tokenizer builds it:
+# (first token, tokens closing the question, token closing the passage). BERT-like:
+# `[CLS] q [SEP]` + `p [SEP]`; RoBERTa-like: `<s> q </s></s>` + `p </s>` (<s> 0, </s> 2, the
+# ids of RobertaTokenizer's vocabulary, <pad> 1 = pad_token_id).
+BERT_PAIR_SPECIALS = (2, (3,), 3)
+PAIR_SPECIALS = {"roberta": (0, (2, 2), 2), "xlm-roberta": (0, (2, 2), 2)}
+
+
+def pair_specials(arch: str) -> tuple[int, tuple[int, ...], int]:
+    return PAIR_SPECIALS.get(arch, BERT_PAIR_SPECIALS)
+
+
+def hf_token_types(arch: str, question_len: int, passage_len: int):
+    """The token_type_ids Hugging Face's tokenizer gives a pair, or None where the model takes
+    none (DistilBERT) or they are all 0 (RoBERTa's tokenizers: left to the model's zeros)."""
+    if arch in ("distilbert", "roberta", "xlm-roberta"):
+        return None
+    return [0] * question_len + [1] * passage_len
+
+
 def build_hf_qa_model(arch: str, seed: int = 0, **overrides):
     """A random-init `*ForQuestionAnswering` torch model in eval mode."""
     import torch
