@@ -1,0 +1,120 @@
+"""Issue 16's backbones (RoBERTa, XLM-RoBERTa, ELECTRA) through the rest of the library.
+
+Parity with Hugging Face PyTorch is tests/test_parity.py and delayed interaction against the
+NumPy reference tests/test_delayed.py; here: export back to a folder `transformers` loads, what
+stays unsupported refused by name, and the same API (`PairGrid`, training with KD + LRS) as
+the BERT family.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from dil_jax.checkpoints import (
+    CheckpointError,
+    encoder_config_from_hf,
+    export_hf_checkpoint,
+    load_hf_checkpoint,
+)
+from dil_jax.config import ConfigError, EncoderConfig
+from dil_jax.model.delayed import DelayedInteractionModel
+
+from conftest import edit_json, tiny_hf_config
+from test_parity import MAX_Q, _random_pairs, assert_parity
+
+BACKBONES = [("roberta", {}), ("xlm-roberta", {}), ("electra", {}),
+             ("electra", {"embedding_size": 32})]
+QA_CLASS = {"roberta": "RobertaForQuestionAnswering",
+            "xlm-roberta": "XLMRobertaForQuestionAnswering",
+            "electra": "ElectraForQuestionAnswering"}
+
+
+@pytest.mark.parametrize("arch,overrides", BACKBONES)
+def test_export_round_trips_through_transformers(hf_folder_factory, tmp_path, arch, overrides):
+    """ours -> export_hf_checkpoint -> transformers' AutoModelForQuestionAnswering loads the
+    folder as the architecture's QA class, with every tensor ours (strict: none left at its
+    init), and gives our logits and hidden states (test_parity's 1e-4); reading the folder
+    back gives our params bit for bit (float32 export)."""
+    from transformers import AutoModelForQuestionAnswering
+
+    folder, _ = hf_folder_factory(arch, **overrides)
+    config, params, _ = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    # Move every param away from the checkpoint's, so the export cannot pass by echoing it.
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(np.float32),
+                          params)
+    exported = export_hf_checkpoint(tmp_path / "export", params, config)
+    hf_config = json.loads((exported / "config.json").read_text())
+    assert hf_config["model_type"] == arch and hf_config["architectures"] == [QA_CLASS[arch]]
+    hf_model, loading = AutoModelForQuestionAnswering.from_pretrained(
+        str(exported), output_loading_info=True)
+    assert type(hf_model).__name__ == QA_CLASS[arch]
+    assert not any(loading[key] for key in ("missing_keys", "unexpected_keys",
+                                            "mismatched_keys")), loading
+    assert_parity(DelayedInteractionModel(config), params, hf_model.eval(), arch,
+                  _random_pairs(99, seed=2, arch=arch))
+    config_back, params_back, report = load_hf_checkpoint(exported, max_question_len=MAX_Q)
+    assert config_back == config and not report.initialized
+    jax.tree.map(np.testing.assert_array_equal, params_back, params)
+
+
+def test_roberta_model_checkpoint_without_prefix(tmp_path):
+    """A plain `RobertaModel` folder (tensors without `roberta.`, a pooler) imports: pooler
+    ignored by name, the QA head initialised and said so."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.RobertaModel(tiny_hf_config("roberta"))
+    model.save_pretrained(str(tmp_path / "base"))
+    config, _, report = load_hf_checkpoint(tmp_path / "base", max_question_len=MAX_Q)
+    assert config.architecture == "roberta" and config.first_position == 2
+    assert report.initialized == ["qa_outputs.weight", "qa_outputs.bias"]
+    assert "pooler.dense.weight" in report.ignored
+    assert "embeddings.word_embeddings.weight" in report.loaded
+
+
+def test_electra_discriminator_head_ignored_generator_refused(tmp_path):
+    """ElectraForPreTraining (the discriminator) imports with its head ignored by name; a
+    generator's config.json (ElectraForMaskedLM) is refused by name."""
+    import transformers
+
+    torch.manual_seed(0)
+    transformers.ElectraForPreTraining(tiny_hf_config("electra")).save_pretrained(
+        str(tmp_path / "disc"))
+    _, _, report = load_hf_checkpoint(tmp_path / "disc", max_question_len=MAX_Q)
+    assert "discriminator_predictions.dense.weight" in report.ignored
+    assert "electra.embeddings_project.weight" in report.loaded
+    edit_json(tmp_path / "disc" / "config.json", architectures=["ElectraForMaskedLM"])
+    with pytest.raises(CheckpointError, match="ElectraForMaskedLM.*ELECTRA generator"):
+        load_hf_checkpoint(tmp_path / "disc")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key'"),
+    ("is_decoder", True, "is_decoder is true"),
+    ("model_type", "xlnet", "model_type='xlnet': XLNet"),
+    ("model_type", "camembert", "model_type='camembert': CamemBERT"),
+])
+def test_unsupported_settings_are_refused_by_name(field, value, message):
+    hf = tiny_hf_config("roberta").to_dict()
+    hf[field] = value
+    with pytest.raises(CheckpointError, match=message):
+        encoder_config_from_hf(hf, "config.json")
+
+
+def test_config_rules_of_the_new_backbones():
+    """Only ALBERT and ELECTRA factorize; RoBERTa needs a type table of >= 1 row, BERT 2."""
+    with pytest.raises(ConfigError, match="only ALBERT and ELECTRA factorize.*'roberta'"):
+        EncoderConfig(architecture="roberta", embedding_size=128, pad_token_id=1)
+    EncoderConfig(architecture="electra", embedding_size=128, hidden_size=256, num_heads=4)
+    EncoderConfig(architecture="roberta", type_vocab_size=1, pad_token_id=1,
+                  max_position_embeddings=514)
+    with pytest.raises(ConfigError, match="type_vocab_size >= 1"):
+        EncoderConfig(architecture="xlm-roberta", type_vocab_size=0, pad_token_id=1)
+    with pytest.raises(ConfigError, match=r"max_question_len 512 exceeds 510 positions"):
+        EncoderConfig(architecture="roberta", pad_token_id=1, max_question_len=512)
