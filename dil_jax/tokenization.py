@@ -3,6 +3,11 @@
 Question segment: `[CLS] q [SEP]`, padded to `max_question_len`.
 Passage segment:  `p [SEP]`, padded to `max_passage_len`.
 
+The special tokens are the tokenizer's own pair layout (`pair_layout`), cut before the passage:
+BERT's `[CLS] q [SEP] p [SEP]` gives the above; RoBERTa's and XLM-RoBERTa's `<s> q </s></s> p </s>`
+gives the question segment `<s> q </s></s>` and the passage segment `p </s>`, so that the two
+segments side by side are exactly what the tokenizer builds for the pair.
+
 Character offsets into the source text are kept for every token (-1 for special tokens and
 padding), so answer spans are recovered from the original text, never from detokenized pieces.
 """
@@ -111,6 +116,50 @@ def check_tokenizer(tokenizer, vocab_size: int, source: str) -> None:
                 f"[CLS], [SEP], [PAD] and [UNK] with ids below the vocabulary size {vocab_size}")
 
 
+@dataclasses.dataclass(frozen=True)
+class PairLayout:
+    """Where a tokenizer puts its special tokens in a (question, passage) pair.
+
+    first: the token before the question (`[CLS]`, `<s>`), whose logits are the null score;
+    question_end: the tokens between question and passage (`[SEP]`; RoBERTa `</s></s>`);
+    passage_end: the token after the passage (`[SEP]`, `</s>`), always `sep_token_id`.
+    """
+
+    first: int
+    question_end: tuple[int, ...]
+    passage_end: int
+
+    @property
+    def question_specials(self) -> int:
+        """Special tokens of a question segment: 1 + len(question_end)."""
+        return 1 + len(self.question_end)
+
+
+def pair_layout(tokenizer) -> PairLayout:
+    """The tokenizer's pair layout, read from what it builds for a pair of one-word texts.
+
+    Raises TokenizationError when the layout is not `first q question_end p sep` with one
+    token before the question (the null score reads it) and the tokenizer's sep after the
+    passage (SQuAD windows end with it).
+    """
+    encoded = tokenizer("a", "b")
+    ids, sequence = encoded["input_ids"], encoded.sequence_ids()
+    question = [i for i, s in enumerate(sequence) if s == 0]
+    passage = [i for i, s in enumerate(sequence) if s == 1]
+    if not question or not passage:
+        raise TokenizationError(f"the tokenizer ({type(tokenizer).__name__}) does not encode "
+                                "text pairs; a reader needs its question-passage layout")
+    before, between = ids[:question[0]], ids[question[-1] + 1:passage[0]]
+    after = ids[passage[-1] + 1:]
+    if len(before) != 1 or not between or after != [tokenizer.sep_token_id]:
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        raise TokenizationError(
+            f"unsupported pair layout {tokens} of {type(tokenizer).__name__}: a reader needs "
+            f"one token before the question, at least one between question and passage and "
+            f"the sep token ({tokenizer.sep_token!r}) alone after the passage")
+    return PairLayout(before[0], tuple(between), after[0])
+
+
 def _pack(pieces: list[tuple[list[int], list[tuple[int, int]]]], length: int,
           pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ids = np.full((len(pieces), length), pad_id, dtype=np.int32)
@@ -131,16 +180,21 @@ def _tokenize(tokenizer, texts: Sequence[str]) -> tuple[list[list[int]], list[li
 
 
 def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int) -> Segments:
-    """`[CLS] q [SEP]` for each question, padded to max_question_len.
+    """`[CLS] q [SEP]` for each question (the tokenizer's `pair_layout`: RoBERTa
+    `<s> q </s></s>`), padded to max_question_len.
 
     Raises TokenizationError for an empty question; over-long ones are truncated, with a warning
     naming how many and which.
     """
-    if max_question_len < 3:
-        raise TokenizationError(f"max_question_len must be >= 3 ([CLS] q [SEP]), "
-                                f"got {max_question_len}")
+    layout = pair_layout(tokenizer)
+    if max_question_len < layout.question_specials + 1:
+        special = tokenizer.convert_ids_to_tokens([layout.first, *layout.question_end])
+        raise TokenizationError(
+            f"max_question_len must be >= {layout.question_specials + 1} ({special[0]} q "
+            f"{' '.join(special[1:])}), got {max_question_len}")
     token_ids, token_offsets = _tokenize(tokenizer, questions)
-    room = max_question_len - 2
+    room = max_question_len - layout.question_specials
+    no_offsets = [(NO_OFFSET, NO_OFFSET)] * len(layout.question_end)
     pieces, truncated = [], []
     for index, (ids, offsets) in enumerate(zip(token_ids, token_offsets)):
         if not ids:
@@ -148,8 +202,8 @@ def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int)
         if len(ids) > room:
             truncated.append(index)
             ids, offsets = ids[:room], offsets[:room]
-        pieces.append(([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id],
-                       [(NO_OFFSET, NO_OFFSET), *offsets, (NO_OFFSET, NO_OFFSET)]))
+        pieces.append(([layout.first, *ids, *layout.question_end],
+                       [(NO_OFFSET, NO_OFFSET), *offsets, *no_offsets]))
     if truncated:
         log.warning("%d question(s) longer than max_question_len=%d were truncated "
                     "(indices %s)", len(truncated), max_question_len, truncated[:10])

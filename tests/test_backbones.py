@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 import torch
+from test_parity import MAX_Q, _random_pairs, assert_parity
 
 from dil_jax.checkpoints import (
     CheckpointError,
@@ -25,7 +26,6 @@ from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel
 
 from conftest import edit_json, tiny_hf_config
-from test_parity import MAX_Q, _random_pairs, assert_parity
 
 BACKBONES = [("roberta", {}), ("xlm-roberta", {}), ("electra", {}),
              ("electra", {"embedding_size": 32})]
