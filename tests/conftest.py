@@ -116,6 +116,71 @@ def build_hf_qa_model(arch: str, seed: int = 0, **overrides):
     return model
 
 
+def train_tokenizer(arch: str, texts: list[str], vocab_size: int):
+    """A `tokenizers.Tokenizer` of the family `arch` belongs to, trained on `texts`, with the
+    pair template of that family's released tokenizers."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    if arch == "roberta":  # GPT-2 byte-level BPE, as roberta-base's tokenizer.json
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer)
+        tokenizer.post_processor = processors.RobertaProcessing(
+            ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+        return tokenizer
+    if arch == "xlm-roberta":  # SentencePiece Unigram with the metaspace, as xlm-roberta-base's
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.NFKC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                          unk_token="<unk>", show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", 0), ("</s>", 2)])
+        return tokenizer
+    # ELECTRA: BERT's uncased WordPiece
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tokenizer
+
+
+def save_fast_tokenizer(arch: str, texts: list[str], vocab_size: int, folder) -> None:
+    """`train_tokenizer` wrapped as the architecture's transformers fast class, saved to
+    `folder` as a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)."""
+    import transformers
+
+    classes = {"roberta": transformers.RobertaTokenizerFast,
+               "xlm-roberta": transformers.XLMRobertaTokenizerFast,
+               "electra": transformers.ElectraTokenizerFast}
+    wrapped = classes[arch](tokenizer_object=train_tokenizer(arch, texts, vocab_size))
+    wrapped.save_pretrained(str(folder))
+
+
 def state_dict_numpy(model) -> dict[str, np.ndarray]:
     return {name: tensor.detach().numpy().copy() for name, tensor in model.state_dict().items()}
 

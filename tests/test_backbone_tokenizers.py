@@ -31,7 +31,7 @@ from dil_jax.metrics.squad_metric import squad_scores
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer, pair_layout
 
-from conftest import build_hf_qa_model, state_dict_numpy
+from conftest import build_hf_qa_model, save_fast_tokenizer, state_dict_numpy
 from squad_shared import V11, squad_file
 
 VOCAB = 1000
@@ -43,77 +43,12 @@ def v11():
     return load_squad(squad_file(V11))
 
 
-def _train_tokenizer(arch: str, texts: list[str]):
-    """A `tokenizers.Tokenizer` of the family `arch` belongs to, trained on `texts`, with the
-    pair template of that family's released tokenizers."""
-    from tokenizers import (
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        processors,
-        trainers,
-    )
-
-    if arch == "roberta":  # GPT-2 byte-level BPE, as roberta-base's tokenizer.json
-        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-        tokenizer = Tokenizer(models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      show_progress=False)
-        tokenizer.train_from_iterator(texts, trainer)
-        tokenizer.post_processor = processors.RobertaProcessing(
-            ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
-        return tokenizer
-    if arch == "xlm-roberta":  # SentencePiece Unigram with the metaspace, as xlm-roberta-base's
-        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-        tokenizer = Tokenizer(models.Unigram())
-        tokenizer.normalizer = normalizers.NFKC()
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-        tokenizer.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=VOCAB, special_tokens=specials,
-                                          unk_token="<unk>", show_progress=False)
-        tokenizer.train_from_iterator(texts, trainer)
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-            special_tokens=[("<s>", 0), ("</s>", 2)])
-        return tokenizer
-    # ELECTRA: BERT's uncased WordPiece
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=specials,
-                                        show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    return tokenizer
-
-
-def _fast_tokenizer(arch: str, texts: list[str], folder):
-    """The trained tokenizer as the architecture's transformers fast class, saved to `folder`
-    and loaded back by dil_jax's `load_tokenizer` (AutoTokenizer, checked against the vocab)."""
-    import transformers
-
-    classes = {"roberta": transformers.RobertaTokenizerFast,
-               "xlm-roberta": transformers.XLMRobertaTokenizerFast,
-               "electra": transformers.ElectraTokenizerFast}
-    wrapped = classes[arch](tokenizer_object=_train_tokenizer(arch, texts))
-    wrapped.save_pretrained(str(folder))
-    return load_tokenizer(folder, vocab_size=VOCAB)
-
-
 @pytest.fixture(scope="module", params=["roberta", "xlm-roberta", "electra"])
 def arch_tokenizer(request, v11, tmp_path_factory):
     contexts = sorted({example.context for example in v11.examples})
     folder = tmp_path_factory.mktemp(f"tokenizer-{request.param}")
-    return request.param, _fast_tokenizer(request.param, contexts[::TRAIN_EVERY], folder)
+    save_fast_tokenizer(request.param, contexts[::TRAIN_EVERY], VOCAB, folder)
+    return request.param, load_tokenizer(folder, vocab_size=VOCAB)
 
 
 def test_squad_round_trip_through_offsets(arch_tokenizer, v11):

@@ -2,7 +2,7 @@
 
 1. Imports the checkpoint (default: the embedded MiniLM) and prints the import report.
 2. With torch installed, runs Hugging Face's `AutoModelForQuestionAnswering` on the same
-   `[CLS] q [SEP] p [SEP]` inputs and prints the max abs logit difference of our full model (k = 0).
+   `[CLS] q [SEP] p [SEP]` inputs (the tokenizer's pair layout: RoBERTa `<s> q </s></s> p </s>`) and prints the max abs logit difference of our full model (k = 0).
 3. Reads every (question, passage) pair of a small sample grid with the full model and with
    delayed interaction at each requested k: lower states once per question and per passage, the
    upper blocks per pair. Prints, per k, that the cached-lower grid equals the direct per-pair
@@ -80,7 +80,7 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
         p_ids = p.ids[row, :p.mask[row].sum()]
         ids = torch.tensor(np.concatenate([q_ids, p_ids])[None].astype(np.int64))
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if config.type_vocab_size:
+        if config.segment_token_types:  # RoBERTa, XLM-R: type 0 throughout (their default)
             kwargs["token_type_ids"] = torch.tensor([[0] * len(q_ids) + [1] * len(p_ids)])
         with torch.no_grad():
             out = hf_model(**kwargs)
