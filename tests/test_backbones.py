@@ -199,3 +199,42 @@ def test_check_and_predict_commands(reader_folders, tmp_path, capsys, arch):
     predictions = json.loads(output.read_text())
     # An untrained head answers anything, but it is a span of the context's own characters.
     assert set(predictions) == {"q1"} and predictions["q1"] in context
+
+
+@pytest.mark.parametrize("arch", ["roberta", "electra"])
+def test_bench_peer_reads_the_grid_as_we_do(hf_folder_factory, arch):
+    """`dil-jax bench`'s PyTorch peer is the architecture's own QA class holding our params
+    (strict load), and on a random grid it gives our full model's span scores (1e-4)."""
+    from dil_jax import bench
+    from dil_jax.mesh import data_mesh
+    from dil_jax.model.grid import PairGrid
+
+    # vocab 200: the random grid's [CLS] / [SEP] are BERT's ids 101 / 102.
+    config, params, _ = load_hf_checkpoint(hf_folder_factory(arch, vocab_size=200)[0],
+                                           max_question_len=8)
+    hf_model = bench.hf_model_from_params(config, params)
+    assert type(hf_model).__name__ == QA_CLASS[arch]
+    spec = bench.GridSpec(num_questions=2, num_passages=3, question_len=8, passage_len=12)
+    inputs = bench.random_grid(spec, config.vocab_size)
+    reader = PairGrid(DelayedInteractionModel(config), data_mesh(), batch_size=2, chunk_size=3)
+    _, ours = bench.run_delayed_grid(reader, params, inputs)
+    _, theirs = bench.run_hf_grid(hf_model, inputs, 3, None, config.segment_token_types)
+    assert bench.max_logit_difference(ours, theirs) < 1e-4
+
+
+@pytest.mark.parametrize("suite,want", [
+    ("roberta-base", dict(architecture="roberta", hidden_size=768, num_positions=512,
+                          type_vocab_size=1, projects_embeddings=False)),
+    ("electra-small", dict(architecture="electra", hidden_size=256, embedding_size=128,
+                           num_heads=4, projects_embeddings=True)),
+    ("electra-base", dict(architecture="electra", hidden_size=768, embedding_size=768,
+                          projects_embeddings=False)),
+])
+def test_bench_suites_have_the_released_shapes(suite, want):
+    from dil_jax import bench
+    from dil_jax.bench.suites import _BASE_SHAPES
+
+    assert suite in bench.SUITES and suite in bench.SUITE_GRIDS
+    config = EncoderConfig(**_BASE_SHAPES[suite])
+    assert config.num_layers == 12
+    assert {name: getattr(config, name) for name in want} == want

@@ -63,9 +63,23 @@ class SuiteSpec:
     reuse: bool = True
 
 
-SUITES = ("minilm", "bert-base", "tiny")
+SUITES = ("minilm", "bert-base", "roberta-base", "electra-small", "electra-base", "tiny")
 # (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
-SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4)}
+SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "roberta-base": (8, 4, 8, 4),
+               "electra-small": (16, 8, 8, 8), "electra-base": (8, 4, 8, 4),
+               "tiny": (4, 3, 4, 4)}
+# Random-init suites: the shapes of the released checkpoints' config.json (hub ids in the
+# comments; nothing is downloaded).
+_BASE_SHAPES = {
+    "bert-base": dict(),  # bert-base-uncased: EncoderConfig's defaults
+    "roberta-base": dict(  # roberta-base: BPE vocabulary, positions from pad_token_id + 1 = 2
+        architecture="roberta", vocab_size=50265, max_position_embeddings=514,
+        type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    "electra-small": dict(  # google/electra-small-discriminator: embeddings 128 -> hidden 256
+        architecture="electra", hidden_size=256, embedding_size=128, num_heads=4,
+        intermediate_size=1024),
+    "electra-base": dict(architecture="electra"),  # google/electra-base-discriminator
+}
 TINY_LENGTHS = (16, 48)
 
 
@@ -74,17 +88,18 @@ def suite_model(name: str, question_len: int, seed: int = 0
     """(config, params, where the weights came from) of a named suite.
 
     minilm: the embedded all-MiniLM-L6-v2 (6 blocks, 384 wide; its QA head is freshly
-      initialised, which does not change the cost); bert-base: BERT-base's shape (12 blocks,
-      768 wide), randomly initialised; tiny: 3 blocks of MiniLM's width, for tests.
+      initialised, which does not change the cost); bert-base, roberta-base, electra-small,
+      electra-base: those checkpoints' shapes (`_BASE_SHAPES`), randomly initialised; tiny: 3
+      blocks of MiniLM's width, for tests.
     """
     if name == "minilm":
         from dil_jax.checkpoints import load_hf_checkpoint
 
         config, params, _ = load_hf_checkpoint("default", max_question_len=question_len)
         return config, params, "all-MiniLM-L6-v2 (embedded), QA head random"
-    if name == "bert-base":
-        config = EncoderConfig(max_question_len=question_len)
-        weights = "random init, BERT-base shape"
+    if name in _BASE_SHAPES:
+        config = EncoderConfig(max_question_len=question_len, **_BASE_SHAPES[name])
+        weights = f"random init, {name} shape"
     elif name == "tiny":
         config = EncoderConfig(hidden_size=384, embedding_size=384, num_layers=3, num_heads=6,
                                intermediate_size=1536, vocab_size=1000,
@@ -143,8 +158,8 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
             hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.params))
             hf_model = hf_model.to(device)
             record["hf_attention"] = hf_model.config._attn_implementation
-            runners[HF_PEER] = lambda max_pairs: run_hf_grid(hf_model, inputs,
-                                                             readers[0].chunk_size, max_pairs)
+            runners[HF_PEER] = lambda max_pairs: run_hf_grid(
+                hf_model, inputs, readers[0].chunk_size, max_pairs, config.segment_token_types)
     record["threads"] = thread_counts()
 
     log(f"[{suite.name}] compiling and analysing the phase programs")

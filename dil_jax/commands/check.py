@@ -2,7 +2,8 @@
 
 1. Imports the checkpoint (default: the embedded MiniLM) and prints the import report.
 2. With torch installed, runs Hugging Face's `AutoModelForQuestionAnswering` on the same
-   `[CLS] q [SEP] p [SEP]` inputs (the tokenizer's pair layout: RoBERTa `<s> q </s></s> p </s>`) and prints the max abs logit difference of our full model (k = 0).
+   `[CLS] q [SEP] p [SEP]` inputs (the tokenizer's pair layout: RoBERTa `<s> q </s></s> p </s>`)
+   and prints the max abs logit difference of our full model (k = 0).
 3. Reads every (question, passage) pair of a small sample grid with the full model and with
    delayed interaction at each requested k: lower states once per question and per passage, the
    upper blocks per pair. Prints, per k, that the cached-lower grid equals the direct per-pair
