@@ -158,6 +158,7 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
             hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.params))
             hf_model = hf_model.to(device)
             record["hf_attention"] = hf_model.config._attn_implementation
+            record["hf_class"] = type(hf_model).__name__
             runners[HF_PEER] = lambda max_pairs: run_hf_grid(
                 hf_model, inputs, readers[0].chunk_size, max_pairs, config.segment_token_types)
     record["threads"] = thread_counts()
