@@ -238,3 +238,26 @@ def test_bench_suites_have_the_released_shapes(suite, want):
     config = EncoderConfig(**_BASE_SHAPES[suite])
     assert config.num_layers == 12
     assert {name: getattr(config, name) for name in want} == want
+
+
+def test_index_and_ask_with_roberta(reader_folders, tmp_path, capsys):
+    """The open-domain path (`dil-jax index`: BM25 + the passage cache of lower states at
+    k = 2; `dil-jax ask` reading it) on a RoBERTa reader."""
+    from dil_jax.samples import SAMPLE_PASSAGES
+
+    from conftest import run_cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
+                              + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
+    common = ["--checkpoint", str(reader_folders["roberta"]), "--max-question-len", "16",
+              "--batch-size", "2", "--chunk-size", "8"]
+    status, out, err = run_cli(["index", "--out", str(tmp_path / "index"), "--corpus",
+                                f"jsonl:{corpus}", "--k", "2", "--max-passage-len", "40",
+                                "--doc-stride", "20", *common], capsys)
+    assert status == 0, out + err
+    status, out, err = run_cli(["ask", "Who wrote Pride and Prejudice?", "--index",
+                                str(tmp_path / "index"), "--k", "2", "--top-p", "2", *common],
+                               capsys)
+    assert status == 0, out + err
+    assert "Q: Who wrote Pride and Prejudice?" in out and "BM25 rank" in out
