@@ -97,7 +97,7 @@ def test_electra_discriminator_head_ignored_generator_refused(tmp_path):
 @pytest.mark.parametrize("field,value,message", [
     ("position_embedding_type", "relative_key", "position_embedding_type 'relative_key'"),
     ("is_decoder", True, "is_decoder is true"),
-    ("model_type", "xlnet", "model_type='xlnet': XLNet"),
+    ("model_type", "longformer", "model_type='longformer': Longformer"),
     ("model_type", "camembert", "model_type='camembert': CamemBERT"),
 ])
 def test_unsupported_settings_are_refused_by_name(field, value, message):
