@@ -95,7 +95,8 @@ def check_tokenizer(tokenizer, vocab_size: int, source: str) -> None:
     Its ids must index the embedding table (len(tokenizer) <= vocab_size) and it must not be
     far smaller (< half the table: some other model's, or one built without its vocabulary
     file); [CLS], [SEP], [PAD] and [UNK] must exist with ids < vocab_size. A few unused rows are
-    normal (tables are often padded to a round size).
+    normal (tables are often padded to a round size). Its pair layout must be one a reader
+    reads (`pair_layout`).
     """
     size = len(tokenizer)
     if size > vocab_size:
@@ -114,6 +115,10 @@ def check_tokenizer(tokenizer, vocab_size: int, source: str) -> None:
                 f"{source}: the tokenizer's {name} ({getattr(tokenizer, name, None)!r}) "
                 f"{'is missing' if token_id is None else f'has id {token_id}'}; a reader needs "
                 f"[CLS], [SEP], [PAD] and [UNK] with ids below the vocabulary size {vocab_size}")
+    try:
+        pair_layout(tokenizer)
+    except TokenizationError as error:
+        raise TokenizationError(f"{source}: {error}") from error
 
 
 @dataclasses.dataclass(frozen=True)

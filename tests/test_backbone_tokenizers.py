@@ -97,10 +97,16 @@ def test_pair_layout_is_refused_when_it_does_not_fit():
 
     from dil_jax.tokenization import TokenizationError
 
-    backend = Tokenizer(models.WordLevel({"[UNK]": 0, "[SEP]": 1, "a": 2, "b": 3},
-                                         unk_token="[UNK]"))
+    vocab = {"[UNK]": 0, "[SEP]": 1, "[CLS]": 2, "[PAD]": 3, "a": 4, "b": 5}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     bare = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, sep_token="[SEP]",
+                                                cls_token="[CLS]", pad_token="[PAD]",
                                                 unk_token="[UNK]")
     with pytest.raises(TokenizationError, match="unsupported pair layout"):
         pair_layout(bare)
+    # Loading checks it up front, naming the tokenizer's source.
+    from dil_jax.tokenization import check_tokenizer
+
+    with pytest.raises(TokenizationError, match="my-folder: unsupported pair layout"):
+        check_tokenizer(bare, 6, "my-folder")
