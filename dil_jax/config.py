@@ -1,4 +1,5 @@
-"""Encoder configuration shared by BERT, ALBERT and DistilBERT readers.
+"""Encoder configuration shared by BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa, ELECTRA and
+XLNet.
 
 One frozen dataclass describes every supported architecture; it is hashable so it can be a Flax
 module attribute and a static argument of `jax.jit`. `num_lower_layers` (the paper's `k`) is part of
@@ -18,7 +19,10 @@ import jax.numpy as jnp
 from dil_jax.defaults import MAX_QUESTION_LEN
 from dil_jax.errors import DilJaxError
 
-ARCHITECTURES = ("bert", "albert", "distilbert", "xlnet")
+ARCHITECTURES = ("bert", "albert", "distilbert", "roberta", "xlm-roberta", "electra", "xlnet")
+# RoBERTa-style embeddings: positions numbered from padding_idx + 1 (Hugging Face's
+# `create_position_ids_from_input_ids`), and one token type for both segments.
+ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_FORMS = ("auto", "batched", "per_example")
@@ -36,7 +40,8 @@ class EncoderConfig:
     """Hyper-parameters of a delayed-interaction reader.
 
     Attributes:
-      architecture: "bert", "albert", "distilbert" or "xlnet" (`model/xlnet.py`).
+      architecture: one of ARCHITECTURES (Hugging Face model_type names; "xlnet" is
+        `model/xlnet.py`).
       vocab_size: WordPiece/SentencePiece vocabulary size.
       hidden_size: width of the transformer blocks.
       num_layers: `l`, the number of blocks applied (ALBERT applies its shared block `l` times).
@@ -44,15 +49,18 @@ class EncoderConfig:
       intermediate_size: width of the feed-forward layer.
       max_position_embeddings: rows of the learned position table (XLNet, whose positions
         are relative sinusoids, has none: there it is the longest sequence accepted).
-      type_vocab_size: rows of the token-type table (0 for DistilBERT and XLNet: none).
-      embedding_size: ALBERT's factorized embedding width (equals hidden_size elsewhere).
+      type_vocab_size: rows of the token-type table (0 for DistilBERT and XLNet, which have
+        none; 1 for RoBERTa / XLM-RoBERTa, whose two segments both take type 0).
+      embedding_size: embedding width; differs from hidden_size only for ALBERT and ELECTRA
+        (projected to hidden_size before the first block, `projects_embeddings`).
       num_hidden_groups: ALBERT parameter groups; block `i` uses group `i * groups // l`.
       hidden_act: feed-forward activation, named as in Hugging Face configs.
       layer_norm_eps: LayerNorm epsilon.
       hidden_dropout: dropout on block outputs and embeddings.
       attention_dropout: dropout on attention probabilities.
       initializer_range: stddev of the truncated-normal init of fresh weights (e.g. the QA head).
-      pad_token_id: id of the padding token.
+      pad_token_id: id of the padding token (RoBERTa's `padding_idx`: its positions start at
+        pad_token_id + 1, `first_position`).
       num_lower_layers: `k`, blocks run on question and passage separately (0..num_layers).
       max_question_len: fixed padded length of the question segment `[CLS] q [SEP]`.
       dtype: compute dtype name ("float32" or "bfloat16"); params always stay float32.
@@ -130,6 +138,43 @@ class EncoderConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def first_position(self) -> int:
+        """Position id of a sequence's first token: 0, or padding_idx + 1 for RoBERTa and
+        XLM-RoBERTa, whose Hugging Face embeddings number the non-pad tokens of a sequence
+        padding_idx + 1, padding_idx + 2, ... (cumsum of the mask + padding_idx)."""
+        return self.pad_token_id + 1 if self.architecture in ROBERTA_FAMILY else 0
+
+    @property
+    def num_positions(self) -> int:
+        """How many consecutive positions a sequence can use: the rows of the position table
+        from `first_position` on (RoBERTa-base: 514 rows, 512 positions)."""
+        return self.max_position_embeddings - self.first_position
+
+    @property
+    def segment_token_types(self) -> bool:
+        """Whether the segment (question 0, passage 1) is the token type id. RoBERTa and
+        XLM-RoBERTa give both segments type 0 (their tokenizers do; the table has one row),
+        DistilBERT has no table: their segments are told apart by position restart alone.
+        XLNet has no table either: its segment ids feed relative segment encodings
+        (`model/xlnet.py`)."""
+        return self.architecture not in ROBERTA_FAMILY and self.type_vocab_size > 0
+
+    @property
+    def projects_embeddings(self) -> bool:
+        """Whether an E -> H projection follows the embeddings: ALBERT always (transformers'
+        `embedding_hidden_mapping_in`, even when E == H), ELECTRA when E != H
+        (`embeddings_project`)."""
+        return self.architecture == "albert" or (
+            self.architecture == "electra" and self.embedding_size != self.hidden_size)
+
+    def positions_text(self) -> str:
+        """How many positions a sequence may use, named for error messages."""
+        if not self.first_position:
+            return f"max_position_embeddings {self.max_position_embeddings}"
+        return (f"{self.num_positions} positions (max_position_embeddings "
+                f"{self.max_position_embeddings} less pad_token_id + 1 = {self.first_position})")
 
     @property
     def shares_block_weights(self) -> bool:
@@ -284,27 +329,37 @@ def validate_config(config: EncoderConfig) -> None:
             f"ALBERT num_layers {config.num_layers} is not a multiple of num_hidden_groups "
             f"{config.num_hidden_groups}"
         )
-    if config.architecture != "albert" and config.embedding_size != config.hidden_size:
+    if (config.architecture not in ("albert", "electra")
+            and config.embedding_size != config.hidden_size):
         raise ConfigError(
             f"embedding_size {config.embedding_size} differs from hidden_size "
-            f"{config.hidden_size}; only ALBERT factorizes its embeddings"
+            f"{config.hidden_size}; only ALBERT and ELECTRA factorize their embeddings "
+            f"(architecture {config.architecture!r})"
         )
     if config.architecture == "distilbert" and config.type_vocab_size != 0:
         raise ConfigError("DistilBERT has no token-type embeddings: type_vocab_size must be 0")
     if config.architecture == "xlnet":
         _validate_xlnet(config)
+    elif config.architecture in ROBERTA_FAMILY:
+        if config.type_vocab_size < 1:
+            raise ConfigError(f"{config.architecture} needs a token-type table (type_vocab_size"
+                              f" >= 1; both segments take type 0), got {config.type_vocab_size}")
     elif config.architecture != "distilbert" and config.type_vocab_size < 2:
         raise ConfigError(
             f"type_vocab_size must be >= 2 (question 0, passage 1), got {config.type_vocab_size}"
         )
-    if not 0 <= config.passage_position_offset < config.max_position_embeddings:
+    if not 0 <= config.pad_token_id < config.vocab_size:
+        raise ConfigError(f"pad_token_id must be in 0..{config.vocab_size - 1} (vocab_size - 1), "
+                          f"got {config.pad_token_id}")
+    if config.num_positions < 2:
+        raise ConfigError(f"{config.positions_text()}: a reader needs at least 2")
+    if not 0 <= config.passage_position_offset < config.num_positions:
         raise ConfigError(
-            f"passage_position_offset must be in 0..{config.max_position_embeddings - 1} "
-            f"(max_position_embeddings - 1), got {config.passage_position_offset}")
-    if config.max_question_len > config.max_position_embeddings:
+            f"passage_position_offset must be in 0..{config.num_positions - 1} "
+            f"({config.positions_text()}, less 1), got {config.passage_position_offset}")
+    if config.max_question_len > config.num_positions:
         raise ConfigError(
-            f"max_question_len {config.max_question_len} exceeds max_position_embeddings "
-            f"{config.max_position_embeddings}"
+            f"max_question_len {config.max_question_len} exceeds {config.positions_text()}"
         )
 
 

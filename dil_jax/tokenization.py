@@ -3,6 +3,14 @@
 Question segment: `[CLS] q [SEP]`, padded to `max_question_len`.
 Passage segment:  `p [SEP]`, padded to `max_passage_len`.
 
+The special tokens are the tokenizer's own pair layout (`pair_layout`), cut before the passage:
+BERT's `[CLS] q [SEP] p [SEP]` gives the above; RoBERTa's and XLM-RoBERTa's `<s> q </s></s> p </s>`
+gives the question segment `<s> q </s></s>` and the passage segment `p </s>`, so that the two
+segments side by side are exactly what the tokenizer builds for the pair. XLNet's
+`A <sep> B <sep> <cls>` is the one layout read otherwise: its segments are `<cls> q <sep>` and
+`p <sep>`, and the XLNet reader gives each token its place in `P [SEP] Q [SEP] [CLS]` itself
+(`model/xlnet.py`, positions and segment ids).
+
 Character offsets into the source text are kept for every token (-1 for special tokens and
 padding), so answer spans are recovered from the original text, never from detokenized pieces.
 """
@@ -56,11 +64,13 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "spiece.model")
 _SPECIAL_TOKENS = ("cls_token", "sep_token", "pad_token", "unk_token")
 
 
-def load_tokenizer(name_or_path: str | os.PathLike, vocab_size: int | None = None):
+def load_tokenizer(name_or_path: str | os.PathLike, vocab_size: int | None = None,
+                   architecture: str | None = None):
     """The checkpoint's fast tokenizer (offsets need a fast one) from a folder or hub id.
 
     vocab_size: the model's embedding rows, if known; the tokenizer is then checked against it
-    (`check_tokenizer`). Raises TokenizationError naming the folder and what is missing.
+    and the reader's `architecture` (`check_tokenizer`). Raises TokenizationError naming the
+    folder and what is missing.
     """
     from transformers import AutoTokenizer
 
@@ -80,17 +90,20 @@ def load_tokenizer(name_or_path: str | os.PathLike, vocab_size: int | None = Non
     if not tokenizer.is_fast:
         raise TokenizationError(f"{folder}: no fast tokenizer (tokenizer.json); offsets need one")
     if vocab_size is not None:
-        check_tokenizer(tokenizer, vocab_size, str(folder))
+        check_tokenizer(tokenizer, vocab_size, str(folder), architecture)
     return tokenizer
 
 
-def check_tokenizer(tokenizer, vocab_size: int, source: str) -> None:
+def check_tokenizer(tokenizer, vocab_size: int, source: str,
+                    architecture: str | None = None) -> None:
     """Raises TokenizationError unless `tokenizer` can be this model's.
 
     Its ids must index the embedding table (len(tokenizer) <= vocab_size) and it must not be
     far smaller (< half the table: some other model's, or one built without its vocabulary
     file); [CLS], [SEP], [PAD] and [UNK] must exist with ids < vocab_size. A few unused rows are
-    normal (tables are often padded to a round size).
+    normal (tables are often padded to a round size). Its pair layout must be one a reader
+    reads (`pair_layout`); XLNet's (`PairLayout.cls_last`) only an XLNet reader, when the
+    reader's `architecture` is given.
     """
     size = len(tokenizer)
     if size > vocab_size:
@@ -109,6 +122,76 @@ def check_tokenizer(tokenizer, vocab_size: int, source: str) -> None:
                 f"{source}: the tokenizer's {name} ({getattr(tokenizer, name, None)!r}) "
                 f"{'is missing' if token_id is None else f'has id {token_id}'}; a reader needs "
                 f"[CLS], [SEP], [PAD] and [UNK] with ids below the vocabulary size {vocab_size}")
+    try:
+        layout = pair_layout(tokenizer)
+    except TokenizationError as error:
+        raise TokenizationError(f"{source}: {error}") from error
+    if layout.cls_last and architecture not in (None, "xlnet"):
+        raise TokenizationError(
+            f"{source}: the tokenizer ({type(tokenizer).__name__}) puts its cls token after the "
+            f"passage (XLNet's pair layout), which only an XLNet reader reads; the reader's "
+            f"architecture is {architecture!r}: not this checkpoint's tokenizer")
+
+
+@dataclasses.dataclass(frozen=True)
+class PairLayout:
+    """Where a tokenizer puts its special tokens in a (question, passage) pair.
+
+    first: the token before the question (`[CLS]`, `<s>`), whose logits are the null score;
+    question_end: the tokens between question and passage (`[SEP]`; RoBERTa `</s></s>`);
+    passage_end: the token after the passage (`[SEP]`, `</s>`), always `sep_token_id`;
+    cls_last: XLNet's layout, `q <sep> p <sep> <cls>`: `first` (`<cls>`) comes after the
+      passage in the tokenizer's pair. The segments still store it first; the XLNet reader
+      places it last itself (`model/xlnet.pair_layout`).
+    """
+
+    first: int
+    question_end: tuple[int, ...]
+    passage_end: int
+    cls_last: bool = False
+
+    @property
+    def question_specials(self) -> int:
+        """Special tokens of a question segment: 1 + len(question_end)."""
+        return 1 + len(self.question_end)
+
+
+def pair_layout(tokenizer) -> PairLayout:
+    """The tokenizer's pair layout, read from what it builds for a pair of one-word texts.
+
+    Raises TokenizationError when the layout is not `first q question_end p sep` with one
+    token before the question (the null score reads it) and the tokenizer's sep after the
+    passage (SQuAD windows end with it), nor XLNet's `a sep b sep cls` (`_is_xlnet_layout`).
+    """
+    encoded = tokenizer("a", "b")
+    ids, sequence = encoded["input_ids"], encoded.sequence_ids()
+    question = [i for i, s in enumerate(sequence) if s == 0]
+    passage = [i for i, s in enumerate(sequence) if s == 1]
+    if not question or not passage:
+        raise TokenizationError(f"the tokenizer ({type(tokenizer).__name__}) does not encode "
+                                "text pairs; a reader needs its question-passage layout")
+    before, between = ids[:question[0]], ids[question[-1] + 1:passage[0]]
+    after = ids[passage[-1] + 1:]
+    if _is_xlnet_layout(tokenizer, before, between, after):
+        return PairLayout(tokenizer.cls_token_id, (tokenizer.sep_token_id,),
+                          tokenizer.sep_token_id, cls_last=True)
+    if len(before) != 1 or not between or after != [tokenizer.sep_token_id]:
+        tokens = tokenizer.convert_ids_to_tokens(ids)
+        raise TokenizationError(
+            f"unsupported pair layout {tokens} of {type(tokenizer).__name__}: a reader needs "
+            f"one token before the question, at least one between question and passage and "
+            f"the sep token ({tokenizer.sep_token!r}) alone after the passage")
+    return PairLayout(before[0], tuple(between), after[0])
+
+
+def _is_xlnet_layout(tokenizer, before: list[int], between: list[int],
+                     after: list[int]) -> bool:
+    """Whether the pair is XLNet's `a <sep> b <sep> <cls>`: nothing before the first text, the
+    cls token last. Read as `<cls> q <sep>` / `p <sep>` segments because the XLNet reader puts
+    `[CLS]` last itself (its positions, `model/xlnet.pair_layout`); `check_tokenizer` refuses
+    it for any other reader."""
+    sep, cls = tokenizer.sep_token_id, tokenizer.cls_token_id
+    return not before and between == [sep] and after == [sep, cls]
 
 
 def _pack(pieces: list[tuple[list[int], list[tuple[int, int]]]], length: int,
@@ -131,16 +214,21 @@ def _tokenize(tokenizer, texts: Sequence[str]) -> tuple[list[list[int]], list[li
 
 
 def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int) -> Segments:
-    """`[CLS] q [SEP]` for each question, padded to max_question_len.
+    """`[CLS] q [SEP]` for each question (the tokenizer's `pair_layout`: RoBERTa
+    `<s> q </s></s>`), padded to max_question_len.
 
     Raises TokenizationError for an empty question; over-long ones are truncated, with a warning
     naming how many and which.
     """
-    if max_question_len < 3:
-        raise TokenizationError(f"max_question_len must be >= 3 ([CLS] q [SEP]), "
-                                f"got {max_question_len}")
+    layout = pair_layout(tokenizer)
+    if max_question_len < layout.question_specials + 1:
+        special = tokenizer.convert_ids_to_tokens([layout.first, *layout.question_end])
+        raise TokenizationError(
+            f"max_question_len must be >= {layout.question_specials + 1} ({special[0]} q "
+            f"{' '.join(special[1:])}), got {max_question_len}")
     token_ids, token_offsets = _tokenize(tokenizer, questions)
-    room = max_question_len - 2
+    room = max_question_len - layout.question_specials
+    no_offsets = [(NO_OFFSET, NO_OFFSET)] * len(layout.question_end)
     pieces, truncated = [], []
     for index, (ids, offsets) in enumerate(zip(token_ids, token_offsets)):
         if not ids:
@@ -148,8 +236,8 @@ def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int)
         if len(ids) > room:
             truncated.append(index)
             ids, offsets = ids[:room], offsets[:room]
-        pieces.append(([tokenizer.cls_token_id, *ids, tokenizer.sep_token_id],
-                       [(NO_OFFSET, NO_OFFSET), *offsets, (NO_OFFSET, NO_OFFSET)]))
+        pieces.append(([layout.first, *ids, *layout.question_end],
+                       [(NO_OFFSET, NO_OFFSET), *offsets, *no_offsets]))
     if truncated:
         log.warning("%d question(s) longer than max_question_len=%d were truncated "
                     "(indices %s)", len(truncated), max_question_len, truncated[:10])

@@ -46,6 +46,23 @@ def tiny_hf_config(arch: str, **overrides):
                       num_attention_heads=4, intermediate_size=37)
         values.update(overrides)
         return transformers.AlbertConfig(**values)
+    if arch in ("roberta", "xlm-roberta"):
+        # type_vocab_size 1 and pad_token_id 1 as the released checkpoints; positions start at
+        # pad_token_id + 1 = 2, so 66 rows leave 64 positions, as the other tiny configs have.
+        values = dict(common, max_position_embeddings=66, hidden_size=32, num_hidden_layers=4,
+                      num_attention_heads=4, intermediate_size=37, type_vocab_size=1,
+                      pad_token_id=1, bos_token_id=0, eos_token_id=2, layer_norm_eps=1e-5)
+        values.update(overrides)
+        config_class = (transformers.RobertaConfig if arch == "roberta"
+                        else transformers.XLMRobertaConfig)
+        return config_class(**values)
+    if arch == "electra":
+        # embedding_size 16 < hidden 32 by default (ELECTRA-small's factorisation, 128 -> 256);
+        # pass embedding_size=32 for the unfactorised form (no embeddings_project).
+        values = dict(common, embedding_size=16, hidden_size=32, num_hidden_layers=4,
+                      num_attention_heads=4, intermediate_size=37)
+        values.update(overrides)
+        return transformers.ElectraConfig(**values)
     if arch == "distilbert":
         values = dict(vocab_size=99, max_position_embeddings=64, dim=32, n_layers=4, n_heads=4,
                       hidden_dim=37, dropout=0.0, attention_dropout=0.0,
@@ -55,6 +72,26 @@ def tiny_hf_config(arch: str, **overrides):
     raise ValueError(arch)
 
 
+# Special-token ids of the tiny configs' pair layout, as each family's tokenizer builds it:
+# (first token, tokens closing the question, token closing the passage). BERT-like:
+# `[CLS] q [SEP]` + `p [SEP]`; RoBERTa-like: `<s> q </s></s>` + `p </s>` (<s> 0, </s> 2, the
+# ids of RobertaTokenizer's vocabulary, <pad> 1 = pad_token_id).
+BERT_PAIR_SPECIALS = (2, (3,), 3)
+PAIR_SPECIALS = {"roberta": (0, (2, 2), 2), "xlm-roberta": (0, (2, 2), 2)}
+
+
+def pair_specials(arch: str) -> tuple[int, tuple[int, ...], int]:
+    return PAIR_SPECIALS.get(arch, BERT_PAIR_SPECIALS)
+
+
+def hf_token_types(arch: str, question_len: int, passage_len: int):
+    """The token_type_ids Hugging Face's tokenizer gives a pair, or None where the model takes
+    none (DistilBERT) or they are all 0 (RoBERTa's tokenizers: left to the model's zeros)."""
+    if arch in ("distilbert", "roberta", "xlm-roberta"):
+        return None
+    return [0] * question_len + [1] * passage_len
+
+
 def build_hf_qa_model(arch: str, seed: int = 0, **overrides):
     """A random-init `*ForQuestionAnswering` torch model in eval mode."""
     import torch
@@ -62,15 +99,86 @@ def build_hf_qa_model(arch: str, seed: int = 0, **overrides):
 
     classes = {"bert": transformers.BertForQuestionAnswering,
                "albert": transformers.AlbertForQuestionAnswering,
-               "distilbert": transformers.DistilBertForQuestionAnswering}
+               "distilbert": transformers.DistilBertForQuestionAnswering,
+               "roberta": transformers.RobertaForQuestionAnswering,
+               "xlm-roberta": transformers.XLMRobertaForQuestionAnswering,
+               "electra": transformers.ElectraForQuestionAnswering}
     torch.manual_seed(seed)
     model = classes[arch](tiny_hf_config(arch, **overrides)).eval()
-    # Default init leaves LayerNorm at scale 1 / bias 0; perturb so a mapping mix-up can't hide.
+    # Default init leaves LayerNorm at scale 1 / bias 0 and every Linear bias at 0; perturb so
+    # a mapping mix-up can't hide. The backbones added with issue 16 perturb EVERY tensor
+    # (biases, the padding row of the embeddings, the type table included).
+    perturb_all = arch in ("roberta", "xlm-roberta", "electra")
     with torch.no_grad():
         for name, tensor in model.named_parameters():
-            if "LayerNorm" in name or "layer_norm" in name:
+            if perturb_all or "LayerNorm" in name or "layer_norm" in name:
                 tensor.add_(0.1 * torch.randn_like(tensor))
     return model
+
+
+def train_tokenizer(arch: str, texts: list[str], vocab_size: int):
+    """A `tokenizers.Tokenizer` of the family `arch` belongs to, trained on `texts`, with the
+    pair template of that family's released tokenizers."""
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+
+    if arch == "roberta":  # GPT-2 byte-level BPE, as roberta-base's tokenizer.json
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer)
+        tokenizer.post_processor = processors.RobertaProcessing(
+            ("</s>", 2), ("<s>", 0), trim_offsets=True, add_prefix_space=False)
+        return tokenizer
+    if arch == "xlm-roberta":  # SentencePiece Unigram with the metaspace, as xlm-roberta-base's
+        specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.NFKC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.decoder = decoders.Metaspace()
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                          unk_token="<unk>", show_progress=False)
+        tokenizer.train_from_iterator(texts, trainer)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", 0), ("</s>", 2)])
+        return tokenizer
+    # ELECTRA: BERT's uncased WordPiece
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return tokenizer
+
+
+def save_fast_tokenizer(arch: str, texts: list[str], vocab_size: int, folder) -> None:
+    """`train_tokenizer` wrapped as the architecture's transformers fast class, saved to
+    `folder` as a Hugging Face tokenizer (tokenizer.json, tokenizer_config.json)."""
+    import transformers
+
+    classes = {"roberta": transformers.RobertaTokenizerFast,
+               "xlm-roberta": transformers.XLMRobertaTokenizerFast,
+               "electra": transformers.ElectraTokenizerFast}
+    wrapped = classes[arch](tokenizer_object=train_tokenizer(arch, texts, vocab_size))
+    wrapped.save_pretrained(str(folder))
 
 
 def state_dict_numpy(model) -> dict[str, np.ndarray]:

@@ -5,6 +5,10 @@ names and runs all l blocks over the concatenated `[CLS] q [SEP] p [SEP]` sequen
 explicit [seq, seq] attention mask per layer. Delayed interaction is then "block-diagonal mask
 in layers 1..k, full mask above" — a different formulation from dil_jax's split code path,
 which is what makes it a reference.
+
+Position ids are the caller's: `bert_positions` (0, 1, ...) or `roberta_positions`, Hugging
+Face's `create_position_ids_from_input_ids` rewritten here (non-pad tokens numbered
+padding_idx + 1, padding_idx + 2, ...; pads get padding_idx).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from scipy.special import erf
 def _strip(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     out = {}
     for name, value in state.items():
-        for prefix in ("bert.", "albert.", "distilbert."):
+        for prefix in ("bert.", "albert.", "distilbert.", "roberta.", "electra."):
             if name.startswith(prefix):
                 name = name[len(prefix):]
         out[name] = np.asarray(value, dtype=np.float64)
@@ -45,8 +49,20 @@ def _act(x, name):
     raise ValueError(name)
 
 
+def bert_positions(ids: np.ndarray) -> np.ndarray:
+    """[seq] ids -> [seq] positions 0, 1, ... (BERT, ALBERT, DistilBERT, ELECTRA)."""
+    return np.arange(len(ids))
+
+
+def roberta_positions(ids: np.ndarray, padding_idx: int) -> np.ndarray:
+    """[seq] ids -> [seq] positions as RoBERTa's embeddings compute them from the ids:
+    cumsum(mask) * mask + padding_idx with mask = ids != padding_idx."""
+    mask = (np.asarray(ids) != padding_idx).astype(np.int64)
+    return np.cumsum(mask) * mask + padding_idx
+
+
 def _names(arch: str, index: int) -> dict[str, str]:
-    if arch == "bert":
+    if arch in ("bert", "roberta", "xlm-roberta", "electra"):
         p = f"encoder.layer.{index}"
         return dict(q=f"{p}.attention.self.query", k=f"{p}.attention.self.key",
                     v=f"{p}.attention.self.value", o=f"{p}.attention.output.dense",
@@ -80,6 +96,8 @@ def reference_reader(state: dict[str, np.ndarray], arch: str, num_layers: int, n
     x = _layer_norm(x, s, "embeddings.LayerNorm", eps)
     if arch == "albert":
         x = _linear(x, s, "encoder.embedding_hidden_mapping_in")
+    if arch == "electra" and "embeddings_project.weight" in s:  # ELECTRA with E != H
+        x = _linear(x, s, "embeddings_project")
     states = [x]
     hidden = x.shape[-1]
     d = hidden // num_heads

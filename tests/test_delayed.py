@@ -4,7 +4,11 @@
 tests/numpy_reference.py) that runs all l blocks over the concatenation `[q ; p]` with a
 block-diagonal attention mask in blocks 1..k (each segment sees only itself), passage positions
 restarting at 0 and token types 0/1 — for random k, for BERT, for ALBERT (one block shared by all
-layers, so the split must fall inside repeated applications of the same weights) and DistilBERT.
+layers, so the split must fall inside repeated applications of the same weights) and DistilBERT;
+and for issue 16's backbones with their own position schemes: RoBERTa and XLM-RoBERTa (each
+segment numbered by Hugging Face's rule as if it were a sequence of its own, from padding_idx + 1;
+token type 0 for both, so the segments differ by the position restart alone) and ELECTRA
+(embedding < hidden: the projection runs before block 1, inside the lower part).
 """
 
 from __future__ import annotations
@@ -17,22 +21,31 @@ from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
 
-from conftest import state_dict_numpy
-from numpy_reference import reference_reader
+from conftest import pair_specials, state_dict_numpy
+from numpy_reference import bert_positions, reference_reader, roberta_positions
 
 MAX_Q = 10
-ACT = {"bert": "gelu", "albert": "gelu_new", "distilbert": "gelu"}
+ACT = {"bert": "gelu", "albert": "gelu_new", "distilbert": "gelu", "roberta": "gelu",
+       "xlm-roberta": "gelu", "electra": "gelu"}
+NEW_BACKBONES = ("roberta", "xlm-roberta", "electra")
 
 
-def _segments(seed: int, q_lens=(4, 10, 6), p_lens=(12, 7, 15), vocab=99):
+def _segments(seed: int, q_lens=(4, 10, 6), p_lens=(12, 7, 15), vocab=99, arch="bert"):
+    """Padded question and passage segments in `arch`'s layout (conftest.pair_specials),
+    padded with the architecture's pad id (RoBERTa: 1); masks from the lengths."""
+    first, question_end, passage_end = pair_specials(arch)
+    pad = 1 if arch in ("roberta", "xlm-roberta") else 0
     rng = np.random.default_rng(seed)
     p_len = max(p_lens)
-    q_ids = np.zeros((len(q_lens), MAX_Q), np.int32)
-    p_ids = np.zeros((len(p_lens), p_len), np.int32)
+    q_ids = np.full((len(q_lens), MAX_Q), pad, np.int32)
+    p_ids = np.full((len(p_lens), p_len), pad, np.int32)
     for i, (nq, npass) in enumerate(zip(q_lens, p_lens)):
-        q_ids[i, :nq] = [2, *rng.integers(5, vocab, nq - 2), 3]
-        p_ids[i, :npass] = [*rng.integers(5, vocab, npass - 1), 3]
-    return q_ids, (q_ids > 0).astype(np.int32), p_ids, (p_ids > 0).astype(np.int32)
+        words = nq - 1 - len(question_end)
+        q_ids[i, :nq] = [first, *rng.integers(5, vocab, words), *question_end]
+        p_ids[i, :npass] = [*rng.integers(5, vocab, npass - 1), passage_end]
+    q_mask = (np.arange(MAX_Q)[None] < np.array(q_lens)[:, None]).astype(np.int32)
+    p_mask = (np.arange(p_len)[None] < np.array(p_lens)[:, None]).astype(np.int32)
+    return q_ids, q_mask, p_ids, p_mask
 
 
 def _model_and_state(hf_folder_factory, arch, k, **overrides):
@@ -53,11 +66,19 @@ def _reference(state, config, q, p, k, passage_offset: int = 0):
     same_segment = segment[:, None] == segment[None, :]
     allowed = [same_segment if layer < k else np.ones((seq, seq), bool)
                for layer in range(config.num_layers)]
-    positions = np.concatenate([np.arange(nq), passage_offset + np.arange(npass)])
+    # Each segment is numbered by its backbone's own rule as if it were a sequence alone.
+    if config.architecture in ("roberta", "xlm-roberta"):
+        padding_idx = config.pad_token_id
+        positions = np.concatenate([roberta_positions(np.array(q), padding_idx),
+                                    passage_offset + roberta_positions(np.array(p), padding_idx)])
+        token_types = np.zeros(seq, np.int64)  # RoBERTa's tokenizers: type 0 everywhere
+    else:
+        positions = np.concatenate([bert_positions(q), passage_offset + bert_positions(p)])
+        token_types = segment
     start, end, _ = reference_reader(
         state, config.architecture, config.num_layers, config.num_heads, np.array(q + p),
-        segment, positions, allowed, ACT[config.architecture],
-        num_groups=config.num_hidden_groups)
+        token_types, positions, allowed, ACT[config.architecture],
+        eps=config.layer_norm_eps, num_groups=config.num_hidden_groups)
     return start[nq:], end[nq:], start[0], end[0]
 
 
@@ -77,11 +98,12 @@ def _assert_reference_logits(out, state, config, segments, k: int, label: str,
 
 
 @pytest.mark.parametrize("arch,seed", [("bert", 0), ("bert", 1), ("albert", 2),
-                                       ("distilbert", 3)])
+                                       ("distilbert", 3), ("roberta", 4), ("xlm-roberta", 5),
+                                       ("electra", 6)])
 def test_split_equals_block_diagonal_reference(hf_folder_factory, arch, seed):
     k = int(np.random.default_rng(seed).integers(1, 5))  # random k in 1..l (l = 4)
     model, params, state = _model_and_state(hf_folder_factory, arch, k)
-    q_ids, q_mask, p_ids, p_mask = _segments(seed)
+    q_ids, q_mask, p_ids, p_mask = _segments(seed, arch=arch)
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
@@ -119,7 +141,8 @@ def test_reference_is_sensitive_to_k(hf_folder_factory):
 
 
 @pytest.mark.parametrize("arch,k,groups", [("bert", 3, None), ("albert", 2, 2),
-                                            ("distilbert", 1, None)])
+                                            ("distilbert", 1, None), ("roberta", 2, None),
+                                            ("electra", 3, None)])
 def test_precomputed_first_upper_projections_equal_reference(hf_folder_factory, arch, k, groups):
     """q/k/v of the first upper block computed per segment (as PairGrid does) give the
     reference logits, whichever side is precomputed. ALBERT with 2 groups over 4 layers and
@@ -127,7 +150,7 @@ def test_precomputed_first_upper_projections_equal_reference(hf_folder_factory, 
     would fail."""
     overrides = {"num_hidden_groups": groups} if groups else {}
     model, params, state = _model_and_state(hf_folder_factory, arch, k, **overrides)
-    q_ids, q_mask, p_ids, p_mask = _segments(23)
+    q_ids, q_mask, p_ids, p_mask = _segments(23, arch=arch)
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     q_qkv, p_qkv = model.project_upper(params, q_lower), model.project_upper(params, p_lower)
@@ -150,9 +173,13 @@ def test_albert_shared_block_split(hf_folder_factory):
     np.testing.assert_allclose(np.asarray(out.start_logits[1, :len(p)]), start, atol=1e-4)
 
 
-def test_passage_lower_state_is_question_independent(hf_folder_factory):
-    model, params, _ = _model_and_state(hf_folder_factory, "bert", 2)
-    q_ids, q_mask, p_ids, p_mask = _segments(11)
+@pytest.mark.parametrize("arch", ["bert", *NEW_BACKBONES])
+def test_passage_lower_state_is_question_independent(hf_folder_factory, arch):
+    """RoBERTa and XLM-RoBERTa give both segments token type 0: the passage is told apart from
+    the question by its positions restarting (at padding_idx + 1) alone, and its lower state
+    must still be bit-identical whatever question it is paired with."""
+    model, params, _ = _model_and_state(hf_folder_factory, arch, 2)
+    q_ids, q_mask, p_ids, p_mask = _segments(11, arch=arch)
     same_passage_ids = np.repeat(p_ids[:1], 3, axis=0)
     same_passage_mask = np.repeat(p_mask[:1], 3, axis=0)
     out = model(params, q_ids, q_mask, same_passage_ids, same_passage_mask,
@@ -204,3 +231,32 @@ def test_full_model_equals_k0_split_path(hf_folder_factory):
     split = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
     whole = model(params, q_ids, q_mask, p_ids, p_mask)
     np.testing.assert_array_equal(np.asarray(split.start_logits), np.asarray(whole.start_logits))
+
+
+@pytest.mark.parametrize("arch,overrides", [("electra", {"embedding_size": 32}),
+                                            ("roberta", {})])
+def test_new_backbones_at_every_k(hf_folder_factory, arch, overrides):
+    """Every split k = 1..l of ELECTRA without a projection (E == H) and of RoBERTa equals the
+    block-diagonal reference; RoBERTa also with passage_position_offset 5 (its passage then
+    numbered from padding_idx + 1 + 5)."""
+    for k in range(1, 5):
+        model, params, state = _model_and_state(hf_folder_factory, arch, k, **overrides)
+        segments = _segments(40 + k, arch=arch)
+        _assert_reference_logits(model(params, *segments), state, model.config, segments, k,
+                                 f"{arch} k={k}")
+    if arch == "roberta":
+        shifted = DelayedInteractionModel(model.config.replace(passage_position_offset=5))
+        _assert_reference_logits(shifted(params, *segments), state, shifted.config, segments,
+                                 4, "roberta offset 5", 5)
+
+
+def test_roberta_lengths_count_the_first_position(hf_folder_factory):
+    """RoBERTa's 66-row table holds 64 positions (rows 0 and 1 are below padding_idx + 1):
+    the length rule says so by name instead of reading past the table."""
+    from dil_jax.model.delayed import InputError, check_segment_lengths
+
+    model, _, _ = _model_and_state(hf_folder_factory, "roberta", 0)
+    check_segment_lengths(model.config, MAX_Q, 64 - MAX_Q)
+    with pytest.raises(InputError, match=r"exceeds 64 positions \(max_position_embeddings 66 "
+                                         r"less pad_token_id \+ 1 = 2\)"):
+        check_segment_lengths(model.config, MAX_Q, 65 - MAX_Q)

@@ -38,10 +38,14 @@ def test_unknown_architecture(hf_folder_factory, tmp_path):
     with pytest.raises(ConfigError, match="unknown architecture 'gpt2'"):
         EncoderConfig(architecture="gpt2")
     folder = _copy(hf_folder_factory("bert")[0], tmp_path)
-    edit_json(folder / "config.json", model_type="roberta")
-    with pytest.raises(CheckpointError, match="model_type='roberta'") as error:
+    edit_json(folder / "config.json", model_type="gpt2")
+    with pytest.raises(CheckpointError, match="unknown architecture model_type='gpt2'") as error:
         load_hf_checkpoint(folder)
     assert str(folder / "config.json") in str(error.value)
+    # Architectures known not to fit are refused by name, saying why.
+    edit_json(folder / "config.json", model_type="deberta-v2")
+    with pytest.raises(CheckpointError, match="model_type='deberta-v2': DeBERTa-v2"):
+        load_hf_checkpoint(folder)
 
 
 def test_config_checkpoint_shape_mismatch_names_tensor(hf_folder_factory, tmp_path):

@@ -6,9 +6,10 @@ passage-query x passage-key attention comes from per-passage softmax statistics,
 with the passage's scores against the question by the log-sum-exp rule. Each, and both, must give
 the span and null scores of the reference program (`PairGrid(reuse=False)`, plain
 `encode_upper`), on BERT, ALBERT (2 groups over 4 layers, split inside the second) and
-DistilBERT, at k = l - 1 (both reuses in the same block) and k < l - 1, with padding in both
-segments. The merge itself is checked against a softmax written here in NumPy, and the reused
-program against tests/numpy_reference.py (float64, no code shared with dil_jax).
+DistilBERT (and RoBERTa, ELECTRA: issue 16's backbones), at k = l - 1 (both reuses in the same
+block) and k < l - 1, with padding in both segments. The merge itself is checked against a
+softmax written here in NumPy, and the reused program against tests/numpy_reference.py (float64,
+no code shared with dil_jax; segments and the reference call shared with tests/test_delayed.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from test_delayed import MAX_Q, _reference, _segments
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.config import EncoderConfig
@@ -30,10 +32,7 @@ from dil_jax.model.modules import (
 )
 
 from conftest import state_dict_numpy
-from numpy_reference import reference_reader
 
-MAX_Q = 10
-ACT = {"bert": "gelu", "albert": "gelu_new", "distilbert": "gelu"}
 # Float32 rounding, justified: the logits here are at most ~3 in size (init range 0.2), where one
 # float32 ulp is 2.4e-7. The reuses change only the order of float32 operations (a p x q and a
 # p x p partial softmax, each against its own max, rescaled by exp(m_i - m) and summed, instead
@@ -46,19 +45,6 @@ ACT = {"bert": "gelu", "albert": "gelu_new", "distilbert": "gelu"}
 REUSE_ATOL = 1e-5
 # Against the float64 NumPy reference the float32 program itself is ~1e-5 off (test_delayed).
 REFERENCE_ATOL = 1e-4
-
-
-def _segments(seed: int, q_lens=(4, 10, 6), p_lens=(12, 7, 15), vocab=99):
-    """3 questions of MAX_Q slots and 3 passages of max(p_lens) slots, zero-padded (masks with
-    zeros in both segments)."""
-    rng = np.random.default_rng(seed)
-    q_ids = np.zeros((len(q_lens), MAX_Q), np.int32)
-    p_ids = np.zeros((len(p_lens), max(p_lens)), np.int32)
-    for i, n in enumerate(q_lens):
-        q_ids[i, :n] = [2, *rng.integers(5, vocab, n - 2), 3]
-    for i, n in enumerate(p_lens):
-        p_ids[i, :n] = [*rng.integers(5, vocab, n - 1), 3]
-    return q_ids, (q_ids > 0).astype(np.int32), p_ids, (p_ids > 0).astype(np.int32)
 
 
 def _model(hf_folder_factory, arch: str, k: int):
@@ -90,17 +76,8 @@ def _assert_same_scores(got, want, p_mask: np.ndarray, label: str) -> None:
 
 def _numpy_reference(state, config: EncoderConfig, q: list[int], p: list[int]):
     """(start, end over the passage, null start, null end) of one pair by the float64 NumPy
-    reader: block-diagonal attention in layers 1..k, full above."""
-    nq, npass, k = len(q), len(p), config.num_lower_layers
-    segment = np.array([0] * nq + [1] * npass)
-    same = segment[:, None] == segment[None, :]
-    allowed = [same if layer < k else np.ones_like(same) for layer in range(config.num_layers)]
-    positions = np.concatenate([np.arange(nq), np.arange(npass)])
-    start, end, _ = reference_reader(state, config.architecture, config.num_layers,
-                                     config.num_heads, np.array(q + p), segment, positions,
-                                     allowed, ACT[config.architecture],
-                                     num_groups=config.num_hidden_groups)
-    return start[nq:], end[nq:], start[0], end[0]
+    reader: block-diagonal attention in layers 1..k, full above, each backbone's positions."""
+    return _reference(state, config, q, p, config.num_lower_layers)
 
 
 def _softmax_parts_numpy(scores: np.ndarray, values: np.ndarray):
@@ -160,7 +137,8 @@ def test_merge_equals_one_softmax_over_question_and_passage_keys():
     assert np.abs(unscaled - want).max() > 1e-2
 
 
-CASES = [(arch, k) for arch in ("bert", "albert", "distilbert") for k in (3, 2)]
+CASES = [(arch, k) for arch in ("bert", "albert", "distilbert") for k in (3, 2)] + [
+    ("roberta", 3), ("electra", 2)]
 
 
 @pytest.mark.parametrize("arch,k", CASES)
@@ -170,7 +148,7 @@ def test_each_reuse_equals_the_reference_encode_upper(hf_folder_factory, arch, k
     4: both reuses in the one upper block; k = 2: the statistics in the first upper block, the
     rows in the second (ALBERT: both layers use the second parameter group)."""
     model, params, state = _model(hf_folder_factory, arch, k)
-    q_ids, q_mask, p_ids, p_mask = _segments(k)
+    q_ids, q_mask, p_ids, p_mask = _segments(k, arch=arch)
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     q_qkv, p_qkv = model.project_upper(params, q_lower), model.project_upper(params, p_lower)
@@ -194,13 +172,13 @@ def test_each_reuse_equals_the_reference_encode_upper(hf_folder_factory, arch, k
                                                err_msg=f"{arch} k={k} row {row}")
 
 
-@pytest.mark.parametrize("arch,k", CASES + [("bert", 0)])
+@pytest.mark.parametrize("arch,k", CASES + [("bert", 0), ("roberta", 0)])
 def test_grid_with_reuse_equals_the_reference_grid(hf_folder_factory, arch, k, monkeypatch):
     """PairGrid picks the reuses itself (every passage read by 3 questions: statistics on for
     0 < k < l; the last block's rows always) and reads the grid of the reference PairGrid
     (reuse=False). k = 0: the full model, the rows reuse alone."""
     model, params, _ = _model(hf_folder_factory, arch, k)
-    q_ids, q_mask, p_ids, p_mask = _segments(10 + k)
+    q_ids, q_mask, p_ids, p_mask = _segments(10 + k, arch=arch)
     optimised = PairGrid(model, batch_size=2, chunk_size=4)
     reference = PairGrid(model, batch_size=2, chunk_size=4, reuse=False)
     computed = []

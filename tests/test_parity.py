@@ -15,19 +15,23 @@ import torch
 from dil_jax.checkpoints import convert_state_dict, load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
 
-from conftest import state_dict_numpy
+from conftest import hf_token_types, pair_specials, state_dict_numpy
 
 TOLERANCE = 1e-4
 MAX_Q = 12
 
 
-def _random_pairs(vocab: int, seed: int, q_lens=(3, 7, 10), p_lens=(9, 20, 14)):
-    """Token ids of (question, passage) pairs as `[CLS] q [SEP]` and `p [SEP]`; CLS=2, SEP=3."""
+def _random_pairs(vocab: int, seed: int, q_lens=(3, 7, 10), p_lens=(9, 20, 14),
+                  arch: str = "bert"):
+    """Token ids of (question, passage) pairs in `arch`'s tokenizer layout: `[CLS] q [SEP]` and
+    `p [SEP]` (CLS=2, SEP=3), or RoBERTa's `<s> q </s></s>` and `p </s>` (0, 2); q_lens count
+    the words and the first two special tokens."""
+    first, question_end, passage_end = pair_specials(arch)
     rng = np.random.default_rng(seed)
     pairs = []
     for q_len, p_len in zip(q_lens, p_lens):
-        q = [2, *rng.integers(5, vocab, q_len - 2), 3]
-        p = [*rng.integers(5, vocab, p_len - 1), 3]
+        q = [first, *rng.integers(5, vocab, q_len - 2), *question_end]
+        p = [*rng.integers(5, vocab, p_len - 1), passage_end]
         pairs.append((q, p))
     return pairs
 
@@ -44,8 +48,9 @@ def _pad(rows, length):
 def _hf_forward(hf_model, q, p, arch):
     ids = torch.tensor([q + p])
     kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
-    if arch != "distilbert":
-        kwargs["token_type_ids"] = torch.tensor([[0] * len(q) + [1] * len(p)])
+    token_types = hf_token_types(arch, len(q), len(p))
+    if token_types is not None:
+        kwargs["token_type_ids"] = torch.tensor([token_types])
     with torch.no_grad():
         out = hf_model(**kwargs)
     return (out.start_logits[0].numpy(), out.end_logits[0].numpy(),
@@ -81,6 +86,13 @@ def assert_parity(model, params, hf_model, arch, pairs, max_q=MAX_Q):
     ("albert", {"num_hidden_groups": 2}),
     ("distilbert", {}),
     ("bert", {"hidden_act": "relu"}),
+    # Issue 16's backbones, every tensor perturbed (conftest.build_hf_qa_model). RoBERTa and
+    # XLM-RoBERTa: positions from padding_idx + 1 = 2, one token type, `<s> q </s></s> p </s>`;
+    # ELECTRA with embedding 16 < hidden 32 (embeddings_project) and 32 == 32 (none).
+    ("roberta", {}),
+    ("xlm-roberta", {}),
+    ("electra", {}),
+    ("electra", {"embedding_size": 32}),
 ])
 def test_random_init_parity(hf_folder_factory, arch, overrides):
     folder, hf_model = hf_folder_factory(arch, **overrides)
@@ -88,7 +100,25 @@ def test_random_init_parity(hf_folder_factory, arch, overrides):
     assert config.architecture == arch
     assert not report.initialized, "a *ForQuestionAnswering checkpoint carries its QA head"
     model = DelayedInteractionModel(config)
-    assert_parity(model, params, hf_model, arch, _random_pairs(99, seed=1))
+    assert_parity(model, params, hf_model, arch, _random_pairs(99, seed=1, arch=arch))
+
+
+def test_roberta_positions_are_hugging_faces(hf_folder_factory):
+    """Guards the RoBERTa parity above: numbering positions from 0 (BERT's rule) instead of
+    padding_idx + 1 moves the logits far past the tolerance, so parity does pin the offset; and
+    the pad id of the checkpoint is what sets the first position."""
+    folder, hf_model = hf_folder_factory("roberta")
+    config, params, _ = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    assert (config.pad_token_id, config.first_position, config.num_positions) == (1, 2, 64)
+    pairs = _random_pairs(99, seed=4, arch="roberta")
+    q, p = pairs[0]
+    start, _, _ = _hf_forward(hf_model, q, p, "roberta")
+    shifted = {**params, "embeddings": {**params["embeddings"], "position_embeddings": {
+        "embedding": np.roll(params["embeddings"]["position_embeddings"]["embedding"], 2, 0)}}}
+    q_ids, q_mask = _pad([q], MAX_Q)
+    p_ids, p_mask = _pad([p], len(p))
+    wrong = DelayedInteractionModel(config)(shifted, q_ids, q_mask, p_ids, p_mask)
+    assert np.abs(np.asarray(wrong.start_logits[0, :len(p)]) - start[len(q):]).max() > 1e-2
 
 
 def test_minilm_parity(minilm_dir):

@@ -343,6 +343,25 @@ def test_beam_search_head_tensors_are_refused(xlnet_folder):
         convert_state_dict(state, config)
 
 
+def test_transformer_prefix_is_stripped_for_xlnet_only():
+    """`transformer.` is XLNet's backbone prefix, but also the start of a bare DistilBertModel's
+    own tensor names: a DistilBERT reader built from bare DistilBertModel tensors must keep it
+    (its name map starts with `transformer.layer.`), and an XLNet reader must strip it."""
+    from dil_jax.checkpoints.hf_tensors import strip_backbone_prefix
+
+    from conftest import build_hf_qa_model
+
+    assert strip_backbone_prefix("transformer.layer.0.rel_attn.q", "xlnet") == "layer.0.rel_attn.q"
+    assert strip_backbone_prefix("transformer.layer.0.ffn.lin1.weight", "distilbert") \
+        == "transformer.layer.0.ffn.lin1.weight"
+    assert strip_backbone_prefix("roberta.embeddings.x", "xlm-roberta") == "embeddings.x"
+    bare = build_hf_qa_model("distilbert").distilbert  # DistilBertModel: `transformer.*` names
+    config = encoder_config_from_hf(bare.config.to_dict(), max_question_len=MAX_Q)
+    _, report = convert_state_dict(state_dict_numpy(bare), config)
+    assert any(name.startswith("transformer.layer.") for name in report.loaded)
+    assert sorted(report.initialized) == ["qa_outputs.bias", "qa_outputs.weight"]
+
+
 def test_memory_fields_change_nothing(xlnet_folder):
     """mem_len / reuse_len only say what to cache for a next call: accepted, same config."""
     _, hf_model = xlnet_folder()

@@ -62,6 +62,20 @@ def test_special_ids_are_xlnets(xlnet_tokenizer):
             xlnet_tokenizer.pad_token_id) == (3, 4, 5)
 
 
+def test_pair_layout_is_read_as_xlnets_and_refused_for_other_readers(xlnet_tokenizer):
+    """XLNet's `a <sep> b <sep> <cls>` has nothing before the first text, which the layout rule
+    refuses for every other tokenizer: it is read explicitly (`<cls>` stored first, placed last
+    by the XLNet reader) and refused by name when the reader is not XLNet."""
+    from dil_jax.tokenization import PairLayout, TokenizationError, check_tokenizer, pair_layout
+
+    assert xlnet_tokenizer.convert_ids_to_tokens(xlnet_tokenizer("a", "b")["input_ids"])[-2:] \
+        == ["<sep>", "<cls>"]
+    assert pair_layout(xlnet_tokenizer) == PairLayout(3, (4,), 4, cls_last=True)
+    check_tokenizer(xlnet_tokenizer, VOCAB_SIZE, "my-folder", architecture="xlnet")
+    with pytest.raises(TokenizationError, match="my-folder: .*XLNet's pair layout.*'bert'"):
+        check_tokenizer(xlnet_tokenizer, VOCAB_SIZE, "my-folder", architecture="bert")
+
+
 def test_tokenizer_pair_layout_is_the_readers(xlnet_tokenizer, v11):
     """Our segments `[CLS] q [SEP]` / `p [SEP]`, put in XLNet order by the mapping the parity
     tests use (`test_xlnet.xlnet_order`, which `model/xlnet.pair_layout` positions reproduce),

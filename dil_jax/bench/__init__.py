@@ -46,8 +46,8 @@ from dil_jax.bench.machine import (
     thread_counts,
 )
 from dil_jax.bench.peer import (
-    hf_bert_config,
     hf_model_from_params,
+    hf_peer_config,
     max_logit_difference,
     peer_device,
     run_hf_grid,
@@ -95,8 +95,8 @@ __all__ = [
     "flop_profile",
     "flop_speedups",
     "grid_flops",
-    "hf_bert_config",
     "hf_model_from_params",
+    "hf_peer_config",
     "load_average",
     "lower_phase",
     "machine_record",

@@ -51,8 +51,9 @@ def xlnet_position_flops(config: EncoderConfig, batch: int, keys: int, rows: int
 
 
 def embedding_flops(config: EncoderConfig, batch: int, seq: int) -> int:
-    """ALBERT's E -> H projection, 2 n E h; lookups cost no matmul (0 for BERT/DistilBERT)."""
-    if config.architecture != "albert":  # ALBERT projects even when E == H (as transformers)
+    """The E -> H projection of ALBERT (even when E == H, as transformers) and of ELECTRA with
+    E != H, 2 n E h; lookups cost no matmul (0 for the others)."""
+    if not config.projects_embeddings:
         return 0
     return batch * 2 * seq * config.embedding_size * config.hidden_size
 

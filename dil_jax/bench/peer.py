@@ -1,4 +1,5 @@
-"""The Hugging Face PyTorch peer: `BertForQuestionAnswering` with our weights, on our grid.
+"""The Hugging Face PyTorch peer: the architecture's `*ForQuestionAnswering` with our weights,
+on our grid.
 
 It reads every pair as `[CLS] q [SEP] p [SEP]` with the same weights, lengths, chunking and
 thread count as our reader, on the same kind of device (`peer_device`). torch and transformers
@@ -19,33 +20,32 @@ from dil_jax.model.grid import SpanScores
 from dil_jax.model.modules import PADDED_LOGIT
 
 
-def hf_bert_config(config: EncoderConfig) -> Any:
-    """The `transformers.BertConfig` of a BERT EncoderConfig (dropout is off in eval anyway)."""
+def hf_peer_config(config: EncoderConfig) -> Any:
+    """The `transformers` config of an EncoderConfig: the config.json an export writes
+    (`hf_config_from_encoder_config`), as the architecture's config class."""
     import transformers
 
-    if config.architecture != "bert":
-        raise ValueError(f"the PyTorch peer is BertForQuestionAnswering; architecture "
-                         f"{config.architecture!r} is not bert")
-    return transformers.BertConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        intermediate_size=config.intermediate_size, hidden_act=config.hidden_act,
-        max_position_embeddings=config.max_position_embeddings,
-        type_vocab_size=config.type_vocab_size, layer_norm_eps=config.layer_norm_eps,
-        pad_token_id=config.pad_token_id, hidden_dropout_prob=config.hidden_dropout,
-        attention_probs_dropout_prob=config.attention_dropout)
+    from dil_jax.checkpoints import hf_config_from_encoder_config
+
+    values = hf_config_from_encoder_config(config)
+    values.pop("architectures")
+    return transformers.AutoConfig.for_model(values.pop("model_type"), **values)
 
 
 def hf_model_from_params(config: EncoderConfig, params: Params) -> Any:
-    """A torch `BertForQuestionAnswering` (eval mode) holding exactly our params."""
+    """A torch `*ForQuestionAnswering` of the config's architecture (eval mode, e.g.
+    `BertForQuestionAnswering`) holding exactly our params."""
     import torch
     import transformers
 
     from dil_jax.checkpoints import export_state_dict
+    from dil_jax.checkpoints.hf_config import QA_CLASSES
+    from dil_jax.checkpoints.hf_tensors import add_backbone_prefix
 
-    model = transformers.BertForQuestionAnswering(hf_bert_config(config)).eval()
+    model_class = getattr(transformers, QA_CLASSES[config.architecture])
+    model = model_class(hf_peer_config(config)).eval()
     # torch.tensor copies: the exported arrays may be read-only views of device buffers.
-    state = {name if name.startswith("qa_outputs.") else f"bert.{name}": torch.tensor(value)
+    state = {add_backbone_prefix(name, config.architecture): torch.tensor(value)
              for name, value in export_state_dict(params, config).items()}
     # strict: every tensor of the torch model must come from our params, none left at its init.
     model.load_state_dict(state, strict=True)
@@ -69,8 +69,12 @@ def peer_device(backend: str, cuda_available: bool) -> tuple[str | None, str]:
 
 
 def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
-                max_pairs: int | None = None) -> tuple[dict[str, float], SpanScores | None]:
+                max_pairs: int | None = None, token_types: bool = True
+                ) -> tuple[dict[str, float], SpanScores | None]:
     """One timed pass of the peer: every pair as `[CLS] q [SEP] p [SEP]`, `chunk_size` at a time.
+
+    token_types: pass token types 0 / 1 for question / passage (`config.segment_token_types`;
+    RoBERTa and XLM-RoBERTa take their default, type 0 throughout).
 
     Builds each chunk from per-segment tensors (as PairGrid gathers inside its program) and
     returns the same span scores as `PairGrid.read_grid`. All time is the pair phase. Runs on
@@ -97,9 +101,9 @@ def run_hf_grid(model: Any, inputs: GridInputs, chunk_size: int,
     with torch.inference_mode():
         for lo in range(0, num_pairs, chunk_size):
             qi, pi = q_index[lo:lo + chunk_size], p_index[lo:lo + chunk_size]
+            kwargs = {"token_type_ids": types.expand(len(qi), -1)} if token_types else {}
             out = model(input_ids=torch.cat([q_ids[qi], p_ids[pi]], dim=1),
-                        attention_mask=torch.cat([q_mask[qi], p_mask[pi]], dim=1),
-                        token_type_ids=types.expand(len(qi), -1))
+                        attention_mask=torch.cat([q_mask[qi], p_mask[pi]], dim=1), **kwargs)
             start_logits[lo:lo + len(qi)] = out.start_logits.float().cpu().numpy()
             end_logits[lo:lo + len(qi)] = out.end_logits.float().cpu().numpy()
     times = {"ni_q": 0.0, "ni_p": 0.0, "pairs": time.perf_counter() - start}

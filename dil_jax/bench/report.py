@@ -147,7 +147,9 @@ def render_markdown(record: dict[str, Any]) -> str:
         lines.append(f"Other processes kept {suite.get('others_cpu_cores')} cores busy on "
                      "average during this suite's timed passes.")
         if HF_PEER in suite["results"]:
-            lines += ["", (f"{HF_PEER}: `BertForQuestionAnswering` on "
+            # Records written before the other backbones' suites existed ran BERT's class.
+            hf_class = suite.get("hf_class", "BertForQuestionAnswering")
+            lines += ["", (f"{HF_PEER}: `{hf_class}` on "
                       f"{suite.get('hf_device', 'cpu')}, attention "
                       f"`{suite.get('hf_attention')}`, same weights (largest span-score "
                       f"difference from {FULL} over the grid: "

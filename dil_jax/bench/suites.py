@@ -63,10 +63,26 @@ class SuiteSpec:
     reuse: bool = True
 
 
-SUITES = ("minilm", "bert-base", "tiny", "xlnet-base")
+SUITES = ("minilm", "bert-base", "roberta-base", "electra-small", "electra-base", "xlnet-base",
+          "tiny")
 # (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
-SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4),
-               "xlnet-base": (8, 4, 8, 4)}
+SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "roberta-base": (8, 4, 8, 4),
+               "electra-small": (16, 8, 8, 8), "electra-base": (8, 4, 8, 4),
+               "xlnet-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4)}
+# Random-init suites: the shapes of the released checkpoints' config.json (hub ids in the
+# comments; nothing is downloaded).
+_BASE_SHAPES = {
+    "bert-base": dict(),  # bert-base-uncased: EncoderConfig's defaults
+    "roberta-base": dict(  # roberta-base: BPE vocabulary, positions from pad_token_id + 1 = 2
+        architecture="roberta", vocab_size=50265, max_position_embeddings=514,
+        type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5),
+    "electra-small": dict(  # google/electra-small-discriminator: embeddings 128 -> hidden 256
+        architecture="electra", hidden_size=256, embedding_size=128, num_heads=4,
+        intermediate_size=1024),
+    "electra-base": dict(architecture="electra"),  # google/electra-base-discriminator
+    "xlnet-base": dict(  # xlnet-base-cased: SentencePiece vocabulary, no token-type table
+        architecture="xlnet", vocab_size=32000, type_vocab_size=0, pad_token_id=5),
+}
 TINY_LENGTHS = (16, 48)
 
 
@@ -75,28 +91,24 @@ def suite_model(name: str, question_len: int, seed: int = 0
     """(config, params, where the weights came from) of a named suite.
 
     minilm: the embedded all-MiniLM-L6-v2 (6 blocks, 384 wide; its QA head is freshly
-      initialised, which does not change the cost); bert-base: BERT-base's shape (12 blocks,
-      768 wide), randomly initialised; tiny: 3 blocks of MiniLM's width, for tests;
-      xlnet-base: xlnet-base-cased's shape (12 blocks, 768 wide, 32,000 pieces), randomly
-      initialised, timed without a PyTorch peer (the peer is BERT's).
+      initialised, which does not change the cost); bert-base, roberta-base, electra-small,
+      electra-base, xlnet-base: those checkpoints' shapes (`_BASE_SHAPES`), randomly
+      initialised (xlnet-base is timed without a PyTorch peer, see `run_suite`); tiny: 3
+      blocks of MiniLM's width, for tests.
     """
     if name == "minilm":
         from dil_jax.checkpoints import load_hf_checkpoint
 
         config, params, _ = load_hf_checkpoint("default", max_question_len=question_len)
         return config, params, "all-MiniLM-L6-v2 (embedded), QA head random"
-    if name == "bert-base":
-        config = EncoderConfig(max_question_len=question_len)
-        weights = "random init, BERT-base shape"
+    if name in _BASE_SHAPES:
+        config = EncoderConfig(max_question_len=question_len, **_BASE_SHAPES[name])
+        weights = f"random init, {name} shape"
     elif name == "tiny":
         config = EncoderConfig(hidden_size=384, embedding_size=384, num_layers=3, num_heads=6,
                                intermediate_size=1536, vocab_size=1000,
                                max_position_embeddings=128, max_question_len=question_len)
         weights = "random init, tiny"
-    elif name == "xlnet-base":
-        config = EncoderConfig(architecture="xlnet", vocab_size=32000, type_vocab_size=0,
-                               pad_token_id=5, max_question_len=question_len)
-        weights = "random init, XLNet-base shape"
     else:
         raise ValueError(f"unknown suite {name!r}; suites: {SUITES}")
     params = DelayedInteractionModel(config).init(jax.random.key(seed))
@@ -137,10 +149,13 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
                               "ks": list(ks), "batch_size": readers[0].batch_size,
                               "chunk_size": readers[0].chunk_size, "repeats": suite.repeats,
                               "reuse": suite.reuse}
-    if suite.with_hf and config.architecture != "bert":
+    if suite.with_hf and config.architecture == "xlnet":
+        # The peer feeds each pair in storage order, [CLS] q [SEP] p [SEP]; XLNet's relative
+        # positions make that a different computation from ours (P [SEP] Q [SEP] [CLS]).
         record["hf_device"] = None
-        record["hf_device_reason"] = (f"no PyTorch peer for architecture "
-                                      f"{config.architecture!r} (the peer is BERT's)")
+        record["hf_device_reason"] = ("no PyTorch peer for architecture 'xlnet' (the peer "
+                                      "reads [CLS] q [SEP] p [SEP]; XLNet reads "
+                                      "P [SEP] Q [SEP] [CLS])")
         log(f"[{suite.name}] {record['hf_device_reason']}")
     elif suite.with_hf:
         import torch
@@ -155,8 +170,9 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
             hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.params))
             hf_model = hf_model.to(device)
             record["hf_attention"] = hf_model.config._attn_implementation
-            runners[HF_PEER] = lambda max_pairs: run_hf_grid(hf_model, inputs,
-                                                             readers[0].chunk_size, max_pairs)
+            record["hf_class"] = type(hf_model).__name__
+            runners[HF_PEER] = lambda max_pairs: run_hf_grid(
+                hf_model, inputs, readers[0].chunk_size, max_pairs, config.segment_token_types)
     record["threads"] = thread_counts()
 
     log(f"[{suite.name}] compiling and analysing the phase programs")

@@ -10,7 +10,7 @@ from typing import Any
 from dil_jax.atomic import staged_directory
 from dil_jax.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
 from dil_jax.checkpoints.hf_config import hf_config_from_encoder_config
-from dil_jax.checkpoints.hf_tensors import backbone_prefix, export_state_dict
+from dil_jax.checkpoints.hf_tensors import add_backbone_prefix, export_state_dict
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
@@ -37,11 +37,10 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     if dtype not in ("float32", "bfloat16"):
         raise CheckpointError(f"export dtype must be float32 or bfloat16, got {dtype!r}")
     directory = Path(directory).absolute()
-    prefix = backbone_prefix(config)
     tensors = {}
     left_to_base = []
     for name, value in export_state_dict(params, config).items():
-        full_name = name if name.startswith("qa_outputs.") else prefix + name
+        full_name = add_backbone_prefix(name, config.architecture)
         if from_base is not None and name.startswith(from_base[1]):
             left_to_base.append(full_name)
             continue

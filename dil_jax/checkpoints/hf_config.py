@@ -1,8 +1,10 @@
-"""Hugging Face `config.json` <-> EncoderConfig, both ways, for BERT, ALBERT, DistilBERT and
-XLNet (`xlnet_config.py`).
+"""Hugging Face `config.json` <-> EncoderConfig, both ways, for BERT, ALBERT, DistilBERT,
+RoBERTa, XLM-RoBERTa, ELECTRA and XLNet (`xlnet_config.py`).
 
 Each architecture names its fields its own way (DistilBERT: `dim`, `n_layers`, `activation`);
-the defaults filled in for absent fields are those of Hugging Face's config classes.
+the defaults filled in for absent fields are those of Hugging Face's config classes. What a
+reader cannot be built from is refused by name: decoder configs, relative position embeddings,
+ELECTRA generators, and the architectures of UNSUPPORTED_MODEL_TYPES.
 """
 
 from __future__ import annotations
@@ -22,21 +24,64 @@ def _required(hf: dict[str, Any], key: str, source: str) -> Any:
     return hf[key]
 
 
-def _bert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
-    values = dict(
-        architecture="bert", hidden_size=_required(hf, "hidden_size", source),
+# Hugging Face model types a reader is not built from, with what to do instead.
+UNSUPPORTED_MODEL_TYPES = {
+    "deberta": "DeBERTa (disentangled relative attention) is not supported",
+    "deberta-v2": "DeBERTa-v2 (disentangled relative attention) is not supported",
+    "camembert": "CamemBERT is not supported by name; its weights are RoBERTa's: set "
+                 "model_type 'roberta' if its config.json matches RobertaConfig",
+    "longformer": "Longformer (sliding-window attention) is not supported",
+}
+
+
+def _bert_shaped_fields(hf: dict[str, Any], source: str, architecture: str,
+                        embedding_size: Any, **defaults: Any) -> dict[str, Any]:
+    """The fields BERT, RoBERTa, XLM-RoBERTa and ELECTRA name alike; `defaults` are their config
+    classes' for absent fields (type_vocab_size, hidden_act, layer_norm_eps)."""
+    position_type = hf.get("position_embedding_type") or "absolute"
+    if position_type != "absolute":
+        raise CheckpointError(f"{source}: position_embedding_type {position_type!r} is not "
+                              "supported (absolute)")
+    for flag in ("is_decoder", "add_cross_attention"):
+        if hf.get(flag):
+            raise CheckpointError(f"{source}: {flag} is true: a reader is a bidirectional "
+                                  f"encoder without cross-attention ({architecture})")
+    return dict(
+        architecture=architecture, hidden_size=_required(hf, "hidden_size", source),
         num_layers=_required(hf, "num_hidden_layers", source),
         num_heads=_required(hf, "num_attention_heads", source),
         intermediate_size=_required(hf, "intermediate_size", source),
-        embedding_size=_required(hf, "hidden_size", source),
-        type_vocab_size=hf.get("type_vocab_size", 2), hidden_act=hf.get("hidden_act", "gelu"),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+        embedding_size=embedding_size,
+        type_vocab_size=hf.get("type_vocab_size", defaults["type_vocab_size"]),
+        hidden_act=hf.get("hidden_act", defaults["hidden_act"]),
+        layer_norm_eps=hf.get("layer_norm_eps", defaults["layer_norm_eps"]),
         hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
         attention_dropout=hf.get("attention_probs_dropout_prob", 0.1))
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"{source}: position_embedding_type "
-                              f"{hf['position_embedding_type']!r} is not supported (absolute)")
-    return values
+
+
+def _bert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    return _bert_shaped_fields(hf, source, "bert", _required(hf, "hidden_size", source),
+                               type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
+
+
+def _roberta_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """RoBERTa and XLM-RoBERTa (same fields; RobertaConfig's defaults). Positions start at
+    pad_token_id + 1 (EncoderConfig.first_position), read from `pad_token_id` (default 1)."""
+    return _bert_shaped_fields(hf, source, hf["model_type"], _required(hf, "hidden_size", source),
+                               type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
+
+
+def _electra_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """ELECTRA discriminators: BERT-shaped blocks, embeddings of `embedding_size` (default 128)
+    projected to hidden_size when they differ. Generators (ElectraForMaskedLM) are refused."""
+    generators = [name for name in hf.get("architectures") or []
+                  if name in ("ElectraForMaskedLM", "ElectraForCausalLM")]
+    if generators:
+        raise CheckpointError(f"{source}: architectures {generators}: an ELECTRA generator; a "
+                              "reader is built from the discriminator (ElectraForPreTraining, "
+                              "ElectraModel or ElectraForQuestionAnswering)")
+    return _bert_shaped_fields(hf, source, "electra", hf.get("embedding_size", 128),
+                               type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12)
 
 
 def _albert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
@@ -72,7 +117,18 @@ def _distilbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
 # Hugging Face model_type -> the EncoderConfig fields its own config.json names hold.
 _ARCHITECTURE_FIELDS: dict[str, Callable[[dict[str, Any], str], dict[str, Any]]] = {
     "bert": _bert_fields, "albert": _albert_fields, "distilbert": _distilbert_fields,
+    "roberta": _roberta_fields, "xlm-roberta": _roberta_fields, "electra": _electra_fields,
     "xlnet": xlnet_fields}
+# The Hugging Face *ForQuestionAnswering class an export's config.json names, per architecture.
+QA_CLASSES = {"bert": "BertForQuestionAnswering", "albert": "AlbertForQuestionAnswering",
+              "distilbert": "DistilBertForQuestionAnswering",
+              "roberta": "RobertaForQuestionAnswering",
+              "xlm-roberta": "XLMRobertaForQuestionAnswering",
+              "electra": "ElectraForQuestionAnswering",
+              # The qa_outputs span head; XLNetForQuestionAnswering's beam head is refused.
+              "xlnet": "XLNetForQuestionAnsweringSimple"}
+# Hugging Face's default pad_token_id per config class, for a config.json that leaves it out.
+_DEFAULT_PAD_TOKEN_ID = {"roberta": 1, "xlm-roberta": 1, "xlnet": 5}
 
 
 def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
@@ -86,14 +142,19 @@ def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
     # isinstance first: a damaged config.json may hold a list here, which cannot be a dict key.
     architecture_fields = (_ARCHITECTURE_FIELDS.get(model_type) if isinstance(model_type, str)
                            else None)
+    if isinstance(model_type, str) and model_type in UNSUPPORTED_MODEL_TYPES:
+        raise CheckpointError(f"{source}: model_type={model_type!r}: "
+                              f"{UNSUPPORTED_MODEL_TYPES[model_type]}; supported: "
+                              f"{', '.join(_ARCHITECTURE_FIELDS)}")
     if architecture_fields is None:
         raise CheckpointError(f"{source}: unknown architecture model_type={model_type!r}; "
-                              "supported: bert, albert, distilbert, xlnet")
+                              f"supported: {', '.join(_ARCHITECTURE_FIELDS)}")
     values = architecture_fields(hf, source)
+    pad_token_id = hf.get("pad_token_id", _DEFAULT_PAD_TOKEN_ID.get(model_type, 0))
     values.update(vocab_size=_required(hf, "vocab_size", source),
                   max_position_embeddings=hf.get("max_position_embeddings", 512),
                   initializer_range=hf.get("initializer_range", 0.02),
-                  pad_token_id=hf.get("pad_token_id", 0) or 0)
+                  pad_token_id=pad_token_id or 0)
     values.update(overrides)
     if values.get("reversible"):
         raise CheckpointError(
@@ -116,10 +177,10 @@ def hf_config_from_encoder_config(config: EncoderConfig) -> dict[str, Any]:
                   max_position_embeddings=config.max_position_embeddings,
                   initializer_range=config.initializer_range, pad_token_id=config.pad_token_id)
     if config.architecture == "xlnet":
-        return hf_xlnet_config(config)
+        return dict(hf_xlnet_config(config), architectures=[QA_CLASSES["xlnet"]])
     if config.architecture == "distilbert":
         return dict(common, model_type="distilbert",
-                    architectures=["DistilBertForQuestionAnswering"], dim=config.hidden_size,
+                    architectures=[QA_CLASSES["distilbert"]], dim=config.hidden_size,
                     n_layers=config.num_layers, n_heads=config.num_heads,
                     hidden_dim=config.intermediate_size, activation=config.hidden_act,
                     dropout=config.hidden_dropout, attention_dropout=config.attention_dropout)
@@ -130,8 +191,11 @@ def hf_config_from_encoder_config(config: EncoderConfig) -> dict[str, Any]:
                   layer_norm_eps=config.layer_norm_eps,
                   hidden_dropout_prob=config.hidden_dropout,
                   attention_probs_dropout_prob=config.attention_dropout)
+    values.update(model_type=config.architecture,
+                  architectures=[QA_CLASSES[config.architecture]])
     if config.architecture == "albert":
-        return dict(values, model_type="albert", architectures=["AlbertForQuestionAnswering"],
-                    embedding_size=config.embedding_size,
+        return dict(values, embedding_size=config.embedding_size,
                     num_hidden_groups=config.num_hidden_groups, inner_group_num=1)
-    return dict(values, model_type="bert", architectures=["BertForQuestionAnswering"])
+    if config.architecture == "electra":
+        return dict(values, embedding_size=config.embedding_size)
+    return values

@@ -42,7 +42,7 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
     # A reader exported by dil_jax records the split it was trained for; overrides still win.
     overrides = {**reader_defaults(folder), **config_overrides}
     config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
-    state = with_base_tensors(folder, read_state_dict(folder))
+    state = with_base_tensors(folder, read_state_dict(folder), config.architecture)
     params, report = convert_state_dict(state, config, rng, source=str(folder))
     for line in report.summary().splitlines()[1:]:
         log.warning(line)
@@ -64,9 +64,11 @@ def _read_hf_config(folder: Path) -> dict[str, Any]:
     return hf_config
 
 
-def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def with_base_tensors(folder: Path, state: dict[str, np.ndarray],
+                      architecture: str) -> dict[str, np.ndarray]:
     """Fills in tensors a folder deliberately left out, from the base checkpoint its manifest
-    names (`{"base_checkpoint": "default", "from_base": [tensor names]}`).
+    names (`{"base_checkpoint": "default", "from_base": [tensor names]}`); both name the
+    backbone's tensors as `architecture` does (a reader and its base share it).
 
     A fine-tuned reader whose word embeddings were frozen ships without them: they are the base
     model's, bit for bit, and installing the base package already puts them on disk.
@@ -77,10 +79,11 @@ def with_base_tensors(folder: Path, state: dict[str, np.ndarray]) -> dict[str, n
     if not names:
         return state
     base_state = read_state_dict(resolve_checkpoint(manifest["base_checkpoint"]))
-    base = {strip_backbone_prefix(name): value for name, value in base_state.items()}
+    base = {strip_backbone_prefix(name, architecture): value
+            for name, value in base_state.items()}
     merged = dict(state)
     for name in names:
-        key = strip_backbone_prefix(name)
+        key = strip_backbone_prefix(name, architecture)
         if key not in base:
             raise CheckpointError(f"{manifest_path}: tensor {name!r} is to come from base "
                                   f"{manifest['base_checkpoint']!r}, which has no {key!r}")

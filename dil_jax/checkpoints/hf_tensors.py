@@ -26,12 +26,19 @@ from dil_jax.model.modules import num_param_blocks
 # transforms are their own inverses (identity, 2-D transpose), so export uses them as they are.
 TensorRule = tuple[tuple[str, ...], Callable[[np.ndarray], np.ndarray]]
 
-# Prefixes of task models (BertForQuestionAnswering holds `bert.embeddings...`).
-_BACKBONE_PREFIXES = ("bert.", "albert.", "distilbert.")
-# Tensors of pre-training heads and poolers: not part of a reader, ignored by name.
+# The attribute a task model nests its backbone under, per architecture (BertForQuestionAnswering
+# holds `bert.embeddings...`; XLM-RoBERTa's task models reuse RoBERTa's `roberta.`; XLNet's is
+# `transformer.`). Only the architecture's own prefix is stripped on import: a bare
+# DistilBertModel's own tensors start with `transformer.`.
+BACKBONE_PREFIX = {"bert": "bert.", "albert": "albert.", "distilbert": "distilbert.",
+                   "roberta": "roberta.", "xlm-roberta": "roberta.", "electra": "electra.",
+                   "xlnet": "transformer."}
+# Tensors of pre-training heads and poolers: not part of a reader, ignored by name (RoBERTa's
+# `lm_head`, ELECTRA's `discriminator_predictions`, buffers older checkpoints saved).
 _IGNORED = re.compile(
     r"^(pooler\.|cls\.|predictions\.|sop_classifier\.|vocab_|classifier\.|pre_classifier\.|"
-    r"embeddings\.position_ids$|"
+    r"lm_head\.|discriminator_predictions\.|embeddings\.position_ids$|"
+    r"embeddings\.token_type_ids$|"
     # XLNet: the query stream's mask embedding, the LM head, the sequence-summary head.
     r"mask_emb$|lm_loss\.|sequence_summary\.|logits_proj\.)")
 # XLNetForQuestionAnswering's beam-search head: refused by name, never silently dropped.
@@ -73,7 +80,7 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 def _block_names(config: EncoderConfig, index: int) -> dict[str, str]:
     """Hugging Face module names of parameter block `index`, keyed by our submodule names."""
-    if config.architecture == "bert":
+    if config.architecture in ("bert", "roberta", "xlm-roberta", "electra"):
         p = f"encoder.layer.{index}"
         return {"query": f"{p}.attention.self.query", "key": f"{p}.attention.self.key",
                 "value": f"{p}.attention.self.value", "output": f"{p}.attention.output.dense",
@@ -113,11 +120,6 @@ def _xlnet_name_map(config: EncoderConfig) -> dict[str, TensorRule]:
     return rules
 
 
-def backbone_prefix(config: EncoderConfig) -> str:
-    """The prefix task models give backbone tensors: `bert.`, ..., XLNet's `transformer.`."""
-    return "transformer." if config.architecture == "xlnet" else f"{config.architecture}."
-
-
 def name_map(config: EncoderConfig) -> dict[str, TensorRule]:
     """Hugging Face tensor name (backbone prefix stripped) -> (our param path, transform)."""
     if config.architecture == "xlnet":
@@ -129,8 +131,10 @@ def name_map(config: EncoderConfig) -> dict[str, TensorRule]:
             continue
         rules[f"embeddings.{table}.weight"] = (emb + (table, "embedding"), _identity)
     rules.update(_norm_rules("embeddings.LayerNorm", emb + ("norm",)))
-    if config.architecture == "albert":
-        rules.update(_dense_rules("encoder.embedding_hidden_mapping_in", emb + ("projection",)))
+    if config.projects_embeddings:
+        hf_projection = {"albert": "encoder.embedding_hidden_mapping_in",
+                         "electra": "embeddings_project"}[config.architecture]
+        rules.update(_dense_rules(hf_projection, emb + ("projection",)))
     for index in range(num_param_blocks(config)):
         block = (f"block_{index}",)
         for ours, hf in _block_names(config, index).items():
@@ -144,17 +148,18 @@ def name_map(config: EncoderConfig) -> dict[str, TensorRule]:
     return rules
 
 
-def strip_backbone_prefix(name: str, architecture: str | None = None) -> str:
-    """`bert.embeddings.x` -> `embeddings.x`: task models nest the backbone under its name.
+def strip_backbone_prefix(name: str, architecture: str) -> str:
+    """`bert.embeddings.x` -> `embeddings.x`: task models nest the backbone under
+    `BACKBONE_PREFIX[architecture]`; a bare backbone's names are returned as they are."""
+    prefix = BACKBONE_PREFIX[architecture]
+    return name[len(prefix):] if name.startswith(prefix) else name
 
-    XLNet's is `transformer.`, stripped only for architecture "xlnet": a bare DistilBertModel's
-    own tensors start with `transformer.`.
-    """
-    prefixes = _BACKBONE_PREFIXES + (("transformer.",) if architecture == "xlnet" else ())
-    for prefix in prefixes:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+
+def add_backbone_prefix(name: str, architecture: str) -> str:
+    """The inverse for an exported tensor (`export_state_dict` names): the name it has in the
+    architecture's *ForQuestionAnswering, `qa_outputs.` at the top, the rest under the
+    backbone's prefix."""
+    return name if name.startswith("qa_outputs.") else BACKBONE_PREFIX[architecture] + name
 
 
 def _set_path(tree: dict, path: tuple[str, ...], value: Any) -> None:

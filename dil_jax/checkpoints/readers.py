@@ -54,7 +54,8 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                     "weights, but read with a split they were not trained for; expect worse "
                     "answers (pass --k %d, or leave --k out to use it)", k, trained, checkpoint,
                     trained)
-    tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size)
+    tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size,
+                               architecture=config.architecture)
     return DelayedInteractionModel(config), params, tokenizer
 
 

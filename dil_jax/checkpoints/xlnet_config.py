@@ -67,14 +67,15 @@ def xlnet_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 def hf_xlnet_config(config: EncoderConfig) -> dict[str, Any]:
-    """The `config.json` of an XLNetForQuestionAnsweringSimple with these weights.
+    """The `config.json` fields of an XLNetForQuestionAnsweringSimple with these weights
+    (`hf_config_from_encoder_config` adds `architectures`, from `QA_CLASSES`).
 
     Without max_position_embeddings: XLNetConfig refuses that field (XLNet has no length
     limit), so a re-import takes the default length limit (`encoder_config_from_hf`, 512)."""
     return dict(
-        model_type="xlnet", architectures=["XLNetForQuestionAnsweringSimple"],
-        vocab_size=config.vocab_size, d_model=config.hidden_size, n_layer=config.num_layers,
-        n_head=config.num_heads, d_head=config.head_dim, d_inner=config.intermediate_size,
+        model_type="xlnet", vocab_size=config.vocab_size, d_model=config.hidden_size,
+        n_layer=config.num_layers, n_head=config.num_heads, d_head=config.head_dim,
+        d_inner=config.intermediate_size,
         ff_activation=config.hidden_act, layer_norm_eps=config.layer_norm_eps,
         dropout=config.hidden_dropout, initializer_range=config.initializer_range,
         pad_token_id=config.pad_token_id, attn_type="bi", bi_data=False, clamp_len=-1,

@@ -2,8 +2,9 @@
 
 1. Imports the checkpoint (default: the embedded MiniLM) and prints the import report.
 2. With torch installed, runs Hugging Face's `AutoModelForQuestionAnswering` on the same
-   `[CLS] q [SEP] p [SEP]` inputs (XLNet: `p [SEP] q [SEP] [CLS]`) and prints the max abs
-   logit difference of our full model (k = 0).
+   `[CLS] q [SEP] p [SEP]` inputs (the tokenizer's pair layout: RoBERTa `<s> q </s></s> p </s>`,
+   XLNet `p [SEP] q [SEP] [CLS]`) and prints the max abs logit difference of our full model
+   (k = 0).
 3. Reads every (question, passage) pair of a small sample grid with the full model and with
    delayed interaction at each requested k: lower states once per question and per passage, the
    upper blocks per pair. Prints, per k, that the cached-lower grid equals the direct per-pair
@@ -90,7 +91,8 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
             passage = slice(len(q_ids), len(q_ids) + len(p_ids))
         ids = torch.tensor(np.asarray(order)[None].astype(np.int64))
         kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if config.type_vocab_size or config.architecture == "xlnet":
+        # XLNet: its segment ids; RoBERTa, XLM-R: type 0 throughout (their default).
+        if config.segment_token_types or config.architecture == "xlnet":
             kwargs["token_type_ids"] = torch.tensor([types])
         with torch.no_grad():
             out = hf_model(**kwargs)
@@ -114,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     config, params, report = load_hf_checkpoint(folder, max_question_len=args.max_question_len)
     print(report.summary())
     ks = _split_points(args.k, config.num_layers)
-    tokenizer = load_tokenizer(folder, vocab_size=config.vocab_size)
+    tokenizer = load_tokenizer(folder, vocab_size=config.vocab_size,
+                               architecture=config.architecture)
     q = encode_questions(tokenizer, SAMPLE_QUESTIONS, args.max_question_len)
     p = encode_passages(tokenizer, SAMPLE_PASSAGES, args.max_passage_len)
     _print_setup(config, q, p, args)

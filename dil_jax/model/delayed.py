@@ -55,17 +55,15 @@ def _check_segment_arrays(config: EncoderConfig, ids: Any, mask: Any, what: str)
         )
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise InputError(f"{what} ids must be integers, got dtype {ids.dtype}")
-    if ids.shape[1] > config.max_position_embeddings:
-        raise InputError(
-            f"{what} length {ids.shape[1]} exceeds max_position_embeddings "
-            f"{config.max_position_embeddings}"
-        )
+    if ids.shape[1] > config.num_positions:
+        raise InputError(f"{what} length {ids.shape[1]} exceeds {config.positions_text()}")
 
 
 def check_segment_lengths(config: EncoderConfig, question_len: int, passage_len: int,
                           fix: str = "lower the question or passage length") -> None:
     """Raises InputError unless a question of `question_len` and a passage of `passage_len`
-    tokens fit the position table (`max_position_embeddings`) of a reader split at k.
+    tokens fit the position table (`num_positions`: `max_position_embeddings`, less
+    padding_idx + 1 for RoBERTa) of a reader split at k.
 
     The rule: with k = 0 (the full model) passage positions follow the question's, so question
     + passage must fit; with k > 0 the question is numbered from 0 and the passage from
@@ -73,29 +71,29 @@ def check_segment_lengths(config: EncoderConfig, question_len: int, passage_len:
     up front: past the table, the position lookup reads out of range and XLA returns NaN logits
     (or clamps), never an error. `fix` names the flags the caller's user can change.
     """
-    limit = config.max_position_embeddings
+    limit = config.num_positions
+    table = config.positions_text()
     k = config.num_lower_layers
     offset = config.passage_position_offset if k > 0 else 0
     if k == 0 and question_len + passage_len > limit:
         raise InputError(
             f"the full model (k = 0) numbers passage positions after the question: question "
             f"length {question_len} + passage length {passage_len} = "
-            f"{question_len + passage_len} exceeds max_position_embeddings {limit}; {fix}, or "
+            f"{question_len + passage_len} exceeds {table}; {fix}, or "
             f"read with k > 0")
     if offset and offset + passage_len > limit:
         raise InputError(f"passage positions start at passage_position_offset {offset}: "
                          f"{offset} + passage length {passage_len} = {offset + passage_len} "
-                         f"exceeds max_position_embeddings {limit} (k = {k}); {fix}")
+                         f"exceeds {table} (k = {k}); {fix}")
     for name, length in (("question", question_len), ("passage", passage_len)):
         if length > limit:
-            raise InputError(f"{name} length {length} exceeds max_position_embeddings {limit} "
-                             f"(k = {k}); {fix}")
+            raise InputError(f"{name} length {length} exceeds {table} (k = {k}); {fix}")
 
 
 def reader_module(config: EncoderConfig) -> SpanReaderModule | XLNetSpanReaderModule:
     """The Flax module of an architecture: XLNet's relative attention has its own
-    (`model/xlnet.py`); BERT, ALBERT and DistilBERT share `SpanReaderModule`. Both have the
-    same methods, called by name below."""
+    (`model/xlnet.py`); BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa and ELECTRA share
+    `SpanReaderModule`. Both have the same methods, called by name below."""
     if config.architecture == "xlnet":
         return XLNetSpanReaderModule(config)
     return SpanReaderModule(config)
@@ -129,20 +127,20 @@ class DelayedInteractionModel:
         self._check_hidden_states(output_hidden_states)
         start = self.config.passage_position_offset
         if position_offset is None and segment == PASSAGE_SEGMENT and start:
-            if start + ids.shape[1] > self.config.max_position_embeddings:
+            if start + ids.shape[1] > self.config.num_positions:
                 raise InputError(
                     f"passage_position_offset {start} + passage length {ids.shape[1]} = "
-                    f"{start + ids.shape[1]} exceeds max_position_embeddings "
-                    f"{self.config.max_position_embeddings}; shorten the passage")
+                    f"{start + ids.shape[1]} exceeds {self.config.positions_text()}; shorten "
+                    f"the passage")
         if position_offset is not None and not isinstance(position_offset, jax.core.Tracer):
             # A concrete offset is checked here; traced ones (inside PairGrid's jit) are
             # bounded by the static question length, checked by PairGrid.
             last = int(jnp.max(jnp.asarray(position_offset))) + ids.shape[1]
-            if last > self.config.max_position_embeddings:
+            if last > self.config.num_positions:
                 raise InputError(
                     f"position_offset up to {last - ids.shape[1]} + passage length "
-                    f"{ids.shape[1]} = {last} exceeds max_position_embeddings "
-                    f"{self.config.max_position_embeddings}; shorten the question or passage")
+                    f"{ids.shape[1]} = {last} exceeds {self.config.positions_text()}; shorten "
+                    f"the question or passage")
         return self.module.apply(
             {"params": params}, ids, mask, segment, position_offset, deterministic,
             output_hidden_states, rngs=rngs, method="encode_lower")

@@ -1,13 +1,17 @@
 """Flax (linen) modules of a delayed-interaction reader.
 
-One post-LayerNorm transformer serves BERT, ALBERT and DistilBERT; they differ only in the
-embeddings (ALBERT factorizes them, DistilBERT has no token types) and in how many distinct blocks
-carry parameters (ALBERT shares one block, or a few groups, across all `l` layers). The split is
-the paper's:
+One post-LayerNorm transformer serves BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa and ELECTRA;
+they differ only in the embeddings (ALBERT and ELECTRA may factorize them, DistilBERT has no token
+types, RoBERTa numbers positions from padding_idx + 1 and gives both segments type 0) and in how
+many distinct blocks carry parameters (ALBERT shares one block, or a few groups, across all `l`
+layers). The split is the paper's:
 
   encode_lower:  embeddings + blocks 1..k on ONE segment, a question `[CLS] q [SEP]` or a passage
-                 `p [SEP]`. Positions restart at 0 for each segment (plus an optional offset) and
-                 the token type is 0 for questions and 1 for passages, as in DeFormer and DilBert,
+                 `p [SEP]` (RoBERTa: `<s> q </s></s>` and `p </s>`, the tokenizer's pair layout
+                 cut before the passage). Positions restart at the first position for each
+                 segment (plus an optional offset) and the token type is 0 for questions and 1
+                 for passages, as in DeFormer and DilBert (RoBERTa, XLM-RoBERTa: 0 for both;
+                 DistilBERT: none; those segments are told apart by the position restart alone),
                  so a passage's lower state never depends on the question.
   encode_upper:  concatenate `[question ; passage]` lower states (the question padded to a fixed
                  length, its padding masked) and run blocks k+1..l and the span head.
@@ -116,7 +120,8 @@ def _layer_norm(config: EncoderConfig, name: str | None = None) -> nn.LayerNorm:
 
 
 class Embeddings(nn.Module):
-    """Word + position (+ token type) embeddings, LayerNorm, dropout (+ ALBERT's projection)."""
+    """Word + position (+ token type) embeddings, LayerNorm, dropout (+ an E -> H projection:
+    ALBERT's, ELECTRA's when E != H)."""
 
     config: EncoderConfig
 
@@ -137,10 +142,11 @@ class Embeddings(nn.Module):
             x = x + table(cfg.type_vocab_size, "token_type_embeddings")(token_types)
         x = _layer_norm(cfg, "norm")(x)
         x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
-        if cfg.architecture == "albert":
-            # ALBERT's factorized embeddings: project E -> H before the first block. Always, as
+        if cfg.projects_embeddings:
+            # Factorized embeddings: project E -> H before the first block. ALBERT always, as
             # transformers' AlbertTransformer does (`embedding_hidden_mapping_in`), even when
-            # E == H: the checkpoint holds a trained projection then too.
+            # E == H: the checkpoint holds a trained projection then too. ELECTRA only when
+            # E != H (ElectraModel's `embeddings_project`).
             x = _dense(cfg, cfg.hidden_size, "projection")(x)
         return x
 
@@ -614,20 +620,27 @@ class SpanReaderModule(nn.Module):
         Args:
           ids: [batch, seq] token ids of `[CLS] q [SEP]` (segment 0) or `p [SEP]` (segment 1).
           mask: [batch, seq] 1 for tokens, 0 for padding.
-          segment: QUESTION_SEGMENT or PASSAGE_SEGMENT, used as the token type id.
+          segment: QUESTION_SEGMENT or PASSAGE_SEGMENT, used as the token type id (type 0 for
+            both where `config.segment_token_types` is False: RoBERTa, XLM-RoBERTa).
           position_offset: None or [batch] int added to every position; the full model (k = 0)
             passes the question length so that positions are standard BERT's. None: a question
             is numbered from 0, a passage from `config.passage_position_offset` (default 0).
+            Every position is then shifted by `config.first_position` (RoBERTa: padding_idx +
+            1, so token i of `<s> q </s></s> p </s>` gets padding_idx + 1 + i, as Hugging Face
+            numbers an unpadded sequence; at k > 0 each segment is numbered as if alone).
         Returns:
           [batch, seq, hidden] lower states, or (that, tuple of k+1 states) with hidden states.
         """
-        positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+        first = self.config.first_position
+        positions = jnp.broadcast_to(jnp.arange(first, first + ids.shape[1], dtype=jnp.int32),
+                                     ids.shape)
         if position_offset is None and segment == PASSAGE_SEGMENT:
             # Delayed passages: a constant start, the same for every question (cacheable).
             positions = positions + self.config.passage_position_offset
         elif position_offset is not None:
             positions = positions + position_offset[:, None].astype(jnp.int32)
-        token_types = jnp.full(ids.shape, segment, dtype=jnp.int32)
+        token_type = segment if self.config.segment_token_types else 0
+        token_types = jnp.full(ids.shape, token_type, dtype=jnp.int32)
         x = self.embeddings(ids, token_types, positions, deterministic)
         states = [x] + self._run_layers(x, mask, range(self.config.num_lower_layers),
                                         deterministic)
