@@ -8,9 +8,10 @@ Variants (`configs/minilm_squad.py:VARIANT[,SUFFIX...]`), N = k in 1..5 of the 6
   kN         delayed interaction at k = N from the pre-trained encoder, cross-entropy only
              (DilBERT's recipe)
   kN_distill k = N from the pre-trained encoder with DeFormer's KD + LRS from the fine-tuned
-             full reader (DeFormer's recipe; run `full` first)
+             full reader (DeFormer's recipe; the teacher is the bundled `full` reader,
+             dil_jax/assets/minilm-squad-full)
   kN_warm    k = N initialised from the fine-tuned full reader's own weights (lr 1e-4), then
-             KD + LRS from that same reader (run `full` first)
+             KD + LRS from that same reader (the bundled one)
 Delayed variants number a passage's positions from 14, the median `[CLS] q [SEP]` length of the
 training questions (EncoderConfig.passage_position_offset): where the full reader's passages
 sit, yet the same for every question, so passages stay cacheable.
@@ -56,6 +57,8 @@ USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra], VARIANT = full,
 PASSAGE_POSITION_OFFSET = 14
 # Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
 LEARNING_RATE = 4e-4
+# The `full` run's export as bundled by tools/bundle_readers.py (repository-relative, as runs/).
+BUNDLED_FULL_READER = "dil_jax/assets/minilm-squad-full"
 # kN_warm students start from a fine-tuned reader: the best of their own sweep (docs/training.md,
 # "Warm students: learning rate"; 1e-4 and 4e-4 were within 0.6 F1, the lower one ahead).
 WARM_LEARNING_RATE = 1e-4
@@ -124,7 +127,11 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
         # extra questions are the student's only, so its teacher is the plain one.
         teacher_tail = "".join(f"_{suffix}" for suffix in (V2_SUFFIX, SHARED_SUFFIX)
                                if suffix in suffixes)
-        c.teacher.checkpoint = f"runs/minilm_squad_full{teacher_tail}/params"
+        # The plain v1.1 teacher is the bundled full reader: the `full` run's export, committed
+        # (bfloat16, word embeddings from the base package), so a student trains the same on
+        # any machine; runs/ is not kept between sessions.
+        c.teacher.checkpoint = (f"runs/minilm_squad_full{teacher_tail}/params" if teacher_tail
+                                else BUNDLED_FULL_READER)
         # DeFormer tunes alpha/beta per task; see the sweep in docs/training.md.
         c.loss.kd_weight = 1.0
         c.loss.lrs_weight = 1.0

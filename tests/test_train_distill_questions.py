@@ -181,7 +181,7 @@ def test_minilm_extra_suffix():
     config = load_config_file(f"{config_file}:k4_warm,extra")
     assert config.data.distill_file.endswith("dev-v2.0.json")
     assert config.workdir == "runs/minilm_squad_k4_warm_extra"
-    assert config.teacher.checkpoint == "runs/minilm_squad_full/params"
+    assert config.teacher.checkpoint == "dil_jax/assets/minilm-squad-full"
     assert config_problems(config) == []
     for spec in ("full,extra", "k4,extra", "k4_warm,v2,extra"):
         with pytest.raises(UsageError, match="extra"):
