@@ -746,13 +746,24 @@ class SpanReaderModule(nn.Module):
         offset = None
         if self.config.num_lower_layers == 0:
             offset = jnp.sum(q_mask, axis=1).astype(jnp.int32)
-        q_out = self.encode_lower(q_ids, q_mask, QUESTION_SEGMENT, None, deterministic,
+        return read_aligned_pairs(self, q_ids, q_mask, p_ids, p_mask, offset, deterministic,
                                   output_hidden_states)
-        p_out = self.encode_lower(p_ids, p_mask, PASSAGE_SEGMENT, offset, deterministic,
-                                  output_hidden_states)
-        if not output_hidden_states:
-            return self.encode_upper(q_out, q_mask, p_out, p_mask, deterministic)
-        (q_lower, q_states), (p_lower, p_states) = q_out, p_out
-        out = self.encode_upper(q_lower, q_mask, p_lower, p_mask, deterministic, True)
-        lower_states = tuple(jnp.concatenate([q, p], axis=1) for q, p in zip(q_states, p_states))
-        return out.replace(hidden_states=lower_states + out.hidden_states)
+
+
+def read_aligned_pairs(reader: nn.Module, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
+                       p_mask: jax.Array, passage_offset: jax.Array | None, deterministic: bool,
+                       output_hidden_states: bool) -> ReaderOutput:
+    """encode_lower on each segment, then encode_upper: the `__call__` of every reader module
+    (SpanReaderModule, XLNet's). q_ids, q_mask: [batch, q_len]; p_ids, p_mask: [batch, p_len];
+    passage_offset: [batch] or None. With output_hidden_states, the lower states of the two
+    segments are concatenated as `[question ; passage]` before the upper blocks' states."""
+    q_out = reader.encode_lower(q_ids, q_mask, QUESTION_SEGMENT, None, deterministic,
+                                output_hidden_states)
+    p_out = reader.encode_lower(p_ids, p_mask, PASSAGE_SEGMENT, passage_offset, deterministic,
+                                output_hidden_states)
+    if not output_hidden_states:
+        return reader.encode_upper(q_out, q_mask, p_out, p_mask, deterministic)
+    (q_lower, q_states), (p_lower, p_states) = q_out, p_out
+    out = reader.encode_upper(q_lower, q_mask, p_lower, p_mask, deterministic, True)
+    lower_states = tuple(jnp.concatenate([q, p], axis=1) for q, p in zip(q_states, p_states))
+    return out.replace(hidden_states=lower_states + out.hidden_states)

@@ -40,7 +40,6 @@ import numpy as np
 from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.modules import (
     PADDED_LOGIT,
-    PASSAGE_SEGMENT,
     QKV,
     QUESTION_SEGMENT,
     PassageAttentionStats,
@@ -50,6 +49,7 @@ from dil_jax.model.modules import (
     _pair_rows,
     activation_fn,
     attention_bias,
+    read_aligned_pairs,
 )
 
 # XLNet's segment ids (original run_squad.py): passage 0, question 1, [CLS] 2.
@@ -365,13 +365,5 @@ class XLNetSpanReaderModule(nn.Module):
                  deterministic: bool = True, output_hidden_states: bool = False) -> ReaderOutput:
         """The whole reader on aligned pairs; q_ids, q_mask: [batch, q_len]; p_ids, p_mask:
         [batch, p_len]. The same for every k but the block-diagonal lower blocks."""
-        q_out = self.encode_lower(q_ids, q_mask, QUESTION_SEGMENT, None, deterministic,
+        return read_aligned_pairs(self, q_ids, q_mask, p_ids, p_mask, None, deterministic,
                                   output_hidden_states)
-        p_out = self.encode_lower(p_ids, p_mask, PASSAGE_SEGMENT, None, deterministic,
-                                  output_hidden_states)
-        if not output_hidden_states:
-            return self.encode_upper(q_out, q_mask, p_out, p_mask, deterministic)
-        (q_lower, q_states), (p_lower, p_states) = q_out, p_out
-        out = self.encode_upper(q_lower, q_mask, p_lower, p_mask, deterministic, True)
-        lower_states = tuple(jnp.concatenate([q, p], axis=1) for q, p in zip(q_states, p_states))
-        return out.replace(hidden_states=lower_states + out.hidden_states)
