@@ -7,6 +7,7 @@ schema (the config is locked before overrides apply), whatever the config file.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import ml_collections
@@ -45,6 +46,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.passage_position_offset = 0
     c.model.hidden_dropout = None  # None: the checkpoint's own
     c.model.attention_dropout = None
+    # Reformer LSH attention in these blocks while training (and in the exported reader's
+    # config): "" = full attention everywhere, "lower" = the passage's lower blocks 0..k-1, or
+    # comma-separated 0-based layers; hash rounds and chunk size as EncoderConfig's lsh_*.
+    c.model.lsh_layers = ""
+    c.model.lsh_num_hashes = 2
+    c.model.lsh_bucket_size = 64
 
     c.teacher = ml_collections.ConfigDict()
     # "" (no teacher), "student_init" (the student's initial params as a k = 0 model), or a
@@ -263,6 +270,16 @@ def names_from(*choices: str) -> Rule:
     return check
 
 
+def lsh_layer_spec(v: object) -> str | None:
+    """"" (off), "lower" or comma-separated 0-based layers, e.g. "0,1"."""
+    wanted = '"" (off), "lower" or comma-separated 0-based layer indices such as "0,1"'
+    if not isinstance(v, str):
+        return wanted
+    if v in ("", "lower"):
+        return None
+    return None if re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v) else wanted
+
+
 def optional_int_at_least(low: int) -> Rule:
     return lambda v: None if v is None or (_is_int(v) and v >= low) else (
         f"an integer >= {low} (or None)")
@@ -289,6 +306,9 @@ RULES: dict[str, Rule] = {
     "model.passage_position_offset": int_at_least(0),
     "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),
     "model.attention_dropout": number_in(0, 1, high_open=True, optional=True),
+    "model.lsh_layers": lsh_layer_spec,
+    "model.lsh_num_hashes": POSITIVE,
+    "model.lsh_bucket_size": POSITIVE,
     "teacher.checkpoint": text(),
     "loss.ce_weight": WEIGHT,
     "loss.kd_weight": WEIGHT,

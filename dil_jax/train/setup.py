@@ -92,7 +92,26 @@ def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     for name in ("hidden_dropout", "attention_dropout"):
         if model_cfg.get(name) is not None:
             overrides[name] = model_cfg[name]
+    overrides.update(lsh_overrides(model_cfg))
     return overrides
+
+
+def lsh_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """config.model.lsh_* -> EncoderConfig's lsh_* fields ({} when model.lsh_layers is "")."""
+    spec = model_cfg.get("lsh_layers", "")
+    if not spec:
+        return {}
+    k = model_cfg.num_lower_layers
+    if spec == "lower":
+        if not k:
+            raise UsageError("config.model.lsh_layers = 'lower' with model.num_lower_layers = 0:"
+                             " the reader has no lower blocks; name the layers instead")
+        layers = tuple(range(k))
+    else:
+        layers = tuple(int(layer) for layer in spec.split(","))
+    # EncoderConfig checks the layers against num_layers (a ConfigError names a bad one).
+    return {"lsh_attention_layers": layers, "lsh_num_hashes": model_cfg.lsh_num_hashes,
+            "lsh_bucket_size": model_cfg.lsh_bucket_size}
 
 
 def load_or_init_params(checkpoint: str | None, encoder: dict[str, Any] | None,
@@ -129,7 +148,10 @@ def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConf
         raise UsageError("loss.kd_weight / loss.lrs_weight > 0 need a teacher: set "
                          f"teacher.checkpoint to a checkpoint or {SAME_INIT!r}")
     if source == SAME_INIT:
-        teacher_config, params = student_config.replace(num_lower_layers=0), student_params
+        # The student's initial params read as the full model with full attention: the
+        # student's own LSH blocks (model.lsh_layers) are an approximation it trains with.
+        teacher_config = student_config.replace(num_lower_layers=0, lsh_attention_layers=())
+        params = student_params
     else:
         overrides = {"num_lower_layers": 0, "max_question_len": student_config.max_question_len,
                      "dtype": student_config.dtype}
