@@ -76,3 +76,33 @@ def test_a_run_without_an_export_is_refused_by_name(tmp_path, capsys):
         k_frontier.main(["--runs", str(unfinished), "--bench", str(bench),
                          "--out", str(tmp_path / "out")])
     assert "trained_from.json" in capsys.readouterr().err
+
+
+def _bundled(folder: Path, k: int, exported_step: int, eval_step: int, em: float, f1: float):
+    folder.mkdir(parents=True)
+    (folder / "dil_jax_manifest.json").write_text(json.dumps({
+        "reader": {"num_lower_layers": k}, "trained_from": {"step": exported_step},
+        "final_eval": {"step": eval_step, "split": "eval", "exact": em, "f1": f1}}))
+    return folder
+
+
+def test_a_bundled_reader_counts_as_a_run(tmp_path):
+    full = _bundled(tmp_path / "minilm-squad-full", 0, 1464, 1464, 56.0, 68.0)
+    student = _run(tmp_path / "k5", 5, 96, {96: (20.0, 34.0)})
+    bench = _bench(tmp_path / "bench.json", {0: 1.0, 5: 7.1})
+    out = tmp_path / "frontier"
+    k_frontier.main(["--runs", str(full), str(student), "--bench", str(bench),
+                     "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    # 34 / 68 = 50.0%, by hand.
+    assert f"| 5 | `{student}` | 96 | 20.00 | 34.00 | 50.0% | 7.10x |" in table
+    assert f"| 0 | `{full}` | 1464 | 56.00 | 68.00 | 100.0% | 1.00x |" in table
+
+
+def test_a_bundled_reader_whose_evaluation_is_not_of_its_export_is_refused(tmp_path, capsys):
+    stale = _bundled(tmp_path / "stale", 0, 1464, 1250, 50.0, 60.0)
+    bench = _bench(tmp_path / "bench.json", {0: 1.0})
+    with pytest.raises(SystemExit):
+        k_frontier.main(["--runs", str(stale), "--bench", str(bench),
+                         "--out", str(tmp_path / "out")])
+    assert "final_eval is of step 1250, not of the exported step 1464" in capsys.readouterr().err

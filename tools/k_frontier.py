@@ -3,7 +3,9 @@ the measured pair-phase speedup of its split k, as a table and a plot.
 
 Every run folder is a finished `dil-jax train` workdir: its k comes from its `config.json`
 (`model.num_lower_layers`), its F1 from the evaluation of the exported step (`params/
-trained_from.json` names the step, `metrics.jsonl` holds that step's evaluation). The speedups come
+trained_from.json` names the step, `metrics.jsonl` holds that step's evaluation). A bundled
+reader (`dil_jax/assets/minilm-squad-*`) counts as a run: its manifest records k, the exported
+step and that step's evaluation (`final_eval`). The speedups come
 from a `dil-jax bench` record timed at the readers' own lengths, e.g.
 
     dil-jax bench --suite minilm --ks 1,2,3,4,5 --question-len 32 --passage-len 160 \\
@@ -42,8 +44,28 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def bundled_score(folder: Path) -> RunScore:
+    """The evaluation a bundled reader's manifest records (`tools/bundle_readers.py` copies the
+    run's evaluation of its exported step into `final_eval`); refused unless it is that step's."""
+    manifest_file = folder / "dil_jax_manifest.json"
+    try:
+        manifest = json.loads(manifest_file.read_text())
+        k = int(manifest["reader"]["num_lower_layers"])
+        step = int(manifest["trained_from"]["step"])
+        evaluation = manifest["final_eval"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        fail(f"{manifest_file}: not a bundled reader's manifest ({error!r})")
+    if evaluation.get("step") != step:
+        fail(f"{manifest_file}: final_eval is of step {evaluation.get('step')}, not of the "
+             f"exported step {step}")
+    return RunScore(folder, k, step, float(evaluation["exact"]), float(evaluation["f1"]))
+
+
 def run_score(workdir: Path) -> RunScore:
-    """The exported step's evaluation of one run folder (see the module docstring)."""
+    """The exported step's evaluation of one run folder, or of a bundled reader (a folder with
+    `dil_jax_manifest.json`, e.g. `dil_jax/assets/minilm-squad-full`; see the module docstring)."""
+    if (workdir / "dil_jax_manifest.json").is_file():
+        return bundled_score(workdir)
     config_file = workdir / "config.json"
     trained_from = workdir / "params" / "trained_from.json"
     metrics_file = workdir / "metrics.jsonl"
