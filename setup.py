@@ -29,6 +29,7 @@ setup(
         "ml_dtypes>=0.4",  # bfloat16 passage caches and exports
         "tqdm>=4.66",
         "rank-bm25>=0.2.2",
+        "bm25s>=0.2.14,<0.3",  # BM25 for large corpora (memory-mapped; `--retriever`)
     ],
     extras_require={
         # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.

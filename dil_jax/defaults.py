@@ -98,3 +98,9 @@ def bundled_reader(role: str) -> Path | None:
     """Folder of a bundled fine-tuned reader, or None when this install has none."""
     folder = Path(__file__).parent / "assets" / BUNDLED_READERS[role]
     return folder if (folder / "config.json").is_file() else None
+
+# BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval), and the corpus
+# size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's build
+# time and memory stop being small).
+RETRIEVER_ENGINES = ("rank-bm25", "bm25s")
+AUTO_BM25S_FROM = 50_000

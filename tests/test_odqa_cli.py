@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dil_jax.cli import main
 from dil_jax.samples import SAMPLE_PASSAGES
 
@@ -98,3 +100,37 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
     answer_text = json.loads(predictions.read_text())["q1"]
     # Top-1: the answer lies inside one sentence of the context.
     assert answer_text and any(answer_text in context[a:b] for a, b in split_sentences(context))
+
+
+def test_index_retriever_flag(tmp_path, capsys):
+    """--retriever bm25s builds and records a bm25s index that `ask` reads; rebuilding with
+    another engine replaces BM25 only (the passage cache is kept); an edited bm25s file is
+    refused on open, named."""
+    from dil_jax.errors import DilJaxError
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.retrieval import BM25sRetriever, RankBM25Retriever
+
+    index = tmp_path / "index"
+    build = ["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "0",
+             "--max-passage-len", "48", "--doc-stride", "24", *COMMON]
+    assert main(build + ["--retriever", "bm25s"]) == 0
+    settings = json.loads((index / "index.json").read_text())
+    assert settings["retriever"] == "bm25s" and "bm25/data.csc.index.npy" in settings["files"]
+    assert isinstance(open_index(index).retriever, BM25sRetriever)
+    assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "0",
+                 "--top-p", "2", *COMMON]) == 0
+    assert "Q: Who wrote Pride and Prejudice?" in capsys.readouterr().out
+
+    (cache,) = index.glob("cache-k*")
+    cache_files = {path: path.stat().st_mtime_ns for path in cache.iterdir()}
+    assert main(build + ["--retriever", "rank-bm25"]) == 0
+    assert isinstance(open_index(index).retriever, RankBM25Retriever)
+    assert {path: path.stat().st_mtime_ns for path in cache.iterdir()} == cache_files
+
+    assert main(build + ["--retriever", "bm25s"]) == 0
+    data = index / "bm25" / "data.csc.index.npy"
+    data.write_bytes(data.read_bytes()[:-4] + b"\0\0\0\0")
+    status, _, err = run_cli(["ask", "Who?", "--index", str(index), "--k", "0", *COMMON], capsys)
+    assert status == 1 and "data.csc.index.npy" in err and "changed since" in err
+    with pytest.raises(DilJaxError, match="data.csc.index.npy"):
+        open_index(index)

@@ -18,7 +18,7 @@ from dil_jax.open_domain.corpus import (
     split_paragraphs,
     split_windows,
 )
-from dil_jax.open_domain.retrieval import BM25Retriever, RetrievalError, bm25_tokenize
+from dil_jax.open_domain.retrieval import RankBM25Retriever, RetrievalError, bm25_tokenize
 
 
 def test_split_paragraphs_drops_short_pieces():
@@ -81,7 +81,7 @@ def test_real_sources(shared_data):
 def test_bm25_top1_by_hand():
     texts = ["the cat sat on the mat", "dogs chase cats in the park",
              "a cat and a dog became friends", "stock markets fell sharply on monday"]
-    retriever = BM25Retriever.build(texts)
+    retriever = RankBM25Retriever.build(texts)
     assert next(h.passage_index for h in retriever.search("cat mat", 2)) == 0
     assert retriever.search("markets monday", 1)[0].passage_index == 3
     # Hand computation for the query "mat": only passage 0 has it. rank-bm25's idf is
@@ -101,16 +101,16 @@ def test_bm25_matches_rank_bm25_and_round_trips(tmp_path):
     rng = np.random.default_rng(0)
     vocab = [f"term{i}" for i in range(40)]
     texts = [" ".join(rng.choice(vocab, rng.integers(3, 30))) for _ in range(60)]
-    retriever = BM25Retriever.build(texts)
+    retriever = RankBM25Retriever.build(texts)
     reference = BM25Okapi([bm25_tokenize(t) for t in texts])
     for query in ("term1 term2 term2", "term39 term7", "nothing here"):
         np.testing.assert_allclose(retriever.scores(query),
                                    reference.get_scores(bm25_tokenize(query)), rtol=1e-12)
     retriever.save(tmp_path / "bm25", fingerprint="abc")
-    loaded = BM25Retriever.load(tmp_path / "bm25", fingerprint="abc")
+    loaded = RankBM25Retriever.load(tmp_path / "bm25", fingerprint="abc")
     assert [h.passage_index for h in loaded.search("term3 term4", 10)] == \
         [h.passage_index for h in retriever.search("term3 term4", 10)]
     with pytest.raises(RetrievalError, match="built over other passages"):
-        BM25Retriever.load(tmp_path / "bm25", fingerprint="xyz")
+        RankBM25Retriever.load(tmp_path / "bm25", fingerprint="xyz")
     manifest = json.loads((tmp_path / "bm25" / "manifest.json").read_text())
     assert manifest["num_passages"] == 60

@@ -268,7 +268,7 @@ def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
         split_windows,
     )
     from dil_jax.open_domain.index import open_index
-    from dil_jax.open_domain.retrieval import BM25Retriever
+    from dil_jax.open_domain.retrieval import RankBM25Retriever
 
     index, _ = index_copy
     latin1 = tmp_path / "latin1.jsonl"
@@ -285,7 +285,7 @@ def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
         reader_manifest(None, {}, "tok", 32, "p", "float16")
     (index / "bm25" / "weights.npz").write_bytes(b"not a zip")
     with pytest.raises(DilJaxError, match="weights.npz"):
-        BM25Retriever.load(index / "bm25")
+        RankBM25Retriever.load(index / "bm25")
     (index / "index.json").write_text("{")
     with pytest.raises(DilJaxError, match=r"index.json: not readable JSON.*dil-jax index"):
         open_index(index)

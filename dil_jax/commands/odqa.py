@@ -23,10 +23,12 @@ from dil_jax.commands.arguments import (
     window_len,
 )
 from dil_jax.defaults import (
+    AUTO_BM25S_FROM,
     OPEN_DOMAIN_BATCH_SIZE,
     OPEN_DOMAIN_DOC_STRIDE,
     OPEN_DOMAIN_MAX_PASSAGE_LEN,
     OPEN_DOMAIN_MAX_QUESTION_LEN,
+    RETRIEVER_ENGINES,
 )
 from dil_jax.errors import UsageError
 
@@ -155,6 +157,10 @@ def register(subparsers) -> None:
                        help="also store each window's first-upper-block q/k/v and attention "
                             "statistics (0 < k < l): less work per pair, about 4x the "
                             "states' disk (pca<d>: these are int8; docs/open_domain.md)")
+    index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default="auto",
+                       help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
+                            f"large corpora), auto = bm25s from {AUTO_BM25S_FROM:,} passages "
+                            "(docs/open_domain.md, \"Retrievers\")")
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "
@@ -256,7 +262,8 @@ def run_index(args: argparse.Namespace) -> int:
 
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
                                  split=args.split, corpus_limit=args.corpus_limit,
-                                 cache_dtype=args.cache_dtype, cache_reuse=args.cache_reuse)
+                                 cache_dtype=args.cache_dtype, cache_reuse=args.cache_reuse,
+                                 retriever=args.retriever)
         bars = _ProgressBars()
         try:
             build_open_domain_index(args.out, args.corpus, readers, settings,

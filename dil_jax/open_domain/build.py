@@ -38,6 +38,7 @@ from dil_jax.open_domain.index_files import (
 )
 from dil_jax.open_domain.index_lock import clean_stale, index_lock
 from dil_jax.open_domain.reader import check_read_lengths
+from dil_jax.open_domain.retrieval import resolve_engine
 from dil_jax.open_domain.reuse import reuse_encoder
 from dil_jax.open_domain.sentences import build_sentence_store
 
@@ -77,6 +78,9 @@ class BuildSettings:
     # Also store each window's first-upper-block q/k/v and attention statistics (k > 0 caches;
     # `dil_jax.open_domain.reuse`): less work per pair, more disk.
     cache_reuse: bool = False
+    # The BM25 engine (`defaults.RETRIEVER_ENGINES`) or "auto" (`retrieval.resolve_engine`:
+    # by corpus size).
+    retriever: str = "auto"
 
 
 def passage_encoder(model: DelayedInteractionModel, params: Params, batch_size: int = 32
@@ -130,6 +134,7 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
                     "limit": settings.corpus_limit}
     wanted = index_settings(passages, tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record)
+    engine = resolve_engine(settings.retriever, len(passages))
     index = None
     if (Path(out) / "index.json").is_file():
         try:
@@ -146,19 +151,28 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
                       f"or delete {out} to rebuild it with these")
             try:
                 index = open_index(out)
-                report(BuildStep("index", note=f"index: {out} ({len(index.passages)} passages, "
-                                               "reused)"))
             except IndexBrokenError as error:
                 log.warning("%s -- rebuilding its files (the caches are kept)", error)
+            else:
+                built_with = index.settings.get("retriever", "rank-bm25")
+                if engine == built_with:
+                    report(BuildStep("index", note=f"index: {out} ({len(index.passages)} "
+                                                   "passages, reused)"))
+                else:
+                    log.info("%s: BM25 built with %s, this run asks for %s -- rebuilding the "
+                             "index files (the caches are kept)", out, built_with, engine)
+                    index = None
     if index is None:
         if not passages:
             raise OpenDomainIndexError(f"no passages in --corpus {' '.join(corpus)} (is it "
                                        "empty?)")
         index = build_index(out, passages, tokenizer, max_passage_len=settings.max_passage_len,
-                            doc_stride=settings.doc_stride, split=split_record)
+                            doc_stride=settings.doc_stride, split=split_record,
+                            retriever=engine)
         report(BuildStep("index", note=f"index: {len(documents)} documents -> {len(passages)} "
                                        f"passages -> {index.settings['num_windows']} windows, "
-                                       f"BM25 built in {time.perf_counter() - started:.1f} s"))
+                                       f"BM25 ({engine}) built in "
+                                       f"{time.perf_counter() - started:.1f} s"))
     for note in clean_stale(out, index.settings["passages"]):
         log.info("%s", note)
     return index

@@ -59,7 +59,13 @@ from dil_jax.open_domain.index_files import (
     stored_settings,
 )
 from dil_jax.open_domain.index_lock import index_lock, remove_entry
-from dil_jax.open_domain.retrieval import BM25Retriever, RetrievalError
+from dil_jax.open_domain.retrieval import (
+    RetrievalError,
+    Retriever,
+    build_retriever,
+    index_files,
+    load_retriever,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +95,7 @@ class OpenDomainIndex:
     directory: Path
     settings: dict[str, Any]
     passages: list[Passage]
-    retriever: BM25Retriever
+    retriever: Retriever
     windows: PassageWindows
 
     def cache_dir(self, manifest: dict[str, Any]) -> Path:
@@ -144,8 +150,12 @@ def index_settings(passages: Sequence[Passage], tokenizer, *, max_passage_len: i
 
 
 def build_index(directory: str | os.PathLike, passages: Sequence[Passage], tokenizer, *,
-                max_passage_len: int, doc_stride: int, split: dict[str, Any]) -> OpenDomainIndex:
+                max_passage_len: int, doc_stride: int, split: dict[str, Any],
+                retriever: str = "rank-bm25") -> OpenDomainIndex:
     """Writes passages, windows and BM25 into `directory` under its lock; index.json last.
+
+    retriever: the BM25 engine (`dil_jax.defaults.RETRIEVER_ENGINES`), recorded in
+    index.json; the index is rebuilt with it (its caches kept when the passages agree).
 
     Rebuilding over an index with the same settings (a repair) keeps its caches; over one with
     other settings it removes them (they belong to the old passages). Refuses a folder that
@@ -177,9 +187,12 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
             out, first=windows.first_window, count=windows.counts,
             passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
             offsets=windows.offsets, max_context=windows.max_context))
-        BM25Retriever.build(texts).save(directory / "bm25", fingerprint=settings["passages"])
+        build_retriever(texts, retriever).save(directory / "bm25",
+                                               fingerprint=settings["passages"])
+        settings["retriever"] = retriever
         settings["files"] = {name: file_fingerprint(directory / name)
-                             for name in CHECKED_FILES}
+                             for name in CHECKED_FILES + tuple(f"bm25/{file}" for file in
+                                                               index_files(retriever))}
         write_atomic(directory / "index.json", json.dumps(settings, indent=2))
         return open_index(directory)
 
@@ -214,7 +227,7 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
         if name != "passages.jsonl":
             check_file(directory, name, recorded)
     try:
-        retriever = BM25Retriever.load(directory / "bm25", fingerprint=settings["passages"])
+        retriever = load_retriever(directory / "bm25", fingerprint=settings["passages"])
     except RetrievalError as error:
         raise IndexBrokenError(f"{error}; {REPAIR_HINT}") from error
     windows_path = directory / "windows.npz"

@@ -20,9 +20,9 @@ from typing import Any
 from dil_jax.errors import DilJaxError
 
 INDEX_FORMAT = "dil_jax.odqa_index/1"
-# Files whose size and sha256 index.json records (the caches check themselves).
-CHECKED_FILES = ("passages.jsonl", "windows.npz", "bm25/manifest.json", "bm25/weights.npz",
-                 "bm25/vocabulary.json")
+# Files whose size and sha256 index.json records, besides the BM25 engine's (`bm25/...`,
+# `retrieval.index_files`); the caches check themselves.
+CHECKED_FILES = ("passages.jsonl", "windows.npz")
 # Settings that decide the passages and windows: an index (and its caches) is reused only when
 # all of them agree.
 CORE_SETTINGS = ("format", "split", "max_passage_len", "doc_stride", "tokenizer", "passages",

@@ -247,7 +247,7 @@ class OpenDomainReader:
         return other
 
     def retrieve(self, questions: Sequence[str]) -> list[list]:
-        return [self.index.retriever.search(q, self.top_p) for q in questions]
+        return self.index.retriever.search_batch(questions, self.top_p)
 
     def read(self, questions: Sequence[str]) -> ReadResult:
         """Candidates for every question (batched by `batch_size`)."""

@@ -1,11 +1,25 @@
-"""BM25 retrieval behind a small retriever interface, with the index persisted to disk.
+"""BM25 retrieval behind one retriever interface, with the index persisted to disk.
 
-Scoring is rank-bm25's `BM25Okapi` (the design card's choice): its term statistics (idf with the
-epsilon floor, document lengths, k1, b) are computed by rank-bm25 itself at build time. Its
-`get_scores` loops over every document in Python per query term, too slow for thousands of
-questions over tens of thousands of passages, so the per-(term, passage) BM25 weights are laid
-out once in a sparse term x passage matrix: a query's scores are then the sum of its terms' rows,
-numerically the same as `BM25Okapi.get_scores` (tested), and the matrix is what gets saved.
+Two engines, chosen by name (`RETRIEVER_ENGINES`) and recorded in the index's manifest:
+
+- `rank-bm25`: rank-bm25's `BM25Okapi` (the design card's choice): its term statistics (idf
+  with the epsilon floor, document lengths, k1, b) are computed by rank-bm25 itself at build
+  time. Its `get_scores` loops over every document in Python per query term, too slow for
+  thousands of questions, so the per-(term, passage) BM25 weights are laid out once in a sparse
+  term x passage matrix: a query's scores are the sum of its terms' rows, numerically the same
+  as `BM25Okapi.get_scores` (tested). Its build holds per-document Python dicts: for small
+  corpora.
+- `bm25s`: the `bm25s` package (sparse matrices built without per-document Python objects,
+  saved as .npy files and memory-mapped on load), for large corpora.
+
+Both see the same tokens (`bm25_tokenize`) and the same k1 and b. bm25s runs the Robertson
+variant, which is BM25Okapi's formula but for two things (docs/open_domain.md, "Retrievers"):
+its term-frequency part lacks the constant factor (k1 + 1), which this module multiplies back so
+the two engines' scores are on one scale; and a term held by more than half of the passages
+(raw idf below 0) gets idf 0 where rank-bm25 gives it epsilon x the mean idf. Scores of queries
+without such terms agree to float32 rounding (bm25s stores float32); otherwise each occurrence
+of such a term in the query moves a passage's score by at most epsilon x mean idf x (k1 + 1),
+and bm25s does not return passages that share only such terms with the query.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import numpy as np
 import scipy.sparse
 
 from dil_jax.atomic import staged_directory
+from dil_jax.defaults import AUTO_BM25S_FROM, RETRIEVER_ENGINES
 from dil_jax.errors import DilJaxError
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
@@ -32,6 +47,14 @@ STOPWORDS = frozenset(
     "this that these those as do does did what which who whom whose when where why how".split())
 
 INDEX_FORMAT = "dil_jax.bm25/1"
+# Index files of each engine beside manifest.json (what index.json checks on open).
+ENGINE_FILES = {
+    "rank-bm25": ("weights.npz", "vocabulary.json"),
+    "bm25s": ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy",
+              "vocab.index.json", "params.index.json"),
+}
+# Stands in for a passage with no token left after stop words (both engines need a token).
+EMPTY_PASSAGE_TOKEN = "<empty>"
 
 
 class RetrievalError(DilJaxError, ValueError):
@@ -50,18 +73,56 @@ class Hit:
 
 
 class Retriever(Protocol):
+    engine: str
+
+    @property
+    def num_passages(self) -> int:
+        ...
+
     def search(self, query: str, top_p: int) -> list[Hit]:
         """The top_p passages for a query, best first."""
         ...
 
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        """`search` of each query."""
+        ...
 
-class BM25Retriever:
-    """BM25 (Okapi) over a fixed list of passage texts.
+    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
+        """Writes the index to `directory` atomically."""
+        ...
+
+
+def _check_top_p(top_p: int) -> None:
+    if top_p < 1:
+        raise RetrievalError(f"top_p must be >= 1, got {top_p}")
+
+
+def _best_first(indices: np.ndarray, scores: np.ndarray, top_p: int) -> list[Hit]:
+    """The `top_p` best of these candidates, score descending then passage index ascending
+    (ties broken the same way by every engine)."""
+    top_p = min(top_p, len(indices))
+    if top_p == 0:
+        return []
+    best = np.argpartition(-scores, top_p - 1)[:top_p]
+    best = best[np.lexsort((indices[best], -scores[best]))]
+    return [Hit(int(indices[i]), float(scores[i])) for i in best]
+
+
+def _manifest(engine: str, num_passages: int, fingerprint: str,
+              params: dict[str, float]) -> str:
+    return json.dumps(dict(format=INDEX_FORMAT, engine=engine, num_passages=num_passages,
+                           passages=fingerprint, **params), indent=2)
+
+
+class RankBM25Retriever:
+    """BM25 (Okapi, rank-bm25's statistics) over a fixed list of passage texts.
 
     Attributes:
       weights: [num_terms, num_passages] CSR matrix of BM25 term weights.
       vocabulary: term -> row of `weights`.
     """
+
+    engine = "rank-bm25"
 
     def __init__(self, weights: scipy.sparse.csr_matrix, vocabulary: dict[str, int],
                  params: dict[str, float]):
@@ -75,12 +136,12 @@ class BM25Retriever:
 
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
-              epsilon: float = 0.25) -> BM25Retriever:
+              epsilon: float = 0.25) -> RankBM25Retriever:
         from rank_bm25 import BM25Okapi
 
         if not texts:
             raise RetrievalError("cannot build a BM25 index over zero passages")
-        tokenized = [bm25_tokenize(text) or ["<empty>"] for text in texts]
+        tokenized = [bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts]
         bm25 = BM25Okapi(tokenized, k1=k1, b=b, epsilon=epsilon)
         vocabulary = {term: row for row, term in enumerate(sorted(bm25.idf))}
         rows, cols, values = [], [], []
@@ -118,17 +179,14 @@ class BM25Retriever:
         """The best `top_p` passages among those sharing a term with the query, best first:
         fewer when fewer match, none when no query term is in the index (a passage that shares
         no word with the question scores 0 and is not an answer source)."""
-        if top_p < 1:
-            raise RetrievalError(f"top_p must be >= 1, got {top_p}")
+        _check_top_p(top_p)
         matched = self.matching(query)
         if not len(matched):
             return []
-        scores = self.scores(query)[matched]
-        top_p = min(top_p, len(matched))
-        best = np.argpartition(-scores, top_p - 1)[:top_p]
-        # Stable order: score descending, then passage index (ties broken deterministically).
-        best = best[np.lexsort((matched[best], -scores[best]))]
-        return [Hit(int(matched[i]), float(scores[i])) for i in best]
+        return _best_first(matched, self.scores(query)[matched], top_p)
+
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        return [self.search(query, top_p) for query in queries]
 
     def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
         """Writes the index to `directory` atomically (staging folder, then rename)."""
@@ -136,30 +194,16 @@ class BM25Retriever:
         with staged_directory(directory) as staging:
             scipy.sparse.save_npz(staging / "weights.npz", self.weights)
             (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
-            (staging / "manifest.json").write_text(json.dumps(dict(
-                format=INDEX_FORMAT, num_passages=self.num_passages, passages=fingerprint,
-                **self.params), indent=2))
+            (staging / "manifest.json").write_text(
+                _manifest(self.engine, self.num_passages, fingerprint, self.params))
         return directory
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None) -> BM25Retriever:
+    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
+             ) -> RankBM25Retriever:
         """Reads a saved index; with `fingerprint`, refuses one built over other passages."""
         directory = Path(directory)
-        manifest_path = directory / "manifest.json"
-        if not manifest_path.is_file():
-            raise RetrievalError(f"{directory}: not a BM25 index (no manifest.json)")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            raise RetrievalError(f"{manifest_path}: not readable JSON ({error})") from error
-        if not isinstance(manifest, dict):
-            raise RetrievalError(f"{manifest_path}: expected a JSON object")
-        if manifest.get("format") != INDEX_FORMAT:
-            raise RetrievalError(f"{manifest_path}: format {manifest.get('format')!r}, expected "
-                                 f"{INDEX_FORMAT!r}")
-        if fingerprint is not None and manifest.get("passages") != fingerprint:
-            raise RetrievalError(f"{manifest_path}: built over other passages (fingerprint "
-                                 f"{manifest.get('passages')!r}, expected {fingerprint!r})")
+        manifest, params = read_manifest(directory, fingerprint, cls.engine)
         try:
             weights = scipy.sparse.load_npz(directory / "weights.npz")
         except (OSError, ValueError, KeyError, EOFError) as error:
@@ -169,14 +213,151 @@ class BM25Retriever:
         except (OSError, ValueError) as error:
             raise RetrievalError(f"{directory / 'vocabulary.json'}: unreadable ({error})"
                                  ) from error
-        try:
-            params = {key: float(manifest[key]) for key in ("k1", "b", "epsilon")}
-        except (KeyError, TypeError, ValueError) as error:
-            raise RetrievalError(f"{manifest_path}: field {error} missing or not a number"
-                                 ) from error
         if not isinstance(vocabulary, dict) or weights.shape[0] != len(vocabulary) or \
                 weights.shape[1] != manifest.get("num_passages"):
             raise RetrievalError(f"{directory}: weights.npz {weights.shape}, vocabulary.json and "
                                  f"manifest.json (num_passages {manifest.get('num_passages')}) "
                                  "disagree")
         return cls(weights, vocabulary, params)
+
+
+class BM25sRetriever:
+    """BM25 through the `bm25s` package (Robertson variant, scores rescaled by k1 + 1 to
+    rank-bm25's scale; the module docstring states where the two differ)."""
+
+    engine = "bm25s"
+
+    def __init__(self, model, num_passages: int, params: dict[str, float]):
+        self.model = model  # a bm25s.BM25, its matrices memory-mapped when loaded
+        self._num_passages = num_passages
+        self.params = params
+
+    @property
+    def num_passages(self) -> int:
+        return self._num_passages
+
+    @classmethod
+    def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
+              epsilon: float = 0.25) -> BM25sRetriever:
+        """epsilon: kept in the manifest for the record; bm25s floors idf at 0 instead."""
+        import bm25s
+
+        if not texts:
+            raise RetrievalError("cannot build a BM25 index over zero passages")
+        model = bm25s.BM25(k1=k1, b=b, method="robertson")
+        model.index([bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts],
+                    show_progress=False)
+        return cls(model, len(texts), dict(k1=k1, b=b, epsilon=epsilon))
+
+    def search(self, query: str, top_p: int) -> list[Hit]:
+        """As `RankBM25Retriever.search`: the best `top_p` passages scoring above 0 (ties by
+        passage index, as there)."""
+        _check_top_p(top_p)
+        tokens = [t for t in bm25_tokenize(query) if t in self.model.vocab_dict]
+        if not tokens:
+            return []
+        # bm25s's `retrieve` orders equal scores its own way; its dense scores let ties be
+        # broken as the other engine breaks them.
+        scores = np.asarray(self.model.get_scores(tokens), np.float64) * (self.params["k1"] + 1)
+        positive = np.flatnonzero(scores > 0)
+        return _best_first(positive, scores[positive], top_p)
+
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        return [self.search(query, top_p) for query in queries]
+
+    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
+        """Writes the index to `directory` atomically (staging folder, then rename)."""
+        directory = Path(directory).absolute()
+        with staged_directory(directory) as staging:
+            self.model.save(str(staging))
+            (staging / "manifest.json").write_text(
+                _manifest(self.engine, self.num_passages, fingerprint, self.params))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
+             ) -> BM25sRetriever:
+        """Reads a saved index, its score matrix memory-mapped (not read into memory)."""
+        import bm25s
+
+        directory = Path(directory)
+        manifest, params = read_manifest(directory, fingerprint, cls.engine)
+        for name in ENGINE_FILES[cls.engine]:
+            if not (directory / name).is_file():
+                raise RetrievalError(f"{directory / name}: missing")
+        try:
+            model = bm25s.BM25.load(str(directory), mmap=True)
+        except (OSError, ValueError, KeyError, EOFError) as error:
+            raise RetrievalError(f"{directory}: bm25s index unreadable ({error})") from error
+        if model.scores.get("num_docs") != manifest.get("num_passages"):
+            raise RetrievalError(f"{directory}: the bm25s index holds "
+                                 f"{model.scores.get('num_docs')} passages, manifest.json says "
+                                 f"{manifest.get('num_passages')}")
+        return cls(model, int(manifest["num_passages"]), params)
+
+
+RETRIEVERS = {"rank-bm25": RankBM25Retriever, "bm25s": BM25sRetriever}
+
+
+def build_retriever(texts: Sequence[str], engine: str) -> Retriever:
+    """A BM25 index over `texts` with this engine (one of RETRIEVER_ENGINES)."""
+    if engine not in RETRIEVERS:
+        raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
+                             f"{list(RETRIEVER_ENGINES)}")
+    return RETRIEVERS[engine].build(texts)
+
+
+def resolve_engine(engine: str, num_passages: int) -> str:
+    """The engine to build with: `engine` itself, or for "auto" bm25s from AUTO_BM25S_FROM
+    passages on and rank-bm25 below."""
+    if engine == "auto":
+        return "bm25s" if num_passages >= AUTO_BM25S_FROM else "rank-bm25"
+    if engine not in RETRIEVER_ENGINES:
+        raise RetrievalError(f"unknown retriever {engine!r}; expected auto or one of "
+                             f"{list(RETRIEVER_ENGINES)}")
+    return engine
+
+
+def read_manifest(directory: Path, fingerprint: str | None = None,
+                  engine: str | None = None) -> tuple[dict, dict[str, float]]:
+    """manifest.json of a saved index and its BM25 parameters, checked; with `fingerprint`,
+    refuses an index built over other passages, with `engine` one built by another engine.
+    An index without an `engine` field was written by rank-bm25 (before bm25s was added)."""
+    manifest_path = directory / "manifest.json"
+    if not manifest_path.is_file():
+        raise RetrievalError(f"{directory}: not a BM25 index (no manifest.json)")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RetrievalError(f"{manifest_path}: not readable JSON ({error})") from error
+    if not isinstance(manifest, dict):
+        raise RetrievalError(f"{manifest_path}: expected a JSON object")
+    if manifest.get("format") != INDEX_FORMAT:
+        raise RetrievalError(f"{manifest_path}: format {manifest.get('format')!r}, expected "
+                             f"{INDEX_FORMAT!r}")
+    manifest.setdefault("engine", "rank-bm25")
+    if manifest["engine"] not in RETRIEVER_ENGINES:
+        raise RetrievalError(f"{manifest_path}: field engine is {manifest['engine']!r}, "
+                             f"expected one of {list(RETRIEVER_ENGINES)}")
+    if engine is not None and manifest["engine"] != engine:
+        raise RetrievalError(f"{manifest_path}: built by {manifest['engine']}, not {engine}")
+    if fingerprint is not None and manifest.get("passages") != fingerprint:
+        raise RetrievalError(f"{manifest_path}: built over other passages (fingerprint "
+                             f"{manifest.get('passages')!r}, expected {fingerprint!r})")
+    try:
+        params = {key: float(manifest[key]) for key in ("k1", "b", "epsilon")}
+    except (KeyError, TypeError, ValueError) as error:
+        raise RetrievalError(f"{manifest_path}: field {error} missing or not a number"
+                             ) from error
+    return manifest, params
+
+
+def load_retriever(directory: str | os.PathLike, fingerprint: str | None = None) -> Retriever:
+    """Opens a saved index with the engine its manifest names."""
+    manifest, _ = read_manifest(Path(directory), fingerprint)
+    return RETRIEVERS[manifest["engine"]].load(directory, fingerprint)
+
+
+def index_files(engine: str) -> tuple[str, ...]:
+    """The files a saved index of this engine consists of (manifest.json first)."""
+    return ("manifest.json",) + ENGINE_FILES[engine]

@@ -44,7 +44,7 @@ from dil_jax.data.squad import SquadExample
 from dil_jax.errors import UsageError
 from dil_jax.metrics.squad_metric import normalize_answer
 from dil_jax.open_domain.corpus import CorpusError, read_wikipedia_leads, split_documents
-from dil_jax.open_domain.retrieval import BM25Retriever
+from dil_jax.open_domain.retrieval import RankBM25Retriever
 from dil_jax.train.data import TrainingFeatures
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ def holds_answer(normalized_text: str, answers: Sequence[str]) -> bool:
 
 
 def pick_distractors(examples: Sequence[SquadExample], candidates: Sequence[str],
-                     retriever: BM25Retriever, per_question: int) -> list[list[int]]:
+                     retriever: RankBM25Retriever, per_question: int) -> list[list[int]]:
     """For each example, up to `per_question` candidate indices, best BM25 score first (query =
     the question text): neither its own paragraph nor a passage holding a gold answer. Fewer
     when fewer candidates share a word with the question."""
@@ -136,7 +136,7 @@ def add_distractors(features: Features, examples: Sequence[SquadExample],
     began = time.perf_counter()
     candidates = candidate_passages(paragraphs, source_names(data_cfg.distractor_sources),
                                     validation_titles)
-    retriever = BM25Retriever.build(candidates)
+    retriever = RankBM25Retriever.build(candidates)
     picked = pick_distractors(examples, candidates, retriever, per_question)
     retrieved = time.perf_counter()
 
