@@ -113,7 +113,7 @@ def test_damaged_safetensors_is_named(hf_folder_factory, tmp_path, capsys, damag
 @pytest.mark.parametrize("text,problem", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
-    ('{"reader": {"num_lower_layers": "four"}}', "'reader.num_lower_layers' must be an integer"),
+    ('{"reader": {"num_lower_layers": "four"}}', "'reader.num_lower_layers' must be a non-negative integer"),
     ('{"reader": [4]}', "'reader' must be an object"),
     ('{"from_base": ["bert.embeddings.word_embeddings.weight"]}', "'base_checkpoint'"),
 ])
@@ -219,3 +219,46 @@ def test_damaged_orbax_params_are_named(tmp_path):
         load_params(folder)
     assert str(folder / "params") in str(error.value)
 
+
+
+def _pair_logits(config, params, seed: int = 0):
+    """Start logits of one random question x passage pair: [1, passage]."""
+    rng = np.random.default_rng(seed)
+    q_ids = rng.integers(5, config.vocab_size, (1, config.max_question_len), dtype=np.int32)
+    p_ids = rng.integers(5, config.vocab_size, (1, 12), dtype=np.int32)
+    output = DelayedInteractionModel(config)(params, q_ids, np.ones_like(q_ids), p_ids,
+                                             np.ones_like(p_ids))
+    return np.asarray(output.start_logits)
+
+
+def test_export_keeps_the_passage_position_offset(hf_folder_factory, tmp_path):
+    """A delayed reader trained with passages from position N must be read from N after an
+    export: the manifest records it and loading applies it (the reader's answers are the same
+    before and after); an older export that recorded it only in its training config is read
+    from there; a bad value is refused naming the field."""
+    from dil_jax.checkpoints import MANIFEST_FILE, export_hf_checkpoint
+
+    folder, _ = hf_folder_factory("bert")
+    config, params, _ = load_hf_checkpoint(folder, max_question_len=4, num_lower_layers=1,
+                                           passage_position_offset=5)
+    expected = _pair_logits(config, params)
+    # The offset changes the answers, so a loader that dropped it would fail below.
+    assert not np.allclose(expected, _pair_logits(config.replace(passage_position_offset=0),
+                                                  params), atol=1e-3)
+    exported = export_hf_checkpoint(tmp_path / "export", params, config)
+    config_back, params_back, _ = load_hf_checkpoint(exported)
+    assert config_back.passage_position_offset == 5 and config_back.num_lower_layers == 1
+    np.testing.assert_array_equal(_pair_logits(config_back, params_back), expected)
+
+    manifest_path = exported / MANIFEST_FILE
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["reader"]["passage_position_offset"]
+    manifest["training_config"] = {"model": {"num_lower_layers": 1,
+                                             "passage_position_offset": 5}}
+    manifest_path.write_text(json.dumps(manifest))
+    assert load_hf_checkpoint(exported)[0].passage_position_offset == 5
+
+    manifest["reader"]["passage_position_offset"] = -1
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="reader.passage_position_offset"):
+        load_hf_checkpoint(exported)

@@ -45,8 +45,13 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
             left_to_base.append(full_name)
             continue
         tensors[full_name] = value.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else value
-    manifest = dict(manifest or {}, reader={"num_lower_layers": config.num_lower_layers,
-                                            "max_question_len": config.max_question_len})
+    reader = {"num_lower_layers": config.num_lower_layers,
+              "max_question_len": config.max_question_len}
+    if config.passage_position_offset:
+        # A delayed reader trained with passages from position N reads them from N; loaded
+        # from 0 it would run on positions it never saw (~9 F1 lost on the bundled k = 4).
+        reader["passage_position_offset"] = config.passage_position_offset
+    manifest = dict(manifest or {}, reader=reader)
     if from_base is not None:
         manifest.update(base_checkpoint=from_base[0], from_base=left_to_base)
     with staged_directory(directory) as staging:

@@ -13,13 +13,15 @@ from dil_jax.checkpoints.files import read_json
 from dil_jax.errors import CheckpointError
 
 MANIFEST_FILE = "dil_jax_manifest.json"
+READER_FIELDS = ("num_lower_layers", "max_question_len", "passage_position_offset")
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     """The folder's `dil_jax_manifest.json` ({} if it has none), its known fields checked.
 
-    Known fields: "reader" {num_lower_layers, max_question_len: int}, "training_config"
-    (an object; its "model" may record num_lower_layers), "base_checkpoint" (str) and
+    Known fields: "reader" {num_lower_layers, max_question_len, passage_position_offset: int},
+    "training_config" (an object; its "model" may record num_lower_layers and
+    passage_position_offset), "base_checkpoint" (str) and
     "from_base" (list of tensor names). Others are kept as they are (free-form records).
     Raises CheckpointError naming the file and the field.
     """
@@ -38,11 +40,10 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     if not isinstance(reader, dict):
         raise bad(f"'reader' must be an object, got {reader!r}")
     for key, value in reader.items():
-        if key not in ("num_lower_layers", "max_question_len"):
-            raise bad(f"unknown field 'reader.{key}' (known: num_lower_layers, "
-                      "max_question_len)")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad(f"'reader.{key}' must be an integer, got {value!r}")
+        if key not in READER_FIELDS:
+            raise bad(f"unknown field 'reader.{key}' (known: {', '.join(READER_FIELDS)})")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise bad(f"'reader.{key}' must be a non-negative integer, got {value!r}")
     training = manifest.get("training_config", {})
     if not isinstance(training, dict) or not isinstance(training.get("model", {}), dict):
         raise bad("'training_config' (and its 'model') must be objects")
@@ -56,8 +57,21 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 
 def reader_defaults(folder: Path) -> dict[str, Any]:
-    """Reader settings (k, max_question_len) recorded by `export_hf_checkpoint`, if any."""
-    return dict(read_manifest(folder).get("reader", {}))
+    """Reader settings (k, max_question_len, passage_position_offset) recorded by
+    `export_hf_checkpoint`, if any.
+
+    Exports written before `reader.passage_position_offset` existed recorded the offset only in
+    their training config: it is read from there, since a delayed reader must read passages
+    from the positions it was trained on.
+    """
+    manifest = read_manifest(folder)
+    defaults = dict(manifest.get("reader", {}))
+    trained_offset = manifest.get("training_config", {}).get("model", {}).get(
+        "passage_position_offset")
+    if ("passage_position_offset" not in defaults and isinstance(trained_offset, int)
+            and not isinstance(trained_offset, bool) and trained_offset > 0):
+        defaults["passage_position_offset"] = trained_offset
+    return defaults
 
 
 def trained_k(folder: Path) -> int | None:
