@@ -113,7 +113,8 @@ def test_damaged_safetensors_is_named(hf_folder_factory, tmp_path, capsys, damag
 @pytest.mark.parametrize("text,problem", [
     ("{not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object, got list"),
-    ('{"reader": {"num_lower_layers": "four"}}', "'reader.num_lower_layers' must be a non-negative integer"),
+    ('{"reader": {"num_lower_layers": "four"}}',
+     "'reader.num_lower_layers' must be a non-negative integer"),
     ('{"reader": [4]}', "'reader' must be an object"),
     ('{"from_base": ["bert.embeddings.word_embeddings.weight"]}', "'base_checkpoint'"),
 ])

@@ -132,9 +132,10 @@ def frontier_plot(scores: list[RunScore], speedups: dict[int, float], path: Path
     ordered = sorted(scores, key=lambda score: score.k)
     axes.plot([speedups[score.k] for score in ordered],
               [100 * score.f1 / full_f1 for score in ordered], "o-")
-    for score in ordered:
+    for position, score in enumerate(ordered):
+        # alternate above / below the line: neighbouring k sit close together at small speedups
         axes.annotate(f"k={score.k}", (speedups[score.k], 100 * score.f1 / full_f1),
-                      textcoords="offset points", xytext=(5, 5))
+                      textcoords="offset points", xytext=(5, 6 if position % 2 else -12))
     axes.set_xlabel("measured pair-phase speedup over the full reader")
     axes.set_ylabel("validation F1, % of the full reader")
     axes.grid(alpha=0.3)
