@@ -8,8 +8,10 @@ MiniLM tokenizer builds the index; the sample passages in 32-token windows.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -119,6 +121,18 @@ def test_reader_with_cached_reuse_equals_the_reader_without(tiny, tmp_path, k):
         for a, b in zip(before.arrays, after.arrays, strict=True):
             assert np.isfinite(a).all() and (np.abs(a) < -PADDED_LOGIT / 2).any()
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    # The reader as it was before the reuses (`pair_reuse=False`: every row of every upper
+    # block, full attention in each pair), the reference `benchmarks/odqa_speed.py` times.
+    reference = OpenDomainReader(index, model, params, tokenizer, cache,
+                                 top_p=len(index.passages), batch_size=4, chunk_size=8,
+                                 cached_reuse=False, pair_reuse=False)
+    assert not reference.grid.reuse and not reference.reads_cached_reuse
+    for before, after in zip(reference.read(questions).candidates, reused.candidates,
+                             strict=True):
+        assert [(c.passage_index, c.text, c.char_start) for c in before] == \
+            [(c.passage_index, c.text, c.char_start) for c in after]
+        np.testing.assert_allclose([c.reader_score for c in after],
+                                   [c.reader_score for c in before], rtol=1e-5, atol=1e-5)
 
 
 def test_prescreened_pairs_read_the_reuse_cache_as_before(tiny, tmp_path, minilm_dir):
@@ -328,13 +342,8 @@ def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
     assert "dtype = 'int8', but the reader has dtype = 'float32'" in err
 
 
-def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
-    """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
-    file made of the sample passages: every scheme's row, bytes/token from its files."""
-    import importlib.util
-    from pathlib import Path
-
-    _, _, _, folder = tiny
+def _sample_squad(tmp_path) -> Path:
+    """A two-article SQuAD v1.1 file made of the sample passages and three questions."""
     questions = [("Who wrote Pride and Prejudice?", "Jane Austen"),
                  ("When did Apollo 11 land on the Moon?", "20 July 1969"),
                  ("What is the capital of France?", "Paris")]
@@ -347,10 +356,24 @@ def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
                              "paragraphs": [{"context": text, "qas": qas}]})
     squad = tmp_path / "squad.json"
     squad.write_text(json.dumps(data))
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cache_compression.py"
-    spec = importlib.util.spec_from_file_location("cache_compression", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    return squad
+
+
+def _benchmark(name: str):
+    """A script of benchmarks/ imported as a module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
+    """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
+    file made of the sample passages: every scheme's row, bytes/token from its files."""
+    _, _, _, folder = tiny
+    squad = _sample_squad(tmp_path)
+    bench = _benchmark("cache_compression")
     rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
                        "--max-question-len", str(Q_LEN), "--data", str(squad),
                        "--schemes", "float32", "int8", "pca8", "--reuse", "--top-p", "3",
@@ -368,3 +391,26 @@ def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
     record = json.loads((tmp_path / "out" / "cache_compression.json").read_text())
     assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
     assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
+
+
+def test_odqa_speed_benchmark_reads_the_same_answers_three_ways(tiny, tmp_path):
+    """benchmarks/odqa_speed.py end to end on the tiny reader: for each k, the reader before the
+    reuses, with the pair program's reuses and with the cached arrays, on the same questions;
+    the same answers and reader scores within float32 rounding (as above), and the record."""
+    _, _, _, folder = tiny
+    squad = _sample_squad(tmp_path)
+    rows = _benchmark("odqa_speed").main([
+        "--checkpoint", str(folder), "--tokenizer", "default", "--ks", "3", "1",
+        "--max-question-len", str(Q_LEN), "--data", str(squad), "--limit", "3", "--top-p", "3",
+        "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE), "--repeats", "1",
+        "--batch-size", "2", "--chunk-size", "8", "--work", str(tmp_path / "work"),
+        "--out", str(tmp_path / "out" / "odqa_speed")])
+    assert [(row["k"], row["mode"]) for row in rows] == [
+        (k, mode) for k in (3, 1) for mode in ("before", "pair reuse", "+ cache")]
+    for row in rows:
+        assert row["same_answer_share"] == 1.0 and row["max_score_difference"] < 1e-5
+        assert row["reads_cached_reuse"] == (row["mode"] == "+ cache")
+        assert row["speedup"] > 0 and len(row["walls_s"]) == 1
+    record = json.loads((tmp_path / "out" / "odqa_speed.json").read_text())
+    assert record["questions"] == 3 and len(record["rows"]) == 6
+    assert (tmp_path / "out" / "odqa_speed.md").read_text().count("| 3 | ") == 3
