@@ -900,8 +900,9 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
              lambda: f"shard(s) {', '.join(missing())} of {staging}", wait_timeout_s)
     PassageCache(staging, top)  # every shard maps and agrees with the plan, before committing
     _write_json_atomic(staging / _MANIFEST, top)
-    (staging / "plan.json").unlink()
     os.replace(staging, directory)
+    # After the rename: a crash just before it leaves a staging folder that still resumes.
+    (directory / "plan.json").unlink()
     return PassageCache.open(directory)
 
 
