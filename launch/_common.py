@@ -36,7 +36,8 @@ def train_command(python: str, config: str, overrides: Sequence[str]) -> list[st
 
 
 def launcher_main(argv: Sequence[str] | None, build_parser, plan) -> int:
-    """`launcher STEP [options] [-- --config.key=value ...]`: parse, plan, run or print."""
+    """`launcher STEP [options] [-- EXTRA ...]`: parse, plan, run or print. EXTRA: the
+    --config.key=value overrides of training, or the `dil-jax index` flags of an index step."""
     argv = sys.argv[1:] if argv is None else list(argv)
     own, overrides = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv \
         else (argv, [])

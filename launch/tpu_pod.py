@@ -10,6 +10,15 @@ can write (checkpoints are written once, cooperatively, by orbax).
     python launch/tpu_pod.py logs   --name dil-v4 --zone us-central2-b
     python launch/tpu_pod.py delete --name dil-v4 --zone us-central2-b
 
+The `index` step runs `dil-jax index` on every worker instead (after create, copy, setup): one
+process per host, `--distributed` (jax.distributed finds the pod), each encoding its own shard of
+every passage cache on its own chips; worker 0 also builds the index and writes each cache's
+manifest. --out must be a folder every worker mounts (e.g. a Filestore NFS share), not gs://:
+
+    python launch/tpu_pod.py index --name dil-v4 --zone us-central2-b --out /mnt/share/index \
+        -- --corpus wikipedia --k 4 --cache-dtype pca64
+    python launch/tpu_pod.py logs  --name dil-v4 --zone us-central2-b --log-file index.log
+
 Every step accepts --dry-run, which prints the exact commands instead of running them.
 """
 
@@ -18,6 +27,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import PurePosixPath
 
 # Run as a script, so this folder is on sys.path: the shared helpers import by name.
 from _common import launcher_main, train_command
@@ -25,7 +35,11 @@ from _common import launcher_main, train_command
 REMOTE_DIR = "dil_jax"  # on every worker, relative to the login home
 ARCHIVE = "/tmp/dil_jax_code.tar.gz"
 LOG_FILE = "train.log"
-STEPS = ("create", "copy", "setup", "run", "logs", "delete")
+INDEX_LOG_FILE = "index.log"
+STEPS = ("create", "copy", "setup", "run", "index", "logs", "delete")
+# `dil-jax index` flags the `index` step sets itself (--distributed finds the processes).
+_POD_OWNED = ("--out", "--num-processes", "--process-id", "--coordinator-address",
+              "--distributed", "--num-cpu-devices")
 
 
 def _gcloud_tpu(args: argparse.Namespace, *verb: str) -> list[str]:
@@ -76,9 +90,29 @@ def run(args: argparse.Namespace) -> list[list[str]]:
     return [_ssh(args, remote)]
 
 
+def index(args: argparse.Namespace) -> list[list[str]]:
+    """Starts `dil-jax index --distributed` on all workers, detached: each builds its shard of
+    every passage cache (docs/open_domain.md, "The passage cache across hosts")."""
+    if not args.out:
+        raise SystemExit("launch: index needs --out (a folder every worker mounts)")
+    if "://" in args.out or not PurePosixPath(args.out).is_absolute():
+        raise SystemExit(f"launch: index --out {args.out!r}: give an absolute path of a folder "
+                         "every worker mounts (e.g. an NFS share); the cache is written with "
+                         "file renames and memory maps, which gs:// does not offer")
+    owned = [flag for flag in args.overrides if flag.split("=", 1)[0] in _POD_OWNED]
+    if owned:
+        raise SystemExit(f"launch: index sets {', '.join(owned)} itself; give the other "
+                         "`dil-jax index` flags after --")
+    command = ["python3", "-m", "dil_jax", "index", "--distributed", "--out", args.out,
+               *args.overrides]
+    log_file = args.log_file or INDEX_LOG_FILE
+    return [_ssh(args, f"cd ~/{REMOTE_DIR} && nohup {shlex.join(command)} > ~/{log_file} "
+                       "2>&1 &")]
+
+
 def logs(args: argparse.Namespace) -> list[list[str]]:
     """Streams worker 0's log (process 0 prints the progress bar and metrics)."""
-    return [_ssh(args, f"tail -n 100 -F ~/{LOG_FILE}", worker="0")]
+    return [_ssh(args, f"tail -n 100 -F ~/{args.log_file or LOG_FILE}", worker="0")]
 
 
 def delete(args: argparse.Namespace) -> list[list[str]]:
@@ -102,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--spot", action="store_true", help="preemptible capacity")
     parser.add_argument("--config", default="", help="config file[:variant] (run)")
     parser.add_argument("--workdir", default="", help="gs://bucket/path (run)")
+    parser.add_argument("--out", default="", help="index folder every worker mounts (index)")
+    parser.add_argument("--log-file", default="",
+                        help=f"worker log (logs, index; default {LOG_FILE}, index: "
+                             f"{INDEX_LOG_FILE})")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     return parser
 

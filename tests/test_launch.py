@@ -78,3 +78,29 @@ def test_overrides_must_be_config_keys(script):
                              "--config", "c.py", "--workdir", "gs://b/x", "--dry-run", "--",
                              "--lr=1"], check=False, cwd=REPO, capture_output=True, text=True)
     assert result.returncode != 0 and "--config.key=value" in result.stderr
+
+
+def test_tpu_pod_index_runs_dil_jax_index_on_every_worker():
+    commands = _dry_run("tpu_pod.py", "index", *POD, "--out", "/mnt/share/index", "--",
+                        "--corpus", "wikipedia", "--k", "4", "--cache-dtype", "pca64")
+    assert len(commands) == 1
+    (index,) = commands
+    assert index[4:6] == ["ssh", "dil-v4"] and "--worker=all" in index
+    assert index[-1] == ("--command=cd ~/dil_jax && nohup python3 -m dil_jax index --distributed "
+                         "--out /mnt/share/index --corpus wikipedia --k 4 --cache-dtype pca64 "
+                         "> ~/index.log 2>&1 &")
+    logs = _dry_run("tpu_pod.py", "logs", *POD, "--log-file", "index.log")
+    assert logs[0][-2:] == ["--worker=0", "--command=tail -n 100 -F ~/index.log"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "gs://b/index"], "every worker mounts"),
+    (["--out", "runs/index"], "absolute path"),
+    ([], "index needs --out"),
+    (["--out", "/mnt/i", "--", "--process-id", "1"], "index sets --process-id itself"),
+])
+def test_tpu_pod_index_refuses_bad_outputs(args, message):
+    result = subprocess.run([sys.executable, str(REPO / "launch" / "tpu_pod.py"), "index", *POD,
+                             "--dry-run", *args], check=False, cwd=REPO, capture_output=True,
+                            text=True)
+    assert result.returncode != 0 and message in result.stderr

@@ -1,6 +1,7 @@
 """Open-domain QA commands: `index`, `ask`, `odqa-eval`.
 
     dil-jax index --out runs/index --corpus wikipedia --corpus squad:FILE --k 0 4
+    dil-jax index ... --num-processes 2 --process-id I --coordinator-address host:1234
     dil-jax ask "Who wrote Pride and Prejudice?" --index runs/index --k 4
     dil-jax ask --index runs/index --k 4 --interactive
     dil-jax odqa-eval --index runs/index --data FILE --k 0 4 --p 29 100 --limit 200
@@ -101,10 +102,60 @@ def _local_paths(values) -> list[str]:
     return [v for v in values if v and v != "default"]
 
 
+def _check_process_flags(args: argparse.Namespace) -> None:
+    """--num-processes / --process-id / --coordinator-address / --distributed go together as
+    the help says; refused (naming the flag and value) before anything is loaded."""
+    if (args.num_processes is None) != (args.process_id is None):
+        raise UsageError("--num-processes and --process-id go together (this process's shard "
+                         f"of how many): got --num-processes {args.num_processes}, --process-id "
+                         f"{args.process_id}")
+    if args.num_processes is not None and args.process_id >= args.num_processes:
+        raise UsageError(f"--process-id {args.process_id}: must be below --num-processes "
+                         f"{args.num_processes} (processes are numbered from 0)")
+    if args.distributed and args.num_processes is not None:
+        raise UsageError("--distributed finds the process count and id itself (a Cloud TPU "
+                         "pod): leave out --num-processes, --process-id and "
+                         "--coordinator-address")
+    if args.coordinator_address is not None:
+        if args.num_processes is None:
+            raise UsageError(f"--coordinator-address {args.coordinator_address}: give "
+                             "--num-processes and --process-id too")
+        host, _, port = args.coordinator_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--coordinator-address {args.coordinator_address!r}: expected "
+                             "HOST:PORT, e.g. localhost:1234")
+
+
+def _build_process(args: argparse.Namespace):
+    """The BuildProcess of the flags; starts jax.distributed when asked (--distributed,
+    --coordinator-address), through the trainer's helper, before any other JAX call."""
+    import jax
+    import ml_collections
+
+    from dil_jax.open_domain.build import BuildProcess
+    from dil_jax.train.setup import maybe_initialize_distributed
+
+    distributed = args.distributed or args.coordinator_address is not None
+    maybe_initialize_distributed(ml_collections.ConfigDict(dict(
+        initialize=distributed, coordinator_address=args.coordinator_address,
+        num_processes=args.num_processes, process_id=args.process_id,
+        num_cpu_devices=args.num_cpu_devices)))
+    if distributed:
+        index, count = jax.process_index(), jax.process_count()
+    else:  # independent processes (they meet only in --out), or just one
+        index, count = args.process_id or 0, args.num_processes or 1
+    if count > 1:
+        print(f"process {index} of {count}: shard {index} of each cache on "
+              f"{jax.local_device_count()} local device(s) ({jax.local_devices()[0].platform})",
+              file=sys.stderr, flush=True)
+    return BuildProcess(index, count, float(args.wait_timeout))
+
+
 def _check_index_flags(args: argparse.Namespace) -> None:
     from dil_jax.atomic import check_output_folder
     from dil_jax.commands.arguments import check_window_flags
 
+    _check_process_flags(args)
     check_window_flags(args.max_passage_len, args.doc_stride)
     _check_checkpoint_count(args)
     corpus_files = [spec.split(":", 1)[1] for spec in args.corpus
@@ -161,6 +212,30 @@ def register(subparsers) -> None:
                        help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
                             f"large corpora), auto = bm25s from {AUTO_BM25S_FROM:,} passages "
                             "(docs/open_domain.md, \"Retrievers\")")
+    index.add_argument("--cache-chunk", type=positive_int, default=256, metavar="WINDOWS",
+                       help="windows encoded per step and written per progress record: the "
+                            "grid shards are cut on (every process must give the same)")
+    shards = index.add_argument_group(
+        "several processes (docs/open_domain.md, \"The passage cache across hosts\")",
+        "Each process encodes its own shard of every passage cache on its own devices; "
+        "process 0 also builds the index and writes each cache's manifest, last. --out must be "
+        "a folder every process sees.")
+    shards.add_argument("--num-processes", type=positive_int, default=None,
+                        help="processes building the caches together (one shard each)")
+    shards.add_argument("--process-id", type=non_negative_int, default=None,
+                        help="this process's number, 0 .. --num-processes - 1")
+    shards.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                        help="start jax.distributed with process 0's address (without it the "
+                             "processes run independently: the build needs no collective)")
+    shards.add_argument("--distributed", action="store_true",
+                        help="jax.distributed.initialize() with no arguments: on a Cloud TPU "
+                             "pod it finds the processes itself (launch/tpu_pod.py index)")
+    shards.add_argument("--num-cpu-devices", type=non_negative_int, default=0,
+                        help="force this many CPU devices (testing several devices per "
+                             "process on one machine); 0 = as JAX finds them")
+    shards.add_argument("--wait-timeout", type=positive_int, default=86400, metavar="SECONDS",
+                        help="how long a process waits for another's work (the index, the "
+                             "other shards) before failing")
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "
@@ -219,6 +294,23 @@ def _load(args, k, position: int = 0):
     return load_reader(_checkpoint_for(args, position), k, args.max_question_len, args.tokenizer)
 
 
+# Test hook: exit at once (as a killed process would: no cleanup) after this many chunks of a
+# passage cache were written (tests/test_odqa_sharded.py: a killed shard resumes).
+EXIT_AFTER_CHUNKS = "DIL_JAX_TEST_EXIT_AFTER_CHUNKS"
+_chunks_written = 0
+
+
+def _exit_hook(step) -> None:
+    global _chunks_written
+    limit = os.environ.get(EXIT_AFTER_CHUNKS)
+    if limit and step.stage.startswith("passage cache") and 0 < step.done < (step.total or 0):
+        _chunks_written += 1
+        if _chunks_written >= int(limit):
+            print(f"{EXIT_AFTER_CHUNKS}={limit}: exiting after {step.done} windows",
+                  file=sys.stderr, flush=True)
+            os._exit(75)
+
+
 class _ProgressBars:
     """The `progress` of build_open_domain_index: its notes printed, a tqdm bar per stage."""
 
@@ -232,6 +324,7 @@ class _ProgressBars:
         if step.note:
             print(step.note)
             return
+        _exit_hook(step)
         bar = self.bars.get(step.stage)
         if bar is None:
             self.close()  # stages run one after another: the previous one is finished
@@ -250,8 +343,9 @@ class _ProgressBars:
 def run_index(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.index_lock import index_lock
 
+    process = _build_process(args)
     # The lock first: a second build into the same folder fails at once, before loading models.
-    with index_lock(args.out):
+    with index_lock(args.out, process.index):
         prescreener = None
         if args.prescreen:
             from dil_jax.prescreening.prescreener import SentencePrescreener
@@ -263,11 +357,11 @@ def run_index(args: argparse.Namespace) -> int:
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
                                  split=args.split, corpus_limit=args.corpus_limit,
                                  cache_dtype=args.cache_dtype, cache_reuse=args.cache_reuse,
-                                 retriever=args.retriever)
+                                 retriever=args.retriever, chunk_passages=args.cache_chunk)
         bars = _ProgressBars()
         try:
             build_open_domain_index(args.out, args.corpus, readers, settings,
-                                    prescreener=prescreener, progress=bars)
+                                    prescreener=prescreener, progress=bars, process=process)
         finally:
             bars.close()
     return 0

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.grid import PairGrid, reads_passage_ids
-from dil_jax.open_domain.cache import PassageCache
+from dil_jax.model.grid import reads_passage_ids
+from dil_jax.open_domain.cache import PassageCache, shard_ranges, tokenizer_fingerprint, wait_for
 from dil_jax.open_domain.corpus import iter_sources, split_documents
 from dil_jax.open_domain.index import (
     OpenDomainIndex,
@@ -35,11 +35,12 @@ from dil_jax.open_domain.index_files import (
     OpenDomainIndexError,
     read_settings,
     settings_differences,
+    stored_settings,
 )
 from dil_jax.open_domain.index_lock import clean_stale, index_lock
 from dil_jax.open_domain.reader import check_read_lengths
 from dil_jax.open_domain.retrieval import resolve_engine
-from dil_jax.open_domain.reuse import reuse_encoder
+from dil_jax.open_domain.reuse import local_grid, reuse_encoder
 from dil_jax.open_domain.sentences import build_sentence_store
 
 if TYPE_CHECKING:
@@ -81,23 +82,41 @@ class BuildSettings:
     # The BM25 engine (`defaults.RETRIEVER_ENGINES`) or "auto" (`retrieval.resolve_engine`:
     # by corpus size).
     retriever: str = "auto"
+    # Windows encoded per step: the grid a sharded cache is cut on (whole chunks per shard).
+    chunk_passages: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildProcess:
+    """Which process of a sharded cache build this is (`dil-jax index --num-processes`).
+
+    Process 0 builds (or reuses) the index, its shard of each cache and the caches' manifests;
+    process i > 0 waits for the index, then builds shard i of each cache. wait_timeout_s: how
+    long a process waits for another's work before failing (`cache.wait_for`).
+    """
+
+    index: int = 0
+    count: int = 1
+    wait_timeout_s: float = 86400.0
 
 
 def passage_encoder(model: DelayedInteractionModel, params: Params, batch_size: int = 32
                     ) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
     """The `encode` of `build_reader_cache`: (ids, mask) [n, p_len] -> lower states
-    [n, p_len, hidden] as numpy; None at k = 0 (`reads_passage_ids`: the cache then holds the
-    tokens only)."""
+    [n, p_len, hidden] as numpy, on this process's devices, batch_size rows per device
+    (`reuse.local_grid`: the same per-device program whatever the device or process count);
+    None at k = 0 (`reads_passage_ids`: the cache then holds the tokens only)."""
     if reads_passage_ids(model.config):
         return None
-    grid = PairGrid(model, batch_size=batch_size)
+    grid = local_grid(model, batch_size)
     return lambda ids, mask: np.asarray(grid.encode_passages(params, ids, mask))
 
 
 def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[ReaderParts],
                             settings: BuildSettings,
                             prescreener: SentencePrescreener | None = None,
-                            progress: Callable[[BuildStep], None] | None = None
+                            progress: Callable[[BuildStep], None] | None = None,
+                            process: BuildProcess = BuildProcess()
                             ) -> tuple[OpenDomainIndex, list[PassageCache]]:
     """Builds (or reopens, or repairs) the index, one passage cache per reader and, with a
     prescreener, the sentence embeddings of every passage.
@@ -106,19 +125,60 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     throughout (a second build fails at once, naming this one). An existing index is reused only
     if it was built with this run's corpus, split, lengths and tokenizer; otherwise this refuses,
     naming each differing setting.
+
+    process: with count > 1, this process's part of a build by several (`BuildProcess`; every
+    process runs this with the same arguments): process i > 0 holds its own lock
+    (`index_lock(out, i)`), waits for the index process 0 builds or reuses, and builds shard i
+    of each cache; the sentence embeddings are process 0's. Every process returns the finished
+    caches.
     """
     for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
         check_read_lengths(model.config, settings.max_passage_len)
     report = progress or (lambda step: None)
+    if process.index > 0:
+        with index_lock(out, process.index):
+            index = _await_index(out, corpus, readers[0][2], settings, process.wait_timeout_s)
+            return index, [_reader_cache(index, reader, settings, report, process)
+                           for reader in readers]
     with index_lock(out):
         index = _split_and_index(out, corpus, readers[0][2], settings, report)
-        caches = [_reader_cache(index, reader, settings, report) for reader in readers]
+        caches = [_reader_cache(index, reader, settings, report, process) for reader in readers]
         if prescreener is not None:
             def sentences_done(done: int, total: int) -> None:
                 report(BuildStep("sentence embeddings", done, total))
 
             build_sentence_store(index, prescreener, progress=sentences_done)
     return index, caches
+
+
+def _split_record(corpus: Sequence[str], settings: BuildSettings) -> dict[str, Any]:
+    return {"strategy": settings.split, "sources": list(corpus), "limit": settings.corpus_limit}
+
+
+def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
+                 timeout_s: float) -> OpenDomainIndex:
+    """(process i > 0) The index process 0 builds or reuses in `out`, once it opens (every file
+    checked). It must have this run's split, lengths and tokenizer (OpenDomainIndexError at
+    once, naming them: process 0 refuses it too); its passages are process 0's business (this
+    process does not read the corpus)."""
+    wanted = dict(split=_split_record(corpus, settings), tokenizer=tokenizer_fingerprint(tokenizer),
+                  max_passage_len=settings.max_passage_len, doc_stride=settings.doc_stride)
+
+    def opened() -> OpenDomainIndex | None:
+        stored = stored_settings(Path(out))
+        if stored is None:
+            return None
+        differences = settings_differences(stored, dict(
+            wanted, passages=stored.get("passages"), num_passages=stored.get("num_passages")))
+        if differences:
+            raise OpenDomainIndexError(f"{out} holds an index built with other settings:\n  "
+                                       + "\n  ".join(differences))
+        try:
+            return open_index(out)
+        except OpenDomainIndexError:
+            return None  # being written or repaired by process 0
+
+    return wait_for(opened, lambda: f"process 0 to build or reuse the index {out}", timeout_s)
 
 
 def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
@@ -130,8 +190,7 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
         source = list(iter_sources([spec]))
         documents += source[:settings.corpus_limit] if settings.corpus_limit else source
     passages = split_documents(documents, settings.split)
-    split_record = {"strategy": settings.split, "sources": list(corpus),
-                    "limit": settings.corpus_limit}
+    split_record = _split_record(corpus, settings)
     wanted = index_settings(passages, tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record)
     engine = resolve_engine(settings.retriever, len(passages))
@@ -179,11 +238,14 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
 
 
 def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSettings,
-                  report: Callable[[BuildStep], None]) -> PassageCache:
-    """One reader's passage cache over the index (built, resumed or reopened)."""
+                  report: Callable[[BuildStep], None], process: BuildProcess) -> PassageCache:
+    """One reader's passage cache over the index (built, resumed or reopened); with several
+    processes, this process's shard of it (progress: that shard's windows)."""
     model, params, tokenizer = reader
     stage = f"passage cache k={model.config.num_lower_layers}"
-    total = index.settings["num_windows"]
+    start, stop = shard_ranges(index.settings["num_windows"], settings.chunk_passages,
+                               process.count)[process.index]
+    total = stop - start
     report(BuildStep(stage, 0, total))
     reuse = None
     if settings.cache_reuse:
@@ -194,6 +256,9 @@ def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSe
     cache = build_reader_cache(index, model.config, params, tokenizer,
                                encode=passage_encoder(model, params, settings.batch_size),
                                dtype=settings.cache_dtype, reuse=reuse,
-                               progress=lambda done: report(BuildStep(stage, done, total)))
+                               chunk_passages=settings.chunk_passages,
+                               progress=lambda done: report(BuildStep(stage, done, total)),
+                               process_index=process.index, process_count=process.count,
+                               wait_timeout_s=process.wait_timeout_s)
     report(BuildStep(stage, total, total))
     return cache

@@ -18,6 +18,18 @@ Layout of a cache folder:
                   q/k/v and attention statistics (`dil_jax.open_domain.reuse`), in the same
                   storage (int8 for pca<d>), each with its `.scale.npy` where scaled
 
+A cache built by several processes (`dil-jax index --num-processes N`, one shard each;
+`build_sharded_passage_cache`) is a folder of complete caches, one per contiguous row range:
+
+  manifest.json   format SHARDED_FORMAT: the fields above plus `chunk_passages` and `shards`
+                  ([{name, start, stop}]: shard i holds global rows start .. stop - 1)
+  shards/shard-00000-of-00002/   a cache folder as above (its manifest adds `shard`), rows
+                  [start, stop); every shard of a pca<d> cache holds the same basis
+
+`PassageCache` reads both layouts through one class: an unsharded cache is the one-shard case
+(its own folder holds rows [0, num_passages)), and a global row is mapped to (shard, local row)
+by the shards' row ranges.
+
 The arrays are plain `.npy` files opened as memory maps, so reading the states of the top-p
 passages of a question touches only those rows. Building is resumable and atomic: everything is
 written into `.<name>.partial/` with a progress record updated after each flushed chunk, and the
@@ -33,13 +45,15 @@ another model, is refused, naming the file. A cache that fails these is `CacheBr
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -51,6 +65,10 @@ from dil_jax.open_domain.compression import CacheStorageError, PcaBasis, Storage
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "dil_jax.passage_cache/1"
+# A cache of several shards. Its own format name (not a field of /1): code that knows only /1
+# refuses it as another format instead of taking it for a broken /1 cache and deleting it.
+SHARDED_FORMAT = "dil_jax.passage_cache/2"
+SHARDS_DIR = "shards"
 _MANIFEST = "manifest.json"
 _PROGRESS = "progress.json"
 # Fields a reader must agree with; anything else in the manifest is informational.
@@ -60,6 +78,11 @@ MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "t
 
 class CacheMismatchError(DilJaxError, ValueError):
     """A cache was built for another model, k, tokenizer or passage set; names the field."""
+
+
+class ShardWaitError(DilJaxError):
+    """A process of a sharded build waited longer than its limit for another process's work
+    (process 0's plan, another shard, the finished cache): that process died or lags."""
 
 
 class CacheBrokenError(CacheMismatchError):
@@ -89,6 +112,11 @@ REUSE_LSE_ARRAY = "upper_logsumexp"
 # and up to this many of their real tokens (a width x width covariance: memory does not grow).
 PCA_FIT_WINDOWS = 1024
 PCA_FIT_TOKENS = 131072
+
+
+def shard_name(index: int, count: int) -> str:
+    """The folder (under shards/) of shard `index` of `count`."""
+    return f"shard-{index:05d}-of-{count:05d}"
 
 
 def cache_name(manifest: dict[str, Any]) -> str:
@@ -150,11 +178,156 @@ class StoredArray:
         return self.storage.round_trip(x, self.pca)
 
 
-class PassageCache:
-    """An opened cache (read-only memory maps).
+def _locate(starts: np.ndarray, num_rows: int, rows: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """(shard, local row) of global rows [n] (negative ones count from the end), for shards
+    holding rows starts[i] .. starts[i + 1] - 1. An empty shard repeats the next one's start;
+    side="right" then picks the shard that holds the row."""
+    rows = np.asarray(rows, np.int64)
+    rows = np.where(rows < 0, rows + num_rows, rows)
+    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
+        raise IndexError(f"row out of range for a cache of {num_rows} rows")
+    shard = np.searchsorted(starts, rows, side="right") - 1
+    return shard, rows - starts[shard]
 
-    states: the lower states (a StoredArray), None for k = 0. reuse: name -> StoredArray of the
-    first-upper-block arrays (REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY), None unless built with them.
+
+class RowArray:
+    """One array of a cache whose rows are kept in several memory-mapped parts (shards), indexed
+    by global row: `a[rows]`, `a[row, i, j]`, `a[start:stop]`. Only the rows asked for are read.
+
+    parts: [rows_i, ...] arrays (memory maps); starts: [num_parts] global row of each first row.
+    """
+
+    def __init__(self, parts: Sequence[np.ndarray], starts: np.ndarray):
+        self.parts, self.starts = list(parts), np.asarray(starts, np.int64)
+        self.shape = (sum(len(part) for part in self.parts),) + tuple(self.parts[0].shape[1:])
+        self.dtype = self.parts[0].dtype
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return np.asarray(self[:], dtype)
+
+    def __getitem__(self, key) -> np.ndarray:
+        row_key, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
+        if isinstance(row_key, (int, np.integer)):
+            (shard,), (local,) = _locate(self.starts, len(self), np.asarray([row_key]))
+            return self.parts[shard][(local,) + rest]
+        rows = (np.arange(len(self))[row_key] if isinstance(row_key, slice)
+                else np.asarray(row_key, np.int64))
+        return self.take(rows)[(slice(None),) + rest]
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), ...] those global rows, in order."""
+        return _gather(self.starts, len(self), rows, lambda s, local: self.parts[s][local],
+                       self.shape[1:], self.dtype)
+
+
+def _gather(starts: np.ndarray, num_rows: int, rows: np.ndarray,
+            read: Callable[[int, np.ndarray], np.ndarray], tail: tuple[int, ...],
+            dtype) -> np.ndarray:
+    """[len(rows), *tail] rows gathered shard by shard: read(shard, local rows) -> their values."""
+    shard, local = _locate(starts, num_rows, rows)
+    if len(starts) == 1:
+        return np.asarray(read(0, local))
+    out = np.empty((len(local),) + tuple(tail), dtype)
+    for s in np.unique(shard):
+        chosen = shard == s
+        out[chosen] = read(int(s), local[chosen])
+    return out
+
+
+class StoredRows:
+    """A StoredArray per shard, read by global row (the one-shard case: one StoredArray)."""
+
+    def __init__(self, parts: Sequence[StoredArray], starts: np.ndarray, directory: Path,
+                 stem: str):
+        self.parts, self.starts = list(parts), np.asarray(starts, np.int64)
+        self.storage = self.parts[0].storage
+        self.num_rows = sum(len(part.codes) for part in self.parts)
+        # The file an error names: the array's own with one shard; the pattern of them with more.
+        self.path = (self.parts[0].path if len(self.parts) == 1
+                     else directory / SHARDS_DIR / "*" / f"{stem}.npy")
+        first = self.parts[0]
+        for part in self.parts[1:]:
+            if first.pca is not None and not (
+                    np.array_equal(part.pca.mean, first.pca.mean)
+                    and np.array_equal(part.pca.basis, first.pca.basis)):
+                raise _broken(part.path.with_name(f"{stem}.pca_basis.npy"),
+                              f"its PCA basis differs from {first.path.parent.name}'s; every "
+                              "shard must hold the same")
+
+    def read(self, indices: Sequence[int]) -> np.ndarray:
+        """[len(indices), p_len, width] float32: those rows, decoded."""
+        rows = np.asarray(indices, np.int64)
+        first = self.parts[0]
+        width = first.codes.shape[2] if first.pca is None else first.pca.basis.shape[0]
+        return _gather(self.starts, self.num_rows, rows,
+                       lambda s, local: self.parts[s].read(local),
+                       (first.codes.shape[1], width), np.float32)
+
+    def round_trip(self, x: np.ndarray) -> np.ndarray:
+        """What this array would hold for values x [..., width] (every shard stores alike)."""
+        return self.parts[0].round_trip(x)
+
+
+def _shard_ranges_of(directory: Path, manifest: dict[str, Any], rows: int
+                     ) -> list[tuple[int, int, Path]]:
+    """(start, stop, folder) of each shard of a cache: itself for an unsharded one. The
+    manifest's `shards` must tile [0, rows) in order, each a folder under shards/."""
+    if manifest.get("format") == CACHE_FORMAT:
+        return [(0, rows, directory)]
+    manifest_path = directory / _MANIFEST
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise _broken(manifest_path, "field 'shards' missing or empty")
+    ranges, expected_start = [], 0
+    for number, shard in enumerate(shards):
+        try:
+            name, start, stop = str(shard["name"]), int(shard["start"]), int(shard["stop"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise _broken(manifest_path, f"shards[{number}] is not {{name, start, stop}}"
+                          ) from error
+        if start != expected_start or stop < start or Path(name).parent != Path(SHARDS_DIR) \
+                or name != f"{SHARDS_DIR}/{shard_name(number, len(shards))}":
+            raise _broken(manifest_path, f"shards[{number}] = {shard!r} does not continue the "
+                                         f"rows at {expected_start} in {SHARDS_DIR}/")
+        ranges.append((start, stop, directory / name))
+        expected_start = stop
+    if expected_start != rows:
+        raise _broken(manifest_path, f"the shards hold {expected_start} rows, num_passages is "
+                                     f"{rows}")
+    return ranges
+
+
+def _check_shard_manifest(folder: Path, top: dict[str, Any], number: int, count: int,
+                          start: int, stop: int) -> None:
+    """A shard's own manifest agrees with the cache's (MATCHED_FIELDS, reuse, its rows): a
+    shard of another build put in its place is refused, naming it."""
+    path = folder / _MANIFEST
+    try:
+        own = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise _broken(path, "the file is missing") from error
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _broken(path, f"not readable JSON: {error}") from error
+    wanted = {field: top.get(field) for field in MATCHED_FIELDS + ("reuse",)}
+    wanted["shard"] = dict(index=number, count=count, start=start, stop=stop)
+    for field, value in wanted.items():
+        if not isinstance(own, dict) or own.get(field) != value:
+            raise _broken(path, f"{field} = {own.get(field) if isinstance(own, dict) else None!r}"
+                                f", the cache's manifest says {value!r}")
+
+
+class PassageCache:
+    """An opened cache (read-only memory maps), unsharded or sharded (read by global row).
+
+    ids, mask [rows, p_len], offsets [rows, p_len, 2]: RowArrays. states: the lower states (a
+    StoredRows), None for k = 0. reuse: name -> StoredRows of the first-upper-block arrays
+    (REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY), None unless built with them. shards: (start, stop,
+    folder) of each shard; an unsharded cache is one shard, its own folder.
     """
 
     def __init__(self, directory: Path, manifest: dict[str, Any]):
@@ -172,18 +345,27 @@ class PassageCache:
             self.storage = Storage.parse(str(manifest.get("dtype")), hidden)
         except CacheStorageError as error:
             raise _broken(directory / _MANIFEST, str(error)) from error
-        self.ids = _load_array(directory / "ids.npy", (rows, length))
-        self.mask = _load_array(directory / "mask.npy", (rows, length))
-        self.offsets = _load_array(directory / "offsets.npy", (rows, length, 2))
-        self.states = (None if k == 0
-                       else StoredArray(directory, "states", self.storage, (rows, length, hidden)))
-        self.reuse: dict[str, StoredArray] | None = None
+        self.shards = _shard_ranges_of(directory, manifest, rows)
+        if len(self.shards) > 1:
+            for number, (start, stop, folder) in enumerate(self.shards):
+                _check_shard_manifest(folder, manifest, number, len(self.shards), start, stop)
+        starts = np.asarray([start for start, _, _ in self.shards], np.int64)
+
+        def rows_of(name: str, *tail: int) -> RowArray:
+            return RowArray([_load_array(folder / f"{name}.npy", (stop - start, length, *tail))
+                             for start, stop, folder in self.shards], starts)
+
+        def stored(stem: str, storage: Storage, width: int) -> StoredRows:
+            return StoredRows([StoredArray(folder, stem, storage, (stop - start, length, width))
+                               for start, stop, folder in self.shards], starts, directory, stem)
+
+        self.ids, self.mask, self.offsets = rows_of("ids"), rows_of("mask"), rows_of("offsets", 2)
+        self.states = None if k == 0 else stored("states", self.storage, hidden)
+        self.reuse: dict[str, StoredRows] | None = None
         if manifest.get("reuse"):
             wide = self.storage.without_pca()
-            self.reuse = {name: StoredArray(directory, name, wide, (rows, length, hidden))
-                          for name in REUSE_WIDE_ARRAYS}
-            self.reuse[REUSE_LSE_ARRAY] = StoredArray(directory, REUSE_LSE_ARRAY,
-                                                      Storage("float32"), (rows, length, heads))
+            self.reuse = {name: stored(name, wide, hidden) for name in REUSE_WIDE_ARRAYS}
+            self.reuse[REUSE_LSE_ARRAY] = stored(REUSE_LSE_ARRAY, Storage("float32"), heads)
 
     def __len__(self) -> int:
         return self.ids.shape[0]
@@ -207,9 +389,9 @@ class PassageCache:
             raise _broken(manifest_path, f"not readable JSON: {error}") from error
         if not isinstance(manifest, dict):
             raise _broken(manifest_path, f"expected a JSON object, got {type(manifest).__name__}")
-        if manifest.get("format") != CACHE_FORMAT:
+        if manifest.get("format") not in (CACHE_FORMAT, SHARDED_FORMAT):
             raise CacheMismatchError(f"{manifest_path}: format {manifest.get('format')!r}, "
-                                     f"expected {CACHE_FORMAT!r}")
+                                     f"expected {CACHE_FORMAT!r} or {SHARDED_FORMAT!r}")
         if (directory.name.startswith("cache-k") and isinstance(manifest.get("model"), str)
                 and "num_lower_layers" in manifest and directory.name != cache_name(manifest)):
             # The folder name was derived from the manifest when it was written.
@@ -228,7 +410,7 @@ class PassageCache:
         ids [len(indices), passage_len] for a k = 0 cache (it holds no states), else
         `read_states` [len(indices), passage_len, hidden]."""
         if self.states is None:
-            return np.asarray(self.ids[np.asarray(indices)])
+            return self.ids.take(np.asarray(indices, np.int64))
         return self.read_states(indices)
 
     def read_states(self, indices: Sequence[int]) -> np.ndarray:
@@ -329,7 +511,8 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
                         hidden_size: int, chunk_passages: int = 256,
                         progress: Callable[[int], None] | None = None,
                         reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                        | None = None, num_heads: int | None = None) -> PassageCache:
+                        | None = None, num_heads: int | None = None,
+                        pca: PcaBasis | None = None) -> PassageCache:
     """Builds (or resumes building) a cache; returns it opened.
 
     An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`)
@@ -346,6 +529,12 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
       progress: called with the number of passages finished after each chunk.
       reuse: (float32 lower states, mask) chunk -> the first-upper-block arrays to store beside
         them (`dil_jax.open_domain.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
+      pca: the basis a pca<d> cache stores (a shard gets its cache's, so every shard has the
+        same); None fits one on these rows' states.
+
+    Rows are encoded in chunks of `chunk_passages` from row 0 (the last one shorter), so a shard
+    whose rows start on a chunk boundary encodes exactly the chunks an unsharded build of all
+    rows encodes for them.
     """
     directory = Path(directory).absolute()
     if reuse is not None and (encode is None or not num_heads):
@@ -356,30 +545,19 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     if reuse is not None:
         manifest["num_heads"] = int(num_heads)
     storage = Storage.parse(manifest["dtype"], hidden_size)
-    if directory.exists():
-        try:
-            cache = PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
-                                                  if f in manifest})
-            if reuse is not None and not cache.has_reuse:
-                raise CacheMismatchError(
-                    f"{directory / _MANIFEST}: cache built without the first upper block's "
-                    "arrays, and this run asks for them (--cache-reuse)")
-            if encode is not None:
-                check_states(cache, encode, reuse)
-            return cache
-        except CacheBrokenError as error:
-            log.warning("%s -- rebuilding it", error)
-            shutil.rmtree(directory)
-        except CacheMismatchError as error:
-            raise CacheMismatchError(
-                f"{error}. This run would build a different cache under the same name: delete "
-                f"{directory} to rebuild it with this run's settings, or use another --out"
-            ) from error
+    cache = _existing_cache(directory, manifest, encode, reuse)
+    if cache is not None:
+        return cache
     staging = directory.with_name(f".{directory.name}.partial")
     done = _resume_point(staging, manifest)
     if done is None:
-        _start_fresh(staging, manifest, ids, mask, offsets, encode, hidden_size, storage)
+        if encode is not None and storage.pca_dim is not None and pca is None:
+            pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
+        _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, hidden_size,
+                     storage, pca)
         done = 0
+    elif done:
+        log.info("%s: resuming at window %d of %d", staging, done, ids.shape[0])
     if encode is not None:
         writers = {"states": _ArrayWriter(staging, "states", storage)}
         if reuse is not None:
@@ -407,6 +585,36 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     _write_json_atomic(staging / _MANIFEST, manifest)
     os.replace(staging, directory)
     return PassageCache.open(directory)
+
+
+def _existing_cache(directory: Path, manifest: dict[str, Any],
+                    encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+                    reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None
+                    ) -> PassageCache | None:
+    """The finished cache at `directory` if it serves `manifest` (checked: `check_states`),
+    None if there is none (a broken one is removed, with a warning); another build's is
+    CacheMismatchError."""
+    if not directory.exists():
+        return None
+    try:
+        cache = PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
+                                              if f in manifest})
+        if reuse is not None and not cache.has_reuse:
+            raise CacheMismatchError(
+                f"{directory / _MANIFEST}: cache built without the first upper block's "
+                "arrays, and this run asks for them (--cache-reuse)")
+        if encode is not None:
+            check_states(cache, encode, reuse)
+        return cache
+    except CacheBrokenError as error:
+        log.warning("%s -- rebuilding it", error)
+        shutil.rmtree(directory)
+        return None
+    except CacheMismatchError as error:
+        raise CacheMismatchError(
+            f"{error}. This run would build a different cache under the same name: delete "
+            f"{directory} to rebuild it with this run's settings, or use another --out"
+        ) from error
 
 
 class _ArrayWriter:
@@ -462,10 +670,9 @@ def _pca_sample(ids: np.ndarray, mask: np.ndarray,
 
 
 def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
-                 offsets: np.ndarray,
-                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                 hidden_size: int, storage: Storage) -> None:
-    """A new staging folder: token arrays, empty state (and reuse) arrays, a fitted PCA basis
+                 offsets: np.ndarray, has_states: bool, hidden_size: int, storage: Storage,
+                 pca: PcaBasis | None) -> None:
+    """A new staging folder: token arrays, empty state (and reuse) arrays, the PCA basis
     (pca<d>, saved here so a resumed build encodes with the same one), the plan, progress 0."""
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -473,10 +680,7 @@ def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask:
     np.save(staging / "mask.npy", mask.astype(np.int32))
     np.save(staging / "offsets.npy", offsets.astype(np.int32))
     shape = (ids.shape[0], ids.shape[1], hidden_size)
-    if encode is not None:
-        pca = None
-        if storage.pca_dim is not None:
-            pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
+    if has_states:
         _create_array(staging, "states", storage, shape, pca)
     if manifest.get("reuse"):
         for name in REUSE_WIDE_ARRAYS:
@@ -495,7 +699,9 @@ def cache_bytes_per_token(cache: PassageCache) -> dict[str, float]:
     headers and the amortised PCA basis."""
     slots = max(int(cache.manifest["num_passages"]) * int(cache.manifest["max_passage_len"]), 1)
     parts = dict(states=0, reuse=0, tokens=0, total=0)
-    for path in cache.directory.iterdir():
+    for path in cache.directory.rglob("*"):  # a sharded cache: every shard's files
+        if not path.is_file():
+            continue
         size = path.stat().st_size
         parts["total"] += size
         if path.name.startswith("states."):
@@ -515,6 +721,211 @@ def _resume_point(staging: Path, manifest: dict[str, Any]) -> int | None:
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return None
     return int(done) if planned == manifest else None
+
+
+# ----------------------------------------------------------------- a cache built in shards
+
+T = TypeVar("T")
+# How often a waiting process looks at the shared folder again.
+POLL_SECONDS = 1.0
+
+
+def shard_ranges(num_rows: int, chunk_passages: int, count: int) -> list[tuple[int, int]]:
+    """[start, stop) rows of each of `count` shards, made of whole chunks of the global grid.
+
+    Chunk c holds rows c * chunk_passages .. (c + 1) * chunk_passages - 1 (the last one
+    shorter); with C chunks, shard i gets chunks [i * C // count, (i + 1) * C // count): so
+    every row is encoded in the same chunk, with the same shapes, whatever the shard count. A
+    shard may be empty (fewer chunks than shards).
+    """
+    chunks = -(-num_rows // chunk_passages)
+    bounds = [min(num_rows, (i * chunks // count) * chunk_passages) for i in range(count + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def sharded_manifest(manifest: dict[str, Any], num_rows: int, chunk_passages: int, count: int,
+                     num_heads: int | None) -> dict[str, Any]:
+    """The top-level manifest (and plan) of a cache of `count` shards: `manifest`'s fields,
+    `chunk_passages` and `shards` [{name, start, stop}]; num_heads is given iff it stores the
+    first-upper-block arrays."""
+    top = dict(manifest, format=SHARDED_FORMAT, num_passages=int(num_rows),
+               reuse=num_heads is not None, chunk_passages=int(chunk_passages),
+               shards=[dict(name=f"{SHARDS_DIR}/{shard_name(i, count)}", start=start, stop=stop)
+                       for i, (start, stop) in enumerate(shard_ranges(num_rows, chunk_passages,
+                                                                      count))])
+    if num_heads is not None:
+        top["num_heads"] = int(num_heads)
+    return top
+
+
+def wait_for(check: Callable[[], T | None], what: Callable[[], str], timeout_s: float,
+             poll_s: float = POLL_SECONDS) -> T:
+    """check()'s first value that is not None, looking every poll_s seconds; ShardWaitError
+    (saying `what()` was awaited) after timeout_s. A file poll, not a collective: a dead peer
+    costs a clear error at the timeout instead of a hang, and hosts need share only a folder."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value is not None:
+            return value
+        if time.monotonic() >= deadline:
+            raise ShardWaitError(f"waited {timeout_s:g} s for {what()}; is that process "
+                                 "running (see its log)? Rerun every process with the same "
+                                 "flags: finished shards are kept, unfinished ones resume")
+        time.sleep(poll_s)
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON at path, or None if it is missing or not (yet) readable."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _matched(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {field: manifest[field] for field in MATCHED_FIELDS if field in manifest}
+
+
+def _finished(directory: Path, manifest: dict[str, Any]) -> PassageCache | None:
+    """The finished cache at `directory` if one serving `manifest` is there, else None."""
+    if not (directory / _MANIFEST).is_file():
+        return None
+    try:
+        return PassageCache.open(directory, _matched(manifest))
+    except CacheMismatchError:
+        return None  # process 0 repairs or refuses it
+
+
+def _plan_note(staging: Path, top: dict[str, Any]) -> str:
+    """Why `staging`'s plan is not `top` (for a wait's error), or ''."""
+    plan = _read_json(staging / "plan.json")
+    if not isinstance(plan, dict):
+        return ""
+    fields = sorted(f for f in set(plan) | set(top) if plan.get(f) != top.get(f))
+    return (f" (its plan differs from this process's in {', '.join(fields)}: give every "
+            "process the same flags)") if fields else ""
+
+
+def _prepare_staging(staging: Path, top: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
+                     encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+                     storage: Storage) -> PcaBasis | None:
+    """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
+    and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
+    fitted once here, on the sample an unsharded build fits on). plan.json is written last:
+    the other processes start their shards when it appears."""
+    pca_files = (staging / "states.pca_mean.npy", staging / "states.pca_basis.npy")
+    has_basis = encode is not None and storage.pca_dim is not None
+    if _read_json(staging / "plan.json") == top:
+        return PcaBasis(*(np.load(path) for path in pca_files)) if has_basis else None
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / SHARDS_DIR).mkdir(parents=True)
+    pca = None
+    if has_basis:
+        pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
+        np.save(pca_files[0], pca.mean)
+        np.save(pca_files[1], pca.basis)
+    _write_json_atomic(staging / "plan.json", top)
+    return pca
+
+
+def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
+                                ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
+                                encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+                                hidden_size: int, *, process_index: int, process_count: int,
+                                chunk_passages: int = 256,
+                                progress: Callable[[int], None] | None = None,
+                                reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
+                                | None = None, num_heads: int | None = None,
+                                wait_timeout_s: float = 86400.0) -> PassageCache:
+    """This process's shard of a cache built by `process_count` processes; returns the whole
+    cache opened, once process 0 has finished it. Every process calls this with the same
+    arguments (but process_index) and sees the same folder.
+
+      process 0  reuses a finished cache serving `manifest` (as `build_passage_cache`), or
+                 prepares `.NAME.partial/` (`_prepare_staging`: plan.json last), builds its
+                 shard, waits for every shard's folder, writes manifest.json, renames the
+                 folder into place (the only writer of anything outside its shard)
+      process i  waits for process 0's plan (or the finished cache), builds shard i, waits for
+                 the finished cache
+
+    A shard is `build_passage_cache` of rows [start, stop) (`shard_ranges`) into
+    `.NAME.partial/shards/shard-i-of-n/`: resumable chunk by chunk, a finished shard kept as
+    is. Waits are file polls (`wait_for`), each failing after wait_timeout_s. The caller holds
+    its process's lock of the index (`index_lock(..., process_index)`).
+
+    ids, mask: [num_rows, passage_len]; offsets: [num_rows, passage_len, 2]; the other
+    arguments as `build_passage_cache`'s (progress: windows of this shard finished).
+    """
+    directory = Path(directory).absolute()
+    staging = directory.with_name(f".{directory.name}.partial")
+    if reuse is not None and (encode is None or not num_heads):
+        raise CacheMismatchError("the first-upper-block arrays need lower states (k > 0) and "
+                                 "the number of heads")
+    top = sharded_manifest(manifest, len(ids), chunk_passages, process_count,
+                           num_heads if reuse is not None else None)
+    storage = Storage.parse(manifest["dtype"], hidden_size)
+    if process_index == 0:
+        cache = _existing_cache(directory, top, encode, reuse)
+        if cache is not None:
+            return cache
+        pca = _prepare_staging(staging, top, ids, mask, encode, storage)
+    else:
+        ready = wait_for(lambda: _finished(directory, top) or (
+                             True if _read_json(staging / "plan.json") == top else None),
+                         lambda: f"process 0 to plan {staging}{_plan_note(staging, top)}",
+                         wait_timeout_s)
+        if isinstance(ready, PassageCache):
+            return ready
+        pca = None
+        if encode is not None and storage.pca_dim is not None:
+            pca = PcaBasis(np.load(staging / "states.pca_mean.npy"),
+                           np.load(staging / "states.pca_basis.npy"))
+    start, stop = top["shards"][process_index]["start"], top["shards"][process_index]["stop"]
+    shard = dict(manifest, shard=dict(index=process_index, count=process_count, start=start,
+                                      stop=stop))
+    build_passage_cache(staging / top["shards"][process_index]["name"], shard, ids[start:stop],
+                        mask[start:stop], offsets[start:stop], encode, hidden_size,
+                        chunk_passages=chunk_passages, progress=progress, reuse=reuse,
+                        num_heads=num_heads, pca=pca)
+    if process_index != 0:
+        return wait_for(lambda: _finished(directory, top),
+                        lambda: f"process 0 to finish {directory}", wait_timeout_s)
+
+    def missing() -> list[str]:
+        return [entry["name"] for entry in top["shards"]
+                if not (staging / entry["name"] / _MANIFEST).is_file()]
+
+    wait_for(lambda: None if missing() else True,
+             lambda: f"shard(s) {', '.join(missing())} of {staging}", wait_timeout_s)
+    PassageCache(staging, top)  # every shard maps and agrees with the plan, before committing
+    _write_json_atomic(staging / _MANIFEST, top)
+    os.replace(staging, directory)
+    # After the rename: a crash just before it leaves a staging folder that still resumes.
+    (directory / "plan.json").unlink()
+    return PassageCache.open(directory)
+
+
+def staged_progress(staging: Path) -> tuple[int, int, str | None]:
+    """(windows done, windows planned, passages fingerprint) of an unfinished cache build,
+    sharded or not; ValueError if it cannot be resumed (no readable plan or progress)."""
+    plan = _read_json(staging / "plan.json")
+    if not isinstance(plan, dict) or "num_passages" not in plan:
+        raise ValueError("no readable plan")
+    if plan.get("format") != SHARDED_FORMAT:
+        progress = _read_json(staging / _PROGRESS)
+        if not isinstance(progress, dict) or "done" not in progress:
+            raise ValueError("no readable progress")
+        return int(progress["done"]), int(plan["num_passages"]), plan.get("passages")
+    done = 0
+    for entry in plan.get("shards", []):
+        folder = staging / entry["name"]
+        if (folder / _MANIFEST).is_file():
+            done += entry["stop"] - entry["start"]
+        else:
+            progress = _read_json(folder.with_name(f".{folder.name}.partial") / _PROGRESS)
+            done += int(progress["done"]) if isinstance(progress, dict) else 0
+    return done, int(plan["num_passages"]), plan.get("passages")
 
 
 def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int,

@@ -38,6 +38,7 @@ from dil_jax.open_domain.cache import (
     CHECKED_ROWS,
     PassageCache,
     build_passage_cache,
+    build_sharded_passage_cache,
     cache_name,
     check_states,
     reader_manifest,
@@ -255,19 +256,29 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                        dtype: str = "float32", chunk_passages: int = 256,
                        progress: Callable[[int], None] | None = None,
                        reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                       | None = None) -> PassageCache:
+                       | None = None, process_index: int = 0, process_count: int = 1,
+                       wait_timeout_s: float = 86400.0) -> PassageCache:
     """Builds (or resumes, or just opens, or repairs) the passage cache of this reader over
-    the index, holding the index's lock.
+    the index, holding this process's lock of the index (`index_lock`).
 
     encode: (ids, mask) -> lower states; None for k = 0 (the cache then holds tokens only).
     dtype: the storage scheme (`dil_jax.open_domain.compression`). reuse: the first upper
     block's arrays to store too (`dil_jax.open_domain.reuse.reuse_encoder`), or None.
+    chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
+    this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
+    process calls this alike); 1: the unsharded cache.
     """
     manifest = index.reader_manifest(config, params, tokenizer, dtype)
-    with index_lock(index.directory):
+    num_heads = config.num_heads if reuse else None
+    with index_lock(index.directory, process_index):
         arrays = window_arrays(index)
+        if process_count > 1:
+            return build_sharded_passage_cache(
+                index.cache_dir(manifest), manifest, arrays["ids"], arrays["mask"],
+                arrays["offsets"], encode, config.hidden_size, process_index=process_index,
+                process_count=process_count, chunk_passages=chunk_passages, progress=progress,
+                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s)
         return build_passage_cache(index.cache_dir(manifest), manifest, arrays["ids"],
                                    arrays["mask"], arrays["offsets"], encode,
                                    config.hidden_size, chunk_passages=chunk_passages,
-                                   progress=progress, reuse=reuse,
-                                   num_heads=config.num_heads if reuse else None)
+                                   progress=progress, reuse=reuse, num_heads=num_heads)

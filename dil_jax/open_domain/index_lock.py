@@ -1,6 +1,8 @@
 """The build lock of an index folder, and the cleanup of what killed builds left behind.
 
     index/.lock              held (fcntl.flock) by the process writing the index; names it
+    index/.lock-process-I    held by process I > 0 of a sharded cache build (`dil-jax index
+                             --num-processes N`): it writes only its shard of each cache
     index/.NAME.tmp-PID      staging of an interrupted write (removed under the lock)
     index/.cache-*.partial   an unfinished cache build (kept when it can be resumed)
     .index.tmp-PID           staging beside the index (removed once process PID is gone)
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dil_jax.errors import BusyError, OutputPathError
+from dil_jax.open_domain.cache import staged_progress
 
 LOCK_NAME = ".lock"
 # What an index folder may hold besides index.json; anything else means --out is some other
@@ -36,29 +39,38 @@ _TEMPORARY = re.compile(r"\..+\.tmp-(\d+)")
 _HELD: dict[Path, int] = {}
 
 
+def lock_name(process_index: int = 0) -> str:
+    """The lock file of process `process_index` of a build: `.lock` for process 0 (the only
+    process that writes the index itself), `.lock-process-I` for the others of a sharded cache
+    build, which write only their own shard (so a second build's process I is refused)."""
+    return LOCK_NAME if process_index == 0 else f"{LOCK_NAME}-process-{process_index}"
+
+
 @contextlib.contextmanager
-def index_lock(directory: str | os.PathLike) -> Iterator[Path]:
-    """Holds `directory/.lock` (creating the folder) for the block; BusyError if another
-    process holds it, naming that process (pid, host, start time) from the lock file;
-    OutputPathError if the folder holds anything but an index (no lock file is put there).
+def index_lock(directory: str | os.PathLike, process_index: int = 0) -> Iterator[Path]:
+    """Holds `directory/lock_name(process_index)` (creating the folder) for the block;
+    BusyError if another process holds it, naming that process (pid, host, start time) from
+    the lock file; OutputPathError if the folder holds anything but an index (no lock file is
+    put there).
 
     The kernel drops an flock when its holder dies, so a killed build never leaves a stale lock.
     A folder this call created is removed again if the block fails before writing into it.
     """
     # Resolved: two spellings of one folder (a symlink, `..`) must find the same held lock.
     directory = Path(directory).resolve()
-    if directory in _HELD:
-        _HELD[directory] += 1
+    lock = directory / lock_name(process_index)
+    if lock in _HELD:
+        _HELD[lock] += 1
         try:
             yield directory
         finally:
-            _HELD[directory] -= 1
+            _HELD[lock] -= 1
         return
     _refuse_foreign_folder(directory)  # before the lock file is written into it
     created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
         raise OutputPathError(f"{directory}: cannot create the index folder or its lock file "
                               f"({error.strerror}); choose another --out") from error
@@ -69,22 +81,21 @@ def index_lock(directory: str | os.PathLike) -> Iterator[Path]:
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             raise BusyError(f"{directory}: {_holder(fd)} is writing this index (it holds "
-                            f"{directory / LOCK_NAME}); wait for it to finish, or use another "
-                            "--out") from None
+                            f"{lock}); wait for it to finish, or use another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(dict(
             pid=os.getpid(), host=socket.gethostname(),
             started=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))).encode(),
             0)
-        _HELD[directory] = 1
+        _HELD[lock] = 1
         try:
             yield directory
         except BaseException:
-            if created and [e.name for e in directory.iterdir()] == [LOCK_NAME]:
+            if created and [e.name for e in directory.iterdir()] == [lock.name]:
                 shutil.rmtree(directory)  # nothing was built: leave no empty folder behind
             raise
         finally:
-            del _HELD[directory]
+            del _HELD[lock]
             # The file stays: unlinking it would let a waiter lock an orphaned inode.
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
@@ -128,14 +139,11 @@ def clean_stale(directory: str | os.PathLike, passages_fingerprint: str | None =
             reason = "staging left by an interrupted build"
         elif entry.name.startswith(".cache-") and entry.name.endswith(".partial"):
             try:
-                plan = json.loads((entry / "plan.json").read_text())
-                done = json.loads((entry / "progress.json").read_text())["done"]
-                total = plan["num_passages"]
+                done, total, passages = staged_progress(entry)
             except (OSError, ValueError, KeyError, TypeError):
                 reason = "an unfinished cache build that cannot be resumed"
             else:
-                if passages_fingerprint is not None and plan.get("passages") != \
-                        passages_fingerprint:
+                if passages_fingerprint is not None and passages != passages_fingerprint:
                     reason = "an unfinished cache build over other passages"
                 else:
                     notes.append(f"kept {entry} ({done} of {total} windows encoded): rerun "

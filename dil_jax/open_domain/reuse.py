@@ -85,14 +85,29 @@ def pair_inputs(arrays: dict[str, np.ndarray], num_heads: int, compute_dtype
     return qkv, stats
 
 
+def local_grid(model: DelayedInteractionModel, batch_size: int) -> PairGrid:
+    """A PairGrid over this process's devices only, `batch_size` rows per device per step.
+
+    What cache builds encode with: each process of a sharded build encodes its own rows with no
+    collective, and every device runs the same [batch_size, ...] program whatever the number of
+    devices or processes, so a row's values do not depend on how the build was split."""
+    import jax
+
+    from dil_jax.mesh import data_mesh
+
+    return PairGrid(model, mesh=data_mesh(jax.local_devices()),
+                    batch_size=batch_size * jax.local_device_count())
+
+
 def reuse_encoder(model: DelayedInteractionModel, params: Params, batch_size: int = 32
                   ) -> ReuseEncoder | None:
     """The function computing REUSE_ARRAYS from passage lower states, with the pair program's
-    own jitted steps (`PairGrid.project_segments`, `passage_attention_stats`); None where there
-    is nothing to store (k = 0: no question-independent passage state; k = l: no upper block)."""
+    own jitted steps (`PairGrid.project_segments`, `passage_attention_stats`) on this process's
+    devices (`local_grid`: batch_size rows per device); None where there is nothing to store
+    (k = 0: no question-independent passage state; k = l: no upper block)."""
     if not hoists_projections(model.config):
         return None
-    grid = PairGrid(model, batch_size=batch_size)
+    grid = local_grid(model, batch_size)
 
     def encode(states: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         qkv = grid.project_segments(params, np.asarray(states, np.float32))
