@@ -38,6 +38,10 @@ setup(
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         "train": ["tensorboardX>=2.6"],
         "bench": ["matplotlib>=3.8", "torch==2.13.0"],
+        # The Lucene retriever (`--retriever pyserini`): pyjnius here; the pyserini wheel itself
+        # (only its Lucene jar is used) goes in with --no-deps (tools/setup.sh), since its
+        # declared dependencies pull faiss, spacy, nmslib and a CUDA torch.
+        "lucene": ["pyjnius>=1.6"],
     },
     entry_points={"console_scripts": ["dil-jax=dil_jax.cli:main"]},
 )

@@ -16,8 +16,8 @@ The corpora are synthetic (`dil_jax.open_domain.scale_corpus`: real sentences re
 Recall: R@p (a gold answer string in one of the top p passages, `odqa-eval`'s R) of every
 question of `--articles`, over the real corpus (the SQuAD paragraphs of `--data` and the
 Wikipedia leads, split into paragraphs as `dil-jax index` splits them), per engine, and how many
-questions get the same top-p set from both engines. Engines run one after another on the same
-machine; compare timings within one run only. Writes OUT.json and OUT.md.
+questions get the same top-p set from each engine as from the first one. Engines run one after
+another on the same machine; compare timings within one run only. Writes OUT.json and OUT.md.
 """
 
 from __future__ import annotations
@@ -168,12 +168,12 @@ def recall(args: argparse.Namespace) -> dict:
             hits = [recall_at_p(e, [texts[h.passage_index] for h in top[:p]])
                     for e, top in zip(examples, tops[engine])]
             result[f"{engine} R@{p}"] = 100 * sum(hits) / len(hits)
-    if len(tops) == 2:
-        first, second = (tops[e] for e in args.engines)
+    first = args.engines[0]
+    for engine in args.engines[1:]:
         for p in RECALL_P:
             same = sum({h.passage_index for h in a[:p]} == {h.passage_index for h in b[:p]}
-                       for a, b in zip(first, second))
-            result[f"same top-{p}"] = 100 * same / len(examples)
+                       for a, b in zip(tops[first], tops[engine]))
+            result[f"same top-{p} ({engine} vs {first})"] = 100 * same / len(examples)
     return result
 
 

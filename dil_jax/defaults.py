@@ -102,5 +102,5 @@ def bundled_reader(role: str) -> Path | None:
 # BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval), and the corpus
 # size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's build
 # time and memory stop being small).
-RETRIEVER_ENGINES = ("rank-bm25", "bm25s")
+RETRIEVER_ENGINES = ("rank-bm25", "bm25s", "pyserini")
 AUTO_BM25S_FROM = 50_000

@@ -134,3 +134,27 @@ def test_index_retriever_flag(tmp_path, capsys):
     assert status == 1 and "data.csc.index.npy" in err and "changed since" in err
     with pytest.raises(DilJaxError, match="data.csc.index.npy"):
         open_index(index)
+
+
+def test_index_with_the_lucene_retriever(tmp_path, capsys):
+    """--retriever pyserini: index.json records it and fingerprints Lucene's files (names from
+    the BM25 manifest); `ask` reads it; an edited Lucene file is refused on open, named."""
+    from dil_jax.errors import DilJaxError
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.lucene import LuceneRetriever
+
+    index = tmp_path / "index"
+    assert main(["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "0",
+                 "--max-passage-len", "48", "--doc-stride", "24", "--retriever", "pyserini",
+                 *COMMON]) == 0
+    settings = json.loads((index / "index.json").read_text())
+    lucene_files = [name for name in settings["files"] if name.startswith("bm25/_")]
+    assert settings["retriever"] == "pyserini" and lucene_files
+    assert isinstance(open_index(index).retriever, LuceneRetriever)
+    assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "0",
+                 "--top-p", "2", *COMMON]) == 0
+    assert "Q: Who wrote Pride and Prejudice?" in capsys.readouterr().out
+    edited = index / lucene_files[0]
+    edited.write_bytes(edited.read_bytes()[:-1] + bytes([edited.read_bytes()[-1] ^ 1]))
+    with pytest.raises(DilJaxError, match=lucene_files[0].split("/")[1]):
+        open_index(index)

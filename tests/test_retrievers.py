@@ -1,5 +1,6 @@
-"""The BM25 engines behind `Retriever`: each against rank-bm25's own `get_scores`, by hand, and
-through an index on disk (`dil-jax index --retriever`)."""
+"""The BM25 engines behind `Retriever`: each against rank-bm25's own `get_scores` (Lucene's,
+whose BM25 differs, against its own formula by hand, and where it must agree with rank-bm25),
+by hand, and through an index on disk (`dil-jax index --retriever`)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def reference_top(scores: np.ndarray, top_p: int) -> list[int]:
     return [int(i) for i in order[:top_p]]
 
 
-@pytest.mark.parametrize("engine", RETRIEVER_ENGINES)
+@pytest.mark.parametrize("engine", ["rank-bm25", "bm25s"])
 def test_top_p_and_scores_equal_rank_bm25_get_scores(engine):
     from rank_bm25 import BM25Okapi
 
@@ -66,9 +67,10 @@ def test_score_by_hand(engine):
     texts = ["the cat sat on the mat", "dogs chase cats in the park",
              "a cat and a dog became friends", "stock markets fell sharply on monday"]
     retriever = build_retriever(texts, engine)
-    # "mat" is only in passage 0: idf = log((4 - 1 + 0.5) / (1 + 0.5)); after stop words the
-    # lengths are 3, 4, 4, 5 (avgdl 4); tf = 1, k1 = 1.5, b = 0.75.
-    expected = math.log(3.5 / 1.5) * 2.5 / (1 + 1.5 * (1 - 0.75 + 0.75 * 3 / 4))
+    # "mat" is only in passage 0: idf = log((4 - 1 + 0.5) / (1 + 0.5)) (Lucene: log(1 + that));
+    # after stop words the lengths are 3, 4, 4, 5 (avgdl 4); tf = 1, k1 = 1.5, b = 0.75.
+    idf = math.log(1 + 3.5 / 1.5) if engine == "pyserini" else math.log(3.5 / 1.5)
+    expected = idf * 2.5 / (1 + 1.5 * (1 - 0.75 + 0.75 * 3 / 4))
     (hit,) = retriever.search("mat", 3)
     assert hit.passage_index == 0 and hit.score == pytest.approx(expected, rel=1e-6)
     assert retriever.search("markets monday", 1)[0].passage_index == 3
@@ -136,5 +138,103 @@ def test_resolve_engine():
     assert resolve_engine("auto", AUTO_BM25S_FROM - 1) == "rank-bm25"
     assert resolve_engine("auto", AUTO_BM25S_FROM) == "bm25s"
     assert resolve_engine("rank-bm25", 10**9) == "rank-bm25"
-    with pytest.raises(RetrievalError, match="unknown retriever 'pyserini'"):
-        resolve_engine("pyserini", 10)
+    with pytest.raises(RetrievalError, match="unknown retriever 'lucene'"):
+        resolve_engine("lucene", 10)
+
+
+# ------------------------------------------------------------- Lucene (engine "pyserini")
+# Lucene 9 scores a term as w - w / (1 + tf / norm) in float32 (w = idf x boost, norm =
+# k1 (1 - b + b dl / avgdl)): about eight float32 operations of relative error <= 2^-24 each,
+# the subtraction amplifying them by (1 + x) / x, x = tf / norm >= 0.45 for these lengths
+# (<= 3.3), and a test query sums at most three positive terms: 2^-24 x 8 x 3.3 < 2e-6, doubled
+# for the ln and the float32 idf: 4e-6 relative.
+LUCENE_SCORE_RTOL = 4e-6
+
+
+def lucene_reference_scores(texts: list[str], query: str, lengths: dict[int, int] | None = None,
+                            k1: float = K1, b: float = 0.75) -> np.ndarray:
+    """Lucene's BM25 by hand, in float64, on rank-bm25's scale (x (k1 + 1)): idf = ln(1 + (N - n
+    + 0.5) / (n + 0.5)); document lengths as given (default: exact token counts)."""
+    docs = [bm25_tokenize(t) for t in texts]
+    dl = np.array([len(d) for d in docs], float)
+    avgdl = dl.mean()  # Lucene: sum of exact lengths / documents
+    for index, length in (lengths or {}).items():
+        dl[index] = length
+    scores = np.zeros(len(docs))
+    for term in bm25_tokenize(query):
+        n = sum(term in d for d in docs)
+        if not n:
+            continue
+        idf = math.log(1 + (len(docs) - n + 0.5) / (n + 0.5))
+        tf = np.array([d.count(term) for d in docs], float)
+        scores += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl))
+    return scores
+
+
+def test_lucene_scores_equal_its_formula_by_hand():
+    texts = rare_terms_corpus()
+    retriever = build_retriever(texts, "pyserini")
+    for query in ("term1 term2 term2", "term299 term7", "term5", "nothing here"):
+        expected = lucene_reference_scores(texts, query)
+        hits = retriever.search(query, 10)
+        assert [h.passage_index for h in hits] == reference_top(expected, 10), query
+        np.testing.assert_allclose([h.score for h in hits],
+                                   expected[[h.passage_index for h in hits]],
+                                   rtol=LUCENE_SCORE_RTOL)
+    batch = retriever.search_batch(["term1 term2", "term3"], 4)
+    assert batch == [retriever.search("term1 term2", 4), retriever.search("term3", 4)]
+
+
+def test_lucene_one_term_queries_rank_as_rank_bm25():
+    """idf is a common factor of a one-term query's scores, so Lucene's other idf cannot change
+    its ranking: the top-p equals rank-bm25's `get_scores` top-p (passages under 40 tokens,
+    whose lengths Lucene stores exactly)."""
+    from rank_bm25 import BM25Okapi
+
+    texts = rare_terms_corpus(2)
+    reference = BM25Okapi([bm25_tokenize(t) for t in texts], k1=K1, b=0.75, epsilon=EPSILON)
+    retriever = build_retriever(texts, "pyserini")
+    for term in ("term0", "term17", "term123", "term250"):
+        expected = reference.get_scores([term])
+        assert [h.passage_index for h in retriever.search(term, 10)] == \
+            reference_top(expected, 10), term
+
+
+def test_lucene_stores_long_passage_lengths_in_four_bits():
+    """The stated difference: a 100-token passage is scored as 96 tokens long (100 = 0b1100100,
+    its 4 leading bits kept), while the mean length uses the exact counts."""
+    texts = [" ".join(["alpha"] + [f"filler{i}" for i in range(99)]),
+             "alpha beta", "gamma delta epsilon"]
+    hits = {h.passage_index: h.score for h in build_retriever(texts, "pyserini").search("alpha", 5)}
+    assert set(hits) == {0, 1}
+    quantised = lucene_reference_scores(texts, "alpha", lengths={0: 96})
+    exact = lucene_reference_scores(texts, "alpha")
+    assert hits[0] == pytest.approx(quantised[0], rel=LUCENE_SCORE_RTOL)
+    assert abs(hits[0] - exact[0]) > 100 * LUCENE_SCORE_RTOL * exact[0]  # not the exact length
+    assert hits[1] == pytest.approx(exact[1], rel=LUCENE_SCORE_RTOL)
+
+
+def test_lucene_index_files_are_checked(tmp_path):
+    """The manifest lists Lucene's files (their names are Lucene's choice); a missing one, a
+    damaged one or a manifest without the list is refused, named."""
+    from dil_jax.open_domain.retrieval import index_files
+
+    build_retriever(rare_terms_corpus(3), "pyserini").save(tmp_path / "bm25", fingerprint="f")
+    files = index_files(tmp_path / "bm25")
+    assert files[0] == "manifest.json" and any(name.startswith("segments_") for name in files)
+    assert sorted(p.name for p in (tmp_path / "bm25").iterdir()) == sorted(files)
+    victim = next(name for name in files if name.endswith(".si"))
+    (tmp_path / "bm25" / victim).rename(tmp_path / "moved")
+    with pytest.raises(RetrievalError, match=victim):
+        load_retriever(tmp_path / "bm25", fingerprint="f")
+    (tmp_path / "moved").rename(tmp_path / "bm25" / victim)
+    segments = next(name for name in files if name.startswith("segments_"))
+    (tmp_path / "bm25" / segments).write_bytes(b"not a lucene file")
+    with pytest.raises(RetrievalError, match="Lucene index unreadable"):
+        load_retriever(tmp_path / "bm25", fingerprint="f")
+    manifest_path = tmp_path / "bm25" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["lucene_files"] = ["../escape"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(RetrievalError, match="field lucene_files"):
+        load_retriever(tmp_path / "bm25", fingerprint="f")

@@ -58,7 +58,7 @@ def test_retrieval_benchmark_tiny(tmp_path, shared_data):
                     "--out", str(out)], check=True, capture_output=True)
     record = json.loads(out.with_suffix(".json").read_text())
     assert [(row["size"], row["engine"]) for row in record["rows"]] == \
-        [(300, "rank-bm25"), (300, "bm25s")]
+        [(300, "rank-bm25"), (300, "bm25s"), (300, "pyserini")]
     for row in record["rows"]:
         assert row["queries"] == 25 and row["disk_mib"] > 0 and row["passage_words"] >= 100
     assert out.with_suffix(".md").read_text().startswith("| passages | engine |")

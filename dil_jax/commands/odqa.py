@@ -210,7 +210,8 @@ def register(subparsers) -> None:
                             "states' disk (pca<d>: these are int8; docs/open_domain.md)")
     index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default="auto",
                        help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
-                            f"large corpora), auto = bm25s from {AUTO_BM25S_FROM:,} passages "
+                            "large corpora), pyserini (Lucene, the paper's; needs Java), "
+                            f"auto = bm25s from {AUTO_BM25S_FROM:,} passages, else rank-bm25 "
                             "(docs/open_domain.md, \"Retrievers\")")
     index.add_argument("--cache-chunk", type=positive_int, default=256, metavar="WINDOWS",
                        help="windows encoded per step and written per progress record: the "

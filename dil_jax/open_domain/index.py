@@ -193,7 +193,7 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
         settings["retriever"] = retriever
         settings["files"] = {name: file_fingerprint(directory / name)
                              for name in CHECKED_FILES + tuple(f"bm25/{file}" for file in
-                                                               index_files(retriever))}
+                                                               index_files(directory / "bm25"))}
         write_atomic(directory / "index.json", json.dumps(settings, indent=2))
         return open_index(directory)
 

@@ -1,6 +1,6 @@
 """BM25 retrieval behind one retriever interface, with the index persisted to disk.
 
-Two engines, chosen by name (`RETRIEVER_ENGINES`) and recorded in the index's manifest:
+Three engines, chosen by name (`RETRIEVER_ENGINES`) and recorded in the index's manifest:
 
 - `rank-bm25`: rank-bm25's `BM25Okapi` (the design card's choice): its term statistics (idf
   with the epsilon floor, document lengths, k1, b) are computed by rank-bm25 itself at build
@@ -11,6 +11,8 @@ Two engines, chosen by name (`RETRIEVER_ENGINES`) and recorded in the index's ma
   corpora.
 - `bm25s`: the `bm25s` package (sparse matrices built without per-document Python objects,
   saved as .npy files and memory-mapped on load), for large corpora.
+- `pyserini`: Lucene, the DilBert paper's retriever (`dil_jax/open_domain/lucene.py`, which
+  states how its BM25 differs), an optional extra that needs Java.
 
 Both see the same tokens (`bm25_tokenize`) and the same k1 and b. bm25s runs the Robertson
 variant, which is BM25Okapi's formula but for two things (docs/open_domain.md, "Retrievers"):
@@ -24,94 +26,36 @@ and bm25s does not return passages that share only such terms with the query.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 import scipy.sparse
 
 from dil_jax.atomic import staged_directory
 from dil_jax.defaults import AUTO_BM25S_FROM, RETRIEVER_ENGINES
-from dil_jax.errors import DilJaxError
+from dil_jax.open_domain.bm25 import (  # noqa: F401  (re-exported: the engines' shared names)
+    EMPTY_PASSAGE_TOKEN,
+    INDEX_FORMAT,
+    STOPWORDS,
+    Hit,
+    RetrievalError,
+    Retriever,
+    best_first,
+    bm25_tokenize,
+    check_top_p,
+    manifest_json,
+    read_manifest,
+)
 
-_TOKEN = re.compile(r"\w+", re.UNICODE)
-# A small English stop list: BM25 idf already discounts common words, this only keeps the
-# query rows short (and matches what retrieval papers on SQuAD typically drop).
-STOPWORDS = frozenset(
-    "a an the of in on at to for from by with and or but is are was were be been being it its "
-    "this that these those as do does did what which who whom whose when where why how".split())
-
-INDEX_FORMAT = "dil_jax.bm25/1"
 # Index files of each engine beside manifest.json (what index.json checks on open).
 ENGINE_FILES = {
     "rank-bm25": ("weights.npz", "vocabulary.json"),
     "bm25s": ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy",
               "vocab.index.json", "params.index.json"),
 }
-# Stands in for a passage with no token left after stop words (both engines need a token).
-EMPTY_PASSAGE_TOKEN = "<empty>"
-
-
-class RetrievalError(DilJaxError, ValueError):
-    """An index cannot be read or does not match; the message names the file and the field."""
-
-
-def bm25_tokenize(text: str) -> list[str]:
-    """Lowercased word tokens without stop words (used for passages and queries alike)."""
-    return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
-
-
-@dataclasses.dataclass
-class Hit:
-    passage_index: int
-    score: float
-
-
-class Retriever(Protocol):
-    engine: str
-
-    @property
-    def num_passages(self) -> int:
-        ...
-
-    def search(self, query: str, top_p: int) -> list[Hit]:
-        """The top_p passages for a query, best first."""
-        ...
-
-    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
-        """`search` of each query."""
-        ...
-
-    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
-        """Writes the index to `directory` atomically."""
-        ...
-
-
-def _check_top_p(top_p: int) -> None:
-    if top_p < 1:
-        raise RetrievalError(f"top_p must be >= 1, got {top_p}")
-
-
-def _best_first(indices: np.ndarray, scores: np.ndarray, top_p: int) -> list[Hit]:
-    """The `top_p` best of these candidates, score descending then passage index ascending
-    (ties broken the same way by every engine)."""
-    top_p = min(top_p, len(indices))
-    if top_p == 0:
-        return []
-    best = np.argpartition(-scores, top_p - 1)[:top_p]
-    best = best[np.lexsort((indices[best], -scores[best]))]
-    return [Hit(int(indices[i]), float(scores[i])) for i in best]
-
-
-def _manifest(engine: str, num_passages: int, fingerprint: str,
-              params: dict[str, float]) -> str:
-    return json.dumps(dict(format=INDEX_FORMAT, engine=engine, num_passages=num_passages,
-                           passages=fingerprint, **params), indent=2)
 
 
 class RankBM25Retriever:
@@ -179,11 +123,11 @@ class RankBM25Retriever:
         """The best `top_p` passages among those sharing a term with the query, best first:
         fewer when fewer match, none when no query term is in the index (a passage that shares
         no word with the question scores 0 and is not an answer source)."""
-        _check_top_p(top_p)
+        check_top_p(top_p)
         matched = self.matching(query)
         if not len(matched):
             return []
-        return _best_first(matched, self.scores(query)[matched], top_p)
+        return best_first(matched, self.scores(query)[matched], top_p)
 
     def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
         return [self.search(query, top_p) for query in queries]
@@ -195,7 +139,7 @@ class RankBM25Retriever:
             scipy.sparse.save_npz(staging / "weights.npz", self.weights)
             (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
             (staging / "manifest.json").write_text(
-                _manifest(self.engine, self.num_passages, fingerprint, self.params))
+                manifest_json(self.engine, self.num_passages, fingerprint, self.params))
         return directory
 
     @classmethod
@@ -252,7 +196,7 @@ class BM25sRetriever:
     def search(self, query: str, top_p: int) -> list[Hit]:
         """As `RankBM25Retriever.search`: the best `top_p` passages scoring above 0 (ties by
         passage index, as there)."""
-        _check_top_p(top_p)
+        check_top_p(top_p)
         tokens = [t for t in bm25_tokenize(query) if t in self.model.vocab_dict]
         if not tokens:
             return []
@@ -260,7 +204,7 @@ class BM25sRetriever:
         # broken as the other engine breaks them.
         scores = np.asarray(self.model.get_scores(tokens), np.float64) * (self.params["k1"] + 1)
         positive = np.flatnonzero(scores > 0)
-        return _best_first(positive, scores[positive], top_p)
+        return best_first(positive, scores[positive], top_p)
 
     def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
         return [self.search(query, top_p) for query in queries]
@@ -271,7 +215,7 @@ class BM25sRetriever:
         with staged_directory(directory) as staging:
             self.model.save(str(staging))
             (staging / "manifest.json").write_text(
-                _manifest(self.engine, self.num_passages, fingerprint, self.params))
+                manifest_json(self.engine, self.num_passages, fingerprint, self.params))
         return directory
 
     @classmethod
@@ -296,15 +240,24 @@ class BM25sRetriever:
         return cls(model, int(manifest["num_passages"]), params)
 
 
-RETRIEVERS = {"rank-bm25": RankBM25Retriever, "bm25s": BM25sRetriever}
+def retriever_class(engine: str) -> type:
+    """The class of an engine (one of RETRIEVER_ENGINES); Lucene's module is imported only
+    when asked for (it starts a JVM)."""
+    if engine == "rank-bm25":
+        return RankBM25Retriever
+    if engine == "bm25s":
+        return BM25sRetriever
+    if engine == "pyserini":
+        from dil_jax.open_domain.lucene import LuceneRetriever
+
+        return LuceneRetriever
+    raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
+                         f"{list(RETRIEVER_ENGINES)}")
 
 
 def build_retriever(texts: Sequence[str], engine: str) -> Retriever:
     """A BM25 index over `texts` with this engine (one of RETRIEVER_ENGINES)."""
-    if engine not in RETRIEVERS:
-        raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
-                             f"{list(RETRIEVER_ENGINES)}")
-    return RETRIEVERS[engine].build(texts)
+    return retriever_class(engine).build(texts)
 
 
 def resolve_engine(engine: str, num_passages: int) -> str:
@@ -318,46 +271,19 @@ def resolve_engine(engine: str, num_passages: int) -> str:
     return engine
 
 
-def read_manifest(directory: Path, fingerprint: str | None = None,
-                  engine: str | None = None) -> tuple[dict, dict[str, float]]:
-    """manifest.json of a saved index and its BM25 parameters, checked; with `fingerprint`,
-    refuses an index built over other passages, with `engine` one built by another engine.
-    An index without an `engine` field was written by rank-bm25 (before bm25s was added)."""
-    manifest_path = directory / "manifest.json"
-    if not manifest_path.is_file():
-        raise RetrievalError(f"{directory}: not a BM25 index (no manifest.json)")
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise RetrievalError(f"{manifest_path}: not readable JSON ({error})") from error
-    if not isinstance(manifest, dict):
-        raise RetrievalError(f"{manifest_path}: expected a JSON object")
-    if manifest.get("format") != INDEX_FORMAT:
-        raise RetrievalError(f"{manifest_path}: format {manifest.get('format')!r}, expected "
-                             f"{INDEX_FORMAT!r}")
-    manifest.setdefault("engine", "rank-bm25")
-    if manifest["engine"] not in RETRIEVER_ENGINES:
-        raise RetrievalError(f"{manifest_path}: field engine is {manifest['engine']!r}, "
-                             f"expected one of {list(RETRIEVER_ENGINES)}")
-    if engine is not None and manifest["engine"] != engine:
-        raise RetrievalError(f"{manifest_path}: built by {manifest['engine']}, not {engine}")
-    if fingerprint is not None and manifest.get("passages") != fingerprint:
-        raise RetrievalError(f"{manifest_path}: built over other passages (fingerprint "
-                             f"{manifest.get('passages')!r}, expected {fingerprint!r})")
-    try:
-        params = {key: float(manifest[key]) for key in ("k1", "b", "epsilon")}
-    except (KeyError, TypeError, ValueError) as error:
-        raise RetrievalError(f"{manifest_path}: field {error} missing or not a number"
-                             ) from error
-    return manifest, params
-
-
 def load_retriever(directory: str | os.PathLike, fingerprint: str | None = None) -> Retriever:
     """Opens a saved index with the engine its manifest names."""
     manifest, _ = read_manifest(Path(directory), fingerprint)
-    return RETRIEVERS[manifest["engine"]].load(directory, fingerprint)
+    return retriever_class(manifest["engine"]).load(directory, fingerprint)
 
 
-def index_files(engine: str) -> tuple[str, ...]:
-    """The files a saved index of this engine consists of (manifest.json first)."""
-    return ("manifest.json",) + ENGINE_FILES[engine]
+def index_files(directory: str | os.PathLike) -> tuple[str, ...]:
+    """The files of the saved index in `directory` (manifest.json first): fixed per engine,
+    or for Lucene, whose file names vary, those its manifest lists."""
+    directory = Path(directory)
+    manifest, _ = read_manifest(directory)
+    if manifest["engine"] in ENGINE_FILES:
+        return ("manifest.json",) + ENGINE_FILES[manifest["engine"]]
+    from dil_jax.open_domain.lucene import lucene_files
+
+    return ("manifest.json",) + lucene_files(directory, manifest)
