@@ -45,3 +45,15 @@ def test_projection_by_hand():
     assert e2e["reader_seconds"] == pytest.approx(0.5)  # (1 + 3 + 1) s / 10 questions
     assert e2e["questions_per_second"] == pytest.approx(1 / (n / 1e5 + 0.5))
     assert "| bfloat16 | 768.0 |" in projection.markdown(result)
+
+
+def test_reader_seconds_come_from_the_fastest_way_of_the_speed_record():
+    speed_record = dict(questions=4, rows=[
+        dict(k=4, mode="before", questions_per_s=1.0,
+             timings=dict(retrieval=5.0, question_lower=1.0, pair_upper=6.0, decode=1.0)),
+        dict(k=4, mode="+ cache", questions_per_s=2.0,
+             timings=dict(retrieval=5.0, question_lower=1.0, pair_upper=2.0, decode=1.0)),
+        dict(k=5, mode="+ cache", questions_per_s=9.0, timings=dict(pair_upper=0.1))])
+    assert projection.reader_seconds_from_speed_record(speed_record, 4) == (1.0, "+ cache")
+    with pytest.raises(ValueError, match="no row at k = 3"):
+        projection.reader_seconds_from_speed_record(speed_record, 3)

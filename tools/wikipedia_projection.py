@@ -21,9 +21,11 @@ Measured inputs, and what is projected from each:
             passage x passages (linear), and the time of one query x (passages / measured
             passages): a query scores every passage holding one of its terms, whose number
             grows in proportion to the corpus (an extrapolation, stated as such);
-  reader    seconds per question of the open-domain reader at p = 29 (the cache record's
-            `odqa-eval` phase times: question encoding, pair upper blocks, decoding), which do
-            not depend on the corpus size: with the BM25 query time, questions/s end to end.
+  reader    seconds per question of the open-domain reader at p = 29 (phase times: question
+            encoding, pair upper blocks, decoding), which do not depend on the corpus size: with
+            the BM25 query time, questions/s end to end. From `--speed-record`
+            (`benchmarks/odqa_speed.py`, a timing run on an idle machine: its fastest way at the
+            cache record's k) when given, else from the cache record's `odqa-eval` read.
 Writes OUT.json and OUT.md.
 """
 
@@ -80,7 +82,20 @@ def build_flops_per_window(config: EncoderConfig, reuse: bool) -> int:
     return flops
 
 
-def project(cache_record: dict, retrieval_record: dict, windows: float) -> dict:
+def reader_seconds_from_speed_record(speed_record: dict, k: int) -> tuple[float, str]:
+    """Seconds per question of the fastest way `benchmarks/odqa_speed.py` timed at this k
+    (phase times of its median pass, retrieval excluded), and the way's name."""
+    rows = [row for row in speed_record["rows"] if row["k"] == k]
+    if not rows:
+        raise ValueError(f"the speed record has no row at k = {k} (it has k = "
+                         f"{sorted({row['k'] for row in speed_record['rows']})})")
+    fastest = max(rows, key=lambda row: row["questions_per_s"])
+    seconds = sum(v for phase, v in fastest["timings"].items() if phase != "retrieval")
+    return seconds / speed_record["questions"], fastest["mode"]
+
+
+def project(cache_record: dict, retrieval_record: dict, windows: float,
+            speed_record: dict | None = None) -> dict:
     passages = WIKIPEDIA_PASSAGES
     slots = windows * MAX_PASSAGE_LEN * passages
     cache_rows = []
@@ -119,15 +134,21 @@ def project(cache_record: dict, retrieval_record: dict, windows: float) -> dict:
                          query_seconds=scale / largest["single_qps"]))
     reader_rows = [row for row in cache_record["rows"] if row["scheme"] == "bfloat16"] or \
         cache_record["rows"][:1]
-    timings = reader_rows[0]["open_domain"]["timings"]
-    questions = reader_rows[0]["open_domain"]["questions"]
-    reader_seconds = sum(v for phase, v in timings.items() if phase != "retrieval") / questions
+    if speed_record is not None:
+        reader_seconds, way = reader_seconds_from_speed_record(speed_record, cache_record["k"])
+        reader_source = f"odqa_speed, {way}, {speed_record['questions']} questions"
+        questions = speed_record["questions"]
+    else:
+        timings = reader_rows[0]["open_domain"]["timings"]
+        questions = reader_rows[0]["open_domain"]["questions"]
+        reader_seconds = sum(v for phase, v in timings.items() if phase != "retrieval") / questions
+        reader_source = f"cache_compression, {reader_rows[0]['scheme']}, {questions} questions"
     end_to_end = [dict(engine=row["engine"], reader_seconds=reader_seconds,
                        questions_per_second=1 / (row["query_seconds"] + reader_seconds))
                   for row in bm25]
     return dict(passages=passages, windows_per_passage=windows, cache=cache_rows,
                 build=builds, bm25=bm25, end_to_end=end_to_end,
-                reader_scheme=reader_rows[0]["scheme"], reader_questions=questions,
+                reader_source=reader_source, reader_questions=questions,
                 assumptions=dict(tpu_v4_chip_peak=TPU_V4_CHIP_PEAK, chips=TPU_V4_32_CHIPS,
                                  utilisation=ASSUMED_UTILISATION,
                                  max_passage_len=MAX_PASSAGE_LEN, doc_stride=DOC_STRIDE))
@@ -152,7 +173,8 @@ def markdown(result: dict) -> str:
                      f"{row['seconds_at_assumed'] / 60:.1f} min |")
     lines += ["", "| BM25 engine | extrapolated from | index on disk GB | build h (one core) | "
                   "build peak GB | one query s | questions/s end to end (reader at p = 29 on "
-                  "this CPU) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+                  f"this CPU: {result['reader_source']}) |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for row, e2e in zip(result["bm25"], result["end_to_end"]):
         lines.append(f"| {row['engine']} | {row['measured_passages']:,} passages | "
                      f"{row['disk_gb']:.1f} | {row['build_hours']:.1f} | "
@@ -166,17 +188,29 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-record", type=Path, required=True)
     parser.add_argument("--retrieval-record", type=Path, required=True)
+    parser.add_argument("--speed-record", type=Path,
+                        help="benchmarks/odqa_speed.py's JSON: the reader's seconds per question")
     parser.add_argument("--out", type=Path, required=True, help="output path, no extension")
     args = parser.parse_args(argv)
     records = {}
     for flag, path in (("--cache-record", args.cache_record),
-                       ("--retrieval-record", args.retrieval_record)):
+                       ("--retrieval-record", args.retrieval_record),
+                       ("--speed-record", args.speed_record)):
+        if path is None:
+            continue
         try:
             records[flag] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
             parser.error(f"{flag} {path}: cannot be read as JSON ({error})")
+    if "--speed-record" in records:  # checked before the slow windows count
+        try:
+            reader_seconds_from_speed_record(records["--speed-record"],
+                                             records["--cache-record"]["k"])
+        except (KeyError, ValueError) as error:
+            parser.error(f"--speed-record {args.speed_record}: not a matching "
+                         f"odqa_speed record ({error})")
     result = project(records["--cache-record"], records["--retrieval-record"],
-                     windows_per_passage())
+                     windows_per_passage(), records.get("--speed-record"))
     result["command"] = " ".join(["python", *sys.argv])
     table = markdown(result)
     write_atomic(args.out.with_suffix(".json"), json.dumps(result, indent=2, default=float))
