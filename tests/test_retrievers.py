@@ -238,3 +238,9 @@ def test_lucene_index_files_are_checked(tmp_path):
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(RetrievalError, match="field lucene_files"):
         load_retriever(tmp_path / "bm25", fingerprint="f")
+
+
+@pytest.mark.parametrize("engine", RETRIEVER_ENGINES)
+def test_zero_passages_are_refused(engine):
+    with pytest.raises(RetrievalError, match="zero passages"):
+        build_retriever([], engine)

@@ -37,6 +37,14 @@ def bm25_tokenize(text: str) -> list[str]:
     return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
 
 
+def tokenized_passages(texts: Sequence[str]) -> list[list[str]]:
+    """Every engine's input: each passage's tokens (`EMPTY_PASSAGE_TOKEN` for one left empty by
+    the stop words); zero passages are refused."""
+    if not texts:
+        raise RetrievalError("cannot build a BM25 index over zero passages")
+    return [bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts]
+
+
 @dataclasses.dataclass
 class Hit:
     passage_index: int

@@ -42,13 +42,13 @@ from types import SimpleNamespace
 
 from dil_jax.atomic import staged_directory
 from dil_jax.open_domain.bm25 import (
-    EMPTY_PASSAGE_TOKEN,
     Hit,
     RetrievalError,
     bm25_tokenize,
     check_top_p,
     manifest_json,
     read_manifest,
+    tokenized_passages,
 )
 
 ENGINE = "pyserini"
@@ -195,13 +195,10 @@ class LuceneRetriever:
     def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
               epsilon: float = 0.25) -> LuceneRetriever:
         """epsilon: kept in the manifest for the record; Lucene's idf needs no floor."""
-
-        if not texts:
-            raise RetrievalError("cannot build a BM25 index over zero passages")
+        tokenized = tokenized_passages(texts)
         path = Path(tempfile.mkdtemp(prefix="dil_jax-lucene-"))
         try:
-            write_lucene_index([bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts],
-                               path, k1, b)
+            write_lucene_index(tokenized, path, k1, b)
             retriever = cls(path, len(texts), dict(k1=k1, b=b, epsilon=epsilon))
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)

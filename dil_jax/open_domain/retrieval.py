@@ -48,6 +48,7 @@ from dil_jax.open_domain.bm25 import (  # noqa: F401  (re-exported: the engines'
     check_top_p,
     manifest_json,
     read_manifest,
+    tokenized_passages,
 )
 
 # Index files of each engine beside manifest.json (what index.json checks on open).
@@ -83,9 +84,7 @@ class RankBM25Retriever:
               epsilon: float = 0.25) -> RankBM25Retriever:
         from rank_bm25 import BM25Okapi
 
-        if not texts:
-            raise RetrievalError("cannot build a BM25 index over zero passages")
-        tokenized = [bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts]
+        tokenized = tokenized_passages(texts)
         bm25 = BM25Okapi(tokenized, k1=k1, b=b, epsilon=epsilon)
         vocabulary = {term: row for row, term in enumerate(sorted(bm25.idf))}
         rows, cols, values = [], [], []
@@ -186,10 +185,8 @@ class BM25sRetriever:
         """epsilon: kept in the manifest for the record; bm25s floors idf at 0 instead."""
         import bm25s
 
-        if not texts:
-            raise RetrievalError("cannot build a BM25 index over zero passages")
         model = bm25s.BM25(k1=k1, b=b, method="robertson")
-        model.index([bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts],
+        model.index(tokenized_passages(texts),
                     show_progress=False)
         return cls(model, len(texts), dict(k1=k1, b=b, epsilon=epsilon))
 
