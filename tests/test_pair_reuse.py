@@ -21,9 +21,11 @@ from test_delayed import MAX_Q, _reference, _segments
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.config import EncoderConfig
+from dil_jax.model import grid as grid_module
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
-from dil_jax.model.grid import PairGrid, kept_positions
+from dil_jax.model.grid import PairGrid, chunk_width, kept_positions, real_lengths
 from dil_jax.model.modules import (
+    PADDED_LOGIT,
     PASSAGE_SEGMENT,
     QUESTION_SEGMENT,
     _attend_with_passage_stats,
@@ -258,3 +260,58 @@ def test_statistics_are_question_independent_and_per_passage(hf_folder_factory):
         PairGrid(DelayedInteractionModel(cfg.replace(num_lower_layers=0))
                  ).passage_attention_stats(p_qkv, p_mask)
     assert jax.tree.leaves(together)  # a pytree: gathered and sharded like q/k/v
+
+
+def test_real_lengths_by_hand():
+    """One past the last real token, padding between real tokens included; 0 when empty."""
+    mask = np.array([[1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 0], [1, 1, 1, 1]])
+    assert real_lengths(mask).tolist() == [2, 0, 3, 4]
+    assert chunk_width(np.array([3, 5]), 4, 10) == 8
+    assert chunk_width(np.array([9]), 4, 10) == 10  # capped at the side's length
+    assert chunk_width(np.array([0]), 4, 10) == 4   # an empty segment still reads one bucket
+
+
+@pytest.mark.parametrize("arch,k", [("bert", 2), ("bert", 0), ("albert", 3), ("distilbert", 3)])
+def test_trimmed_chunks_equal_the_reference(hf_folder_factory, arch, k, monkeypatch):
+    """Chunks that read only their longest real question and passage (`trims_padding`; the
+    buckets shrunk to 4 tokens so that the tiny segments are cut) give the reference reader's
+    span and null scores at every real token, and padding's PADDED_LOGIT at every padded one
+    (cut or not, as the reference gives it); the chunks did read
+    fewer tokens than the segments hold (the reader's own calls, spied on)."""
+    monkeypatch.setattr(grid_module, "KEPT_BUCKET", 4)
+    monkeypatch.setattr(grid_module, "QUESTION_BUCKET", 4)
+    model, params, _ = _model(hf_folder_factory, arch, k)
+    # Real lengths spread over several buckets on both sides; chunks whose longest passage is
+    # one past a bucket (9, 13), so that a width one token short would cut a real token.
+    q_ids, q_mask, p_ids, p_mask = _segments(40 + k, q_lens=(4, 10, 6, 5),
+                                             p_lens=(13, 5, 19, 9), arch=arch)
+    optimised = PairGrid(model, batch_size=2, chunk_size=2)
+    reference = PairGrid(model, batch_size=2, chunk_size=2, reuse=False)
+    assert optimised.trims_padding and not reference.trims_padding
+    widths = []
+    pair_fn = optimised._pair_fn
+    optimised.__dict__["_pair_fn"] = lambda *args: widths.append(args[11:13]) or pair_fn(*args)
+    q_index, p_index = np.array([0, 1, 2, 3, 1, 2]), np.array([2, 0, 1, 3, 3, 2])
+    got, want = [], []
+    for reader, out in ((optimised, got), (reference, want)):
+        q_lower = reader.encode_questions(params, q_ids, q_mask)
+        p_source = reader.passage_side(params, p_ids, p_mask)
+        out.append(reader.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index,
+                                     p_index))
+    pair_mask = p_mask[p_index]
+    _assert_same_scores(got[0], want[0], pair_mask, f"{arch} k={k} trimmed")
+    for name in ("start_logits", "end_logits"):
+        assert np.all(getattr(got[0], name)[pair_mask == 0] == PADDED_LOGIT)
+        assert np.all(getattr(want[0], name)[pair_mask == 0] == PADDED_LOGIT)
+    q_widths, p_widths = zip(*widths, strict=True)
+    assert min(p_widths) < p_mask.shape[1] and min(q_widths) < q_mask.shape[1], widths
+
+
+def test_padding_is_kept_where_trimming_is_not_exact(hf_folder_factory):
+    """LSH upper blocks hash over the whole sequence, XLNet counts a question's padding in
+    its relative distances: neither trims."""
+    model, _, _ = _model(hf_folder_factory, "bert", 2)
+    lsh = model.config.replace(lsh_attention_layers=(3,), lsh_bucket_size=4)
+    assert not PairGrid(DelayedInteractionModel(lsh)).trims_padding
+    xlnet = model.config.replace(architecture="xlnet", type_vocab_size=0)
+    assert not PairGrid(DelayedInteractionModel(xlnet)).trims_padding

@@ -9,9 +9,11 @@ pair"). Two more exact reuses are on by default (`PairGrid(reuse=False)` is the 
 last block computes only the rows the span head reads (`[CLS]` and the passage), and, for
 passages read by several pairs, the first upper block's passage-to-passage attention comes from
 per-passage softmax statistics (`passage_attention_stats`), merged per pair with the passage's
-scores against the question (docs/architecture.md, "Exact reuse in the pair program").
-Pairs are processed in fixed-size chunks (one compilation, memory bounded by the chunk, not by
-q x p), and each chunk is split across all devices of a 1-D `Mesh`.
+scores against the question; and each chunk of pairs reads only as many question and passage
+tokens as its longest real segments (`trims_padding`; docs/architecture.md, "Exact reuse in the
+pair program"). Pairs are processed in fixed-size chunks (a few compilations, one per width,
+memory bounded by the chunk, not by q x p), and each chunk is split across all devices of a 1-D
+`Mesh`.
 
 The straight line: `encode_questions` and `passage_side` (ids at k = 0, lower states otherwise)
 once per segment, then `read_pairs` (any list of pairs) or `read_grid` (every pair) for the span
@@ -40,6 +42,7 @@ from dil_jax.config import EncoderConfig
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import (
+    PADDED_LOGIT,
     PASSAGE_SEGMENT,
     QKV,
     QUESTION_SEGMENT,
@@ -48,8 +51,12 @@ from dil_jax.model.modules import (
 )
 from dil_jax.rounding import round_up
 
-# Kept-token sequences (sentence prescreening) are padded to a multiple of this many tokens.
+# Kept-token sequences (sentence prescreening), and passages trimmed of their padding
+# (`trims_padding`), are padded to a multiple of this many tokens: few compiled widths.
 KEPT_BUCKET = 32
+# Questions trimmed of their padding are padded to a multiple of this many tokens (questions are
+# short: a coarser bucket would keep most of the padding it removes).
+QUESTION_BUCKET = 8
 # iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
 # are read by at least this many pairs each on average: projecting every row once then costs at
 # most half of projecting inside each pair. The same rule picks the passages' attention
@@ -84,6 +91,20 @@ def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
     # A stable sort of "not kept" brings each row's kept indices first, in order.
     order = np.argsort(~keep, axis=1, kind="stable")[:, :kept_len]
     return np.where(np.take_along_axis(keep, order, axis=1), order, p_len).astype(np.int32)
+
+
+def real_lengths(mask: np.ndarray) -> np.ndarray:
+    """[n, seq] mask -> [n] int: one past each row's last real token (0 for an empty row), so
+    that every real token lies before it even if padding sat between real tokens."""
+    mask = np.asarray(mask) != 0
+    last = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
+    return np.where(mask.any(axis=1), last, 0)
+
+
+def chunk_width(real: np.ndarray, bucket: int, full: int) -> int:
+    """The tokens a chunk reads of a side: its longest real segment (`real`: [chunk] lengths)
+    rounded up to `bucket`, at most the side's `full` length."""
+    return min(round_up(max(int(real.max()), 1), bucket), full)
 
 
 @dataclasses.dataclass
@@ -245,6 +266,19 @@ class PairGrid:
         return (self.reuse and self.hoists_projections
                 and self.model.config.architecture != "xlnet")
 
+    @property
+    def trims_padding(self) -> bool:
+        """Whether each chunk of pairs reads only as many question and passage tokens as its
+        longest real segments (rounded up to QUESTION_BUCKET / KEPT_BUCKET), pairs taken in
+        order of passage length so that a chunk holds passages of similar lengths. Exact: the
+        cut tokens are padding, whose keys every real token ignores (their softmax weight
+        underflows to 0), and whose rows no span reads. Always, unless reuse=False, XLNet (a
+        question's padding counts in the relative distance to every passage token) or LSH upper
+        blocks (their hash buckets depend on the sequence length)."""
+        config = self.model.config
+        return (self.reuse and config.architecture != "xlnet"
+                and not config.lsh_in_upper_blocks())
+
     def passage_attention_stats(self, p_qkv: QKV, p_mask: np.ndarray | jax.Array
                                 ) -> PassageAttentionStats:
         """The first upper block's softmax statistics of every passage over its own keys.
@@ -285,9 +319,26 @@ class PairGrid:
     # --------------------------------------------------------------------- pair blocks
 
     def _read_chunk(self, params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
-                    positions=None, q_qkv=None, p_qkv=None, p_stats=None):
-        """Outputs of one chunk of pairs (traced inside jit; see iter_pair_chunks)."""
+                    positions=None, q_qkv=None, p_qkv=None, p_stats=None, q_width=None,
+                    p_width=None):
+        """Outputs of one chunk of pairs (traced inside jit; see iter_pair_chunks).
+
+        q_width, p_width (static, `trims_padding`): read only the first q_width question and
+        p_width passage tokens of every segment (the chunk's real tokens all lie there); the
+        passage tokens cut off score PADDED_LOGIT, as padding does.
+        """
         model = self.model
+        p_len = p_mask.shape[1]
+        if q_width is not None:
+            q_lower, q_mask = q_lower[:, :q_width], q_mask[:, :q_width]
+            if q_qkv is not None:
+                q_qkv = tuple(a[:, :, :q_width] for a in q_qkv)
+        if p_width is not None:
+            p_source, p_mask = p_source[:, :p_width], p_mask[:, :p_width]
+            if p_qkv is not None:
+                p_qkv = tuple(a[:, :, :p_width] for a in p_qkv)
+            if p_stats is not None:  # every field is [n, heads, p_len(, head_dim)]
+                p_stats = jax.tree.map(lambda a: a[:, :, :p_width], p_stats)
         pair_q_mask = q_mask[q_index]
         pair_p_mask = p_mask[p_index]
         pair_source = p_source[p_index]
@@ -295,7 +346,6 @@ class PairGrid:
             # Only the kept tokens of each pair's window go through the upper blocks (sentence
             # prescreening): gather them, in order, into a shorter sequence. Padding positions
             # are p_len (out of range): clamped for the gather, masked out.
-            p_len = p_mask.shape[1]
             kept = positions < p_len
             safe = jnp.minimum(positions, p_len - 1)
             pair_p_mask = jnp.take_along_axis(pair_p_mask, safe, axis=1) * kept
@@ -320,9 +370,15 @@ class PairGrid:
         if positions is not None:
             # Back to the window's token positions; dropped tokens get -inf (never in a span).
             rows = jnp.arange(positions.shape[0])[:, None]
-            blank = jnp.full((positions.shape[0], p_mask.shape[1]), -jnp.inf, start.dtype)
+            blank = jnp.full((positions.shape[0], p_len), -jnp.inf, start.dtype)
             start = blank.at[rows, positions].set(start, mode="drop")
             end = blank.at[rows, positions].set(end, mode="drop")
+        if p_width is not None:
+            # Back to the window's p_len columns: the cut tokens are padding, and score what
+            # the span head gives padding (PADDED_LOGIT), as if they had been read.
+            cut = ((0, 0), (0, p_len - p_width))
+            start = jnp.pad(start, cut, constant_values=PADDED_LOGIT)
+            end = jnp.pad(end, cut, constant_values=PADDED_LOGIT)
         return start, end, out.null_start_logits, out.null_end_logits
 
     @functools.cached_property
@@ -335,7 +391,7 @@ class PairGrid:
         return jax.jit(self._read_chunk,
                        in_shardings=(rep, rep, rep, rep, rep, shard, shard, shard, rep, rep,
                                      rep),
-                       out_shardings=shard)
+                       out_shardings=shard, static_argnums=(11, 12))
 
     def iter_pair_chunks(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                          p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
@@ -386,8 +442,10 @@ class PairGrid:
         # Before tracing: past the position table XLA would return NaN logits, not an error.
         check_segment_lengths(self.model.config, np.shape(q_mask)[1],
                               p_len if positions is None else np.shape(positions)[1])
-        q_mask = jax.device_put(np.asarray(q_mask), self.replicated)
-        p_mask = jax.device_put(np.asarray(p_mask), self.replicated)
+        q_len = np.shape(q_mask)[1]
+        q_mask_host, p_mask_host = np.asarray(q_mask), np.asarray(p_mask)
+        q_mask = jax.device_put(q_mask_host, self.replicated)
+        p_mask = jax.device_put(p_mask_host, self.replicated)
         p_source = jax.device_put(p_source, self.replicated)
         if self.hoists_projections:
             if q_qkv is None and num_pairs >= HOIST_MIN_READS * q_lower.shape[0]:
@@ -398,7 +456,11 @@ class PairGrid:
                 p_qkv = self.project_segments(params, p_source)
             if p_stats is None and passages_reread and self.uses_passage_stats:
                 p_stats = self.passage_attention_stats(p_qkv, p_mask)
-        if positions is None:
+        trim = positions is None and self.trims_padding
+        if trim:
+            q_real, p_real = real_lengths(q_mask_host), real_lengths(p_mask_host)
+            order = np.argsort(p_real[np.asarray(p_index)], kind="stable")
+        elif positions is None:
             order = np.arange(num_pairs)
         else:
             kept = np.sum(np.asarray(positions) < p_len, axis=1)
@@ -415,8 +477,12 @@ class PairGrid:
                             positions.shape[1])
                 chunk_positions = np.pad(np.asarray(positions, np.int32)[pairs, :width],
                                          ((0, pad), (0, 0)), mode="edge")
+            q_width = p_width = None
+            if trim:
+                q_width = chunk_width(q_real[chunk_q], QUESTION_BUCKET, q_len)
+                p_width = chunk_width(p_real[chunk_p], KEPT_BUCKET, p_len)
             outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q, chunk_p,
-                                    chunk_positions, q_qkv, p_qkv, p_stats)
+                                    chunk_positions, q_qkv, p_qkv, p_stats, q_width, p_width)
             yield pairs, outputs
 
     def read_pairs(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
