@@ -7,11 +7,14 @@
 For each k (the same weights read at each split; a k the reader was not trained for gives worse
 answers, not a different cost) it builds the float32 passage cache of the corpus index with the
 first upper block's arrays (`--cache-reuse`), then reads the same questions (top-p passages,
-every window of each) three ways, side by side in one process:
+every window of each) four ways, side by side in one process:
   before      `PairGrid(reuse=False)`, cache read without its reuse arrays: the reader as it was
               before issue 15 (the q/k/v hoisting of earlier rounds kept);
   pair reuse  the pair program's exact reuses (the last block's span rows only; passage
-              statistics where passages are read by several pairs, which never happens here);
+              statistics where passages are read by several pairs, which never happens here),
+              every segment read at its full padded length;
+  + trim      and each chunk of pairs cut to its longest real question and passage
+              (`PairGrid.trims_padding`);
   + cache     and the first upper block's passage arrays read from the cache.
 Each way runs once untimed (compilation, page faults), then `--repeats` timed passes; the median
 pass is reported: the reader's phase times (`OpenDomainReader.read`'s `timings`), wall time and
@@ -33,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-MODES = {"before": dict(pair_reuse=False, cached_reuse=False),
-         "pair reuse": dict(pair_reuse=True, cached_reuse=False),
-         "+ cache": dict(pair_reuse=True, cached_reuse=True)}
+MODES = {"before": dict(pair_reuse=False, cached_reuse=False, trim_padding=False),
+         "pair reuse": dict(pair_reuse=True, cached_reuse=False, trim_padding=False),
+         "+ trim": dict(pair_reuse=True, cached_reuse=False, trim_padding=True),
+         "+ cache": dict(pair_reuse=True, cached_reuse=True, trim_padding=True)}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -393,9 +393,10 @@ def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
     assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
 
 
-def test_odqa_speed_benchmark_reads_the_same_answers_three_ways(tiny, tmp_path):
+def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
     """benchmarks/odqa_speed.py end to end on the tiny reader: for each k, the reader before the
-    reuses, with the pair program's reuses and with the cached arrays, on the same questions;
+    reuses, with the pair program's reuses, with padding trimmed and with the cached arrays, on
+    the same questions;
     the same answers and reader scores within float32 rounding (as above), and the record."""
     _, _, _, folder = tiny
     squad = _sample_squad(tmp_path)
@@ -406,11 +407,11 @@ def test_odqa_speed_benchmark_reads_the_same_answers_three_ways(tiny, tmp_path):
         "--batch-size", "2", "--chunk-size", "8", "--work", str(tmp_path / "work"),
         "--out", str(tmp_path / "out" / "odqa_speed")])
     assert [(row["k"], row["mode"]) for row in rows] == [
-        (k, mode) for k in (3, 1) for mode in ("before", "pair reuse", "+ cache")]
+        (k, mode) for k in (3, 1) for mode in ("before", "pair reuse", "+ trim", "+ cache")]
     for row in rows:
         assert row["same_answer_share"] == 1.0 and row["max_score_difference"] < 1e-5
         assert row["reads_cached_reuse"] == (row["mode"] == "+ cache")
         assert row["speedup"] > 0 and len(row["walls_s"]) == 1
     record = json.loads((tmp_path / "out" / "odqa_speed.json").read_text())
-    assert record["questions"] == 3 and len(record["rows"]) == 6
-    assert (tmp_path / "out" / "odqa_speed.md").read_text().count("| 3 | ") == 3
+    assert record["questions"] == 3 and len(record["rows"]) == 8
+    assert (tmp_path / "out" / "odqa_speed.md").read_text().count("| 3 | ") == 4

@@ -158,14 +158,18 @@ class PairGrid:
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
     multiple of the device count so every device gets an equal slice. reuse=False turns off the
-    pair program's exact reuses (`reads_span_rows_only`, `uses_passage_stats`): the reference
-    computation, every row of every upper block and full attention in each pair.
+    pair program's exact reuses (`reads_span_rows_only`, `uses_passage_stats`, `trims_padding`):
+    the reference computation, every row of every upper block and full attention in each pair.
+    trim_padding=False keeps the other reuses but reads every segment at its full length (to
+    time what trimming adds).
     """
 
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
-                 batch_size: int = 32, chunk_size: int = 64, reuse: bool = True):
+                 batch_size: int = 32, chunk_size: int = 64, reuse: bool = True,
+                 trim_padding: bool = True):
         self.model = model
         self.reuse = reuse
+        self.trim_padding = trim_padding
         self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
         self.batch_size = round_up(batch_size, num_devices)
@@ -272,11 +276,12 @@ class PairGrid:
         longest real segments (rounded up to QUESTION_BUCKET / KEPT_BUCKET), pairs taken in
         order of passage length so that a chunk holds passages of similar lengths. Exact: the
         cut tokens are padding, whose keys every real token ignores (their softmax weight
-        underflows to 0), and whose rows no span reads. Always, unless reuse=False, XLNet (a
+        underflows to 0), and whose rows no span reads. Always, unless reuse=False or
+        trim_padding=False, XLNet (a
         question's padding counts in the relative distance to every passage token) or LSH upper
         blocks (their hash buckets depend on the sequence length)."""
         config = self.model.config
-        return (self.reuse and config.architecture != "xlnet"
+        return (self.reuse and self.trim_padding and config.architecture != "xlnet"
                 and not config.lsh_in_upper_blocks())
 
     def passage_attention_stats(self, p_qkv: QKV, p_mask: np.ndarray | jax.Array

@@ -206,12 +206,13 @@ class OpenDomainReader:
                  tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
                  chunk_size: int = 64, max_answer_length: int = 30, mesh=None,
                  prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True,
-                 pair_reuse: bool = True):
+                 pair_reuse: bool = True, trim_padding: bool = True):
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
         from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
         reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reader as it was
-        before them (for timing)."""
+        before them (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
+        timing)."""
         self.index, self.model, self.params = index, model, params
         self.cached_reuse = cached_reuse
         self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
@@ -219,7 +220,7 @@ class OpenDomainReader:
         arrays = window_arrays(index)
         check_read_lengths(model.config, arrays["mask"].shape[1])
         self.grid = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
-                             reuse=pair_reuse)
+                             reuse=pair_reuse, trim_padding=trim_padding)
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
         self.offsets = arrays["offsets"]
