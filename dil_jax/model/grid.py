@@ -276,10 +276,10 @@ class PairGrid:
         longest real segments (rounded up to QUESTION_BUCKET / KEPT_BUCKET), pairs taken in
         order of passage length so that a chunk holds passages of similar lengths. Exact: the
         cut tokens are padding, whose keys every real token ignores (their softmax weight
-        underflows to 0), and whose rows no span reads. Always, unless reuse=False or
-        trim_padding=False, XLNet (a
-        question's padding counts in the relative distance to every passage token) or LSH upper
-        blocks (their hash buckets depend on the sequence length)."""
+        underflows to 0), and whose rows no span reads. Always, unless reuse=False,
+        trim_padding=False, XLNet (a question's padding counts in the relative distance to
+        every passage token) or LSH upper blocks (their hash buckets depend on the sequence
+        length)."""
         config = self.model.config
         return (self.reuse and self.trim_padding and config.architecture != "xlnet"
                 and not config.lsh_in_upper_blocks())
@@ -411,7 +411,9 @@ class PairGrid:
         positions (optional): [num_pairs, kept_len] int, the window tokens each pair reads, in
         order, p_len for padding (see `kept_positions`); the other tokens are dropped before the
         upper blocks and score -inf. Pairs are then taken in order of kept length, so that each
-        chunk is padded only to its own longest (rounded up to KEPT_BUCKET tokens).
+        chunk is padded only to its own longest (rounded up to KEPT_BUCKET tokens). Without
+        positions, `trims_padding` takes pairs in order of passage length the same way and cuts
+        each chunk to its longest real question and passage.
         q_qkv, p_qkv (optional, 0 < k < l): `project_segments` of q_lower / p_source. When not
         given, a side's first-upper-block q/k/v are computed here, once per row, if its rows are
         read by at least HOIST_MIN_READS pairs each on average (then that beats projecting
@@ -478,8 +480,7 @@ class PairGrid:
             chunk_p = np.pad(np.asarray(p_index, np.int32)[pairs], (0, pad), mode="edge")
             chunk_positions = None
             if positions is not None:
-                width = min(round_up(max(int(kept[pairs].max()), 1), KEPT_BUCKET),
-                            positions.shape[1])
+                width = chunk_width(kept[pairs], KEPT_BUCKET, positions.shape[1])
                 chunk_positions = np.pad(np.asarray(positions, np.int32)[pairs, :width],
                                          ((0, pad), (0, 0)), mode="edge")
             q_width = p_width = None
