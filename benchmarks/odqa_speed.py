@@ -3,6 +3,7 @@
     python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k4 --ks 4 5 \\
         --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \\
         --out benchmarks/results/odqa_speed
+    python benchmarks/odqa_speed.py ... --chunk-sizes 64 32 16 8 --modes before "+ trim"
 
 For each k (the same weights read at each split; a k the reader was not trained for gives worse
 answers, not a different cost) it builds the float32 passage cache of the corpus index with the
@@ -16,9 +17,13 @@ every window of each) four ways, side by side in one process:
   + trim      and each chunk of pairs cut to its longest real question and passage
               (`PairGrid.trims_padding`);
   + cache     and the first upper block's passage arrays read from the cache.
-Each way runs once untimed (compilation, page faults), then `--repeats` timed passes; the median
+`--modes` reads only some of these ways. Each way is read at every chunk size of
+`--chunk-sizes` (pairs per step of the pair program; default: the reader's default on this
+platform, `dil_jax.defaults.default_pair_chunk_size`), so a chunk sweep is timed side by side too.
+Each read runs once untimed (compilation, page faults), then `--repeats` timed passes; the median
 pass is reported: the reader's phase times (`OpenDomainReader.read`'s `timings`), wall time and
-questions/s. Answers are compared with `before`'s: the share of questions with the same answer
+questions/s. Speed and answers are compared with `before` at the first chunk size listed (so
+`before` must be among the modes): questions/s ratio, the share of questions with the same answer
 text, and the largest |reader score difference| over all candidates (float32 rounding: the
 reuses reorder sums, they do not change what is summed). Writes OUT.json and OUT.md.
 """
@@ -66,7 +71,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top-p", type=positive_int, default=29)
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--batch-size", type=positive_int, default=8)
-    parser.add_argument("--chunk-size", type=positive_int, default=64)
+    parser.add_argument("--chunk-sizes", type=positive_int, nargs="+", default=None,
+                        help="pairs per step, each timed (default: the platform's default)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
+                        help="ways to read (default: all); must include `before`")
     parser.add_argument("--max-question-len", type=positive_int,
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN)
     parser.add_argument("--max-passage-len", type=positive_int,
@@ -109,13 +117,15 @@ def compare_answers(reference, result) -> dict[str, float]:
 def markdown(rows: list[dict[str, Any]], questions: int, top_p: int) -> str:
     phases = sorted({phase for row in rows for phase in row["timings"]})
     lines = [f"{questions} questions, top-{top_p} passages (every window of each); median of "
-             "the timed passes; phase seconds from `OpenDomainReader.read` in that pass.", "",
-             "| k | reader | " + " | ".join(f"{phase} s" for phase in phases)
+             "the timed passes; phase seconds from `OpenDomainReader.read` in that pass. "
+             f"`vs before`, answers and scores against `before` at chunk {rows[0]['chunk_size']}"
+             " of the same k.", "",
+             "| k | reader | chunk | " + " | ".join(f"{phase} s" for phase in phases)
              + " | wall s | questions/s | vs before | same answers | max score diff |",
-             "|---" * (len(phases) + 7) + "|"]
+             "|---" * (len(phases) + 8) + "|"]
     for row in rows:
         lines.append(
-            f"| {row['k']} | {row['mode']} | "
+            f"| {row['k']} | {row['mode']} | {row['chunk_size']} | "
             + " | ".join(f"{row['timings'].get(phase, 0.0):.2f}" for phase in phases)
             + f" | {row['wall_s']:.2f} | {row['questions_per_s']:.2f} | "
             f"×{row['speedup']:.2f} | {100 * row['same_answer_share']:.1f}% | "
@@ -125,6 +135,8 @@ def markdown(rows: list[dict[str, Any]], questions: int, top_p: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
+    if "before" not in args.modes:
+        raise SystemExit("--modes: `before` is needed (the other ways are compared with it)")
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cache_compression import build_scheme_cache, open_or_build_index
 
@@ -132,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.bench.machine import load_average, machine_record
     from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad, select_articles
+    from dil_jax.defaults import default_pair_chunk_size
     from dil_jax.errors import UsageError
     from dil_jax.model.delayed import with_num_lower_layers
     from dil_jax.open_domain.reader import OpenDomainReader
@@ -152,28 +165,34 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     work = Path(args.work)
     index = open_or_build_index(work / "index", args.corpus or [f"squad:{args.data}"],
                                 tokenizer, args.max_passage_len, args.doc_stride)
+    import jax
+
+    chunk_sizes = args.chunk_sizes or [default_pair_chunk_size(jax.default_backend())]
+    # `before` at the first chunk size first: every other read is compared with it.
+    reads = [(chunk, mode) for chunk in chunk_sizes for mode in MODES if mode in args.modes]
     rows = []
     load_before = load_average()
     for k in args.ks:
         model = with_num_lower_layers(base_model, k)
         cache = build_scheme_cache(work / "caches" / f"k{k}", index, model, params, tokenizer,
                                    "float32", True, args.batch_size)
-        reference = None
-        for mode, flags in MODES.items():
-            print(f"k={k} {mode}: {len(questions)} questions ...", file=sys.stderr)
+        reference, reference_speed = None, None
+        for chunk, mode in reads:
+            flags = MODES[mode]
+            print(f"k={k} {mode}, chunk {chunk}: {len(questions)} questions ...",
+                  file=sys.stderr)
             reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=args.top_p,
-                                      batch_size=args.batch_size, chunk_size=args.chunk_size,
-                                      **flags)
+                                      batch_size=args.batch_size, chunk_size=chunk, **flags)
             result, walls = timed_passes(reader, questions, args.repeats)
-            reference = reference or result
             wall = statistics.median(walls)
-            rows.append(dict(k=k, mode=mode, **flags, walls_s=walls, wall_s=wall,
-                             questions_per_s=len(questions) / wall, timings=result.timings,
+            reference = reference or result
+            reference_speed = reference_speed or len(questions) / wall
+            rows.append(dict(k=k, mode=mode, chunk_size=reader.grid.chunk_size, **flags,
+                             walls_s=walls, wall_s=wall, questions_per_s=len(questions) / wall,
+                             speedup=len(questions) / wall / reference_speed,
+                             timings=result.timings,
                              reads_cached_reuse=reader.reads_cached_reuse,
                              **compare_answers(reference, result)))
-            rows[-1]["speedup"] = rows[-1]["questions_per_s"] / next(
-                row["questions_per_s"] for row in rows if row["k"] == k
-                and row["mode"] == "before")
     table = markdown(rows, len(questions), args.top_p)
     print(table)
     record = dict(command=" ".join(["python", *sys.argv]), machine=machine_record(),

@@ -60,6 +60,20 @@ TRAIN_BATCH_SIZE = 12
 READ_BATCH_SIZE = 32
 # Questions per batch of open-domain reading (each question reads top-p passages).
 OPEN_DOMAIN_BATCH_SIZE = 8
+# Pairs per step of the pair program (`PairGrid.chunk_size`) where a caller gives none, by the
+# platform of the reader's devices. On CPU small chunks read faster: a chunk's attention and FFN
+# temporaries stay small (at 64 pairs of 224 tokens the attention weights alone are ~150 MB), and
+# a batch's last chunk pads fewer pairs; 8 was the fastest of 64/32/16/8/4 in the chunk sweeps
+# (benchmarks/results/odqa_speed_chunks*.md, docs/open_domain.md). On accelerators a large chunk
+# keeps the device busy; 64 there is the earlier default, not measured on one.
+PAIR_CHUNK_SIZE = {"cpu": 8}
+ACCELERATOR_PAIR_CHUNK_SIZE = 64
+
+
+def default_pair_chunk_size(platform: str) -> int:
+    """Pairs per chunk for a reader whose devices are of `platform` ("cpu", "gpu", "tpu")."""
+    return PAIR_CHUNK_SIZE.get(platform, ACCELERATOR_PAIR_CHUNK_SIZE)
+
 
 # ----------------------------------------------------------------------------- data
 

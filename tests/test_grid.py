@@ -208,3 +208,27 @@ def test_grid_reads_a_passage_position_offset_like_the_direct_forward():
     unshifted = DelayedInteractionModel(config.replace(passage_position_offset=0))
     plain = unshifted(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
     assert np.abs(np.asarray(plain.start_logits) - np.asarray(direct.start_logits)).max() > 1e-3
+
+
+def test_chunk_size_defaults_to_the_platform_of_the_mesh():
+    """No chunk size given: the platform's default (small on CPU, where this suite runs),
+    rounded to the device count like a given one."""
+    import jax
+
+    from dil_jax.config import EncoderConfig
+    from dil_jax.defaults import (
+        ACCELERATOR_PAIR_CHUNK_SIZE,
+        PAIR_CHUNK_SIZE,
+        default_pair_chunk_size,
+    )
+    from dil_jax.mesh import data_mesh
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.grid import PairGrid
+
+    assert default_pair_chunk_size("cpu") == PAIR_CHUNK_SIZE["cpu"]
+    assert default_pair_chunk_size("tpu") == default_pair_chunk_size("gpu") \
+        == ACCELERATOR_PAIR_CHUNK_SIZE
+    model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=1))
+    assert jax.devices()[0].platform == "cpu"
+    assert PairGrid(model, data_mesh(jax.devices()[:1])).chunk_size == PAIR_CHUNK_SIZE["cpu"]
+    assert PairGrid(model, data_mesh(jax.devices()[:1]), chunk_size=5).chunk_size == 5

@@ -55,5 +55,9 @@ def test_reader_seconds_come_from_the_fastest_way_of_the_speed_record():
              timings=dict(retrieval=5.0, question_lower=1.0, pair_upper=2.0, decode=1.0)),
         dict(k=5, mode="+ cache", questions_per_s=9.0, timings=dict(pair_upper=0.1))])
     assert projection.reader_seconds_from_speed_record(speed_record, 4) == (1.0, "+ cache")
+    # A chunk sweep's record names the fastest row's chunk size too.
+    speed_record["rows"][1]["chunk_size"] = 8
+    assert projection.reader_seconds_from_speed_record(speed_record, 4) == (
+        1.0, "+ cache at chunk 8")
     with pytest.raises(ValueError, match="no row at k = 3"):
         projection.reader_seconds_from_speed_record(speed_record, 3)

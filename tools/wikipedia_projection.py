@@ -84,14 +84,17 @@ def build_flops_per_window(config: EncoderConfig, reuse: bool) -> int:
 
 def reader_seconds_from_speed_record(speed_record: dict, k: int) -> tuple[float, str]:
     """Seconds per question of the fastest way `benchmarks/odqa_speed.py` timed at this k
-    (phase times of its median pass, retrieval excluded), and the way's name."""
+    (phase times of its median pass, retrieval excluded), and the way's name (with its chunk
+    size where the record swept chunk sizes)."""
     rows = [row for row in speed_record["rows"] if row["k"] == k]
     if not rows:
         raise ValueError(f"the speed record has no row at k = {k} (it has k = "
                          f"{sorted({row['k'] for row in speed_record['rows']})})")
     fastest = max(rows, key=lambda row: row["questions_per_s"])
     seconds = sum(v for phase, v in fastest["timings"].items() if phase != "retrieval")
-    return seconds / speed_record["questions"], fastest["mode"]
+    way = fastest["mode"] + (f" at chunk {fastest['chunk_size']}" if "chunk_size" in fastest
+                             else "")
+    return seconds / speed_record["questions"], way
 
 
 def project(cache_record: dict, retrieval_record: dict, windows: float,

@@ -39,6 +39,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from dil_jax.config import EncoderConfig
+from dil_jax.defaults import default_pair_chunk_size
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import (
@@ -165,13 +166,17 @@ class PairGrid:
     """
 
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
-                 batch_size: int = 32, chunk_size: int = 64, reuse: bool = True,
+                 batch_size: int = 32, chunk_size: int | None = None, reuse: bool = True,
                  trim_padding: bool = True):
+        """chunk_size: pairs per step of the pair program; None = `default_pair_chunk_size`
+        for the platform of the mesh's devices."""
         self.model = model
         self.reuse = reuse
         self.trim_padding = trim_padding
         self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
+        if chunk_size is None:
+            chunk_size = default_pair_chunk_size(self.mesh.devices.flat[0].platform)
         self.batch_size = round_up(batch_size, num_devices)
         self.chunk_size = round_up(chunk_size, num_devices)
         self.replicated = NamedSharding(self.mesh, P())

@@ -204,7 +204,7 @@ class OpenDomainReader:
 
     def __init__(self, index: OpenDomainIndex, model: DelayedInteractionModel, params: Params,
                  tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
-                 chunk_size: int = 64, max_answer_length: int = 30, mesh=None,
+                 chunk_size: int | None = None, max_answer_length: int = 30, mesh=None,
                  prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True,
                  pair_reuse: bool = True, trim_padding: bool = True):
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
@@ -212,7 +212,8 @@ class OpenDomainReader:
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
         reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reader as it was
         before them (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
-        timing)."""
+        timing). chunk_size: pairs per step (`PairGrid`; None = its default for the
+        platform)."""
         self.index, self.model, self.params = index, model, params
         self.cached_reuse = cached_reuse
         self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
