@@ -45,9 +45,7 @@ class PrefixedPassageModel(DelayedInteractionModel):
         if segment != PASSAGE_SEGMENT or not self.prefix_ids or position_offset is not None:
             return super().encode_lower(params, ids, mask, segment, position_offset, **options)
         config, count = self.config, len(self.prefix_ids)
-        start = config.passage_position_offset - count
-        if start < 0:
-            raise SystemExit(f"--prefixes: {count} prefix token(s) need an offset >= {count}")
+        start = config.passage_position_offset - count  # >= 0: checked by main
 
         def lower(module, ids, mask):
             batch = ids.shape[0]
@@ -65,7 +63,7 @@ class PrefixedPassageModel(DelayedInteractionModel):
         return self.module.apply({"params": params}, ids, mask, method=lower)
 
 
-def prefix_ids(tokenizer, name: str) -> list[int]:
+def prefix_token_ids(tokenizer, name: str) -> list[int]:
     """`none`, `cls`, `sep` or `cls+sep` -> the tokenizer's ids."""
     by_name = {"cls": tokenizer.cls_token_id, "sep": tokenizer.sep_token_id}
     return [] if name == "none" else [by_name[part] for part in name.split("+")]
@@ -84,13 +82,18 @@ def main() -> None:
                         choices=["none", "cls", "sep", "cls+sep"],
                         help="special tokens before the passage in the lower blocks only")
     args = parser.parse_args()
+    longest = max(len(prefix.split("+")) for prefix in args.prefixes if prefix != "none") \
+        if set(args.prefixes) - {"none"} else 0
+    if min(args.offsets) < longest:
+        parser.error(f"--offsets {min(args.offsets)}: a prefix of {longest} token(s) needs "
+                     f"offsets >= {longest} (its tokens sit just below the passage)")
     model, params, tokenizer = load_reader(args.reader, args.k, CPU_MAX_QUESTION_LEN)
     begin, end = (int(part) for part in args.questions.split(":"))
     examples = select_articles(load_squad(args.data).examples, args.articles)[begin:end]
     for offset, prefix in ((offset, prefix) for offset in args.offsets
                            for prefix in args.prefixes):
         shifted = PrefixedPassageModel(model.config.replace(passage_position_offset=offset),
-                                       prefix_ids(tokenizer, prefix))
+                                       prefix_token_ids(tokenizer, prefix))
         started = time.perf_counter()
         predictions = predict_squad(shifted, params, tokenizer, examples,
                                     max_passage_len=CPU_MAX_PASSAGE_LEN,
