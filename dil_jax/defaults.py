@@ -118,3 +118,7 @@ def bundled_reader(role: str) -> Path | None:
 # time and memory stop being small).
 RETRIEVER_ENGINES = ("rank-bm25", "bm25s", "pyserini")
 AUTO_BM25S_FROM = 50_000
+
+# How the open-domain reader compares passages' best spans (dil_jax.open_domain.reader, "Scores"):
+# "logits" (s_start + s_end, the DilBert paper's) or "margin" (less the window's no-answer score).
+SPAN_SCORES = ("logits", "margin")

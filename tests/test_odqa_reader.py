@@ -9,11 +9,18 @@ import pytest
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
+from dil_jax.model.grid import PairGrid, SpanScores
 from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.corpus import Document, split_documents
 from dil_jax.open_domain.index import build_index, build_reader_cache
-from dil_jax.open_domain.reader import Candidate, OpenDomainReader, pick_answer, standardize
+from dil_jax.open_domain.reader import (
+    Candidate,
+    OpenDomainReader,
+    best_pair_of_each_hit,
+    pair_span_scores,
+    pick_answer,
+    standardize,
+)
 from dil_jax.open_domain.retrieval import bm25_tokenize
 from dil_jax.predict import predict_squad
 from dil_jax.samples import SAMPLE_PASSAGES
@@ -85,6 +92,60 @@ def test_score_fusion_rule():
     assert pick_answer(candidates, 1.0).text == "a"       # mu = 1 is the reader alone
     assert pick_answer(candidates, 0.5).text == "b"       # a much better BM25 score tips it
     assert pick_answer([], 0.5) is None
+
+
+def test_span_score_rules_by_hand():
+    """Two windows of one passage (hit (0, 0)) and one of another (hit (0, 1)): s_start + s_end
+    of each window's best span, and its null logits."""
+    best_span = np.array([6.0, 5.0, 4.0])
+    scores = SpanScores(np.zeros((3, 2), np.float32), np.zeros((3, 2), np.float32),
+                        null_start_logits=np.array([3.0, 0.5, -1.0], np.float32),
+                        null_end_logits=np.array([2.0, 0.5, -1.0], np.float32))
+    np.testing.assert_array_equal(pair_span_scores(best_span, scores, "logits"), [6.0, 5.0, 4.0])
+    np.testing.assert_array_equal(pair_span_scores(best_span, scores, "margin"), [1.0, 4.0, 6.0])
+    hits = [(0, 0), (0, 0), (0, 1)]
+    assert best_pair_of_each_hit(pair_span_scores(best_span, scores, "logits"), hits) == {
+        (0, 0): 0, (0, 1): 2}
+    assert best_pair_of_each_hit(pair_span_scores(best_span, scores, "margin"), hits) == {
+        (0, 0): 1, (0, 1): 2}
+    with pytest.raises(ValueError, match="unknown span score rule 'prob'"):
+        pair_span_scores(best_span, scores, "prob")
+
+
+def test_margin_rule_ignores_a_constant_added_to_a_window(minilm, index, monkeypatch):
+    """The reason "margin" exists: a per-window softmax does not see a constant added to all of
+    one window's logits (null included). Such a shift, different for every pair, changes
+    nothing under "margin" (scores within float32 rounding of logits of size ~10: 1e-5), while
+    it reorders the "logits" rule's passages."""
+    config, params, tokenizer = minilm
+    model = DelayedInteractionModel(config.replace(num_lower_layers=4))
+    cache = build_reader_cache(index, model.config, params, tokenizer,
+                               encode=passage_encoder(model, params, batch_size=4))
+    reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=len(index.passages),
+                              batch_size=4, chunk_size=8, span_score="margin")
+    every = " ".join(bm25_tokenize(passage.text)[0] for passage in index.passages)
+    questions = [f"What links {every}?", "Who wrote Pride and Prejudice?"]
+    plain = reader.read(questions)
+    assert plain.candidates == plain.by_score["margin"]
+    read_pairs = reader.grid.read_pairs
+
+    def shifted(*args, **kwargs):
+        scores = read_pairs(*args, **kwargs)
+        shift = np.random.default_rng(0).uniform(-50, 50, scores.null_start_logits.shape)
+        shift = shift.astype(np.float32)
+        return SpanScores(scores.start_logits + shift[:, None], scores.end_logits + shift[:, None],
+                          scores.null_start_logits + shift, scores.null_end_logits + shift)
+
+    monkeypatch.setattr(reader.grid, "read_pairs", shifted)
+    moved = reader.read(questions)
+    for before, after in zip(plain.by_score["margin"], moved.by_score["margin"], strict=True):
+        assert [c.text for c in after] == [c.text for c in before]
+        np.testing.assert_allclose([c.reader_score for c in after],
+                                   [c.reader_score for c in before], atol=1e-4)
+    assert any(pick_answer(b, None).passage_index != pick_answer(a, None).passage_index
+               for b, a in zip(plain.by_score["logits"], moved.by_score["logits"], strict=True))
+    with pytest.raises(ValueError, match="span_score 'raw'"):
+        OpenDomainReader(index, model, params, tokenizer, cache, span_score="raw")
 
 
 def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, minilm_dir, tmp_path):

@@ -30,6 +30,7 @@ from dil_jax.defaults import (
     OPEN_DOMAIN_MAX_PASSAGE_LEN,
     OPEN_DOMAIN_MAX_QUESTION_LEN,
     RETRIEVER_ENGINES,
+    SPAN_SCORES,
 )
 from dil_jax.errors import UsageError
 
@@ -65,6 +66,11 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
     parser.add_argument("--chunk-size", type=positive_int, default=None,
                         help="pairs per device step (default: 8 on CPU, 64 on accelerators: "
                         "dil_jax.defaults.default_pair_chunk_size)")
+    parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
+                        help="how passages' best spans compare: 'logits' (s_start + s_end, the "
+                             "paper's) or 'margin' (less the window's no-answer score)"
+                             + ("; odqa-eval reports every rule from one read, this one "
+                                "first" if many_k else ""))
 
 
 def _reader_prescreen(args, index):
@@ -379,7 +385,7 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
     return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
                             batch_size=args.batch_size, chunk_size=args.chunk_size,
                             prescreen=_reader_prescreen(args, index) if prescreen else None,
-                            cached_reuse=not args.no_cached_reuse)
+                            cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
 
 
 def run_ask(args: argparse.Namespace) -> int:

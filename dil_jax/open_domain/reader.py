@@ -17,8 +17,17 @@ passage's stored sentence embeddings against the question's, a `SentenceRule` ke
 pair's upper blocks read only the kept sentences' tokens (the cached lower states of the whole
 passage, gathered; `dil_jax.model.grid.kept_positions`). Spans stay in passage characters.
 
-Scores (the DilBert paper's rule): a passage's reader score is s_r = (s_start + s_end) / 2 of its
-best span. With fusion the answer maximises mu * z(s_r) + (1 - mu) * z(s_bm25), where z()
+Scores: a passage's reader score s_r is that of its best span, by one of two rules
+(`SPAN_SCORES`): "logits", the DilBert paper's (s_start + s_end) / 2, or "margin", the same less
+the window's no-answer score, (s_start + s_end - s_null_start - s_null_end) / 2. A reader trained
+on one window at a time learns each window's softmax, which is unchanged by adding a constant to
+all of that window's logits: its raw logits carry an offset per window that nothing in training
+fixes, and "logits" compares those offsets across passages; "margin" cancels the offset (it is a
+difference of two logits of the same softmax), so it compares how far each passage's answer
+stands above that passage's own "no answer". (A reader trained with shared normalisation across a
+question's windows learns comparable raw logits; both rules then have a meaning.) The best span
+of a window is the same under both rules; the best window of a passage, and so the scores, may
+differ. With fusion the answer maximises mu * z(s_r) + (1 - mu) * z(s_bm25), where z()
 standardises a score over the question's p candidates (subtract their mean, divide by their
 standard deviation). Why: BM25 scores grow with query length and term rarity, reader logits have
 a model-specific scale; over the same candidate set both become unitless "how many deviations
@@ -38,6 +47,7 @@ import jax
 import numpy as np
 
 from dil_jax.data.decoding import window_nbest
+from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
@@ -106,17 +116,21 @@ class Candidate:
     text: str
     char_start: int       # in the passage text
     char_end: int
-    reader_score: float   # (s_start + s_end) / 2
+    reader_score: float   # by the reader's span score rule (SPAN_SCORES), halved
     bm25_score: float
 
 
 @dataclasses.dataclass
 class ReadResult:
-    """Candidates of each question, in retrieval order (best BM25 first), and phase times (s)."""
+    """Candidates of each question, in retrieval order (best BM25 first), and phase times (s).
+
+    candidates: under the reader's own rule (`OpenDomainReader.span_score`); by_score: the same
+    read's candidates under every rule of SPAN_SCORES (decoding only: the read is shared)."""
 
     candidates: list[list[Candidate]]
     hits: list[list]  # BM25 hits of each question, best first
     timings: dict[str, float]
+    by_score: dict[str, list[list[Candidate]]] = dataclasses.field(default_factory=dict)
 
 
 def standardize(scores: np.ndarray) -> np.ndarray:
@@ -188,6 +202,17 @@ class RetrievedPairs:
                                 for values in (self.question, self.row, self.hit)))
 
 
+def pair_span_scores(best_span_scores: np.ndarray, scores: SpanScores, rule: str) -> np.ndarray:
+    """[n_pairs] score of each pair's best span (best_span_scores: [n_pairs], s_start + s_end)
+    under `rule` (SPAN_SCORES; the module docstring says why "margin" exists)."""
+    if rule == "logits":
+        return best_span_scores
+    if rule == "margin":
+        return best_span_scores - (np.asarray(scores.null_start_logits, np.float64)
+                                   + np.asarray(scores.null_end_logits, np.float64))
+    raise ValueError(f"unknown span score rule {rule!r}; rules are {list(SPAN_SCORES)}")
+
+
 def best_pair_of_each_hit(best_span_scores: np.ndarray, pair_hit: Sequence[tuple[int, int]]
                           ) -> dict[tuple[int, int], int]:
     """hit -> the pair (window) with the highest best-span score among that hit's pairs
@@ -206,14 +231,18 @@ class OpenDomainReader:
                  tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
                  chunk_size: int | None = None, max_answer_length: int = 30, mesh=None,
                  prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True,
-                 pair_reuse: bool = True, trim_padding: bool = True):
+                 pair_reuse: bool = True, trim_padding: bool = True,
+                 span_score: str = "logits"):
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
         from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
         reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reader as it was
         before them (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
         timing). chunk_size: pairs per step (`PairGrid`; None = its default for the
-        platform)."""
+        platform). span_score: how passages' best spans compare (SPAN_SCORES)."""
+        if span_score not in SPAN_SCORES:
+            raise ValueError(f"span_score {span_score!r}: rules are {list(SPAN_SCORES)}")
+        self.span_score = span_score
         self.index, self.model, self.params = index, model, params
         self.cached_reuse = cached_reuse
         self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
@@ -260,7 +289,7 @@ class OpenDomainReader:
         timings = dict(retrieval=0.0, question_lower=0.0, pair_upper=0.0, decode=0.0)
         if self.prescreen is not None:
             timings["prescreen"] = 0.0
-        candidates: list[list[Candidate]] = []
+        by_score: dict[str, list[list[Candidate]]] = {rule: [] for rule in SPAN_SCORES}
         all_hits: list[list] = []
         step = self.grid.batch_size
         for start in range(0, len(questions), step):
@@ -268,14 +297,15 @@ class OpenDomainReader:
             clock = time.perf_counter()
             hits = self.retrieve(batch)
             timings["retrieval"] += time.perf_counter() - clock
-            candidates += self._read_batch(batch, hits, timings)
+            for rule, batch_candidates in self._read_batch(batch, hits, timings).items():
+                by_score[rule] += batch_candidates
             all_hits += hits
-        return ReadResult(candidates, all_hits, timings)
+        return ReadResult(by_score[self.span_score], all_hits, timings, by_score)
 
     def _read_batch(self, questions: list[str], hits: list[list], timings: dict[str, float]
-                    ) -> list[list[Candidate]]:
-        """The candidates of one batch of questions (at most `grid.batch_size`), given their
-        BM25 hits; adds each phase's seconds to `timings`."""
+                    ) -> dict[str, list[list[Candidate]]]:
+        """The candidates of one batch of questions (at most `grid.batch_size`) under each span
+        score rule, given their BM25 hits; adds each phase's seconds to `timings`."""
         with _timed(timings, "question_lower"):
             q_lower, q_mask = self._encode_question_batch(questions)
         pairs = RetrievedPairs.of_hits(self.index.windows, hits)
@@ -347,32 +377,37 @@ class OpenDomainReader:
                                     positions, p_qkv=p_qkv, p_stats=p_stats)
 
     def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: SpanScores
-                    ) -> list[list[Candidate]]:
-        """Each question's candidates: per retrieved passage, the best span of its windows
-        (text sliced from the passage's characters); passages with no allowed span are left
-        out. The BM25 score rides along for fusion (`pick_answer`)."""
+                    ) -> dict[str, list[list[Candidate]]]:
+        """Each question's candidates under each span score rule: per retrieved passage, the
+        best span of its best window by that rule (text sliced from the passage's characters);
+        passages with no allowed span are left out. The BM25 score rides along for fusion
+        (`pick_answer`)."""
         pair_rows = np.asarray(pairs.row, np.int64)
         span_scores, starts, ends = window_nbest(
             scores.start_logits, scores.end_logits, self.valid_start[pair_rows],
             self.valid_end[pair_rows], n_best=1, max_answer_length=self.max_answer_length)
-        best = best_pair_of_each_hit(span_scores[:, 0], pairs.hit)
         offsets = self.cache.offsets
-        results = []
-        for qi, question_hits in enumerate(hits):
-            question_candidates = []
-            for hi, hit in enumerate(question_hits):
-                pair = best.get((qi, hi))
-                if pair is None or not np.isfinite(span_scores[pair, 0]):
-                    continue  # no allowed span (an empty passage, or nothing kept)
-                passage = self.index.passages[hit.passage_index]
-                row = pair_rows[pair]
-                char_start = int(offsets[row, starts[pair, 0], 0])
-                char_end = int(offsets[row, ends[pair, 0], 1])
-                question_candidates.append(Candidate(
-                    hit.passage_index, hi, passage.text[char_start:char_end], char_start, char_end,
-                    float(span_scores[pair, 0]) / 2, hit.score))
-            results.append(question_candidates)
-        return results
+        by_score = {}
+        for rule in SPAN_SCORES:
+            rule_scores = pair_span_scores(span_scores[:, 0], scores, rule)
+            best = best_pair_of_each_hit(rule_scores, pairs.hit)
+            results = []
+            for qi, question_hits in enumerate(hits):
+                question_candidates = []
+                for hi, hit in enumerate(question_hits):
+                    pair = best.get((qi, hi))
+                    if pair is None or not np.isfinite(span_scores[pair, 0]):
+                        continue  # no allowed span (an empty passage, or nothing kept)
+                    passage = self.index.passages[hit.passage_index]
+                    row = pair_rows[pair]
+                    char_start = int(offsets[row, starts[pair, 0], 0])
+                    char_end = int(offsets[row, ends[pair, 0], 1])
+                    question_candidates.append(Candidate(
+                        hit.passage_index, hi, passage.text[char_start:char_end], char_start,
+                        char_end, float(rule_scores[pair]) / 2, hit.score))
+                results.append(question_candidates)
+            by_score[rule] = results
+        return by_score
 
     def _screen(self, questions: list[str], hits: list[list], pair_hit: list[tuple[int, int]],
                 pair_row: np.ndarray) -> np.ndarray:
