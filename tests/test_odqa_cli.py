@@ -59,6 +59,15 @@ def test_index_ask_and_eval(tmp_path, capsys):
         for row in result["by_p"].values():
             assert row["R"] in (0.0, 100.0) and 0 <= row["F1"] <= 100
     assert (tmp_path / "eval" / "results.md").read_text().startswith("| reader |")
+    # Every rule of the one read is reported.
+    assert all(set(result["by_score"]) == {"logits", "margin"} for result in results.values())
+    # The same command again resumes from the progress files: nothing is read twice.
+    capsys.readouterr()
+    assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "0", "4",
+                 "--p", "1", "3", "--out", str(tmp_path / "eval"), *common]) == 0
+    assert capsys.readouterr().err.count("resuming: 1 questions already read") == 2
+    again = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert [r["by_score"] for r in again.values()] == [r["by_score"] for r in results.values()]
 
 
 def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, minilm_dir):

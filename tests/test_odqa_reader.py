@@ -202,3 +202,59 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
                        for a, b in split_sentences(text))
             differ += candidate.text != before.text
     assert differ > 0  # prescreening changed what was read
+
+
+def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
+    """A resumed evaluation reads only the questions its progress file lacks, drops a last line
+    cut short by a kill, and scores what one uninterrupted evaluation scores; a progress file of
+    other settings, or damaged before its last line, is refused naming it."""
+    from dil_jax.metrics.squad_metric import exact_score
+    from dil_jax.open_domain.evaluate import EvaluationProgress, ProgressFileError, evaluate_reader
+
+    config, params, tokenizer = minilm
+    model = DelayedInteractionModel(config.replace(num_lower_layers=4))
+    cache = build_reader_cache(index, model.config, params, tokenizer,
+                               encode=passage_encoder(model, params, batch_size=4))
+    reader = OpenDomainReader(index, model, params, tokenizer, cache, batch_size=4, chunk_size=8)
+    asked = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?",
+             "What is the Moon?", "Who was Elizabeth Bennet?", "What did Austen write?"]
+    examples = [SquadExample(f"q{i}", "", "", question, ("Jane Austen", "1969"))
+                for i, question in enumerate(asked)]
+    whole = evaluate_reader(reader, examples, [1, 3], 0.5, block_size=2)
+    # The means, by hand from one read of every question.
+    reader.top_p = 3
+    answers = [pick_answer([c for c in candidates if c.rank < 1], None)
+               for candidates in reader.read(asked).by_score["logits"]]
+    expected_em = 100 * np.mean([max(exact_score(a.text if a else "", gold)
+                                     for gold in ("Jane Austen", "1969")) for a in answers])
+    assert whole["by_score"]["logits"][1]["EM"] == pytest.approx(expected_em)
+
+    path, settings = tmp_path / "progress" / "reader.jsonl", {"reader": "test", "p": [1, 3]}
+    evaluate_reader(reader, examples[:3], [1, 3], 0.5, block_size=2,
+                    progress=EvaluationProgress(path, settings))
+    assert len(path.read_text().splitlines()) == 3  # the header, blocks of 2 and 1
+    with path.open("a") as out:
+        out.write('{"questions": [{"id": "q3", "unm')  # a kill in the middle of a line
+    read_again = []
+    read = reader.read
+
+    def counting(questions):
+        read_again.extend(questions)
+        return read(questions)
+
+    reader.read = counting
+    resumed = evaluate_reader(reader, examples, [1, 3], 0.5, block_size=2,
+                              progress=EvaluationProgress(path, settings))
+    assert read_again == asked[3:]
+    for rule, rows in whole["by_score"].items():
+        for p, row in rows.items():
+            for name, value in row.items():
+                assert resumed["by_score"][rule][p][name] == pytest.approx(value), (rule, p, name)
+    assert len(path.read_text().splitlines()) == 4
+
+    with pytest.raises(ProgressFileError, match=r"reader = 'test' there, 'other' now"):
+        EvaluationProgress(path, {**settings, "reader": "other"})
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{not json", *lines[2:]]) + "\n")
+    with pytest.raises(ProgressFileError, match=r"reader.jsonl: line 2 is not JSON"):
+        EvaluationProgress(path, settings)

@@ -406,11 +406,33 @@ def run_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slug(name: str) -> str:
+    """A reader's name as a file name: "DIL k=4" -> "dil_k4"."""
+    return "".join(c if c.isalnum() else "_" for c in name.lower().replace("=", "")).strip("_")
+
+
+def _evaluation_settings(args: argparse.Namespace, name: str, k: int, position: int,
+                         questions: int) -> dict:
+    """What decides an evaluation's per-question results: a progress file made under other
+    settings is refused rather than mixed in (batch and chunk sizes only change the rounding)."""
+    return dict(reader=name, data=os.path.abspath(args.data), articles=args.articles,
+                limit=args.limit, seed=args.seed, questions=questions,
+                index=os.path.abspath(args.index), checkpoint=_checkpoint_for(args, position),
+                tokenizer=args.tokenizer, k=k, p=sorted(args.p), mu=args.mu,
+                max_question_len=args.max_question_len, cache_dtype=str(args.cache_dtype),
+                prescreen=str(args.prescreen))
+
+
 def run_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.open_domain.evaluate import dump_json, evaluate_reader, markdown_table
+    from dil_jax.open_domain.evaluate import (
+        EvaluationProgress,
+        dump_json,
+        evaluate_reader,
+        markdown_table,
+    )
 
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
@@ -428,7 +450,18 @@ def run_evaluate(args: argparse.Namespace) -> int:
         for name, reader in readers.items():
             print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
                   file=sys.stderr)
-            results[name] = evaluate_reader(reader, examples, args.p, args.mu)
+            progress = None
+            if args.out:
+                # Resumable: each finished block of questions is kept under --out, and a rerun
+                # of the same command reads only the rest.
+                progress = EvaluationProgress(
+                    Path(args.out) / "progress" / f"{_slug(name)}.jsonl",
+                    _evaluation_settings(args, name, k, position, len(examples)))
+                if progress.done:
+                    print(f"  resuming: {len(progress.done)} questions already read "
+                          f"({progress.path})", file=sys.stderr)
+            results[name] = evaluate_reader(reader, examples, args.p, args.mu,
+                                            progress=progress)
     table = markdown_table(results)
     print(table)
     if args.out:

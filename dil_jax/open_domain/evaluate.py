@@ -13,13 +13,20 @@ per question once and every p and every rule is scored from that read.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
+from dil_jax.errors import DilJaxError
 from dil_jax.metrics.squad_metric import exact_score, f1_score_v1, normalize_answer
 from dil_jax.open_domain.reader import Candidate, OpenDomainReader, pick_answer
+
+log = logging.getLogger(__name__)
 
 
 def recall_at_p(example: SquadExample, passage_texts: Sequence[str]) -> bool:
@@ -35,47 +42,150 @@ def _best_over_golds(prediction: str, golds: Sequence[str]) -> tuple[float, floa
             max(f1_score_v1(prediction, gold) for gold in golds))
 
 
+class ProgressFileError(DilJaxError, ValueError):
+    """An evaluation's progress file belongs to another evaluation, or is damaged."""
+
+
+def question_record(example: SquadExample, by_score: dict[str, list[Candidate]], hits: list,
+                    passage_texts: Sequence[str], p_values: Sequence[int], mu: float
+                    ) -> dict[str, Any]:
+    """One question's results: R per p (0/1), and per span score rule and p, EM / F1 (0..1)
+    without (EM, F1) and with (EM_ir, F1_ir) the IR score; JSON-ready (p as strings).
+
+    by_score: rule -> this question's candidates; passage_texts: of `hits`, best first.
+    """
+    record: dict[str, Any] = dict(id=example.qid, unmatched=not hits, R={}, scores={})
+    for p in p_values:
+        record["R"][str(p)] = float(recall_at_p(example, passage_texts[:p]))
+    for rule, candidates in by_score.items():
+        rows = record["scores"][rule] = {}
+        for p in p_values:
+            top = [c for c in candidates if c.rank < p]
+            row = rows[str(p)] = {}
+            for suffix, mu_value in (("", None), ("_ir", mu)):
+                answer = pick_answer(top, mu_value)
+                row["EM" + suffix], row["F1" + suffix] = _best_over_golds(
+                    answer.text if answer else "", example.answer_texts)
+    return record
+
+
+def aggregate(records: Sequence[dict[str, Any]], p_values: Sequence[int]
+              ) -> dict[str, dict[int, dict[str, float]]]:
+    """rule -> p -> R, EM, F1, EM_ir, F1_ir in percent: the means of `question_record`s."""
+    n = len(records)
+    rules = records[0]["scores"] if records else {}
+    return {rule: {p: dict(R=100 * sum(r["R"][str(p)] for r in records) / n,
+                           **{name: 100 * sum(r["scores"][rule][str(p)][name] for r in records) / n
+                              for name in ("EM", "F1", "EM_ir", "F1_ir")})
+                   for p in sorted(p_values)}
+            for rule in rules}
+
+
+class EvaluationProgress:
+    """The blocks of questions an evaluation has finished, one JSON line each, after a header
+    line naming the evaluation (`settings`); `evaluate_reader` appends a line per block and, run
+    again with the same settings, skips the questions already there.
+
+    A last line cut short (a process killed while writing it) is dropped, and the file rewritten
+    without it (write, then rename); any other unreadable line, or a header with other
+    settings, is refused naming the file (and the setting).
+    """
+
+    def __init__(self, path: str | os.PathLike, settings: dict[str, Any]):
+        self.path = Path(path)
+        self.settings = json.loads(json.dumps(settings, default=str))  # as read back
+        self.blocks: list[dict[str, Any]] = []
+        if self.path.exists():
+            self._load()
+        else:
+            write_atomic(self.path, json.dumps({"settings": self.settings}) + "\n")
+
+    def _load(self) -> None:
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        parsed = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                parsed.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number < len(lines) or number == 1:
+                    raise ProgressFileError(f"{self.path}: line {number} is not JSON; delete "
+                                            f"the file to start this evaluation over") from None
+                log.warning("%s: dropping its last line, cut short (a killed run)", self.path)
+                write_atomic(self.path, "".join(f"{kept}\n" for kept in lines[:-1]))
+        header = parsed[0].get("settings") if isinstance(parsed[0], dict) else None
+        if not isinstance(header, dict):
+            raise ProgressFileError(f"{self.path}: line 1 is not a progress header")
+        for name in sorted(set(header) | set(self.settings)):
+            if header.get(name) != self.settings.get(name):
+                raise ProgressFileError(
+                    f"{self.path} belongs to another evaluation: {name} = "
+                    f"{header.get(name)!r} there, {self.settings.get(name)!r} now; delete it (or "
+                    f"its --out folder) to start over")
+        self.blocks = parsed[1:]
+
+    @property
+    def done(self) -> dict[str, dict[str, Any]]:
+        """question id -> its record, over every finished block."""
+        return {record["id"]: record for block in self.blocks for record in block["questions"]}
+
+    def append(self, block: dict[str, Any]) -> None:
+        """Adds one finished block (its line flushed to disk before this returns)."""
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(block) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        self.blocks.append(block)
+
+
 def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
-                    p_values: Sequence[int] = (29, 100), mu: float = 0.5) -> dict[str, Any]:
+                    p_values: Sequence[int] = (29, 100), mu: float = 0.5, *,
+                    progress: EvaluationProgress | None = None,
+                    block_size: int = 64) -> dict[str, Any]:
     """Scores of one reader; `examples` must be answerable (SQuAD 1.1 style).
 
     by_p: p -> R and EM/F1 (without / with IR) under the reader's own span score rule;
     by_score: rule -> p -> the same, for every rule of the one read (R is the same for all).
     `unmatched` counts the questions that share no word with any passage (no BM25 hit): they
-    are scored as unanswered (empty prediction), not errors.
+    are scored as unanswered (empty prediction), not errors. Questions are read in blocks of
+    `block_size`; with `progress`, each finished block is recorded there and the questions it
+    already holds are not read again (wall_seconds and timings then add up every block's,
+    whichever process read it).
     """
     reader.top_p = max(p_values)
-    started = time.perf_counter()
-    result = reader.read([example.question for example in examples])
-    wall = time.perf_counter() - started
-    recalls = {p: 100 * sum(recall_at_p(example, [reader.index.passages[h.passage_index].text
-                                                  for h in hits[:p]])
-                            for example, hits in zip(examples, result.hits, strict=True))
-               / len(examples) for p in p_values}
-    by_score = {rule: {p: dict(R=recalls[p], **_answer_scores(examples, candidates, p, mu))
-                       for p in sorted(p_values)}
-                for rule, candidates in result.by_score.items()}
-    # A question no passage shares a word with gets no hits: it counts as unanswered ("").
-    unmatched = sum(not hits for hits in result.hits)
+    done = progress.done if progress is not None else {}
+    todo = [example for example in examples if example.qid not in done]
+    blocks = list(progress.blocks) if progress is not None else []
+    for start in range(0, len(todo), block_size):
+        block = todo[start:start + block_size]
+        started = time.perf_counter()
+        result = reader.read([example.question for example in block])
+        wall = time.perf_counter() - started
+        records = [question_record(
+            example, {rule: candidates[i] for rule, candidates in result.by_score.items()},
+            hits, [reader.index.passages[h.passage_index].text for h in hits], p_values, mu)
+            for i, (example, hits) in enumerate(zip(block, result.hits, strict=True))]
+        finished = dict(questions=records, wall_seconds=wall, timings=result.timings)
+        if progress is not None:
+            progress.append(finished)
+        else:
+            blocks.append(finished)
+        if progress is not None and len(todo) > block_size:
+            log.info("%s: %d of %d questions read", progress.path,
+                     len(progress.done), len(examples))
+    by_id = progress.done if progress is not None else {
+        record["id"]: record for block in blocks for record in block["questions"]}
+    records = [by_id[example.qid] for example in examples]
+    every_block = progress.blocks if progress is not None else blocks
+    timings: dict[str, float] = {}
+    for block in every_block:
+        for phase, seconds in block["timings"].items():
+            timings[phase] = timings.get(phase, 0.0) + seconds
+    by_score = aggregate(records, p_values)
     return dict(k=reader.model.config.num_lower_layers, l=reader.model.config.num_layers,
-                questions=len(examples), unmatched=unmatched, mu=mu, wall_seconds=wall,
-                timings=result.timings, span_score=reader.span_score,
+                questions=len(examples), unmatched=sum(r["unmatched"] for r in records), mu=mu,
+                wall_seconds=sum(block["wall_seconds"] for block in every_block),
+                timings=timings, span_score=reader.span_score,
                 by_p=by_score[reader.span_score], by_score=by_score)
-
-
-def _answer_scores(examples: Sequence[SquadExample], candidates: Sequence[Sequence[Candidate]],
-                   p: int, mu: float) -> dict[str, float]:
-    """EM/F1 (percent) of the answers among each question's top-p candidates, without the IR
-    score (EM, F1) and fused with it at mu (EM_ir, F1_ir)."""
-    totals = dict(EM=0.0, F1=0.0, EM_ir=0.0, F1_ir=0.0)
-    for example, question_candidates in zip(examples, candidates, strict=True):
-        top = [c for c in question_candidates if c.rank < p]
-        for suffix, mu_value in (("", None), ("_ir", mu)):
-            answer = pick_answer(top, mu_value)
-            em, f1 = _best_over_golds(answer.text if answer else "", example.answer_texts)
-            totals["EM" + suffix] += em
-            totals["F1" + suffix] += f1
-    return {name: 100 * total / len(examples) for name, total in totals.items()}
 
 
 def markdown_table(results: dict[str, dict[str, Any]]) -> str:
