@@ -420,7 +420,7 @@ def _evaluation_settings(args: argparse.Namespace, name: str, k: int, position: 
                 index=os.path.abspath(args.index), checkpoint=_checkpoint_for(args, position),
                 tokenizer=args.tokenizer, k=k, p=sorted(args.p), mu=args.mu,
                 max_question_len=args.max_question_len, cache_dtype=str(args.cache_dtype),
-                prescreen=str(args.prescreen))
+                prescreen=str((args.prescreen, args.top_m, args.mass)))
 
 
 def run_evaluate(args: argparse.Namespace) -> int:

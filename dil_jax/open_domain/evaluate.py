@@ -112,7 +112,7 @@ class EvaluationProgress:
                                             f"the file to start this evaluation over") from None
                 log.warning("%s: dropping its last line, cut short (a killed run)", self.path)
                 write_atomic(self.path, "".join(f"{kept}\n" for kept in lines[:-1]))
-        header = parsed[0].get("settings") if isinstance(parsed[0], dict) else None
+        header = parsed[0].get("settings") if parsed and isinstance(parsed[0], dict) else None
         if not isinstance(header, dict):
             raise ProgressFileError(f"{self.path}: line 1 is not a progress header")
         for name in sorted(set(header) | set(self.settings)):
