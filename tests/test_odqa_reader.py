@@ -115,8 +115,9 @@ def test_span_score_rules_by_hand():
 def test_margin_rule_ignores_a_constant_added_to_a_window(minilm, index, monkeypatch):
     """The reason "margin" exists: a per-window softmax does not see a constant added to all of
     one window's logits (null included). Such a shift, different for every pair, changes
-    nothing under "margin" (scores within float32 rounding of logits of size ~10: 1e-5), while
-    it reorders the "logits" rule's passages."""
+    nothing under "margin" (within float32 rounding: shifted logits reach ~60, whose float32
+    spacing is ~4e-6, and a margin sums four of them, so ~2e-5; checked at 1e-4), while it
+    reorders the "logits" rule's passages."""
     config, params, tokenizer = minilm
     model = DelayedInteractionModel(config.replace(num_lower_layers=4))
     cache = build_reader_cache(index, model.config, params, tokenizer,
