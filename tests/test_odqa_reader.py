@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -258,4 +260,20 @@ def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "{not json", *lines[2:]]) + "\n")
     with pytest.raises(ProgressFileError, match=r"reader.jsonl: line 2 is not JSON"):
+        EvaluationProgress(path, settings)
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"questions": [{"id": "q0"}], "wall_seconds": 1.0, "timings": {}}', "lacks 'unmatched'"),
+    ('{"questions": [], "timings": {}}', "lacks 'wall_seconds'"),
+    ('[1, 2]', "a block is list"),
+])
+def test_progress_line_without_a_block_is_refused_by_line(tmp_path, line, problem):
+    """A progress line that is JSON but not a block as evaluate_reader writes it (fields missing
+    or of another type) is refused naming the file, the line and the field; not a KeyError later."""
+    from dil_jax.open_domain.evaluate import EvaluationProgress, ProgressFileError
+
+    path, settings = tmp_path / "reader.jsonl", {"reader": "test"}
+    path.write_text(json.dumps({"settings": settings}) + "\n" + line + "\n")
+    with pytest.raises(ProgressFileError, match=rf"reader.jsonl: line 2 is not a block.*{problem}"):
         EvaluationProgress(path, settings)

@@ -81,6 +81,29 @@ def aggregate(records: Sequence[dict[str, Any]], p_values: Sequence[int]
             for rule in rules}
 
 
+BLOCK_FIELDS = {"questions": list, "wall_seconds": (int, float), "timings": dict}
+RECORD_FIELDS = {"id": str, "unmatched": bool, "R": dict, "scores": dict}
+
+
+def block_problem(block: Any) -> str | None:
+    """What keeps a progress line from being a block as `evaluate_reader` writes it (the fields
+    of the block and of each `question_record`, with their JSON types), or None."""
+    for what, fields in (("block", BLOCK_FIELDS), ("question", RECORD_FIELDS)):
+        items = [block] if what == "block" else block["questions"]
+        for item in items:
+            if not isinstance(item, dict):
+                return f"a {what} is {type(item).__name__}, not an object"
+            for name, kind in fields.items():
+                if not isinstance(item.get(name), kind):
+                    return f"a {what} lacks {name!r} or it is not {_kind_name(kind)}"
+    return None
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
 class EvaluationProgress:
     """The blocks of questions an evaluation has finished, one JSON line each, after a header
     line naming the evaluation (`settings`); `evaluate_reader` appends a line per block and, run
@@ -121,6 +144,12 @@ class EvaluationProgress:
                     f"{self.path} belongs to another evaluation: {name} = "
                     f"{header.get(name)!r} there, {self.settings.get(name)!r} now; delete it (or "
                     f"its --out folder) to start over")
+        for number, block in enumerate(parsed[1:], start=2):
+            problem = block_problem(block)
+            if problem:
+                raise ProgressFileError(f"{self.path}: line {number} is not a block of "
+                                        f"questions ({problem}); delete the file to start this "
+                                        f"evaluation over")
         self.blocks = parsed[1:]
 
     @property
