@@ -19,3 +19,13 @@ def test_demo_answers_with_the_bundled_readers(tmp_path, capsys):
     assert "A: Jupiter\n" in full
     assert "from 'Jupiter'" in delayed
     assert "reader time over 1 questions" in out
+    assert out.count("reader score (logits)") == 2  # the default rule, both readers
+
+    # The same index again (reused), both readers scoring spans over their no-answer score.
+    code = main(["demo", "--index", str(tmp_path / "index"), "--distractors", "20",
+                 "--top-p", "5", "--span-score", "margin",
+                 "What is the fifth planet from the Sun?"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.count("reader score (margin)") == 2
+    assert "A: Jupiter\n" in out.split("[delayed reader")[0]

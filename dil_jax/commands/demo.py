@@ -26,6 +26,7 @@ from dil_jax.defaults import (
     OPEN_DOMAIN_DOC_STRIDE,
     OPEN_DOMAIN_MAX_PASSAGE_LEN,
     OPEN_DOMAIN_MAX_QUESTION_LEN,
+    SPAN_SCORES,
 )
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,10 @@ def register(subparsers) -> None:
                         help="split point of the delayed reader, >= 1 (default: its own)")
     parser.add_argument("--top-p", type=positive_int, default=10)
     parser.add_argument("--mu", type=unit_interval, default=0.5)
+    parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
+                        help="how passages' best spans compare, for both readers: 'logits' "
+                             "(s_start + s_end, the paper's) or 'margin' (less the window's "
+                             "no-answer score); docs/open_domain.md compares them")
     parser.add_argument("--max-question-len", type=positive_int,
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN)
     parser.add_argument("--max-passage-len", type=window_len,
@@ -138,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         cache = build_reader_cache(index, model.config, params, tokenizer,
                                    encode=passage_encoder(model, params, 32))
         readers[name] = OpenDomainReader(index, model, params, tokenizer, cache,
-                                         top_p=args.top_p, batch_size=1, chunk_size=args.top_p)
+                                         top_p=args.top_p, batch_size=1, chunk_size=args.top_p,
+                                         span_score=args.span_score)
     print(f"index: {args.index}: {len(index.passages)} passages ({index.settings['num_windows']}"
           f" windows), ready in {time.perf_counter() - started:.1f} s")
 

@@ -457,7 +457,8 @@ def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[
         ("..." if last < len(passage.text) else "")
     lines += [f"A: {answer.text}",
               f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
-              f"of {len(hits)}; reader score {answer.reader_score:.2f}, "
+              f"of {len(hits)}; reader score ({reader.span_score}) "
+              f"{answer.reader_score:.2f}, "
               f"BM25 {answer.bm25_score:.2f}"
               + ("" if mu is None else f", fused with mu={mu}"),
               f"   passage: {context}",
