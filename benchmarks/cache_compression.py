@@ -97,7 +97,7 @@ def build_scheme_cache(folder: Path, index, model, params, tokenizer, scheme: st
                        batch_size: int):
     """The corpus cache of this reader in `scheme` (built, resumed or reopened)."""
     from dil_jax.open_domain.build import passage_encoder
-    from dil_jax.open_domain.cache import build_passage_cache
+    from dil_jax.open_domain.cache_build import build_passage_cache
     from dil_jax.open_domain.index import window_arrays
     from dil_jax.open_domain.reuse import reuse_encoder
 

@@ -27,9 +27,9 @@ from dil_jax.open_domain.cache import (
     CacheBrokenError,
     CacheMismatchError,
     PassageCache,
-    build_passage_cache,
     cache_bytes_per_token,
 )
+from dil_jax.open_domain.cache_build import build_passage_cache
 from dil_jax.open_domain.compression import Storage
 from dil_jax.open_domain.corpus import Document, split_documents
 from dil_jax.open_domain.index import build_index, build_reader_cache, window_arrays

@@ -37,14 +37,13 @@ from dil_jax.data.features import window_contexts
 from dil_jax.open_domain.cache import (
     CHECKED_ROWS,
     PassageCache,
-    build_passage_cache,
-    build_sharded_passage_cache,
     cache_name,
     check_states,
     reader_manifest,
     texts_fingerprint,
     tokenizer_fingerprint,
 )
+from dil_jax.open_domain.cache_build import build_passage_cache, build_sharded_passage_cache
 from dil_jax.open_domain.corpus import Passage
 from dil_jax.open_domain.index_files import (
     CHECKED_FILES,
