@@ -246,3 +246,15 @@ def test_cache_is_reused_atomic_and_keyed(tokenizer, v11, tmp_path, monkeypatch)
     (tmp_path / files[0]).write_bytes(b"not an npz")
     again = featurize(examples, tokenizer, max_passage_len=64, doc_stride=32, cache_dir=tmp_path)
     np.testing.assert_array_equal(again.p_ids, first.p_ids)
+
+
+def test_cache_key_ignores_the_tokenizers_call_state(tokenizer, v11):
+    """A fast tokenizer keeps the truncation/padding of its last call in its definition; the
+    features file's name must not change with it (else a cache written before a call is never
+    found after it), while the vocabulary still keys it."""
+    examples = v11.examples[:3]
+    before = features_module.cache_key(examples, tokenizer, 32, 64, 32)
+    tokenizer("a question", "a passage", truncation="only_second", max_length=20,
+              padding="max_length")
+    assert features_module.cache_key(examples, tokenizer, 32, 64, 32) == before
+    assert features_module.tokenizer_identity(tokenizer) != repr(sorted(tokenizer.get_vocab()))

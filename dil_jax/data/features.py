@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -381,15 +382,27 @@ def _realign(rows: np.ndarray, owner: np.ndarray, local_start: np.ndarray,
 # ----------------------------------------------------------------------------- cache
 
 
+def tokenizer_identity(tokenizer) -> str:
+    """The tokenizer's definition (vocabulary, normalizer, pre-tokenizer, model, ...) as text,
+    without its truncation and padding settings: a fast tokenizer's backend keeps those from the
+    last call that set them (`featurize` sets them), so they would make the same tokenizer name
+    different features files before and after its first use."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return repr(sorted(tokenizer.get_vocab()))
+    definition = json.loads(backend.to_str())
+    for call_state in ("truncation", "padding"):
+        definition.pop(call_state, None)
+    return json.dumps(definition, sort_keys=True)
+
+
 def cache_key(examples: Sequence[SquadExample], tokenizer, max_question_len: int,
               max_passage_len: int, doc_stride: int, realign_answers: bool = True) -> str:
     """Hex digest naming a features file: examples, tokenizer definition, lengths, format."""
     digest = hashlib.sha256()
     digest.update(f"format={FEATURE_FORMAT};q={max_question_len};p={max_passage_len};"
                   f"s={doc_stride};r={int(realign_answers)};".encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    identity = backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab()))
-    digest.update(hashlib.sha256(identity.encode()).digest())
+    digest.update(hashlib.sha256(tokenizer_identity(tokenizer).encode()).digest())
     for e in examples:
         record = "\x1f".join([e.qid, e.question, e.context, *e.answer_texts,
                               *map(str, e.answer_starts), str(e.is_impossible)])
