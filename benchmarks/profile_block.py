@@ -27,7 +27,7 @@ import torch
 from dil_jax.bench.machine import retain_freed_memory
 from dil_jax.bench.peer import hf_model_from_params
 from dil_jax.config import EncoderConfig
-from dil_jax.model import modules
+from dil_jax.model import attention, modules
 
 
 def timed(runs: dict, repeats: int) -> dict[str, list[float]]:
@@ -62,7 +62,7 @@ def main() -> None:
     x = rng.standard_normal((b, s, h)).astype(np.float32)
     mask = np.ones((b, s), np.float32)
     mask[-1, s * 3 // 4:] = 0
-    bias = modules.attention_bias(jnp.asarray(mask))
+    bias = attention.attention_bias(jnp.asarray(mask))
     block = modules.Block(cfg)
     params = block.init(jax.random.PRNGKey(0), x, bias)
     layer = hf_model_from_params(
@@ -97,7 +97,7 @@ def main() -> None:
         return lambda: jax.block_until_ready(compiled(*operands))
 
     def attend_loop(q):
-        return jax.lax.map(lambda t: modules._attend(cfg, *t), (q, q, q, bias))
+        return jax.lax.map(lambda t: attention._attend(cfg, *t), (q, q, q, bias))
 
     def scores(q, k, b):
         return jnp.einsum("hqd,hkd->hqk", q, k) + b

@@ -17,9 +17,9 @@ from dil_jax import bench
 from dil_jax.bench import report as bench_report
 from dil_jax.commands import bench as bench_command
 from dil_jax.mesh import data_mesh
+from dil_jax.model.attention import attends_per_example
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import attends_per_example
 
 # XLA's count (matmuls + elementwise) over the matmul formula: 1.006-1.007 on the tiny config,
 # reuses on or off (benchmarks/README.md, "FLOPs: XLA's count vs the formula").

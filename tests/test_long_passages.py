@@ -19,9 +19,10 @@ from dil_jax.bench.programs import program_stats
 from dil_jax.checkpoints import encoder_config_from_hf, hf_config_from_encoder_config
 from dil_jax.config import LONG_PASSAGE_DEFAULTS, ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
+from dil_jax.model.attention import attention_bias
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
 from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT, Block, attention_bias
+from dil_jax.model.modules import PASSAGE_SEGMENT, Block
 from dil_jax.model.reversible import reversible_forward, reversible_layers
 
 from conftest import tiny_hf_config

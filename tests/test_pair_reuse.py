@@ -22,16 +22,14 @@ from test_delayed import MAX_Q, _reference, _segments
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.config import EncoderConfig
 from dil_jax.model import grid as grid_module
-from dil_jax.model.delayed import DelayedInteractionModel, InputError
-from dil_jax.model.grid import PairGrid, chunk_width, kept_positions, real_lengths
-from dil_jax.model.modules import (
-    PADDED_LOGIT,
-    PASSAGE_SEGMENT,
-    QUESTION_SEGMENT,
+from dil_jax.model.attention import (
     _attend_with_passage_stats,
     attention_bias,
     passage_attention_stats,
 )
+from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.grid import PairGrid, chunk_width, kept_positions, real_lengths
+from dil_jax.model.modules import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
 
 from conftest import state_dict_numpy
 

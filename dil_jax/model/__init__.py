@@ -1,6 +1,10 @@
 """The delayed-interaction reader: Flax modules, the pure-functional API and the pair grid.
 
-    modules.py  Flax modules: embeddings, attention, blocks, the span head
+    attention.py
+                self-attention (`SelfAttention`) and the softmax-part arithmetic that lets a pair
+                reuse its passage's cached attention statistics (`PassageAttentionStats`,
+                `passage_attention_stats`)
+    modules.py  Flax modules: embeddings, blocks, the span head
                 (`SpanReaderModule` with `encode_lower` / `project_upper` / `encode_upper`)
     delayed.py  `DelayedInteractionModel`: params in, arrays out — `encode_lower` (blocks 1..k on
                 one segment), `project_upper` (the first upper block's q/k/v of one segment),
@@ -16,9 +20,11 @@
                 the long-passage options (docs/architecture.md, "Long passages"): Reformer
                 LSH attention, chunked row-wise maps and remat policies, reversible layers
 
-Dependencies run one way: lsh, memory, reversible <- modules <- delayed <- grid.
+Dependencies run one way: lsh <- attention; attention, memory, reversible <- modules <- delayed
+<- grid.
 """
 
+from dil_jax.model.attention import PassageAttentionStats
 from dil_jax.model.delayed import (
     DelayedInteractionModel,
     InputError,
@@ -30,7 +36,6 @@ from dil_jax.model.grid import PairGrid, SpanScores, reads_passage_ids
 from dil_jax.model.modules import (
     PASSAGE_SEGMENT,
     QUESTION_SEGMENT,
-    PassageAttentionStats,
     ReaderOutput,
     SpanReaderModule,
 )

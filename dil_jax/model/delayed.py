@@ -27,15 +27,13 @@ import jax.numpy as jnp
 
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
+from dil_jax.model.attention import QKV, PassageAttentionStats, passage_attention_stats
 from dil_jax.model.modules import (
     PASSAGE_SEGMENT,
-    QKV,
     QUESTION_SEGMENT,
-    PassageAttentionStats,
     ReaderOutput,
     SpanReaderModule,
     pair_reuses_apply,
-    passage_attention_stats,
 )
 from dil_jax.model.xlnet import XLNetSpanReaderModule, XLNetUnsupportedError
 

@@ -41,13 +41,12 @@ from jax.sharding import PartitionSpec as P
 from dil_jax.config import EncoderConfig
 from dil_jax.defaults import default_pair_chunk_size
 from dil_jax.mesh import DATA_AXIS, data_mesh
+from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.modules import (
     PADDED_LOGIT,
     PASSAGE_SEGMENT,
-    QKV,
     QUESTION_SEGMENT,
-    PassageAttentionStats,
     pair_reuses_apply,
 )
 from dil_jax.rounding import round_up

@@ -38,17 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dil_jax.config import ConfigError, EncoderConfig
+from dil_jax.model.attention import QKV, PassageAttentionStats, _dense, attention_bias
 from dil_jax.model.modules import (
     PADDED_LOGIT,
-    QKV,
     QUESTION_SEGMENT,
-    PassageAttentionStats,
     ReaderOutput,
-    _dense,
     _layer_norm,
     _pair_rows,
     activation_fn,
-    attention_bias,
     read_aligned_pairs,
 )
 

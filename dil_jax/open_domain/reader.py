@@ -49,9 +49,9 @@ import numpy as np
 from dil_jax.data.decoding import window_nbest
 from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
+from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
-from dil_jax.model.modules import QKV, PassageAttentionStats
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.open_domain.reuse import pair_inputs
