@@ -71,7 +71,7 @@ class EncoderConfig:
         it. Ignored at k = 0 (positions follow the real question). Saved configs omit it at 0.
       attention_form: how inference attention is traced: "per_example" loops it over the batch,
         "batched" is one batched op, "auto" picks per_example on CPU and batched elsewhere (see
-        `modeling.attends_per_example`). The same operations either way, so not a
+        `dil_jax.model.attention.attends_per_example`). The same operations either way, so not a
         hyper-parameter: `to_dict` leaves the default out and saved configs stay as they were.
 
     Long passages (docs/architecture.md, "Long passages"); every field is off by default and

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from dil_jax.rounding import ceil_div, round_up
 
-# Added to scores of padded keys: exp() underflows to an exact 0 (the value of modules.MASK_BIAS).
+# Added to scores of padded keys: exp() underflows to an exact 0 (the value of attention.MASK_BIAS).
 MASK_BIAS = float(jnp.finfo(jnp.float32).min)
 # Reformer's self-attention score when a token may attend to itself only as a last resort:
 # exp(SELF_SCORE - s) is an exact float32 0 beside any real score s > -1e5 + 104.
