@@ -109,3 +109,37 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
     assert calls == [3, 3] and resumed == [3, 1]  # 10 passages: chunks 3 3 | 3 1
     np.testing.assert_array_equal(cache.read_states(range(10)), encode(ids, mask))
     assert not list(tmp_path.glob(".cache.partial"))
+
+
+def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_path,
+                                                             monkeypatch):
+    """A cache whose arrays (sparse memory maps, filled as written) would not fit in the disk's
+    free space is refused before anything is written, naming what and how much; the bytes are a
+    hand count: float32 states 4 x hidden per token, int32 ids + mask + 2 offsets 16 per token,
+    and with the reuse arrays four more hidden-wide float32 arrays and a float32 per head."""
+    import collections
+
+    from dil_jax.open_domain import cache_build
+    from dil_jax.open_domain.compression import Storage
+
+    config, params, ids, mask, offsets = reader_parts
+    hidden = config.hidden_size
+    assert cache_build.cache_bytes_per_window_token(
+        {"reuse": True, "num_heads": 12}, Storage("float32"), 384, True) == 384 * 4 * 5 + 12 * 4
+    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    needed = 10 * P_LEN * (4 * hidden + 16)
+    usage = collections.namedtuple("usage", "total used free")
+    margin = cache_build.FREE_SPACE_MARGIN_BYTES
+    monkeypatch.setattr(cache_build.shutil, "disk_usage",
+                        lambda path: usage(0, 0, needed + margin - 1))
+    with pytest.raises(cache_build.DiskSpaceError,
+                       match=r"the passage cache cache \(10 of 10 windows to write\) needs "
+                             r"0\.0 GiB and .* free"):
+        build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
+                            _encoder(config, params), hidden)
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setattr(cache_build.shutil, "disk_usage",
+                        lambda path: usage(0, 0, needed + margin))
+    build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
+                        _encoder(config, params), hidden)
+    assert (tmp_path / "cache" / "manifest.json").exists()

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dil_jax.atomic import write_atomic
+from dil_jax.errors import DilJaxError
 from dil_jax.open_domain.cache import (
     _MANIFEST,
     CACHE_FORMAT,
@@ -102,6 +103,11 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
         return cache
     staging = directory.with_name(f".{directory.name}.partial")
     done = _resume_point(staging, manifest)
+    rows, length = ids.shape
+    check_free_space(staging.parent, (rows - (done or 0)) * length * cache_bytes_per_window_token(
+        manifest, storage, hidden_size, has_states=encode is not None)
+        + (0 if done is not None else rows * length * TOKEN_ARRAY_BYTES),
+        f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} windows to write)")
     if done is None:
         if encode is not None and storage.pca_dim is not None and pca is None:
             pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
@@ -137,6 +143,40 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     _write_json_atomic(staging / _MANIFEST, manifest)
     os.replace(staging, directory)
     return PassageCache.open(directory)
+
+
+# ids and mask (int32 each) and offsets (two int32) per window token.
+TOKEN_ARRAY_BYTES = 4 * (1 + 1 + 2)
+# Left free beside a cache, for everything else that writes to the same disk.
+FREE_SPACE_MARGIN_BYTES = 1 << 30
+
+
+class DiskSpaceError(DilJaxError, OSError):
+    """A cache would not fit on its disk."""
+
+
+def cache_bytes_per_window_token(manifest: dict[str, Any], storage: Storage, hidden_size: int,
+                                 has_states: bool) -> int:
+    """Stored bytes of one window token's lower states and, with manifest["reuse"], its first
+    upper block arrays (the .npy headers and a PCA basis not counted)."""
+    per_token = storage.bytes_per_token(hidden_size) if has_states else 0
+    if manifest.get("reuse"):
+        per_token += (len(REUSE_WIDE_ARRAYS) * storage.without_pca().bytes_per_token(hidden_size)
+                      + 4 * int(manifest["num_heads"]))
+    return per_token
+
+
+def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
+    """Refuses, before anything is written, a build whose arrays would not fit in `folder`'s
+    free space (less FREE_SPACE_MARGIN_BYTES): the arrays are sparse memory maps that take their
+    blocks as they are written, so a full disk would otherwise stop the build part-way (a killed
+    process, or a SIGBUS) after filling it."""
+    free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    if needed_bytes + FREE_SPACE_MARGIN_BYTES > free:
+        raise DiskSpaceError(
+            f"{what} needs {needed_bytes / 2**30:.1f} GiB and {folder} has {free / 2**30:.1f} GiB "
+            f"free (keeping {FREE_SPACE_MARGIN_BYTES / 2**30:.0f} GiB spare): free space, or "
+            "store less (--cache-dtype bfloat16, int8 or pca<d>; without --cache-reuse)")
 
 
 def _existing_cache(directory: Path, manifest: dict[str, Any],
