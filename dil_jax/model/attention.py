@@ -37,11 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dil_jax.config import EncoderConfig
-from dil_jax.model.lsh import lsh_attention
-
-# Added to attention scores of padding keys. float32 min as in Hugging Face: exp() underflows to an
-# exact 0, so masked keys get exactly zero weight and padding never changes a real token's state.
-MASK_BIAS = float(jnp.finfo(jnp.float32).min)
+from dil_jax.model.lsh import MASK_BIAS, lsh_attention  # one padding bias for full and LSH
 
 # One attention's (query, key, value), each [batch, heads, seq, head_dim], the query pre-scaled.
 QKV = tuple[jax.Array, jax.Array, jax.Array]

@@ -41,7 +41,9 @@ import jax.numpy as jnp
 
 from dil_jax.rounding import ceil_div, round_up
 
-# Added to scores of padded keys: exp() underflows to an exact 0 (the value of attention.MASK_BIAS).
+# Added to attention scores of padding keys, here and in attention.py (full attention). float32
+# min as in Hugging Face: exp() underflows to an exact 0, so masked keys get exactly zero weight
+# and padding never changes a real token's state.
 MASK_BIAS = float(jnp.finfo(jnp.float32).min)
 # Reformer's self-attention score when a token may attend to itself only as a last resort:
 # exp(SELF_SCORE - s) is an exact float32 0 beside any real score s > -1e5 + 104.
