@@ -49,7 +49,8 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
               "max_question_len": config.max_question_len}
     if config.passage_position_offset:
         # A delayed reader trained with passages from position N reads them from N; loaded
-        # from 0 it would run on positions it never saw (~9 F1 lost on the bundled k = 4).
+        # from 0 it would run on positions it never saw (docs/training.md, "Where a delayed
+        # passage's positions start").
         reader["passage_position_offset"] = config.passage_position_offset
     manifest = dict(manifest or {}, reader=reader)
     if from_base is not None:
