@@ -12,6 +12,11 @@ Variants (`configs/minilm_squad.py:VARIANT[,SUFFIX...]`), N = k in 1..5 of the 6
              dil_jax/assets/minilm-squad-full)
   kN_warm    k = N initialised from the fine-tuned full reader's own weights (lr 1e-4), then
              KD + LRS from that same reader (the bundled one)
+  full_warm  k = 0 with the kN_warm recipe: the bundled full reader trained on for the same
+             schedule (lr 1e-4, KD + LRS from itself as it was). The control for the students'
+             F1 ratios: a warm student has had the full reader's steps and then its own, so
+             "student F1 / full F1" must also be read against what those extra steps give the
+             full reader itself
 Delayed variants number a passage's positions from 14, the median `[CLS] q [SEP]` length of the
 training questions (EncoderConfig.passage_position_offset): where the full reader's passages
 sit, yet the same for every question, so passages stay cacheable.
@@ -48,11 +53,12 @@ from dil_jax.defaults import (
 from dil_jax.errors import UsageError
 from dil_jax.train.default_config import base_config
 
-VARIANT_PATTERN = re.compile(r"full|k([1-5])(_distill|_warm)?")
+VARIANT_PATTERN = re.compile(
+    r"full(?P<full_recipe>_warm)?|k(?P<k>[1-5])(?P<recipe>_distill|_warm)?")
 V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX = "v2", "shared", "extra"
 SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX)
-USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra], VARIANT = full, kN, kN_distill "
-         "or kN_warm")
+USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra], VARIANT = full, full_warm, kN, "
+         "kN_distill or kN_warm")
 # The median length of `[CLS] q [SEP]` over the 4,735 training questions (MiniLM WordPiece).
 PASSAGE_POSITION_OFFSET = 14
 # Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
@@ -82,8 +88,8 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
     match = VARIANT_PATTERN.fullmatch(variant)
     if not match:
         raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r} ({USAGE})")
-    k = int(match.group(1) or 0)
-    recipe = (match.group(2) or "").lstrip("_")
+    k = int(match.group("k") or 0)
+    recipe = (match.group("recipe") or match.group("full_recipe") or "").lstrip("_")
     if EXTRA_SUFFIX in suffixes and (not recipe or V2_SUFFIX in suffixes):
         raise UsageError(f"configs/minilm_squad.py: {spec!r}: the {EXTRA_SUFFIX!r} suffix adds "
                          "questions without labels, for a distilled v1.1 student (kN_distill "

@@ -79,7 +79,15 @@ def test_every_shipped_config_loads():
         "runs/minilm_squad_full_shared/params")
     assert warm.loss.shared_norm and warm.data.windows_per_question == 4
     assert warm.workdir == "runs/minilm_squad_k5_warm_shared"
-    for spec in ("k6", "k0", "k4_cold", "full_warm"):
+    # The control of the students' ratios: the bundled full reader, trained on with their recipe.
+    control = load_config_file(f"{REPO}/configs/minilm_squad.py:full_warm")
+    assert control.model.num_lower_layers == 0 and not control.model.passage_position_offset
+    assert control.model.checkpoint == control.teacher.checkpoint == (
+        "dil_jax/assets/minilm-squad-full")
+    assert (control.optim.learning_rate, control.loss.kd_weight, control.loss.lrs_weight) == (
+        1e-4, 1.0, 1.0)
+    assert control.workdir == "runs/minilm_squad_full_warm"
+    for spec in ("k6", "k0", "k4_cold", "full_distill", "k0_warm"):
         with pytest.raises(ValueError, match=f"unknown variant '{spec}'"):
             load_config_file(f"{REPO}/configs/minilm_squad.py:{spec}")
     paper = load_config_file(REPO / "configs" / "bert_base_squad.py")
