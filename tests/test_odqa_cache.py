@@ -14,9 +14,9 @@ from dil_jax.model.modules import PASSAGE_SEGMENT
 from dil_jax.open_domain.cache import (
     CacheMismatchError,
     PassageCache,
-    reader_manifest,
 )
 from dil_jax.open_domain.cache_build import build_passage_cache
+from dil_jax.open_domain.cache_check import reader_manifest
 
 P_LEN = 16
 

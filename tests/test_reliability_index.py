@@ -259,7 +259,7 @@ def test_an_index_is_never_written_into_a_foreign_folder(tmp_path, built, capsys
 
 def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     from dil_jax.errors import DilJaxError
-    from dil_jax.open_domain.cache import reader_manifest
+    from dil_jax.open_domain.cache_check import reader_manifest
     from dil_jax.open_domain.corpus import (
         Document,
         read_jsonl,

@@ -1,7 +1,8 @@
 """The passage cache: tokenized passages and their lower states, computed once, read by subset.
 
 This module holds the cache's format and its reading side: the layout below, the manifest's
-names and checks, the errors, the fingerprints, and `PassageCache` with `check_states`. Writing
+names and checks, the errors, and `PassageCache`. What a cache is checked against (the
+fingerprints, `reader_manifest`, `check_states`) is `dil_jax.open_domain.cache_check`'s. Writing
 a cache (`build_passage_cache`, `build_sharded_passage_cache`, the staging folder, resumption
 and the multi-process waits) is `dil_jax.open_domain.cache_build`'s: every process that only
 reads a cache (answering, evaluating) needs none of it, and the builder depends on this module,
@@ -58,7 +59,6 @@ from typing import Any
 
 import numpy as np
 
-from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
 from dil_jax.errors import DilJaxError
 from dil_jax.open_domain.compression import CacheStorageError, PcaBasis, Storage
 
@@ -89,17 +89,6 @@ class CacheBrokenError(CacheMismatchError):
     """
 
 
-# Rows compared by `check_states`: first and last are enough to catch another k or model (every
-# state of a row changes), and cost one tiny encoder call.
-CHECKED_ROWS = 2
-# Mean |stored - expected| / mean |expected| above which stored values are not this encoder's,
-# where expected = the fresh values sent through the array's own storage (its round trip), so
-# compression error does not count: re-encoding in float32 differs by ~1e-6 (more across devices,
-# e.g. TF32 matmuls on a GPU: ~1e-3), which flips an int8 code or a bfloat16 rounding only near a
-# rounding boundary (~4e-3 at most on the mean); another k or model differs by tens of percent.
-CHECK_TOLERANCE = {"float32": 1e-3}
-QUANTIZED_TOLERANCE = 1e-2
-
 # The first-upper-block arrays of a `reuse` cache (dil_jax.open_domain.reuse explains them):
 # [rows, p_len, hidden] in the cache's storage (pca<d>: int8, they have no basis of their own) ...
 REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
@@ -120,15 +109,6 @@ def cache_name(manifest: dict[str, Any]) -> str:
 def _broken(path: Path, problem: str) -> CacheBrokenError:
     return CacheBrokenError(f"{path}: broken passage cache ({problem}); rerun `dil-jax index` "
                             "with the same --out and reader to rebuild it")
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    vocab = sorted(tokenizer.get_vocab().items())
-    return f"{type(tokenizer).__name__}:{short_sha256([json.dumps(vocab).encode()])}"
-
-
-def texts_fingerprint(texts: Sequence[str]) -> str:
-    return short_sha256([json.dumps(list(texts)).encode()])
 
 
 class StoredArray:
@@ -437,63 +417,6 @@ def _load_array(path: Path, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
-def _mean_relative_difference(stored: np.ndarray, expected: np.ndarray, mask: np.ndarray
-                              ) -> float:
-    """mean |stored - expected| / mean |expected| over the real tokens (mask [rows, p_len]):
-    padding rows are never read."""
-    mask = np.asarray(mask, bool)
-    scale = float(np.abs(expected[mask]).mean()) or 1.0
-    return float(np.abs(stored[mask] - expected[mask]).mean()) / scale
-
-
-def _tolerance(storage: Storage) -> float:
-    return CHECK_TOLERANCE.get(storage.name, QUANTIZED_TOLERANCE)
-
-
-def check_states(cache: PassageCache,
-                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                 reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None = None
-                 ) -> None:
-    """Refuses (CacheBrokenError) a cache whose stored states (or reuse arrays) are not these.
-
-    Re-encodes CHECKED_ROWS sampled rows (the first and the last), sends the fresh values through
-    each array's own storage (so compression error does not count) and compares them with the
-    stored ones, so a manifest edited to claim another k (or model) is caught on open. With
-    `reuse` and a cache holding the first-upper-block arrays, those are recomputed from the fresh
-    states and compared too; a mismatch names the file. A k = 0 cache holds no states: nothing
-    to compare.
-
-    encode: (ids, mask) [rows, passage_len] -> [rows, passage_len, hidden] lower states.
-    reuse: (states, mask) -> the first-upper-block arrays (`dil_jax.open_domain.reuse`).
-    """
-    if cache.states is None or not len(cache):
-        return
-    rows = sorted({0, len(cache) - 1})[:CHECKED_ROWS]
-    mask = np.asarray(cache.mask[rows])
-    fresh = np.asarray(encode(np.asarray(cache.ids[rows]), mask), dtype=np.float32)
-    difference = _mean_relative_difference(cache.read_states(rows),
-                                           cache.states.round_trip(fresh), mask)
-    if not difference <= _tolerance(cache.storage):
-        k = cache.manifest["num_lower_layers"]
-        raise CacheBrokenError(
-            f"{cache.directory}: the stored states do not match k={k} of this reader (mean "
-            f"relative difference {difference:.3g} on {len(rows)} sampled passages): the cache "
-            "was built by another model or k, or its manifest was edited; rerun `dil-jax index` "
-            "with the same --out and reader to rebuild it")
-    if reuse is None or cache.reuse is None:
-        return
-    for name, fresh_array in reuse(fresh, mask).items():
-        stored = cache.reuse[name]
-        difference = _mean_relative_difference(stored.read(rows),
-                                               stored.round_trip(fresh_array), mask)
-        if not difference <= _tolerance(stored.storage):
-            raise CacheBrokenError(
-                f"{stored.path}: the stored first-upper-block array {name} does not match this "
-                f"reader's (mean relative difference {difference:.3g} on {len(rows)} sampled "
-                "passages): it belongs to another model or k, or was edited; rerun `dil-jax "
-                "index` with the same --out and reader to rebuild the cache")
-
-
 def cache_bytes_per_token(cache: PassageCache) -> dict[str, float]:
     """File bytes per token slot (num_passages x passage_len, padding included) of each part of
     a cache, from the files on disk: `states` (lower states: codes, scales, PCA basis), `reuse`
@@ -514,18 +437,3 @@ def cache_bytes_per_token(cache: PassageCache) -> dict[str, float]:
         elif path.name in ("ids.npy", "mask.npy", "offsets.npy"):
             parts["tokens"] += size
     return {name: size / slots for name, size in parts.items()}
-
-
-def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int,
-                    passages_id: str, dtype: str = "float32") -> dict[str, Any]:
-    """The MATCHED_FIELDS of a reader: what a cache must have been built with to serve it.
-
-    dtype: the storage scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>, d <= hidden);
-    another name is CacheStorageError.
-    """
-    Storage.parse(dtype)  # an unknown name is refused before the config is read
-    Storage.parse(dtype, config.hidden_size)
-    return dict(model=params_fingerprint(params), architecture=config.architecture,
-                num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
-                tokenizer=tokenizer_id, max_passage_len=max_passage_len, dtype=dtype,
-                passages=passages_id)

@@ -4,8 +4,8 @@
 describes); `build_sharded_passage_cache` has several processes write one shard each, planned
 by process 0 and awaited by file polls (`wait_for`). Building lives apart from the format and
 reading side so that a process that only reads a cache carries none of the staging, resumption
-and waiting code; this module imports from `cache` (names, errors, `PassageCache`,
-`check_states`), never the reverse.
+and waiting code; this module imports from `cache` (names, errors, `PassageCache`) and
+`cache_check` (`check_states`), never the reverse.
 
 Building is resumable and atomic: everything is written into `.<name>.partial/` with a
 progress record updated after each flushed chunk, and the folder is renamed into place only
@@ -40,9 +40,9 @@ from dil_jax.open_domain.cache import (
     CacheMismatchError,
     PassageCache,
     ShardWaitError,
-    check_states,
     shard_name,
 )
+from dil_jax.open_domain.cache_check import check_states
 from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
 
 log = logging.getLogger(__name__)
