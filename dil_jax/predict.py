@@ -24,7 +24,8 @@ from dil_jax.data.decoding import Prediction, answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
 
 log = logging.getLogger(__name__)

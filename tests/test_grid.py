@@ -23,7 +23,8 @@ GRID_SCRIPT = textwrap.dedent("""
     import jax
     import numpy as np
     from dil_jax.config import EncoderConfig
-    from dil_jax.model.grid import PairGrid, kept_positions
+    from dil_jax.model.grid import PairGrid
+    from dil_jax.model.pairs import kept_positions
     from dil_jax.model.delayed import DelayedInteractionModel
 
     k, out = int(sys.argv[1]), sys.argv[2]
@@ -100,8 +101,9 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
 
     from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid, kept_positions
+    from dil_jax.model.grid import PairGrid
     from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
+    from dil_jax.model.pairs import kept_positions
 
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=k)
     model = DelayedInteractionModel(config)

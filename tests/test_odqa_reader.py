@@ -11,7 +11,8 @@ import pytest
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid, SpanScores
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.pairs import SpanScores
 from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.corpus import Document, split_documents
 from dil_jax.open_domain.index import build_index, build_reader_cache

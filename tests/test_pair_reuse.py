@@ -28,8 +28,9 @@ from dil_jax.model.attention import (
     passage_attention_stats,
 )
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
-from dil_jax.model.grid import PairGrid, chunk_width, kept_positions, real_lengths
+from dil_jax.model.grid import PairGrid
 from dil_jax.model.modules import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.pairs import chunk_width, kept_positions, real_lengths
 
 from conftest import state_dict_numpy
 

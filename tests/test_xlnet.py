@@ -406,7 +406,7 @@ def test_pair_grid_equals_direct_pairs(xlnet_folder, k, reuse):
                                np.asarray(direct.null_end_logits), atol=1e-5)
     if k == 1:
         from dil_jax.model.delayed import InputError
-        from dil_jax.model.grid import kept_positions
+        from dil_jax.model.pairs import kept_positions
 
         with pytest.raises(InputError, match="prescreening.*xlnet"):
             next(grid.iter_pair_chunks(params, q_lower, q_mask, grid.passage_side(

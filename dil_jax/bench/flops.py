@@ -13,7 +13,7 @@ from typing import Any
 
 from dil_jax.bench.grids import FULL, PHASES, GridSpec
 from dil_jax.config import EncoderConfig
-from dil_jax.model.grid import hoists_projections, reads_passage_ids
+from dil_jax.model.pairs import hoists_projections, reads_passage_ids
 
 
 def block_flops(config: EncoderConfig, batch: int, seq: int) -> int:

@@ -20,8 +20,9 @@ from dil_jax.bench.flops import phase_flops
 from dil_jax.bench.grids import PHASES, GridSpec
 from dil_jax.model.attention import PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid, reads_passage_ids
+from dil_jax.model.grid import PairGrid
 from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.pairs import reads_passage_ids
 from dil_jax.rounding import ceil_div
 
 

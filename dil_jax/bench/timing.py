@@ -20,7 +20,8 @@ from dil_jax.bench.grids import PHASES, GridInputs, GridSpec
 from dil_jax.bench.machine import load_average
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
-from dil_jax.model.grid import PairGrid, SpanScores
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.pairs import SpanScores
 
 
 def _ready(x: Any) -> Any:

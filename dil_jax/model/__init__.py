@@ -13,7 +13,9 @@
     grid.py     `PairGrid`: a question x passage grid on all devices (lower states once per
                 question and per passage, pairs in fixed-size chunks on a 1-D mesh, the pair
                 program's exact reuses: `passage_attention_stats`, the last block's rows);
-                `passage_side` (what pairs read of a passage, for any k) and `read_pairs`;
+                `passage_side` (what pairs read of a passage, for any k) and `read_pairs`
+    pairs.py    what pairs read from the config alone (`reads_passage_ids`,
+                `hoists_projections`), chunk token widths (`kept_positions`, `chunk_width`);
                 `SpanScores`, the four score arrays of any set of pairs
 
     lsh.py, memory.py, reversible.py
@@ -21,7 +23,7 @@
                 LSH attention, chunked row-wise maps and remat policies, reversible layers
 
 Dependencies run one way: lsh <- attention; attention, memory, reversible <- modules <- delayed
-<- grid.
+<- grid; modules <- pairs <- grid.
 """
 
 from dil_jax.model.attention import PassageAttentionStats
@@ -32,13 +34,14 @@ from dil_jax.model.delayed import (
     check_segment_lengths,
     with_num_lower_layers,
 )
-from dil_jax.model.grid import PairGrid, SpanScores, reads_passage_ids
+from dil_jax.model.grid import PairGrid
 from dil_jax.model.modules import (
     PASSAGE_SEGMENT,
     QUESTION_SEGMENT,
     ReaderOutput,
     SpanReaderModule,
 )
+from dil_jax.model.pairs import SpanScores, reads_passage_ids
 
 __all__ = [
     "PASSAGE_SEGMENT", "QUESTION_SEGMENT", "DelayedInteractionModel", "InputError", "PairGrid",

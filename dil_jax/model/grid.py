@@ -17,7 +17,8 @@ memory bounded by the chunk, not by q x p), and each chunk is split across all d
 
 The straight line: `encode_questions` and `passage_side` (ids at k = 0, lower states otherwise)
 once per segment, then `read_pairs` (any list of pairs) or `read_grid` (every pair) for the span
-scores as numpy arrays; `iter_pair_chunks` is the chunk loop under both.
+scores as numpy arrays; `iter_pair_chunks` is the chunk loop under both. The config rules,
+token widths and `SpanScores` this uses are `dil_jax.model.pairs`'s (no device program there).
 
 Why a Mesh and not pmap: `jax.pmap` is in maintenance mode. A `jit` whose pair-index inputs carry
 a `NamedSharding` over the mesh's "data" axis gives the same per-device semantics as pmap (each
@@ -27,7 +28,6 @@ same way on 1 CPU, forced host devices, a GPU, or every chip of a multi-host TPU
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,7 +38,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from dil_jax.config import EncoderConfig
 from dil_jax.defaults import default_pair_chunk_size
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.attention import QKV, PassageAttentionStats
@@ -49,108 +48,23 @@ from dil_jax.model.modules import (
     QUESTION_SEGMENT,
     pair_reuses_apply,
 )
+from dil_jax.model.pairs import (
+    KEPT_BUCKET,
+    QUESTION_BUCKET,
+    SpanScores,
+    chunk_width,
+    hoists_projections,
+    reads_passage_ids,
+    real_lengths,
+)
 from dil_jax.rounding import round_up
 
-# Kept-token sequences (sentence prescreening), and passages trimmed of their padding
-# (`trims_padding`), are padded to a multiple of this many tokens: few compiled widths.
-KEPT_BUCKET = 32
-# Questions trimmed of their padding are padded to a multiple of this many tokens (questions are
-# short: a coarser bucket would keep most of the padding it removes).
-QUESTION_BUCKET = 8
 # iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
 # are read by at least this many pairs each on average: projecting every row once then costs at
 # most half of projecting inside each pair. The same rule picks the passages' attention
 # statistics (`passage_attention_stats`): computing them costs one pair's passage x passage
 # attention per passage, which each further pair reading the passage saves.
 HOIST_MIN_READS = 2
-
-
-def reads_passage_ids(config: EncoderConfig) -> bool:
-    """Whether pairs read passage ids rather than passage lower states: k = 0 (the full model),
-    where a passage has no question-independent state (its positions follow the question), so
-    each pair embeds its passage itself. The one place that decides the passage side."""
-    return config.num_lower_layers == 0
-
-
-def hoists_projections(config: EncoderConfig) -> bool:
-    """Whether pairs can read precomputed first-upper-block q/k/v: 0 < k < l (at k = 0 the
-    first block's input is the pair's own embedding; at k = l there is no upper block), and
-    the upper blocks are plain ones (`pair_reuses_apply`)."""
-    return 0 < config.num_lower_layers < config.num_layers and pair_reuses_apply(config)
-
-
-def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:
-    """[n, kept_len] int32: the indices of each row's kept tokens, in order, padded with p_len.
-
-    keep: [n, p_len] bool. kept_len is the most kept tokens of a row rounded up to `bucket`
-    (at most p_len), so a few shapes (one compilation each) cover every selection.
-    """
-    keep = np.asarray(keep, bool)
-    p_len = keep.shape[1]
-    kept_len = min(round_up(max(int(keep.sum(axis=1).max(initial=0)), 1), bucket), p_len)
-    # A stable sort of "not kept" brings each row's kept indices first, in order.
-    order = np.argsort(~keep, axis=1, kind="stable")[:, :kept_len]
-    return np.where(np.take_along_axis(keep, order, axis=1), order, p_len).astype(np.int32)
-
-
-def real_lengths(mask: np.ndarray) -> np.ndarray:
-    """[n, seq] mask -> [n] int: one past each row's last real token (0 for an empty row), so
-    that every real token lies before it even if padding sat between real tokens."""
-    mask = np.asarray(mask) != 0
-    last = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
-    return np.where(mask.any(axis=1), last, 0)
-
-
-def chunk_width(real: np.ndarray, bucket: int, full: int) -> int:
-    """The tokens a chunk reads of a side: its longest real segment (`real`: [chunk] lengths)
-    rounded up to `bucket`, at most the side's `full` length."""
-    return min(round_up(max(int(real.max()), 1), bucket), full)
-
-
-@dataclasses.dataclass
-class SpanScores:
-    """Span scores of a set of (question, passage) pairs, as numpy arrays.
-
-    start_logits, end_logits: [*lead, passage_len], over the passage's tokens.
-    null_start_logits, null_end_logits: [*lead], the `[CLS]` (no-answer) scores.
-    The leading axes say which pairs: [num_pairs] for a list of pairs, in the list's order
-    (`PairGrid.read_pairs`; a SQuAD window is one pair: [num_windows]), or
-    [num_questions, num_passages] for every pair of a grid (`PairGrid.read_grid`).
-    """
-
-    start_logits: np.ndarray
-    end_logits: np.ndarray
-    null_start_logits: np.ndarray
-    null_end_logits: np.ndarray
-
-    @classmethod
-    def full(cls, lead: int | tuple[int, ...], passage_len: int, span_value: float,
-             null_value: float) -> SpanScores:
-        """float32 scores of shape [*lead, passage_len] / [*lead], filled with these values."""
-        lead = (lead,) if isinstance(lead, int) else tuple(lead)
-        return cls(np.full(lead + (passage_len,), span_value, np.float32),
-                   np.full(lead + (passage_len,), span_value, np.float32),
-                   np.full(lead, null_value, np.float32), np.full(lead, null_value, np.float32))
-
-    @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(start_logits, end_logits, null_start_logits, null_end_logits)."""
-        return self.start_logits, self.end_logits, self.null_start_logits, self.null_end_logits
-
-    def set_rows(self, rows: np.ndarray, values: SpanScores) -> None:
-        """Writes `values` (scores [len(rows), ...]) into these rows of the first leading
-        axis, in place."""
-        for target, value in zip(self.arrays, values.arrays, strict=True):
-            target[rows] = value
-
-    def reshape(self, *lead: int) -> SpanScores:
-        """The same scores with other leading axes, e.g. [nq * np] pairs -> a
-        [nq, np] grid (`read_grid`)."""
-        passage_len = self.start_logits.shape[-1]
-        return SpanScores(self.start_logits.reshape(*lead, passage_len),
-                          self.end_logits.reshape(*lead, passage_len),
-                          self.null_start_logits.reshape(lead),
-                          self.null_end_logits.reshape(lead))
 
 
 class PairGrid:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.grid import reads_passage_ids
+from dil_jax.model.pairs import reads_passage_ids
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.cache_build import shard_ranges, wait_for
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint

@@ -15,7 +15,7 @@ For a batch of questions:
 With sentence prescreening (`prescreen=`), between 1 and 3 the prescreener scores each retrieved
 passage's stored sentence embeddings against the question's, a `SentenceRule` keeps some, and each
 pair's upper blocks read only the kept sentences' tokens (the cached lower states of the whole
-passage, gathered; `dil_jax.model.grid.kept_positions`). Spans stay in passage characters.
+passage, gathered; `dil_jax.model.pairs.kept_positions`). Spans stay in passage characters.
 
 Scores: a passage's reader score s_r is that of its best span, by one of two rules
 (`SPAN_SCORES`): "logits", the DilBert paper's (s_start + s_end) / 2, or "margin", the same less
@@ -51,7 +51,8 @@ from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.model.grid import PairGrid, SpanScores, kept_positions
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.pairs import SpanScores, kept_positions
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.open_domain.reuse import pair_inputs

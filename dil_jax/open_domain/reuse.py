@@ -31,7 +31,8 @@ import numpy as np
 
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.grid import PairGrid, hoists_projections
+from dil_jax.model.grid import PairGrid
+from dil_jax.model.pairs import hoists_projections
 from dil_jax.open_domain.cache import REUSE_LSE_ARRAY as LSE_ARRAY
 from dil_jax.open_domain.cache import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
 
