@@ -112,6 +112,10 @@ def base_config() -> ml_collections.ConfigDict:
     # loss.kd_weight or loss.lrs_weight > 0; not with loss.shared_norm.
     c.data.distill_file = ""
     c.data.max_distill_questions = -1  # > 0: only the first of them (file order)
+    # > 0: also add, WITHOUT labels like data.distill_file's, up to this many cloze questions per
+    # training paragraph, made by rule from the paragraph's own sentences
+    # (dil_jax.train.cloze; never on a validation paragraph). Same loss needs as distill_file.
+    c.data.cloze_per_paragraph = 0
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
         "null_fraction": 0.25})
@@ -338,6 +342,7 @@ RULES: dict[str, Rule] = {
     "data.windows_per_question": int_at_least(0),
     "data.distill_file": text(),
     "data.max_distill_questions": int_at_least(1, off=-1),
+    "data.cloze_per_paragraph": int_at_least(0),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
     "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved
@@ -409,19 +414,24 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _distill_file_problems(config: ml_collections.ConfigDict) -> list[str]:
-    """data.distill_file adds windows without labels: only KD or LRS can learn from them, and
-    shared normalisation has no group label for them."""
+    """data.distill_file and data.cloze_per_paragraph add windows without labels: only KD or
+    LRS can learn from them, and shared normalisation has no group label for them."""
     present, path = _lookup(config, "data.distill_file")
-    if not (present and path):
+    cloze_present, per_paragraph = _lookup(config, "data.cloze_per_paragraph")
+    if present and path:
+        source = f"config.data.distill_file = {path!r}"
+    elif cloze_present and per_paragraph:
+        source = f"config.data.cloze_per_paragraph = {per_paragraph}"
+    else:
         return []
     weights = [_lookup(config, f"loss.{name}_weight") for name in ("kd", "lrs")]
     if not any(found and value > 0 for found, value in weights):
-        return [f"config.data.distill_file = {path!r} adds unlabelled questions, which only the "
-                "teacher's losses train on: set config.loss.kd_weight or config.loss.lrs_weight "
-                "> 0 (and config.teacher.checkpoint), or set it to ''"]
+        return [f"{source} adds unlabelled questions, which only the teacher's losses train on: "
+                "set config.loss.kd_weight or config.loss.lrs_weight > 0 (and "
+                "config.teacher.checkpoint), or set it off"]
     if _lookup(config, "loss.shared_norm")[1]:
-        return [f"config.data.distill_file = {path!r} cannot be combined with "
-                "config.loss.shared_norm = true (an unlabelled question has no group label)"]
+        return [f"{source} cannot be combined with config.loss.shared_norm = true (an "
+                "unlabelled question has no group label)"]
     return []
 
 

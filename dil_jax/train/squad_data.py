@@ -5,7 +5,8 @@ articles of the split (`data.train_articles` / `data.validation_articles`, slice
 article order, so the split is by article, never by question) and featurizes them with
 `dil_jax.data.features.featurize` (each question once, strided passage windows, labels inside
 the window or -1). Training may add distractor windows (`data.distractors_per_question`) and
-distillation-only questions (`data.distill_file`, `distillation_examples`).
+distillation-only questions (`data.distill_file`, `distillation_examples`; cloze questions on the
+training paragraphs, `data.cloze_per_paragraph`, `dil_jax.train.cloze`).
 
 `evaluator` is the `eval.evaluator`: EM/F1 (the official SQuAD metric) of the model being trained
 on the validation articles, through the same `predict_squad` path as `dil-jax predict`. On SQuAD
@@ -14,6 +15,7 @@ v2.0 it first chooses the null threshold on training questions (never on validat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -24,6 +26,7 @@ from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
+from dil_jax.train.cloze import cloze_examples
 from dil_jax.train.data import TrainingFeatures, append_unlabelled
 from dil_jax.train.distractors import add_distractors
 
@@ -83,11 +86,22 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
         validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
         features = add_distractors(features, examples, paragraphs, tokenizer, data_cfg,
                                    validation_titles)
+    extra: list[SquadExample] = []
     if data_cfg.get("distill_file", ""):
-        extra = distillation_examples(data_cfg, all_training)
+        extra += distillation_examples(data_cfg, all_training)
+        log.info("distillation-only questions: %d from %s", len(extra), data_cfg.distill_file)
+    if data_cfg.get("cloze_per_paragraph", 0) > 0:
+        # Without their rule answers: like every distillation-only question, they are
+        # labelled -1 / -1 and learnt from the teacher only.
+        cloze = [dataclasses.replace(example, answer_texts=(), answer_starts=())
+                 for example in cloze_examples(all_training,
+                                               max_per_paragraph=data_cfg.cloze_per_paragraph)]
+        log.info("cloze questions: %d on %d training paragraphs", len(cloze),
+                 len({example.context for example in all_training}))
+        extra += cloze
+    if extra:
         features = append_unlabelled(features, featurize_examples(extra, tokenizer, **options))
-        log.info("distillation-only questions: %d from %s (%d windows)", len(extra),
-                 data_cfg.distill_file, int(np.sum(features.is_unlabelled)))
+        log.info("unlabelled windows: %d", int(np.sum(features.is_unlabelled)))
     return features
 
 
