@@ -32,12 +32,16 @@ Suffixes (any order, each at most once):
   extra   (kN_distill / kN_warm, v1.1 only) also distil on the 4,706 SQuAD v2.0 questions of
           the training articles that v1.1 lacks (data.distill_file): no labels, the teacher's
           KD and LRS only, twice the questions on the same paragraphs
+  cloze   (kN_distill / kN_warm, v1.1 only) also distil on up to 30 cloze questions per
+          training paragraph, made by rule from its sentences (data.cloze_per_paragraph,
+          dil_jax.train.cloze; 10,030 questions): no labels, the teacher's KD and LRS only
 The workdir is runs/minilm_squad_VARIANT[_SUFFIX...].
 
     dil-jax train --config configs/minilm_squad.py:full
     dil-jax train --config configs/minilm_squad.py:k4_warm
     dil-jax train --config configs/minilm_squad.py:full,v2
     dil-jax train --config configs/minilm_squad.py:k4_warm,extra
+    dil-jax train --config configs/minilm_squad.py:k4_warm,extra,cloze
 """
 
 import re
@@ -55,10 +59,14 @@ from dil_jax.train.default_config import base_config
 
 VARIANT_PATTERN = re.compile(
     r"full(?P<full_recipe>_warm)?|k(?P<k>[1-5])(?P<recipe>_distill|_warm)?")
-V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX = "v2", "shared", "extra"
-SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX)
-USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra], VARIANT = full, full_warm, kN, "
-         "kN_distill or kN_warm")
+V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX, CLOZE_SUFFIX = "v2", "shared", "extra", "cloze"
+SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX, CLOZE_SUFFIX)
+UNLABELLED_SUFFIXES = (EXTRA_SUFFIX, CLOZE_SUFFIX)
+USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra][,cloze], VARIANT = full, "
+         "full_warm, kN, kN_distill or kN_warm")
+# Cloze questions per training paragraph for the `cloze` suffix: every one the rule finds in
+# most paragraphs (946 paragraphs give 10,030), a cap only for the longest.
+CLOZE_PER_PARAGRAPH = 30
 # The median length of `[CLS] q [SEP]` over the 4,735 training questions (MiniLM WordPiece).
 PASSAGE_POSITION_OFFSET = 14
 # Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
@@ -90,10 +98,11 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
         raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r} ({USAGE})")
     k = int(match.group("k") or 0)
     recipe = (match.group("recipe") or match.group("full_recipe") or "").lstrip("_")
-    if EXTRA_SUFFIX in suffixes and (not recipe or V2_SUFFIX in suffixes):
-        raise UsageError(f"configs/minilm_squad.py: {spec!r}: the {EXTRA_SUFFIX!r} suffix adds "
-                         "questions without labels, for a distilled v1.1 student (kN_distill "
-                         "or kN_warm, without v2)")
+    for suffix in UNLABELLED_SUFFIXES:
+        if suffix in suffixes and (not recipe or V2_SUFFIX in suffixes):
+            raise UsageError(f"configs/minilm_squad.py: {spec!r}: the {suffix!r} suffix adds "
+                             "questions without labels, for a distilled v1.1 student "
+                             "(kN_distill or kN_warm, without v2)")
     tail = "".join(f"_{suffix}" for suffix in SUFFIXES if suffix in suffixes)
     c = base_config()
     c.workdir = f"runs/minilm_squad_{variant}{tail}"
@@ -128,6 +137,8 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
         c.loss.shared_norm = True
     if EXTRA_SUFFIX in suffixes:
         c.data.distill_file = SHARED_SQUAD_V2_FILE
+    if CLOZE_SUFFIX in suffixes:
+        c.data.cloze_per_paragraph = CLOZE_PER_PARAGRAPH
     if recipe:
         # The teacher read the same data (a v1.1 teacher never learned the null answer); the
         # extra questions are the student's only, so its teacher is the plain one.

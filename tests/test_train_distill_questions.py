@@ -186,3 +186,16 @@ def test_minilm_extra_suffix():
     for spec in ("full,extra", "k4,extra", "k4_warm,v2,extra"):
         with pytest.raises(UsageError, match="extra"):
             load_config_file(f"{config_file}:{spec}")
+
+
+def test_minilm_cloze_suffix():
+    config_file = f"{REPO}/configs/minilm_squad.py"
+    config = load_config_file(f"{config_file}:k5_warm,extra,cloze")
+    assert config.data.cloze_per_paragraph == 30
+    assert config.data.distill_file.endswith("dev-v2.0.json")
+    assert config.workdir == "runs/minilm_squad_k5_warm_extra_cloze"
+    assert config_problems(config) == []
+    assert load_config_file(f"{config_file}:k4_distill,cloze").data.distill_file == ""
+    for spec in ("full,cloze", "k4,cloze", "k4_warm,v2,cloze"):
+        with pytest.raises(UsageError, match="cloze"):
+            load_config_file(f"{config_file}:{spec}")
