@@ -27,7 +27,7 @@ import torch
 from dil_jax.bench.machine import retain_freed_memory
 from dil_jax.bench.peer import hf_model_from_params
 from dil_jax.config import EncoderConfig
-from dil_jax.model import attention, modules
+from dil_jax.model import attention, layers
 
 
 def timed(runs: dict, repeats: int) -> dict[str, list[float]]:
@@ -63,7 +63,7 @@ def main() -> None:
     mask = np.ones((b, s), np.float32)
     mask[-1, s * 3 // 4:] = 0
     bias = attention.attention_bias(jnp.asarray(mask))
-    block = modules.Block(cfg)
+    block = layers.Block(cfg)
     params = block.init(jax.random.PRNGKey(0), x, bias)
     layer = hf_model_from_params(
         cfg.replace(num_layers=1), _reader_params(cfg, params)).bert.encoder.layer[0].eval()
@@ -88,7 +88,7 @@ def main() -> None:
     w1, b1, w2, b2 = (jnp.asarray(p[name][k])
                       for name in ("ffn_in", "ffn_out") for k in ("kernel", "bias"))
     norm = layer.output.LayerNorm
-    ln = modules._layer_norm(cfg, "norm")
+    ln = layers._layer_norm(cfg, "norm")
     ln_params = {"params": p["output_norm"]}
     jx = jnp.asarray(x)
 
@@ -135,7 +135,7 @@ def main() -> None:
         "  jax.nn.dot_product_attention/ex.": jit_run(jax_dpa_loop, q_seq_major),
         "feed-forward: torch": lambda: layer.output.dense(layer.intermediate(tx)),
         "feed-forward: ours": jit_run(
-            lambda x: modules.gelu_exact(x @ w1 + b1) @ w2 + b2, jx),
+            lambda x: layers.gelu_exact(x @ w1 + b1) @ w2 + b2, jx),
         "residual + LayerNorm: torch": lambda: norm(tx + tx),
         "residual + LayerNorm: ours": jit_run(lambda x: ln.apply(ln_params, x + x), jx),
     }

@@ -22,7 +22,8 @@ from dil_jax.errors import CheckpointError
 from dil_jax.model.attention import attention_bias
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
 from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT, Block
+from dil_jax.model.layers import Block
+from dil_jax.model.modules import PASSAGE_SEGMENT
 from dil_jax.model.reversible import reversible_forward, reversible_layers
 
 from conftest import tiny_hf_config

@@ -4,7 +4,8 @@
                 self-attention (`SelfAttention`) and the softmax-part arithmetic that lets a pair
                 reuse its passage's cached attention statistics (`PassageAttentionStats`,
                 `passage_attention_stats`)
-    modules.py  Flax modules: embeddings, blocks, the span head
+    layers.py   the layers a reader stacks: activations, `Embeddings`, the post-LayerNorm `Block`
+    modules.py  the reader Flax module: the stack of blocks and the span head
                 (`SpanReaderModule` with `encode_lower` / `project_upper` / `encode_upper`)
     delayed.py  `DelayedInteractionModel`: params in, arrays out — `encode_lower` (blocks 1..k on
                 one segment), `project_upper` (the first upper block's q/k/v of one segment),
@@ -22,8 +23,8 @@
                 the long-passage options (docs/architecture.md, "Long passages"): Reformer
                 LSH attention, chunked row-wise maps and remat policies, reversible layers
 
-Dependencies run one way: lsh <- attention; attention, memory, reversible <- modules <- delayed
-<- grid; modules <- pairs <- grid.
+Dependencies run one way: lsh <- attention; attention, memory <- layers; attention, layers,
+memory, reversible <- modules <- delayed <- grid; modules <- pairs <- grid.
 """
 
 from dil_jax.model.attention import PassageAttentionStats

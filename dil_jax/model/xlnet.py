@@ -39,13 +39,11 @@ import numpy as np
 
 from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.attention import QKV, PassageAttentionStats, _dense, attention_bias
+from dil_jax.model.layers import _layer_norm, _pair_rows, activation_fn
 from dil_jax.model.modules import (
     PADDED_LOGIT,
     QUESTION_SEGMENT,
     ReaderOutput,
-    _layer_norm,
-    _pair_rows,
-    activation_fn,
     read_aligned_pairs,
 )
 
