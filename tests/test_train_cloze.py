@@ -16,7 +16,8 @@ from dil_jax.train.cloze import (
     sentence_spans,
     squad_json,
 )
-from dil_jax.train.default_config import base_config, config_problems
+from dil_jax.train.config_rules import config_problems
+from dil_jax.train.default_config import base_config
 from dil_jax.train.squad_data import featurize
 
 from squad_shared import V11, squad_file

@@ -42,7 +42,7 @@ def test_bad_overrides_name_the_key(key, value, message):
 
 def test_renamed_key_names_its_new_name():
     from dil_jax.errors import UsageError
-    from dil_jax.train.default_config import validate_config
+    from dil_jax.train.config_rules import validate_config
 
     with pytest.raises(ConfigFileError, match="renamed config.data.doc_stride"):
         load_config(TINY_CONFIG, [("data.stride", "64")])

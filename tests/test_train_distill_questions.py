@@ -16,13 +16,14 @@ from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.modules import ReaderOutput
 from dil_jax.train import losses
 from dil_jax.train.config_files import load_config_file
+from dil_jax.train.config_rules import config_problems
 from dil_jax.train.data import (
     TrainingFeatures,
     append_unlabelled,
     synthetic_features,
     windows_from_features,
 )
-from dil_jax.train.default_config import base_config, config_problems
+from dil_jax.train.default_config import base_config
 from dil_jax.train.squad_data import distillation_examples, split_examples
 from dil_jax.train.step import compute_losses
 

@@ -14,8 +14,9 @@ from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.modules import ReaderOutput
 from dil_jax.train import distractors, losses
 from dil_jax.train.config_files import apply_overrides, load_config_file
+from dil_jax.train.config_rules import config_problems
 from dil_jax.train.data import question_groups, synthetic_features, windows_from_features
-from dil_jax.train.default_config import base_config, config_problems
+from dil_jax.train.default_config import base_config
 from dil_jax.train.setup import load_run_data
 from dil_jax.train.squad_data import featurize
 from dil_jax.train.step import compute_losses

@@ -9,7 +9,7 @@ from train_helpers import tiny_config
 from dil_jax.checkpoints import load_params
 from dil_jax.errors import DilJaxError, UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.train.default_config import validate_config
+from dil_jax.train.config_rules import validate_config
 from dil_jax.train.loop import train
 from dil_jax.train.setup import load_run_models
 

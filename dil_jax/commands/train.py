@@ -51,7 +51,7 @@ def check_workdir(config) -> None:
 def run(args: argparse.Namespace) -> int:
     from dil_jax.errors import InterruptedRun, UsageError
     from dil_jax.train.config_files import load_config, split_overrides
-    from dil_jax.train.default_config import validate_config
+    from dil_jax.train.config_rules import validate_config
 
     rest, overrides = split_overrides(getattr(args, "extra_args", None) or [])
     if rest:

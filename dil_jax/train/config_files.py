@@ -22,7 +22,7 @@ from pathlib import Path
 import ml_collections
 
 from dil_jax.errors import DilJaxError
-from dil_jax.train.default_config import renamed_key_message
+from dil_jax.train.config_rules import renamed_key_message
 
 OVERRIDE_PREFIX = "--config."
 

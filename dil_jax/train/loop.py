@@ -40,7 +40,7 @@ from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
-from dil_jax.train.default_config import validate_config
+from dil_jax.train.config_rules import validate_config
 from dil_jax.train.log_writers import MetricWriter, Progress
 from dil_jax.train.setup import (
     EvaluateFn,

@@ -1,0 +1,295 @@
+"""The validation of training configs: one rule per key of `base_config()`, and the relations
+between keys, checked before any model or data loads (`validate_config`, `config_problems`).
+
+Separate from default_config.py, which holds the schema itself (every key with its default, and
+the paper's SQuAD runs); this module holds what each value must be. Config files import only
+default_config; the loader (config_files.py: renamed keys), the train command and the loop
+import this.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+import ml_collections
+
+from dil_jax.errors import UsageError
+
+# One table of rules over the schema (default_config.base_config()), checked once when a config
+# is loaded (before any model or data loads), so a bad value is reported by its key instead of
+# surfacing as a ZeroDivisionError or a JAX shape error deep inside the loop. A rule returns None
+# when the value is fine, else what the value must be.
+
+Rule = Callable[[object], "str | None"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def int_at_least(low: int, off: int | None = None) -> Rule:
+    """An integer >= low (or exactly `off`, the value that switches the setting off)."""
+    wanted = f"an integer >= {low}" + (f" (or {off} for off)" if off is not None else "")
+    return lambda v: None if _is_int(v) and (v >= low or v == off) else wanted
+
+
+def number_in(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+              high_open: bool = False, optional: bool = False) -> Rule:
+    """A finite number within the bounds (an open bound excludes itself); None if optional."""
+    bounds = []
+    if low is not None:
+        bounds.append(f"{'>' if low_open else '>='} {low:g}")
+    if high is not None:
+        bounds.append(f"{'<' if high_open else '<='} {high:g}")
+    wanted = " and ".join(["a number", *bounds]).replace("number and", "number")
+    wanted += " (or None)" if optional else ""
+
+    def check(v: object) -> str | None:
+        if v is None and optional:
+            return None
+        if not _is_number(v):
+            return wanted
+        too_low = low is not None and (v <= low if low_open else v < low)
+        too_high = high is not None and (v >= high if high_open else v > high)
+        return wanted if too_low or too_high else None
+
+    return check
+
+
+def one_of(*choices: object) -> Rule:
+    return lambda v: None if v in choices else f"one of {list(choices)}"
+
+
+def text(*, callable_spec: bool = False) -> Rule:
+    """A string; with callable_spec, "" or "module:function"."""
+    def check(v: object) -> str | None:
+        if not isinstance(v, str):
+            return "a string"
+        if callable_spec and v and (":" not in v or not all(v.partition(":")[::2])):
+            return "\"\" or \"package.module:function\""
+        return None
+
+    return check
+
+
+def boolean(v: object) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def names_from(*choices: str) -> Rule:
+    """A comma-separated, non-empty list of distinct names from `choices`."""
+    wanted = f"a comma-separated list of distinct names from {list(choices)}"
+
+    def check(v: object) -> str | None:
+        if not isinstance(v, str):
+            return wanted
+        names = [name.strip() for name in v.split(",")]
+        ok = names and all(name in choices for name in names) and len(set(names)) == len(names)
+        return None if ok else wanted
+
+    return check
+
+
+def lsh_layer_spec(v: object) -> str | None:
+    """"" (off), "lower" or comma-separated 0-based layers, e.g. "0,1"."""
+    wanted = '"" (off), "lower" or comma-separated 0-based layer indices such as "0,1"'
+    if not isinstance(v, str):
+        return wanted
+    if v in ("", "lower"):
+        return None
+    return None if re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", v) else wanted
+
+
+def optional_int_at_least(low: int) -> Rule:
+    return lambda v: None if v is None or (_is_int(v) and v >= low) else (
+        f"an integer >= {low} (or None)")
+
+
+POSITIVE = int_at_least(1)
+FRACTION = number_in(0, 1)
+WEIGHT = number_in(0)
+RATE = number_in(0, low_open=True)
+
+# Every checked key of base_config(); keys a config lacks are skipped (library callers may build
+# a smaller config), keys not listed here are free-form.
+RULES: dict[str, Rule] = {
+    "seed": int_at_least(0),
+    "data_seed": int_at_least(0),
+    "batch_size": POSITIVE,
+    "grad_accum_steps": POSITIVE,
+    "num_epochs": RATE,
+    "num_train_steps": int_at_least(1, off=-1),
+    "model.checkpoint": text(),
+    "model.num_lower_layers": int_at_least(0),
+    "model.max_question_len": int_at_least(2),  # at least [CLS] and [SEP]
+    "model.dtype": one_of("float32", "bfloat16"),
+    "model.passage_position_offset": int_at_least(0),
+    "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),
+    "model.attention_dropout": number_in(0, 1, high_open=True, optional=True),
+    "model.lsh_layers": lsh_layer_spec,
+    "model.lsh_num_hashes": POSITIVE,
+    "model.lsh_bucket_size": POSITIVE,
+    "teacher.checkpoint": text(),
+    "loss.ce_weight": WEIGHT,
+    "loss.kd_weight": WEIGHT,
+    "loss.lrs_weight": WEIGHT,
+    "loss.temperature": RATE,
+    "loss.shared_norm": boolean,
+    "optim.learning_rate": RATE,
+    "optim.warmup_fraction": FRACTION,
+    "optim.warmup_steps": int_at_least(0, off=-1),
+    "optim.weight_decay": WEIGHT,
+    "optim.max_grad_norm": number_in(0, optional=True),  # 0 / None: no clipping
+    "optim.b1": number_in(0, 1, high_open=True),
+    "optim.b2": number_in(0, 1, high_open=True),
+    "optim.eps": RATE,
+    "optim.frozen": text(),
+    "data.featurizer": text(callable_spec=True),
+    "data.squad_file": text(),
+    "data.validation_file": text(),
+    "data.train_articles": text(),
+    "data.validation_articles": text(),
+    "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
+    "data.doc_stride": POSITIVE,
+    "data.max_questions": int_at_least(1, off=-1),
+    "data.max_validation_questions": int_at_least(1, off=-1),
+    "data.distractors_per_question": int_at_least(0),
+    "data.distractor_sources": names_from("paragraphs", "wikipedia"),
+    "data.windows_per_question": int_at_least(0),
+    "data.distill_file": text(),
+    "data.max_distill_questions": int_at_least(1, off=-1),
+    "data.cloze_per_paragraph": int_at_least(0),
+    "data.synthetic.num_questions": POSITIVE,
+    "data.synthetic.windows_per_question": POSITIVE,
+    "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved
+    "data.synthetic.null_fraction": FRACTION,
+    "eval.evaluator": text(callable_spec=True),
+    "eval.batch_size": POSITIVE,
+    "eval.patience": int_at_least(1, off=-1),
+    "eval.threshold_questions": int_at_least(1, off=-1),
+    "checkpoint.every_steps": POSITIVE,
+    "checkpoint.keep": POSITIVE,
+    "checkpoint.best_metric": text(),
+    "checkpoint.best_mode": one_of("max", "min"),
+    "log.every_steps": POSITIVE,
+    "distributed.num_cpu_devices": int_at_least(0),
+    "distributed.num_processes": optional_int_at_least(1),
+    "distributed.process_id": optional_int_at_least(0),
+}
+
+
+# Keys renamed since configs were first written: old key -> new key. A config file or override
+# that still sets an old key is refused by name (it would otherwise be silently ignored).
+RENAMED_KEYS = {"data.stride": "data.doc_stride"}
+
+
+def renamed_key_message(key: str) -> str | None:
+    """How to fix a config that sets the renamed `key` ("data.stride"), or None."""
+    new = RENAMED_KEYS.get(key)
+    return None if new is None else (f"config.{key} was renamed config.{new} (the name the "
+                                     f"featurizers and commands use); set config.{new} instead")
+
+
+def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
+    node: object = config
+    for name in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            return False, None
+        node = node[name]
+    return True, node
+
+
+def config_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Every rule a value of `config` breaks, as "config.KEY = VALUE: must be ..." lines."""
+    problems = [renamed_key_message(old) for old in RENAMED_KEYS if _lookup(config, old)[0]]
+    for key, rule in RULES.items():
+        present, value = _lookup(config, key)
+        wanted = rule(value) if present else None
+        if wanted:
+            problems.append(f"config.{key} = {value!r}: must be {wanted}")
+    if problems:
+        return problems
+    # Relations between keys, once each key is fine on its own.
+    values = {key: _lookup(config, key) for key in (
+        "batch_size", "grad_accum_steps", "loss.ce_weight", "loss.kd_weight", "loss.lrs_weight")}
+    if all(present for present, _ in values.values()):
+        batch, accum = values["batch_size"][1], values["grad_accum_steps"][1]
+        if batch % accum:
+            problems.append(f"config.batch_size = {batch} is not a multiple of "
+                            f"config.grad_accum_steps = {accum}")
+        if not sum(values[f"loss.{name}_weight"][1] for name in ("ce", "kd", "lrs")) > 0:
+            problems.append("config.loss.ce_weight, kd_weight and lrs_weight are all 0: "
+                            "nothing to train on; set one > 0")
+    patience, metric = _lookup(config, "eval.patience"), _lookup(config, "checkpoint.best_metric")
+    if patience[0] and metric[0] and patience[1] > 0 and not metric[1]:
+        problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
+                        "config.checkpoint.best_metric (e.g. 'f1')")
+    problems += _shared_norm_problems(config)
+    problems += _distill_file_problems(config)
+    return problems
+
+
+def _distill_file_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """data.distill_file and data.cloze_per_paragraph add windows without labels: only KD or
+    LRS can learn from them, and shared normalisation has no group label for them."""
+    present, path = _lookup(config, "data.distill_file")
+    cloze_present, per_paragraph = _lookup(config, "data.cloze_per_paragraph")
+    if present and path:
+        source = f"config.data.distill_file = {path!r}"
+    elif cloze_present and per_paragraph:
+        source = f"config.data.cloze_per_paragraph = {per_paragraph}"
+    else:
+        return []
+    weights = [_lookup(config, f"loss.{name}_weight") for name in ("kd", "lrs")]
+    if not any(found and value > 0 for found, value in weights):
+        return [f"{source} adds unlabelled questions, which only the teacher's losses train on: "
+                "set config.loss.kd_weight or config.loss.lrs_weight > 0 (and "
+                "config.teacher.checkpoint), or set it off"]
+    if _lookup(config, "loss.shared_norm")[1]:
+        return [f"{source} cannot be combined with config.loss.shared_norm = true (an "
+                "unlabelled question has no group label)"]
+    return []
+
+
+def _shared_norm_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """loss.shared_norm needs data.windows_per_question = G > 0, and whole groups in every
+    micro-batch: batch_size / grad_accum_steps (windows) a multiple of G. A G without
+    shared_norm would be silently unused: refused too."""
+    (on_present, on), (g_present, group) = (_lookup(config, "loss.shared_norm"),
+                                            _lookup(config, "data.windows_per_question"))
+    if not (on_present and g_present):
+        return []
+    if not on:
+        return ([] if group == 0 else [
+            f"config.data.windows_per_question = {group} is only used with "
+            "config.loss.shared_norm = true: set that, or set it to 0"])
+    if group == 0:
+        return ["config.loss.shared_norm = true needs config.data.windows_per_question > 0 "
+                "(G, the windows of each question's group)"]
+    batch, accum = _lookup(config, "batch_size")[1], _lookup(config, "grad_accum_steps")[1] or 1
+    if batch is None:
+        return []
+    if batch % group:
+        return [f"config.batch_size = {batch} is not a multiple of "
+                f"config.data.windows_per_question = {group} (with config.loss.shared_norm, "
+                "batch_size counts windows and a step holds whole question groups)"]
+    if batch % accum == 0 and (batch // accum) % group:
+        return [f"config.batch_size / config.grad_accum_steps = {batch // accum} (the "
+                "micro-batch) is not a multiple of config.data.windows_per_question = "
+                f"{group}: each micro-batch must hold whole question groups"]
+    return []
+
+
+def validate_config(config: ml_collections.ConfigDict, source: str = "") -> None:
+    """Raises UsageError listing every bad value of a training config (see RULES)."""
+    problems = config_problems(config)
+    if problems:
+        where = f" ({source})" if source else ""
+        raise UsageError(f"invalid training config{where}: " + "; ".join(problems)
+                         + "; fix the config file or override with --config.KEY=VALUE")
