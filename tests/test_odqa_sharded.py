@@ -25,7 +25,7 @@ import pytest
 from train_helpers import REPO, SUBPROCESS_TIMEOUT_S
 
 from dil_jax.open_domain.cache import RowArray
-from dil_jax.open_domain.cache_build import shard_ranges
+from dil_jax.open_domain.cache_shards import shard_ranges
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli

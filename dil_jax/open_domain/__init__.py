@@ -8,7 +8,8 @@ The straight line, one module per step:
     index_lock.py   the folder's build lock, and cleanup of what killed builds left
     cache.py      the passage cache: each window's passage side (lower states; ids at k = 0),
                   optionally the first upper block's passage arrays: format and reading
-    cache_build.py  writing a cache: resumable, atomic, sharded across hosts
+    cache_build.py  writing a cache: resumable, atomic
+    cache_shards.py  a cache built in shards across processes and hosts (plan, waits)
     compression.py  the cache's storage schemes (float32, bfloat16, int8, pca<d>)
     reuse.py      the first upper block's passage q/k/v and attention statistics, as stored
     sentences.py  sentence embeddings of every passage (for prescreening)

@@ -22,8 +22,8 @@ import numpy as np
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.pairs import reads_passage_ids
 from dil_jax.open_domain.cache import PassageCache
-from dil_jax.open_domain.cache_build import shard_ranges, wait_for
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint
+from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
 from dil_jax.open_domain.corpus import iter_sources, split_documents
 from dil_jax.open_domain.index import (
     OpenDomainIndex,
@@ -94,7 +94,7 @@ class BuildProcess:
 
     Process 0 builds (or reuses) the index, its shard of each cache and the caches' manifests;
     process i > 0 waits for the index, then builds shard i of each cache. wait_timeout_s: how
-    long a process waits for another's work before failing (`cache_build.wait_for`).
+    long a process waits for another's work before failing (`cache_shards.wait_for`).
     """
 
     index: int = 0

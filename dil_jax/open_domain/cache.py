@@ -3,10 +3,10 @@
 This module holds the cache's format and its reading side: the layout below, the manifest's
 names and checks, the errors, and `PassageCache`. What a cache is checked against (the
 fingerprints, `reader_manifest`, `check_states`) is `dil_jax.open_domain.cache_check`'s. Writing
-a cache (`build_passage_cache`, `build_sharded_passage_cache`, the staging folder, resumption
-and the multi-process waits) is `dil_jax.open_domain.cache_build`'s: every process that only
-reads a cache (answering, evaluating) needs none of it, and the builder depends on this module,
-never the reverse.
+a cache (`build_passage_cache`, the staging folder, resumption; `build_sharded_passage_cache` and
+the multi-process waits) is `dil_jax.open_domain.cache_build`'s and `cache_shards`'s: every
+process that only reads a cache (answering, evaluating) needs none of it, and the builders
+depend on this module, never the reverse.
 
 Layout of a cache folder:
 

@@ -35,7 +35,7 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.data.features import window_contexts
 from dil_jax.open_domain.cache import PassageCache, cache_name
-from dil_jax.open_domain.cache_build import build_passage_cache, build_sharded_passage_cache
+from dil_jax.open_domain.cache_build import build_passage_cache
 from dil_jax.open_domain.cache_check import (
     CHECKED_ROWS,
     check_states,
@@ -43,6 +43,7 @@ from dil_jax.open_domain.cache_check import (
     texts_fingerprint,
     tokenizer_fingerprint,
 )
+from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
 from dil_jax.open_domain.corpus import Passage
 from dil_jax.open_domain.index_files import (
     CHECKED_FILES,
