@@ -7,6 +7,7 @@ import random
 import numpy as np
 
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
+from dil_jax.open_domain.corpus import read_wikipedia_leads
 from dil_jax.train.cloze import (
     AnswerSpan,
     answer_spans,
@@ -18,7 +19,7 @@ from dil_jax.train.cloze import (
 )
 from dil_jax.train.config_rules import config_problems
 from dil_jax.train.default_config import base_config
-from dil_jax.train.squad_data import featurize
+from dil_jax.train.squad_data import featurize, training_cloze_examples
 
 from squad_shared import V11, squad_file
 
@@ -82,7 +83,7 @@ def test_cloze_examples_number_paragraphs_once_and_round_trip_as_squad_json(tmp_
     a = SquadExample("q1", "A", "Rome grew in 1900. It fell.", "?", ("Rome",), (0,))
     b = SquadExample("q2", "A", "Rome grew in 1900. It fell.", "?", ("1900",), (13,))
     c = SquadExample("q3", "B", "It was built in 1850 by Smith.", "?", ("1850",), (16,))
-    examples = cloze_examples([a, b, c], max_per_paragraph=5)
+    examples = cloze_examples([(e.title, e.context) for e in (a, b, c)], max_per_paragraph=5)
     assert [e.qid for e in examples] == ["cloze-0-0", "cloze-1-0", "cloze-1-1"]
     assert [e.title for e in examples] == ["A", "B", "B"]
     path = tmp_path / "cloze.json"
@@ -115,7 +116,7 @@ def test_training_gets_unlabelled_cloze_windows_on_training_paragraphs_only():
     training = select_articles(squad.examples, config.data.train_articles)
     validation = select_articles(squad.examples, config.data.validation_articles)
     n_paragraphs = len({e.context for e in training})
-    expected = cloze_examples(training, max_per_paragraph=2)
+    expected = cloze_examples([(e.title, e.context) for e in training], max_per_paragraph=2)
     assert n_paragraphs < len(expected) <= 2 * n_paragraphs  # all paragraphs, not 50 questions'
     assert not {e.context for e in expected} & {e.context for e in validation}
     # The labelled part is unchanged; every added window is unlabelled (-1 / -1).
@@ -125,3 +126,38 @@ def test_training_gets_unlabelled_cloze_windows_on_training_paragraphs_only():
     assert not with_cloze.is_unlabelled[:n].any() and with_cloze.is_unlabelled[n:].all()
     assert (with_cloze.start_positions[n:] == -1).all()
     assert (with_cloze.end_positions[n:] == -1).all()
+
+
+def test_wikipedia_cloze_paragraphs_leave_out_the_validation_articles_leads():
+    config = base_config()
+    config.data.squad_file = str(squad_file(V11))
+    config.data.cloze_per_paragraph = 1
+    config.data.cloze_sources = "wikipedia"
+    squad = load_squad(squad_file(V11))
+    training = select_articles(squad.examples, config.data.train_articles)
+    validation_titles = sorted({e.title for e in select_articles(
+        squad.examples, config.data.validation_articles)})
+    chosen = training_cloze_examples(config.data, training, validation_titles)
+    leads = {document.title: document.text for document in read_wikipedia_leads()}
+    # Of the validation articles, Steam_engine, Warsaw and Yuan_dynasty have a lead there
+    # (docs/training.md, distractors): none of their text may come back as a cloze paragraph.
+    held_out = [leads[title.replace("_", " ")] for title in validation_titles
+                if title.replace("_", " ") in leads]
+    assert len(held_out) == 3
+    assert not {e.title.replace(" ", "_") for e in chosen} & set(validation_titles)
+    assert not any(e.context in lead for e in chosen for lead in held_out)
+    assert not {e.context for e in chosen} & {e.context for e in training}
+    assert len(chosen) > 5000 and all(e.answer_texts == () for e in chosen)
+    config.data.cloze_sources = "paragraphs,wikipedia"
+    both = training_cloze_examples(config.data, training, validation_titles)
+    alone = cloze_examples([(e.title, e.context) for e in training], max_per_paragraph=1)
+    # The training paragraphs first, as they are alone (so adding Wikipedia leaves their
+    # questions as they were), then the same Wikipedia paragraphs.
+    assert [e.question for e in both[:len(alone)]] == [e.question for e in alone]
+    assert [e.context for e in both[len(alone):]] == [e.context for e in chosen]
+
+
+def test_config_refuses_an_unknown_cloze_source():
+    config = base_config()
+    config.data.cloze_sources = "paragraphs,books"
+    assert any("config.data.cloze_sources" in p for p in config_problems(config))

@@ -138,14 +138,13 @@ def paragraph_cloze_examples(title: str, context: str, qid_prefix: str, *,
     return examples
 
 
-def cloze_examples(examples: Iterable[SquadExample], *, max_per_paragraph: int,
+def cloze_examples(paragraphs: Iterable[tuple[str, str]], *, max_per_paragraph: int,
                    seed: int = 0) -> list[SquadExample]:
-    """Cloze questions on every distinct paragraph of `examples` (file order), ids
+    """Cloze questions on every distinct (title, context) paragraph, in first-seen order, ids
     "cloze-<paragraph number>-<question number>" (unique in the output)."""
     rng = random.Random(seed)
-    paragraphs = list(dict.fromkeys((example.title, example.context) for example in examples))
     out: list[SquadExample] = []
-    for number, (title, context) in enumerate(paragraphs):
+    for number, (title, context) in enumerate(dict.fromkeys(paragraphs)):
         out += paragraph_cloze_examples(title, context, f"cloze-{number}",
                                         max_per_paragraph=max_per_paragraph, rng=rng)
     return out

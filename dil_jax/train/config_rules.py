@@ -165,6 +165,7 @@ RULES: dict[str, Rule] = {
     "data.distill_file": text(),
     "data.max_distill_questions": int_at_least(1, off=-1),
     "data.cloze_per_paragraph": int_at_least(0),
+    "data.cloze_sources": names_from("paragraphs", "wikipedia"),
     "data.synthetic.num_questions": POSITIVE,
     "data.synthetic.windows_per_question": POSITIVE,
     "data.synthetic.vocab_size": int_at_least(5),  # ids 0..3 are reserved

@@ -112,6 +112,10 @@ def base_config() -> ml_collections.ConfigDict:
     # training paragraph, made by rule from the paragraph's own sentences
     # (dil_jax.train.cloze; never on a validation paragraph). Same loss needs as distill_file.
     c.data.cloze_per_paragraph = 0
+    # Where cloze questions are made, comma-separated: "paragraphs" (of the training articles)
+    # and/or "wikipedia" (the lead sections, split into paragraphs, except the validation
+    # articles' leads: the same rule as data.distractor_sources).
+    c.data.cloze_sources = "paragraphs"
     c.data.synthetic = ml_collections.ConfigDict({
         "num_questions": 64, "windows_per_question": 2, "vocab_size": 128,
         "null_fraction": 0.25})

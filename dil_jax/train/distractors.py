@@ -73,15 +73,25 @@ def candidate_passages(paragraphs: Sequence[str], sources: Sequence[str],
     if "paragraphs" in sources:
         texts += list(paragraphs)
     if "wikipedia" in sources:
-        try:
-            documents = read_wikipedia_leads()
-        except CorpusError as error:
-            raise UsageError(f"config.data.distractor_sources includes 'wikipedia': {error}; or "
-                             "leave it out (config.data.distractor_sources=paragraphs)") from None
-        excluded = {_title_key(title) for title in excluded_titles}
-        documents = [d for d in documents if _title_key(d.title) not in excluded]
-        texts += [passage.text for passage in split_documents(documents, "paragraphs")]
+        texts += [text for _, text in wikipedia_paragraphs(excluded_titles,
+                                                           "config.data.distractor_sources")]
     return list(dict.fromkeys(texts))
+
+
+def wikipedia_paragraphs(excluded_titles: Sequence[str], config_key: str
+                         ) -> list[tuple[str, str]]:
+    """(title, text) of every paragraph of the Wikipedia leads (split as the open-domain index
+    splits them), except the leads of articles titled as one of `excluded_titles`. config_key:
+    the option that asked for them, named when the corpus package is missing."""
+    try:
+        documents = read_wikipedia_leads()
+    except CorpusError as error:
+        raise UsageError(f"{config_key} includes 'wikipedia': {error}; or leave it out "
+                         f"({config_key}=paragraphs)") from None
+    excluded = {_title_key(title) for title in excluded_titles}
+    documents = [d for d in documents if _title_key(d.title) not in excluded]
+    return [(passage.title, passage.text)
+            for passage in split_documents(documents, "paragraphs")]
 
 
 def holds_answer(normalized_text: str, answers: Sequence[str]) -> bool:

@@ -28,7 +28,7 @@ from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
 from dil_jax.train.cloze import cloze_examples
 from dil_jax.train.data import TrainingFeatures, append_unlabelled
-from dil_jax.train.distractors import add_distractors
+from dil_jax.train.distractors import add_distractors, wikipedia_paragraphs
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +91,33 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
         extra += distillation_examples(data_cfg, all_training)
         log.info("distillation-only questions: %d from %s", len(extra), data_cfg.distill_file)
     if data_cfg.get("cloze_per_paragraph", 0) > 0:
-        # Without their rule answers: like every distillation-only question, they are
-        # labelled -1 / -1 and learnt from the teacher only.
-        cloze = [dataclasses.replace(example, answer_texts=(), answer_starts=())
-                 for example in cloze_examples(all_training,
-                                               max_per_paragraph=data_cfg.cloze_per_paragraph)]
-        log.info("cloze questions: %d on %d training paragraphs", len(cloze),
-                 len({example.context for example in all_training}))
-        extra += cloze
+        validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
+        extra += training_cloze_examples(data_cfg, all_training, validation_titles)
     if extra:
         features = append_unlabelled(features, featurize_examples(extra, tokenizer, **options))
         log.info("unlabelled windows: %d", int(np.sum(features.is_unlabelled)))
     return features
+
+
+def training_cloze_examples(data_cfg: ml_collections.ConfigDict,
+                            training: list[SquadExample],
+                            validation_titles: list[str]) -> list[SquadExample]:
+    """Up to data.cloze_per_paragraph cloze questions (`dil_jax.train.cloze`) on each paragraph
+    of data.cloze_sources: the training articles' paragraphs (`training`: all of them, whatever
+    data.max_questions) and/or the Wikipedia leads' except the validation articles'. Without
+    their rule answers: like every distillation-only question, they are labelled -1 / -1 and
+    learnt from the teacher only."""
+    sources = [name.strip() for name in data_cfg.get("cloze_sources", "paragraphs").split(",")]
+    paragraphs: list[tuple[str, str]] = []
+    if "paragraphs" in sources:
+        paragraphs += [(example.title, example.context) for example in training]
+    if "wikipedia" in sources:
+        paragraphs += wikipedia_paragraphs(validation_titles, "config.data.cloze_sources")
+    cloze = cloze_examples(paragraphs, max_per_paragraph=data_cfg.cloze_per_paragraph)
+    log.info("cloze questions: %d on %d paragraphs (%s)", len(cloze),
+             len(dict.fromkeys(paragraphs)), ",".join(sources))
+    return [dataclasses.replace(example, answer_texts=(), answer_starts=())
+            for example in cloze]
 
 
 def distillation_examples(data_cfg: ml_collections.ConfigDict,
