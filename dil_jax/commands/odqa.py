@@ -16,6 +16,12 @@ import sys
 from pathlib import Path
 
 from dil_jax.commands.arguments import (
+    _NO_REUSE_HELP,
+    _STORAGE_HELP,
+    _check_checkpoint_count,
+    _checked_first,
+    _local_paths,
+    _reader_args,
     add_reading_arguments,
     cache_storage,
     non_negative_int,
@@ -25,52 +31,13 @@ from dil_jax.commands.arguments import (
 )
 from dil_jax.defaults import (
     AUTO_BM25S_FROM,
-    OPEN_DOMAIN_BATCH_SIZE,
     OPEN_DOMAIN_DOC_STRIDE,
     OPEN_DOMAIN_MAX_PASSAGE_LEN,
-    OPEN_DOMAIN_MAX_QUESTION_LEN,
     RETRIEVER_ENGINES,
-    SPAN_SCORES,
 )
 from dil_jax.errors import UsageError
 
 log = logging.getLogger(__name__)
-
-
-_STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-token "
-                 "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
-                 "name the same (docs/open_domain.md)")
-
-_NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
-                  "--cache-reuse): the reference, for timing")
-
-
-def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
-    parser.add_argument("--checkpoint", default=["default"] if many_k else "default",
-                        nargs="+" if many_k else None,
-                        help="reader: 'default' (embedded MiniLM), a Hugging Face folder, or a "
-                             "dil_jax (orbax) checkpoint folder"
-                             + ("; one for all k, or one per k (in --k order)" if many_k else ""))
-    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
-                                                          "checkpoint's own)")
-    if many_k:
-        parser.add_argument("--k", type=non_negative_int, nargs="+", default=[0],
-                            help="split points to cache/read (0 = the full model)")
-    else:
-        parser.add_argument("--k", type=non_negative_int, default=None,
-                            help="split point (default: the checkpoint's own; 0 for HF ones)")
-    parser.add_argument("--max-question-len", type=positive_int,
-                        default=OPEN_DOMAIN_MAX_QUESTION_LEN)
-    parser.add_argument("--batch-size", type=positive_int, default=OPEN_DOMAIN_BATCH_SIZE,
-                        help="questions per batch")
-    parser.add_argument("--chunk-size", type=positive_int, default=None,
-                        help="pairs per device step (default: 8 on CPU, 64 on accelerators: "
-                        "dil_jax.defaults.default_pair_chunk_size)")
-    parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
-                        help="how passages' best spans compare: 'logits' (s_start + s_end, the "
-                             "paper's) or 'margin' (less the window's no-answer score)"
-                             + ("; odqa-eval reports every rule from one read, this one "
-                                "first" if many_k else ""))
 
 
 def _reader_prescreen(args, index):
@@ -83,30 +50,6 @@ def _reader_prescreen(args, index):
     if prescreen is None:
         return None
     return ReaderPrescreen(*prescreen, SentenceStore.open(index, prescreen[0]))
-
-
-def _checked_first(check, run):
-    """`run`, preceded by `check(args)`: flag relations and output paths are refused before any
-    model, index or corpus is loaded."""
-    def checked(args: argparse.Namespace) -> int:
-        check(args)
-        return run(args)
-
-    checked.__name__ = run.__name__
-    checked.__doc__ = run.__doc__
-    return checked
-
-
-def _check_checkpoint_count(args: argparse.Namespace) -> None:
-    if isinstance(args.checkpoint, list) and len(args.checkpoint) not in (1, len(args.k)):
-        raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
-                         f"{len(args.k)}: give one checkpoint for all k, or one per k")
-
-
-def _local_paths(values) -> list[str]:
-    """The values of a path flag that name local files ('default' names a bundled one)."""
-    values = [values] if isinstance(values, str) or values is None else values
-    return [v for v in values if v and v != "default"]
 
 
 def _check_process_flags(args: argparse.Namespace) -> None:
