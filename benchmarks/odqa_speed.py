@@ -102,7 +102,7 @@ def timed_passes(reader, questions: Sequence[str], repeats: int) -> tuple[Any, l
 def compare_answers(reference, result) -> dict[str, float]:
     """Share of questions answered with the same text (reader score alone) and the largest
     |reader score difference| over every candidate, against the reference read."""
-    from dil_jax.open_domain.reader import pick_answer
+    from dil_jax.open_domain.scoring import pick_answer
 
     same, largest = 0, 0.0
     for ref_candidates, candidates in zip(reference.candidates, result.candidates, strict=True):

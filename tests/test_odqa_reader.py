@@ -16,15 +16,15 @@ from dil_jax.model.pairs import SpanScores
 from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.corpus import Document, split_documents
 from dil_jax.open_domain.index import build_index, build_reader_cache
-from dil_jax.open_domain.reader import (
+from dil_jax.open_domain.reader import OpenDomainReader
+from dil_jax.open_domain.retrieval import bm25_tokenize
+from dil_jax.open_domain.scoring import (
     Candidate,
-    OpenDomainReader,
     best_pair_of_each_hit,
     pair_span_scores,
     pick_answer,
     standardize,
 )
-from dil_jax.open_domain.retrieval import bm25_tokenize
 from dil_jax.predict import predict_squad
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer

@@ -16,6 +16,8 @@ The straight line, one module per step:
     build.py      `build_open_domain_index`: corpus -> index -> one cache per reader
     retrieval.py  BM25 top-p passages of a question
     reader.py     `OpenDomainReader`: question lower -> cached passage side -> pair upper ->
-                  best span per passage -> score fusion (`pick_answer`, `format_answer`)
+                  best span per passage -> score fusion (`format_answer`)
+    scoring.py    answer candidates, span score rules, best window per passage, score fusion
+                  (`pick_answer`)
     evaluate.py   OpenSQuAD-style R and EM/F1 of readers
 """

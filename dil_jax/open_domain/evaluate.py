@@ -24,7 +24,8 @@ from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import DilJaxError
 from dil_jax.metrics.squad_metric import exact_score, f1_score_v1, normalize_answer
-from dil_jax.open_domain.reader import Candidate, OpenDomainReader, pick_answer
+from dil_jax.open_domain.reader import OpenDomainReader
+from dil_jax.open_domain.scoring import Candidate, pick_answer
 
 log = logging.getLogger(__name__)
 

@@ -56,6 +56,12 @@ from dil_jax.model.pairs import SpanScores, kept_positions
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.open_domain.reuse import pair_inputs
+from dil_jax.open_domain.scoring import (
+    Candidate,
+    best_pair_of_each_hit,
+    pair_span_scores,
+    pick_answer,
+)
 from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
@@ -109,19 +115,6 @@ def _check_finite(start_logits: np.ndarray, end_logits: np.ndarray,
 
 
 @dataclasses.dataclass
-class Candidate:
-    """The best span of one retrieved passage for one question."""
-
-    passage_index: int
-    rank: int             # BM25 rank of the passage for this question (0 = best)
-    text: str
-    char_start: int       # in the passage text
-    char_end: int
-    reader_score: float   # by the reader's span score rule (SPAN_SCORES), halved
-    bm25_score: float
-
-
-@dataclasses.dataclass
 class ReadResult:
     """Candidates of each question, in retrieval order (best BM25 first), and phase times (s).
 
@@ -132,26 +125,6 @@ class ReadResult:
     hits: list[list]  # BM25 hits of each question, best first
     timings: dict[str, float]
     by_score: dict[str, list[list[Candidate]]] = dataclasses.field(default_factory=dict)
-
-
-def standardize(scores: np.ndarray) -> np.ndarray:
-    """(scores - mean) / std over the last axis; std 0 (one candidate, or all equal) -> 0."""
-    scores = np.asarray(scores, np.float64)
-    std = scores.std(axis=-1, keepdims=True)
-    centered = scores - scores.mean(axis=-1, keepdims=True)
-    return np.divide(centered, std, out=np.zeros_like(centered), where=std > 0)
-
-
-def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate | None:
-    """The answer among a question's candidates: reader score alone (mu None) or fused."""
-    if not candidates:
-        return None
-    reader = np.asarray([c.reader_score for c in candidates])
-    if mu is None:
-        return candidates[int(np.argmax(reader))]
-    bm25 = np.asarray([c.bm25_score for c in candidates])
-    fused = mu * standardize(reader) + (1 - mu) * standardize(bm25)
-    return candidates[int(np.argmax(fused))]
 
 
 @dataclasses.dataclass
@@ -201,28 +174,6 @@ class RetrievedPairs:
         """The pairs whose entry of `read` ([n_pairs] bool) is true, in order."""
         return RetrievedPairs(*([v for v, r in zip(values, read, strict=True) if r]
                                 for values in (self.question, self.row, self.hit)))
-
-
-def pair_span_scores(best_span_scores: np.ndarray, scores: SpanScores, rule: str) -> np.ndarray:
-    """[n_pairs] score of each pair's best span (best_span_scores: [n_pairs], s_start + s_end)
-    under `rule` (SPAN_SCORES; the module docstring says why "margin" exists)."""
-    if rule == "logits":
-        return best_span_scores
-    if rule == "margin":
-        return best_span_scores - (np.asarray(scores.null_start_logits, np.float64)
-                                   + np.asarray(scores.null_end_logits, np.float64))
-    raise ValueError(f"unknown span score rule {rule!r}; rules are {list(SPAN_SCORES)}")
-
-
-def best_pair_of_each_hit(best_span_scores: np.ndarray, pair_hit: Sequence[tuple[int, int]]
-                          ) -> dict[tuple[int, int], int]:
-    """hit -> the pair (window) with the highest best-span score among that hit's pairs
-    (the first on ties). best_span_scores: [n_pairs]."""
-    best: dict[tuple[int, int], int] = {}
-    for pair, key in enumerate(pair_hit):
-        if key not in best or best_span_scores[pair] > best_span_scores[best[key]]:
-            best[key] = pair
-    return best
 
 
 class OpenDomainReader:
