@@ -14,6 +14,7 @@ a block whatever the data set size. The compiled steps are `dil_jax.model.grid.P
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +34,15 @@ log = logging.getLogger(__name__)
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
+
+
+@functools.lru_cache(maxsize=8)
+def pair_grid(model: DelayedInteractionModel, mesh, batch_size: int) -> PairGrid:
+    """The PairGrid that reads for `model` (by identity) on `mesh` in batches of `batch_size`,
+    one per combination. A PairGrid compiles its programs per instance, and a training loop
+    evaluates the same model object again and again: a new PairGrid each time recompiled
+    every program at every evaluation (tests/test_squad_predict.py counts the compilations)."""
+    return PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
 
 
 def check_lengths(model: DelayedInteractionModel, max_question_len: int,
@@ -58,7 +68,7 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     from tqdm.auto import tqdm
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
-    reader = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
+    reader = pair_grid(model, mesh, batch_size)
     n_windows, p_len = features.p_ids.shape
     q_block = round_up(min(question_block, features.num_questions), reader.batch_size)
     blocks = []

@@ -79,3 +79,36 @@ def test_predict_cli_refuses_lengths_beyond_the_position_table(tmp_path, monkeyp
                      "--max-question-len", "200", "--max-passage-len", "384", "--no-progress"])
     assert code == 1
     assert "exceeds max_position_embeddings 512" in capsys.readouterr().err
+
+
+def test_reading_again_with_the_same_model_compiles_nothing(tokenizer):
+    """A training loop evaluates the same model object at every evaluation: its programs must be
+    compiled once, not once per evaluation (window_logits reuses one PairGrid per model)."""
+    compiled: list[str] = []
+    counting = [True]
+
+    def listener(event: str, duration: float, **_: object) -> None:
+        if counting[0] and "backend_compile" in event:
+            compiled.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    config = EncoderConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=2,
+                           num_heads=4, intermediate_size=37, embedding_size=32,
+                           max_position_embeddings=64, max_question_len=16, num_lower_layers=1,
+                           hidden_dropout=0.0, attention_dropout=0.0)
+    examples = load_squad(squad_file(V11)).examples[:3]
+    f = featurize(examples, tokenizer, max_question_len=16, max_passage_len=40, doc_stride=16)
+    model, other = DelayedInteractionModel(config), DelayedInteractionModel(config)
+    params = [model.init(jax.random.key(seed)) for seed in (0, 1)]  # not counted: init's own
+    try:
+        compiled.clear()
+        window_logits(model, params[0], f, batch_size=4, progress=False)
+        first = len(compiled)
+        window_logits(model, params[1], f, batch_size=4, progress=False)  # new values
+        again = len(compiled) - first
+        window_logits(other, params[0], f, batch_size=4, progress=False)  # another model object
+        other_count = len(compiled) - first - again
+    finally:
+        counting[0] = False
+    assert first > 0 and other_count > 0
+    assert again == 0
