@@ -34,7 +34,8 @@ _ABBREVIATIONS = frozenset({"st", "mr", "mrs", "dr", "ms", "jr", "sr", "vs", "no
                             "col", "lt", "rev", "prof", "approx", "fig", "vol"})
 _YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})s?\b")
 _NUMBER = re.compile(r"\b\d[\d,.]*(?:\s(?:million|billion|thousand|hundred))?\b")
-# A capitalised name: one or more capitalised words, joined by "of", "the", "de", "and" or "-".
+# A capitalised name: one or more capitalised words (each with a lower-case letter or digit, so
+# not an acronym alone), joined by spaces or by "of", "the", "de", "and", "du", "von", "van".
 _NAME = re.compile(r"\b[A-Z][\w'’-]*[a-z0-9][\w'’-]*"
                    r"(?:(?:\s+(?:of|the|de|and|du|von|van)\s+|\s+)[A-Z][\w'’-]*[a-z0-9][\w'’-]*)*")
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
@@ -105,8 +106,6 @@ def cloze_question(sentence: str, span: AnswerSpan,
     """`sentence` with `span` replaced by its question phrase, cropped to at most `max_words`
     words centred on the gap, ending in "?"."""
     phrase = QUESTION_PHRASES[span.kind]
-    if span.kind == "year" and sentence[:span.start].rstrip().endswith((" in", " In")):
-        phrase = "what year"
     before = sentence[:span.start].split()
     after = sentence[span.end:].split()
     room = max(max_words - len(phrase.split()), 0)
