@@ -57,8 +57,8 @@ def test_cloze_question_replaces_the_span_and_crops_around_it():
     assert cloze_question(sentence, year) == "The Normans conquered England in what year?"
     name = AnswerSpan(22, 29, "name")
     assert cloze_question(sentence, name) == "The Normans conquered what in 1066?"
-    # 4 words at most: the question phrase "what" and three words around it, more before
-    # than after when both sides have room (room 3 -> 1 before... max(3 // 2, 3 - 2) = 1).
+    # 4 words at most: "what" and 3 around it. Before the gap: max(3 // 2, 3 - 2 after) = 1
+    # word, the other 2 after it.
     assert cloze_question(sentence, name, max_words=4) == "Conquered what in 1066?"
 
 

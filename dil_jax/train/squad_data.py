@@ -28,7 +28,7 @@ from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
 from dil_jax.train.cloze import cloze_examples
 from dil_jax.train.data import TrainingFeatures, append_unlabelled
-from dil_jax.train.distractors import add_distractors, wikipedia_paragraphs
+from dil_jax.train.distractors import add_distractors, source_names, wikipedia_paragraphs
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,10 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
     unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
     unlimited.max_questions = unlimited.max_validation_questions = -1
     all_training = split_examples(unlimited, "train")
+    # Whose Wikipedia leads distractors and cloze questions leave out.
+    validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
     if data_cfg.get("distractors_per_question", 0) > 0:
         paragraphs = list(dict.fromkeys(e.context for e in all_training))
-        validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
         features = add_distractors(features, examples, paragraphs, tokenizer, data_cfg,
                                    validation_titles)
     extra: list[SquadExample] = []
@@ -91,7 +92,6 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
         extra += distillation_examples(data_cfg, all_training)
         log.info("distillation-only questions: %d from %s", len(extra), data_cfg.distill_file)
     if data_cfg.get("cloze_per_paragraph", 0) > 0:
-        validation_titles = sorted({e.title for e in split_examples(unlimited, "validation")})
         extra += training_cloze_examples(data_cfg, all_training, validation_titles)
     if extra:
         features = append_unlabelled(features, featurize_examples(extra, tokenizer, **options))
@@ -107,7 +107,7 @@ def training_cloze_examples(data_cfg: ml_collections.ConfigDict,
     data.max_questions) and/or the Wikipedia leads' except the validation articles'. Without
     their rule answers: like every distillation-only question, they are labelled -1 / -1 and
     learnt from the teacher only."""
-    sources = [name.strip() for name in data_cfg.get("cloze_sources", "paragraphs").split(",")]
+    sources = source_names(data_cfg.get("cloze_sources", "paragraphs"))
     paragraphs: list[tuple[str, str]] = []
     if "paragraphs" in sources:
         paragraphs += [(example.title, example.context) for example in training]
