@@ -143,3 +143,42 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
     build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
                         _encoder(config, params), hidden)
     assert (tmp_path / "cache" / "manifest.json").exists()
+
+
+def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, monkeypatch):
+    """A sharded build whose shards each fit the free space but not all together is refused by
+    process 0 before any shard starts: every shard writes to the same disk. The bytes are the
+    hand count above, for all 10 windows (shards of rows 0-5 and 6-9 at chunks of 3)."""
+    import collections
+
+    from dil_jax.open_domain import cache_build
+    from dil_jax.open_domain.cache import ShardWaitError
+    from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
+
+    config, params, ids, mask, offsets = reader_parts
+    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    per_window = P_LEN * (4 * config.hidden_size + 16)
+    margin = cache_build.FREE_SPACE_MARGIN_BYTES
+    usage = collections.namedtuple("usage", "total used free")
+
+    def build():
+        return build_sharded_passage_cache(
+            tmp_path / "cache", manifest, ids, mask, offsets, _encoder(config, params),
+            config.hidden_size, process_index=0, process_count=2, chunk_passages=3,
+            wait_timeout_s=0.0)
+
+    # Room for the larger shard (6 windows), not for all 10.
+    monkeypatch.setattr(cache_build.shutil, "disk_usage",
+                        lambda path: usage(0, 0, 10 * per_window + margin - 1))
+    with pytest.raises(cache_build.DiskSpaceError,
+                       match=r"the passage cache cache \(10 of 10 windows to write, 2 shards "
+                             r"together\) needs"):
+        build()
+    assert not list(tmp_path.iterdir())
+    # Room for all 10: process 0 builds its shard, then waits for process 1's (not started).
+    monkeypatch.setattr(cache_build.shutil, "disk_usage",
+                        lambda path: usage(0, 0, 10 * per_window + margin))
+    with pytest.raises(ShardWaitError, match="shard-00001-of-00002"):
+        build()
+    assert (tmp_path / ".cache.partial" / "shards" / "shard-00000-of-00002" /
+            "manifest.json").is_file()

@@ -35,10 +35,13 @@ from dil_jax.open_domain.cache import (
 )
 from dil_jax.open_domain.cache_build import (
     _PROGRESS,
+    TOKEN_ARRAY_BYTES,
     _existing_cache,
     _pca_sample,
     _write_json_atomic,
     build_passage_cache,
+    cache_bytes_per_window_token,
+    check_free_space,
 )
 from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
 
@@ -146,6 +149,30 @@ def _prepare_staging(staging: Path, top: dict[str, Any], ids: np.ndarray, mask: 
     return pca
 
 
+def _check_whole_build_fits(staging: Path, top: dict[str, Any], shape: tuple[int, int],
+                            storage: Storage, hidden_size: int, has_states: bool,
+                            name: str) -> None:
+    """(process 0) Refuses, before any shard starts, a sharded build whose unwritten windows,
+    all shards together, would not fit beside the cache: every shard writes to the same disk,
+    and each shard's own check (`build_passage_cache`) sees only its rows, so without this the
+    first shards could fill the disk and the last ones fail part-way. Windows a kept staging
+    folder already holds (`staged_progress`) are not counted again; their token arrays are
+    (a few percent over, on the safe side).
+
+    shape: (num_rows, passage_len) of the whole cache."""
+    rows, length = shape
+    done = 0
+    if _read_json(staging / "plan.json") == top:
+        try:
+            done = staged_progress(staging)[0]
+        except ValueError:
+            done = 0
+    per_token = cache_bytes_per_window_token(top, storage, hidden_size, has_states)
+    check_free_space(staging.parent, (rows - done) * length * (per_token + TOKEN_ARRAY_BYTES),
+                     f"the passage cache {name} ({rows - done} of {rows} windows to write, "
+                     f"{len(top['shards'])} shards together)")
+
+
 def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
                                 ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
                                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
@@ -186,6 +213,8 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
         cache = _existing_cache(directory, top, encode, reuse)
         if cache is not None:
             return cache
+        _check_whole_build_fits(staging, top, ids.shape, storage, hidden_size,
+                                has_states=encode is not None, name=directory.name)
         pca = _prepare_staging(staging, top, ids, mask, encode, storage)
     else:
         ready = wait_for(lambda: _finished(directory, top) or (
