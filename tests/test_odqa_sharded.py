@@ -16,13 +16,11 @@ import itertools
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from train_helpers import REPO, SUBPROCESS_TIMEOUT_S
+from train_helpers import REPO, free_port, run_all
 
 from dil_jax.open_domain.cache import RowArray
 from dil_jax.open_domain.cache_shards import shard_ranges
@@ -32,12 +30,6 @@ from conftest import run_cli
 
 BUILD = ["--k", "1", "--max-passage-len", "32", "--doc-stride", "16", "--max-question-len",
          "16", "--cache-chunk", "3"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +49,14 @@ def _run_processes(argvs: list[list[str]], envs: list[dict] | None = None
     """`python -m dil_jax ARGV` for each argv at once -> [(exit status, output)]."""
     base = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     base.pop("XLA_FLAGS", None)
-    procs = [subprocess.Popen([sys.executable, "-m", "dil_jax", *argv], cwd=REPO,
-                              env=dict(base, **(envs[i] if envs else {})),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i, argv in enumerate(argvs)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return [(proc.returncode, log) for proc, log in zip(procs, logs)]
+    return run_all([[sys.executable, "-m", "dil_jax", *argv] for argv in argvs],
+                   [dict(base, **(envs[i] if envs else {})) for i in range(len(argvs))])
 
 
 def _two_processes(out, corpus: str, *extra: str, envs=None, coordinator: bool = True,
                    per_process: tuple[list[str], list[str]] = ([], [])):
     """Two processes x 2 CPU devices building `out` -> [(status, output)] of each."""
-    port = _free_port()
+    port = free_port()
     argvs = []
     for pid in (0, 1):
         argv = _index_argv(out, corpus, *extra, "--num-processes", "2", "--process-id",

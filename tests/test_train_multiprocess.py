@@ -5,27 +5,19 @@ call, run to step 4, and must agree with one process running 4 steps on 1 device
 """
 
 import os
-import socket
-import subprocess
 import sys
 
 import numpy as np
 from train_helpers import (
     REPO,
-    SUBPROCESS_TIMEOUT_S,
     assert_same_training,
     flat_params,
+    free_port,
+    run_all,
     tiny_config,
 )
 
 from dil_jax.train.loop import train
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
-
 
 # jaxlib's gloo waits a fixed 30 s (not configurable from Python) for the peer to join each new
 # collective context: on a loaded machine one process can be starved that long (compiling the
@@ -37,23 +29,12 @@ GLOO_RENDEZVOUS_TIMEOUT = "Gloo context initialization failed"
 
 def _run_two_processes(workdir, out) -> list[tuple[int, str]]:
     """Starts the two training processes, waits for both -> [(return code, log)] per process."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
-    procs = [subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "train_helpers.py"), "multiprocess", str(out),
-         str(workdir), str(port), str(pid)],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for pid in (0, 1)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)[0])
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return [(proc.returncode, log) for proc, log in zip(procs, logs)]
+    return run_all([[sys.executable, str(REPO / "tests" / "train_helpers.py"), "multiprocess",
+                     str(out), str(workdir), str(port), str(pid)] for pid in (0, 1)],
+                   [env, env])
 
 
 def test_two_processes_agree_with_one(tmp_path):

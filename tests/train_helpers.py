@@ -8,6 +8,8 @@ Also run as a script by the subprocess tests (8 forced host devices; two distrib
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +22,30 @@ TINY_CONFIG = REPO / "configs" / "tiny.py"
 # machine shared with other jobs its wall time stretches ~10x (a load of 10 on 2 cores), which a
 # 240 s limit did not survive.
 SUBPROCESS_TIMEOUT_S = 1200
+
+
+def free_port() -> int:
+    """A localhost TCP port free now (for a jax.distributed coordinator)."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def run_all(argvs: list[list[str]], envs: list[dict]) -> list[tuple[int, str]]:
+    """Starts one process per argv (with its env, in the repo root) at once, waits for all ->
+    [(exit status, output)]; any still running after SUBPROCESS_TIMEOUT_S is killed."""
+    procs = [subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for argv, env in zip(argvs, envs, strict=True)]
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [(proc.returncode, log) for proc, log in zip(procs, logs)]
 
 
 def tiny_config(workdir: str | os.PathLike, overrides: dict | None = None):
