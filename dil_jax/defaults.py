@@ -81,6 +81,10 @@ def default_pair_chunk_size(platform: str) -> int:
 SHARED_SQUAD_FILE = "../shared/data/squad/dev-v1.1.35-articles.json"
 # The SQuAD v2.0 dev set (the same 35 articles, with unanswerable questions), likewise.
 SHARED_SQUAD_V2_FILE = "../shared/data/squad/dev-v2.0.json"
+# The complete SQuAD v1.1 training set (explorer-rebuilt: synthetic ids, answer_start the first
+# occurrence) and every occurrence of its 9,438 ambiguous answers (../shared/data/README.md).
+SHARED_SQUAD_TRAIN_FILE = "../shared/data/squad/train-v1.1.json"
+SHARED_SQUAD_TRAIN_CANDIDATES_FILE = "../shared/data/squad/train-v1.1.ambiguous-offsets.json"
 
 # ----------------------------------------------------------------------------- checkpoints
 

@@ -153,6 +153,7 @@ RULES: dict[str, Rule] = {
     "data.featurizer": text(callable_spec=True),
     "data.squad_file": text(),
     "data.validation_file": text(),
+    "data.answer_candidates_file": text(),
     "data.train_articles": text(),
     "data.validation_articles": text(),
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
@@ -266,6 +267,10 @@ def _shared_norm_problems(config: ml_collections.ConfigDict) -> list[str]:
                                             _lookup(config, "data.windows_per_question"))
     if not (on_present and g_present):
         return []
+    candidates = _lookup(config, "data.answer_candidates_file")[1]
+    if on and candidates:
+        return [f"config.data.answer_candidates_file = {candidates!r} cannot be combined with "
+                "config.loss.shared_norm = true (the grouped loss takes one label per window)"]
     if not on:
         return ([] if group == 0 else [
             f"config.data.windows_per_question = {group} is only used with "

@@ -13,6 +13,10 @@ The featurizer (`dil_jax.data.features`) encodes each question once and each pas
                                                (`dil_jax.train.squad_data`, data.distill_file):
                                                -1 / -1, and no span cross-entropy; only the
                                                teacher's KD and LRS train on it
+  start_candidates,
+  end_candidates           [n_windows, C]      optional: every correct span of the window
+                                               (`dil_jax.train.answer_candidates`), -1 padded;
+                                               the span loss then accepts any of them
 
 Anything with those attributes (`FeaturesLike`) trains; tests build them synthetically. A training
 unit is a window; its question ids are gathered per batch, so questions are stored once. With
@@ -64,7 +68,9 @@ class TrainingFeatures:
       q_ids, q_mask: [n_questions, Lq]; p_ids, p_mask: [n_windows, Lp];
       start_positions, end_positions, example_index: [n_windows];
       is_distractor: [n_windows] bool (True: an added window, always -1 / -1) or None;
-      is_unlabelled: [n_windows] bool (True: no span label, distillation only) or None.
+      is_unlabelled: [n_windows] bool (True: no span label, distillation only) or None;
+      start_candidates, end_candidates: [n_windows, C] int32 every correct span, -1 padded
+        (column 0 the window's own label), or None.
     """
 
     q_ids: np.ndarray
@@ -76,6 +82,28 @@ class TrainingFeatures:
     example_index: np.ndarray
     is_distractor: np.ndarray | None = None
     is_unlabelled: np.ndarray | None = None
+    start_candidates: np.ndarray | None = None
+    end_candidates: np.ndarray | None = None
+
+
+def with_candidates(features: FeaturesLike, start_candidates: np.ndarray,
+                    end_candidates: np.ndarray) -> TrainingFeatures:
+    """`features` with answer candidates for its first windows ([n, C], n <= its windows); the
+    windows after them (distractors, distillation-only questions, appended later than the
+    windows the candidates were computed on) get none (-1)."""
+    total = len(features.p_ids)
+    if start_candidates.shape != end_candidates.shape or start_candidates.shape[0] > total:
+        raise FeaturizationError(f"answer candidates {start_candidates.shape} / "
+                                 f"{end_candidates.shape} do not fit {total} windows")
+
+    def padded(values: np.ndarray) -> np.ndarray:
+        tail = np.full((total - values.shape[0], values.shape[1]), NO_ANSWER, np.int32)
+        return np.concatenate([values.astype(np.int32), tail])
+
+    fields = {name: getattr(features, name, None)
+              for name in (f.name for f in dataclasses.fields(TrainingFeatures))}
+    fields.update(start_candidates=padded(start_candidates), end_candidates=padded(end_candidates))
+    return TrainingFeatures(**fields)
 
 
 def append_unlabelled(features: FeaturesLike, extra: FeaturesLike) -> TrainingFeatures:
@@ -130,6 +158,10 @@ class Windows:
     is_distractor: np.ndarray  # [n_windows] bool
     # [n_windows] bool: False on distillation-only windows (no span cross-entropy).
     labelled: np.ndarray
+    # [n_windows, C] int32 every correct span of each window (column 0 = start / end when >= 0),
+    # -1 padded; None: one label per window.
+    start_candidates: np.ndarray | None = None
+    end_candidates: np.ndarray | None = None
     # Shared normalisation (`grouped`): [n_groups, G] window rows of each question group and
     # whether each is real; a padding slot repeats the group's first row with valid False.
     # None: every window is its own unit.
@@ -169,12 +201,18 @@ class Windows:
         valid [*S] (default all true): a row marked invalid becomes a padding window: ids and
         mask all 0 (the model gives its passage logits PADDED_LOGIT), labels -1, valid 0.
         labelled [*S]: 0 on distillation-only windows (the span cross-entropy skips them).
+        start_candidates, end_candidates [*S, C]: only when the windows have candidates.
         """
         rows = np.asarray(rows)
         valid = np.ones(rows.shape, bool) if valid is None else np.asarray(valid, bool)
         q = self.question_index[rows]
         keep = valid[..., None]
-        return {
+        candidates = {} if self.start_candidates is None else {
+            "start_candidates": np.where(keep, self.start_candidates[rows],
+                                         NO_ANSWER).astype(np.int32),
+            "end_candidates": np.where(keep, self.end_candidates[rows],
+                                       NO_ANSWER).astype(np.int32)}
+        return {**candidates,
             "q_ids": self.q_ids[q], "q_mask": self.q_mask[q],
             "p_ids": np.where(keep, self.p_ids[rows], 0).astype(np.int32),
             "p_mask": np.where(keep, self.p_mask[rows], 0).astype(np.int32),
@@ -251,9 +289,43 @@ def windows_from_features(features: FeaturesLike) -> Windows:
     if np.any(unlabelled & (start != NO_ANSWER)):
         raise FeaturizationError("an unlabelled (distillation-only) window has an answer label; "
                                  "they are labelled -1 / -1")
+    start_candidates, end_candidates = _checked_candidates(features, start, end, lp)
     return Windows(q_ids.astype(np.int32), q_mask.astype(np.int32), p_ids.astype(np.int32),
                    p_mask.astype(np.int32), q_index.astype(np.int64), start.astype(np.int32),
-                   end.astype(np.int32), distractor, ~unlabelled)
+                   end.astype(np.int32), distractor, ~unlabelled, start_candidates,
+                   end_candidates)
+
+
+def _checked_candidates(features: FeaturesLike, start: np.ndarray, end: np.ndarray, lp: int
+                        ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The features' answer candidates, checked against the one-label columns: [n, C] each, -1
+    or inside the window, start and end -1 together, column 0 the window's own label where it
+    has one, and a window without a label holding none. (None, None) when there are none."""
+    start_c = getattr(features, "start_candidates", None)
+    end_c = getattr(features, "end_candidates", None)
+    if start_c is None and end_c is None:
+        return None, None
+    if start_c is None or end_c is None:
+        raise FeaturizationError("start_candidates and end_candidates come together")
+    start_c, end_c = np.asarray(start_c), np.asarray(end_c)
+    n = len(start)
+    if start_c.ndim != 2 or start_c.shape[0] != n or end_c.shape != start_c.shape:
+        raise FeaturizationError(f"start_candidates {start_c.shape} / end_candidates "
+                                 f"{end_c.shape}: expected equal [{n}, C]")
+    if start_c.size and (start_c.min() < NO_ANSWER or start_c.max() >= lp
+                         or end_c.min() < NO_ANSWER or end_c.max() >= lp):
+        raise FeaturizationError(f"answer candidates must be -1 or inside the window "
+                                 f"(0..{lp - 1})")
+    if np.any((start_c == NO_ANSWER) != (end_c == NO_ANSWER)):
+        raise FeaturizationError("an answer candidate has a start but no end (or the reverse)")
+    labelled = start >= 0
+    if np.any(start_c[labelled, 0] != start[labelled]) or np.any(
+            end_c[labelled, 0] != end[labelled]):
+        raise FeaturizationError("answer candidates: column 0 must be the window's own label")
+    if np.any(start_c[~labelled] >= 0):
+        raise FeaturizationError("answer candidates on a window without a label: label it with "
+                                 "one of them (start_positions / end_positions)")
+    return start_c.astype(np.int32), end_c.astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- order

@@ -85,6 +85,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.tokenizer = "default"
     c.data.train_articles = "0:28"  # slice of the file's articles (split by article)
     c.data.validation_articles = "28:35"
+    # A JSON {question id: {"text", "candidates": [character offsets]}} listing every occurrence
+    # of ambiguous training answers (e.g. ../shared/data/squad/train-v1.1.ambiguous-offsets.json):
+    # the span loss then takes any of them as correct (minus the log of their summed
+    # probability, dil_jax.train.answer_candidates); "" = the file's answer_start only.
+    c.data.answer_candidates_file = ""
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
     c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     # > 0: only the first questions (file order) of the training split: learning curves, sweeps.

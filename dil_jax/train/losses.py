@@ -60,23 +60,53 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
 
 
-def span_cross_entropy_rows(out: ReaderOutput, start: jax.Array, end: jax.Array) -> jax.Array:
-    """(CE(start) + CE(end)) / 2 per window, as BERT's SQuAD head. start, end: [B] -> [B]."""
-    ce_start = _cross_entropy(span_logits(out.start_logits, out.null_start_logits),
-                              span_labels(start))
-    ce_end = _cross_entropy(span_logits(out.end_logits, out.null_end_logits), span_labels(end))
+def multi_positive_nll(logits: jax.Array, candidates: jax.Array) -> jax.Array:
+    """-log of the summed probability of every correct class. -> [B]
+
+    logits: [B, C'] over [null ; passage tokens]; candidates: [B, K] token indices in the window
+    of every correct span side (distinct), -1 padded. A row with no candidate is a no-answer
+    window: its one correct class is the null. With one candidate per row this is the plain
+    cross-entropy.
+    """
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    present = candidates >= 0
+    classes = jnp.where(present, candidates + 1, 0)  # 0 = null (also for padding)
+    picked = jnp.take_along_axis(log_probs, classes, axis=-1)  # [B, K]
+    # No candidate: the null alone (column 0 holds class 0 then, the other columns padding).
+    correct = present.at[:, 0].set(present[:, 0] | ~jnp.any(present, axis=1))
+    return -jax.nn.logsumexp(picked, axis=-1, where=correct)
+
+
+def span_cross_entropy_rows(out: ReaderOutput, start: jax.Array, end: jax.Array,
+                            start_candidates: jax.Array | None = None,
+                            end_candidates: jax.Array | None = None) -> jax.Array:
+    """(CE(start) + CE(end)) / 2 per window, as BERT's SQuAD head. start, end: [B] -> [B].
+
+    start_candidates, end_candidates: [B, K] every correct start / end (-1 padded,
+    `dil_jax.train.answer_candidates`); given, each side is `multi_positive_nll` over them
+    instead (start / end are then their column 0).
+    """
+    start_classes = span_logits(out.start_logits, out.null_start_logits)
+    end_classes = span_logits(out.end_logits, out.null_end_logits)
+    if start_candidates is not None:
+        return (multi_positive_nll(start_classes, start_candidates)
+                + multi_positive_nll(end_classes, end_candidates)) / 2
+    ce_start = _cross_entropy(start_classes, span_labels(start))
+    ce_end = _cross_entropy(end_classes, span_labels(end))
     return (ce_start + ce_end) / 2
 
 
 def span_cross_entropy(out: ReaderOutput, start: jax.Array, end: jax.Array,
-                       labelled: jax.Array | None = None) -> jax.Array:
+                       labelled: jax.Array | None = None,
+                       start_candidates: jax.Array | None = None,
+                       end_candidates: jax.Array | None = None) -> jax.Array:
     """Mean of span_cross_entropy_rows over the labelled rows. -> scalar.
 
     labelled: [B] 1 for a window with a span label, 0 for a distillation-only one (its row is
     left out of the mean, so its logits get no CE gradient); None = every row. A batch with no
-    labelled row gives 0.
+    labelled row gives 0. start_candidates, end_candidates: as span_cross_entropy_rows.
     """
-    rows = span_cross_entropy_rows(out, start, end)
+    rows = span_cross_entropy_rows(out, start, end, start_candidates, end_candidates)
     if labelled is None:
         return jnp.mean(rows)
     weights = labelled.astype(jnp.float32)

@@ -4,9 +4,11 @@
 articles of the split (`data.train_articles` / `data.validation_articles`, slices of the file's
 article order, so the split is by article, never by question) and featurizes them with
 `dil_jax.data.features.featurize` (each question once, strided passage windows, labels inside
-the window or -1). Training may add distractor windows (`data.distractors_per_question`) and
-distillation-only questions (`data.distill_file`, `distillation_examples`; cloze questions on the
-training paragraphs, `data.cloze_per_paragraph`, `dil_jax.train.cloze`).
+the window or -1; with `data.answer_candidates_file`, every occurrence of an ambiguous answer,
+`dil_jax.train.answer_candidates`). Training may add distractor windows
+(`data.distractors_per_question`) and distillation-only questions (`data.distill_file`,
+`distillation_examples`; cloze questions on the training paragraphs, `data.cloze_per_paragraph`,
+`dil_jax.train.cloze`).
 
 `evaluator` is the `eval.evaluator`: EM/F1 (the official SQuAD metric) of the model being trained
 on the validation articles, through the same `predict_squad` path as `dil-jax predict`. On SQuAD
@@ -26,8 +28,9 @@ from dil_jax.data.features import Features
 from dil_jax.data.features import featurize as featurize_examples
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
+from dil_jax.train.answer_candidates import load_answer_candidates, window_candidates
 from dil_jax.train.cloze import cloze_examples
-from dil_jax.train.data import TrainingFeatures, append_unlabelled
+from dil_jax.train.data import TrainingFeatures, append_unlabelled, with_candidates
 from dil_jax.train.distractors import add_distractors, source_names, wikipedia_paragraphs
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,12 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
     features = featurize_examples(examples, tokenizer, **options)
     if split != "train":
         return features
+    spans = None
+    if data_cfg.get("answer_candidates_file", ""):
+        spans = window_candidates(features, examples,
+                                  load_answer_candidates(data_cfg.answer_candidates_file))
+        features = dataclasses.replace(features, start_positions=spans.start_positions,
+                                       end_positions=spans.end_positions)
     # Whole articles: every training paragraph and every validation title, whatever the
     # question limits.
     unlimited = ml_collections.ConfigDict(data_cfg.to_dict())
@@ -96,6 +105,8 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
     if extra:
         features = append_unlabelled(features, featurize_examples(extra, tokenizer, **options))
         log.info("unlabelled windows: %d", int(np.sum(features.is_unlabelled)))
+    if spans is not None:  # computed on the first windows; the added ones follow them
+        features = with_candidates(features, spans.start_candidates, spans.end_candidates)
     return features
 
 

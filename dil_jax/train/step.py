@@ -26,7 +26,8 @@ from dil_jax.train.sharding import batch_sharding, replicated
 
 # q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp]; start, end, valid, labelled [A, M] (valid:
 # 0 for the padding windows that fill a shared-normalisation group; labelled: 0 for
-# distillation-only windows, which the span cross-entropy skips)
+# distillation-only windows, which the span cross-entropy skips); optionally start_candidates,
+# end_candidates [A, M, C] (every correct span, -1 padded: dil_jax.train.answer_candidates)
 Batch = dict[str, jax.Array]
 
 
@@ -63,7 +64,8 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
         ce = losses.grouped_span_loss(out, batch["start"], batch["end"], batch["valid"],
                                       weights.shared_norm_group)
     else:
-        ce = losses.span_cross_entropy(out, batch["start"], batch["end"], batch.get("labelled"))
+        ce = losses.span_cross_entropy(out, batch["start"], batch["end"], batch.get("labelled"),
+                                       batch.get("start_candidates"), batch.get("end_candidates"))
     kd = lrs = jnp.zeros((), jnp.float32)
     if use_teacher:
         teacher_out = teacher(teacher_params, batch["q_ids"], batch["q_mask"], batch["p_ids"],

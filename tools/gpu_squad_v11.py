@@ -1,0 +1,310 @@
+"""Issue 38's readers on one lent GPU, inside one device command: the full reader and every
+delayed student on the complete SQuAD v1.1 training set (configs/minilm_squad_v11.py).
+
+    python3 tools/gpu_squad_v11.py --data DATA --base MINILM --runs RUNS --out OUT \
+        --deadline-seconds 540 [--smoke]
+
+Phase 1 trains three full readers side by side (processes sharing the GPU): the protocol's
+learning rate with the file's first answer occurrence, the same with every occurrence
+(`,multi`), and twice the learning rate. The best by validation F1 is the teacher and warm start
+of phase 2, which trains the students k = 1..5 (`kN_warm`), DeFormer's recipe at k = 4
+(`k4_distill`) and the control `full_warm`, side by side. Each phase has a deadline: a run still
+going then gets SIGTERM (the trainer checkpoints, evaluating first) and is exported from its best
+checkpoint by rerunning it with num_train_steps = its last step (the trainer resumes, has nothing
+left to run and exports), so every run ends with a reader even if the GPU was slower than
+planned.
+
+OUT receives at most 8 files (the device's limit): every run's metrics, configs and logs in
+`results.tar.xz`, and the readers listed by --return-readers packed by `pack_reader` (bfloat16,
+without the frozen word embeddings, which are the base model's; xz; cut in 15 MiB pieces), which
+`tools/unpack_gpu_readers.py` turns back into params folders here.
+
+--smoke runs the same phases in minutes on CPU (64 questions, a few steps): the test of this
+script before a device call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import lzma
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "configs/minilm_squad_v11.py"
+PIECE_BYTES = 15 * 2 ** 20
+WORD_EMBEDDINGS = "embeddings/word_embeddings/embedding"
+
+
+@dataclasses.dataclass
+class Run:
+    name: str  # the config variant, e.g. "k4_warm" or "full,multi"
+    overrides: list[str]
+    label: str = ""  # the workdir's name after minilm_squad_v11_; default: the variant's
+    process: subprocess.Popen | None = None
+    log: Path | None = None
+    status: str = "pending"  # pending, running, finished, interrupted, exported, failed
+
+    @property
+    def workdir_name(self) -> str:
+        return "minilm_squad_v11_" + (self.label or self.name.replace(",", "_"))
+
+
+def common_overrides(args: argparse.Namespace, steps_per_eval: int) -> list[str]:
+    data = Path(args.data)
+    values = {
+        "data.squad_file": data / "train-v1.1.json",
+        "data.validation_file": data / "dev-v1.1.35-articles.json",
+        "data.tokenizer": args.base,
+        "log.tensorboard": "false",
+        "log.progress": "false",
+        "checkpoint.every_steps": steps_per_eval,
+    }
+    if args.smoke:
+        values.update({"data.max_questions": 64, "data.max_validation_questions": 24,
+                       "batch_size": 8, "eval.batch_size": 8, "log.every_steps": 2})
+    return [f"--config.{key}={value}" for key, value in values.items()]
+
+
+def start(run: Run, args: argparse.Namespace, extra: list[str] = ()) -> None:
+    workdir = Path(args.runs) / run.workdir_name
+    run.log = Path(args.runs) / f"{run.workdir_name}.log"
+    command = [sys.executable, "-m", "dil_jax.commands.train", "--config", f"{CONFIG}:{run.name}",
+               f"--config.workdir={workdir}", *run.overrides, *extra]
+    env = dict(os.environ)
+    # Several trainers share one GPU: none may take most of its memory up front.
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / max(args.parallel, 1):.3f}")
+    with open(run.log, "a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        run.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env)
+    run.status = "running"
+    print(f"[{elapsed():6.0f} s] started {run.name}", flush=True)
+
+
+T0 = time.monotonic()
+
+
+def elapsed() -> float:
+    return time.monotonic() - T0
+
+
+def wait_phase(runs: list[Run], deadline: float) -> None:
+    """Waits for the runs; at `deadline` (seconds since start) sends SIGTERM to those still
+    going and waits for their checkpoints."""
+    terminated = False
+    while any(r.process.poll() is None for r in runs):
+        if not terminated and elapsed() > deadline:
+            for r in runs:
+                if r.process.poll() is None:
+                    print(f"[{elapsed():6.0f} s] deadline: SIGTERM to {r.name}", flush=True)
+                    r.process.send_signal(signal.SIGTERM)
+            terminated = True
+        time.sleep(2)
+    for r in runs:
+        code = r.process.returncode
+        r.status = "finished" if code == 0 else ("interrupted" if terminated else "failed")
+        print(f"[{elapsed():6.0f} s] {r.name}: exit {code} ({r.status})", flush=True)
+
+
+def last_checkpoint_step(workdir: Path) -> int | None:
+    steps = [int(p.name) for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]
+    return max(steps) if steps else None
+
+
+def export_interrupted(runs: list[Run], args: argparse.Namespace) -> None:
+    """Reruns each interrupted run with num_train_steps = its last checkpoint: it resumes with
+    nothing left to train and exports its best checkpoint."""
+    again = []
+    for r in runs:
+        if r.status != "interrupted":
+            continue
+        step = last_checkpoint_step(Path(args.runs) / r.workdir_name)
+        if step is None:
+            r.status = "failed"
+            continue
+        start(r, args, [f"--config.num_train_steps={step}"])
+        again.append(r)
+    for r in again:
+        r.process.wait()
+        r.status = "exported" if r.process.returncode == 0 else "failed"
+        print(f"[{elapsed():6.0f} s] {r.name}: export exit {r.process.returncode}", flush=True)
+
+
+def best_f1(workdir: Path) -> float:
+    """The best validation F1 in a run's metrics.jsonl (-1 without any)."""
+    path = workdir / "metrics.jsonl"
+    scores = [row["f1"] for row in map(json.loads, path.read_text().splitlines())
+              if row.get("split") == "eval" and "f1" in row] if path.is_file() else []
+    return max(scores, default=-1.0)
+
+
+def pack_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
+    """A params folder (save_params) as `name.tar.xz.NN` pieces of at most PIECE_BYTES: the
+    params in bfloat16 (stored as uint16) without the frozen word embeddings, the encoder config
+    and trained_from.json."""
+    import jax
+    import ml_dtypes
+
+    from dil_jax.checkpoints import load_params
+
+    config, params = load_params(params_dir)
+    arrays = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        key = "/".join(str(getattr(k, "key", k)) for k in path)
+        if key != WORD_EMBEDDINGS:
+            arrays[key] = np.asarray(leaf, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    members = {"params.npz": buffer.getvalue(),
+               "encoder_config.json": json.dumps(config.to_dict(), indent=2).encode()}
+    trained_from = params_dir / "trained_from.json"
+    if trained_from.is_file():
+        members["trained_from.json"] = trained_from.read_bytes()
+    tar_bytes = io.BytesIO()
+    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
+        for member, data in members.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    packed = lzma.compress(tar_bytes.getvalue(), preset=3)
+    pieces = []
+    for index in range(0, len(packed), PIECE_BYTES):
+        piece = out / f"{name}.tar.xz.{index // PIECE_BYTES:02d}"
+        piece.write_bytes(packed[index:index + PIECE_BYTES])
+        pieces.append(piece)
+    return pieces
+
+
+def pack_results(runs: list[Run], args: argparse.Namespace, summary: dict) -> Path:
+    """Every run's metrics.jsonl, config.json, trained_from.json and log, and the summary."""
+    target = Path(args.out) / "results.tar.xz"
+    with tarfile.open(target, "w:xz") as tar:
+        for r in runs:
+            workdir = Path(args.runs) / r.workdir_name
+            for name in ("metrics.jsonl", "config.json", "params/trained_from.json",
+                         "params/encoder_config.json"):
+                if (workdir / name).is_file():
+                    tar.add(workdir / name, arcname=f"{r.workdir_name}/{name}")
+            if r.log and r.log.is_file():
+                tar.add(r.log, arcname=f"{r.workdir_name}/train.log")
+        data = json.dumps(summary, indent=2).encode()
+        info = tarfile.TarInfo("summary.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return target
+
+
+def device_description() -> str:
+    try:
+        import jax
+
+        return "; ".join(f"{d.platform}:{d.device_kind}" for d in jax.devices()) + \
+            f"; jax {jax.__version__}"
+    except Exception as error:  # a broken backend is itself worth recording
+        return f"unknown ({error})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", required=True, help="folder with train-v1.1.json, "
+                        "train-v1.1.ambiguous-offsets.json and dev-v1.1.35-articles.json")
+    parser.add_argument("--base", required=True, help="the pre-trained MiniLM folder")
+    parser.add_argument("--runs", required=True, help="workdirs (outside the repo)")
+    parser.add_argument("--out", required=True, help="what comes back")
+    parser.add_argument("--deadline-seconds", type=float, default=540.0)
+    parser.add_argument("--phase1-share", type=float, default=0.45,
+                        help="fraction of the deadline given to phase 1")
+    parser.add_argument("--student-epochs", type=float, default=1.0)
+    parser.add_argument("--full-epochs", type=float, default=2.0)
+    parser.add_argument("--return-readers", default="full,k4_warm,k2_warm",
+                        help="runs whose readers come back (the best full reader is 'full')")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--smoke-steps", type=int, default=6,
+                        help="--smoke: the full readers' steps (the students get 2/3)")
+    args = parser.parse_args(argv)
+    Path(args.runs).mkdir(parents=True, exist_ok=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    data = Path(args.data)
+    steps_per_eval = 3 if args.smoke else 2077  # half an epoch of batch 32
+    base = common_overrides(args, steps_per_eval)
+    full_steps = args.smoke_steps if args.smoke else None
+    student_steps = max(1, 2 * args.smoke_steps // 3) if args.smoke else None
+
+    def schedule(epochs: float, smoke_steps: int | None) -> list[str]:
+        return ([f"--config.num_train_steps={smoke_steps}"] if smoke_steps
+                else [f"--config.num_epochs={epochs}"])
+
+    offsets_file = data / "train-v1.1.ambiguous-offsets.json"
+    candidates = f"--config.data.answer_candidates_file={offsets_file}"
+    phase1 = [
+        Run("full", [*base, f"--config.model.checkpoint={args.base}",
+                     *schedule(args.full_epochs, full_steps)]),
+        Run("full,multi", [*base, f"--config.model.checkpoint={args.base}", candidates,
+                           *schedule(args.full_epochs, full_steps)]),
+        Run("full", [*base, f"--config.model.checkpoint={args.base}",
+                     "--config.optim.learning_rate=2e-4",
+                     *schedule(args.full_epochs, full_steps)], label="full_lr2e-4"),
+    ]
+    summary: dict = {"device": device_description(), "started": time.strftime("%F %T %Z"),
+                     "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
+                                                  capture_output=True, text=True).stdout.strip()}
+    args.parallel = len(phase1)
+    for r in phase1:
+        start(r, args)
+    wait_phase(phase1, args.deadline_seconds * args.phase1_share)
+    export_interrupted(phase1, args)
+    scores = {r.workdir_name: best_f1(Path(args.runs) / r.workdir_name) for r in phase1}
+    summary["phase1_best_f1"] = scores
+    best = max((r for r in phase1 if r.status in ("finished", "exported")),
+               key=lambda r: scores[r.workdir_name], default=None)
+    runs = list(phase1)
+    if best is not None:
+        teacher = Path(args.runs) / best.workdir_name / "params"
+        summary["teacher"] = str(teacher)
+        multi = [candidates] if "multi" in best.name else []
+        warm = [*base, f"--config.model.checkpoint={teacher}",
+                f"--config.teacher.checkpoint={teacher}", *multi,
+                *schedule(args.student_epochs, student_steps)]
+        phase2 = [Run(f"k{k}_warm", warm) for k in range(1, 6)]
+        phase2 += [Run("k4_distill", [*base, f"--config.model.checkpoint={args.base}",
+                                      f"--config.teacher.checkpoint={teacher}", *multi,
+                                      *schedule(args.student_epochs, student_steps)]),
+                   Run("full_warm", warm)]
+        args.parallel = len(phase2)
+        for r in phase2:
+            start(r, args)
+        wait_phase(phase2, args.deadline_seconds)
+        export_interrupted(phase2, args)
+        runs += phase2
+    summary["runs"] = {r.workdir_name: {"status": r.status,
+                                       "best_f1": best_f1(Path(args.runs) / r.workdir_name)}
+                       for r in runs}
+    summary["elapsed_s"] = round(elapsed(), 1)
+    returned = []
+    for name in filter(None, args.return_readers.split(",")):
+        chosen = best if name == "full" else next((r for r in runs if r.name == name), None)
+        params = None if chosen is None else Path(args.runs) / chosen.workdir_name / "params"
+        if params is not None and params.is_dir():
+            returned += [p.name for p in pack_reader(params, Path(args.out),
+                                                     name.replace(",", "_"))]
+    summary["returned"] = returned
+    pack_results(runs, args, summary)
+    print(json.dumps(summary, indent=2), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
