@@ -71,7 +71,11 @@ CLOZE_PER_PARAGRAPH = 30
 PASSAGE_POSITION_OFFSET = 14
 # Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
 LEARNING_RATE = 4e-4
-# The `full` run's export as bundled by tools/bundle_readers.py (repository-relative, as runs/).
+# The bundled full reader (repository-relative, as runs/). Until commit 3da2a83 it was this
+# config's own `full` run's export, which every kN_warm / kN_distill number of issue 14 in
+# docs/training.md used (`git checkout 3da2a83 -- dil_jax/assets/minilm-squad-full` restores
+# it); since then it is the complete-training-set reader (configs/minilm_squad_v11.py), a
+# stronger teacher that also never saw these articles.
 BUNDLED_FULL_READER = "dil_jax/assets/minilm-squad-full"
 # kN_warm students start from a fine-tuned reader: the best of their own sweep (docs/training.md,
 # "Warm students: learning rate"; 1e-4 and 4e-4 were within 0.6 F1, the lower one ahead).

@@ -65,7 +65,7 @@ def earlier_stages(record: dict) -> list[dict]:
     return stages
 
 
-def bundle(params_dir: Path, name: str) -> Path:
+def bundle(params_dir: Path, name: str, note: str = "") -> Path:
     from dil_jax.checkpoints import export_hf_checkpoint, load_hf_checkpoint, load_params
     from dil_jax.tokenization import load_tokenizer
 
@@ -86,6 +86,8 @@ def bundle(params_dir: Path, name: str) -> Path:
         "earlier_stages": earlier_stages(record),
         "stored_dtype": "bfloat16",
     }
+    if note:  # e.g. where a run on another machine had its files (its config names its paths)
+        manifest["note"] = note
     return export_hf_checkpoint(ASSETS / name, params, config,
                                 tokenizer=load_tokenizer("default"), dtype="bfloat16",
                                 manifest=manifest,
@@ -99,6 +101,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", type=Path, help="params dir of the k = 0 run")
     parser.add_argument("--delayed", type=Path, help="params dir of the k > 0 run")
+    parser.add_argument("--note", default="", help="a sentence for the manifest(s): e.g. the "
+                        "machine a run trained on and what its config's paths were there")
     args = parser.parse_args()
     if args.full is None and args.delayed is None:
         parser.error("give --full, --delayed or both")
@@ -108,7 +112,7 @@ def main() -> int:
         if not (params_dir / "encoder_config.json").is_file():
             parser.error(f"--{role} {params_dir}: not an exported params folder (no "
                          "encoder_config.json); give a run's params/")
-        folder = bundle(params_dir, BUNDLED_READERS[role])
+        folder = bundle(params_dir, BUNDLED_READERS[role], args.note)
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         print(f"{role}: {params_dir} -> {folder} ({size:.1f} MB)")
     return 0

@@ -1,18 +1,20 @@
-"""Issue 38's readers on one lent GPU, inside one device command: the full reader and every
-delayed student on the complete SQuAD v1.1 training set (configs/minilm_squad_v11.py).
+"""Issue 38's readers on one lent GPU, inside one device command: the full reader and the
+delayed students on the complete SQuAD v1.1 training set (configs/minilm_squad_v11.py).
 
     python3 tools/gpu_squad_v11.py --data DATA --base MINILM --runs RUNS --out OUT \
-        --deadline-seconds 540 [--smoke]
+        --deadline-seconds 470 [--full-runs 'full,multi'] [--students k4_warm,k5_warm,...] \
+        [--parallel 2] [--teacher PARAMS] [--smoke]
 
-Phase 1 trains three full readers side by side (processes sharing the GPU): the protocol's
-learning rate with the file's first answer occurrence, the same with every occurrence
-(`,multi`), and twice the learning rate. The best by validation F1 is the teacher and warm start
-of phase 2, which trains the students k = 1..5 (`kN_warm`), DeFormer's recipe at k = 4
-(`k4_distill`) and the control `full_warm`, side by side. Each phase has a deadline: a run still
-going then gets SIGTERM (the trainer checkpoints, evaluating first) and is exported from its best
-checkpoint by rerunning it with num_train_steps = its last step (the trainer resumes, has nothing
-left to run and exports), so every run ends with a reader even if the GPU was slower than
-planned.
+Phase 1 trains the full readers of --full-runs side by side (processes sharing the GPU); the
+best by validation F1 is the teacher and warm start of phase 2, which trains --students (kN_warm,
+kN_distill = DeFormer's recipe, full_warm = the control) in their order, --parallel at a time
+(with --full-runs '' phase 1 is skipped and --teacher is used). Each phase has a deadline: a run
+still going then gets SIGTERM (the trainer checkpoints, evaluating first) and is exported from its
+best checkpoint by rerunning it with num_train_steps = its last step (the trainer resumes, has
+nothing left to run and exports), so a run that reached a checkpoint ends with a reader even if
+the GPU was slower than planned; a phase-2 run is not started within --start-margin seconds of
+the deadline. The first lend (2026-11-26, docs/training.md) ran three full readers and then
+seven students side by side: the students never reached a checkpoint, hence the pool.
 
 OUT receives at most 8 files (the device's limit): every run's metrics, configs and logs in
 `results.tar.xz`, and the readers listed by --return-readers packed by `pack_reader` (bfloat16,
@@ -83,7 +85,7 @@ def start(run: Run, args: argparse.Namespace, extra: list[str] = ()) -> None:
                f"--config.workdir={workdir}", *run.overrides, *extra]
     env = dict(os.environ)
     # Several trainers share one GPU: none may take most of its memory up front.
-    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / max(args.parallel, 1):.3f}")
+    env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / max(args.sharing, 1):.3f}")
     with open(run.log, "a") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
@@ -100,22 +102,34 @@ def elapsed() -> float:
     return time.monotonic() - T0
 
 
-def wait_phase(runs: list[Run], deadline: float) -> None:
-    """Waits for the runs; at `deadline` (seconds since start) sends SIGTERM to those still
-    going and waits for their checkpoints."""
-    terminated = False
-    while any(r.process.poll() is None for r in runs):
+def run_pool(runs: list[Run], args: argparse.Namespace, deadline: float, parallel: int,
+             start_margin: float) -> None:
+    """Runs `runs` in their order, at most `parallel` at a time; none starts later than
+    `start_margin` seconds before `deadline` (seconds since start: it would not reach a
+    checkpoint); at the deadline those still going get SIGTERM (they checkpoint, evaluating
+    first) and are waited for. Runs never started keep status "pending"."""
+    queue, running, terminated = list(runs), [], False
+    args.sharing = parallel  # processes sharing the GPU's memory
+    while queue or running:
+        while queue and len(running) < parallel and elapsed() < deadline - start_margin:
+            run = queue.pop(0)
+            start(run, args)
+            running.append(run)
+        if not running:
+            break
         if not terminated and elapsed() > deadline:
-            for r in runs:
-                if r.process.poll() is None:
-                    print(f"[{elapsed():6.0f} s] deadline: SIGTERM to {r.name}", flush=True)
-                    r.process.send_signal(signal.SIGTERM)
+            for run in running:
+                print(f"[{elapsed():6.0f} s] deadline: SIGTERM to {run.name}", flush=True)
+                run.process.send_signal(signal.SIGTERM)
             terminated = True
+            queue.clear()
         time.sleep(2)
-    for r in runs:
-        code = r.process.returncode
-        r.status = "finished" if code == 0 else ("interrupted" if terminated else "failed")
-        print(f"[{elapsed():6.0f} s] {r.name}: exit {code} ({r.status})", flush=True)
+        for run in [r for r in running if r.process.poll() is not None]:
+            running.remove(run)
+            code = run.process.returncode
+            run.status = ("finished" if code == 0 else
+                          "interrupted" if terminated else "failed")
+            print(f"[{elapsed():6.0f} s] {run.name}: exit {code} ({run.status})", flush=True)
 
 
 def last_checkpoint_step(workdir: Path) -> int | None:
@@ -134,6 +148,7 @@ def export_interrupted(runs: list[Run], args: argparse.Namespace) -> None:
         if step is None:
             r.status = "failed"
             continue
+        args.sharing = max(len(runs), 1)
         start(r, args, [f"--config.num_train_steps={step}"])
         again.append(r)
     for r in again:
@@ -229,7 +244,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="fraction of the deadline given to phase 1")
     parser.add_argument("--student-epochs", type=float, default=1.0)
     parser.add_argument("--full-epochs", type=float, default=2.0)
-    parser.add_argument("--return-readers", default="full,k4_warm,k2_warm",
+    parser.add_argument("--full-runs", default="full,multi",
+                        help="phase 1's full readers, ';'-separated, of 'full', 'full,multi' and "
+                        "'full_lr2e-4' (all three side by side on 2026-11-26); '' skips phase 1 "
+                        "(then --teacher)")
+    parser.add_argument("--teacher", default="", help="params folder of a full reader: the "
+                        "students' teacher and warm start when phase 1 is skipped")
+    parser.add_argument("--students", default="k4_warm,k5_warm,k3_warm,k4_distill,k2_warm,"
+                        "k1_warm,full_warm", help="phase 2's runs, in order of priority")
+    parser.add_argument("--parallel", type=int, default=2,
+                        help="phase 2's runs at a time (one H100 ran one student with its "
+                        "teacher at 2,400 windows/s; three full readers at 1,170 each)")
+    parser.add_argument("--start-margin", type=float, default=150.0,
+                        help="no phase-2 run starts later than this before the deadline")
+    parser.add_argument("--return-readers", default="full,k4_warm,k5_warm",
                         help="runs whose readers come back (the best full reader is 'full')")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--smoke-steps", type=int, default=6,
@@ -249,44 +277,43 @@ def main(argv: list[str] | None = None) -> int:
 
     offsets_file = data / "train-v1.1.ambiguous-offsets.json"
     candidates = f"--config.data.answer_candidates_file={offsets_file}"
-    phase1 = [
-        Run("full", [*base, f"--config.model.checkpoint={args.base}",
-                     *schedule(args.full_epochs, full_steps)]),
-        Run("full,multi", [*base, f"--config.model.checkpoint={args.base}", candidates,
-                           *schedule(args.full_epochs, full_steps)]),
-        Run("full", [*base, f"--config.model.checkpoint={args.base}",
-                     "--config.optim.learning_rate=2e-4",
-                     *schedule(args.full_epochs, full_steps)], label="full_lr2e-4"),
-    ]
+    full_runs = {
+        "full": Run("full", [*base, f"--config.model.checkpoint={args.base}",
+                             *schedule(args.full_epochs, full_steps)]),
+        "full,multi": Run("full,multi", [*base, f"--config.model.checkpoint={args.base}",
+                                         candidates, *schedule(args.full_epochs, full_steps)]),
+        "full_lr2e-4": Run("full", [*base, f"--config.model.checkpoint={args.base}",
+                                    "--config.optim.learning_rate=2e-4",
+                                    *schedule(args.full_epochs, full_steps)],
+                           label="full_lr2e-4"),
+    }
+    phase1 = [full_runs[name] for name in filter(None, args.full_runs.split(";"))]
     summary: dict = {"device": device_description(), "started": time.strftime("%F %T %Z"),
                      "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
                                                   capture_output=True, text=True).stdout.strip()}
-    args.parallel = len(phase1)
-    for r in phase1:
-        start(r, args)
-    wait_phase(phase1, args.deadline_seconds * args.phase1_share)
+    phase1_deadline = args.deadline_seconds * args.phase1_share
+    run_pool(phase1, args, phase1_deadline, len(phase1), start_margin=0.0)
     export_interrupted(phase1, args)
     scores = {r.workdir_name: best_f1(Path(args.runs) / r.workdir_name) for r in phase1}
     summary["phase1_best_f1"] = scores
     best = max((r for r in phase1 if r.status in ("finished", "exported")),
                key=lambda r: scores[r.workdir_name], default=None)
     runs = list(phase1)
-    if best is not None:
-        teacher = Path(args.runs) / best.workdir_name / "params"
+    teacher = (Path(args.runs) / best.workdir_name / "params" if best is not None
+               else Path(args.teacher) if args.teacher else None)
+    if teacher is not None:
         summary["teacher"] = str(teacher)
-        multi = [candidates] if "multi" in best.name else []
+        multi = [candidates] if best is None or "multi" in best.name else []
         warm = [*base, f"--config.model.checkpoint={teacher}",
                 f"--config.teacher.checkpoint={teacher}", *multi,
                 *schedule(args.student_epochs, student_steps)]
-        phase2 = [Run(f"k{k}_warm", warm) for k in range(1, 6)]
-        phase2 += [Run("k4_distill", [*base, f"--config.model.checkpoint={args.base}",
-                                      f"--config.teacher.checkpoint={teacher}", *multi,
-                                      *schedule(args.student_epochs, student_steps)]),
-                   Run("full_warm", warm)]
-        args.parallel = len(phase2)
-        for r in phase2:
-            start(r, args)
-        wait_phase(phase2, args.deadline_seconds)
+        distill = [*base, f"--config.model.checkpoint={args.base}",
+                   f"--config.teacher.checkpoint={teacher}", *multi,
+                   *schedule(args.student_epochs, student_steps)]
+        phase2 = [Run(name, distill if name.endswith("_distill") else warm)
+                  for name in filter(None, args.students.split(","))]
+        run_pool(phase2, args, args.deadline_seconds, args.parallel,
+                 start_margin=args.start_margin)
         export_interrupted(phase2, args)
         runs += phase2
     summary["runs"] = {r.workdir_name: {"status": r.status,
