@@ -123,3 +123,32 @@ def test_lengths_past_the_position_table_are_refused_before_training(tmp_path):
     with pytest.raises(InputError, match="offset 60: .*config.data.max_passage_len"):
         train(tiny_config(tmp_path, {"model.passage_position_offset": 60}))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_evaluations_every_few_checkpoints_and_best_only_among_them(tmp_path):
+    # Checkpoints every 2 steps, evaluations every 4 (and at the end): evaluations at steps 4, 8
+    # and 10 only; the best is chosen among them, and the checkpoints between serve resuming.
+    f1_by_call = iter([30.0, 20.0, 10.0])
+    evaluated_at = []
+
+    def evaluate_fn(params):
+        evaluated_at.append(len(evaluated_at))
+        return {"exact": 0.0, "f1": next(f1_by_call)}
+
+    overrides = {"num_train_steps": 10, "checkpoint.every_steps": 2, "eval.every_steps": 4,
+                 "checkpoint.keep": 1, "checkpoint.best_metric": "f1",
+                 "checkpoint.best_mode": "max", "eval.use_validation_loss": "false"}
+    result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if line["split"] == "eval"] == [4, 8, 10]
+    assert result.best_step == 4
+    steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2, keep=1).all_steps()
+    assert sorted(steps) == [4, 10]  # the best and the last
+
+
+def test_evaluations_must_fall_on_checkpoints(tmp_path):
+    from dil_jax.errors import UsageError
+
+    with pytest.raises(UsageError, match="eval.every_steps = 3 is not a multiple of "
+                                         "config.checkpoint.every_steps = 2"):
+        train(tiny_config(tmp_path, {"checkpoint.every_steps": 2, "eval.every_steps": 3}))

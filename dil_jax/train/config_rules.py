@@ -174,6 +174,7 @@ RULES: dict[str, Rule] = {
     "eval.evaluator": text(callable_spec=True),
     "eval.batch_size": POSITIVE,
     "eval.patience": int_at_least(1, off=-1),
+    "eval.every_steps": int_at_least(0),
     "eval.threshold_questions": int_at_least(1, off=-1),
     "checkpoint.every_steps": POSITIVE,
     "checkpoint.keep": POSITIVE,
@@ -234,7 +235,21 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
                         "config.checkpoint.best_metric (e.g. 'f1')")
     problems += _shared_norm_problems(config)
     problems += _distill_file_problems(config)
+    problems += _evaluation_interval_problems(config)
     return problems
+
+
+def _evaluation_interval_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """eval.every_steps must be a multiple of checkpoint.every_steps: an evaluation's metrics are
+    saved with a checkpoint of that step, which is what "best" and the export choose from."""
+    (_, every), (_, checkpoint_every) = (_lookup(config, "eval.every_steps"),
+                                         _lookup(config, "checkpoint.every_steps"))
+    if not (isinstance(every, int) and isinstance(checkpoint_every, int)) or every <= 0 \
+            or checkpoint_every <= 0 or every % checkpoint_every == 0:
+        return []
+    return [f"config.eval.every_steps = {every} is not a multiple of "
+            f"config.checkpoint.every_steps = {checkpoint_every} (each evaluation is saved with "
+            "its step's checkpoint)"]
 
 
 def _distill_file_problems(config: ml_collections.ConfigDict) -> list[str]:

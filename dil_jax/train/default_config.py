@@ -129,6 +129,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "module:factory", factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"}.
     c.eval.evaluator = "dil_jax.train.squad_data:evaluator"
     c.eval.use_validation_loss = True  # mean span CE on the validation windows
+    # Steps between evaluations: a multiple of checkpoint.every_steps (the checkpoints between
+    # evaluations serve resuming only), or 0 = at every checkpoint. An evaluation on a slow
+    # machine can cost more than the steps between two checkpoints.
+    c.eval.every_steps = 0
     c.eval.batch_size = READ_BATCH_SIZE
     # > 0: early stopping. Stop once this many evaluations (every checkpoint.every_steps) have
     # passed without a new best checkpoint.best_metric; the export is the best checkpoint. A

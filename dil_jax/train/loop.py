@@ -218,6 +218,14 @@ def patience_exhausted(checkpointer: TrainCheckpointer, step: int, every_steps: 
     return (step - best) // every_steps >= patience
 
 
+def evaluation_interval(config: ml_collections.ConfigDict) -> int:
+    """Steps between evaluations: eval.every_steps, or every checkpoint when it is 0 (a
+    multiple of checkpoint.every_steps, so every evaluation has its checkpoint: the rules
+    check it)."""
+    every = int(config.eval.get("every_steps", 0))
+    return every if every > 0 else int(config.checkpoint.every_steps)
+
+
 @dataclasses.dataclass
 class LoopOutcome:
     state: TrainState
@@ -234,16 +242,18 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
               progress: Progress, evaluate_at: Callable[[Params, int], dict[str, float]],
               stop_after_step: int | None) -> LoopOutcome:
     """Steps from `start_step` until total_steps, a signal/preemption or stop_after_step; logs
-    every config.log.every_steps and evaluates + checkpoints every config.checkpoint.every_steps
-    (and at the last step); stops early per config.eval.patience."""
+    every config.log.every_steps, checkpoints every config.checkpoint.every_steps and evaluates
+    every eval.every_steps (0: at every checkpoint; always at the last step and on a signal);
+    stops early per config.eval.patience (counted in evaluations)."""
     rows_of_process = sharding_lib.process_rows(mesh, data.accum, data.micro)
     last_metrics: dict[str, float] = {}
     eval_metrics: dict[str, float] = {}
     step = start_step
     interrupted_by: str | None = None
     every_steps, patience = int(config.checkpoint.every_steps), int(config.eval.get("patience", -1))
+    eval_every = evaluation_interval(config)
     # A rerun of an early-stopped run trains no further (its checkpoints say it stopped).
-    stopped_early = start_step > 0 and patience_exhausted(checkpointer, start_step, every_steps,
+    stopped_early = start_step > 0 and patience_exhausted(checkpointer, start_step, eval_every,
                                                           patience)
     window_start, window_steps = time.perf_counter(), 0
     with stop_on_signals() as stop:
@@ -267,11 +277,14 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
             # Our own cadence (orbax's default policy would also save the very first step).
             save_now = step % every_steps == 0 or final or preempted
             if save_now:
-                eval_metrics = evaluate_at(state.params, step)
+                # A checkpoint between evaluations is saved without metrics: it serves resuming
+                # (LatestN keeps it), never "best".
+                evaluated = step % eval_every == 0 or final or preempted
+                eval_metrics = evaluate_at(state.params, step) if evaluated else {}
                 checkpointer.save(step, state, checkpoint_meta(step, data, dropout_rng),
                                   metrics=eval_metrics or None, force=True)
-                stopped_early = not final and patience_exhausted(checkpointer, step,
-                                                                 every_steps, patience)
+                stopped_early = not final and evaluated and patience_exhausted(
+                    checkpointer, step, eval_every, patience)
                 if stopped_early:
                     log.info("early stopping at step %d: no better %s in %d evaluations since "
                              "step %d", step, config.checkpoint.best_metric, patience,
