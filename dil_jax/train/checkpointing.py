@@ -185,6 +185,10 @@ class TrainCheckpointer:
         """All processes agree a preemption (SIGTERM) happened (multi-process runs only)."""
         return jax.process_count() > 1 and self.manager.reached_preemption(step)
 
+    def wait_until_finished(self) -> None:
+        """Returns once an in-flight async save has completed (or failed)."""
+        self.manager.wait_until_finished()
+
     def close(self) -> None:
         self.manager.close()
 
