@@ -45,7 +45,12 @@ from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
-from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
+from dil_jax.train.checkpointing import (
+    TrainCheckpointer,
+    abstract_like,
+    named_few,
+    nonfinite_leaves,
+)
 from dil_jax.train.config_rules import validate_config
 from dil_jax.train.log_writers import MetricWriter, Progress
 from dil_jax.train.setup import (
@@ -463,6 +468,13 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     params = state.params
     if best_step is not None and best_step != int(state.step):
         params = checkpointer.restore(best_step, abstract_like(state, sharding))[0].params
+        # Its bytes may have changed on disk since it was saved: never export NaN params.
+        nonfinite = nonfinite_leaves(params)
+        if nonfinite:
+            raise CheckpointError(
+                f"{checkpointer.directory} step {best_step} (the best checkpoint) holds "
+                f"non-finite values (NaN/Inf) in {named_few(nonfinite)}: not exporting it; "
+                "move that step aside and rerun to export the next best")
     staging = directory.with_name(directory.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     save_params(staging, jax.device_get(params), config)
