@@ -14,8 +14,9 @@ import pytest
 from train_helpers import REPO, TINY_CONFIG, tiny_config
 
 from dil_jax.checkpoints import CheckpointError
+from dil_jax.errors import OutputPathError
 from dil_jax.train.checkpointing import TrainCheckpointer
-from dil_jax.train.loop import train
+from dil_jax.train.loop import WORKDIR_MARK, train, workdir_problem
 
 from conftest import run_cli
 
@@ -159,3 +160,55 @@ def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path,
     with pytest.raises(CheckpointError, match="data order"):
         train(tiny_config(tmp_path / "order", {"num_train_steps": 2, **QUICK}))
         train(tiny_config(tmp_path / "order", {"num_train_steps": 4, "data_seed": 5, **QUICK}))
+
+
+# ----------------------------------------------------------------------------- workdir ownership
+
+
+def test_train_refuses_a_hugging_face_folder_as_workdir(tmp_path, capsys):
+    folder = tmp_path / "bert"  # a downloaded model: config.json is its own, not train's
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    status, _, err = run_cli(train_argv(folder), capsys)
+    assert status == 1, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"dil-jax train: error: --config.workdir {folder} is a folder that "
+                           "train did not write") and "model.safetensors" in line, err
+    assert (folder / "config.json").read_text() == '{"model_type": "bert"}'
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    # The library entry point refuses it too, before any model loads.
+    with pytest.raises(OutputPathError, match="train did not write"):
+        train(tiny_config(folder, QUICK))
+
+
+def test_train_refuses_an_empty_workdir_instead_of_writing_into_the_current_folder(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = [arg if not arg.startswith("--config.workdir=") else "--config.workdir="
+            for arg in train_argv(Path("unused"))]
+    status, _, err = run_cli(argv, capsys)
+    assert status == 1, err
+    assert "dil-jax train: error: --config.workdir is empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_workdirs_written_by_train_resume_whatever_they_hold(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny_config(run, {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}))
+    assert (run / WORKDIR_MARK).is_file()
+    (run / "notes.txt").write_text("mine")  # the mark says the folder is train's
+    assert run_cli(train_argv(run, "--config.num_train_steps=3",
+                              "--config.checkpoint.every_steps=2"), capsys)[0] == 0
+    # Written by older code (no mark): checkpoints/ identifies it.
+    (run / WORKDIR_MARK).unlink()
+    assert run_cli(train_argv(run, "--config.num_train_steps=4",
+                              "--config.checkpoint.every_steps=2"), capsys)[0] == 0
+    # An older run stopped before its first checkpoint: only train's own files.
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "config.json").write_text("{}")
+    (early / "metrics.jsonl").write_text("")
+    assert workdir_problem(early) is None
+    (early / "metrics.jsonl").unlink()  # config.json alone could be anyone's
+    assert "holds config.json" in workdir_problem(early)

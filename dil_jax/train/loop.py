@@ -39,20 +39,21 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
 from dil_jax.config import EncoderConfig
-from dil_jax.errors import TrainingDiverged
+from dil_jax.errors import OutputPathError, TrainingDiverged
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import (
+    BROKEN_DIR,
     TrainCheckpointer,
     abstract_like,
     named_few,
     nonfinite_leaves,
 )
 from dil_jax.train.config_rules import validate_config
-from dil_jax.train.log_writers import MetricWriter, Progress
+from dil_jax.train.log_writers import METRICS_FILE, TENSORBOARD_DIR, MetricWriter, Progress
 from dil_jax.train.setup import (
     EvaluateFn,
     RunData,
@@ -69,6 +70,15 @@ from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, mak
 log = logging.getLogger(__name__)
 
 EXPORT_DIR = "params"
+CHECKPOINT_DIR = "checkpoints"
+CONFIG_FILE = "config.json"
+# Written into every workdir train creates or adopts: the mark of a folder train owns.
+WORKDIR_MARK = "dil_jax_train.json"
+# What train writes into a workdir (beside hidden temporary files). A folder holding anything
+# else is someone else's (a Hugging Face checkpoint has config.json too): train refuses it.
+WORKDIR_ENTRIES = frozenset({
+    WORKDIR_MARK, CHECKPOINT_DIR, BROKEN_DIR, CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR,
+    EXPORT_DIR, EXPORT_DIR + ".new"})
 
 
 @dataclasses.dataclass
@@ -163,7 +173,7 @@ def make_checkpointer(config: ml_collections.ConfigDict, has_val_loss: bool,
                     best_metric, sorted(produced) or "none", config.checkpoint.keep)
         best_metric = None
     return TrainCheckpointer(
-        f"{config.workdir}/checkpoints", every_steps=int(config.checkpoint.every_steps),
+        f"{config.workdir}/{CHECKPOINT_DIR}", every_steps=int(config.checkpoint.every_steps),
         keep=int(config.checkpoint.keep), best_metric=best_metric,
         best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
 
@@ -365,6 +375,51 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
     return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by, stopped_early)
 
 
+# ----------------------------------------------------------------------------- workdir
+
+
+def workdir_problem(workdir: str | Path) -> str | None:
+    """Why train must not write into the local `workdir`, or None when it may: it is new, empty,
+    or a train workdir (the mark, or one written by older code: checkpoints/, or nothing but
+    train's own files beside metrics.jsonl). The rule of `dil-jax index --out`: never write
+    into a folder another tool filled (config.json would overwrite a Hugging Face model's)."""
+    if not str(workdir).strip():
+        return ("--config.workdir is empty: train would write checkpoints/, config.json and "
+                "params/ into the current folder; give a folder path, e.g. runs/NAME")
+    folder = Path(workdir)
+    if not folder.is_dir() or (folder / WORKDIR_MARK).is_file():
+        return None  # a file is refused by check_output_folder, naming it
+    if (folder / CHECKPOINT_DIR).is_dir():
+        return None  # an older train workdir: resuming it keeps working
+    foreign = sorted(entry.name for entry in folder.iterdir()
+                     if entry.name not in WORKDIR_ENTRIES and not entry.name.startswith("."))
+    if not foreign and ((folder / METRICS_FILE).is_file() or not any(
+            not entry.name.startswith(".") for entry in folder.iterdir())):
+        return None
+    held = named_few(sorted(e.name for e in folder.iterdir() if not e.name.startswith(".")),
+                     limit=4)
+    return (f"--config.workdir {folder} is a folder that train did not write (it holds {held}; "
+            f"no {WORKDIR_MARK} or {CHECKPOINT_DIR}/ marks it as a train workdir): training "
+            f"would write {CONFIG_FILE}, {CHECKPOINT_DIR}/ and {EXPORT_DIR}/ among its files; "
+            "choose a new or empty folder")
+
+
+def claim_workdir(workdir: str | Path) -> None:
+    """Refuses (OutputPathError) a workdir train may not write into; marks a local one as
+    train's, so a later run recognises it whatever it then holds. Remote workdirs are left to
+    the checkpointer."""
+    if is_remote(workdir):
+        return
+    problem = workdir_problem(workdir)
+    if problem:
+        raise OutputPathError(problem)
+    mark = Path(workdir) / WORKDIR_MARK
+    if jax.process_index() == 0 and not mark.is_file():
+        write_atomic(mark, json.dumps({"written_by": "dil-jax train", "note": (
+            "marks a training workdir: train resumes in it, and refuses folders without it "
+            "that hold files it did not write")}, indent=2))
+
+
 def train(config: ml_collections.ConfigDict, *,
           train_features: data_lib.FeaturesLike | None = None,
           val_features: data_lib.FeaturesLike | None = None,
@@ -382,6 +437,7 @@ def train(config: ml_collections.ConfigDict, *,
     """
     validate_config(config)  # before anything loads: a bad value is named by its key
     maybe_initialize_distributed(config.distributed)
+    claim_workdir(config.workdir)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
     mesh = data_mesh()
@@ -402,7 +458,7 @@ def train(config: ml_collections.ConfigDict, *,
     log_dir = metrics_dir(config)
     if is_main:
         log_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(log_dir / "config.json", config.to_json_best_effort(indent=2))
+        write_atomic(log_dir / CONFIG_FILE, config.to_json_best_effort(indent=2))
 
     step_fn = make_train_step(models.student, models.teacher, loss_weights(config), tx, schedule,
                               mesh)
