@@ -212,3 +212,33 @@ def test_workdirs_written_by_train_resume_whatever_they_hold(tmp_path, capsys):
     assert workdir_problem(early) is None
     (early / "metrics.jsonl").unlink()  # config.json alone could be anyone's
     assert "holds config.json" in workdir_problem(early)
+
+
+# ----------------------------------------------------------------------------- config on resume
+
+
+def test_resume_with_another_config_warns_by_key_and_keeps_the_previous_config(
+        tmp_path, caplog):
+    overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, overrides))
+    first = json.loads((tmp_path / "config.json").read_text())
+    with caplog.at_level(logging.WARNING, logger="dil_jax.train.loop"):
+        train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
+                                     "optim.learning_rate": 1e-3}))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    changed = [w for w in warnings if "the config differs" in w]
+    assert len(changed) == 1, warnings
+    # tiny.py's learning rate is 3e-3 and its num_train_steps was overridden to 2 above.
+    assert "optim.learning_rate 0.003 -> 0.001" in changed[0]
+    assert "num_train_steps 2 -> 3" in changed[0] and "from step 2" in changed[0]
+    history = [json.loads(line) for line in
+               (tmp_path / "config_history.jsonl").read_text().splitlines()]
+    assert len(history) == 1 and history[0]["config"] == first
+    assert history[0]["replaced_at_step"] == 2
+    assert json.loads((tmp_path / "config.json").read_text())["optim"]["learning_rate"] == 1e-3
+    # The same config again: nothing changed, nothing added.
+    caplog.clear()
+    train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
+                                 "optim.learning_rate": 1e-3}))
+    assert not any("the config differs" in r.getMessage() for r in caplog.records)
+    assert len((tmp_path / "config_history.jsonl").read_text().splitlines()) == 1

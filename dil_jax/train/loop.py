@@ -72,13 +72,15 @@ log = logging.getLogger(__name__)
 EXPORT_DIR = "params"
 CHECKPOINT_DIR = "checkpoints"
 CONFIG_FILE = "config.json"
+# Each config a resume replaced, one JSON line: what changed, and the whole previous config.
+CONFIG_HISTORY_FILE = "config_history.jsonl"
 # Written into every workdir train creates or adopts: the mark of a folder train owns.
 WORKDIR_MARK = "dil_jax_train.json"
 # What train writes into a workdir (beside hidden temporary files). A folder holding anything
 # else is someone else's (a Hugging Face checkpoint has config.json too): train refuses it.
 WORKDIR_ENTRIES = frozenset({
-    WORKDIR_MARK, CHECKPOINT_DIR, BROKEN_DIR, CONFIG_FILE, METRICS_FILE, TENSORBOARD_DIR,
-    EXPORT_DIR, EXPORT_DIR + ".new"})
+    WORKDIR_MARK, CHECKPOINT_DIR, BROKEN_DIR, CONFIG_FILE, CONFIG_HISTORY_FILE, METRICS_FILE,
+    TENSORBOARD_DIR, EXPORT_DIR, EXPORT_DIR + ".new"})
 
 
 @dataclasses.dataclass
@@ -420,6 +422,52 @@ def claim_workdir(workdir: str | Path) -> None:
             "that hold files it did not write")}, indent=2))
 
 
+def flat_config(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"optim.learning_rate": 3e-05, ...} of a config's JSON dict: one entry per leaf."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flat_config(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """"key old -> new" for every leaf that differs (absent on one side: "(none)")."""
+    old_flat, new_flat = flat_config(old), flat_config(new)
+    return [f"{key} {old_flat.get(key, '(none)')!s} -> {new_flat.get(key, '(none)')!s}"
+            for key in sorted(old_flat.keys() | new_flat.keys())
+            if old_flat.get(key, "(none)") != new_flat.get(key, "(none)")]
+
+
+def record_config(log_dir: Path, config_json: str, start_step: int) -> list[str]:
+    """Writes the run's config.json. One of an earlier run with other values is not lost: it
+    is appended to config_history.jsonl with the changed keys, which a WARNING lists (a resume
+    with another learning rate is a different run from that step on). Returns the changes."""
+    path = log_dir / CONFIG_FILE
+    changes: list[str] = []
+    if path.is_file():
+        old_text = path.read_text(encoding="utf-8")
+        try:
+            old: Any = json.loads(old_text)
+        except ValueError:
+            old = old_text  # unreadable: kept as it is
+        new = json.loads(config_json)
+        if old != new:
+            changes = (config_changes(old, new) if isinstance(old, dict)
+                       else ["(the previous config.json was not readable JSON)"])
+            history = log_dir / CONFIG_HISTORY_FILE
+            entry = json.dumps({"replaced_at_step": start_step, "time": time.time(),
+                                "changed": changes, "config": old})
+            previous = history.read_text(encoding="utf-8") if history.is_file() else ""
+            write_atomic(history, previous + entry + "\n")
+            log.warning("the config differs from %s of the run this one continues (from step "
+                        "%d): %s; the previous config is kept in %s", path, start_step,
+                        "; ".join(changes), history)
+    write_atomic(path, config_json)
+    return changes
+
+
 def train(config: ml_collections.ConfigDict, *,
           train_features: data_lib.FeaturesLike | None = None,
           val_features: data_lib.FeaturesLike | None = None,
@@ -458,7 +506,7 @@ def train(config: ml_collections.ConfigDict, *,
     log_dir = metrics_dir(config)
     if is_main:
         log_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(log_dir / CONFIG_FILE, config.to_json_best_effort(indent=2))
+        record_config(log_dir, config.to_json_best_effort(indent=2), start_step)
 
     step_fn = make_train_step(models.student, models.teacher, loss_weights(config), tx, schedule,
                               mesh)
