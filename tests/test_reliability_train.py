@@ -14,8 +14,9 @@ import pytest
 from train_helpers import REPO, TINY_CONFIG, tiny_config
 
 from dil_jax.checkpoints import CheckpointError
-from dil_jax.errors import OutputPathError
+from dil_jax.errors import OutputPathError, UsageError
 from dil_jax.train.checkpointing import TrainCheckpointer
+from dil_jax.train.config_rules import validate_config
 from dil_jax.train.loop import WORKDIR_MARK, train, workdir_problem
 
 from conftest import run_cli
@@ -242,3 +243,75 @@ def test_resume_with_another_config_warns_by_key_and_keeps_the_previous_config(
                                  "optim.learning_rate": 1e-3}))
     assert not any("the config differs" in r.getMessage() for r in caplog.records)
     assert len((tmp_path / "config_history.jsonl").read_text().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- config relations
+
+
+@pytest.mark.parametrize("train_articles,validation_articles,relation", [
+    ("0:28", "0:28", "is the same slice as"),
+    ("0:28", "20:35", "overlaps"),
+    (":", "28:35", "overlaps"),  # every article is a training article
+    ("-10:", "-3:", "overlaps"),  # the last 3 are among the last 10, whatever the count
+])
+def test_validation_articles_among_the_training_articles_are_refused(
+        train_articles, validation_articles, relation):
+    from dil_jax.train.default_config import base_config
+
+    config = base_config()
+    config.data.train_articles, config.data.validation_articles = (train_articles,
+                                                                   validation_articles)
+    with pytest.raises(UsageError) as caught:
+        validate_config(config)
+    assert (f"config.data.validation_articles = {validation_articles!r} {relation} "
+            f"config.data.train_articles = {train_articles!r}") in str(caught.value)
+    config.data.validation_file = "dev.json"  # other articles: no overlap possible
+    validate_config(config)
+
+
+@pytest.mark.parametrize("train_articles,validation_articles", [
+    ("0:28", "28:35"), ("28:", ":28"), ("0:28", "-7:"),  # the last: disjoint in 35 articles
+])
+def test_disjoint_article_slices_are_accepted(train_articles, validation_articles):
+    from dil_jax.train.default_config import base_config
+
+    config = base_config()
+    config.data.train_articles, config.data.validation_articles = (train_articles,
+                                                                   validation_articles)
+    validate_config(config)
+
+
+def test_a_frozen_prefix_that_matches_no_parameter_is_named(tmp_path):
+    config = tiny_config(tmp_path, {"optim.frozen": "embeddings/word_embeddings,embedings",
+                                    **QUICK})
+    with pytest.raises(UsageError) as caught:
+        train(config)
+    message = str(caught.value)
+    assert "config.optim.frozen prefix 'embedings' matches no parameter" in message
+    # The tiny model's top level: 2 blocks, the embeddings and the QA head.
+    assert "block_0..block_1, embeddings, qa_outputs" in message
+    assert message.count("matches no parameter") == 1  # the first prefix matches
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_missing_teacher_checkpoint_is_named_before_any_model_loads(tmp_path, monkeypatch):
+    from dil_jax.train import loop
+
+    def no_models(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loop, "load_run_models", no_models)
+    missing = tmp_path / "runs" / "full" / "params"
+    config = tiny_config(tmp_path / "run", {"loss.kd_weight": 1.0,
+                                            "teacher.checkpoint": str(missing), **QUICK})
+    with pytest.raises(UsageError, match=f"config.teacher.checkpoint = '{missing}': no such "
+                                         f"folder"):
+        train(config)
+    # A hub id ("owner/name" whose owner is no local folder) is the loader's to fetch.
+    from dil_jax.train.config_rules import config_path_problems
+
+    config.teacher.checkpoint = "some-owner/some-model"
+    assert config_path_problems(config) == []
+    config.loss.kd_weight = 0.0  # no loss reads a teacher: its path is not read either
+    config.teacher.checkpoint = str(missing)
+    assert config_path_problems(config) == []

@@ -52,7 +52,11 @@ from dil_jax.train.checkpointing import (
     named_few,
     nonfinite_leaves,
 )
-from dil_jax.train.config_rules import validate_config
+from dil_jax.train.config_rules import (
+    check_config_paths,
+    check_frozen_prefixes,
+    validate_config,
+)
 from dil_jax.train.log_writers import METRICS_FILE, TENSORBOARD_DIR, MetricWriter, Progress
 from dil_jax.train.setup import (
     EvaluateFn,
@@ -484,6 +488,7 @@ def train(config: ml_collections.ConfigDict, *,
       interrupted run would; the next call resumes.
     """
     validate_config(config)  # before anything loads: a bad value is named by its key
+    check_config_paths(config)  # the files it names exist (before any model loads)
     maybe_initialize_distributed(config.distributed)
     claim_workdir(config.workdir)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
@@ -491,6 +496,7 @@ def train(config: ml_collections.ConfigDict, *,
     mesh = data_mesh()
     # Models first: their length check is cheap, featurizing the data is not.
     models = load_run_models(config, evaluate_fn)
+    check_frozen_prefixes(config, models.params)
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
 
     tx, schedule = make_run_optimizer(config, data.total_steps)
