@@ -41,3 +41,17 @@ class BusyError(DilJaxError):
 
 class InterruptedRun(DilJaxError):
     """A long run stopped on a signal; the message says how far it got."""
+
+
+class TrainingDiverged(DilJaxError):
+    """Training reached a non-finite (NaN/Inf) loss, gradient norm or params; the message names
+    the first such step, the last finite checkpoint and what to change.
+
+    first_step: the first optimizer step whose loss, gradient norm or updated params were not
+    finite; last_finite_step: the newest checkpoint of the workdir (None when none was saved).
+    """
+
+    def __init__(self, message: str, first_step: int, last_finite_step: int | None):
+        super().__init__(message)
+        self.first_step = first_step
+        self.last_finite_step = last_finite_step

@@ -134,3 +134,22 @@ def test_one_device_equals_eight_forced_host_devices(tmp_path):
     # Same global batch and dropout keys; only the gradient all-reduce order differs.
     assert_same_training(local, other, one_step_config(tmp_path, 2))
     assert max_abs_diff(local, flat_params(_setup()[2].params)) > 1e-4  # it did train
+
+
+def test_nonfinite_flag_covers_the_loss_the_gradient_and_the_updated_params():
+    mesh, _, state, step = _setup()
+    batch, rng = _fixed_batch(mesh, 1, 8), jax.random.key(1)
+    state, metrics = step(state, None, batch, rng)
+    assert not bool(metrics["nonfinite"])  # a fresh model on a fixed batch
+    # NaN moments with finite params: the loss and the gradient (read from the params) stay
+    # finite, but Adam's update mu / (sqrt(nu) + eps) is NaN, so only the updated params show it.
+    nan_moments = jax.tree.map(
+        lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x, state.opt_state)
+    _, metrics = step(state.replace(opt_state=nan_moments), None, batch, rng)
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert bool(metrics["nonfinite"])
+    # A NaN param: the loss reads it.
+    _, _, state, _ = _setup()  # (the state above was donated to the step)
+    nan_params = jax.tree.map(lambda x: x * jnp.nan, state.params)
+    _, metrics = step(state.replace(params=nan_params), None, batch, rng)
+    assert not np.isfinite(float(metrics["loss"])) and bool(metrics["nonfinite"])

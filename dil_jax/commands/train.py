@@ -31,14 +31,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_workdir(config) -> None:
-    """Refuses, before training starts, a local workdir that is a file, cannot be written, or is
-    one of the run's input files or checkpoints (checkpoints/, params/, metrics are written
-    into it; a remote gs:// workdir is left to the checkpointer)."""
+    """Refuses, before training starts, a local workdir that is empty (""), a file, cannot be
+    written, is one of the run's input files or checkpoints, or is a non-empty folder train did
+    not write (checkpoints/, params/, config.json and metrics are written into it; a remote
+    gs:// workdir is left to the checkpointer)."""
     from dil_jax.atomic import check_output_folder
-    from dil_jax.train.loop import is_remote
+    from dil_jax.errors import OutputPathError
+    from dil_jax.train.loop import is_remote, workdir_problem
 
     if is_remote(config.workdir):
         return
+    if not str(config.workdir).strip():  # before check_output_folder reads "" as the cwd
+        raise OutputPathError(workdir_problem(config.workdir))
     inputs = {f"--config.{key}": value for key, value in (
         ("data.squad_file", config.data.squad_file),
         ("data.validation_file", config.data.validation_file),
@@ -46,6 +50,9 @@ def check_workdir(config) -> None:
         ("teacher.checkpoint", config.teacher.checkpoint))
         if value and str(value) not in ("default", "student_init")}
     check_output_folder(config.workdir, "--config.workdir", inputs)
+    problem = workdir_problem(config.workdir)  # after the input check: its message is sharper
+    if problem:
+        raise OutputPathError(problem)
 
 
 def run(args: argparse.Namespace) -> int:

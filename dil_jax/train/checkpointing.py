@@ -13,20 +13,28 @@ In a multi-process run every process calls save/restore; orbax writes each array
 owner and the metadata from the primary process only.
 
 Resuming (`restore_latest`) takes the newest step that restores; a step whose files are damaged
-(cut or removed after the save completed) is logged, set aside and the previous one is tried. A
-step written by another model shape is not "damaged": that is refused with the differing
+(cut or removed after the save completed) or whose state holds NaN/Inf values (bytes changed on
+disk, or a diverged run saved by older code) is logged, set aside and the previous one is tried.
+A step written by another model shape is not "damaged": that is refused with the differing
 parameters named, since falling back would silently train another model.
+
+A non-finite value of the best metric never makes a step "best": `save` stores such a step
+without metrics, and a NaN stored by older code ranks below every finite value.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from dil_jax.checkpoints import CheckpointError
@@ -53,10 +61,8 @@ class TrainCheckpointer:
         policies: list[Any] = [ocp.checkpoint_managers.LatestN(n=keep)]
         best_fn = None
         if best_metric:
-            sign = 1.0 if best_mode == "max" else -1.0
-
-            def best_fn(metrics: dict[str, float]) -> float:
-                return sign * float(metrics[best_metric])
+            def best_fn(metrics: Mapping[str, float]) -> float:
+                return best_score(metrics, best_metric, best_mode)
 
             # Checkpoints saved without metrics are kept (or not) by LatestN alone.
             policies.append(ocp.checkpoint_managers.BestN(
@@ -85,7 +91,14 @@ class TrainCheckpointer:
         return self.manager.latest_step()
 
     def best_step(self) -> int | None:
-        return self.manager.best_step() if self.best_metric else None
+        """The step with the best finite best_metric; None without one (a workdir whose only
+        scored steps hold NaN, saved by older code, has no best: the last step is exported)."""
+        if not self.best_metric:
+            return None
+        step = self.manager.best_step()
+        if step is None or best_score(self.metrics(step) or {}, self.best_metric) == -math.inf:
+            return None
+        return step
 
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
@@ -100,9 +113,19 @@ class TrainCheckpointer:
 
     def save(self, step: int, state: Any, meta: dict[str, Any],
              metrics: dict[str, float] | None = None, force: bool = False) -> bool:
-        """Saves if the interval says so (or `force`); metrics feed the best-checkpoint policy."""
-        if metrics is not None and self.best_metric and self.best_metric not in metrics:
-            metrics = None  # no best-metric value: the step counts as "without metrics"
+        """Saves if the interval says so (or `force`); metrics feed the best-checkpoint policy.
+
+        A step whose best_metric is missing or not finite is saved without metrics: it is kept
+        (or not) as one of the last `keep` only, and can never become the best (a NaN taken as
+        best would replace the export and let retention delete the good checkpoints).
+        """
+        if metrics is not None and self.best_metric:
+            value = metrics.get(self.best_metric)
+            if value is not None and not math.isfinite(float(value)):
+                log.warning("step %d: %s = %s is not finite: the checkpoint is saved but cannot "
+                            "become the best", step, self.best_metric, value)
+            if value is None or not math.isfinite(float(value)):
+                metrics = None  # the step counts as "without metrics"
         return self.manager.save(
             step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(state),
                                              META_ITEM: ocp.args.JsonSave(meta)}),
@@ -126,8 +149,9 @@ class TrainCheckpointer:
     def restore_latest(self, abstract_state: Any) -> tuple[Any, dict[str, Any]] | None:
         """(state, meta) of the newest step that restores, or None when there is none.
 
-        A damaged step is logged (WARNING), moved to checkpoints.broken/ and the previous one is
-        tried; CheckpointError if no step restores, or if a step holds another model's shapes.
+        A damaged step (unreadable, or holding NaN/Inf values) is logged (WARNING), moved to
+        checkpoints.broken/ and the previous one is tried; CheckpointError if no step restores,
+        or if a step holds another model's shapes.
         """
         broken: list[tuple[int, str]] = []
         for step in sorted(self.all_steps(), reverse=True):
@@ -146,6 +170,13 @@ class TrainCheckpointer:
                 reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
                 log.warning("checkpoint step %d in %s cannot be read (%s); trying the previous "
                             "one", step, self.directory, reason)
+                broken.append((step, reason))
+                continue
+            nonfinite = nonfinite_leaves(restored[0])
+            if nonfinite:
+                reason = "non-finite values (NaN/Inf) in " + named_few(nonfinite)
+                log.warning("checkpoint step %d in %s holds %s; trying the previous one", step,
+                            self.directory, reason)
                 broken.append((step, reason))
                 continue
             if broken:
@@ -185,8 +216,43 @@ class TrainCheckpointer:
         """All processes agree a preemption (SIGTERM) happened (multi-process runs only)."""
         return jax.process_count() > 1 and self.manager.reached_preemption(step)
 
+    def wait_until_finished(self) -> None:
+        """Returns once an in-flight async save has completed (or failed)."""
+        self.manager.wait_until_finished()
+
     def close(self) -> None:
         self.manager.close()
+
+
+def best_score(metrics: Mapping[str, float], metric: str, mode: str = "max") -> float:
+    """What orbax ranks steps by (higher is better): `metric`, negated for mode "min"; -inf
+    when it is missing or not finite, so a NaN (which compares false with everything and would
+    otherwise land anywhere in a sort) is the worst score in either mode."""
+    value = float(metrics.get(metric, math.nan))
+    if not math.isfinite(value):
+        return -math.inf
+    return value if mode == "max" else -value
+
+
+@jax.jit
+def _finite_by_leaf(tree: Any) -> Any:
+    # On device: works for arrays sharded over processes, and moves one bool per leaf.
+    return jax.tree.map(lambda leaf: jnp.all(jnp.isfinite(leaf)), tree)
+
+
+def nonfinite_leaves(tree: Any) -> list[str]:
+    """Paths ("params/block_0/ffn_in/kernel") of the float leaves of `tree` holding NaN/Inf."""
+    leaves = [(path, leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+              if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    flags = jax.device_get(_finite_by_leaf([leaf for _, leaf in leaves]))
+    return ["/".join(_key_name(k) for k in path)
+            for (path, _), finite in zip(leaves, flags, strict=True) if not np.all(finite)]
+
+
+def named_few(names: list[str], limit: int = 3) -> str:
+    """"a, b, c and 4 more": a list for a one-line message."""
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
 
 
 def _key_name(key: Any) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import ml_collections
 
@@ -236,6 +238,7 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     problems += _shared_norm_problems(config)
     problems += _distill_file_problems(config)
     problems += _evaluation_interval_problems(config)
+    problems += _article_overlap_problems(config)
     return problems
 
 
@@ -250,6 +253,135 @@ def _evaluation_interval_problems(config: ml_collections.ConfigDict) -> list[str
     return [f"config.eval.every_steps = {every} is not a multiple of "
             f"config.checkpoint.every_steps = {checkpoint_every} (each evaluation is saved with "
             "its step's checkpoint)"]
+
+
+def article_slice(spec: str) -> tuple[int | None, int | None] | None:
+    """(start, stop) of an article slice "a:b" (either side may be empty), None if it is not
+    one (the featurizer names a malformed slice when it reads the file)."""
+    start, colon, stop = spec.partition(":")
+    if not colon:
+        return None
+    try:
+        return (int(start) if start.strip() else None, int(stop) if stop.strip() else None)
+    except ValueError:
+        return None
+
+
+def slices_always_share(a: tuple[int | None, int | None],
+                        b: tuple[int | None, int | None]) -> bool:
+    """Whether two article slices share an article for every article count that leaves
+    both non-empty ("0:28" and "20:35" always; "0:28" and "-7:" only in files of < 35).
+
+    Past 2K articles (K the largest |bound|) every bound resolves to the same order among the
+    others and 0 and n, so overlap no longer changes: the counts up to 2K + 1 are all cases.
+    """
+    largest = max((abs(v) for v in (*a, *b) if v is not None), default=0)
+    both_non_empty = 0
+    for count in range(1, 2 * largest + 2):
+        articles = range(count)
+        first, second = set(articles[slice(*a)]), set(articles[slice(*b)])
+        if first and second:
+            both_non_empty += 1
+            if not first & second:
+                return False
+    return both_non_empty > 0
+
+
+def _article_overlap_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Validation articles taken from the training file must not be training articles: the
+    validation loss, the best checkpoint and early stopping would then reward memorising."""
+    present = [_lookup(config, f"data.{key}") for key in (
+        "validation_file", "train_articles", "validation_articles")]
+    if not all(found for found, _ in present) or present[0][1]:
+        return []  # another validation file: its articles are other articles
+    train_spec, validation_spec = str(present[1][1]), str(present[2][1])
+    train, validation = article_slice(train_spec), article_slice(validation_spec)
+    if train is None or validation is None or not slices_always_share(train, validation):
+        return []
+    relation = ("is the same slice as" if train == validation else "overlaps")
+    return [f"config.data.validation_articles = {validation_spec!r} {relation} "
+            f"config.data.train_articles = {train_spec!r}, and with config.data.validation_file "
+            "= '' both come from config.data.squad_file: validation would score training "
+            "articles; give disjoint slices (e.g. '0:28' and '28:35') or set "
+            "config.data.validation_file"]
+
+
+# ----------------------------------------------------------------------------- at load time
+# Rules that read more than the config: files on disk (before any model loads) and the model's
+# parameter names (once it is built, before the optimizer and the data).
+
+# teacher.checkpoint values that name no folder on disk.
+NAMED_CHECKPOINTS = ("", "student_init", "default", "minilm")
+
+
+def _could_be_hub_id(name: str) -> bool:
+    """"name" or "owner/name" whose owner is no local folder: the loader may still fetch it
+    from the Hugging Face hub, so only the loader can say it is missing."""
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return False
+    owner, slash, _ = name.partition("/")
+    return not slash or not Path(owner).is_dir()
+
+
+def config_path_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Files a valid config names that do not exist. Checked when a run starts, not in
+    validate_config: `--print-config` of a distillation variant must work before its teacher
+    is trained."""
+    teacher = str(_lookup(config, "teacher.checkpoint")[1] or "")
+    weights = [_lookup(config, f"loss.{name}_weight")[1] or 0 for name in ("kd", "lrs")]
+    if teacher in NAMED_CHECKPOINTS or not any(weight > 0 for weight in weights):
+        return []  # no teacher is loaded
+    path = Path(teacher).expanduser()
+    if path.exists() or _could_be_hub_id(teacher):
+        return []
+    return [f"config.teacher.checkpoint = {teacher!r}: no such folder ({path.absolute()}); "
+            "train the teacher first (its workdir's params/), or give the folder of a "
+            "fine-tuned full model"]
+
+
+def check_config_paths(config: ml_collections.ConfigDict) -> None:
+    """Raises UsageError naming each file the config names that does not exist."""
+    problems = config_path_problems(config)
+    if problems:
+        raise UsageError("; ".join(problems))
+
+
+def top_level_names(params: Any) -> list[str]:
+    """The first level of a param tree, numbered siblings folded: ["block_0..block_11",
+    "embeddings", "qa_outputs"] (a 24-layer model would list 24 blocks otherwise)."""
+    numbered: dict[str, list[int]] = {}
+    names = []
+    for name in map(str, params if isinstance(params, dict) else ()):
+        match = re.fullmatch(r"(.*_)(\d+)", name)
+        if match:
+            numbered.setdefault(match.group(1), []).append(int(match.group(2)))
+        else:
+            names.append(name)
+    for stem, numbers in numbered.items():
+        low, high = min(numbers), max(numbers)
+        names.append(f"{stem}{low}" if low == high else f"{stem}{low}..{stem}{high}")
+    return sorted(names)
+
+
+def frozen_prefix_problems(frozen: str, params: Any) -> list[str]:
+    """Each optim.frozen prefix that matches no parameter of `params` (a typo would silently
+    train what was meant to stay fixed), with the params' top-level names to choose from."""
+    import jax
+
+    from dil_jax.train.optim import frozen_mask  # the optimizer's own matching rule
+
+    choices = ", ".join(top_level_names(params))
+    return [f"config.optim.frozen prefix {prefix!r} matches no parameter (top-level paths: "
+            f"{choices}; a prefix is a path such as 'embeddings/word_embeddings')"
+            for prefix in frozen.split(",") if prefix  # split as make_run_optimizer does
+            and not any(jax.tree.leaves(frozen_mask(params, (prefix,))))]
+
+
+def check_frozen_prefixes(config: ml_collections.ConfigDict, params: Any) -> None:
+    """Raises UsageError naming each config.optim.frozen prefix that matches no param."""
+    problems = frozen_prefix_problems(str(config.optim.get("frozen", "") or ""), params)
+    if problems:
+        raise UsageError("; ".join(problems))
 
 
 def _distill_file_problems(config: ml_collections.ConfigDict) -> list[str]:

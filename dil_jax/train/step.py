@@ -124,6 +124,10 @@ def train_step(student: DelayedInteractionModel, teacher: DelayedInteractionMode
 
     Dropout keys: fold_in(fold_in(base_rng, step), micro-batch index), so a resumed run draws
     exactly the masks the uninterrupted one would, whatever the device count.
+
+    metrics: "loss", "ce", "kd", "lrs" (means over the micro-batches), "grad_norm" (before
+    clipping), "learning_rate" (this step's), and "nonfinite": True when the loss, the gradient
+    norm or any updated param is NaN/Inf.
     """
     step_rng = jax.random.fold_in(base_rng, state.step)
     grads, metrics = accumulate_gradients(student, teacher, weights, state.params,
@@ -132,7 +136,28 @@ def train_step(student: DelayedInteractionModel, teacher: DelayedInteractionMode
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = jnp.asarray(schedule(state.step), jnp.float32)
+    # A flag, not a host check: the loop keeps the first flagged step on device and reads it only
+    # when it syncs anyway (log steps, saves), so a diverged run never trains on silently.
+    metrics["nonfinite"] = ~(jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+                             & all_finite(params))
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """A bool scalar: every float value of `tree` is finite (no NaN, no Inf).
+
+    Tested as the finiteness of the sum of all values: a NaN or Inf anywhere makes the sum NaN
+    or Inf, and finite params could only sum past float32 range (3e38) with magnitudes ~1e30
+    (for 1e8 params), which is a divergence too. A float sum is a vectorised reduction; isfinite
+    + all per leaf cost ~3x more (measured on CPU, a 3.4M-param model: ~4% of its step vs ~1%).
+
+    The updated params are checked, not only the loss and gradient norm: a finite gradient can
+    still step a param past float range, and a damaged optimizer state (e.g. a NaN moment)
+    shows only there.
+    """
+    sums = [jnp.sum(leaf, dtype=jnp.float32) for leaf in jax.tree.leaves(tree)
+            if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.isfinite(sum(sums, jnp.zeros((), jnp.float32)))
 
 
 def make_train_step(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
