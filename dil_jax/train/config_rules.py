@@ -156,6 +156,7 @@ RULES: dict[str, Rule] = {
     "data.squad_file": text(),
     "data.validation_file": text(),
     "data.answer_candidates_file": text(),
+    "data.null_window_fraction": number_in(0, 1, low_open=True),
     "data.train_articles": text(),
     "data.validation_articles": text(),
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]

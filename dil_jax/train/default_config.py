@@ -90,6 +90,10 @@ def base_config() -> ml_collections.ConfigDict:
     # the span loss then takes any of them as correct (minus the log of their summed
     # probability, dil_jax.train.answer_candidates); "" = the file's answer_start only.
     c.data.answer_candidates_file = ""
+    # (0, 1]: train on this share of the answer-less windows of labelled questions (chosen once
+    # by data_seed; answer windows, distractors and distillation-only windows all stay): a
+    # cheaper epoch (dil_jax.train.data.sample_null_windows). 1 = all of them.
+    c.data.null_window_fraction = 1.0
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
     c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     # > 0: only the first questions (file order) of the training split: learning curves, sweeps.

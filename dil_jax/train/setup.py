@@ -196,6 +196,16 @@ def training_windows(config: ml_collections.ConfigDict,
                          "no distractor windows; use dil_jax.train.squad_data:featurize or set "
                          "it to 0")
     windows = data_lib.windows_from_features(features)
+    fraction = float(config.data.get("null_window_fraction", 1.0))
+    if fraction < 1.0 and shared_norm_group(config):
+        raise UsageError(f"config.data.null_window_fraction = {fraction:g} cannot be combined "
+                         "with config.loss.shared_norm (a group holds all its question's "
+                         "windows)")
+    if fraction < 1.0:
+        before = len(windows)
+        windows = data_lib.sample_null_windows(windows, fraction, int(config.data_seed))
+        log.info("answer-less windows sampled (data.null_window_fraction = %g): %d of %d "
+                 "training windows kept", fraction, len(windows), before)
     group = shared_norm_group(config)
     return windows.grouped(group) if group else windows
 
