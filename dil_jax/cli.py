@@ -1,8 +1,10 @@
 """The `dil-jax` command line: one entry point, one module per subcommand.
 
 Each module in `dil_jax.commands` exposes `register(subparsers)`, which adds its parser and sets
-`func` (called with the parsed args, returning an exit code). Heavy imports (jax, transformers)
-happen inside the commands so that `dil-jax --help` is instant.
+`func` (called with the parsed args, returning an exit code). Heavy imports (jax, flax, orbax,
+torch, transformers, numpy) happen inside the commands' `run`, never at module level or in
+`register`, and `import dil_jax` resolves its public names lazily: `dil-jax --help` and every
+`dil-jax CMD --help` cost about a bare interpreter's start (tests/test_cli_help.py checks it).
 
 Errors: a `DilJaxError` (bad flag, file, field or value; see `dil_jax/errors.py`) is caught here,
 once, and printed as one line naming the problem, exit status 1. `--debug` (or the environment

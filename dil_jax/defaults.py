@@ -75,6 +75,18 @@ def default_pair_chunk_size(platform: str) -> int:
     return PAIR_CHUNK_SIZE.get(platform, ACCELERATOR_PAIR_CHUNK_SIZE)
 
 
+# ----------------------------------------------------------------------------- benchmark suites
+
+# `dil-jax bench --suite` (dil_jax.bench.suites): here rather than in dil_jax.bench, which imports
+# jax, so that `dil-jax bench --help` can list them and their grids without it.
+BENCH_SUITES = ("minilm", "bert-base", "roberta-base", "electra-small", "electra-base",
+                "xlnet-base", "tiny")
+# (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
+BENCH_SUITE_GRIDS = {
+    "minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "roberta-base": (8, 4, 8, 4),
+    "electra-small": (16, 8, 8, 8), "electra-base": (8, 4, 8, 4), "xlnet-base": (8, 4, 8, 4),
+    "tiny": (4, 3, 4, 4)}
+
 # ----------------------------------------------------------------------------- data
 
 # The SQuAD v1.1 dev articles shared with this project (35 articles), relative to the repository.
