@@ -38,8 +38,10 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dil_jax.commands.arguments import HelpFormatter
+
     parser = argparse.ArgumentParser(
-        prog="dil-jax",
+        prog="dil-jax", formatter_class=HelpFormatter,
         description="Delayed Interaction Layers for question answering in JAX/Flax.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true",
@@ -47,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    # One formatter for every command, set here rather than in each register(), so that a new
+    # command's flags show their defaults too.
+    for command_parser in subparsers.choices.values():
+        command_parser.formatter_class = HelpFormatter
     return parser
 
 

@@ -69,3 +69,58 @@ def test_unknown_public_name_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no_such_name"):
         dil_jax.no_such_name  # noqa: B018
+
+
+def _flags(parser: argparse.ArgumentParser, command: str = ""):
+    """(command, action) for every flag and positional of every command, -h excepted."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _flags(sub, name)
+        elif not isinstance(action, argparse._HelpAction):
+            yield command, action
+
+
+def test_every_flag_has_help_and_shows_its_default():
+    parser = build_parser()
+    flags = list(_flags(parser))
+    assert len(flags) > 100  # the walk reached every command's flags
+    missing, no_default = [], []
+    for command, action in flags:
+        name = "/".join(action.option_strings) or action.dest
+        if not (action.help or "").strip():
+            missing.append(f"{command} {name}")
+            continue
+        # What --help prints for it (the command's own formatter, as `dil-jax CMD --help` uses).
+        shown = parser._subparsers._group_actions[0].choices[command]._get_formatter() \
+            ._expand_help(action) if command else action.help
+        flat = " ".join(shown.split())
+        switch = action.nargs == 0  # store_true / store_false: off unless given
+        positional = not action.option_strings  # `ask "question"`: its help says when to omit
+        if not (switch or positional or action.required or "(default" in flat or "default:" in flat
+                or "; default" in flat):
+            no_default.append(f"{command} {name}: {flat}")
+    assert not missing, missing
+    assert not no_default, "\n".join(no_default)
+
+
+def test_defaults_are_shown_as_typed():
+    from dil_jax.commands.arguments import default_text
+
+    assert default_text([29, 100]) == "29 100"
+    assert default_text(("minilm",)) == "minilm"
+    assert default_text(0.5) == "0.5"
+    assert default_text([]) == "none"
+
+
+@pytest.mark.parametrize("command,flag,values", [
+    ("ask", "--top-p", ("29",)), ("demo", "--top-p", ("10",)), ("odqa-eval", "--p", ("29", "100"))])
+def test_top_p_defaults_that_differ_say_why(command, flag, values):
+    parser = build_parser()
+    sub = parser._subparsers._group_actions[0].choices[command]
+    action = next(a for a in sub._actions if flag in a.option_strings)
+    assert action.help, f"{command} {flag} has no help"
+    text = " ".join(sub._get_formatter()._expand_help(action).split())
+    assert f"(default: {' '.join(values)})" in text or all(v in text for v in values)
+    # Each names the other command's depth and why it differs.
+    assert ("demo" in text) if command != "demo" else ("ask" in text), text

@@ -32,8 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
     parser.add_argument("--k", type=non_negative_int, nargs="+", default=None,
                         help="split points to compare with the full model (default: l-2 l-1)")
-    parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN)
-    parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN)
+    parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN,
+                        help="tokens of `[CLS] question [SEP]`, padded; longer questions are cut")
+    parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN,
+                        help="tokens of `passage [SEP]` per window (the sample passages are short)")
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="timed repeats (median)")
     parser.set_defaults(func=run)

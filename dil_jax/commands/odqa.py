@@ -146,10 +146,14 @@ def register(subparsers) -> None:
     index.add_argument("--corpus", action="append", required=True,
                        help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH")
     index.add_argument("--corpus-limit", type=positive_int, default=None,
-                       help="only the first N documents of each source")
-    index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs")
+                       help="only the first N documents of each source (default: all)")
+    index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs",
+                       help="passages: paragraphs (split at blank lines) or 100-word windows "
+                            "every 50 words")
     index.add_argument("--max-passage-len", type=window_len,
-                       default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
+                       default=OPEN_DOMAIN_MAX_PASSAGE_LEN,
+                       help="tokens of `passage [SEP]` per cached window; longer passages get "
+                            "several windows")
     index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
     index.add_argument("--cache-dtype", type=cache_storage, default="float32",
@@ -172,12 +176,14 @@ def register(subparsers) -> None:
         "process 0 also builds the index and writes each cache's manifest, last. --out must be "
         "a folder every process sees.")
     shards.add_argument("--num-processes", type=positive_int, default=None,
-                        help="processes building the caches together (one shard each)")
+                        help="processes building the caches together (one shard each; default: one "
+                             "process)")
     shards.add_argument("--process-id", type=non_negative_int, default=None,
-                        help="this process's number, 0 .. --num-processes - 1")
+                        help="this process's number, 0 .. --num-processes - 1 (default: the "
+                             "only one, 0)")
     shards.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
                         help="start jax.distributed with process 0's address (without it the "
-                             "processes run independently: the build needs no collective)")
+                             "processes run independently: the build needs no collective; default)")
     shards.add_argument("--distributed", action="store_true",
                         help="jax.distributed.initialize() with no arguments: on a Cloud TPU "
                              "pod it finds the processes itself (launch/tpu_pod.py index)")
@@ -190,13 +196,18 @@ def register(subparsers) -> None:
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "
-                            "prescreener ('default' = the bundled one, or a folder)")
+                            "prescreener ('default' = the bundled one, or a folder; default: none "
+                            "stored)")
     index.set_defaults(func=_checked_first(_check_index_flags, run_index))
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
     ask.add_argument("question", nargs="?", help="the question (omit with --interactive)")
-    ask.add_argument("--index", required=True)
-    ask.add_argument("--top-p", type=positive_int, default=29, help="passages read per question")
+    ask.add_argument("--index", required=True, help="index folder (dil-jax index --out)")
+    ask.add_argument("--top-p", type=positive_int, default=29,
+                     help="passages read per question; 29 is the depth of the open-domain "
+                          "protocol (odqa-eval's first --p, docs/open_domain.md), so an "
+                          "answer here is read as there (dil-jax demo reads 10: its "
+                          "batch-of-one timings stay short on a CPU)")
     ask.add_argument("--mu", type=unit_interval, default=0.5,
                      help="fusion weight of the reader score (1 = reader alone)")
     ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
@@ -211,17 +222,25 @@ def register(subparsers) -> None:
 
     evaluate = subparsers.add_parser(
         "odqa-eval", help="open-domain evaluation (R, EM/F1 with and without IR score)")
-    evaluate.add_argument("--index", required=True)
+    evaluate.add_argument("--index", required=True,
+                          help="index folder (dil-jax index --out)")
     evaluate.add_argument("--data", required=True, help="SQuAD v1.1 JSON (questions, answers)")
     evaluate.add_argument("--articles", default=":",
                           help="slice of the file's articles to take questions from, e.g. "
                                "28:35 (the validation articles of the training configs)")
     evaluate.add_argument("--limit", type=positive_int, default=None,
-                          help="evaluate a random subset of N questions (seeded)")
-    evaluate.add_argument("--seed", type=non_negative_int, default=0)
-    evaluate.add_argument("--p", type=positive_int, nargs="+", default=[29, 100])
-    evaluate.add_argument("--mu", type=unit_interval, default=0.5)
-    evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
+                          help="evaluate a random subset of N questions (seeded; default: all)")
+    evaluate.add_argument("--seed", type=non_negative_int, default=0,
+                          help="seed of the --limit subset")
+    evaluate.add_argument("--p", type=positive_int, nargs="+", default=[29, 100],
+                          help="retrieval depths to score (passages read per question): the "
+                               "protocol's 29 and 100, read once at the largest (ask reads "
+                               "29; dil-jax demo 10, to stay quick)")
+    evaluate.add_argument("--mu", type=unit_interval, default=0.5,
+                          help="fusion weight of the reader score (1 = reader alone)")
+    evaluate.add_argument("--out", default=None,
+                          help="write results.md and results.json here, resumable (default: "
+                               "print only)")
     evaluate.add_argument("--cache-dtype", type=cache_storage, default="float32",
                           metavar="STORAGE", help="the storage the index's cache was built with")
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)

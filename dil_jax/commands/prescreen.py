@@ -57,7 +57,7 @@ def register(subparsers) -> None:
                              "overrides")
     parser.add_argument("--prescreener", default=None,
                         help="score this prescreener ('default' = the bundled one, or a folder) "
-                             "instead of training one")
+                             "instead of training one (default: train one)")
     parser.add_argument("--readers", nargs="*", default=[],
                         help="reader checkpoints to run end to end with and without prescreening "
                              "on the validation questions")
