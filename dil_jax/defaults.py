@@ -15,6 +15,7 @@ anything.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from dil_jax.errors import DilJaxError
@@ -128,6 +129,22 @@ def bundled_reader(role: str) -> Path | None:
     """Folder of a bundled fine-tuned reader, or None when this install has none."""
     folder = Path(__file__).parent / "assets" / BUNDLED_READERS[role]
     return folder if (folder / "config.json").is_file() else None
+
+
+def default_reader_role(k: int | None, index_ks: Collection[int] = (),
+                        delayed_k: int | None = None) -> str:
+    """Which bundled reader ("full" or "delayed") reads when no --checkpoint is given.
+
+    k given: the full reader for k = 0, else the delayed one (its weights learnt to read split;
+    the full reader's did not). k left out (`ask`): the full reader, the better one, unless the
+    index holds no k = 0 cache but one at the delayed reader's own k (`index_ks`, `delayed_k`):
+    a user who built an index for the delayed reader only expects `ask` to answer from it.
+    """
+    if k is not None:
+        return "full" if k == 0 else "delayed"
+    if 0 not in index_ks and delayed_k is not None and delayed_k in index_ks:
+        return "delayed"
+    return "full"
 
 # BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval), and the corpus
 # size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's build

@@ -202,11 +202,17 @@ _NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil
 
 
 def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
-    parser.add_argument("--checkpoint", default=["default"] if many_k else "default",
-                        nargs="+" if many_k else None,
-                        help="reader: 'default' (embedded MiniLM), a Hugging Face folder, or a "
-                             "dil_jax (orbax) checkpoint folder"
-                             + ("; one for all k, or one per k (in --k order)" if many_k else ""))
+    # None = the bundled fine-tuned readers (resolved when the command runs, by k): a user's
+    # first `ask` must not read with the raw MiniLM's untrained QA head.
+    parser.add_argument("--checkpoint", default=None, nargs="+" if many_k else None,
+                        help="reader: a dil_jax (orbax) or Hugging Face folder, or 'default' "
+                             "(the raw embedded MiniLM, QA head untrained)"
+                             + ("; one for all k, or one per k (in --k order)" if many_k else "")
+                             + "; default: the bundled fine-tuned readers, the full one for "
+                               "k = 0 and the delayed one for k >= 1"
+                             + ("" if many_k else
+                                " (without --k: the full one, or the delayed one when the "
+                                "index has only its cache)"))
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
                                                           "checkpoint's own)")
     if many_k:

@@ -249,6 +249,48 @@ def register(subparsers) -> None:
     evaluate.set_defaults(func=_checked_first(_check_evaluate_flags, run_evaluate))
 
 
+def _bundled_or_embedded(role: str) -> str:
+    """The bundled reader of this role; the raw embedded MiniLM, said loudly, without one."""
+    from dil_jax.defaults import bundled_reader
+
+    folder = bundled_reader(role)
+    if folder is None:
+        log.warning("no bundled %s reader in this install: using the raw embedded MiniLM, "
+                    "whose QA head is UNTRAINED; answers are arbitrary spans (pass "
+                    "--checkpoint)", role)
+        return "default"
+    return str(folder)
+
+
+def _resolve_checkpoints(args: argparse.Namespace) -> None:
+    """Replaces --checkpoint's None (not given) by the bundled reader of each k, so that every
+    later use (loading, progress records, results.json, error messages) sees one path.
+
+    `ask` without --k reads with the full reader unless the index holds only the delayed
+    reader's cache (`default_reader_role`).
+    """
+    if args.checkpoint is not None:
+        return
+    from dil_jax.defaults import default_reader_role
+
+    if isinstance(args.k, list):  # index, odqa-eval: one reader per k
+        args.checkpoint = [_bundled_or_embedded(default_reader_role(k)) for k in args.k]
+        return
+    index_ks: set[int] = set()
+    delayed_k = None
+    if args.k is None:
+        from dil_jax.checkpoints.manifest import trained_k
+        from dil_jax.defaults import bundled_reader
+        from dil_jax.open_domain.missing_cache import index_caches
+
+        index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
+        delayed = bundled_reader("delayed")
+        delayed_k = trained_k(delayed) if delayed is not None else None
+    role = default_reader_role(args.k, index_ks, delayed_k)
+    args.checkpoint = _bundled_or_embedded(role)
+    print(f"reader: the bundled {role} reader ({args.checkpoint})", file=sys.stderr)
+
+
 def _checkpoint_for(args, position: int) -> str:
     """The checkpoint of the position-th --k (one for all, or one per k)."""
     if isinstance(args.checkpoint, str):
@@ -313,6 +355,7 @@ class _ProgressBars:
 def run_index(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.index_lock import index_lock
 
+    _resolve_checkpoints(args)
     process = _build_process(args)
     # The lock first: a second build into the same folder fails at once, before loading models.
     with index_lock(args.out, process.index):
@@ -338,21 +381,55 @@ def run_index(args: argparse.Namespace) -> int:
 
 
 def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
+    from dil_jax.open_domain.cache import CacheMismatchError
     from dil_jax.open_domain.index import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
     model, params, tokenizer = _load(args, k, position)
     index = open_index(args.index)
-    cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+    try:
+        cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+    except CacheMismatchError as error:
+        missing = _missing_cache(args, index, model, params, tokenizer, position)
+        if missing is None:  # a cache is there but does not fit: its own message says how
+            raise
+        raise missing from error
     return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
                             batch_size=args.batch_size, chunk_size=args.chunk_size,
                             prescreen=_reader_prescreen(args, index) if prescreen else None,
                             cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
 
 
+def _missing_cache(args, index, model, params, tokenizer, position: int):
+    """A MissingCacheError listing the index's caches and the command that builds this
+    reader's, when the index has no cache folder for it; None when it has one (then the
+    original error, about what does not match, stands)."""
+    from dil_jax.open_domain.missing_cache import (
+        THIS_READER,
+        MissingCacheError,
+        build_command,
+        index_caches,
+        missing_cache_message,
+    )
+
+    manifest = index.reader_manifest(model.config, params, tokenizer, args.cache_dtype)
+    folder = index.cache_dir(manifest)
+    if folder.exists():
+        return None
+    checkpoint = _checkpoint_for(args, position)
+    k = model.config.num_lower_layers
+    command = build_command(str(args.index), index.settings, checkpoint, k, args.cache_dtype,
+                            args.tokenizer)
+    partial = folder.with_name(f".{folder.name}.partial").exists()
+    return MissingCacheError(missing_cache_message(
+        str(args.index), folder.name, checkpoint, k, args.cache_dtype,
+        index_caches(index.directory), {manifest["model"]: THIS_READER}, command, partial))
+
+
 def run_ask(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.reader import format_answer
 
+    _resolve_checkpoints(args)
     reader = _open_reader(args, args.k, args.top_p)
     mu = None if args.no_fusion else args.mu
     if args.interactive:
@@ -396,6 +473,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         markdown_table,
     )
 
+    _resolve_checkpoints(args)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     if args.limit is not None and args.limit < len(examples):
