@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]`, padded; longer questions are cut")
     parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN,
-                        help="tokens of `passage [SEP]` per window (the sample passages are short)")
+                        help="tokens of `passage [SEP]` per window (shorter than predict's: "
+                             "the sample passages are short)")
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="timed repeats (median)")
     parser.set_defaults(func=run)

@@ -68,10 +68,12 @@ def register(subparsers) -> None:
                              "no-answer score); docs/open_domain.md compares them")
     parser.add_argument("--max-question-len", type=positive_int,
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,
-                        help="tokens of `[CLS] question [SEP]`, padded")
+                        help="tokens of `[CLS] question [SEP]`, padded (the bundled readers "
+                             "were trained with 32)")
     parser.add_argument("--max-passage-len", type=window_len,
                         default=OPEN_DOMAIN_MAX_PASSAGE_LEN,
-                        help="tokens of `passage [SEP]` per cached window")
+                        help="tokens of `passage [SEP]` per cached window (predict's 384 "
+                             "would make each cached window twice as large)")
     parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")

@@ -152,7 +152,8 @@ def register(subparsers) -> None:
                             "every 50 words")
     index.add_argument("--max-passage-len", type=window_len,
                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN,
-                       help="tokens of `passage [SEP]` per cached window; longer passages get "
+                       help="tokens of `passage [SEP]` per cached window (predict's 384 would "
+                            "make each cached window twice as large); longer passages get "
                             "several windows")
     index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")

@@ -36,10 +36,14 @@ def register(subparsers) -> None:
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
     parser.add_argument("--max-question-len", type=positive_int, default=MAX_QUESTION_LEN,
-                        help="tokens of `[CLS] question [SEP]`, padded; longer questions are cut")
+                        help="tokens of `[CLS] question [SEP]`, padded; longer questions are "
+                             "cut. SQuAD's 64 (BERT's recipe); the open-domain commands use "
+                             "32, the bundled readers' training length")
     parser.add_argument("--max-passage-len", type=window_len,
                         default=PREDICT_MAX_PASSAGE_LEN,
-                        help="tokens of `passage [SEP]` per window; longer passages are read in "
+                        help="tokens of `passage [SEP]` per window (the paper's 384; index and "
+                             "demo cache 192-token windows, half the disk); longer passages are "
+                             "read in "
                              "several windows")
     parser.add_argument("--doc-stride", type=positive_int, default=DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")

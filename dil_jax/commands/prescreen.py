@@ -69,7 +69,8 @@ def register(subparsers) -> None:
     parser.add_argument("--eval-limit", type=positive_int, default=400,
                         help="validation questions read end to end (the first N)")
     parser.add_argument("--max-passage-len", type=window_len, default=CPU_MAX_PASSAGE_LEN,
-                        help="reader window (tokens) with and without prescreening")
+                        help="reader window (tokens) with and without prescreening: the "
+                             "bundled readers' training window, so they are scored as trained")
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
