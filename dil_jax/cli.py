@@ -1,8 +1,10 @@
 """The `dil-jax` command line: one entry point, one module per subcommand.
 
 Each module in `dil_jax.commands` exposes `register(subparsers)`, which adds its parser and sets
-`func` (called with the parsed args, returning an exit code). Heavy imports (jax, transformers)
-happen inside the commands so that `dil-jax --help` is instant.
+`func` (called with the parsed args, returning an exit code). Heavy imports (jax, flax, orbax,
+torch, transformers, numpy) happen inside the commands' `run`, never at module level or in
+`register`, and `import dil_jax` resolves its public names lazily: `dil-jax --help` and every
+`dil-jax CMD --help` cost about a bare interpreter's start (tests/test_cli_help.py checks it).
 
 Errors: a `DilJaxError` (bad flag, file, field or value; see `dil_jax/errors.py`) is caught here,
 once, and printed as one line naming the problem, exit status 1. `--debug` (or the environment
@@ -36,8 +38,10 @@ COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dil_jax.commands.arguments import HelpFormatter
+
     parser = argparse.ArgumentParser(
-        prog="dil-jax",
+        prog="dil-jax", formatter_class=HelpFormatter,
         description="Delayed Interaction Layers for question answering in JAX/Flax.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true",
@@ -45,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    # One formatter for every command, set here rather than in each register(), so that a new
+    # command's flags show their defaults too.
+    for command_parser in subparsers.choices.values():
+        command_parser.formatter_class = HelpFormatter
     return parser
 
 

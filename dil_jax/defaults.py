@@ -15,6 +15,7 @@ anything.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from dil_jax.errors import DilJaxError
@@ -75,6 +76,18 @@ def default_pair_chunk_size(platform: str) -> int:
     return PAIR_CHUNK_SIZE.get(platform, ACCELERATOR_PAIR_CHUNK_SIZE)
 
 
+# ----------------------------------------------------------------------------- benchmark suites
+
+# `dil-jax bench --suite` (dil_jax.bench.suites): here rather than in dil_jax.bench, which imports
+# jax, so that `dil-jax bench --help` can list them and their grids without it.
+BENCH_SUITES = ("minilm", "bert-base", "roberta-base", "electra-small", "electra-base",
+                "xlnet-base", "tiny")
+# (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
+BENCH_SUITE_GRIDS = {
+    "minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "roberta-base": (8, 4, 8, 4),
+    "electra-small": (16, 8, 8, 8), "electra-base": (8, 4, 8, 4), "xlnet-base": (8, 4, 8, 4),
+    "tiny": (4, 3, 4, 4)}
+
 # ----------------------------------------------------------------------------- data
 
 # The SQuAD v1.1 dev articles shared with this project (35 articles), relative to the repository.
@@ -116,6 +129,22 @@ def bundled_reader(role: str) -> Path | None:
     """Folder of a bundled fine-tuned reader, or None when this install has none."""
     folder = Path(__file__).parent / "assets" / BUNDLED_READERS[role]
     return folder if (folder / "config.json").is_file() else None
+
+
+def default_reader_role(k: int | None, index_ks: Collection[int] = (),
+                        delayed_k: int | None = None) -> str:
+    """Which bundled reader ("full" or "delayed") reads when no --checkpoint is given.
+
+    k given: the full reader for k = 0, else the delayed one (its weights learnt to read split;
+    the full reader's did not). k left out (`ask`): the full reader, the better one, unless the
+    index holds no k = 0 cache but one at the delayed reader's own k (`index_ks`, `delayed_k`):
+    a user who built an index for the delayed reader only expects `ask` to answer from it.
+    """
+    if k is not None:
+        return "full" if k == 0 else "delayed"
+    if 0 not in index_ks and delayed_k is not None and delayed_k in index_ks:
+        return "delayed"
+    return "full"
 
 # BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval), and the corpus
 # size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's build

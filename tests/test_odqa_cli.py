@@ -11,7 +11,10 @@ from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli
 
-COMMON = ["--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
+# --checkpoint default: the raw embedded MiniLM (what these tests were written for), not the
+# bundled fine-tuned readers that index/ask/odqa-eval read without --checkpoint.
+COMMON = ["--checkpoint", "default", "--max-question-len", "16", "--batch-size", "2",
+          "--chunk-size", "8"]
 
 
 def _write_corpus(tmp_path) -> str:
@@ -47,6 +50,18 @@ def test_index_ask_and_eval(tmp_path, capsys):
     # A reader split at another k has no cache in this index: a clear error, not a wrong answer.
     status, _, err = run_cli(["ask", "Who?", "--index", str(index), "--k", "3", *common], capsys)
     assert status == 1 and "no passage cache here" in err
+    # ... that lists the two caches the index has (both with this reader's weights) and the
+    # command that adds the missing one; run as printed, it makes the question answerable.
+    caches = sorted(path.name for path in index.glob("cache-k*"))
+    assert [name[:9] for name in caches] == ["cache-k0-", "cache-k4-"]
+    for name, k in zip(caches, (0, 4)):
+        assert f"{name}: k = {k}, float32, model {name[-8:]} (this reader's weights)" in err, err
+    command = (f"dil-jax index --out {index} --corpus {corpus} --max-passage-len 48 "
+               "--doc-stride 24 --checkpoint default --k 3")
+    assert f"build it with: {command}" in err, err
+    assert main([*command.split()[1:], *common[2:]]) == 0
+    assert main(["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "3",
+                 "--top-p", "3", *common]) == 0
 
     squad, _ = _write_squad(tmp_path)
     assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "0", "4",

@@ -21,7 +21,9 @@ from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli
 
-READ = ["--batch-size", "2", "--chunk-size", "8"]
+# --checkpoint default: the raw embedded MiniLM (what these tests were written for), not the
+# bundled fine-tuned readers that index/ask/odqa-eval read without --checkpoint.
+READ = ["--checkpoint", "default", "--batch-size", "2", "--chunk-size", "8"]
 
 
 def _corpus(tmp_path, texts=SAMPLE_PASSAGES) -> str:

@@ -34,6 +34,7 @@ from dil_jax.bench.timing import (
     warm_up,
 )
 from dil_jax.config import EncoderConfig
+from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.grid import PairGrid
@@ -63,12 +64,10 @@ class SuiteSpec:
     reuse: bool = True
 
 
-SUITES = ("minilm", "bert-base", "roberta-base", "electra-small", "electra-base", "xlnet-base",
-          "tiny")
-# (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
-SUITE_GRIDS = {"minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "roberta-base": (8, 4, 8, 4),
-               "electra-small": (16, 8, 8, 8), "electra-base": (8, 4, 8, 4),
-               "xlnet-base": (8, 4, 8, 4), "tiny": (4, 3, 4, 4)}
+# The suites' names and default grids live in dil_jax.defaults so that `dil-jax bench --help`
+# can list them without importing this package (jax, flax).
+SUITES = BENCH_SUITES
+SUITE_GRIDS = BENCH_SUITE_GRIDS
 # Random-init suites: the shapes of the released checkpoints' config.json (hub ids in the
 # comments; nothing is downloaded).
 _BASE_SHAPES = {

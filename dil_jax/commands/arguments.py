@@ -13,10 +13,51 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 from dil_jax.defaults import OPEN_DOMAIN_BATCH_SIZE, OPEN_DOMAIN_MAX_QUESTION_LEN, SPAN_SCORES
 from dil_jax.errors import UsageError
+
+# ------------------------------------------------- help texts
+
+def default_text(value: object) -> str:
+    """A default as a user would type it: lists and tuples as space-separated values."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value) if value else "none"
+    return str(value)
+
+
+def says_default(text: str) -> bool:
+    """Whether a help text states a default itself: "(default ...", "default: ..." or "(...;
+    default ...)" -- not a mere mention such as "'default' (the embedded MiniLM)"."""
+    return re.search(r"\(default\b|\bdefault:|; default\b", text) is not None
+
+
+def help_with_default(action: argparse.Action) -> str:
+    """An action's help ending in "(default: X)", unless the help already says its default.
+
+    Left as they are: helps that mention "default" themselves (where None means something a
+    value cannot show, e.g. "default: the checkpoint's own"), on/off switches (nargs=0: their
+    default is always "off"), required flags and positionals without a default (they have
+    none), and a None default (the help has to say what it means; tests/test_cli_help.py
+    checks every such flag does)."""
+    text = action.help or ""
+    if says_default(text) or action.nargs == 0 or action.required:
+        return text
+    if action.default is None or action.default is argparse.SUPPRESS:
+        return text
+    # argparse %-formats help strings: a literal % in the default must be doubled.
+    shown = default_text(action.default).replace("%", "%%")
+    return f"{text} (default: {shown})" if text else f"(default: {shown})"
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every command's formatter (set in dil_jax.cli): descriptions keep their line breaks (they
+    are module docstrings laid out by hand), and each flag's help ends with its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return help_with_default(action)
 
 
 def _number(kind: type, low: float | None, high: float | None, low_open: bool = False
@@ -127,12 +168,13 @@ def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
     parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                         help="read only the prescreened sentences of each passage in the upper "
                              "blocks ('default' = the bundled prescreener, or a folder written "
-                             f"by dil-jax prescreen){where}")
+                             f"by dil-jax prescreen){where}; default: no prescreening, whole "
+                             "passages")
     parser.add_argument("--top-m", type=positive_int, default=2,
                         help="with --prescreen: keep the m best sentences of each passage")
     parser.add_argument("--mass", type=fraction, default=None,
                         help="with --prescreen: keep the fewest best sentences holding this "
-                             "much probability (at most --top-m)")
+                             "much probability (at most --top-m); default: --top-m alone")
 
 
 def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
@@ -160,11 +202,17 @@ _NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil
 
 
 def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
-    parser.add_argument("--checkpoint", default=["default"] if many_k else "default",
-                        nargs="+" if many_k else None,
-                        help="reader: 'default' (embedded MiniLM), a Hugging Face folder, or a "
-                             "dil_jax (orbax) checkpoint folder"
-                             + ("; one for all k, or one per k (in --k order)" if many_k else ""))
+    # None = the bundled fine-tuned readers (resolved when the command runs, by k): a user's
+    # first `ask` must not read with the raw MiniLM's untrained QA head.
+    parser.add_argument("--checkpoint", default=None, nargs="+" if many_k else None,
+                        help="reader: a dil_jax (orbax) or Hugging Face folder, or 'default' "
+                             "(the raw embedded MiniLM, QA head untrained)"
+                             + ("; one for all k, or one per k (in --k order)" if many_k else "")
+                             + "; default: the bundled fine-tuned readers, the full one for "
+                               "k = 0 and the delayed one for k >= 1"
+                             + ("" if many_k else
+                                " (without --k: the full one, or the delayed one when the "
+                                "index has only its cache)"))
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
                                                           "checkpoint's own)")
     if many_k:
@@ -174,7 +222,9 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
         parser.add_argument("--k", type=non_negative_int, default=None,
                             help="split point (default: the checkpoint's own; 0 for HF ones)")
     parser.add_argument("--max-question-len", type=positive_int,
-                        default=OPEN_DOMAIN_MAX_QUESTION_LEN)
+                        default=OPEN_DOMAIN_MAX_QUESTION_LEN,
+                        help="tokens of `[CLS] question [SEP]`, padded (the bundled readers "
+                             "were trained with 32)")
     parser.add_argument("--batch-size", type=positive_int, default=OPEN_DOMAIN_BATCH_SIZE,
                         help="questions per batch")
     parser.add_argument("--chunk-size", type=positive_int, default=None,

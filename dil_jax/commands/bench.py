@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.commands.arguments import int_list, non_negative_int, positive_int
+from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +33,10 @@ def _stem(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The benchmark's flags (shared by the CLI and benchmarks/speed_grid.py)."""
-    from dil_jax.bench import SUITE_GRIDS, SUITES
-
-    parser.add_argument("--suite", action="append", choices=SUITES, dest="suites",
+    parser.add_argument("--suite", action="append", choices=BENCH_SUITES, dest="suites",
                         help=f"model to time, repeatable (default: {', '.join(DEFAULT_SUITES)})")
     def per_suite(index: int) -> str:
-        return ", ".join(f"{name} {grid[index]}" for name, grid in SUITE_GRIDS.items())
+        return ", ".join(f"{name} {grid[index]}" for name, grid in BENCH_SUITE_GRIDS.items())
 
     parser.add_argument("--questions", type=positive_int,
                         help=f"q, questions in the grid (default per suite: {per_suite(0)})")

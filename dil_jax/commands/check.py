@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
-
 from dil_jax.commands.arguments import non_negative_int, positive_int, window_len
 from dil_jax.defaults import CHECK_MAX_PASSAGE_LEN, CHECK_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
@@ -34,8 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
     parser.add_argument("--k", type=non_negative_int, nargs="+", default=None,
                         help="split points to compare with the full model (default: l-2 l-1)")
-    parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN)
-    parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN)
+    parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN,
+                        help="tokens of `[CLS] question [SEP]`, padded; longer questions are cut")
+    parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN,
+                        help="tokens of `passage [SEP]` per window (shorter than predict's: "
+                             "the sample passages are short)")
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="timed repeats (median)")
     parser.set_defaults(func=run)
@@ -44,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _timed(fn, repeats: int) -> tuple[object, float, float]:
     """(result, compile+first-run seconds, median seconds of `repeats` further runs)."""
     import jax
+    import numpy as np
 
     start = time.perf_counter()
     result = jax.block_until_ready(fn())
@@ -64,6 +66,7 @@ def _hf_parity(folder, config, q, p) -> tuple[dict | None, str]:
     except ImportError:
         return None, "parity vs Hugging Face: not checked (torch not installed; pip install " \
                      "'dil_jax[torch]')"
+    import numpy as np
     from transformers.utils import logging as hf_logging
 
     from dil_jax.checkpoints import convert_state_dict
@@ -163,6 +166,8 @@ def _read_grid_at(config, params, q, p, k: int, repeats: int) -> dict:
     of (NI Q, NI P, I Q-P), "compile": seconds of the first runs, "cache_error": max |start
     logit| difference from the direct forward}.
     """
+    import numpy as np
+
     from dil_jax.model.delayed import DelayedInteractionModel
     from dil_jax.model.grid import PairGrid
 

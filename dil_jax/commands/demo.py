@@ -56,16 +56,24 @@ def register(subparsers) -> None:
                         help="reader for delayed interaction (default: the bundled one)")
     parser.add_argument("--k", type=positive_int, default=None,
                         help="split point of the delayed reader, >= 1 (default: its own)")
-    parser.add_argument("--top-p", type=positive_int, default=10)
-    parser.add_argument("--mu", type=unit_interval, default=0.5)
+    parser.add_argument("--top-p", type=positive_int, default=10,
+                        help="passages read per question; 10, not ask's 29 (the "
+                             "protocol's depth), so that the demo's reads stay quick on a "
+                             "CPU: the demo's questions are about articles BM25 ranks high")
+    parser.add_argument("--mu", type=unit_interval, default=0.5,
+                        help="fusion weight of the reader score (1 = reader alone)")
     parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
                         help="how passages' best spans compare, for both readers: 'logits' "
                              "(s_start + s_end, the paper's) or 'margin' (less the window's "
                              "no-answer score); docs/open_domain.md compares them")
     parser.add_argument("--max-question-len", type=positive_int,
-                        default=OPEN_DOMAIN_MAX_QUESTION_LEN)
+                        default=OPEN_DOMAIN_MAX_QUESTION_LEN,
+                        help="tokens of `[CLS] question [SEP]`, padded (the bundled readers "
+                             "were trained with 32)")
     parser.add_argument("--max-passage-len", type=window_len,
-                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
+                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN,
+                        help="tokens of `passage [SEP]` per cached window (predict's 384 "
+                             "would make each cached window twice as large)")
     parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")

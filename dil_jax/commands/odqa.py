@@ -146,10 +146,15 @@ def register(subparsers) -> None:
     index.add_argument("--corpus", action="append", required=True,
                        help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH")
     index.add_argument("--corpus-limit", type=positive_int, default=None,
-                       help="only the first N documents of each source")
-    index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs")
+                       help="only the first N documents of each source (default: all)")
+    index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs",
+                       help="passages: paragraphs (split at blank lines) or 100-word windows "
+                            "every 50 words")
     index.add_argument("--max-passage-len", type=window_len,
-                       default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
+                       default=OPEN_DOMAIN_MAX_PASSAGE_LEN,
+                       help="tokens of `passage [SEP]` per cached window (predict's 384 would "
+                            "make each cached window twice as large); longer passages get "
+                            "several windows")
     index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
     index.add_argument("--cache-dtype", type=cache_storage, default="float32",
@@ -172,12 +177,14 @@ def register(subparsers) -> None:
         "process 0 also builds the index and writes each cache's manifest, last. --out must be "
         "a folder every process sees.")
     shards.add_argument("--num-processes", type=positive_int, default=None,
-                        help="processes building the caches together (one shard each)")
+                        help="processes building the caches together (one shard each; default: one "
+                             "process)")
     shards.add_argument("--process-id", type=non_negative_int, default=None,
-                        help="this process's number, 0 .. --num-processes - 1")
+                        help="this process's number, 0 .. --num-processes - 1 (default: the "
+                             "only one, 0)")
     shards.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
                         help="start jax.distributed with process 0's address (without it the "
-                             "processes run independently: the build needs no collective)")
+                             "processes run independently: the build needs no collective; default)")
     shards.add_argument("--distributed", action="store_true",
                         help="jax.distributed.initialize() with no arguments: on a Cloud TPU "
                              "pod it finds the processes itself (launch/tpu_pod.py index)")
@@ -190,13 +197,18 @@ def register(subparsers) -> None:
     _reader_args(index, many_k=True)
     index.add_argument("--prescreen", default=None, metavar="PRESCREENER",
                        help="also store every passage's sentence embeddings for this "
-                            "prescreener ('default' = the bundled one, or a folder)")
+                            "prescreener ('default' = the bundled one, or a folder; default: none "
+                            "stored)")
     index.set_defaults(func=_checked_first(_check_index_flags, run_index))
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
     ask.add_argument("question", nargs="?", help="the question (omit with --interactive)")
-    ask.add_argument("--index", required=True)
-    ask.add_argument("--top-p", type=positive_int, default=29, help="passages read per question")
+    ask.add_argument("--index", required=True, help="index folder (dil-jax index --out)")
+    ask.add_argument("--top-p", type=positive_int, default=29,
+                     help="passages read per question; 29 is the depth of the open-domain "
+                          "protocol (odqa-eval's first --p, docs/open_domain.md), so an "
+                          "answer here is read as there (dil-jax demo reads 10: its "
+                          "batch-of-one timings stay short on a CPU)")
     ask.add_argument("--mu", type=unit_interval, default=0.5,
                      help="fusion weight of the reader score (1 = reader alone)")
     ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
@@ -211,23 +223,73 @@ def register(subparsers) -> None:
 
     evaluate = subparsers.add_parser(
         "odqa-eval", help="open-domain evaluation (R, EM/F1 with and without IR score)")
-    evaluate.add_argument("--index", required=True)
+    evaluate.add_argument("--index", required=True,
+                          help="index folder (dil-jax index --out)")
     evaluate.add_argument("--data", required=True, help="SQuAD v1.1 JSON (questions, answers)")
     evaluate.add_argument("--articles", default=":",
                           help="slice of the file's articles to take questions from, e.g. "
                                "28:35 (the validation articles of the training configs)")
     evaluate.add_argument("--limit", type=positive_int, default=None,
-                          help="evaluate a random subset of N questions (seeded)")
-    evaluate.add_argument("--seed", type=non_negative_int, default=0)
-    evaluate.add_argument("--p", type=positive_int, nargs="+", default=[29, 100])
-    evaluate.add_argument("--mu", type=unit_interval, default=0.5)
-    evaluate.add_argument("--out", default=None, help="write results.md and results.json here")
+                          help="evaluate a random subset of N questions (seeded; default: all)")
+    evaluate.add_argument("--seed", type=non_negative_int, default=0,
+                          help="seed of the --limit subset")
+    evaluate.add_argument("--p", type=positive_int, nargs="+", default=[29, 100],
+                          help="retrieval depths to score (passages read per question): the "
+                               "protocol's 29 and 100, read once at the largest (ask reads "
+                               "29; dil-jax demo 10, to stay quick)")
+    evaluate.add_argument("--mu", type=unit_interval, default=0.5,
+                          help="fusion weight of the reader score (1 = reader alone)")
+    evaluate.add_argument("--out", default=None,
+                          help="write results.md and results.json here, resumable (default: "
+                               "print only)")
     evaluate.add_argument("--cache-dtype", type=cache_storage, default="float32",
                           metavar="STORAGE", help="the storage the index's cache was built with")
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
     evaluate.set_defaults(func=_checked_first(_check_evaluate_flags, run_evaluate))
+
+
+def _bundled_or_embedded(role: str) -> str:
+    """The bundled reader of this role; the raw embedded MiniLM, said loudly, without one."""
+    from dil_jax.defaults import bundled_reader
+
+    folder = bundled_reader(role)
+    if folder is None:
+        log.warning("no bundled %s reader in this install: using the raw embedded MiniLM, "
+                    "whose QA head is UNTRAINED; answers are arbitrary spans (pass "
+                    "--checkpoint)", role)
+        return "default"
+    return str(folder)
+
+
+def _resolve_checkpoints(args: argparse.Namespace) -> None:
+    """Replaces --checkpoint's None (not given) by the bundled reader of each k, so that every
+    later use (loading, progress records, results.json, error messages) sees one path.
+
+    `ask` without --k reads with the full reader unless the index holds only the delayed
+    reader's cache (`default_reader_role`).
+    """
+    if args.checkpoint is not None:
+        return
+    from dil_jax.defaults import default_reader_role
+
+    if isinstance(args.k, list):  # index, odqa-eval: one reader per k
+        args.checkpoint = [_bundled_or_embedded(default_reader_role(k)) for k in args.k]
+        return
+    index_ks: set[int] = set()
+    delayed_k = None
+    if args.k is None:
+        from dil_jax.checkpoints.manifest import trained_k
+        from dil_jax.defaults import bundled_reader
+        from dil_jax.open_domain.missing_cache import index_caches
+
+        index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
+        delayed = bundled_reader("delayed")
+        delayed_k = trained_k(delayed) if delayed is not None else None
+    role = default_reader_role(args.k, index_ks, delayed_k)
+    args.checkpoint = _bundled_or_embedded(role)
+    print(f"reader: the bundled {role} reader ({args.checkpoint})", file=sys.stderr)
 
 
 def _checkpoint_for(args, position: int) -> str:
@@ -294,6 +356,7 @@ class _ProgressBars:
 def run_index(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.index_lock import index_lock
 
+    _resolve_checkpoints(args)
     process = _build_process(args)
     # The lock first: a second build into the same folder fails at once, before loading models.
     with index_lock(args.out, process.index):
@@ -319,21 +382,55 @@ def run_index(args: argparse.Namespace) -> int:
 
 
 def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
+    from dil_jax.open_domain.cache import CacheMismatchError
     from dil_jax.open_domain.index import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
     model, params, tokenizer = _load(args, k, position)
     index = open_index(args.index)
-    cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+    try:
+        cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+    except CacheMismatchError as error:
+        missing = _missing_cache(args, index, model, params, tokenizer, position)
+        if missing is None:  # a cache is there but does not fit: its own message says how
+            raise
+        raise missing from error
     return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
                             batch_size=args.batch_size, chunk_size=args.chunk_size,
                             prescreen=_reader_prescreen(args, index) if prescreen else None,
                             cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
 
 
+def _missing_cache(args, index, model, params, tokenizer, position: int):
+    """A MissingCacheError listing the index's caches and the command that builds this
+    reader's, when the index has no cache folder for it; None when it has one (then the
+    original error, about what does not match, stands)."""
+    from dil_jax.open_domain.missing_cache import (
+        THIS_READER,
+        MissingCacheError,
+        build_command,
+        index_caches,
+        missing_cache_message,
+    )
+
+    manifest = index.reader_manifest(model.config, params, tokenizer, args.cache_dtype)
+    folder = index.cache_dir(manifest)
+    if folder.exists():
+        return None
+    checkpoint = _checkpoint_for(args, position)
+    k = model.config.num_lower_layers
+    command = build_command(str(args.index), index.settings, checkpoint, k, args.cache_dtype,
+                            args.tokenizer)
+    partial = folder.with_name(f".{folder.name}.partial").exists()
+    return MissingCacheError(missing_cache_message(
+        str(args.index), folder.name, checkpoint, k, args.cache_dtype,
+        index_caches(index.directory), {manifest["model"]: THIS_READER}, command, partial))
+
+
 def run_ask(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.reader import format_answer
 
+    _resolve_checkpoints(args)
     reader = _open_reader(args, args.k, args.top_p)
     mu = None if args.no_fusion else args.mu
     if args.interactive:
@@ -377,6 +474,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         markdown_table,
     )
 
+    _resolve_checkpoints(args)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     if args.limit is not None and args.limit < len(examples):

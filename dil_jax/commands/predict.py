@@ -35,26 +35,38 @@ def register(subparsers) -> None:
     parser.add_argument("--k", type=non_negative_int, default=None,
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
-    parser.add_argument("--max-question-len", type=positive_int, default=MAX_QUESTION_LEN)
+    parser.add_argument("--max-question-len", type=positive_int, default=MAX_QUESTION_LEN,
+                        help="tokens of `[CLS] question [SEP]`, padded; longer questions are "
+                             "cut. SQuAD's 64 (BERT's recipe); the open-domain commands use "
+                             "32, the bundled readers' training length")
     parser.add_argument("--max-passage-len", type=window_len,
-                        default=PREDICT_MAX_PASSAGE_LEN)
+                        default=PREDICT_MAX_PASSAGE_LEN,
+                        help="tokens of `passage [SEP]` per window (the paper's 384; index and "
+                             "demo cache 192-token windows, half the disk); longer passages are "
+                             "read in "
+                             "several windows")
     parser.add_argument("--doc-stride", type=positive_int, default=DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
-    parser.add_argument("--batch-size", type=positive_int, default=READ_BATCH_SIZE)
+    parser.add_argument("--batch-size", type=positive_int, default=READ_BATCH_SIZE,
+                        help="windows per forward pass")
     parser.add_argument("--max-answer-length", type=positive_int, default=30, help="in tokens")
-    parser.add_argument("--n-best", type=positive_int, default=20)
+    parser.add_argument("--n-best", type=positive_int, default=20,
+                        help="start and end candidates kept per window when decoding spans")
     parser.add_argument("--null-threshold", type=finite_float, default=None,
                         help="SQuAD 2.0: answer '' when null - best span score exceeds this "
                              "(default: the one a trained reader records, chosen on its "
                              "training questions, else 0.0; v1.1 files always get an answer)")
     parser.add_argument("--limit", type=positive_int, default=None,
-                        help="only the first N questions")
-    parser.add_argument("--cache-dir", default=None, help="cache featurized inputs here")
+                        help="only the first N questions (default: all)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="cache featurized inputs here (default: featurize afresh, nothing "
+                             "kept)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--lsh-layers", type=lsh_layers, default=None,
                         help="read with Reformer LSH attention in these blocks: 'lower' (the "
                              "passage's lower blocks, 0..k-1) or comma-separated 0-based "
-                             "layers (docs/architecture.md, 'Long passages')")
+                             "layers (docs/architecture.md, 'Long passages'); default: full "
+                             "attention everywhere")
     parser.add_argument("--lsh-num-hashes", type=positive_int, default=None,
                         help="hash rounds of --lsh-layers (default 2)")
     parser.add_argument("--lsh-bucket-size", type=positive_int, default=None,

@@ -57,7 +57,7 @@ def register(subparsers) -> None:
                              "overrides")
     parser.add_argument("--prescreener", default=None,
                         help="score this prescreener ('default' = the bundled one, or a folder) "
-                             "instead of training one")
+                             "instead of training one (default: train one)")
     parser.add_argument("--readers", nargs="*", default=[],
                         help="reader checkpoints to run end to end with and without prescreening "
                              "on the validation questions")
@@ -69,7 +69,8 @@ def register(subparsers) -> None:
     parser.add_argument("--eval-limit", type=positive_int, default=400,
                         help="validation questions read end to end (the first N)")
     parser.add_argument("--max-passage-len", type=window_len, default=CPU_MAX_PASSAGE_LEN,
-                        help="reader window (tokens) with and without prescreening")
+                        help="reader window (tokens) with and without prescreening: the "
+                             "bundled readers' training window, so they are scored as trained")
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
