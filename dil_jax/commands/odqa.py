@@ -292,6 +292,20 @@ class _ProgressBars:
 
 
 def run_index(args: argparse.Namespace) -> int:
+    from dil_jax.open_domain.disk import write_failure
+
+    try:
+        return _run_build(args)
+    except OSError as error:
+        # A write not wrapped where it happens (`disk.write_errors`): a full or read-only disk
+        # is still one line, naming the file when the error knows it, else --out.
+        failure = write_failure(Path(error.filename or args.out), error)
+        if failure is None:
+            raise
+        raise failure from error
+
+
+def _run_build(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.index_lock import index_lock
 
     process = _build_process(args)
