@@ -12,9 +12,11 @@ import collections
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 from dil_jax.samples import SAMPLE_PASSAGES
@@ -75,6 +77,112 @@ def _one_line_error(err: str) -> str:
     lines = [line for line in err.splitlines() if ": error: " in line]
     assert len(lines) == 1, err
     return lines[0]
+
+
+def test_noise_in_middle_rows_of_the_states_is_refused_not_answered(index_copy, capsys):
+    """The states check on open re-encodes the first and last rows only; noise in the rows
+    between used to give an answer (exit 0). The digests recorded at build time catch it."""
+    index, _ = index_copy
+    states = _cache(index, 1) / "states.npy"
+    codes = np.load(states, mmap_mode="r+")
+    assert len(codes) == 10  # rows 1..8 are never re-encoded on open
+    codes[3:7] += np.random.default_rng(0).normal(0, 1, codes[3:7].shape).astype(codes.dtype)
+    codes.flush()
+    del codes
+    status, out, err = run_cli(_ask_argv(index, 1), capsys)
+    assert status == 1, out
+    line = _one_line_error(err)
+    assert str(states) in line and "changed since the cache was built" in line
+    assert "rerun `dil-jax index`" in line
+    # `index --verify` lists it too (exit 1), and every other cache as matching.
+    status, out, err = run_cli(["index", "--out", str(index), "--verify"], capsys)
+    assert status == 1
+    assert f"{states}: its sha256 differs" in err
+    assert f"{_cache(index, 0).name}: 3 files" in out and "every byte matches" in out
+
+
+def test_verify_catches_what_the_cheap_check_cannot(tmp_path):
+    """What each check catches, on a 4 MiB file: 32 sampled blocks of 64 KiB start at
+    i * (4 MiB - 64 KiB) // 31, so byte 100,000 (between block 0, [0, 65536), and block 1,
+    from 133,186) is not sampled. A byte flipped there with the modification time put back
+    (a failing disk, not a write) passes the open check and fails the full one; flipped in a
+    sampled block, or written without putting the time back, the open check refuses it."""
+    from dil_jax.open_domain.cache_digests import digest_fields, sample_spans, verify_folder
+
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    path = folder / "states.npy"
+    path.write_bytes(np.random.default_rng(1).bytes(4 << 20))
+    spans = sample_spans(4 << 20, 32, 1 << 16)
+    assert spans[0] == (0, 65536) and spans[1] == (133186, 65536)
+    assert spans[-1] == ((4 << 20) - 65536, 65536)
+    manifest = digest_fields(folder)
+    recorded = path.stat().st_mtime_ns
+
+    def flip(offset: int, keep_time: bool) -> None:
+        with path.open("r+b") as stream:
+            stream.seek(offset)
+            byte = stream.read(1)
+            stream.seek(offset)
+            stream.write(bytes([byte[0] ^ 0xFF]))
+        if keep_time:
+            os.utime(path, ns=(recorded, recorded))
+
+    flip(100_000, keep_time=True)
+    assert verify_folder(folder, manifest, full=False).problems == []
+    assert "sha256 differs" in verify_folder(folder, manifest, full=True).problems[0][1]
+    flip(100_000, keep_time=True)  # back as built
+    assert verify_folder(folder, manifest, full=True).problems == []
+    flip(133_186 + 7, keep_time=True)
+    assert "sampled blocks" in verify_folder(folder, manifest, full=False).problems[0][1]
+    flip(133_186 + 7, keep_time=True)
+    flip(100_000, keep_time=False)  # a write: the time moved, the whole file is hashed
+    assert "sha256 differs" in verify_folder(folder, manifest, full=False).problems[0][1]
+
+
+def test_a_cache_without_digests_warns_and_a_rerun_records_them(index_copy, capsys, caplog):
+    index, corpus = index_copy
+    manifest_path = _cache(index, 1) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    old = {key: value for key, value in manifest.items()
+           if key not in ("files", "digest_sample")}
+    manifest_path.write_text(json.dumps(old))  # as code before the digests wrote it
+    with caplog.at_level(logging.WARNING):
+        status, out, _ = run_cli(_ask_argv(index, 1), capsys)
+    assert status == 0 and f"Q: {QUESTION}" in out
+    assert "without file digests" in caplog.text
+    assert f"rerun `dil-jax index --out {index}` with the same settings" in caplog.text
+    status, _, err = run_cli(["index", "--out", str(index), "--verify"], capsys)
+    assert status == 1 and "no file digests recorded" in err and "not verified" in err
+    status, _, _ = run_cli(_index_argv(index, corpus, "--k", "1"), capsys)
+    assert status == 0
+    assert json.loads(manifest_path.read_text())["files"].keys() == {
+        "ids.npy", "mask.npy", "offsets.npy", "states.npy"}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        status, _, _ = run_cli(_ask_argv(index, 1), capsys)
+    assert status == 0 and "digests" not in caplog.text
+
+
+def test_a_copy_without_times_is_hashed_whole_until_verify_records_them(index_copy, capsys,
+                                                                       caplog):
+    index, _ = index_copy
+    folder = _cache(index, 1)
+    for path in folder.iterdir():
+        os.utime(path, ns=(1, 1_000_000_000))  # what `cp -r` does: new times, same bytes
+    with caplog.at_level(logging.WARNING):
+        status, _, _ = run_cli(_ask_argv(index, 1), capsys)
+    assert status == 0
+    assert "modified since the build by their time but not by their bytes" in caplog.text
+    assert f"`dil-jax index --verify --out {index}`" in caplog.text
+    status, out, _ = run_cli(["index", "--out", str(index), "--verify"], capsys)
+    assert status == 0 and f"{folder.name}: 4 files" in out
+    assert {record["mtime_ns"] for record in json.loads(
+        (folder / "manifest.json").read_text())["files"].values()} == {1_000_000_000}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        status, _, _ = run_cli(_ask_argv(index, 1), capsys)
+    assert status == 0 and "modified since the build" not in caplog.text
 
 
 def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypatch):

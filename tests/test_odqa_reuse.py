@@ -240,6 +240,16 @@ def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
     assert other.directory != cache.directory
     for name in ("upper_context.npy", "upper_logsumexp.npy"):
         shutil.copyfile(other.directory / name, cache.directory / name)
+    # The file digests recorded at build time catch the copy first ...
+    with pytest.raises(CacheBrokenError,
+                       match=f"{cache.directory / 'upper_context.npy'}: broken passage cache "
+                             r"\(its sha256 differs"):
+        index.open_cache(model.config, params, tokenizer)
+    # ... and without them (a cache of older code) the recomputed arrays do.
+    manifest_path = cache.directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["files"], manifest["digest_sample"]
+    manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CacheBrokenError,
                        match=f"{cache.directory / 'upper_context.npy'}: the stored "
                              "first-upper-block array upper_context does not match"):

@@ -36,6 +36,7 @@ from dil_jax.open_domain.cache import (
     PassageCache,
 )
 from dil_jax.open_domain.cache_check import check_states
+from dil_jax.open_domain.cache_digests import digest_fields, refreshed_manifest
 from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
 from dil_jax.open_domain.disk import (  # noqa: F401  (DiskSpaceError: re-exported)
     DiskSpaceError,
@@ -140,7 +141,8 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
         del writers
     (staging / _PROGRESS).unlink(missing_ok=True)
     (staging / "plan.json").unlink(missing_ok=True)
-    _write_json_atomic(staging / _MANIFEST, manifest)
+    # Digests of the finished files (one read of each), checked whenever the cache is opened.
+    _write_json_atomic(staging / _MANIFEST, dict(manifest, **digest_fields(staging)))
     os.replace(staging, directory)
     return PassageCache.open(directory)
 
@@ -178,7 +180,7 @@ def _existing_cache(directory: Path, manifest: dict[str, Any],
                 "arrays, and this run asks for them (--cache-reuse)")
         if encode is not None:
             check_states(cache, encode, reuse)
-        return cache
+        return record_digests(cache)
     except CacheBrokenError as error:
         log.warning("%s -- rebuilding it", error)
         shutil.rmtree(directory)
@@ -188,6 +190,28 @@ def _existing_cache(directory: Path, manifest: dict[str, Any],
             f"{error}. This run would build a different cache under the same name: delete "
             f"{directory} to rebuild it with this run's settings, or use another --out"
         ) from error
+
+
+def record_digests(cache: PassageCache) -> PassageCache:
+    """(Under the index's lock.) Records, in each folder's manifest, the digests a cache of an
+    older dil-jax lacks (its files as they are now: its shapes and two re-encoded rows were
+    checked, no more) and the new modification times of files whose every byte matched their
+    digest (a copy that did not keep times), so later opens check them cheaply. Returns the
+    cache reopened when anything was recorded, else `cache`."""
+    changed = False
+    for check, (folder, manifest) in zip(cache.digest_checks, cache.folders):
+        if check.digested and not check.rehashed:
+            continue
+        if not check.digested:
+            log.warning("%s: recording file digests of a cache written without them (its "
+                        "files as they are now; delete the folder and rerun to rebuild it "
+                        "if in doubt)", folder)
+        else:
+            log.info("%s: recording the new modification times of %s (every byte matched)",
+                     folder, ", ".join(check.rehashed))
+        _write_json_atomic(folder / _MANIFEST, refreshed_manifest(folder, manifest, check))
+        changed = True
+    return PassageCache.open(cache.directory, verify="none") if changed else cache
 
 
 class _ArrayWriter:

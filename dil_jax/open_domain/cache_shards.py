@@ -43,6 +43,7 @@ from dil_jax.open_domain.cache_build import (
     cache_bytes_per_window_token,
     check_free_space,
 )
+from dil_jax.open_domain.cache_digests import digest_fields
 from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
 
 T = TypeVar("T")
@@ -244,8 +245,10 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
 
     wait_for(lambda: None if missing() else True,
              lambda: f"shard(s) {', '.join(missing())} of {staging}", wait_timeout_s)
-    PassageCache(staging, top)  # every shard maps and agrees with the plan, before committing
-    _write_json_atomic(staging / _MANIFEST, top)
+    # Every shard maps and agrees with the plan, before committing (their files were just
+    # written or checked on reopening: no digest check here).
+    PassageCache(staging, top, verify="none")
+    _write_json_atomic(staging / _MANIFEST, dict(top, **digest_fields(staging)))
     os.replace(staging, directory)
     # After the rename: a crash just before it leaves a staging folder that still resumes.
     (directory / "plan.json").unlink()

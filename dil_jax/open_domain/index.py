@@ -101,11 +101,15 @@ class OpenDomainIndex:
     def cache_dir(self, manifest: dict[str, Any]) -> Path:
         return self.directory / cache_name(manifest)
 
-    def open_cache(self, config, params, tokenizer, dtype: str = "float32") -> PassageCache:
+    def open_cache(self, config, params, tokenizer, dtype: str = "float32",
+                   verify: str = "sampled") -> PassageCache:
         """The passage cache for this reader; a mismatch is an error naming the field.
 
         dtype: the storage the reader expects (`--cache-dtype`); a cache stored another way is
-        refused, naming both. Also re-encodes two stored passages with this reader
+        refused, naming both. verify: how its files are checked against the digests recorded
+        at build time (`PassageCache`): "sampled" by default (`cache_digests` says what that
+        catches), "full" every byte, "none" not at all; a cache without digests is opened with
+        a warning saying how to add them. Also re-encodes two stored passages with this reader
         (`check_states`: one jitted encoder call on 2 rows, plus the first upper block's
         projections and statistics when the cache holds them), so a cache whose manifest claims
         another k than its states hold, or whose arrays belong to another model, is refused
@@ -118,7 +122,7 @@ class OpenDomainIndex:
         from dil_jax.open_domain.reuse import reuse_encoder
 
         manifest = self.reader_manifest(config, params, tokenizer, dtype)
-        cache = PassageCache.open(self.cache_dir(manifest), manifest)
+        cache = PassageCache.open(self.cache_dir(manifest), manifest, verify)
         model = DelayedInteractionModel(config)
         # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
         # blocks is slower than compiling them once.
@@ -127,6 +131,8 @@ class OpenDomainIndex:
         reuse = (reuse_encoder(model, params, batch_size=CHECKED_ROWS) if cache.has_reuse
                  else None)
         check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)), reuse)
+        for warning in cache.digest_warnings():  # never silently unchecked
+            log.warning("%s", warning)
         return cache
 
     def reader_manifest(self, config, params, tokenizer, dtype: str = "float32"
