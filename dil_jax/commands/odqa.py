@@ -104,6 +104,7 @@ def _build_process(args: argparse.Namespace):
 def _check_index_flags(args: argparse.Namespace) -> None:
     from dil_jax.atomic import check_output_folder
     from dil_jax.commands.arguments import check_window_flags
+    from dil_jax.open_domain.retrieval import check_engine_available
 
     if args.verify:
         if args.corpus:
@@ -113,6 +114,8 @@ def _check_index_flags(args: argparse.Namespace) -> None:
     if not args.corpus:
         raise UsageError("--corpus is required to build an index (or give --verify to check "
                          "the one in --out)")
+    if args.retriever not in (None, "auto"):  # a missing engine or Java: now, not mid-build
+        check_engine_available(args.retriever)
     _check_process_flags(args)
     check_window_flags(args.max_passage_len, args.doc_stride)
     _check_checkpoint_count(args)
@@ -173,11 +176,12 @@ def register(subparsers) -> None:
                        help="also store each window's first-upper-block q/k/v and attention "
                             "statistics (0 < k < l): less work per pair, about 4x the "
                             "states' disk (pca<d>: these are int8; docs/open_domain.md)")
-    index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default="auto",
+    index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default=None,
                        help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
                             "large corpora), pyserini (Lucene, the paper's; needs Java), "
                             f"auto = bm25s from {AUTO_BM25S_FROM:,} passages, else rank-bm25 "
-                            "(docs/open_domain.md, \"Retrievers\")")
+                            "(docs/open_domain.md, \"Retrievers\"); default: the engine of "
+                            "the index in --out, else auto")
     index.add_argument("--cache-chunk", type=positive_int, default=256, metavar="WINDOWS",
                        help="windows encoded per step and written per progress record: the "
                             "grid shards are cut on (every process must give the same)")

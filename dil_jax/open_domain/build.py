@@ -82,8 +82,8 @@ class BuildSettings:
     # `dil_jax.open_domain.reuse`): less work per pair, more disk.
     cache_reuse: bool = False
     # The BM25 engine (`defaults.RETRIEVER_ENGINES`) or "auto" (`retrieval.resolve_engine`:
-    # by corpus size).
-    retriever: str = "auto"
+    # by corpus size); None: the existing index's own engine, else "auto" (`choose_engine`).
+    retriever: str | None = None
     # Windows encoded per step: the grid a sharded cache is cut on (whole chunks per shard).
     chunk_passages: int = 256
 
@@ -153,6 +153,20 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     return index, caches
 
 
+def choose_engine(asked: str | None, stored: dict[str, Any] | None, num_passages: int
+                  ) -> tuple[str, str | None]:
+    """(engine, note to log) of a build: `asked` (--retriever; "auto" by corpus size) when
+    given; else the engine of the index already there (`stored`: its index.json settings;
+    one without the field was built by rank-bm25, the only engine then), so a rerun without
+    --retriever never swaps a bm25s or Lucene index for another engine; else "auto"."""
+    if asked is not None:
+        return resolve_engine(asked, num_passages), None
+    if stored is not None:
+        engine = stored.get("retriever", "rank-bm25")
+        return engine, f"keeping the index's BM25 engine, {engine} (--retriever changes it)"
+    return resolve_engine("auto", num_passages), None
+
+
 def _split_record(corpus: Sequence[str], settings: BuildSettings) -> dict[str, Any]:
     return {"strategy": settings.split, "sources": list(corpus), "limit": settings.corpus_limit}
 
@@ -195,7 +209,9 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
     split_record = _split_record(corpus, settings)
     wanted = index_settings(passages, tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record)
-    engine = resolve_engine(settings.retriever, len(passages))
+    engine, note = choose_engine(settings.retriever, stored_settings(Path(out)), len(passages))
+    if note:
+        log.info("%s: %s", out, note)
     index = None
     if (Path(out) / "index.json").is_file():
         try:

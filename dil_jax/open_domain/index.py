@@ -45,6 +45,7 @@ from dil_jax.open_domain.cache_check import (
 )
 from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
 from dil_jax.open_domain.corpus import Passage
+from dil_jax.open_domain.disk import write_errors
 from dil_jax.open_domain.index_files import (
     CHECKED_FILES,
     CORE_SETTINGS,
@@ -63,6 +64,7 @@ from dil_jax.open_domain.retrieval import (
     RetrievalError,
     Retriever,
     build_retriever,
+    check_engine_available,
     index_files,
     load_retriever,
 )
@@ -163,6 +165,13 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
     retriever: the BM25 engine (`dil_jax.defaults.RETRIEVER_ENGINES`), recorded in
     index.json; the index is rebuilt with it (its caches kept when the passages agree).
 
+    Everything that can fail is done before the folder is touched: the engine's environment is
+    checked (`check_engine_available`: a missing Java names the install), and the new files are
+    written into a staging folder beside the index (`.index-files.tmp-PID`). Only then is the
+    old index uncommitted (index.json removed), the new files swapped in by renames, and
+    index.json written: a failed build (a rebuild with another engine, a full disk) leaves the
+    index it found working.
+
     Rebuilding over an index with the same settings (a repair) keeps its caches; over one with
     other settings it removes them (they belong to the old passages). Refuses a folder that
     holds anything but an index, rather than writing into it.
@@ -170,38 +179,72 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
     directory = Path(directory).absolute()
     if not passages:
         raise OpenDomainIndexError("no passages to index (is the corpus empty?)")
+    check_engine_available(retriever)
     texts = [p.text for p in passages]
     windows = window_contexts(tokenizer, texts, max_passage_len=max_passage_len,
                               doc_stride=doc_stride)
     settings = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
                               doc_stride=doc_stride, split=split)
     settings["num_windows"] = int(windows.ids.shape[0])
+    settings["retriever"] = retriever
     with index_lock(directory):
         old = stored_settings(directory)
         keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
-        # Uncommit first: from here until index.json is back, the folder holds no index.
-        (directory / "index.json").unlink(missing_ok=True)
-        if not keep:
-            for entry in sorted(directory.iterdir()):
-                if re.fullmatch(r"\.?(cache-k.*|sentences-.*)", entry.name):
-                    log.info("removing %s (built for the index being replaced)", entry)
-                    remove_entry(entry)
-        lines = "".join(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n"
-                        for passage in passages)
-        write_atomic(directory / "passages.jsonl", lines)
-        write_atomic(directory / "windows.npz", lambda out: np.savez(
-            out, first=windows.first_window, count=windows.counts,
-            passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
-            offsets=windows.offsets, max_context=windows.max_context))
-        build_retriever(texts, retriever).save(directory / "bm25",
-                                               fingerprint=settings["passages"])
-        settings["retriever"] = retriever
-        settings["files"] = {name: file_fingerprint(directory / name)
-                             for name in CHECKED_FILES + tuple(f"bm25/{file}" for file in
-                                                               index_files(directory / "bm25"))}
-        write_atomic(directory / "index.json", json.dumps(settings, indent=2))
+        staging = directory / f".index-files.tmp-{os.getpid()}"
+        remove_entry(staging)
+        try:
+            settings["files"] = _stage_index_files(staging, passages, windows, texts, retriever,
+                                                   settings["passages"])
+            # Uncommit: from here until index.json is back, the folder holds no index.
+            (directory / "index.json").unlink(missing_ok=True)
+            if not keep:
+                for entry in sorted(directory.iterdir()):
+                    if re.fullmatch(r"\.?(cache-k.*|sentences-.*)", entry.name):
+                        log.info("removing %s (built for the index being replaced)", entry)
+                        remove_entry(entry)
+            _swap_in(staging, directory, INDEX_ENTRIES)
+        finally:
+            remove_entry(staging)
+        with write_errors(directory / "index.json"):
+            write_atomic(directory / "index.json", json.dumps(settings, indent=2))
         return open_index(directory)
 
+
+# What `build_index` writes besides index.json (files, and the BM25 folder).
+INDEX_ENTRIES = CHECKED_FILES + ("bm25",)
+
+
+def _stage_index_files(staging: Path, passages: Sequence[Passage], windows, texts: list[str],
+                       retriever: str, fingerprint: str) -> dict[str, dict[str, Any]]:
+    """Writes passages.jsonl, windows.npz and bm25/ into `staging` (a new folder inside the
+    index); returns their records for index.json (`files`, named as they will be in the
+    index). A full or read-only disk names the index's file (`write_errors`)."""
+    target = staging.parent
+    with write_errors(target):
+        staging.mkdir(parents=True)
+    lines = "".join(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n"
+                    for passage in passages)
+    with write_errors(target / "passages.jsonl"):
+        (staging / "passages.jsonl").write_text(lines, encoding="utf-8")
+    with write_errors(target / "windows.npz"), (staging / "windows.npz").open("wb") as out:
+        np.savez(out, first=windows.first_window, count=windows.counts,
+                 passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
+                 offsets=windows.offsets, max_context=windows.max_context)
+    built = build_retriever(texts, retriever)
+    with write_errors(target / "bm25"):
+        built.save(staging / "bm25", fingerprint=fingerprint)
+    names = CHECKED_FILES + tuple(f"bm25/{file}" for file in index_files(staging / "bm25"))
+    return {name: file_fingerprint(staging / name) for name in names}
+
+
+def _swap_in(staging: Path, directory: Path, names: Sequence[str]) -> None:
+    """Moves each staged entry into `directory` by a rename (a folder replaces the old one: the
+    old one is moved into the staging folder first, and goes with it)."""
+    for name in names:
+        target = directory / name
+        if (staging / name).is_dir() and target.exists():
+            os.replace(target, staging / f"{name}.old")
+        os.replace(staging / name, target)
 
 
 def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
