@@ -234,6 +234,33 @@ def test_a_rerun_without_retriever_keeps_the_engine(index_copy, capsys, caplog):
     assert "keeping the index's BM25 engine, bm25s (--retriever changes it)" in caplog.text
 
 
+def test_ask_names_the_cache_dtype_flag_and_the_cache_s_dtype(index_copy, capsys):
+    index, corpus = index_copy
+    shutil.rmtree(_cache(index, 1))
+    assert run_cli(_index_argv(index, corpus, "--k", "1", "--cache-dtype", "int8"),
+                   capsys)[0] == 0
+    status, _, err = run_cli(_ask_argv(index, 1), capsys)  # no --cache-dtype: float32
+    assert status == 1
+    line = _one_line_error(err)
+    assert "stores its states as 'int8'" in line and "give --cache-dtype int8" in line
+    status, out, _ = run_cli(_ask_argv(index, 1, "--cache-dtype", "int8"), capsys)
+    assert status == 0 and f"Q: {QUESTION}" in out
+
+
+@pytest.mark.parametrize("spec", ["csv:data.json", "csv:data.jsonl"])
+def test_an_unknown_corpus_source_type_is_named(tmp_path, capsys, spec):
+    """A source type other than squad: or jsonl: is named as such, with the accepted ones, not
+    read as a file named `csv:data.json` ("no such file")."""
+    status, _, err = run_cli(["index", "--out", str(tmp_path / "index"), "--corpus", spec,
+                              *SETTINGS, *COMMON], capsys)
+    assert status == 1
+    line = _one_line_error(err)
+    assert f"--corpus {spec}: unknown source type 'csv'" in line
+    assert "wikipedia, squad:PATH" in line and "jsonl:PATH" in line
+    assert "no such" not in line
+    assert not (tmp_path / "index").exists()
+
+
 def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypatch):
     """An 11 MiB cache and 40 MiB free: it fits (the spare is 5% of the cache, at least 16
     MiB: 27 MiB in all); with 20 MiB free it does not, and the message says MiB, not

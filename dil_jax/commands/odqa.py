@@ -104,6 +104,7 @@ def _build_process(args: argparse.Namespace):
 def _check_index_flags(args: argparse.Namespace) -> None:
     from dil_jax.atomic import check_output_folder
     from dil_jax.commands.arguments import check_window_flags
+    from dil_jax.open_domain.corpus import parse_source
     from dil_jax.open_domain.retrieval import check_engine_available
 
     if args.verify:
@@ -114,6 +115,8 @@ def _check_index_flags(args: argparse.Namespace) -> None:
     if not args.corpus:
         raise UsageError("--corpus is required to build an index (or give --verify to check "
                          "the one in --out)")
+    for spec in args.corpus:  # an unknown source type is named now, not after the models load
+        parse_source(spec)
     if args.retriever not in (None, "auto"):  # a missing engine or Java: now, not mid-build
         check_engine_available(args.retriever)
     _check_process_flags(args)

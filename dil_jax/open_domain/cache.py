@@ -111,6 +111,17 @@ def cache_name(manifest: dict[str, Any]) -> str:
     return f"cache-k{manifest['num_lower_layers']}-{manifest['model'][:8]}"
 
 
+def _mismatch(manifest_path: Path, field: str, stored: Any, wanted: Any) -> str:
+    """Why a cache does not serve this run (one MATCHED_FIELDS field differs) and the fix. The
+    storage is a flag of the reading commands, not a property of the reader: name the flag and
+    the value that reads this cache."""
+    if field == "dtype":
+        return (f"{manifest_path}: the cache stores its states as {stored!r} and this run reads "
+                f"{wanted!r} (--cache-dtype {wanted}); give --cache-dtype {stored} to read it")
+    return (f"{manifest_path}: cache built with {field} = {stored!r}, but the reader has "
+            f"{field} = {wanted!r}; rebuild the cache (dil-jax index)")
+
+
 def _broken(path: Path, problem: str) -> CacheBrokenError:
     return CacheBrokenError(f"{path}: broken passage cache ({problem}); rerun `dil-jax index` "
                             "with the same --out and reader to rebuild it")
@@ -415,9 +426,8 @@ class PassageCache:
                                          f"{directory.name}; was it edited?")
         for field, value in (expected or {}).items():
             if manifest.get(field) != value:
-                raise CacheMismatchError(
-                    f"{manifest_path}: cache built with {field} = {manifest.get(field)!r}, but "
-                    f"the reader has {field} = {value!r}; rebuild the cache (dil-jax index)")
+                raise CacheMismatchError(_mismatch(manifest_path, field, manifest.get(field),
+                                                   value))
         return cls(directory, manifest, verify)
 
     def passage_side(self, indices: Sequence[int]) -> np.ndarray:
