@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -78,6 +79,9 @@ def _one_line_error(err: str) -> str:
     lines = [line for line in err.splitlines() if ": error: " in line]
     assert len(lines) == 1, err
     return lines[0]
+
+
+# ------------------------------------------------------------- 1. cache digests
 
 
 def test_noise_in_middle_rows_of_the_states_is_refused_not_answered(index_copy, capsys):
@@ -186,6 +190,9 @@ def test_a_copy_without_times_is_hashed_whole_until_verify_records_them(index_co
     assert status == 0 and "modified since the build" not in caplog.text
 
 
+# ------------------------------------------------------------- 2. retriever switches
+
+
 @pytest.mark.parametrize("failure", ["no java", "engine build fails"])
 def test_a_failed_retriever_switch_leaves_the_index_working(index_copy, capsys, monkeypatch,
                                                             tmp_path, failure):
@@ -232,6 +239,9 @@ def test_a_rerun_without_retriever_keeps_the_engine(index_copy, capsys, caplog):
     assert json.loads((index / "index.json").read_text())["retriever"] == "bm25s"
     assert isinstance(open_index(index).retriever, BM25sRetriever)
     assert "keeping the index's BM25 engine, bm25s (--retriever changes it)" in caplog.text
+
+
+# ------------------------------------------------------------- 3. messages that name the fix
 
 
 def test_ask_names_the_cache_dtype_flag_and_the_cache_s_dtype(index_copy, capsys):
@@ -335,3 +345,37 @@ def test_a_full_or_read_only_disk_during_index_is_one_line(index_copy, capsys, m
         assert (index / "passages.jsonl").read_text() == ""
         del after["passages.jsonl"], before["passages.jsonl"]
         assert after == before
+
+
+# ------------------------------------------------------------- sharded builds
+
+
+def test_processes_with_other_settings_fail_at_the_first_poll(built, tmp_path, capsys):
+    """Process 0 with --cache-chunk 3, process 1 with 4 (threads of this process, each running
+    `dil-jax index`): both used to wait for the other until --wait-timeout; now process 1
+    fails at its first poll after process 0 starts, naming the flag and both values, and
+    process 0 at its next poll, quoting it. The timeout (120 s) is far above what the test
+    takes."""
+    from dil_jax.cli import main
+
+    _, corpus = built
+    index = tmp_path / "index"
+    statuses = {}
+
+    def process(number: int, chunk: str) -> None:
+        statuses[number] = main(_index_argv(
+            index, corpus, "--k", "1", "--num-processes", "2", "--process-id", str(number),
+            "--cache-chunk", chunk, "--wait-timeout", "120"))
+
+    threads = [threading.Thread(target=process, args=(0, "3")),
+               threading.Thread(target=process, args=(1, "4"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=150)
+    assert statuses == {0: 1, 1: 1}
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "--cache-chunk: process 0 has 3, this process 4" in err
+    assert "process 1 refused this build:" in err
+    assert "waited" not in err

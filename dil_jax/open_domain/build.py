@@ -19,8 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dil_jax.checkpoints.fingerprint import params_fingerprint
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.pairs import reads_passage_ids
+from dil_jax.open_domain.build_peers import (
+    check_peer_settings,
+    check_refusals,
+    peer_settings,
+    write_run_record,
+)
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint
 from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
@@ -137,20 +144,45 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
         check_read_lengths(model.config, settings.max_passage_len)
     report = progress or (lambda step: None)
+    mine = _peer_settings(readers, settings, process) if process.count > 1 else {}
+    folder = Path(out).resolve()
     if process.index > 0:
         with index_lock(out, process.index):
-            index = _await_index(out, corpus, readers[0][2], settings, process.wait_timeout_s)
-            return index, [_reader_cache(index, reader, settings, report, process)
+            def agree() -> None:
+                check_peer_settings(folder, mine, process.index)
+
+            index = _await_index(out, corpus, readers[0][2], settings, process.wait_timeout_s,
+                                 agree)
+            return index, [_reader_cache(index, reader, settings, report, process, agree)
                            for reader in readers]
     with index_lock(out):
+        peer_check = None
+        if process.count > 1:
+            by = write_run_record(folder, mine)
+
+            def peer_check() -> None:
+                check_refusals(folder, by)
+
         index = _split_and_index(out, corpus, readers[0][2], settings, report)
-        caches = [_reader_cache(index, reader, settings, report, process) for reader in readers]
+        caches = [_reader_cache(index, reader, settings, report, process, peer_check)
+                  for reader in readers]
         if prescreener is not None:
             def sentences_done(done: int, total: int) -> None:
                 report(BuildStep("sentence embeddings", done, total))
 
             build_sentence_store(index, prescreener, progress=sentences_done)
     return index, caches
+
+
+def _peer_settings(readers: Sequence[ReaderParts], settings: BuildSettings,
+                   process: BuildProcess) -> dict[str, Any]:
+    """What every process of a sharded build must share (`build_peers.peer_settings`)."""
+    return peer_settings([(model.config.num_lower_layers, params_fingerprint(params))
+                          for model, params, _ in readers],
+                         chunk_passages=settings.chunk_passages,
+                         cache_dtype=settings.cache_dtype, cache_reuse=settings.cache_reuse,
+                         num_processes=process.count, max_passage_len=settings.max_passage_len,
+                         doc_stride=settings.doc_stride)
 
 
 def choose_engine(asked: str | None, stored: dict[str, Any] | None, num_passages: int
@@ -172,11 +204,12 @@ def _split_record(corpus: Sequence[str], settings: BuildSettings) -> dict[str, A
 
 
 def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
-                 timeout_s: float) -> OpenDomainIndex:
+                 timeout_s: float, peer_check: Callable[[], None] | None = None
+                 ) -> OpenDomainIndex:
     """(process i > 0) The index process 0 builds or reuses in `out`, once it opens (every file
     checked). It must have this run's split, lengths and tokenizer (OpenDomainIndexError at
     once, naming them: process 0 refuses it too); its passages are process 0's business (this
-    process does not read the corpus)."""
+    process does not read the corpus). peer_check: run at every poll (`wait_for`)."""
     wanted = dict(split=_split_record(corpus, settings), tokenizer=tokenizer_fingerprint(tokenizer),
                   max_passage_len=settings.max_passage_len, doc_stride=settings.doc_stride)
 
@@ -194,7 +227,8 @@ def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSett
         except OpenDomainIndexError:
             return None  # being written or repaired by process 0
 
-    return wait_for(opened, lambda: f"process 0 to build or reuse the index {out}", timeout_s)
+    return wait_for(opened, lambda: f"process 0 to build or reuse the index {out}", timeout_s,
+                    peer_check=peer_check)
 
 
 def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
@@ -256,9 +290,11 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
 
 
 def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSettings,
-                  report: Callable[[BuildStep], None], process: BuildProcess) -> PassageCache:
+                  report: Callable[[BuildStep], None], process: BuildProcess,
+                  peer_check: Callable[[], None] | None = None) -> PassageCache:
     """One reader's passage cache over the index (built, resumed or reopened); with several
-    processes, this process's shard of it (progress: that shard's windows)."""
+    processes, this process's shard of it (progress: that shard's windows; peer_check at
+    every wait)."""
     model, params, tokenizer = reader
     stage = f"passage cache k={model.config.num_lower_layers}"
     start, stop = shard_ranges(index.settings["num_windows"], settings.chunk_passages,
@@ -277,6 +313,6 @@ def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSe
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),
                                process_index=process.index, process_count=process.count,
-                               wait_timeout_s=process.wait_timeout_s)
+                               wait_timeout_s=process.wait_timeout_s, peer_check=peer_check)
     report(BuildStep(stage, total, total))
     return cache

@@ -305,7 +305,8 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                        progress: Callable[[int], None] | None = None,
                        reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
                        | None = None, process_index: int = 0, process_count: int = 1,
-                       wait_timeout_s: float = 86400.0) -> PassageCache:
+                       wait_timeout_s: float = 86400.0,
+                       peer_check: Callable[[], None] | None = None) -> PassageCache:
     """Builds (or resumes, or just opens, or repairs) the passage cache of this reader over
     the index, holding this process's lock of the index (`index_lock`).
 
@@ -314,7 +315,7 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
     block's arrays to store too (`dil_jax.open_domain.reuse.reuse_encoder`), or None.
     chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
     this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
-    process calls this alike); 1: the unsharded cache.
+    process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.
     """
     manifest = index.reader_manifest(config, params, tokenizer, dtype)
     num_heads = config.num_heads if reuse else None
@@ -325,7 +326,8 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                 index.cache_dir(manifest), manifest, arrays["ids"], arrays["mask"],
                 arrays["offsets"], encode, config.hidden_size, process_index=process_index,
                 process_count=process_count, chunk_passages=chunk_passages, progress=progress,
-                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s)
+                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s,
+                peer_check=peer_check)
         return build_passage_cache(index.cache_dir(manifest), manifest, arrays["ids"],
                                    arrays["mask"], arrays["offsets"], encode,
                                    config.hidden_size, chunk_passages=chunk_passages,
