@@ -213,7 +213,8 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     # ... and a reader asking for another storage is refused, naming both.
     for other in ("float32", "int8" if dtype != "int8" else "pca8"):
         with pytest.raises(CacheMismatchError,
-                           match=f"dtype = '{dtype}', but the reader has dtype = '{other}'"):
+                           match=f"stores its states as '{dtype}' and this run reads '{other}' "
+                                 f"\\(--cache-dtype {other}\\); give --cache-dtype {dtype}"):
             index.open_cache(model.config, params, tokenizer, other)
 
 
@@ -240,6 +241,16 @@ def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
     assert other.directory != cache.directory
     for name in ("upper_context.npy", "upper_logsumexp.npy"):
         shutil.copyfile(other.directory / name, cache.directory / name)
+    # The file digests recorded at build time catch the copy first ...
+    with pytest.raises(CacheBrokenError,
+                       match=f"{cache.directory / 'upper_context.npy'}: broken passage cache "
+                             r"\(its sha256 differs"):
+        index.open_cache(model.config, params, tokenizer)
+    # ... and without them (a cache of older code) the recomputed arrays do.
+    manifest_path = cache.directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["files"], manifest["digest_sample"]
+    manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CacheBrokenError,
                        match=f"{cache.directory / 'upper_context.npy'}: the stored "
                              "first-upper-block array upper_context does not match"):
@@ -339,7 +350,7 @@ def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
     assert status == 0 and "A: " in out, err
     status, _, err = run_cli(ask, capsys)
     assert status == 1
-    assert "dtype = 'int8', but the reader has dtype = 'float32'" in err
+    assert "stores its states as 'int8'" in err and "give --cache-dtype int8" in err
 
 
 def _sample_squad(tmp_path) -> Path:

@@ -104,7 +104,21 @@ def _build_process(args: argparse.Namespace):
 def _check_index_flags(args: argparse.Namespace) -> None:
     from dil_jax.atomic import check_output_folder
     from dil_jax.commands.arguments import check_window_flags
+    from dil_jax.open_domain.corpus import parse_source
+    from dil_jax.open_domain.retrieval import check_engine_available
 
+    if args.verify:
+        if args.corpus:
+            raise UsageError("--verify checks the index in --out as it was built: give it no "
+                             "--corpus (or drop --verify to build)")
+        return
+    if not args.corpus:
+        raise UsageError("--corpus is required to build an index (or give --verify to check "
+                         "the one in --out)")
+    for spec in args.corpus:  # an unknown source type is named now, not after the models load
+        parse_source(spec)
+    if args.retriever not in (None, "auto"):  # a missing engine or Java: now, not mid-build
+        check_engine_available(args.retriever)
     _check_process_flags(args)
     check_window_flags(args.max_passage_len, args.doc_stride)
     _check_checkpoint_count(args)
@@ -143,8 +157,15 @@ def register(subparsers) -> None:
         description="Splits documents into passages, builds the BM25 index and, for each k, the "
                     "cache of passage lower states (resumable; rerun to continue).")
     index.add_argument("--out", required=True, help="index folder")
-    index.add_argument("--corpus", action="append", required=True,
-                       help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH")
+    index.add_argument("--corpus", action="append", default=None,
+                       help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH "
+                            "(required unless --verify)")
+    index.add_argument("--verify", action="store_true",
+                       help="build nothing: check every byte of the index in --out and of its "
+                            "passage caches against the digests recorded at build time, "
+                            "listing each file that differs (exit status 1); opening an index "
+                            "checks the caches only cheaply (docs/open_domain.md, \"Integrity "
+                            "checks\")")
     index.add_argument("--corpus-limit", type=positive_int, default=None,
                        help="only the first N documents of each source (default: all)")
     index.add_argument("--split", choices=["paragraphs", "windows"], default="paragraphs",
@@ -163,11 +184,12 @@ def register(subparsers) -> None:
                        help="also store each window's first-upper-block q/k/v and attention "
                             "statistics (0 < k < l): less work per pair, about 4x the "
                             "states' disk (pca<d>: these are int8; docs/open_domain.md)")
-    index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default="auto",
+    index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default=None,
                        help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
                             "large corpora), pyserini (Lucene, the paper's; needs Java), "
                             f"auto = bm25s from {AUTO_BM25S_FROM:,} passages, else rank-bm25 "
-                            "(docs/open_domain.md, \"Retrievers\")")
+                            "(docs/open_domain.md, \"Retrievers\"); default: the engine of "
+                            "the index in --out, else auto")
     index.add_argument("--cache-chunk", type=positive_int, default=256, metavar="WINDOWS",
                        help="windows encoded per step and written per progress record: the "
                             "grid shards are cut on (every process must give the same)")
@@ -354,6 +376,49 @@ class _ProgressBars:
 
 
 def run_index(args: argparse.Namespace) -> int:
+    from dil_jax.open_domain.disk import write_failure
+
+    if args.verify:
+        return run_verify(args.out)
+    try:
+        return _run_build(args)
+    except OSError as error:
+        # A write not wrapped where it happens (`disk.write_errors`): a full or read-only disk
+        # is still one line, naming the file when the error knows it, else --out.
+        failure = write_failure(Path(error.filename or args.out), error)
+        if failure is None:
+            raise
+        raise failure from error
+
+
+def run_verify(out: str) -> int:
+    """`index --verify`: every byte of the index in `out` (`open_domain.verify`); each part's
+    line on stdout, each differing file on stderr; InputFileError when any differs or could
+    not be checked."""
+    from dil_jax.errors import InputFileError
+    from dil_jax.open_domain.verify import verify_index
+
+    report = verify_index(out)
+    for line in report.lines:
+        print(line)
+    for problem in report.problems:
+        print(problem, file=sys.stderr)
+    if report.problems:
+        raise InputFileError(
+            f"{out}: {len(report.problems)} file(s) differ from what the build recorded (listed "
+            "above); delete each broken cache folder and rerun `dil-jax index` with the same "
+            "--out, settings and its reader to rebuild it (a broken index file: rerun `dil-jax "
+            "index` with the same settings to repair it)")
+    if report.unchecked:
+        raise InputFileError(
+            f"{', '.join(str(path) for path in report.unchecked)}: no file digests recorded "
+            "(written by an older dil-jax), so not verified; rerun `dil-jax index` with the same "
+            "--out, settings and reader to record them, or delete the folder and rerun to "
+            "rebuild it")
+    return 0
+
+
+def _run_build(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.index_lock import index_lock
 
     _resolve_checkpoints(args)

@@ -19,8 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dil_jax.checkpoints.fingerprint import params_fingerprint
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.pairs import reads_passage_ids
+from dil_jax.open_domain.build_peers import (
+    check_peer_settings,
+    check_refusals,
+    peer_settings,
+    write_run_record,
+)
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint
 from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
@@ -82,8 +89,8 @@ class BuildSettings:
     # `dil_jax.open_domain.reuse`): less work per pair, more disk.
     cache_reuse: bool = False
     # The BM25 engine (`defaults.RETRIEVER_ENGINES`) or "auto" (`retrieval.resolve_engine`:
-    # by corpus size).
-    retriever: str = "auto"
+    # by corpus size); None: the existing index's own engine, else "auto" (`choose_engine`).
+    retriever: str | None = None
     # Windows encoded per step: the grid a sharded cache is cut on (whole chunks per shard).
     chunk_passages: int = 256
 
@@ -137,14 +144,28 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
         check_read_lengths(model.config, settings.max_passage_len)
     report = progress or (lambda step: None)
+    mine = _peer_settings(readers, settings, process) if process.count > 1 else {}
+    folder = Path(out).resolve()
     if process.index > 0:
         with index_lock(out, process.index):
-            index = _await_index(out, corpus, readers[0][2], settings, process.wait_timeout_s)
-            return index, [_reader_cache(index, reader, settings, report, process)
+            def agree() -> None:
+                check_peer_settings(folder, mine, process.index)
+
+            index = _await_index(out, corpus, readers[0][2], settings, process.wait_timeout_s,
+                                 agree)
+            return index, [_reader_cache(index, reader, settings, report, process, agree)
                            for reader in readers]
     with index_lock(out):
+        peer_check = None
+        if process.count > 1:
+            by = write_run_record(folder, mine)
+
+            def peer_check() -> None:
+                check_refusals(folder, by)
+
         index = _split_and_index(out, corpus, readers[0][2], settings, report)
-        caches = [_reader_cache(index, reader, settings, report, process) for reader in readers]
+        caches = [_reader_cache(index, reader, settings, report, process, peer_check)
+                  for reader in readers]
         if prescreener is not None:
             def sentences_done(done: int, total: int) -> None:
                 report(BuildStep("sentence embeddings", done, total))
@@ -153,16 +174,42 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     return index, caches
 
 
+def _peer_settings(readers: Sequence[ReaderParts], settings: BuildSettings,
+                   process: BuildProcess) -> dict[str, Any]:
+    """What every process of a sharded build must share (`build_peers.peer_settings`)."""
+    return peer_settings([(model.config.num_lower_layers, params_fingerprint(params))
+                          for model, params, _ in readers],
+                         chunk_passages=settings.chunk_passages,
+                         cache_dtype=settings.cache_dtype, cache_reuse=settings.cache_reuse,
+                         num_processes=process.count, max_passage_len=settings.max_passage_len,
+                         doc_stride=settings.doc_stride)
+
+
+def choose_engine(asked: str | None, stored: dict[str, Any] | None, num_passages: int
+                  ) -> tuple[str, str | None]:
+    """(engine, note to log) of a build: `asked` (--retriever; "auto" by corpus size) when
+    given; else the engine of the index already there (`stored`: its index.json settings;
+    one without the field was built by rank-bm25, the only engine then), so a rerun without
+    --retriever never swaps a bm25s or Lucene index for another engine; else "auto"."""
+    if asked is not None:
+        return resolve_engine(asked, num_passages), None
+    if stored is not None:
+        engine = stored.get("retriever", "rank-bm25")
+        return engine, f"keeping the index's BM25 engine, {engine} (--retriever changes it)"
+    return resolve_engine("auto", num_passages), None
+
+
 def _split_record(corpus: Sequence[str], settings: BuildSettings) -> dict[str, Any]:
     return {"strategy": settings.split, "sources": list(corpus), "limit": settings.corpus_limit}
 
 
 def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
-                 timeout_s: float) -> OpenDomainIndex:
+                 timeout_s: float, peer_check: Callable[[], None] | None = None
+                 ) -> OpenDomainIndex:
     """(process i > 0) The index process 0 builds or reuses in `out`, once it opens (every file
     checked). It must have this run's split, lengths and tokenizer (OpenDomainIndexError at
     once, naming them: process 0 refuses it too); its passages are process 0's business (this
-    process does not read the corpus)."""
+    process does not read the corpus). peer_check: run at every poll (`wait_for`)."""
     wanted = dict(split=_split_record(corpus, settings), tokenizer=tokenizer_fingerprint(tokenizer),
                   max_passage_len=settings.max_passage_len, doc_stride=settings.doc_stride)
 
@@ -180,7 +227,8 @@ def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSett
         except OpenDomainIndexError:
             return None  # being written or repaired by process 0
 
-    return wait_for(opened, lambda: f"process 0 to build or reuse the index {out}", timeout_s)
+    return wait_for(opened, lambda: f"process 0 to build or reuse the index {out}", timeout_s,
+                    peer_check=peer_check)
 
 
 def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
@@ -195,7 +243,9 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
     split_record = _split_record(corpus, settings)
     wanted = index_settings(passages, tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record)
-    engine = resolve_engine(settings.retriever, len(passages))
+    engine, note = choose_engine(settings.retriever, stored_settings(Path(out)), len(passages))
+    if note:
+        log.info("%s: %s", out, note)
     index = None
     if (Path(out) / "index.json").is_file():
         try:
@@ -240,9 +290,11 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
 
 
 def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSettings,
-                  report: Callable[[BuildStep], None], process: BuildProcess) -> PassageCache:
+                  report: Callable[[BuildStep], None], process: BuildProcess,
+                  peer_check: Callable[[], None] | None = None) -> PassageCache:
     """One reader's passage cache over the index (built, resumed or reopened); with several
-    processes, this process's shard of it (progress: that shard's windows)."""
+    processes, this process's shard of it (progress: that shard's windows; peer_check at
+    every wait)."""
     model, params, tokenizer = reader
     stage = f"passage cache k={model.config.num_lower_layers}"
     start, stop = shard_ranges(index.settings["num_windows"], settings.chunk_passages,
@@ -261,6 +313,6 @@ def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSe
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),
                                process_index=process.index, process_count=process.count,
-                               wait_timeout_s=process.wait_timeout_s)
+                               wait_timeout_s=process.wait_timeout_s, peer_check=peer_check)
     report(BuildStep(stage, total, total))
     return cache

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from dil_jax.errors import DilJaxError
+from dil_jax.open_domain.cache_digests import verify_folder
 from dil_jax.open_domain.compression import CacheStorageError, PcaBasis, Storage
 
 CACHE_FORMAT = "dil_jax.passage_cache/1"
@@ -71,6 +72,10 @@ _MANIFEST = "manifest.json"
 # Fields a reader must agree with; anything else in the manifest is informational.
 MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "tokenizer",
                   "max_passage_len", "dtype", "passages")
+# How a cache's files are checked against their digests when it is opened
+# (`dil_jax.open_domain.cache_digests`): "sampled" on every open, "full" by `dil-jax index
+# --verify`, "none" where the files were just written or checked.
+VERIFY_LEVELS = ("sampled", "full", "none")
 
 
 class CacheMismatchError(DilJaxError, ValueError):
@@ -104,6 +109,17 @@ def shard_name(index: int, count: int) -> str:
 def cache_name(manifest: dict[str, Any]) -> str:
     """The folder name of a cache inside an index: one per (k, reader weights)."""
     return f"cache-k{manifest['num_lower_layers']}-{manifest['model'][:8]}"
+
+
+def _mismatch(manifest_path: Path, field: str, stored: Any, wanted: Any) -> str:
+    """Why a cache does not serve this run (one MATCHED_FIELDS field differs) and the fix. The
+    storage is a flag of the reading commands, not a property of the reader: name the flag and
+    the value that reads this cache."""
+    if field == "dtype":
+        return (f"{manifest_path}: the cache stores its states as {stored!r} and this run reads "
+                f"{wanted!r} (--cache-dtype {wanted}); give --cache-dtype {stored} to read it")
+    return (f"{manifest_path}: cache built with {field} = {stored!r}, but the reader has "
+            f"{field} = {wanted!r}; rebuild the cache (dil-jax index)")
 
 
 def _broken(path: Path, problem: str) -> CacheBrokenError:
@@ -272,9 +288,9 @@ def _shard_ranges_of(directory: Path, manifest: dict[str, Any], rows: int
 
 
 def _check_shard_manifest(folder: Path, top: dict[str, Any], number: int, count: int,
-                          start: int, stop: int) -> None:
-    """A shard's own manifest agrees with the cache's (MATCHED_FIELDS, reuse, its rows): a
-    shard of another build put in its place is refused, naming it."""
+                          start: int, stop: int) -> dict[str, Any]:
+    """A shard's own manifest, checked to agree with the cache's (MATCHED_FIELDS, reuse, its
+    rows): a shard of another build put in its place is refused, naming it."""
     path = folder / _MANIFEST
     try:
         own = json.loads(path.read_text(encoding="utf-8"))
@@ -288,6 +304,7 @@ def _check_shard_manifest(folder: Path, top: dict[str, Any], number: int, count:
         if not isinstance(own, dict) or own.get(field) != value:
             raise _broken(path, f"{field} = {own.get(field) if isinstance(own, dict) else None!r}"
                                 f", the cache's manifest says {value!r}")
+    return own
 
 
 class PassageCache:
@@ -299,8 +316,13 @@ class PassageCache:
     folder) of each shard; an unsharded cache is one shard, its own folder.
     """
 
-    def __init__(self, directory: Path, manifest: dict[str, Any]):
-        """Maps the arrays; one missing, truncated or of the wrong shape is CacheBrokenError."""
+    def __init__(self, directory: Path, manifest: dict[str, Any], verify: str = "sampled"):
+        """Maps the arrays; one missing, truncated or of the wrong shape is CacheBrokenError,
+        and so is a file that differs from the digests its manifest recorded (`verify`:
+        "sampled", the cheap check on open, "full", every byte, or "none";
+        `dil_jax.open_domain.cache_digests` says what each catches)."""
+        if verify not in VERIFY_LEVELS:
+            raise ValueError(f"verify={verify!r}, expected one of {VERIFY_LEVELS}")
         self.directory = directory
         self.manifest = manifest
         try:
@@ -315,9 +337,12 @@ class PassageCache:
         except CacheStorageError as error:
             raise _broken(directory / _MANIFEST, str(error)) from error
         self.shards = _shard_ranges_of(directory, manifest, rows)
+        # (folder, its manifest) of every folder holding files: the cache's, and each shard's.
+        self.folders = [(directory, manifest)]
         if len(self.shards) > 1:
-            for number, (start, stop, folder) in enumerate(self.shards):
-                _check_shard_manifest(folder, manifest, number, len(self.shards), start, stop)
+            self.folders += [(folder, _check_shard_manifest(folder, manifest, number,
+                                                            len(self.shards), start, stop))
+                             for number, (start, stop, folder) in enumerate(self.shards)]
         starts = np.asarray([start for start, _, _ in self.shards], np.int64)
 
         def rows_of(name: str, *tail: int) -> RowArray:
@@ -335,14 +360,46 @@ class PassageCache:
             wide = self.storage.without_pca()
             self.reuse = {name: stored(name, wide, hidden) for name in REUSE_WIDE_ARRAYS}
             self.reuse[REUSE_LSE_ARRAY] = stored(REUSE_LSE_ARRAY, Storage("float32"), heads)
+        # After the shapes (a truncated file is named as such): the bytes against the digests.
+        self.digest_checks = ([] if verify == "none" else
+                              [verify_folder(folder, own, full=verify == "full")
+                               for folder, own in self.folders])
+        for check in self.digest_checks:
+            if check.problems:
+                raise _broken(*check.problems[0])
+
+    def digest_warnings(self) -> list[str]:
+        """What the digest check on open could not do cheaply, and how to fix it: caches
+        written before digests existed (not checked), files whose modification time changed
+        while their bytes did not (hashed whole on every open)."""
+        index = self.directory.parent
+        warnings = []
+        undigested = [check.folder for check in self.digest_checks if not check.digested]
+        if undigested:
+            warnings.append(
+                f"{self.directory}: written by an older dil-jax without file digests, so its "
+                "bytes are not checked on open (only its shapes and two re-encoded rows); rerun "
+                f"`dil-jax index --out {index}` with the same settings and this reader to "
+                "record them (they record the files as they are now), or delete the folder and "
+                "rerun it to rebuild the cache")
+        rehashed = [str(check.folder / name) for check in self.digest_checks
+                    for name in check.rehashed]
+        if rehashed:
+            warnings.append(
+                f"{', '.join(rehashed)}: modified since the build by their time but not by "
+                f"their bytes (every byte checked: a copy that did not keep times?); `dil-jax "
+                f"index --verify --out {index}` records the new times so later opens check "
+                "them cheaply again")
+        return warnings
 
     def __len__(self) -> int:
         return self.ids.shape[0]
 
     @classmethod
     def open(cls, directory: str | os.PathLike,
-             expected: dict[str, Any] | None = None) -> PassageCache:
-        """Opens a finished cache; `expected` fields (see MATCHED_FIELDS) must match exactly."""
+             expected: dict[str, Any] | None = None, verify: str = "sampled") -> PassageCache:
+        """Opens a finished cache; `expected` fields (see MATCHED_FIELDS) must match exactly;
+        `verify`: how its files are checked against their digests (`__init__`)."""
         directory = Path(directory)
         manifest_path = directory / _MANIFEST
         if not manifest_path.is_file():
@@ -369,10 +426,9 @@ class PassageCache:
                                          f"{directory.name}; was it edited?")
         for field, value in (expected or {}).items():
             if manifest.get(field) != value:
-                raise CacheMismatchError(
-                    f"{manifest_path}: cache built with {field} = {manifest.get(field)!r}, but "
-                    f"the reader has {field} = {value!r}; rebuild the cache (dil-jax index)")
-        return cls(directory, manifest)
+                raise CacheMismatchError(_mismatch(manifest_path, field, manifest.get(field),
+                                                   value))
+        return cls(directory, manifest, verify)
 
     def passage_side(self, indices: Sequence[int]) -> np.ndarray:
         """What pairs read of those passages (`PairGrid.passage_side`, from the cache): the

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from dil_jax.atomic import write_atomic
-from dil_jax.errors import DilJaxError
 from dil_jax.open_domain.cache import (
     _MANIFEST,
     CACHE_FORMAT,
@@ -37,7 +36,14 @@ from dil_jax.open_domain.cache import (
     PassageCache,
 )
 from dil_jax.open_domain.cache_check import check_states
+from dil_jax.open_domain.cache_digests import digest_fields, refreshed_manifest
 from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
+from dil_jax.open_domain.disk import (  # noqa: F401  (DiskSpaceError: re-exported)
+    DiskSpaceError,
+    check_free_space,
+    preallocate,
+    write_errors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +55,8 @@ PCA_FIT_TOKENS = 131072
 
 
 def _write_json_atomic(path: Path, value: Any) -> None:
-    write_atomic(path, json.dumps(value, indent=2))
+    with write_errors(path):
+        write_atomic(path, json.dumps(value, indent=2))
 
 
 def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
@@ -134,19 +141,14 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
         del writers
     (staging / _PROGRESS).unlink(missing_ok=True)
     (staging / "plan.json").unlink(missing_ok=True)
-    _write_json_atomic(staging / _MANIFEST, manifest)
+    # Digests of the finished files (one read of each), checked whenever the cache is opened.
+    _write_json_atomic(staging / _MANIFEST, dict(manifest, **digest_fields(staging)))
     os.replace(staging, directory)
     return PassageCache.open(directory)
 
 
 # ids and mask (int32 each) and offsets (two int32) per window token.
 TOKEN_ARRAY_BYTES = 4 * (1 + 1 + 2)
-# Left free beside a cache, for everything else that writes to the same disk.
-FREE_SPACE_MARGIN_BYTES = 1 << 30
-
-
-class DiskSpaceError(DilJaxError, OSError):
-    """A cache would not fit on its disk."""
 
 
 def cache_bytes_per_window_token(manifest: dict[str, Any], storage: Storage, hidden_size: int,
@@ -158,19 +160,6 @@ def cache_bytes_per_window_token(manifest: dict[str, Any], storage: Storage, hid
         per_token += (len(REUSE_WIDE_ARRAYS) * storage.without_pca().bytes_per_token(hidden_size)
                       + 4 * int(manifest["num_heads"]))
     return per_token
-
-
-def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
-    """Refuses, before anything is written, a build whose arrays would not fit in `folder`'s
-    free space (less FREE_SPACE_MARGIN_BYTES): the arrays are sparse memory maps that take their
-    blocks as they are written, so a full disk would otherwise stop the build part-way (a killed
-    process, or a SIGBUS) after filling it."""
-    free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
-    if needed_bytes + FREE_SPACE_MARGIN_BYTES > free:
-        raise DiskSpaceError(
-            f"{what} needs {needed_bytes / 2**30:.1f} GiB and {folder} has {free / 2**30:.1f} GiB "
-            f"free (keeping {FREE_SPACE_MARGIN_BYTES / 2**30:.0f} GiB spare): free space, or "
-            "store less (--cache-dtype bfloat16, int8 or pca<d>; without --cache-reuse)")
 
 
 def _existing_cache(directory: Path, manifest: dict[str, Any],
@@ -191,7 +180,7 @@ def _existing_cache(directory: Path, manifest: dict[str, Any],
                 "arrays, and this run asks for them (--cache-reuse)")
         if encode is not None:
             check_states(cache, encode, reuse)
-        return cache
+        return record_digests(cache)
     except CacheBrokenError as error:
         log.warning("%s -- rebuilding it", error)
         shutil.rmtree(directory)
@@ -201,6 +190,28 @@ def _existing_cache(directory: Path, manifest: dict[str, Any],
             f"{error}. This run would build a different cache under the same name: delete "
             f"{directory} to rebuild it with this run's settings, or use another --out"
         ) from error
+
+
+def record_digests(cache: PassageCache) -> PassageCache:
+    """(Under the index's lock.) Records, in each folder's manifest, the digests a cache of an
+    older dil-jax lacks (its files as they are now: its shapes and two re-encoded rows were
+    checked, no more) and the new modification times of files whose every byte matched their
+    digest (a copy that did not keep times), so later opens check them cheaply. Returns the
+    cache reopened when anything was recorded, else `cache`."""
+    changed = False
+    for check, (folder, manifest) in zip(cache.digest_checks, cache.folders):
+        if check.digested and not check.rehashed:
+            continue
+        if not check.digested:
+            log.warning("%s: recording file digests of a cache written without them (its "
+                        "files as they are now; delete the folder and rerun to rebuild it "
+                        "if in doubt)", folder)
+        else:
+            log.info("%s: recording the new modification times of %s (every byte matched)",
+                     folder, ", ".join(check.rehashed))
+        _write_json_atomic(folder / _MANIFEST, refreshed_manifest(folder, manifest, check))
+        changed = True
+    return PassageCache.open(cache.directory, verify="none") if changed else cache
 
 
 class _ArrayWriter:
@@ -233,14 +244,26 @@ def _create_array(staging: Path, stem: str, storage: Storage, shape: tuple[int, 
                   pca: PcaBasis | None = None) -> None:
     """Empty files of a StoredArray [rows, p_len, width] (and its PCA basis) in `staging`."""
     rows, length, width = shape
-    np.lib.format.open_memmap(staging / f"{stem}.npy", mode="w+", dtype=storage.code_dtype,
-                              shape=(rows, length, storage.code_width(width))).flush()
+    _create_memmap(staging / f"{stem}.npy", storage.code_dtype,
+                   (rows, length, storage.code_width(width)))
     if storage.scaled:
-        np.lib.format.open_memmap(staging / f"{stem}.scale.npy", mode="w+", dtype=np.float32,
-                                  shape=(rows, length)).flush()
+        _create_memmap(staging / f"{stem}.scale.npy", np.float32, (rows, length))
     if pca is not None:
-        np.save(staging / f"{stem}.pca_mean.npy", pca.mean)
-        np.save(staging / f"{stem}.pca_basis.npy", pca.basis)
+        _save(staging / f"{stem}.pca_mean.npy", pca.mean)
+        _save(staging / f"{stem}.pca_basis.npy", pca.basis)
+
+
+def _create_memmap(path: Path, dtype, shape: tuple[int, ...]) -> None:
+    """An empty .npy of `shape`, every block reserved on disk (`disk.preallocate`): its rows
+    are written later through a memory map, where a full disk would be a SIGBUS."""
+    with write_errors(path):
+        np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape).flush()
+    preallocate(path)
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with write_errors(path):
+        np.save(path, array)
 
 
 def _pca_sample(ids: np.ndarray, mask: np.ndarray,
@@ -261,10 +284,11 @@ def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask:
     """A new staging folder: token arrays, empty state (and reuse) arrays, the PCA basis
     (pca<d>, saved here so a resumed build encodes with the same one), the plan, progress 0."""
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    np.save(staging / "ids.npy", ids.astype(np.int32))
-    np.save(staging / "mask.npy", mask.astype(np.int32))
-    np.save(staging / "offsets.npy", offsets.astype(np.int32))
+    with write_errors(staging):
+        staging.mkdir(parents=True)
+    _save(staging / "ids.npy", ids.astype(np.int32))
+    _save(staging / "mask.npy", mask.astype(np.int32))
+    _save(staging / "offsets.npy", offsets.astype(np.int32))
     shape = (ids.shape[0], ids.shape[1], hidden_size)
     if has_states:
         _create_array(staging, "states", storage, shape, pca)

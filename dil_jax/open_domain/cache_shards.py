@@ -43,6 +43,7 @@ from dil_jax.open_domain.cache_build import (
     cache_bytes_per_window_token,
     check_free_space,
 )
+from dil_jax.open_domain.cache_digests import digest_fields
 from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
 
 T = TypeVar("T")
@@ -79,12 +80,16 @@ def sharded_manifest(manifest: dict[str, Any], num_rows: int, chunk_passages: in
 
 
 def wait_for(check: Callable[[], T | None], what: Callable[[], str], timeout_s: float,
-             poll_s: float = POLL_SECONDS) -> T:
+             poll_s: float = POLL_SECONDS, peer_check: Callable[[], None] | None = None) -> T:
     """check()'s first value that is not None, looking every poll_s seconds; ShardWaitError
     (saying `what()` was awaited) after timeout_s. A file poll, not a collective: a dead peer
-    costs a clear error at the timeout instead of a hang, and hosts need share only a folder."""
+    costs a clear error at the timeout instead of a hang, and hosts need share only a folder.
+    peer_check: run before every look; it raises when the other processes run with other
+    settings (`dil_jax.open_domain.build_peers`), which no wait would resolve."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if peer_check is not None:
+            peer_check()
         value = check()
         if value is not None:
             return value
@@ -181,7 +186,8 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
                                 progress: Callable[[int], None] | None = None,
                                 reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
                                 | None = None, num_heads: int | None = None,
-                                wait_timeout_s: float = 86400.0) -> PassageCache:
+                                wait_timeout_s: float = 86400.0,
+                                peer_check: Callable[[], None] | None = None) -> PassageCache:
     """This process's shard of a cache built by `process_count` processes; returns the whole
     cache opened, once process 0 has finished it. Every process calls this with the same
     arguments (but process_index) and sees the same folder.
@@ -200,6 +206,7 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
 
     ids, mask: [num_rows, passage_len]; offsets: [num_rows, passage_len, 2]; the other
     arguments as `build_passage_cache`'s (progress: windows of this shard finished).
+    peer_check: run at every poll of every wait (`wait_for`).
     """
     directory = Path(directory).absolute()
     staging = directory.with_name(f".{directory.name}.partial")
@@ -220,7 +227,7 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
         ready = wait_for(lambda: _finished(directory, top) or (
                              True if _read_json(staging / "plan.json") == top else None),
                          lambda: f"process 0 to plan {staging}{_plan_note(staging, top)}",
-                         wait_timeout_s)
+                         wait_timeout_s, peer_check=peer_check)
         if isinstance(ready, PassageCache):
             return ready
         pca = None
@@ -236,16 +243,20 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
                         num_heads=num_heads, pca=pca)
     if process_index != 0:
         return wait_for(lambda: _finished(directory, top),
-                        lambda: f"process 0 to finish {directory}", wait_timeout_s)
+                        lambda: f"process 0 to finish {directory}", wait_timeout_s,
+                        peer_check=peer_check)
 
     def missing() -> list[str]:
         return [entry["name"] for entry in top["shards"]
                 if not (staging / entry["name"] / _MANIFEST).is_file()]
 
     wait_for(lambda: None if missing() else True,
-             lambda: f"shard(s) {', '.join(missing())} of {staging}", wait_timeout_s)
-    PassageCache(staging, top)  # every shard maps and agrees with the plan, before committing
-    _write_json_atomic(staging / _MANIFEST, top)
+             lambda: f"shard(s) {', '.join(missing())} of {staging}", wait_timeout_s,
+             peer_check=peer_check)
+    # Every shard maps and agrees with the plan, before committing (their files were just
+    # written or checked on reopening: no digest check here).
+    PassageCache(staging, top, verify="none")
+    _write_json_atomic(staging / _MANIFEST, dict(top, **digest_fields(staging)))
     os.replace(staging, directory)
     # After the rename: a crash just before it leaves a staging folder that still resumes.
     (directory / "plan.json").unlink()

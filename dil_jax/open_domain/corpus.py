@@ -231,21 +231,46 @@ def read_wikipedia_leads(path: str | os.PathLike | None = None) -> list[Document
     return documents
 
 
+# A source type before the first ':' of a --corpus value: a word, not a path (`data/a:b.json`
+# is a path) and longer than a drive letter.
+_SOURCE_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_+-]+")
+SOURCE_TYPES = ("squad", "jsonl")
+ACCEPTED_SOURCES = ("wikipedia, squad:PATH (a SQuAD JSON file), jsonl:PATH (one {\"id\", "
+                    "\"title\", \"text\"} object per line), or a PATH ending in .json (SQuAD) or "
+                    ".jsonl")
+
+
+def parse_source(spec: str) -> tuple[str, str]:
+    """(source type, path) of a --corpus value: ("wikipedia", ""), ("squad", PATH) or
+    ("jsonl", PATH), a bare path typed by its extension. A value with another source type
+    (`csv:...`) or a bare path of another extension is CorpusError naming the accepted ones,
+    before any file is looked at: `csv:data.json` is an unknown type, not a missing file."""
+    if spec == "wikipedia":
+        return "wikipedia", ""
+    kind, colon, value = spec.partition(":")
+    if colon and _SOURCE_TYPE.fullmatch(kind):
+        if kind == "wikipedia":
+            raise CorpusError(f"--corpus {spec}: the wikipedia source takes no path (it is the "
+                              f"installed {WIKIPEDIA_PACKAGE}); give --corpus wikipedia")
+        if kind not in SOURCE_TYPES:
+            raise CorpusError(f"--corpus {spec}: unknown source type {kind!r}; accepted: "
+                              f"{ACCEPTED_SOURCES}")
+        if not value:
+            raise CorpusError(f"--corpus {spec}: no path after {kind}:")
+        return kind, value
+    if spec.endswith(".jsonl"):
+        return "jsonl", spec
+    if spec.endswith(".json"):
+        return "squad", spec
+    raise CorpusError(f"--corpus {spec}: unknown source (not a source type, nor a path ending "
+                      f"in .json or .jsonl); accepted: {ACCEPTED_SOURCES}")
+
+
 def iter_sources(specs: Iterable[str]) -> Iterator[Document]:
     """Documents from source specs: `squad:PATH`, `jsonl:PATH`, `wikipedia` (or a bare path,
-    read by extension: .jsonl or .json = SQuAD)."""
+    read by extension: .jsonl or .json = SQuAD); `parse_source` refuses any other."""
+    readers = {"wikipedia": lambda _: read_wikipedia_leads(), "squad": read_squad_paragraphs,
+               "jsonl": read_jsonl}
     for spec in specs:
-        kind, _, value = spec.partition(":")
-        if spec == "wikipedia":
-            yield from read_wikipedia_leads()
-        elif kind == "squad":
-            yield from read_squad_paragraphs(value)
-        elif kind == "jsonl":
-            yield from read_jsonl(value)
-        elif spec.endswith(".jsonl"):
-            yield from read_jsonl(spec)
-        elif spec.endswith(".json"):
-            yield from read_squad_paragraphs(spec)
-        else:
-            raise CorpusError(f"unknown corpus source {spec!r}; use squad:PATH, jsonl:PATH or "
-                              "wikipedia")
+        kind, value = parse_source(spec)
+        yield from readers[kind](value)

@@ -45,6 +45,7 @@ from dil_jax.open_domain.cache_check import (
 )
 from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
 from dil_jax.open_domain.corpus import Passage
+from dil_jax.open_domain.disk import write_errors
 from dil_jax.open_domain.index_files import (
     CHECKED_FILES,
     CORE_SETTINGS,
@@ -63,6 +64,7 @@ from dil_jax.open_domain.retrieval import (
     RetrievalError,
     Retriever,
     build_retriever,
+    check_engine_available,
     index_files,
     load_retriever,
 )
@@ -101,11 +103,15 @@ class OpenDomainIndex:
     def cache_dir(self, manifest: dict[str, Any]) -> Path:
         return self.directory / cache_name(manifest)
 
-    def open_cache(self, config, params, tokenizer, dtype: str = "float32") -> PassageCache:
+    def open_cache(self, config, params, tokenizer, dtype: str = "float32",
+                   verify: str = "sampled") -> PassageCache:
         """The passage cache for this reader; a mismatch is an error naming the field.
 
         dtype: the storage the reader expects (`--cache-dtype`); a cache stored another way is
-        refused, naming both. Also re-encodes two stored passages with this reader
+        refused, naming both. verify: how its files are checked against the digests recorded
+        at build time (`PassageCache`): "sampled" by default (`cache_digests` says what that
+        catches), "full" every byte, "none" not at all; a cache without digests is opened with
+        a warning saying how to add them. Also re-encodes two stored passages with this reader
         (`check_states`: one jitted encoder call on 2 rows, plus the first upper block's
         projections and statistics when the cache holds them), so a cache whose manifest claims
         another k than its states hold, or whose arrays belong to another model, is refused
@@ -118,7 +124,7 @@ class OpenDomainIndex:
         from dil_jax.open_domain.reuse import reuse_encoder
 
         manifest = self.reader_manifest(config, params, tokenizer, dtype)
-        cache = PassageCache.open(self.cache_dir(manifest), manifest)
+        cache = PassageCache.open(self.cache_dir(manifest), manifest, verify)
         model = DelayedInteractionModel(config)
         # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
         # blocks is slower than compiling them once.
@@ -127,6 +133,8 @@ class OpenDomainIndex:
         reuse = (reuse_encoder(model, params, batch_size=CHECKED_ROWS) if cache.has_reuse
                  else None)
         check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)), reuse)
+        for warning in cache.digest_warnings():  # never silently unchecked
+            log.warning("%s", warning)
         return cache
 
     def reader_manifest(self, config, params, tokenizer, dtype: str = "float32"
@@ -157,6 +165,13 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
     retriever: the BM25 engine (`dil_jax.defaults.RETRIEVER_ENGINES`), recorded in
     index.json; the index is rebuilt with it (its caches kept when the passages agree).
 
+    Everything that can fail is done before the folder is touched: the engine's environment is
+    checked (`check_engine_available`: a missing Java names the install), and the new files are
+    written into a staging folder beside the index (`.index-files.tmp-PID`). Only then is the
+    old index uncommitted (index.json removed), the new files swapped in by renames, and
+    index.json written: a failed build (a rebuild with another engine, a full disk) leaves the
+    index it found working.
+
     Rebuilding over an index with the same settings (a repair) keeps its caches; over one with
     other settings it removes them (they belong to the old passages). Refuses a folder that
     holds anything but an index, rather than writing into it.
@@ -164,38 +179,72 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
     directory = Path(directory).absolute()
     if not passages:
         raise OpenDomainIndexError("no passages to index (is the corpus empty?)")
+    check_engine_available(retriever)
     texts = [p.text for p in passages]
     windows = window_contexts(tokenizer, texts, max_passage_len=max_passage_len,
                               doc_stride=doc_stride)
     settings = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
                               doc_stride=doc_stride, split=split)
     settings["num_windows"] = int(windows.ids.shape[0])
+    settings["retriever"] = retriever
     with index_lock(directory):
         old = stored_settings(directory)
         keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
-        # Uncommit first: from here until index.json is back, the folder holds no index.
-        (directory / "index.json").unlink(missing_ok=True)
-        if not keep:
-            for entry in sorted(directory.iterdir()):
-                if re.fullmatch(r"\.?(cache-k.*|sentences-.*)", entry.name):
-                    log.info("removing %s (built for the index being replaced)", entry)
-                    remove_entry(entry)
-        lines = "".join(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n"
-                        for passage in passages)
-        write_atomic(directory / "passages.jsonl", lines)
-        write_atomic(directory / "windows.npz", lambda out: np.savez(
-            out, first=windows.first_window, count=windows.counts,
-            passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
-            offsets=windows.offsets, max_context=windows.max_context))
-        build_retriever(texts, retriever).save(directory / "bm25",
-                                               fingerprint=settings["passages"])
-        settings["retriever"] = retriever
-        settings["files"] = {name: file_fingerprint(directory / name)
-                             for name in CHECKED_FILES + tuple(f"bm25/{file}" for file in
-                                                               index_files(directory / "bm25"))}
-        write_atomic(directory / "index.json", json.dumps(settings, indent=2))
+        staging = directory / f".index-files.tmp-{os.getpid()}"
+        remove_entry(staging)
+        try:
+            settings["files"] = _stage_index_files(staging, passages, windows, texts, retriever,
+                                                   settings["passages"])
+            # Uncommit: from here until index.json is back, the folder holds no index.
+            (directory / "index.json").unlink(missing_ok=True)
+            if not keep:
+                for entry in sorted(directory.iterdir()):
+                    if re.fullmatch(r"\.?(cache-k.*|sentences-.*)", entry.name):
+                        log.info("removing %s (built for the index being replaced)", entry)
+                        remove_entry(entry)
+            _swap_in(staging, directory, INDEX_ENTRIES)
+        finally:
+            remove_entry(staging)
+        with write_errors(directory / "index.json"):
+            write_atomic(directory / "index.json", json.dumps(settings, indent=2))
         return open_index(directory)
 
+
+# What `build_index` writes besides index.json (files, and the BM25 folder).
+INDEX_ENTRIES = CHECKED_FILES + ("bm25",)
+
+
+def _stage_index_files(staging: Path, passages: Sequence[Passage], windows, texts: list[str],
+                       retriever: str, fingerprint: str) -> dict[str, dict[str, Any]]:
+    """Writes passages.jsonl, windows.npz and bm25/ into `staging` (a new folder inside the
+    index); returns their records for index.json (`files`, named as they will be in the
+    index). A full or read-only disk names the index's file (`write_errors`)."""
+    target = staging.parent
+    with write_errors(target):
+        staging.mkdir(parents=True)
+    lines = "".join(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n"
+                    for passage in passages)
+    with write_errors(target / "passages.jsonl"):
+        (staging / "passages.jsonl").write_text(lines, encoding="utf-8")
+    with write_errors(target / "windows.npz"), (staging / "windows.npz").open("wb") as out:
+        np.savez(out, first=windows.first_window, count=windows.counts,
+                 passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
+                 offsets=windows.offsets, max_context=windows.max_context)
+    built = build_retriever(texts, retriever)
+    with write_errors(target / "bm25"):
+        built.save(staging / "bm25", fingerprint=fingerprint)
+    names = CHECKED_FILES + tuple(f"bm25/{file}" for file in index_files(staging / "bm25"))
+    return {name: file_fingerprint(staging / name) for name in names}
+
+
+def _swap_in(staging: Path, directory: Path, names: Sequence[str]) -> None:
+    """Moves each staged entry into `directory` by a rename (a folder replaces the old one: the
+    old one is moved into the staging folder first, and goes with it)."""
+    for name in names:
+        target = directory / name
+        if (staging / name).is_dir() and target.exists():
+            os.replace(target, staging / f"{name}.old")
+        os.replace(staging / name, target)
 
 
 def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
@@ -256,7 +305,8 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                        progress: Callable[[int], None] | None = None,
                        reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
                        | None = None, process_index: int = 0, process_count: int = 1,
-                       wait_timeout_s: float = 86400.0) -> PassageCache:
+                       wait_timeout_s: float = 86400.0,
+                       peer_check: Callable[[], None] | None = None) -> PassageCache:
     """Builds (or resumes, or just opens, or repairs) the passage cache of this reader over
     the index, holding this process's lock of the index (`index_lock`).
 
@@ -265,7 +315,7 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
     block's arrays to store too (`dil_jax.open_domain.reuse.reuse_encoder`), or None.
     chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
     this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
-    process calls this alike); 1: the unsharded cache.
+    process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.
     """
     manifest = index.reader_manifest(config, params, tokenizer, dtype)
     num_heads = config.num_heads if reuse else None
@@ -276,7 +326,8 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                 index.cache_dir(manifest), manifest, arrays["ids"], arrays["mask"],
                 arrays["offsets"], encode, config.hidden_size, process_index=process_index,
                 process_count=process_count, chunk_passages=chunk_passages, progress=progress,
-                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s)
+                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s,
+                peer_check=peer_check)
         return build_passage_cache(index.cache_dir(manifest), manifest, arrays["ids"],
                                    arrays["mask"], arrays["offsets"], encode,
                                    config.hidden_size, chunk_passages=chunk_passages,

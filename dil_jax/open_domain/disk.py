@@ -1,0 +1,118 @@
+"""Disk space and write failures of an index build: checked up front, reported as one line.
+
+A passage cache is written through memory maps. A memory-mapped page that cannot get a disk
+block does not fail a call: the kernel kills the process with SIGBUS, no message. So the build
+checks the free space before it writes (`check_free_space`) and reserves every block of a
+memory-mapped file when it creates it (`preallocate`), so that a disk filled meanwhile by
+someone else fails there, as ENOSPC naming the file, instead of part-way through the encoding.
+Other writes (`np.save`, JSON, BM25 files) go through `write_errors`, which turns a full or
+read-only disk into a `DilJaxError` naming the file instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from dil_jax.errors import DilJaxError, OutputPathError
+
+log = logging.getLogger(__name__)
+
+# Spare room left beside a cache for what else writes to the same disk (.npy headers,
+# manifests, progress records, logs): a share of the cache's size, so a small cache on a small
+# disk is not refused for want of a fixed gigabyte, and a large one keeps room in proportion.
+SPARE_FRACTION = 0.05
+MIN_SPARE_BYTES = 16 << 20
+# errno values that mean "this disk cannot take the write" (not a bug): named in one line.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+class DiskSpaceError(DilJaxError, OSError):
+    """A cache would not fit on its disk, or the disk filled while writing; names the file."""
+
+
+def format_size(num_bytes: float) -> str:
+    """`11.0 MiB` below 1 GiB, `2.5 GiB` above: a megabyte-sized cache must not read as
+    `0.0 GiB`."""
+    if abs(num_bytes) < 1 << 30:
+        return f"{num_bytes / (1 << 20):.1f} MiB"
+    return f"{num_bytes / (1 << 30):.1f} GiB"
+
+
+def spare_bytes(needed_bytes: int) -> int:
+    """The free space kept beside `needed_bytes` of cache: SPARE_FRACTION of it, at least
+    MIN_SPARE_BYTES."""
+    return max(MIN_SPARE_BYTES, int(needed_bytes * SPARE_FRACTION))
+
+
+def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
+    """Refuses (DiskSpaceError), before anything is written, a build whose arrays would not fit
+    in `folder`'s free space less `spare_bytes`."""
+    free = shutil.disk_usage(folder if folder.exists() else folder.parent).free
+    spare = spare_bytes(needed_bytes)
+    if needed_bytes + spare > free:
+        raise DiskSpaceError(
+            f"{what} needs {format_size(needed_bytes)} and {folder} has {format_size(free)} "
+            f"free (keeping {format_size(spare)} spare): free space, or store less "
+            "(--cache-dtype bfloat16, int8 or pca<d>; without --cache-reuse)")
+
+
+def write_failure(path: Path, error: OSError) -> DilJaxError | None:
+    """The one-line error for an OSError writing `path` when the disk is full or not
+    writable (DiskSpaceError / OutputPathError naming the file); None for any other errno
+    (a bug or a broken disk: it keeps its traceback)."""
+    name = errno.errorcode.get(error.errno or 0, str(error.errno))
+    if error.errno in NO_SPACE:
+        return DiskSpaceError(f"{path}: cannot write it: {error.strerror} ({name}); free space "
+                              "on that disk, or give another --out")
+    if error.errno in NOT_WRITABLE:
+        return OutputPathError(f"{path}: cannot write it: {error.strerror} ({name}); give an "
+                               "--out on a writable disk")
+    return None
+
+
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, a full or read-only disk (`write_failure`) is a DilJaxError naming
+    `path` (the file or folder being written): OSErrors of writes seldom carry a file name."""
+    try:
+        yield
+    except DilJaxError:
+        raise
+    except OSError as error:
+        failure = write_failure(Path(error.filename or path), error)
+        if failure is None:
+            raise
+        raise failure from error
+
+
+def preallocate(path: Path) -> None:
+    """Reserves every block of the file at `path` (its current size) with posix_fallocate, so
+    writing it later through a memory map cannot meet a full disk (a SIGBUS); a disk too full
+    now is DiskSpaceError naming the file. On a file system that cannot reserve blocks
+    (EOPNOTSUPP, EINVAL), nothing is reserved (logged): the free-space check still ran."""
+    size = path.stat().st_size
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            log.debug("%s: cannot preallocate (%s); writing it sparse", path, error.strerror)
+            return
+        if error.errno in NO_SPACE:
+            raise DiskSpaceError(
+                f"{path}: cannot reserve its {format_size(size)} on disk: {error.strerror} "
+                f"({errno.errorcode[error.errno]}); free space on that disk, or give another "
+                "--out") from error
+        failure = write_failure(path, error)
+        if failure is None:
+            raise
+        raise failure from error
+    finally:
+        os.close(fd)
