@@ -64,6 +64,33 @@ def _safetensors_header_end(path: Path) -> int:
 # ----------------------------------------------------------------- 1. weights: digest, finite
 
 
+def test_a_bundled_reader_with_4_kib_of_flipped_weights_is_refused(tmp_path, capsys):
+    """The issue's probe: 4 KiB of model.safetensors overwritten, header intact, predicted with
+    exit 0 and F1 9 instead of 92. Now the digest the manifest records refuses it."""
+    folder = tmp_path / "reader"
+    shutil.copytree(FULL, folder)
+    weights = folder / "model.safetensors"
+    expected = _sha256(FULL / "model.safetensors")  # the committed file's, computed here
+    middle = weights.stat().st_size // 2
+    assert middle > _safetensors_header_end(weights)  # the header stays intact
+    _overwrite(weights, middle, np.random.default_rng(0).bytes(4096))
+    actual = _sha256(weights)
+    status, err, output = _predict(folder, tmp_path, capsys)
+    assert status == 1, err
+    assert f"dil-jax predict: error: {weights}: sha256 {actual}, but " in err, err
+    assert f"{folder / MANIFEST} records {expected}" in err and "re-download" in err, err
+    assert "Traceback" not in err and not output.exists()
+
+
+def test_bundled_manifests_record_the_digests_of_their_weights():
+    """The digests were computed from the committed files; a re-bundle must keep them true."""
+    for name in ("minilm-squad-full", "minilm-squad-k2"):
+        weights = ASSETS / name / "model.safetensors"
+        recorded = json.loads((ASSETS / name / MANIFEST).read_text())["weights"]
+        assert recorded == {"model.safetensors": {"bytes": weights.stat().st_size,
+                                                  "sha256": _sha256(weights)}}
+
+
 def _with_tensor_value(folder: Path, name: str, value: float) -> None:
     """Rewrites the folder's model.safetensors with one element of tensor `name` set."""
     from safetensors.numpy import load_file, save_file
@@ -157,6 +184,25 @@ def _permuted_tokenizer(source: Path, target: Path, a: str = "the", b: str = "of
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (target / "tokenizer.json").write_text(json.dumps(definition))
     return target
+
+
+def test_predict_refuses_a_permuted_tokenizer_given_with_the_flag(tmp_path, capsys):
+    tokenizer = _permuted_tokenizer(FULL, tmp_path / "permuted")
+    status, err, output = _predict(FULL, tmp_path, capsys, "--tokenizer", str(tokenizer))
+    assert status == 1, err
+    assert f"dil-jax predict: error: {tokenizer}: not the tokenizer the reader was exported " \
+           "with (vocabulary " in err, err
+    assert f"recorded in {FULL / MANIFEST}" in err and "leave out --tokenizer" in err, err
+    assert "Traceback" not in err and not output.exists()
+
+
+def test_a_reader_whose_own_tokenizer_files_changed_is_refused(tmp_path):
+    folder = tmp_path / "reader"
+    shutil.copytree(FULL, folder)
+    _permuted_tokenizer(FULL, folder)  # in place: the folder's own files
+    with pytest.raises(TokenizationError, match=r"vocabulary .*tokenizer files changed after "
+                                                r"export"):
+        load_reader(str(folder), None, 16)
 
 
 def test_a_tokenizer_without_sep_is_refused_by_name_without_any_manifest(tmp_path):
