@@ -1,6 +1,7 @@
 """Reliability probes about the integrity of what a reader loads: weights whose bytes changed
-after export, and tokenizers that are not the reader's. Each ends in one error naming the file,
-flag or field, never a silent wrong answer, a traceback or a written output."""
+after export, tokenizers that are not the reader's, and outputs that are not regular files. Each
+ends in one error naming the file, flag or field, never a silent wrong answer, a traceback or a
+written output."""
 
 from __future__ import annotations
 
@@ -224,3 +225,38 @@ def test_a_tokenizer_without_sep_is_refused_by_name_without_any_manifest(tmp_pat
     assert message.startswith(f"{folder}: the tokenizer's sep_token '[SEP]' is not in its "
                               "vocabulary"), message
     assert "id 30521" in message
+
+
+# ----------------------------------------------------------------- 3. outputs that are not files
+
+
+def test_predict_to_dev_full_is_a_named_error_and_dev_null_stays_a_device(tmp_path, capsys):
+    """`predict --output /dev/full` (as root) replaced the device node with a regular file and
+    exited 0. Reached here through symlinks in tmp_path, so the real nodes are never at risk."""
+    import os
+    import stat
+
+    def char_device(path: str) -> bool:
+        return os.path.exists(path) and stat.S_ISCHR(os.stat(path).st_mode)
+
+    assert char_device("/dev/null") and char_device("/dev/full")
+    full, null = tmp_path / "full.json", tmp_path / "null.json"
+    full.symlink_to("/dev/full")
+    null.symlink_to("/dev/null")
+    squad = _squad_file(tmp_path)
+
+    def predict(output: Path) -> tuple[int, str]:
+        status, _, err = run_cli(["predict", "--checkpoint", str(FULL), "--data", str(squad),
+                                  "--output", str(output), "--no-progress",
+                                  "--max-question-len", "16", "--max-passage-len", "32",
+                                  "--doc-stride", "16"], capsys)
+        return status, err
+
+    status, err = predict(full)
+    assert status == 1, err
+    assert f"dil-jax predict: error: {full}: cannot write it: No space left on device " \
+           "(ENOSPC)" in err and "Traceback" not in err, err
+    status, err = predict(null)
+    assert status == 0, err
+    assert full.is_symlink() and null.is_symlink()
+    assert char_device("/dev/null") and char_device("/dev/full")
