@@ -1,7 +1,7 @@
 """Reliability probes about the integrity of what a reader loads: weights whose bytes changed
-after export, tokenizers that are not the reader's, and outputs that are not regular files. Each
-ends in one error naming the file, flag or field, never a silent wrong answer, a traceback or a
-written output."""
+after export, tokenizers that are not the reader's, a checkpoint without a QA head where answers
+must mean something, and outputs that are not regular files. Each ends in one error naming the
+file, flag or field, never a silent wrong answer, a traceback or a written output."""
 
 from __future__ import annotations
 
@@ -227,7 +227,22 @@ def test_a_tokenizer_without_sep_is_refused_by_name_without_any_manifest(tmp_pat
     assert "id 30521" in message
 
 
-# ----------------------------------------------------------------- 3. outputs that are not files
+# ----------------------------------------------------------------- 3. a QA head that was trained
+
+
+def test_predict_refuses_a_checkpoint_without_a_qa_head(tmp_path, capsys):
+    """The embedded default MiniLM has no QA head: its answers are arbitrary spans."""
+    status, err, output = _predict("default", tmp_path, capsys)
+    assert status == 1, err
+    assert "dil-jax predict: error: checkpoint 'default' has no QA head" in err, err
+    assert "fine-tuned" in err and "--allow-untrained-head" in err, err
+    assert "Traceback" not in err and not output.exists()
+    status, err, output = _predict("default", tmp_path, capsys, "--allow-untrained-head")
+    assert status == 0, err
+    assert set(json.loads(output.read_text())) == {"q1"}
+
+
+# ----------------------------------------------------------------- 4. outputs that are not files
 
 
 def test_predict_to_dev_full_is_a_named_error_and_dev_null_stays_a_device(tmp_path, capsys):

@@ -49,14 +49,14 @@ from dil_jax.checkpoints.orbax_io import (
     load_params,
     save_params,
 )
-from dil_jax.checkpoints.readers import load_reader, recorded_null_threshold
+from dil_jax.checkpoints.readers import UntrainedHeadError, load_reader, recorded_null_threshold
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 
 __all__ = [
     "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR", "SAFETENSORS_FILE",
     "SAFETENSORS_INDEX", "TORCH_FILE", "TRAINED_FROM_FILE", "CheckpointError", "ImportReport",
-    "check_tokenizer_record", "check_weights", "convert_state_dict",
+    "UntrainedHeadError", "check_tokenizer_record", "check_weights", "convert_state_dict",
     "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict", "file_digest",
     "hf_config_from_encoder_config", "integrity_record", "load_hf_checkpoint", "load_params",
     "load_reader", "name_map", "params_fingerprint", "read_manifest", "read_state_dict",

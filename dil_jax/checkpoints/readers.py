@@ -3,7 +3,8 @@
 A dil_jax folder (orbax params beside `encoder_config.json`, as training saves them) or a
 Hugging Face one (local, "default" or a hub id). Checks sit here because only here are the model,
 its manifest and its tokenizer all known: the tokenizer must fit the model's vocabulary and be
-the one the manifest records, and a k other than the one the reader was trained with is logged.
+the one the manifest records, a k other than the one the reader was trained with is logged, and
+a command that needs a trained QA head can ask for one.
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ log = logging.getLogger(__package__)
 
 
 def load_reader(checkpoint: str, k: int | None, max_question_len: int,
-                tokenizer_path: str | None = None
+                tokenizer_path: str | None = None, require_qa_head: bool = False
                 ) -> tuple[DelayedInteractionModel, Params, Any]:
     """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
 
     k: the split point (None: the one a dil_jax checkpoint or export records, else 0). A k other
     than the one the reader was trained with is allowed (the same params serve every k) but
     logged as a WARNING: its answers are those of a model it was not trained as.
+    require_qa_head: refuse (UntrainedHeadError) a checkpoint without a QA head, whose head
+    would be initialised at random: `predict` asks for it; the demo, which says loudly that it
+    falls back to the untrained embedded MiniLM, does not.
     Checked: the weights (their recorded digests, finite values: `integrity`), and the
     tokenizer against the model's vocabulary (`check_tokenizer`) and against the one the
     reader's manifest records (`check_tokenizer_record`).
@@ -56,7 +60,9 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
             tokenizer_path = str(_own_tokenizer_folder(folder))
     else:
         folder = resolve_checkpoint(checkpoint)  # once: a hub id is fetched here
-        config, params, _ = load_hf_checkpoint(folder, **overrides)
+        config, params, report = load_hf_checkpoint(folder, **overrides)
+        if require_qa_head:
+            _require_qa_head(checkpoint, report.initialized)
         trained = trained_k(folder)
         manifest = read_manifest(folder)
     if k is not None and trained is not None and k != trained:
@@ -71,6 +77,23 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                                str(tokenizer_path or folder), given=tokenizer_path is not None,
                                folder=resolve_checkpoint(tokenizer_path or folder))
     return DelayedInteractionModel(config), params, tokenizer
+
+
+class UntrainedHeadError(CheckpointError):
+    """A checkpoint without a QA head was given where answers must mean something."""
+
+
+def _require_qa_head(checkpoint: str, initialized: list[str]) -> None:
+    """Raises UntrainedHeadError when the QA head was initialised, not loaded (a plain
+    `BertModel`-style checkpoint, e.g. the embedded "default" MiniLM)."""
+    head = [name for name in initialized if name.startswith("qa_outputs.")]
+    if head:
+        raise UntrainedHeadError(
+            f"checkpoint {checkpoint!r} has no QA head ({', '.join(head)} absent): it would be "
+            "initialised at random and every answer would be an arbitrary span. It must be "
+            "fine-tuned for question answering first (dil-jax train; docs/training.md), or give "
+            "a fine-tuned reader (e.g. --checkpoint dil_jax/assets/minilm-squad-full); "
+            "--allow-untrained-head reads with the random head anyway (timing and plumbing only)")
 
 
 def recorded_null_threshold(checkpoint: str) -> float | None:
