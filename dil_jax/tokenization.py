@@ -254,9 +254,41 @@ def _pack(pieces: list[tuple[list[int], list[tuple[int, int]]]], length: int,
     return ids, mask, offsets
 
 
-def _tokenize(tokenizer, texts: Sequence[str]) -> tuple[list[list[int]], list[list[tuple]]]:
-    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
-                        return_attention_mask=False, return_token_type_ids=False)
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in `text` (a JSON escape "\\ud800" without its
+    pair, or a command-line byte that was not UTF-8), or None. Such a string is not Unicode
+    text, and tokenizers reject it with a bare TypeError that names nothing."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as error:
+        return error.start
+
+
+def surrogate_problem(text: str, index: int) -> str:
+    """What is wrong with `text`, whose character `index` is a lone surrogate (its repr: the
+    message must print, and a lone surrogate itself cannot)."""
+    return (f"a lone surrogate {text[index]!r} at character {index} (after "
+            f"{text[max(0, index - 20):index]!r}): not valid Unicode text (a broken \\u escape, "
+            "or bytes that are not UTF-8?); fix the text")
+
+
+def _tokenize(tokenizer, texts: Sequence[str], kind: str = "text"
+              ) -> tuple[list[list[int]], list[list[tuple]]]:
+    """Token ids and character offsets of each text (no special tokens).
+
+    kind: what the texts are ("question", "passage"), for the error naming a text that is not
+    Unicode (looked for only after the tokenizer refused, so it costs nothing otherwise).
+    """
+    try:
+        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
+                            return_attention_mask=False, return_token_type_ids=False)
+    except TypeError:
+        for index, text in enumerate(texts):
+            if isinstance(text, str) and (position := lone_surrogate(text)) is not None:
+                raise TokenizationError(f"{kind} {index}: {surrogate_problem(text, position)}"
+                                        ) from None
+        raise
     return encoded["input_ids"], encoded["offset_mapping"]
 
 
@@ -273,7 +305,7 @@ def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int)
         raise TokenizationError(
             f"max_question_len must be >= {layout.question_specials + 1} ({special[0]} q "
             f"{' '.join(special[1:])}), got {max_question_len}")
-    token_ids, token_offsets = _tokenize(tokenizer, questions)
+    token_ids, token_offsets = _tokenize(tokenizer, questions, "question")
     room = max_question_len - layout.question_specials
     no_offsets = [(NO_OFFSET, NO_OFFSET)] * len(layout.question_end)
     pieces, truncated = [], []
@@ -298,7 +330,7 @@ def encode_passages(tokenizer, passages: Sequence[str], max_passage_len: int) ->
     """
     if max_passage_len < 2:
         raise TokenizationError(f"max_passage_len must be >= 2 (p [SEP]), got {max_passage_len}")
-    token_ids, token_offsets = _tokenize(tokenizer, passages)
+    token_ids, token_offsets = _tokenize(tokenizer, passages, "passage")
     room = max_passage_len - 1
     pieces, truncated = [], []
     for index, (ids, offsets) in enumerate(zip(token_ids, token_offsets)):

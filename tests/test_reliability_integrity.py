@@ -1,7 +1,8 @@
 """Reliability probes about the integrity of what a reader loads: weights whose bytes changed
 after export, tokenizers that are not the reader's, a checkpoint without a QA head where answers
-must mean something, and outputs that are not regular files. Each ends in one error naming the
-file, flag or field, never a silent wrong answer, a traceback or a written output."""
+must mean something, text that is not Unicode, and outputs that are not regular files. Each ends
+in one error naming the file, flag or field, never a silent wrong answer, a traceback or a
+written output."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import CheckpointError, load_hf_checkpoint, load_reader
-from dil_jax.tokenization import TokenizationError, load_tokenizer
+from dil_jax.errors import DilJaxError
+from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
 from conftest import run_cli, save_fast_tokenizer
 
@@ -242,7 +244,36 @@ def test_predict_refuses_a_checkpoint_without_a_qa_head(tmp_path, capsys):
     assert set(json.loads(output.read_text())) == {"q1"}
 
 
-# ----------------------------------------------------------------- 4. outputs that are not files
+# ----------------------------------------------------------------- 4. text that is not Unicode
+
+
+def test_a_lone_surrogate_in_a_squad_question_is_named(tmp_path, capsys):
+    squad = _squad_file(tmp_path, "When was the \ud800 tower built?")
+    status, err, output = _predict(FULL, tmp_path, capsys, squad=squad)
+    assert status == 1, err
+    assert f"dil-jax predict: error: {squad}: question 'q1': field 'question': a lone " \
+           "surrogate '\\ud800' at character 13" in err, err
+    assert "Traceback" not in err and not output.exists()
+
+
+def test_a_lone_surrogate_in_a_question_to_encode_is_named():
+    tokenizer = load_tokenizer(FULL)
+    with pytest.raises(TokenizationError, match=r"question 1: a lone surrogate '\\udcff' at "
+                                                r"character 4"):
+        encode_questions(tokenizer, ["fine", "bad \udcff byte"], 16)
+
+
+def test_ask_names_a_lone_surrogate_before_loading_anything(tmp_path, capsys):
+    status, _, err = run_cli(["ask", "who \udcff?", "--index", str(tmp_path / "none")], capsys)
+    assert status == 1, err
+    assert "a lone surrogate '\\udcff' at character 4" in err and "Traceback" not in err, err
+
+
+def test_errors_here_are_dil_jax_errors():
+    assert issubclass(TokenizationError, DilJaxError) and issubclass(CheckpointError, DilJaxError)
+
+
+# ----------------------------------------------------------------- 5. outputs that are not files
 
 
 def test_predict_to_dev_full_is_a_named_error_and_dev_null_stays_a_device(tmp_path, capsys):
