@@ -18,6 +18,8 @@ padding), so answer spans are recovered from the original text, never from detok
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -122,6 +124,14 @@ def check_tokenizer(tokenizer, vocab_size: int, source: str,
                 f"{source}: the tokenizer's {name} ({getattr(tokenizer, name, None)!r}) "
                 f"{'is missing' if token_id is None else f'has id {token_id}'}; a reader needs "
                 f"[CLS], [SEP], [PAD] and [UNK] with ids below the vocabulary size {vocab_size}")
+    absent = specials_outside_vocabulary(tokenizer)
+    if absent:
+        name, token, token_id = absent[0]
+        raise TokenizationError(
+            f"{source}: the tokenizer's {name} {token!r} is not in its vocabulary: transformers "
+            f"added it on load as a new token with id {token_id}, a row the model never learned "
+            f"as {token!r} (missing: {', '.join(repr(t) for _, t, _ in absent)}); the tokenizer "
+            "files are damaged or another model's: re-download or re-export them")
     try:
         layout = pair_layout(tokenizer)
     except TokenizationError as error:
@@ -131,6 +141,43 @@ def check_tokenizer(tokenizer, vocab_size: int, source: str,
             f"{source}: the tokenizer ({type(tokenizer).__name__}) puts its cls token after the "
             f"passage (XLNet's pair layout), which only an XLNet reader reads; the reader's "
             f"architecture is {architecture!r}: not this checkpoint's tokenizer")
+
+
+def specials_outside_vocabulary(tokenizer) -> list[tuple[str, str, int]]:
+    """(name, token, id) of each special token a reader needs that the tokenizer's own
+    vocabulary lacks, or holds under another id.
+
+    Why: when a tokenizer file lacks e.g. `[SEP]`, transformers appends it as an added token
+    (id 30521 for MiniLM), which still fits the embedding table, so only this finds it. A
+    tokenizer without a backend (no vocabulary to look in) is not checked here.
+    """
+    model = getattr(getattr(tokenizer, "backend_tokenizer", None), "model", None)
+    if model is None:
+        return []
+    absent = []
+    for name in _SPECIAL_TOKENS:
+        token, token_id = getattr(tokenizer, name, None), getattr(tokenizer, f"{name}_id", None)
+        # The model's own lookup (no added tokens), not get_vocab(): ~0.01 ms against ~20 ms.
+        if token is not None and model.token_to_id(str(token)) != token_id:
+            absent.append((name, str(token), token_id))
+    return absent
+
+
+def vocabulary_fingerprint(tokenizer) -> str:
+    """16 hex digits of the SHA-256 of the sorted (token, id) pairs, added tokens included.
+
+    Another vocabulary, the same one with ids permuted, or one token missing all change it.
+    The same hash as the open-domain caches' `tokenizer_fingerprint` after its class-name prefix
+    (left out here: a transformers release that renames the class does not change the ids).
+    """
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def special_token_ids(tokenizer) -> dict[str, list]:
+    """{name: [token, id]} of the special tokens a reader needs ([CLS], [SEP], [PAD], [UNK])."""
+    return {name: [str(getattr(tokenizer, name, None)), getattr(tokenizer, f"{name}_id", None)]
+            for name in _SPECIAL_TOKENS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,9 +254,41 @@ def _pack(pieces: list[tuple[list[int], list[tuple[int, int]]]], length: int,
     return ids, mask, offsets
 
 
-def _tokenize(tokenizer, texts: Sequence[str]) -> tuple[list[list[int]], list[list[tuple]]]:
-    encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
-                        return_attention_mask=False, return_token_type_ids=False)
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in `text` (a JSON escape "\\ud800" without its
+    pair, or a command-line byte that was not UTF-8), or None. Such a string is not Unicode
+    text, and tokenizers reject it with a bare TypeError that names nothing."""
+    try:
+        text.encode("utf-8")
+        return None
+    except UnicodeEncodeError as error:
+        return error.start
+
+
+def surrogate_problem(text: str, index: int) -> str:
+    """What is wrong with `text`, whose character `index` is a lone surrogate (its repr: the
+    message must print, and a lone surrogate itself cannot)."""
+    return (f"a lone surrogate {text[index]!r} at character {index} (after "
+            f"{text[max(0, index - 20):index]!r}): not valid Unicode text (a broken \\u escape, "
+            "or bytes that are not UTF-8?); fix the text")
+
+
+def _tokenize(tokenizer, texts: Sequence[str], kind: str = "text"
+              ) -> tuple[list[list[int]], list[list[tuple]]]:
+    """Token ids and character offsets of each text (no special tokens).
+
+    kind: what the texts are ("question", "passage"), for the error naming a text that is not
+    Unicode (looked for only after the tokenizer refused, so it costs nothing otherwise).
+    """
+    try:
+        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True,
+                            return_attention_mask=False, return_token_type_ids=False)
+    except TypeError:
+        for index, text in enumerate(texts):
+            if isinstance(text, str) and (position := lone_surrogate(text)) is not None:
+                raise TokenizationError(f"{kind} {index}: {surrogate_problem(text, position)}"
+                                        ) from None
+        raise
     return encoded["input_ids"], encoded["offset_mapping"]
 
 
@@ -226,7 +305,7 @@ def encode_questions(tokenizer, questions: Sequence[str], max_question_len: int)
         raise TokenizationError(
             f"max_question_len must be >= {layout.question_specials + 1} ({special[0]} q "
             f"{' '.join(special[1:])}), got {max_question_len}")
-    token_ids, token_offsets = _tokenize(tokenizer, questions)
+    token_ids, token_offsets = _tokenize(tokenizer, questions, "question")
     room = max_question_len - layout.question_specials
     no_offsets = [(NO_OFFSET, NO_OFFSET)] * len(layout.question_end)
     pieces, truncated = [], []
@@ -251,7 +330,7 @@ def encode_passages(tokenizer, passages: Sequence[str], max_passage_len: int) ->
     """
     if max_passage_len < 2:
         raise TokenizationError(f"max_passage_len must be >= 2 (p [SEP]), got {max_passage_len}")
-    token_ids, token_offsets = _tokenize(tokenizer, passages)
+    token_ids, token_offsets = _tokenize(tokenizer, passages, "passage")
     room = max_passage_len - 1
     pieces, truncated = [], []
     for index, (ids, offsets) in enumerate(zip(token_ids, token_offsets)):

@@ -396,7 +396,8 @@ def test_predict_reads_with_lsh_in_the_lower_blocks(tmp_path, capsys):
     def predict(name, *flags):
         output = tmp_path / f"{name}.json"
         status, _, err = run_cli(["predict", "--data", str(squad), "--output", str(output),
-                                  "--k", "3", "--no-progress", *flags], capsys)
+                                  "--k", "3", "--no-progress", "--allow-untrained-head",
+                                  *flags], capsys)
         assert status == 0, err
         return json.loads(output.read_text()), err
 

@@ -119,7 +119,8 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
 
     predictions = tmp_path / "predictions.json"
     assert main(["predict", "--data", str(squad), "--output", str(predictions), "--k", "4",
-                 "--max-question-len", "16", "--max-passage-len", "48", "--doc-stride", "24",
+                 "--allow-untrained-head", "--max-question-len", "16", "--max-passage-len", "48",
+                 "--doc-stride", "24",
                  "--prescreen", str(folder), "--top-m", "1", "--no-progress"]) == 0
     answer_text = json.loads(predictions.read_text())["q1"]
     # Top-1: the answer lies inside one sentence of the context.

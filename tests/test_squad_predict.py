@@ -54,7 +54,8 @@ def test_predict_cli_end_to_end_with_the_default_minilm(tmp_path, monkeypatch, c
                                                  "dil_jax.commands.evaluate"))
     output = tmp_path / "out" / "preds.json"
     code = cli.main(["predict", "--data", str(squad_file(V20)), "--output", str(output),
-                     "--limit", "3", "--k", "3", "--max-question-len", "24",
+                     "--allow-untrained-head", "--limit", "3", "--k", "3",
+                     "--max-question-len", "24",
                      "--max-passage-len", "48", "--doc-stride", "24", "--batch-size", "4",
                      "--no-progress"])
     assert code == 0
@@ -76,6 +77,7 @@ def test_predict_cli_refuses_lengths_beyond_the_position_table(tmp_path, monkeyp
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.predict",))
     code = cli.main(["predict", "--data", str(squad_file(V11)), "--output",
                      str(tmp_path / "p.json"), "--limit", "1", "--k", "0",
+                     "--allow-untrained-head",
                      "--max-question-len", "200", "--max-passage-len", "384", "--no-progress"])
     assert code == 1
     assert "exceeds max_position_embeddings 512" in capsys.readouterr().err

@@ -11,6 +11,10 @@ already installs; the manifest says so and `load_hf_checkpoint` fills them in. T
 readers together under the repository's 50 MB budget. The script checks the frozen claim
 bit for bit before leaving anything out.
 
+`--record-integrity` adds, to bundled folders exported before manifests carried them, what an
+export now records (`integrity_record`: the sha256 of model.safetensors, the tokenizer's
+fingerprint and special tokens), computed from the files as they are; nothing else changes.
+
 A run that started from another run's export (`model.checkpoint` = that run's params/, e.g. a
 distractor stage after the protocol run) is recorded with its whole lineage: the manifest's
 `earlier_stages` holds each earlier run's config, exported step and scores, newest first, so the
@@ -94,6 +98,21 @@ def bundle(params_dir: Path, name: str, note: str = "") -> Path:
                                 from_base=("default", "embeddings.word_embeddings"))
 
 
+def record_integrity(folder: Path) -> dict:
+    """Adds `integrity_record` (weights digests, tokenizer fingerprint) to the manifest of an
+    exported folder, from its files as they are; returns the record. The weights are read,
+    never written."""
+    from dil_jax.atomic import write_atomic
+    from dil_jax.checkpoints import MANIFEST_FILE, integrity_record, read_manifest
+    from dil_jax.tokenization import load_tokenizer
+
+    manifest = read_manifest(folder)
+    record = integrity_record(folder, load_tokenizer(folder))
+    manifest.update(record)
+    write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=2))  # as the export writes
+    return record
+
+
 def main() -> int:
     from dil_jax.defaults import BUNDLED_READERS
 
@@ -103,7 +122,15 @@ def main() -> int:
     parser.add_argument("--delayed", type=Path, help="params dir of the k > 0 run")
     parser.add_argument("--note", default="", help="a sentence for the manifest(s): e.g. the "
                         "machine a run trained on and what its config's paths were there")
+    parser.add_argument("--record-integrity", action="store_true",
+                        help="only add the weights digests and tokenizer fingerprint to the "
+                             "bundled readers' manifests (for folders exported without them)")
     args = parser.parse_args()
+    if args.record_integrity:
+        for name in BUNDLED_READERS.values():
+            record = record_integrity(ASSETS / name)
+            print(f"{ASSETS / name}: {json.dumps(record)}")
+        return 0
     if args.full is None and args.delayed is None:
         parser.error("give --full, --delayed or both")
     for role, params_dir in (("full", args.full), ("delayed", args.delayed)):

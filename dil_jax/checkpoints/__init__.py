@@ -10,13 +10,15 @@ One module per job (each name below is importable from this package too):
   export       export_hf_checkpoint: params -> a Hugging Face folder
   readers      load_reader: (model, params, tokenizer) from either format, checks wired in;
                recorded_null_threshold: the SQuAD v2.0 threshold a trained reader records
-  fingerprint  params_fingerprint: the hash caches record their weights by
+  fingerprint  params_fingerprint: the hash caches record their weights by; file_digest
+  integrity    what a manifest records of a reader's weights (sha256) and tokenizer
+               (fingerprint, special tokens), the checks of both on load, and the finite scan
 Where a checkpoint name points ("default", a folder, a hub id) is `dil_jax.hub`, and the error
 type is `dil_jax.errors.CheckpointError`: both sit below this package, so the tokenizer loader
 can use them without importing it.
 """
 
-from dil_jax.checkpoints.export import export_hf_checkpoint
+from dil_jax.checkpoints.export import export_hf_checkpoint, integrity_record
 from dil_jax.checkpoints.files import (
     CONFIG_FILE,
     SAFETENSORS_FILE,
@@ -24,7 +26,7 @@ from dil_jax.checkpoints.files import (
     TORCH_FILE,
     read_state_dict,
 )
-from dil_jax.checkpoints.fingerprint import params_fingerprint
+from dil_jax.checkpoints.fingerprint import file_digest, params_fingerprint
 from dil_jax.checkpoints.hf_config import encoder_config_from_hf, hf_config_from_encoder_config
 from dil_jax.checkpoints.hf_import import load_hf_checkpoint, with_base_tensors
 from dil_jax.checkpoints.hf_tensors import (
@@ -32,6 +34,12 @@ from dil_jax.checkpoints.hf_tensors import (
     convert_state_dict,
     export_state_dict,
     name_map,
+)
+from dil_jax.checkpoints.integrity import (
+    check_tokenizer_record,
+    check_weights,
+    tokenizer_record,
+    weights_record,
 )
 from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults, trained_k
 from dil_jax.checkpoints.orbax_io import (
@@ -41,16 +49,17 @@ from dil_jax.checkpoints.orbax_io import (
     load_params,
     save_params,
 )
-from dil_jax.checkpoints.readers import load_reader, recorded_null_threshold
+from dil_jax.checkpoints.readers import UntrainedHeadError, load_reader, recorded_null_threshold
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 
 __all__ = [
     "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR", "SAFETENSORS_FILE",
     "SAFETENSORS_INDEX", "TORCH_FILE", "TRAINED_FROM_FILE", "CheckpointError", "ImportReport",
-    "convert_state_dict", "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict",
-    "hf_config_from_encoder_config", "load_hf_checkpoint", "load_params", "load_reader",
-    "name_map", "params_fingerprint", "read_manifest", "read_state_dict", "reader_defaults",
-    "recorded_null_threshold", "resolve_checkpoint", "save_params", "trained_k",
-    "with_base_tensors",
+    "UntrainedHeadError", "check_tokenizer_record", "check_weights", "convert_state_dict",
+    "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict", "file_digest",
+    "hf_config_from_encoder_config", "integrity_record", "load_hf_checkpoint", "load_params",
+    "load_reader", "name_map", "params_fingerprint", "read_manifest", "read_state_dict",
+    "reader_defaults", "recorded_null_threshold", "resolve_checkpoint", "save_params",
+    "tokenizer_record", "trained_k", "weights_record", "with_base_tensors",
 ]

@@ -11,6 +11,12 @@ from dil_jax.atomic import staged_directory
 from dil_jax.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
 from dil_jax.checkpoints.hf_config import hf_config_from_encoder_config
 from dil_jax.checkpoints.hf_tensors import add_backbone_prefix, export_state_dict
+from dil_jax.checkpoints.integrity import (
+    TOKENIZER_FIELD,
+    WEIGHTS_FIELD,
+    tokenizer_record,
+    weights_record,
+)
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
@@ -29,7 +35,9 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     from_base: (base checkpoint, name prefix): tensors under that prefix (e.g.
     "embeddings.word_embeddings") are left out and recorded in the manifest as coming from the
     base; the caller asserts they equal the base's (e.g. they were frozen in training).
-    Written to a staging folder and renamed into place.
+    The manifest records the digests of the weights written and the tokenizer's fingerprint
+    (`integrity_record`), which every load checks. Written to a staging folder and renamed into
+    place.
     """
     import ml_dtypes
     from safetensors.numpy import save_file
@@ -61,5 +69,19 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
                                                       indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging))
+        manifest.update(integrity_record(staging, tokenizer))
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     return directory
+
+
+def integrity_record(folder: Path, tokenizer=None) -> dict[str, Any]:
+    """The manifest fields that let a load check the folder: the digests of its weights files
+    as written, and (with a tokenizer) the tokenizer's fingerprint and special tokens.
+
+    Also what `tools/bundle_readers.py --record-integrity` adds to readers exported before these
+    fields existed, so a record written later is the one an export writes.
+    """
+    record: dict[str, Any] = {WEIGHTS_FIELD: weights_record(folder)}
+    if tokenizer is not None:
+        record[TOKENIZER_FIELD] = tokenizer_record(tokenizer, folder)
+    return record

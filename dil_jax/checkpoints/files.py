@@ -48,8 +48,8 @@ def _load_safetensors(path: Path) -> dict[str, np.ndarray]:
                               f"{error}); {DAMAGED_FIX}") from error
 
 
-def _load_sharded_safetensors(folder: Path) -> dict[str, np.ndarray]:
-    """Every shard the folder's safetensors index names, merged into one {name: array}."""
+def shard_names(folder: Path) -> list[str]:
+    """The shard files the folder's safetensors index names, sorted, each once."""
     index_path = folder / SAFETENSORS_INDEX
     index = read_json(index_path, "safetensors index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
@@ -57,10 +57,28 @@ def _load_sharded_safetensors(folder: Path) -> dict[str, np.ndarray]:
             isinstance(shard, str) for shard in weight_map.values()):
         raise CheckpointError(f"{index_path}: no 'weight_map' object of tensor name -> shard "
                               f"file; {DAMAGED_FIX}")
+    return sorted(set(weight_map.values()))
+
+
+def _load_sharded_safetensors(folder: Path) -> dict[str, np.ndarray]:
+    """Every shard the folder's safetensors index names, merged into one {name: array}."""
     state: dict[str, np.ndarray] = {}
-    for shard in sorted(set(weight_map.values())):
+    for shard in shard_names(folder):
         state.update(_load_safetensors(folder / shard))
     return state
+
+
+def weights_files(folder: str | os.PathLike) -> list[str]:
+    """Names of the files `read_state_dict` reads the folder's weights from (same precedence):
+    model.safetensors, else the safetensors index and its shards, else pytorch_model.bin."""
+    folder = Path(folder)
+    if (folder / SAFETENSORS_FILE).is_file():
+        return [SAFETENSORS_FILE]
+    if (folder / SAFETENSORS_INDEX).is_file():
+        return [SAFETENSORS_INDEX, *shard_names(folder)]
+    if (folder / TORCH_FILE).is_file():
+        return [TORCH_FILE]
+    return []
 
 
 def _load_torch(path: Path) -> dict[str, np.ndarray]:

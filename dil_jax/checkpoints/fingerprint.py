@@ -1,4 +1,4 @@
-"""Short content hashes: of a model's params, and of any byte chunks.
+"""Content hashes: of a model's params, of any byte chunks, and of a file.
 
 Caches and saved artefacts record the fingerprint of the weights they were computed with
 (`odqa.cache`: a passage index; `sep.prescreener`: its sentence encoder) and refuse to mix
@@ -8,7 +8,9 @@ with other weights.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -32,3 +34,18 @@ def params_fingerprint(params: Any) -> str:
         chunks += [jax.tree_util.keystr(path).encode(), str(value.shape).encode(),
                    value.tobytes()]
     return short_sha256(chunks)
+
+
+def file_digest(path: str | os.PathLike) -> dict[str, Any]:
+    """{"bytes": size, "sha256": full hex digest} of a file, read in 1 MiB blocks.
+
+    The full digest, not `short_sha256`'s 16 digits: it is the record a user compares with
+    `sha256sum`, and it names the bytes a reader's answers depend on.
+    """
+    digest = hashlib.sha256()
+    size = 0
+    with Path(path).open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return {"bytes": size, "sha256": digest.hexdigest()}

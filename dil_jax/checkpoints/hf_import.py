@@ -19,6 +19,7 @@ import numpy as np
 from dil_jax.checkpoints.files import CONFIG_FILE, read_state_dict
 from dil_jax.checkpoints.hf_config import encoder_config_from_hf
 from dil_jax.checkpoints.hf_tensors import ImportReport, convert_state_dict, strip_backbone_prefix
+from dil_jax.checkpoints.integrity import WEIGHTS_FIELD, check_weights
 from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
@@ -33,6 +34,10 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
                        **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
     """Reads a Hugging Face checkpoint into (config, params, report).
 
+    The weights files must match the digests the folder's manifest records, if it records any
+    (`integrity.check_weights`), and every tensor must be finite (`convert_state_dict`): a
+    damaged file is a CheckpointError naming it, never a reader that answers worse.
+
     `config_overrides` set reader fields the checkpoint does not hold, e.g.
     `num_lower_layers=4, max_question_len=64, dtype="bfloat16"`.
     """
@@ -42,6 +47,9 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
     # A reader exported by dil_jax records the split it was trained for; overrides still win.
     overrides = {**reader_defaults(folder), **config_overrides}
     config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
+    recorded = read_manifest(folder).get(WEIGHTS_FIELD)
+    if recorded:  # an export's digests: the bytes must be the exported ones (~1.5% of a load)
+        check_weights(folder, recorded, folder / MANIFEST_FILE)
     state = with_base_tensors(folder, read_state_dict(folder), config.architecture)
     params, report = convert_state_dict(state, config, rng, source=str(folder))
     for line in report.summary().splitlines()[1:]:

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dil_jax.checkpoints.integrity import nonfinite_count
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.delayed import DelayedInteractionModel, Params
@@ -187,9 +188,9 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
                        source: str = "state dict") -> tuple[Params, ImportReport]:
     """Hugging Face tensors (numpy) -> Flax params, checking every name and shape.
 
-    Raises CheckpointError naming a missing backbone tensor, an unexpected one, or the first
-    tensor whose shape differs from what `config` implies. A missing QA head is initialised from
-    `rng` (default key 0) and listed in the report.
+    Raises CheckpointError naming a missing backbone tensor, an unexpected one, the first
+    tensor whose shape differs from what `config` implies, or one holding a NaN or inf. A
+    missing QA head is initialised from `rng` (default key 0) and listed in the report.
     """
     rules = name_map(config)
     model = DelayedInteractionModel(config)
@@ -218,6 +219,12 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
                 f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, but the config "
                 f"implies {tuple(expected) if transform is _identity else tuple(expected)[::-1]} "
                 f"(for {'/'.join(path)}); does config.json describe this checkpoint?")
+        bad = nonfinite_count(value)
+        if bad:  # what a folder without a digest can still be checked for (~1% of a load)
+            raise CheckpointError(
+                f"{source}: tensor {hf_name!r} has {bad} NaN or infinite value(s) of "
+                f"{value.size}: the weights file is damaged, or training diverged; re-download "
+                "the checkpoint, or re-export it from the run that trained it")
         _set_path(params, path, value)
         report.loaded.append(hf_name)
     if unexpected:

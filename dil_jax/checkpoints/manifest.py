@@ -1,11 +1,13 @@
 """`dil_jax_manifest.json`: what an exported reader records beside its Hugging Face files.
 
 Written by `export_hf_checkpoint`; read back for the split a reader was exported / trained with
-(`reader_defaults`, `trained_k`) and for tensors it left to a base checkpoint (`from_base`).
+(`reader_defaults`, `trained_k`), for tensors it left to a base checkpoint (`from_base`), and for
+what its weights and tokenizer must be (`weights`, `tokenizer`: `dil_jax.checkpoints.integrity`).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,21 @@ from dil_jax.errors import CheckpointError
 
 MANIFEST_FILE = "dil_jax_manifest.json"
 READER_FIELDS = ("num_lower_layers", "max_question_len", "passage_position_offset")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _weights_problem(weights: Any) -> str | None:
+    """What is wrong with a manifest's 'weights' record ({file: {bytes, sha256}}), or None."""
+    if not isinstance(weights, dict) or not weights:
+        return f"'weights' must be a non-empty object of file name -> digest, got {weights!r:.80}"
+    for name, digest in weights.items():
+        if (not isinstance(digest, dict) or isinstance(digest.get("bytes"), bool)
+                or not isinstance(digest.get("bytes"), int) or digest["bytes"] < 0
+                or not isinstance(digest.get("sha256"), str)
+                or not _SHA256.fullmatch(digest["sha256"])):
+            return (f"'weights.{name}' must be {{\"bytes\": size, \"sha256\": 64 hex digits}}, "
+                    f"got {digest!r:.120}")
+    return None
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
@@ -21,8 +38,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
     Known fields: "reader" {num_lower_layers, max_question_len, passage_position_offset: int},
     "training_config" (an object; its "model" may record num_lower_layers and
-    passage_position_offset), "base_checkpoint" (str) and
-    "from_base" (list of tensor names). Others are kept as they are (free-form records).
+    passage_position_offset), "base_checkpoint" (str),
+    "from_base" (list of tensor names), "weights" ({file: {"bytes", "sha256"}}) and
+    "tokenizer" (an object). Others are kept as they are (free-form records).
     Raises CheckpointError naming the file and the field.
     """
     path = Path(folder) / MANIFEST_FILE
@@ -50,6 +68,13 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     from_base = manifest.get("from_base") or []
     if not isinstance(from_base, list) or not all(isinstance(n, str) for n in from_base):
         raise bad(f"'from_base' must be a list of tensor names, got {from_base!r}")
+    if "weights" in manifest and (problem := _weights_problem(manifest["weights"])):
+        raise bad(problem)
+    tokenizer = manifest.get("tokenizer", {})
+    if not isinstance(tokenizer, dict) or not all(
+            isinstance(tokenizer.get(field, {}), dict) for field in ("special_tokens", "files")):
+        raise bad("'tokenizer' (and its 'special_tokens' and 'files') must be objects, got "
+                  f"{tokenizer!r:.80}")
     if from_base and not isinstance(manifest.get("base_checkpoint"), str):
         raise bad("'from_base' names tensors but 'base_checkpoint' (the checkpoint they come "
                   f"from) is {manifest.get('base_checkpoint')!r}")

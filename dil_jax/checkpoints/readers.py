@@ -1,9 +1,10 @@
 """`load_reader`: a ready-to-run (model, params, tokenizer) from any checkpoint a command takes.
 
 A dil_jax folder (orbax params beside `encoder_config.json`, as training saves them) or a
-Hugging Face one (local, "default" or a hub id). Two checks sit here because only here are the
-model and its tokenizer both known: the tokenizer must fit the model's vocabulary, and a k other
-than the one the reader was trained with is logged.
+Hugging Face one (local, "default" or a hub id). Checks sit here because only here are the model,
+its manifest and its tokenizer all known: the tokenizer must fit the model's vocabulary and be
+the one the manifest records, a k other than the one the reader was trained with is logged, and
+a command that needs a trained QA head can ask for one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,12 @@ from typing import Any
 
 from dil_jax.checkpoints.files import read_json
 from dil_jax.checkpoints.hf_import import load_hf_checkpoint
-from dil_jax.checkpoints.manifest import trained_k
+from dil_jax.checkpoints.integrity import (
+    TOKENIZER_FIELD,
+    check_finite_params,
+    check_tokenizer_record,
+)
+from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, trained_k
 from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, TRAINED_FROM_FILE, load_params
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
@@ -27,28 +33,38 @@ log = logging.getLogger(__package__)
 
 
 def load_reader(checkpoint: str, k: int | None, max_question_len: int,
-                tokenizer_path: str | None = None
+                tokenizer_path: str | None = None, require_qa_head: bool = False
                 ) -> tuple[DelayedInteractionModel, Params, Any]:
     """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
 
     k: the split point (None: the one a dil_jax checkpoint or export records, else 0). A k other
     than the one the reader was trained with is allowed (the same params serve every k) but
     logged as a WARNING: its answers are those of a model it was not trained as.
-    The tokenizer is checked against the model's vocabulary (`check_tokenizer`).
+    require_qa_head: refuse (UntrainedHeadError) a checkpoint without a QA head, whose head
+    would be initialised at random: `predict` asks for it; the demo, which says loudly that it
+    falls back to the untrained embedded MiniLM, does not.
+    Checked: the weights (their recorded digests, finite values: `integrity`), and the
+    tokenizer against the model's vocabulary (`check_tokenizer`) and against the one the
+    reader's manifest records (`check_tokenizer_record`).
     """
     overrides: dict[str, Any] = {"max_question_len": max_question_len}
     if k is not None:
         overrides["num_lower_layers"] = k
     folder = Path(checkpoint).expanduser()
+    manifest: dict[str, Any] = {}
     if (folder / ENCODER_CONFIG_FILE).is_file():
         config, params = load_params(folder, **overrides)
+        check_finite_params(params, str(folder))  # orbax params carry no digest
         trained = _saved_k(folder)
         if tokenizer_path is None:
             tokenizer_path = str(_own_tokenizer_folder(folder))
     else:
         folder = resolve_checkpoint(checkpoint)  # once: a hub id is fetched here
-        config, params, _ = load_hf_checkpoint(folder, **overrides)
+        config, params, report = load_hf_checkpoint(folder, **overrides)
+        if require_qa_head:
+            _require_qa_head(checkpoint, report.initialized)
         trained = trained_k(folder)
+        manifest = read_manifest(folder)
     if k is not None and trained is not None and k != trained:
         log.warning("--k %d differs from k=%d that the reader %s was trained with: the same "
                     "weights, but read with a split they were not trained for; expect worse "
@@ -56,7 +72,28 @@ def load_reader(checkpoint: str, k: int | None, max_question_len: int,
                     trained)
     tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size,
                                architecture=config.architecture)
+    if manifest.get(TOKENIZER_FIELD):
+        check_tokenizer_record(tokenizer, manifest[TOKENIZER_FIELD], folder / MANIFEST_FILE,
+                               str(tokenizer_path or folder), given=tokenizer_path is not None,
+                               folder=resolve_checkpoint(tokenizer_path or folder))
     return DelayedInteractionModel(config), params, tokenizer
+
+
+class UntrainedHeadError(CheckpointError):
+    """A checkpoint without a QA head was given where answers must mean something."""
+
+
+def _require_qa_head(checkpoint: str, initialized: list[str]) -> None:
+    """Raises UntrainedHeadError when the QA head was initialised, not loaded (a plain
+    `BertModel`-style checkpoint, e.g. the embedded "default" MiniLM)."""
+    head = [name for name in initialized if name.startswith("qa_outputs.")]
+    if head:
+        raise UntrainedHeadError(
+            f"checkpoint {checkpoint!r} has no QA head ({', '.join(head)} absent): it would be "
+            "initialised at random and every answer would be an arbitrary span. It must be "
+            "fine-tuned for question answering first (dil-jax train; docs/training.md), or give "
+            "a fine-tuned reader (e.g. --checkpoint dil_jax/assets/minilm-squad-full); "
+            "--allow-untrained-head reads with the random head anyway (timing and plumbing only)")
 
 
 def recorded_null_threshold(checkpoint: str) -> float | None:

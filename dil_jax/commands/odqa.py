@@ -134,8 +134,15 @@ def _check_index_flags(args: argparse.Namespace) -> None:
 
 
 def _check_ask_flags(args: argparse.Namespace) -> None:
+    from dil_jax.tokenization import lone_surrogate, surrogate_problem
+
     if not args.question and not args.interactive:
         raise UsageError("give a question (ask \"...\" --index DIR), or --interactive")
+    # A byte of the argument that is not UTF-8 arrives as a lone surrogate: name it before the
+    # index and the model are loaded, not as a tokenizer's TypeError after.
+    if args.question and (index := lone_surrogate(args.question)) is not None:
+        raise UsageError(f"the question {args.question!r}: "
+                         f"{surrogate_problem(args.question, index)}")
 
 
 def _check_evaluate_flags(args: argparse.Namespace) -> None:

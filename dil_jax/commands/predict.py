@@ -30,6 +30,10 @@ def register(subparsers) -> None:
                              "dil_jax (orbax) checkpoint folder")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder (default: the checkpoint's own files)")
+    parser.add_argument("--allow-untrained-head", action="store_true",
+                        help="read with a checkpoint that has no QA head (e.g. 'default'), its "
+                             "head initialised at random: arbitrary answers, for timing and "
+                             "plumbing tests; without it such a checkpoint is refused")
     parser.add_argument("--data", required=True, help="SQuAD JSON file")
     parser.add_argument("--output", required=True, help="predictions JSON to write")
     parser.add_argument("--k", type=non_negative_int, default=None,
@@ -161,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     if null_threshold is not None:
         log.info("null threshold %g (%s)", null_threshold, source)
     model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
-                                           args.tokenizer)
+                                           args.tokenizer,
+                                           require_qa_head=not args.allow_untrained_head)
     model = with_lsh_flags(model, args)
     prescreen = prescreen_from_args(args)
     started = time.perf_counter()

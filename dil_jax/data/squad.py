@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dil_jax.errors import DilJaxError, InputFileError, UsageError
+from dil_jax.tokenization import lone_surrogate, surrogate_problem
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,9 @@ def _field(record: dict, name: str, kind: type, source: str, where: str,
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise SquadFormatError(source, prefix + name, f"expected {kind.__name__}, got "
                                f"{type(value).__name__} {value!r:.60}", qid=qid, where=where)
+    if kind is str and (surrogate := lone_surrogate(value)) is not None:
+        raise SquadFormatError(source, prefix + name, surrogate_problem(value, surrogate),
+                               qid=qid, where=where)
     return value
 
 
