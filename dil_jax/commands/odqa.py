@@ -166,7 +166,7 @@ def register(subparsers) -> None:
     index.add_argument("--out", required=True, help="index folder")
     index.add_argument("--corpus", action="append", default=None,
                        help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH "
-                            "(required unless --verify)")
+                            "(required unless --verify; default: none)")
     index.add_argument("--verify", action="store_true",
                        help="build nothing: check every byte of the index in --out and of its "
                             "passage caches against the digests recorded at build time, "
