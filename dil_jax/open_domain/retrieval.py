@@ -295,8 +295,11 @@ def resolve_engine(engine: str, num_passages: int) -> str:
 
 
 def load_retriever(directory: str | os.PathLike, fingerprint: str | None = None) -> Retriever:
-    """Opens a saved index with the engine its manifest names."""
+    """Opens a saved index with the engine its manifest names, after checking that engine can
+    run here (its package; for Lucene, a Java >= 11), so a missing one is named with its
+    install hint instead of failing inside the engine."""
     manifest, _ = read_manifest(Path(directory), fingerprint)
+    check_engine_available(manifest["engine"])
     return retriever_class(manifest["engine"]).load(directory, fingerprint)
 
 
