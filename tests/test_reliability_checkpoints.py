@@ -263,3 +263,47 @@ def test_export_keeps_the_passage_position_offset(hf_folder_factory, tmp_path):
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="reader.passage_position_offset"):
         load_hf_checkpoint(exported)
+
+
+def test_a_disk_that_refuses_a_checkpoint_is_named_in_one_line(tmp_path, monkeypatch):
+    """ENOSPC / EROFS while saving (raised by orbax as an OSError, or by tensorstore as its own
+    error carrying the message) becomes a CheckpointError naming the folder, the step and the
+    last complete checkpoint; any other error is left as it is."""
+    import errno
+
+    import jax.numpy as jnp
+
+    from dil_jax.checkpoints import CheckpointError
+    from dil_jax.train.checkpointing import TrainCheckpointer
+
+    checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=1, keep=2,
+                                     best_metric=None, async_save=False)
+    state = {"w": jnp.ones(3)}
+    assert checkpointer.save(1, state, {"step": 1}, force=True)
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "x"))
+
+    monkeypatch.setattr(checkpointer.manager, "save", full_disk)
+    with pytest.raises(CheckpointError) as caught:
+        checkpointer.save(2, state, {"step": 2}, force=True)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "cannot write the checkpoint of step 2" in message
+    assert "No space left on device (ENOSPC)" in message and "(step 1)" in message
+
+    def read_only(*_args, **_kwargs):
+        raise ValueError("INTERNAL: Error writing file: Read-only file system [OS error: 30]")
+
+    monkeypatch.setattr(checkpointer.manager, "save", read_only)
+    with pytest.raises(CheckpointError, match=r"Read-only file system \(EROFS\)"):
+        checkpointer.save(3, state, {"step": 3}, force=True)
+
+    def other(*_args, **_kwargs):
+        raise KeyError("not a disk problem")
+
+    monkeypatch.setattr(checkpointer.manager, "save", other)
+    with pytest.raises(KeyError):
+        checkpointer.save(4, state, {"step": 4}, force=True)
+    monkeypatch.undo()
+    checkpointer.close()

@@ -24,6 +24,7 @@ without metrics, and a NaN stored by older code ranks below every finite value.
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
 import os
@@ -54,6 +55,10 @@ class TrainCheckpointer:
     def __init__(self, directory: str | os.PathLike, *, every_steps: int, keep: int = 2,
                  best_metric: str | None = "f1", best_mode: str = "max",
                  async_save: bool = True):
+        # The last asynchronous save started, which may still be in flight (its failure shows at
+        # the next save or at close); None with synchronous saves, which finish in save().
+        self._saving_step: int | None = None
+        self._async = async_save
         if best_mode not in ("max", "min"):
             raise UsageError(f"config.checkpoint.best_mode must be 'max' or 'min', "
                              f"got {best_mode!r}")
@@ -126,10 +131,16 @@ class TrainCheckpointer:
                             "become the best", step, self.best_metric, value)
             if value is None or not math.isfinite(float(value)):
                 metrics = None  # the step counts as "without metrics"
-        return self.manager.save(
-            step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(state),
-                                             META_ITEM: ocp.args.JsonSave(meta)}),
-            metrics=metrics, force=force)
+        try:
+            saved = self.manager.save(
+                step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(state),
+                                                 META_ITEM: ocp.args.JsonSave(meta)}),
+                metrics=metrics, force=force)
+        except Exception as error:  # orbax/tensorstore raise many kinds; a full disk is named
+            raise self._write_error(error, step) or error from error
+        if saved and self._async:
+            self._saving_step = step
+        return saved
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """(state, meta) of `step`; `abstract_state` carries shapes, dtypes and shardings."""
@@ -220,8 +231,30 @@ class TrainCheckpointer:
         """Returns once an in-flight async save has completed (or failed)."""
         self.manager.wait_until_finished()
 
+    def _write_error(self, error: BaseException, step: int | None) -> CheckpointError | None:
+        """A one-line CheckpointError when `error` is the disk refusing the write (full,
+        read-only, a file too large, a quota), else None. An asynchronous save reports its
+        failure at the next save or at close, so the step named is the one being written."""
+        reason = disk_refusal(error)
+        if reason is None:
+            return None
+        pending = self._saving_step
+        which = (f"step {step}" if pending is None or pending == step
+                 else f"step {pending}" if step is None
+                 else f"step {pending} (written in the background) or {step}")
+        latest = self.latest_step()
+        return CheckpointError(
+            f"{self.directory}: cannot write the checkpoint of {which}: {reason}. Free space on "
+            "that disk (or use another config.workdir) and rerun the same command: training "
+            "resumes from the last complete checkpoint"
+            + (f" (step {latest})" if latest is not None else " (none yet: from the start)"))
+
     def close(self) -> None:
-        self.manager.close()
+        """Waits for an in-flight asynchronous save; a disk that refused it is named."""
+        try:
+            self.manager.close()
+        except Exception as error:
+            raise self._write_error(error, None) or error from error
 
 
 def best_score(metrics: Mapping[str, float], metric: str, mode: str = "max") -> float:
@@ -253,6 +286,28 @@ def named_few(names: list[str], limit: int = 3) -> str:
     """"a, b, c and 4 more": a list for a one-line message."""
     more = len(names) - limit
     return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
+
+
+# What a disk says when it refuses a write: errno and its message (tensorstore reports the
+# message in its own exception types, without an OSError in the chain).
+DISK_REFUSALS = {errno.ENOSPC: "No space left on device", errno.EROFS: "Read-only file system",
+                 errno.EFBIG: "File too large", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def disk_refusal(error: BaseException) -> str | None:
+    """"No space left on device (ENOSPC)" etc. when `error` or one in its chain is the disk
+    refusing a write; None otherwise."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_REFUSALS:
+            return f"{DISK_REFUSALS[current.errno]} ({errno.errorcode[current.errno]})"
+        for number, message in DISK_REFUSALS.items():
+            if message in str(current):
+                return f"{message} ({errno.errorcode[number]})"
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _key_name(key: Any) -> str:
