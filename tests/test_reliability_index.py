@@ -11,15 +11,13 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
-
-from dil_jax.samples import SAMPLE_PASSAGES
+from index_helpers import build_sample_index, private_copy
 
 from conftest import run_cli
 
@@ -33,25 +31,14 @@ SETTINGS = ["--max-passage-len", "32", "--doc-stride", "16"]
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """(index folder, corpus source) of an index with caches for k = 0 and k = 1."""
-    from dil_jax.cli import main
-
-    root = tmp_path_factory.mktemp("reliability-index")
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
-                              + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
-    index = root / "index"
-    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "1",
-                 *SETTINGS, *COMMON]) == 0
-    return index, f"jsonl:{corpus}"
+    return build_sample_index(tmp_path_factory.mktemp("reliability-index"), *SETTINGS, *COMMON)
 
 
 @pytest.fixture
 def index_copy(built, tmp_path):
     """A private copy of the built index -> (folder, corpus source)."""
     index, corpus = built
-    copy = tmp_path / "index"
-    shutil.copytree(index, copy)
-    return copy, corpus
+    return private_copy(index, tmp_path), corpus
 
 
 def _index_argv(index, corpus, *extra) -> list[str]:
