@@ -21,6 +21,11 @@ OUT receives at most 8 files (the device's limit): every run's metrics, configs 
 without the frozen word embeddings, which are the base model's; xz; cut in 15 MiB pieces), which
 `tools/unpack_gpu_readers.py` turns back into params folders here.
 
+--concurrent (with --teacher) runs the students from that teacher in the same pool as phase 1,
+all at once: the second lend (2026-11-26) had no time for two phases, so the students learned from
+the first lend's full reader while the full reader of the whole protocol trained beside them. The
+full readers then evaluate once an epoch (checkpoints stay every half epoch).
+
 --smoke runs the same phases in minutes on CPU (64 questions, a few steps): the test of this
 script before a device call.
 """
@@ -259,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="no phase-2 run starts later than this before the deadline")
     parser.add_argument("--return-readers", default="full,k4_warm,k5_warm",
                         help="runs whose readers come back (the best full reader is 'full')")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run --students (from --teacher) beside phase 1, one pool")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--smoke-steps", type=int, default=6,
                         help="--smoke: the full readers' steps (the students get 2/3)")
@@ -288,30 +295,43 @@ def main(argv: list[str] | None = None) -> int:
                            label="full_lr2e-4"),
     }
     phase1 = [full_runs[name] for name in filter(None, args.full_runs.split(";"))]
+    if args.concurrent:
+        if not args.teacher:
+            parser.error("--concurrent needs --teacher (the students' warm start and teacher)")
+        for run in phase1:  # one evaluation an epoch: the GPU is shared by every run
+            run.overrides.append(f"--config.eval.every_steps={2 * steps_per_eval}")
     summary: dict = {"device": device_description(), "started": time.strftime("%F %T %Z"),
                      "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
                                                   capture_output=True, text=True).stdout.strip()}
-    phase1_deadline = args.deadline_seconds * args.phase1_share
-    run_pool(phase1, args, phase1_deadline, len(phase1), start_margin=0.0)
-    export_interrupted(phase1, args)
-    scores = {r.workdir_name: best_f1(Path(args.runs) / r.workdir_name) for r in phase1}
-    summary["phase1_best_f1"] = scores
-    best = max((r for r in phase1 if r.status in ("finished", "exported")),
-               key=lambda r: scores[r.workdir_name], default=None)
-    runs = list(phase1)
-    teacher = (Path(args.runs) / best.workdir_name / "params" if best is not None
-               else Path(args.teacher) if args.teacher else None)
-    if teacher is not None:
-        summary["teacher"] = str(teacher)
-        multi = [candidates] if best is None or "multi" in best.name else []
+    def students(teacher: Path, multi: list[str]) -> list[Run]:
         warm = [*base, f"--config.model.checkpoint={teacher}",
                 f"--config.teacher.checkpoint={teacher}", *multi,
                 *schedule(args.student_epochs, student_steps)]
         distill = [*base, f"--config.model.checkpoint={args.base}",
                    f"--config.teacher.checkpoint={teacher}", *multi,
                    *schedule(args.student_epochs, student_steps)]
-        phase2 = [Run(name, distill if name.endswith("_distill") else warm)
-                  for name in filter(None, args.students.split(","))]
+        return [Run(name, distill if name.endswith("_distill") else warm)
+                for name in filter(None, args.students.split(","))]
+
+    if args.concurrent:
+        summary["teacher"] = args.teacher
+        together = phase1 + students(Path(args.teacher), [candidates])
+        run_pool(together, args, args.deadline_seconds, len(together), start_margin=0.0)
+        export_interrupted(together, args)
+    phase1_deadline = args.deadline_seconds * args.phase1_share
+    if not args.concurrent:
+        run_pool(phase1, args, phase1_deadline, len(phase1), start_margin=0.0)
+        export_interrupted(phase1, args)
+    scores = {r.workdir_name: best_f1(Path(args.runs) / r.workdir_name) for r in phase1}
+    summary["phase1_best_f1"] = scores
+    best = max((r for r in phase1 if r.status in ("finished", "exported")),
+               key=lambda r: scores[r.workdir_name], default=None)
+    runs = together if args.concurrent else list(phase1)
+    teacher = (Path(args.runs) / best.workdir_name / "params" if best is not None
+               else Path(args.teacher) if args.teacher else None)
+    if teacher is not None and not args.concurrent:
+        summary["teacher"] = str(teacher)
+        phase2 = students(teacher, [candidates] if best is None or "multi" in best.name else [])
         run_pool(phase2, args, args.deadline_seconds, args.parallel,
                  start_margin=args.start_margin)
         export_interrupted(phase2, args)

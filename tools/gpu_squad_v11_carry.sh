@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares .devcarry/ (ignored by git: add "/.devcarry/" to .git/info/exclude) for a device call of
-# tools/gpu_squad_v11_device.sh: the shared SQuAD files (xz), the embedded base MiniLM in bfloat16
+# tools/gpu_squad_v11_device.sh (usage: tools/gpu_squad_v11_carry.sh [TEACHER_PIECES_DIR]): the shared SQuAD files (xz), the embedded base MiniLM in bfloat16
 # (45 MB, so that it travels under the device's 64 MiB limit with the code; the device has no
 # package index), and the wheels the device image lacks. The bundled readers (dil_jax/assets,
 # 45 MB) must not travel in the same call: take them out of the index for the call
@@ -27,5 +27,10 @@ save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in weights.items()
 PY
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 -d .devcarry/whl "ml_collections==1.1.0" "tensorboardX==2.6.5"
+# xz: the code, the data, the base model and a teacher's pieces must fit 64 MiB together
+xz -T2 -6 -f .devcarry/minilm/model.safetensors
+if [ -n "${1:-}" ]; then  # a folder with full_multi.tar.xz.NN: the students' teacher
+  mkdir -p .devcarry/teacher && cp "$1"/full_multi.tar.xz.[0-9][0-9] .devcarry/teacher/
+fi
 cp tools/gpu_squad_v11_device.sh .devcarry/run.sh
 du -sh .devcarry

@@ -32,7 +32,7 @@ def read_pieces(directory: Path, name: str) -> dict[str, bytes]:
         return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
 
 
-def unpack(directory: Path, name: str, out: Path) -> Path:
+def unpack(directory: Path, name: str, out: Path, base: str = "default") -> Path:
     import jax
     import ml_dtypes
 
@@ -44,9 +44,9 @@ def unpack(directory: Path, name: str, out: Path) -> Path:
     members = read_pieces(directory, name)
     config = EncoderConfig.from_dict(json.loads(members["encoder_config.json"]))
     stored = np.load(io.BytesIO(members["params.npz"]))
-    _, base = load_or_init_params("default", None, {}, jax.random.key(0))
+    _, base_params = load_or_init_params(base, None, {}, jax.random.key(0))
     base_leaves = {"/".join(str(getattr(k, "key", k)) for k in path): leaf
-                   for path, leaf in jax.tree_util.tree_flatten_with_path(base)[0]}
+                   for path, leaf in jax.tree_util.tree_flatten_with_path(base_params)[0]}
     abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))
 
     def restore(path, leaf) -> np.ndarray:
@@ -73,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pieces", required=True, type=Path)
     parser.add_argument("--name", required=True)
     parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--base", default="default", help="the base model whose word embeddings "
+                        "the reader kept frozen (default: the embedded all-MiniLM-L6-v2; on a "
+                        "device, its bfloat16 copy in .devcarry/minilm)")
     args = parser.parse_args(argv)
-    print(unpack(args.pieces, args.name, args.out))
+    print(unpack(args.pieces, args.name, args.out, args.base))
     return 0
 
 
