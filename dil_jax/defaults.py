@@ -122,7 +122,7 @@ def default_checkpoint_dir() -> Path:
 
 # Fine-tuned readers bundled with the package (see dil_jax/assets/README.md for how they were
 # trained), by role: "full" (k = 0) and "delayed".
-BUNDLED_READERS = {"full": "minilm-squad-full", "delayed": "minilm-squad-k2"}
+BUNDLED_READERS = {"full": "minilm-squad-full", "delayed": "minilm-squad-k4"}
 
 
 def bundled_reader(role: str) -> Path | None:

@@ -12,7 +12,7 @@ def test_demo_answers_with_the_bundled_readers(tmp_path, capsys):
                  "--top-p", "5", "What is the fifth planet from the Sun?"])
     assert code == 0
     out = capsys.readouterr().out
-    full, delayed = out.split("[delayed reader, k=2 of 6]")
+    full, delayed = out.split("[delayed reader, k=4 of 6]")
     assert "[full reader, k=0 of 6]" in full
     # Jupiter's lead section ("Jupiter is the fifth planet from the Sun") is in the corpus;
     # both readers must find it and answer with its name.

@@ -57,8 +57,8 @@ def test_ask_without_checkpoint_reads_with_the_bundled_readers(tmp_path):
     index = tmp_path / "index"
     index.mkdir()
     assert _resolved(["ask", "Q?", "--index", str(index)]) == str(FULL)
-    assert _resolved(["ask", "Q?", "--index", str(index), "--k", "2"]) == str(DELAYED)
-    _fake_cache(index, 2, "acfc4806aaaaaaaa")
+    assert _resolved(["ask", "Q?", "--index", str(index), "--k", "4"]) == str(DELAYED)
+    _fake_cache(index, 4, "acfc4806aaaaaaaa")  # the bundled delayed reader's own k
     assert _resolved(["ask", "Q?", "--index", str(index)]) == str(DELAYED)
     _fake_cache(index, 0, "4984ed27bbbbbbbb")
     assert _resolved(["ask", "Q?", "--index", str(index)]) == str(FULL)

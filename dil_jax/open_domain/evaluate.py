@@ -51,7 +51,8 @@ def question_record(example: SquadExample, by_score: dict[str, list[Candidate]],
                     passage_texts: Sequence[str], p_values: Sequence[int], mu: float
                     ) -> dict[str, Any]:
     """One question's results: R per p (0/1), and per span score rule and p, EM / F1 (0..1)
-    without (EM, F1) and with (EM_ir, F1_ir) the IR score; JSON-ready (p as strings).
+    without (EM, F1) and with (EM_ir, F1_ir) the IR score, and the picked answer's reader score
+    (score, score_ir); JSON-ready (p as strings).
 
     by_score: rule -> this question's candidates; passage_texts: of `hits`, best first.
     """
@@ -67,6 +68,9 @@ def question_record(example: SquadExample, by_score: dict[str, list[Candidate]],
                 answer = pick_answer(top, mu_value)
                 row["EM" + suffix], row["F1" + suffix] = _best_over_golds(
                     answer.text if answer else "", example.answer_texts)
+                # The picked answer's reader score (whatever picked it): what an abstention
+                # threshold compares (None: no candidate).
+                row["score" + suffix] = None if answer is None else float(answer.reader_score)
     return record
 
 

@@ -4,7 +4,7 @@
     pair_span_scores       a pair's best-span score under a rule of SPAN_SCORES ("logits",
                            "margin")
     best_pair_of_each_hit  the best window of each retrieved passage under that score
-    standardize, pick_answer
+    standardize, answer_scores, pick_answer
                            the answer among a question's candidates: the reader score alone,
                            or fused with BM25's (mu * z(s_r) + (1 - mu) * z(s_bm25))
 
@@ -47,16 +47,21 @@ def standardize(scores: np.ndarray) -> np.ndarray:
     return np.divide(centered, std, out=np.zeros_like(centered), where=std > 0)
 
 
+def answer_scores(candidates: Sequence[Candidate], mu: float | None) -> np.ndarray:
+    """[n_candidates] the score an answer is picked by: the reader score alone (mu None), or
+    mu * z(reader) + (1 - mu) * z(bm25), z standardised over these candidates."""
+    reader = np.asarray([c.reader_score for c in candidates], np.float64)
+    if mu is None:
+        return reader
+    bm25 = np.asarray([c.bm25_score for c in candidates], np.float64)
+    return mu * standardize(reader) + (1 - mu) * standardize(bm25)
+
+
 def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate | None:
     """The answer among a question's candidates: reader score alone (mu None) or fused."""
     if not candidates:
         return None
-    reader = np.asarray([c.reader_score for c in candidates])
-    if mu is None:
-        return candidates[int(np.argmax(reader))]
-    bm25 = np.asarray([c.bm25_score for c in candidates])
-    fused = mu * standardize(reader) + (1 - mu) * standardize(bm25)
-    return candidates[int(np.argmax(fused))]
+    return candidates[int(np.argmax(answer_scores(candidates, mu)))]
 
 
 def pair_span_scores(best_span_scores: np.ndarray, scores: SpanScores, rule: str) -> np.ndarray:
