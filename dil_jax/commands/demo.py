@@ -112,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.commands.arguments import check_window_flags
     from dil_jax.defaults import bundled_reader
     from dil_jax.errors import UsageError
+    from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.build import passage_encoder
     from dil_jax.open_domain.corpus import split_documents
     from dil_jax.open_domain.index import build_index, build_reader_cache
@@ -159,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     questions = args.question or list(DEMO_QUESTIONS)
     for reader in readers.values():
         reader.read(questions[:1])  # compile once, so the times below are steady-state
+    abstentions = {"full": abstention_of(full_ckpt and str(full_ckpt)),
+                   "delayed": abstention_of(delayed_ckpt and str(delayed_ckpt))}
     totals = {name: 0.0 for name in readers}
     for question in questions:
         print()
@@ -168,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
             k_value = reader.model.config.num_lower_layers
             print(f"[{name} reader, k={k_value} of {reader.model.config.num_layers}]")
             print(format_answer(reader, question, result.candidates[0], result.hits[0],
-                                result.timings, args.mu))
+                                result.timings, args.mu, abstentions[name]))
     print(f"\nreader time over {len(questions)} questions x {args.top_p} passages (question lower"
           f" + pair upper): full {totals['full']:.2f} s, delayed {totals['delayed']:.2f} s "
           f"(x{totals['full'] / max(totals['delayed'], 1e-9):.1f}); batch size 1 on "

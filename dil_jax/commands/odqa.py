@@ -502,11 +502,13 @@ def _missing_cache(args, index, model, params, tokenizer, position: int):
 
 
 def run_ask(args: argparse.Namespace) -> int:
+    from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.reader import format_answer
 
     _resolve_checkpoints(args)
     reader = _open_reader(args, args.k, args.top_p)
     mu = None if args.no_fusion else args.mu
+    abstention = abstention_of(_checkpoint_for(args, 0))
     if args.interactive:
         print("Ask a question (empty line or Ctrl-D to quit).", file=sys.stderr)
         questions = iter(lambda: sys.stdin.readline().strip(), "")
@@ -515,7 +517,7 @@ def run_ask(args: argparse.Namespace) -> int:
     for question in questions:
         result = reader.read([question])
         print(format_answer(reader, question, result.candidates[0], result.hits[0],
-                            result.timings, mu))
+                            result.timings, mu, abstention))
         sys.stdout.flush()
     return 0
 

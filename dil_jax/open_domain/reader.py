@@ -53,6 +53,7 @@ from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.model.grid import PairGrid
 from dil_jax.model.pairs import SpanScores, kept_positions
+from dil_jax.open_domain.abstention import Abstention
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.open_domain.reuse import pair_inputs
@@ -387,9 +388,12 @@ class OpenDomainReader:
 
 
 def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[Candidate],
-                  hits: Sequence, timings: dict[str, float], mu: float | None) -> str:
+                  hits: Sequence, timings: dict[str, float], mu: float | None,
+                  abstention: Abstention | None = None) -> str:
     """The answer of `pick_answer(candidates, mu)` shown for a person: the question, the
-    answer, its passage around it (marked [[...]]), ranks, scores and the phase times."""
+    answer, its passage around it (marked [[...]]), ranks, scores and the phase times. With
+    the reader's `abstention` thresholds, an answer scoring below them is shown as "no answer
+    found in the corpus", with the best guess, its score and the threshold beside it."""
     answer = pick_answer(candidates, mu)
     lines = [f"Q: {question}"]
     if answer is None:
@@ -407,7 +411,14 @@ def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[
     context = ("..." if first else "") + passage.text[first:answer.char_start] + "[[" + \
         answer.text + "]]" + passage.text[answer.char_end:last] + \
         ("..." if last < len(passage.text) else "")
-    lines += [f"A: {answer.text}",
+    threshold = (None if abstention is None
+                 else abstention.threshold(reader.span_score, fused=mu is not None))
+    refused = threshold is not None and answer.reader_score < threshold
+    if refused:
+        lines.append(f"A: (no answer found in the corpus: the best answer's reader score "
+                     f"{answer.reader_score:.2f} is below this reader's threshold "
+                     f"{threshold:.2f}; best guess below)")
+    lines += [f"   best guess: {answer.text}" if refused else f"A: {answer.text}",
               f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
               f"of {len(hits)}; reader score ({reader.span_score}) "
               f"{answer.reader_score:.2f}, "

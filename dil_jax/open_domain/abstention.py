@@ -1,0 +1,130 @@
+"""Abstention: "no answer found in the corpus" when the picked answer's reader score is below a
+threshold calibrated per reader on training questions (tools/abstention.py) and recorded in the
+reader's manifest (`abstention`).
+
+    choose_threshold   the threshold that maximises the decisions right on a calibration set
+                       (answered and exact, or refused when the corpus lacks the answer)
+    Abstention         a reader's thresholds (per span score rule, without / with the IR
+                       score), read from its manifest
+    exclude_titles     a retriever's hits without the passages of given articles: how an
+                       out-of-corpus question is made from an in-corpus one
+
+Why the reader score and not the fused one: fusion standardises the reader and BM25 scores over
+one question's candidates, so the best fused score says how far the top candidate stands out
+from the others, not whether any passage holds the answer; a question the corpus cannot answer
+still has a best candidate standing out. The reader score is absolute (under `margin` it is the
+span's score less the window's no-answer score, which the reader learnt on answer-less windows),
+and it is the score of the answer picked with or without fusion.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dil_jax.defaults import SPAN_SCORES
+
+MANIFEST_KEY = "abstention"
+
+
+@dataclasses.dataclass(frozen=True)
+class ThresholdChoice:
+    """A threshold and what it does on the calibration set it was chosen on (fractions)."""
+
+    threshold: float         # answer when score >= threshold
+    accuracy: float          # right decisions: answered and exact, or refused out of corpus
+    coverage: float          # in-corpus questions answered
+    answered_exact: float    # exact among the answered in-corpus questions
+    refused_out: float       # out-of-corpus questions refused
+
+
+def choose_threshold(in_scores: Sequence[float | None], in_exact: Sequence[float],
+                     out_scores: Sequence[float | None]) -> ThresholdChoice:
+    """The threshold maximising right decisions over in-corpus questions (right: answered with
+    an exact answer) and out-of-corpus ones (right: refused), the lowest on ties (answer more).
+
+    in_scores / out_scores: the picked answer's reader score per question (None: no candidate,
+    always refused); in_exact: 1.0 when the picked answer is exact, else 0.0. Candidate
+    thresholds are every observed score and +inf (refuse all); -inf answers all.
+    """
+    if len(in_scores) != len(in_exact):
+        raise ValueError(f"{len(in_scores)} in-corpus scores but {len(in_exact)} exact flags")
+    if not in_scores or not out_scores:
+        raise ValueError("choosing a threshold needs in-corpus and out-of-corpus questions")
+    scores_in = np.asarray([-np.inf if s is None else s for s in in_scores], np.float64)
+    scores_out = np.asarray([-np.inf if s is None else s for s in out_scores], np.float64)
+    exact = np.asarray(in_exact, np.float64)
+    answerable = scores_in > -np.inf
+    candidates = np.unique(np.concatenate([scores_in, scores_out, [np.inf]]))
+    candidates = candidates[candidates > -np.inf]
+    best: ThresholdChoice | None = None
+    total = len(scores_in) + len(scores_out)
+    for threshold in [-np.inf, *candidates]:
+        answered = answerable & (scores_in >= threshold)
+        refused_out = ~(scores_out >= threshold) | (scores_out == -np.inf)
+        right = float(exact[answered].sum() + refused_out.sum())
+        choice = ThresholdChoice(
+            threshold=float(threshold), accuracy=right / total,
+            coverage=float(answered.mean()),
+            answered_exact=float(exact[answered].mean()) if answered.any() else 0.0,
+            refused_out=float(refused_out.mean()))
+        if best is None or choice.accuracy > best.accuracy:
+            best = choice
+    return best
+
+
+@dataclasses.dataclass(frozen=True)
+class Abstention:
+    """A reader's thresholds: rule -> (without IR, with IR). A score below the rule's
+    threshold means "no answer found in the corpus"."""
+
+    thresholds: Mapping[str, tuple[float, float]]
+    chosen_on: str = ""  # what the thresholds were chosen on (the calibration's description)
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any] | None) -> Abstention | None:
+        """The manifest's `abstention` record, or None when the reader has none."""
+        record = (manifest or {}).get(MANIFEST_KEY)
+        if not record:
+            return None
+        thresholds = {rule: (float(value["threshold"]), float(value["threshold_ir"]))
+                      for rule, value in record["by_rule"].items() if rule in SPAN_SCORES}
+        return cls(thresholds, str(record.get("chosen_on", "")))
+
+    def threshold(self, rule: str, fused: bool) -> float | None:
+        """The threshold of `rule` (with the IR score fused or not), None if not calibrated."""
+        pair = self.thresholds.get(rule)
+        return None if pair is None else pair[1 if fused else 0]
+
+    def refuses(self, score: float, rule: str, fused: bool) -> bool:
+        threshold = self.threshold(rule, fused)
+        return threshold is not None and score < threshold
+
+
+def normalized_title(title: str) -> str:
+    """SQuAD's "Super_Bowl_50" and a Wikipedia lead's "Super Bowl 50" alike."""
+    return " ".join(title.replace("_", " ").lower().split())
+
+
+def exclude_titles(hits: Sequence, passage_titles: Sequence[str], excluded: set[str],
+                   top_p: int) -> list:
+    """The first `top_p` of `hits` (best first) whose passage's normalised title is not in
+    `excluded` (normalised titles). passage_titles: every index passage's title."""
+    kept = [hit for hit in hits
+            if normalized_title(passage_titles[hit.passage_index]) not in excluded]
+    return kept[:top_p]
+
+
+def abstention_of(checkpoint: str | None) -> Abstention | None:
+    """The abstention thresholds recorded in a reader folder's manifest (None: not a folder,
+    no manifest, or no record: every answer is shown as an answer)."""
+    from pathlib import Path
+
+    from dil_jax.checkpoints import MANIFEST_FILE, read_manifest
+
+    if not checkpoint or not (Path(checkpoint) / MANIFEST_FILE).is_file():
+        return None
+    return Abstention.from_manifest(read_manifest(Path(checkpoint)))
