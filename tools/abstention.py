@@ -185,9 +185,13 @@ def calibrate(args: argparse.Namespace) -> int:
     check_not_validation(squad, Path(args.validation))
     index = work / "index"
     if not (index / "index.json").is_file():
+        from dil_jax.checkpoints import read_manifest
+
+        ks = [str(read_manifest(Path(c)).get("reader", {}).get("num_lower_layers", 0))
+              for c in args.reader]  # each reader at the k it was trained for
         subprocess.run([sys.executable, "-m", "dil_jax", "index", "--out", str(index),
                         "--corpus", f"squad:{squad}", "--corpus", "wikipedia",
-                        "--corpus-limit", str(args.leads), "--checkpoint", *args.reader,
+                        "--corpus-limit", str(args.leads), "--checkpoint", *args.reader, "--k", *ks,
                         "--max-passage-len", "192", "--doc-stride", "96"], check=True)
     examples = [e for e in load_squad(squad).examples if e.answer_texts]
     inside, outside = sample_questions(examples, args.questions, args.seed)
