@@ -17,6 +17,7 @@ import logging
 import time
 
 from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
     non_negative_int,
     positive_int,
     unit_interval,
@@ -77,6 +78,7 @@ def register(subparsers) -> None:
     parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 

@@ -22,6 +22,7 @@ from dil_jax.commands.arguments import (
     _checked_first,
     _local_paths,
     _reader_args,
+    add_compilation_cache_arguments,
     add_reading_arguments,
     cache_storage,
     non_negative_int,
@@ -228,6 +229,7 @@ def register(subparsers) -> None:
                        help="also store every passage's sentence embeddings for this "
                             "prescreener ('default' = the bundled one, or a folder; default: none "
                             "stored)")
+    add_compilation_cache_arguments(index)
     index.set_defaults(func=_checked_first(_check_index_flags, run_index))
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
@@ -248,6 +250,7 @@ def register(subparsers) -> None:
     _reader_args(ask, many_k=False)
     add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
                                "--prescreen)")
+    add_compilation_cache_arguments(ask)
     ask.set_defaults(func=_checked_first(_check_ask_flags, run_ask))
 
     evaluate = subparsers.add_parser(
@@ -276,6 +279,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
+    add_compilation_cache_arguments(evaluate)
     evaluate.set_defaults(func=_checked_first(_check_evaluate_flags, run_evaluate))
 
 

@@ -12,6 +12,8 @@ import json
 import logging
 import sys
 
+from dil_jax.commands.arguments import add_compilation_cache_arguments
+
 log = logging.getLogger(__name__)
 
 
@@ -20,6 +22,7 @@ def register(subparsers) -> None:
         "train", help="fine-tune a reader (configs/*.py, --config.key=value overrides)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
