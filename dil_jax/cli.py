@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.odqa",
     "dil_jax.commands.demo",
     "dil_jax.commands.train",
+    "dil_jax.commands.plot",
     "dil_jax.commands.bench",
     "dil_jax.commands.prescreen",
 )

@@ -57,6 +57,8 @@ class MetricWriter:
         self.enabled = enabled
         self._tb = None
         self._file = None
+        self.path = Path(workdir) / METRICS_FILE
+        self._curves = True  # False once matplotlib turned out to be missing
         if not enabled:
             return
         workdir = Path(workdir)
@@ -89,6 +91,26 @@ class MetricWriter:
             for name, value in scalars.items():
                 self._tb.add_scalar(f"{split}/{name}", value, int(step))
             self._tb.flush()
+
+    def draw_curves(self) -> Path | None:
+        """Redraws curves.png beside metrics.jsonl (dil_jax.train.curves); returns its path, or
+        None when not drawn. A plot never stops training: without matplotlib it is skipped (said
+        once), and a plot that cannot be written is a warning."""
+        if not self.enabled or not self._curves:
+            return None
+        try:
+            from dil_jax.train.curves import draw_curves
+        except ImportError:
+            log.warning("matplotlib is not installed: no %s/curves.png (pip install "
+                        "'dil_jax[bench]'; dil-jax plot %s draws it later)", self.path.parent,
+                        self.path.parent)
+            self._curves = False
+            return None
+        try:
+            return draw_curves(self.path)
+        except (OSError, ValueError) as error:  # the DilJaxErrors of a write are ValueErrors
+            log.warning("could not draw the training curves: %s", error)
+            return None
 
     def close(self) -> None:
         if self._file is not None:
