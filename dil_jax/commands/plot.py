@@ -1,7 +1,7 @@
 """`dil-jax plot WORKDIR`: redraw a training run's curves.png from its metrics.jsonl.
 
 Loss (train and validation), learning rate, and validation EM/F1 against steps; `train` draws
-the same file at each evaluation. Needs matplotlib (`pip install 'dil_jax[bench]'`).
+the same file at each evaluation. Needs matplotlib (`pip install 'dil_jax[train]'`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("matplotlib is not installed: pip install 'dil_jax[bench]' (or "
+        raise UsageError("matplotlib is not installed: pip install 'dil_jax[train]' (or "
                          "matplotlib) to draw curves") from None
     written = draw_curves(metrics, out, title=str(args.workdir), rows=rows)
     print(f"wrote {written}", file=sys.stderr)

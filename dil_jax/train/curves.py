@@ -2,9 +2,9 @@
 EM/F1 against steps).
 
 `train` redraws it at each evaluation (`MetricWriter.draw_curves`); `dil-jax plot WORKDIR`
-redraws it from the file alone. matplotlib (the `bench` extra) draws with its Agg canvas and no
-pyplot, so no display and no process-wide backend switch; without matplotlib training goes on and
-says once how to get the plot.
+redraws it from the file alone. matplotlib (the `train` and `bench` extras) draws with its Agg
+canvas and no pyplot, so no display and no process-wide backend switch; without matplotlib
+training goes on and says once how to get the plot.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class MetricWriter:
             from dil_jax.train.curves import draw_curves
         except ImportError:
             log.warning("matplotlib is not installed: no %s/curves.png (pip install "
-                        "'dil_jax[bench]'; dil-jax plot %s draws it later)", self.path.parent,
+                        "'dil_jax[train]'; dil-jax plot %s draws it later)", self.path.parent,
                         self.path.parent)
             self._curves = False
             return None
