@@ -70,6 +70,14 @@ def _compilation_cache(args: argparse.Namespace) -> contextlib.AbstractContextMa
         args.compilation_cache, args.no_compilation_cache, os.environ))
 
 
+def _logs_beside_bars() -> contextlib.AbstractContextManager:
+    """Log records written through tqdm while the command runs, so that a log line never cuts
+    a progress bar in two (tqdm's own helper; the console handlers are put back after)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # Unknown arguments are errors, except for commands that take ml_collections-style
@@ -89,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        with _compilation_cache(args):
+        with _compilation_cache(args), _logs_beside_bars():
             return int(args.func(args) or 0)
     except DilJaxError as error:
         # Our errors name the file/field/value; a trace from deep inside adds nothing for a user.

@@ -551,6 +551,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         evaluate_reader,
         markdown_table,
     )
+    from dil_jax.progress import CountBar
 
     _resolve_checkpoints(args)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
@@ -567,8 +568,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
             readers[f"{next(iter(readers))} + SEP {screened.prescreen.rule}"] = screened
         for name, reader in readers.items():
-            print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
-                  file=sys.stderr)
+            print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} "
+                  "(its first block of questions pays the compilation) ...", file=sys.stderr)
             progress = None
             if args.out:
                 # Resumable: each finished block of questions is kept under --out, and a rerun
@@ -579,8 +580,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)
-            results[name] = evaluate_reader(reader, examples, args.p, args.mu,
-                                            progress=progress)
+            already = len(progress.done) if progress is not None else 0
+            with CountBar(name, len(examples), "question", initial=already) as bar:
+                bar(already)  # the bar from the start, not after the first block
+                results[name] = evaluate_reader(reader, examples, args.p, args.mu,
+                                                progress=progress, on_block=bar)
     table = markdown_table(results)
     print(table)
     if args.out:
