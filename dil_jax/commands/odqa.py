@@ -516,7 +516,11 @@ def run_ask(args: argparse.Namespace) -> int:
         questions = iter(lambda: sys.stdin.readline().strip(), "")
     else:
         questions = iter([args.question])
-    for question in questions:
+    for number, question in enumerate(questions):
+        if number == 0:  # seconds of silence otherwise, on a small CPU
+            print(f"reading {reader.top_p} passages (the first question compiles the reader's "
+                  "programs, or reads them from the compilation cache) ...", file=sys.stderr,
+                  flush=True)
         result = reader.read([question])
         print(format_answer(reader, question, result.candidates[0], result.hits[0],
                             result.timings, mu))
