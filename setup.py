@@ -36,7 +36,8 @@ setup(
         "torch": ["torch==2.13.0"],
         "test": ["pytest>=8", "ruff>=0.6"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
-        "train": ["tensorboardX>=2.6"],
+        # tensorboardX writes the event files; matplotlib draws curves.png (dil-jax plot).
+        "train": ["tensorboardX>=2.6", "matplotlib>=3.8"],
         "bench": ["matplotlib>=3.8", "torch==2.13.0"],
         # The Lucene retriever (`--retriever pyserini`): pyjnius here; the pyserini wheel itself
         # (only its Lucene jar is used) goes in with --no-deps (tools/setup.sh), since its

@@ -15,6 +15,7 @@ traceback. Ctrl-C exits with 130 without one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -32,6 +33,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.odqa",
     "dil_jax.commands.demo",
     "dil_jax.commands.train",
+    "dil_jax.commands.plot",
     "dil_jax.commands.bench",
     "dil_jax.commands.prescreen",
 )
@@ -56,6 +58,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _compilation_cache(args: argparse.Namespace) -> contextlib.AbstractContextManager:
+    """JAX's persistent compilation cache as the command's flags and the environment say
+    (`dil_jax.compilation_cache`), for the commands that compile; nothing for the others (and
+    no JAX import)."""
+    if not getattr(args, "compiles", False):
+        return contextlib.nullcontext()
+    from dil_jax import compilation_cache
+
+    return compilation_cache.applied(compilation_cache.choose(
+        args.compilation_cache, args.no_compilation_cache, os.environ))
+
+
+def _logs_beside_bars() -> contextlib.AbstractContextManager:
+    """Log records written through tqdm while the command runs, so that a log line never cuts
+    a progress bar in two (tqdm's own helper; the console handlers are put back after)."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # Unknown arguments are errors, except for commands that take ml_collections-style
@@ -75,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with _compilation_cache(args), _logs_beside_bars():
+            return int(args.func(args) or 0)
     except DilJaxError as error:
         # Our errors name the file/field/value; a trace from deep inside adds nothing for a user.
         if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -40,13 +41,40 @@ def run_dir(tmp_path_factory) -> Path:
     if not HAVE_TORCH:
         flags.append("--no-hf")
     args = parser.parse_args(flags)
-    assert bench_command.run(args) == 0
+    # The progress lines (INFO) the command logs, kept beside the outputs.
+    logger = logging.getLogger(bench_command.__name__)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        assert bench_command.run(args) == 0
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    (out / "log.txt").write_text("\n".join(lines) + "\n")
     return out
 
 
 @pytest.fixture(scope="module")
 def record(run_dir) -> dict:
     return json.loads((run_dir / "speed_grid.json").read_text())
+
+
+def test_compilation_and_warm_up_say_what_they_do_one_line_each(record, run_dir):
+    """bench sat behind one "compiling" line for minutes: now each phase program's compile time
+    and each variant's warm-up are a line as they end."""
+    log = (run_dir / "log.txt").read_text()
+    (suite,) = record["suites"]
+    for variant, phases in suite["programs"].items():
+        for phase, row in phases.items():
+            assert (f"[tiny] {variant} {phase}: compiled in {row['compile_s']:.1f} s (its "
+                    "FLOP-count form in") in log
+    for variant, seconds in suite["warmup_s"].items():
+        assert f"[tiny] warm-up {variant}: {seconds:.1f} s" in log
+    assert "compile times: " in (run_dir / "speed_grid.md").read_text()
 
 
 def test_runs_end_to_end_on_every_variant(record, run_dir):

@@ -224,7 +224,10 @@ def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
              "What is the Moon?", "Who was Elizabeth Bennet?", "What did Austen write?"]
     examples = [SquadExample(f"q{i}", "", "", question, ("Jane Austen", "1969"))
                 for i, question in enumerate(asked)]
-    whole = evaluate_reader(reader, examples, [1, 3], 0.5, block_size=2)
+    counted = []  # odqa-eval's progress bar: questions read after each block
+    whole = evaluate_reader(reader, examples, [1, 3], 0.5, block_size=2,
+                            on_block=counted.append)
+    assert counted == [2, 4, 5]
     # The means, by hand from one read of every question.
     reader.top_p = 3
     answers = [pick_answer([c for c in candidates if c.rank < 1], None)
@@ -247,9 +250,12 @@ def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
         return read(questions)
 
     reader.read = counting
+    counted.clear()
     resumed = evaluate_reader(reader, examples, [1, 3], 0.5, block_size=2,
-                              progress=EvaluationProgress(path, settings))
+                              progress=EvaluationProgress(path, settings),
+                              on_block=counted.append)
     assert read_again == asked[3:]
+    assert counted == [5]  # the 3 questions held before count too
     for rule, rows in whole["by_score"].items():
         for p, row in rows.items():
             for name, value in row.items():

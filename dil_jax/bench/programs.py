@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -154,7 +154,8 @@ def phase_calls(reader: PairGrid, phase: str, spec: GridSpec) -> int:
     return ceil_div(spec.num_pairs, reader.chunk_size)
 
 
-def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dict[str, Any]]:
+def flop_profile(reader: PairGrid, params: Any, spec: GridSpec,
+                 log: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
     """Per phase: XLA and analytical FLOPs of one call and of the whole grid, memory, compile.
 
     Memory and compile time are those of the program PairGrid runs; XLA's FLOPs are counted on
@@ -163,7 +164,8 @@ def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dic
     counts a while-loop body once, not once per trip, so the attention FLOPs of all but one
     example would vanish from the count. The batched form is the same operations on the same
     shapes (outputs equal to float32 rounding), so its count is the program's FLOPs. Padding of
-    the last batch or chunk is counted: it is work the program does.
+    the last batch or chunk is counted: it is work the program does. `log` gets one line per
+    phase as its programs are compiled (minutes in all on a small CPU).
     """
     config = reader.model.config
     num_devices = reader.mesh.devices.size
@@ -177,7 +179,11 @@ def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dic
         if calls == 0:
             continue
         stats = program_stats(lower_phase(reader, params, phase, *shapes), num_devices)
-        flops = program_stats(lower_phase(accounting, params, phase, *shapes), num_devices).flops
+        counted = program_stats(lower_phase(accounting, params, phase, *shapes), num_devices)
+        flops = counted.flops
+        if log is not None:
+            log(f"{phase}: compiled in {stats.compile_s:.1f} s (its FLOP-count form in "
+                f"{counted.compile_s:.1f} s)")
         per_call = reader.chunk_size if phase == "pairs" else reader.batch_size
         analytical = phase_flops(config, phase, per_call, spec.question_len, spec.passage_len,
                                  reader.reuse)
@@ -197,7 +203,8 @@ def flop_profile(reader: PairGrid, params: Any, spec: GridSpec) -> dict[str, dic
 
 
 def pair_memory_scaling(reader: PairGrid, params: Any, grids: Sequence[tuple[int, int]],
-                        question_len: int, passage_len: int) -> list[dict[str, Any]]:
+                        question_len: int, passage_len: int,
+                        log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Compiled memory of the pair program for growing (q, p) grids; nothing is executed.
 
     The program reads one fixed-size chunk of pairs, so its temporaries are independent of q*p;
@@ -207,6 +214,9 @@ def pair_memory_scaling(reader: PairGrid, params: Any, grids: Sequence[tuple[int
     for num_questions, num_passages in grids:
         stats = program_stats(lower_phase(reader, params, "pairs", num_questions, num_passages,
                                           question_len, passage_len))
+        if log is not None:
+            log(f"pairs program for q = {num_questions}, p = {num_passages}: compiled in "
+                f"{stats.compile_s:.1f} s")
         rows.append({"num_questions": num_questions, "num_passages": num_passages,
                      "num_pairs": num_questions * num_passages,
                      "argument_bytes": stats.argument_bytes, "output_bytes": stats.output_bytes,

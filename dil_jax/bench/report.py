@@ -114,6 +114,16 @@ def checks_table(suite: dict[str, Any]) -> list[str]:
     return lines
 
 
+def compile_note(record: dict[str, Any]) -> str:
+    """What the "compile s" column measured: XLA compiling, or (with JAX's persistent
+    compilation cache on) possibly reading back a program an earlier run compiled."""
+    folder = record.get("compilation_cache")
+    if folder is None:
+        return "XLA compiling each program (no persistent compilation cache)"
+    return (f"with the persistent compilation cache in `{folder}` a program an earlier run "
+            "compiled is read back, not compiled (`--no-compilation-cache` times compilation)")
+
+
 def render_markdown(record: dict[str, Any]) -> str:
     """The whole record as Markdown: machine, then per suite timing, targets, FLOPs, memory."""
     m, threads = record["machine"], record.get("threads", {})
@@ -135,6 +145,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         f"{threads.get('torch_intra_op_threads')} (inter-op "
         f"{threads.get('torch_inter_op_threads')}); XLA_FLAGS=`{threads.get('xla_flags', '')}`"),
         f"- malloc: {record.get('malloc', 'as the process found it')}",
+        f"- compile times: {compile_note(record)}",
         "- token ids are random (a dense transformer's cost does not depend on them); float32",
         "",
     ]

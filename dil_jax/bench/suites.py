@@ -174,14 +174,19 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
                 hf_model, inputs, readers[0].chunk_size, max_pairs, config.segment_token_types)
     record["threads"] = thread_counts()
 
-    log(f"[{suite.name}] compiling and analysing the phase programs")
-    record["programs"] = {variant_name(k): flop_profile(readers[k], params, grid) for k in ks}
+    def variant_log(k: int) -> Callable[[str], None]:
+        return lambda line: log(f"[{suite.name}] {variant_name(k)} {line}")
+
+    log(f"[{suite.name}] compiling and analysing the phase programs (a line per phase)")
+    record["programs"] = {variant_name(k): flop_profile(readers[k], params, grid, variant_log(k))
+                          for k in ks}
     record["pair_memory_scaling"] = {
         variant_name(k): pair_memory_scaling(readers[k], params, suite.memory_grids,
-                                             grid.question_len, grid.passage_len)
+                                             grid.question_len, grid.passage_len, variant_log(k))
         for k in (0, max(ks))}
     log(f"[{suite.name}] warm-up: one chunk per variant")
-    record["warmup_s"] = warm_up(runners, min(readers[0].chunk_size, grid.num_pairs))
+    record["warmup_s"] = warm_up(runners, min(readers[0].chunk_size, grid.num_pairs),
+                                 lambda line: log(f"[{suite.name}] {line}"))
     cpu_before, start = cpu_snapshot(), time.perf_counter()
     runs, outputs = timed_repeats(runners, suite.repeats,
                                    lambda line: log(f"[{suite.name}] {line}"))

@@ -74,13 +74,17 @@ def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
 Runner = Callable[[int | None], tuple[dict[str, float], SpanScores | None]]
 
 
-def warm_up(runners: dict[str, Runner], num_pairs: int) -> dict[str, float]:
-    """One chunk per variant (compiles every program the timed passes run); seconds each."""
+def warm_up(runners: dict[str, Runner], num_pairs: int,
+            log: Callable[[str], None] | None = None) -> dict[str, float]:
+    """One chunk per variant (compiles every program the timed passes run); seconds each,
+    each also given to `log` as it ends."""
     seconds = {}
     for name, runner in runners.items():
         start = time.perf_counter()
         runner(num_pairs)
         seconds[name] = time.perf_counter() - start
+        if log is not None:
+            log(f"warm-up {name}: {seconds[name]:.1f} s")
     return seconds
 
 

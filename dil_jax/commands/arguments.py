@@ -163,6 +163,21 @@ def require_file(path: str, flag: str, what: str = "file") -> None:
         raise InputFileError(f"{flag} {path}: no such {what}")
 
 
+def add_compilation_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """--compilation-cache / --no-compilation-cache of a command that compiles XLA programs;
+    dil_jax.cli applies them (`dil_jax.compilation_cache`) around the command's run."""
+    parser.add_argument("--compilation-cache", default=None, metavar="DIR",
+                        help="keep compiled XLA programs in DIR, so that the next run of a "
+                             "command reads them instead of compiling again; default: "
+                             "$DIL_JAX_COMPILATION_CACHE when it names a folder, else "
+                             "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/dil_jax/jax "
+                             "(~/.cache/dil_jax/jax)")
+    parser.add_argument("--no-compilation-cache", action="store_true",
+                        help="compile every program afresh and keep nothing (or set "
+                             "DIL_JAX_COMPILATION_CACHE=0)")
+    parser.set_defaults(compiles=True)
+
+
 def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
     """--prescreen/--top-m/--mass of the commands that read (`where` completes the help)."""
     parser.add_argument("--prescreen", default=None, metavar="PRESCREENER",

@@ -14,7 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dil_jax.commands.arguments import int_list, non_negative_int, positive_int
+from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
+    int_list,
+    non_negative_int,
+    positive_int,
+)
 from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,7 @@ def register(subparsers: Any) -> None:
         "bench", help="time a question x passage grid: full model, delayed interaction, HF peer",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -112,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax import bench
     from dil_jax.atomic import check_output_folder, write_atomic
     from dil_jax.bench import report
+    from dil_jax.compilation_cache import active_folder
     from dil_jax.errors import UsageError
 
     if args.repeats < 1:  # argparse checks it; benchmarks/speed_grid.py's callers may not
@@ -135,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         "malloc": ("glibc, freed memory retained (mallopt arena_max=1, mmap_max=0, "
                    "trim_threshold=2 GiB)") if retained else "as the process found it",
         "suites": suites,
+        "compilation_cache": active_folder(),
     }
     stem = args.out / args.name
     bench.write_json(record, stem.with_suffix(".json"))

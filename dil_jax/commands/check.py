@@ -19,7 +19,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from dil_jax.commands.arguments import non_negative_int, positive_int, window_len
+from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
+    non_negative_int,
+    positive_int,
+    window_len,
+)
 from dil_jax.defaults import CHECK_MAX_PASSAGE_LEN, CHECK_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
 
@@ -39,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "the sample passages are short)")
     parser.add_argument("--repeats", type=positive_int, default=3,
                         help="timed repeats (median)")
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 

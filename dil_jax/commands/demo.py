@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 
 from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
     non_negative_int,
     positive_int,
     unit_interval,
@@ -38,6 +40,9 @@ DEMO_QUESTIONS = (
     "What is the fifth planet from the Sun?",
     "Who is regarded as the greatest writer in the English language?",
 )
+# Windows encoded per step of a demo passage cache build: one progress count each (the
+# default 256 would leave the bar still for ~20 s at a time on a 2-core CPU).
+CACHE_CHUNK = 64
 DEMO_TITLES = ("Albert Einstein", "Mount Everest", "Amazon River", "Jupiter",
                "William Shakespeare", "Paris", "Moon", "Isaac Newton", "Leonardo da Vinci",
                "Photosynthesis")
@@ -77,6 +82,7 @@ def register(subparsers) -> None:
     parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.corpus import split_documents
     from dil_jax.open_domain.index import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
+    from dil_jax.progress import CountBar
 
     check_window_flags(args.max_passage_len, args.doc_stride)
     # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:
@@ -145,12 +152,19 @@ def run(args: argparse.Namespace) -> int:
     index = _reusable_index(args.index, split)
     if index is None:
         passages = split_documents(demo_documents(args.distractors), "paragraphs")
+        print(f"building the demo index in {args.index} ({len(passages):,} passages; once, "
+              "later runs reuse it) ...", file=sys.stderr, flush=True)
         index = build_index(args.index, passages, full[2], max_passage_len=args.max_passage_len,
                             doc_stride=args.doc_stride, split=split)
     readers = {}
     for name, (model, params, tokenizer) in (("full", full), ("delayed", delayed)):
-        cache = build_reader_cache(index, model.config, params, tokenizer,
-                                   encode=passage_encoder(model, params, 32))
+        k_value = model.config.num_lower_layers
+        # Shown only while a cache is being built (a bar made at its first count).
+        with CountBar(f"passage cache of the {name} reader (k={k_value})",
+                      index.settings["num_windows"], "window") as bar:
+            cache = build_reader_cache(index, model.config, params, tokenizer,
+                                       encode=passage_encoder(model, params, 32),
+                                       chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, model, params, tokenizer, cache,
                                          top_p=args.top_p, batch_size=1, chunk_size=args.top_p,
                                          span_score=args.span_score)
@@ -158,8 +172,14 @@ def run(args: argparse.Namespace) -> int:
           f" windows), ready in {time.perf_counter() - started:.1f} s")
 
     questions = args.question or list(DEMO_QUESTIONS)
-    for reader in readers.values():
-        reader.read(questions[:1])  # compile once, so the times below are steady-state
+    for name, reader in readers.items():
+        # Compile once, so the times below are steady-state; a rerun reads the programs from
+        # the persistent compilation cache instead.
+        compiling = time.perf_counter()
+        print(f"compiling the {name} reader's programs ...", end=" ", file=sys.stderr,
+              flush=True)
+        reader.read(questions[:1])
+        print(f"{time.perf_counter() - compiling:.1f} s", file=sys.stderr, flush=True)
     abstentions = {"full": abstention_of(full_ckpt and str(full_ckpt)),
                    "delayed": abstention_of(delayed_ckpt and str(delayed_ckpt))}
     totals = {name: 0.0 for name in readers}

@@ -22,6 +22,7 @@ from dil_jax.commands.arguments import (
     _checked_first,
     _local_paths,
     _reader_args,
+    add_compilation_cache_arguments,
     add_reading_arguments,
     cache_storage,
     non_negative_int,
@@ -228,6 +229,7 @@ def register(subparsers) -> None:
                        help="also store every passage's sentence embeddings for this "
                             "prescreener ('default' = the bundled one, or a folder; default: none "
                             "stored)")
+    add_compilation_cache_arguments(index)
     index.set_defaults(func=_checked_first(_check_index_flags, run_index))
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
@@ -248,6 +250,7 @@ def register(subparsers) -> None:
     _reader_args(ask, many_k=False)
     add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
                                "--prescreen)")
+    add_compilation_cache_arguments(ask)
     ask.set_defaults(func=_checked_first(_check_ask_flags, run_ask))
 
     evaluate = subparsers.add_parser(
@@ -276,6 +279,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
+    add_compilation_cache_arguments(evaluate)
     evaluate.set_defaults(func=_checked_first(_check_evaluate_flags, run_evaluate))
 
 
@@ -514,7 +518,11 @@ def run_ask(args: argparse.Namespace) -> int:
         questions = iter(lambda: sys.stdin.readline().strip(), "")
     else:
         questions = iter([args.question])
-    for question in questions:
+    for number, question in enumerate(questions):
+        if number == 0:  # seconds of silence otherwise, on a small CPU
+            print(f"reading {reader.top_p} passages (the first question compiles the reader's "
+                  "programs, or reads them from the compilation cache) ...", file=sys.stderr,
+                  flush=True)
         result = reader.read([question])
         print(format_answer(reader, question, result.candidates[0], result.hits[0],
                             result.timings, mu, abstention))
@@ -549,6 +557,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
         evaluate_reader,
         markdown_table,
     )
+    from dil_jax.progress import CountBar
 
     _resolve_checkpoints(args)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
@@ -565,8 +574,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
             readers[f"{next(iter(readers))} + SEP {screened.prescreen.rule}"] = screened
         for name, reader in readers.items():
-            print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} ...",
-                  file=sys.stderr)
+            print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} "
+                  "(its first block of questions pays the compilation) ...", file=sys.stderr)
             progress = None
             if args.out:
                 # Resumable: each finished block of questions is kept under --out, and a rerun
@@ -577,8 +586,11 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)
-            results[name] = evaluate_reader(reader, examples, args.p, args.mu,
-                                            progress=progress)
+            already = len(progress.done) if progress is not None else 0
+            with CountBar(name, len(examples), "question", initial=already) as bar:
+                bar(already)  # the bar from the start, not after the first block
+                results[name] = evaluate_reader(reader, examples, args.p, args.mu,
+                                                progress=progress, on_block=bar)
     table = markdown_table(results)
     print(table)
     if args.out:

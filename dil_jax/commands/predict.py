@@ -8,6 +8,7 @@ import logging
 import time
 
 from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
     add_reading_arguments,
     finite_float,
     int_list,
@@ -76,6 +77,7 @@ def register(subparsers) -> None:
     parser.add_argument("--lsh-bucket-size", type=positive_int, default=None,
                         help="tokens per chunk of --lsh-layers (default 64)")
     add_reading_arguments(parser, "")
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 

@@ -22,7 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from dil_jax.commands.arguments import fraction, positive_int, window_len
+from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
+    fraction,
+    positive_int,
+    window_len,
+)
 from dil_jax.defaults import CPU_MAX_PASSAGE_LEN
 
 
@@ -71,6 +76,7 @@ def register(subparsers) -> None:
     parser.add_argument("--max-passage-len", type=window_len, default=CPU_MAX_PASSAGE_LEN,
                         help="reader window (tokens) with and without prescreening: the "
                              "bundled readers' training window, so they are scored as trained")
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 

@@ -12,6 +12,8 @@ import json
 import logging
 import sys
 
+from dil_jax.commands.arguments import add_compilation_cache_arguments
+
 log = logging.getLogger(__name__)
 
 
@@ -20,6 +22,7 @@ def register(subparsers) -> None:
         "train", help="fine-tune a reader (configs/*.py, --config.key=value overrides)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
@@ -100,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     args.extra_args = extras
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from dil_jax.errors import DilJaxError
 
     try:
-        return run(args)
+        with logging_redirect_tqdm():  # log lines never cut the progress bar in two
+            return run(args)
     except DilJaxError as error:  # as dil_jax.cli does: the message names the problem
         print(f"dil-jax train: error: {error}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +174,8 @@ class EvaluationProgress:
 def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
                     p_values: Sequence[int] = (29, 100), mu: float = 0.5, *,
                     progress: EvaluationProgress | None = None,
-                    block_size: int = 64) -> dict[str, Any]:
+                    block_size: int = 64,
+                    on_block: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Scores of one reader; `examples` must be answerable (SQuAD 1.1 style).
 
     by_p: p -> R and EM/F1 (without / with IR) under the reader's own span score rule;
@@ -183,7 +184,8 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
     are scored as unanswered (empty prediction), not errors. Questions are read in blocks of
     `block_size`; with `progress`, each finished block is recorded there and the questions it
     already holds are not read again (wall_seconds and timings then add up every block's,
-    whichever process read it).
+    whichever process read it). on_block: called after each block with the number of questions
+    read so far (those `progress` already held included), for a progress bar.
     """
     reader.top_p = max(p_values)
     done = progress.done if progress is not None else {}
@@ -203,7 +205,9 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
             progress.append(finished)
         else:
             blocks.append(finished)
-        if progress is not None and len(todo) > block_size:
+        if on_block is not None:
+            on_block(len(examples) - len(todo) + start + len(block))
+        elif progress is not None and len(todo) > block_size:
             log.info("%s: %d of %d questions read", progress.path,
                      len(progress.done), len(examples))
     by_id = progress.done if progress is not None else {

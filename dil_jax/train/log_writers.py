@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,8 @@ class MetricWriter:
         self.enabled = enabled
         self._tb = None
         self._file = None
+        self.path = Path(workdir) / METRICS_FILE
+        self._curves = True  # False once matplotlib turned out to be missing
         if not enabled:
             return
         workdir = Path(workdir)
@@ -90,6 +93,26 @@ class MetricWriter:
                 self._tb.add_scalar(f"{split}/{name}", value, int(step))
             self._tb.flush()
 
+    def draw_curves(self) -> Path | None:
+        """Redraws curves.png beside metrics.jsonl (dil_jax.train.curves); returns its path, or
+        None when not drawn. A plot never stops training: without matplotlib it is skipped (said
+        once), and a plot that cannot be written is a warning."""
+        if not self.enabled or not self._curves:
+            return None
+        try:
+            from dil_jax.train.curves import draw_curves
+        except ImportError:
+            log.warning("matplotlib is not installed: no %s/curves.png (pip install "
+                        "'dil_jax[train]'; dil-jax plot %s draws it later)", self.path.parent,
+                        self.path.parent)
+            self._curves = False
+            return None
+        try:
+            return draw_curves(self.path)
+        except (OSError, ValueError) as error:  # the DilJaxErrors of a write are ValueErrors
+            log.warning("could not draw the training curves: %s", error)
+            return None
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -98,29 +121,33 @@ class MetricWriter:
 
 
 class Progress:
-    """tqdm bar over optimizer steps: step/total, ETA, loss and examples/s in the postfix."""
+    """tqdm bar over optimizer steps: step/total, ETA, loss and examples/s in the postfix.
+
+    examples/s is averaged over the last `window` updates, without the first interval (which
+    paid the compilation) once there is another (`dil_jax.progress.WindowedRate`); the
+    metrics.jsonl rows keep each log interval's own rate."""
 
     def __init__(self, total_steps: int, start_step: int, examples_per_step: int,
-                 enabled: bool = True):
+                 enabled: bool = True, window: int = 10,
+                 clock: Callable[[], float] = time.perf_counter):
         from tqdm.auto import tqdm
 
-        self.examples_per_step = examples_per_step
+        from dil_jax.progress import WindowedRate
+
+        self.rate = WindowedRate(examples_per_step, start_step, window, clock)
         self.bar = tqdm(total=total_steps, initial=start_step, disable=not enabled,
                         unit="step", dynamic_ncols=True, smoothing=0.1)
-        self._last_time = time.perf_counter()
         self._last_step = start_step
 
     def update(self, step: int, loss: float | None = None) -> float:
-        """Advances the bar to `step`; returns examples/s since the previous update."""
-        now = time.perf_counter()
-        steps = step - self._last_step
-        rate = steps * self.examples_per_step / max(now - self._last_time, 1e-9)
-        self._last_time, self._last_step = now, step
+        """Advances the bar to `step`; returns the averaged examples/s shown."""
+        rate = self.rate.update(step)
         postfix = {"ex/s": f"{rate:.1f}"}
         if loss is not None:
             postfix["loss"] = f"{loss:.4f}"
         self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(steps)
+        self.bar.update(step - self._last_step)
+        self._last_step = step
         return rate
 
     def close(self) -> None:

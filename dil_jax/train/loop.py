@@ -57,6 +57,7 @@ from dil_jax.train.config_rules import (
     check_frozen_prefixes,
     validate_config,
 )
+from dil_jax.train.curves import CURVES_FILE
 from dil_jax.train.log_writers import METRICS_FILE, TENSORBOARD_DIR, MetricWriter, Progress
 from dil_jax.train.setup import (
     EvaluateFn,
@@ -84,7 +85,7 @@ WORKDIR_MARK = "dil_jax_train.json"
 # else is someone else's (a Hugging Face checkpoint has config.json too): train refuses it.
 WORKDIR_ENTRIES = frozenset({
     WORKDIR_MARK, CHECKPOINT_DIR, BROKEN_DIR, CONFIG_FILE, CONFIG_HISTORY_FILE, METRICS_FILE,
-    TENSORBOARD_DIR, EXPORT_DIR, EXPORT_DIR + ".new"})
+    TENSORBOARD_DIR, EXPORT_DIR, EXPORT_DIR + ".new", CURVES_FILE})
 
 
 @dataclasses.dataclass
@@ -231,6 +232,7 @@ def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn
     if metrics:
         writer.write(step, "eval", metrics)
         log.info("step %d eval %s", step, json.dumps(metrics))
+        writer.draw_curves()
     return metrics
 
 
