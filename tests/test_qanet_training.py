@@ -1,10 +1,11 @@
-"""A tiny QANet learns: a few hundred Adam steps on a synthetic pointing task.
+"""A tiny QANet learns: 400 Adam steps on a synthetic pointing task.
 
-The task: a passage of 16 distinct random tokens, a question of 3 tokens whose first one occurs
-in the passage exactly once; the answer span is that token and the next. Only context-query
-attention can solve it (the answer is where the passage matches the question), so a reader whose
-question side, attention masks or pointers were broken stays at chance: a start loss of
-log(16) = 2.8 and 1 right start in 16.
+The task: a passage of 14 distinct random tokens (and 2 padding), a question of 3 tokens of
+which exactly one, the first, occurs in the passage; the answer span is that token and the next.
+Only context-query attention can solve it (the answer is where the passage matches the
+question), so a reader whose question side, attention masks or pointers were broken stays at
+chance: start + end loss 2 log 14 = 5.3, 1 right start in 14. Measured (this seed, 2-core
+CPU): loss 5.9 -> 0.63 over the first and last 10 steps, held-out start accuracy 0.98.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_tiny_qanet_learns_to_point():
                                        jax.random.key(i))
         losses.append(float(loss))
     first, last = np.mean(losses[:10]), np.mean(losses[-10:])
-    # Chance is 2 log 16 = 5.5 (start + end); a reader that learnt the match is far below.
+    # Chance is 2 log 14 = 5.3 (start + end); a reader that learnt the match is far below.
     assert first > 4.5, losses[:10]
     assert last < 0.25 * first, (first, last)
     q, p, start, end = _task(np.random.default_rng(1), 256, config.vocab_size,
