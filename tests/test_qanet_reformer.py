@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 import dil_jax.model.qanet_layers as qanet_layers
-import qanet_numpy_reference as ref
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_layers import EncoderStack
 from dil_jax.model.reversible import reversible_forward, reversible_layers
 
+import qanet_numpy_reference as ref
 from qanet_helpers import perturb, segment, tiny_config, tiny_variables
 
 # Logits of the tiny reader reach ~100-300 (tests/test_qanet.py); two float32 programs of the
