@@ -1,11 +1,12 @@
-"""A tiny QANet learns: 400 Adam steps on a synthetic pointing task.
+"""A tiny QANet (and BiDAF) learns: a few hundred Adam steps on a synthetic pointing task.
 
 The task: a passage of 14 distinct random tokens (and 2 padding), a question of 3 tokens of
 which exactly one, the first, occurs in the passage; the answer span is that token and the next.
 Only context-query attention can solve it (the answer is where the passage matches the
 question), so a reader whose question side, attention masks or pointers were broken stays at
 chance: start + end loss 2 log 14 = 5.3, 1 right start in 14. Measured (this seed, 2-core
-CPU): loss 5.9 -> 0.63 over the first and last 10 steps, held-out start accuracy 0.98.
+CPU), mean loss of the first and last 10 steps and held-out start accuracy: QANet (400 steps)
+5.9 -> 0.63, 0.98; BiDAF (300 steps) 5.3 -> 0.22, 1.00.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_inputs import QANetSegment
 
@@ -48,11 +50,9 @@ def _task(rng: np.random.Generator, batch: int, vocab: int, max_chars: int):
     return q, p, start, start + 1
 
 
-def test_tiny_qanet_learns_to_point():
-    # One model block and two convs in the embedding block: every stage, half the compile time.
-    config = tiny_config(model_blocks=1, embedding_convs=2, dropout=0.05, char_dropout=0.05,
-                         word_dropout=0.05)
-    model = QANetModel(config)
+def _train_and_check(model, config, steps: int) -> None:
+    """`steps` Adam steps (lr 3e-3, batch 32, dropout on); the loss must fall to a quarter of
+    its start and the start pointer must be right on > 80% of 256 held-out questions."""
     variables = model.init(jax.random.key(0))
     frozen = variables["frozen"]
     optimizer = optax.adam(3e-3)
@@ -72,7 +72,7 @@ def test_tiny_qanet_learns_to_point():
     data = np.random.default_rng(0)
     params, opt_state = variables["params"], optimizer.init(variables["params"])
     losses = []
-    for i in range(STEPS):
+    for i in range(steps):
         q, p, start, end = _task(data, BATCH, config.vocab_size, config.max_chars)
         params, opt_state, loss = step(params, opt_state, q, p, start, end,
                                        jax.random.key(i))
@@ -87,3 +87,16 @@ def test_tiny_qanet_learns_to_point():
     accuracy = np.mean(np.argmax(np.asarray(out.start_logits), -1) == start)
     print(f"loss {first:.3f} -> {last:.3f}, held-out start accuracy {accuracy:.3f}")
     assert accuracy > 0.8, (accuracy, first, last)  # chance: 1 in 14
+
+
+def test_tiny_qanet_learns_to_point():
+    # One model block and two convs in the embedding block: every stage, half the compile time.
+    config = tiny_config(model_blocks=1, embedding_convs=2, dropout=0.05, char_dropout=0.05,
+                         word_dropout=0.05)
+    _train_and_check(QANetModel(config), config, 400)
+
+
+def test_tiny_bidaf_learns_to_point():
+    config = BiDAFConfig(vocab_size=40, word_dim=12, max_chars=6, char_dim=8, char_filters=10,
+                         char_kernel=3, hidden=16, dropout=0.05, char_dropout=0.05)
+    _train_and_check(BiDAFModel(config), config, 300)

@@ -92,9 +92,13 @@ class Highway(nn.Module):
 
 class CharacterCNN(nn.Module):
     """A token's characters -> one vector: embed, convolve along the characters, relu, max-pool
-    over the token's real characters (CHAR_PAD slots excluded, not counted as zeros)."""
+    over the token's real characters (CHAR_PAD slots excluded, not counted as zeros).
 
-    config: QANetConfig
+    config: any config with char_vocab_size, char_dim, char_dropout, char_filters and
+    char_kernel (QANetConfig; BiDAFConfig shares the layer).
+    """
+
+    config: Any
 
     @nn.compact
     def __call__(self, chars: jax.Array, deterministic: bool = True) -> jax.Array:
