@@ -1,7 +1,8 @@
 """QANet's layers (Yu et al. 2018), Flax linen.
 
     sinusoid_positions      the fixed positional encoding added at the start of every block
-    DepthwiseSeparableConv  per-channel convolution along the sequence, then a pointwise Dense
+    DepthwiseConv, DepthwiseSeparableConv
+                            per-channel convolution along the sequence, then a pointwise Dense
     Highway                 gated highway layers (the input embedding's two)
     CharacterCNN            character embeddings -> a convolution over each token's characters
                             -> max-pool over its REAL characters
@@ -53,9 +54,36 @@ def _layer_norm(config: QANetConfig, name: str | None = None) -> nn.LayerNorm:
     return nn.LayerNorm(epsilon=config.layer_norm_eps, name=name)
 
 
+class DepthwiseConv(nn.Module):
+    """A per-channel convolution of width `kernel` along the sequence, "SAME" ((kernel - 1) / 2
+    zeros each side), no bias: out[t, c] = sum_j x[t + j - (kernel - 1) / 2, c] kernel[j, 0, c]
+    (a cross-correlation, as nn.Conv's; the kernel has nn.Conv's [kernel, 1, channels] layout
+    and lecun-normal init, so it is the depthwise nn.Conv's parameter).
+
+    Computed as `kernel` shifted multiply-adds, not as a grouped convolution: XLA:CPU runs
+    `feature_group_count = channels` as a slow generic loop (forward + backward at [16, 160,
+    128], kernel 7: 57.5 ms against 1.7 ms for the shifted sum, 2-core AMD EPYC).
+    """
+
+    kernel: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x: [batch, seq, channels] -> [batch, seq, channels]."""
+        channels, seq = x.shape[-1], x.shape[1]
+        weights = self.param("kernel", nn.initializers.lecun_normal(),
+                             (self.kernel, 1, channels))
+        half = (self.kernel - 1) // 2
+        padded = jnp.pad(x, [(0, 0), (half, half), (0, 0)])
+        out = padded[:, 0:seq] * weights[0, 0]
+        for j in range(1, self.kernel):
+            out = out + padded[:, j:j + seq] * weights[j, 0]
+        return out
+
+
 class DepthwiseSeparableConv(nn.Module):
-    """relu(pointwise(depthwise(x))): a per-channel convolution of width `kernel` along the
-    sequence ("SAME": (kernel - 1) / 2 zeros each side, no bias), then a Dense to `features`."""
+    """relu(pointwise(depthwise(x))): `DepthwiseConv` along the sequence, then a Dense to
+    `features`."""
 
     features: int
     kernel: int
@@ -65,9 +93,7 @@ class DepthwiseSeparableConv(nn.Module):
         """x: [batch, seq, channels]; mask: [batch, seq] -> [batch, seq, features]."""
         # Padded positions are zeroed so that they read as the convolution's own zero padding.
         x = x * (mask[..., None] > 0).astype(x.dtype)
-        channels = x.shape[-1]
-        x = nn.Conv(channels, (self.kernel,), padding="SAME", feature_group_count=channels,
-                    use_bias=False, name="depthwise")(x)
+        x = DepthwiseConv(self.kernel, name="depthwise")(x)
         return jax.nn.relu(nn.Dense(self.features, name="pointwise")(x))
 
 
