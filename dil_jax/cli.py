@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.train",
     "dil_jax.commands.bench",
     "dil_jax.commands.prescreen",
+    "dil_jax.commands.serve",
 )
 
 
