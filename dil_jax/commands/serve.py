@@ -121,9 +121,7 @@ def run(args: argparse.Namespace) -> int:
 def serve(readers, limits, args: argparse.Namespace, api_key: str | None) -> int:
     """Runs uvicorn until SIGTERM / Ctrl-C: in-flight requests are answered first (uvicorn's
     graceful shutdown, then the app's lifespan stops the worker), then exit status 0."""
-    import uvicorn
-
-    from dil_jax.serve.app import AppSettings, create_app
+    from dil_jax.serve.app import AppSettings, create_app, run_server
     from dil_jax.serve.engine import Engine
     from dil_jax.serve.metrics import ServeMetrics
 
@@ -135,9 +133,7 @@ def serve(readers, limits, args: argparse.Namespace, api_key: str | None) -> int
                                          span_score=args.span_score))
     print(f"serving {', '.join(readers)} over {args.index} on http://{args.host}:{args.port}/ "
           "(compiling first: GET /readyz says when ready)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=int(args.request_timeout) + 5)
-    uvicorn.Server(config).run()
+    run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5)
     if engine.worker.failure is not None:
         raise UsageError(f"the server could not start: {engine.worker.failure}")
     return 0

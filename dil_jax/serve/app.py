@@ -235,6 +235,35 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
+def run_server(app: Starlette, host: str, port: int, graceful_s: float) -> None:
+    """Serves `app` with uvicorn until SIGTERM or Ctrl-C, answering the requests in flight
+    first (uvicorn's graceful shutdown, at most graceful_s seconds, then the lifespan stops
+    the worker). Returns normally: uvicorn itself re-raises the signal it drained on once it
+    is done, so the process would die of it (status -15); a drained stop is a clean one."""
+    import signal
+    import threading
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=max(1, round(graceful_s)))
+    Server(config).run()
+
+
 def openapi(readers: list[str], limits) -> dict:
     """The API as an OpenAPI 3.1 document (written out: the checks are schemas.py's)."""
     from dil_jax.defaults import SPAN_SCORES

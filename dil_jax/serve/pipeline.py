@@ -8,7 +8,8 @@ them (transformers 4.x `QuestionAnsweringPipeline.postprocess`, `select_starts_e
 - the null score of a window is p_start([CLS]) x p_end([CLS]); the request's is the smallest
   over its windows; then the `[CLS]` probabilities are set to 0;
 - a span (s, e) scores p_start(s) x p_end(e), for s <= e < s + max_answer_len; each window
-  keeps its top_k spans whose start and end are context tokens;
+  keeps its top_k spans whose start and end are context tokens (the pipeline may fill a top_k
+  larger than the window's spans with zero-scored spans ending before they start: not here);
 - the span's characters are widened to whole words (the pipeline's `align_to_words=True`:
   `token_to_word`, then `word_to_chars`);
 - with handle_impossible_answer, {"score": null score, "start": 0, "end": 0, "answer": ""}
@@ -57,8 +58,11 @@ def window_spans(start_logits: np.ndarray, end_logits: np.ndarray, null_start: f
     else:
         order = np.argsort(-flat, kind="stable")[:top_k]
     starts, ends = np.unravel_index(order, scores.shape)
+    # The pipeline keeps spans whose start and end are context tokens; it would also keep an
+    # end before its start, scored 0, when top_k passes the number of spans: those are not
+    # answers, and left out here.
     spans = [(int(s), int(e), float(scores[s, e])) for s, e in zip(starts, ends)
-             if allowed[s] and allowed[e]]
+             if allowed[s] and allowed[e] and s <= e]
     return spans, null_score
 
 

@@ -89,10 +89,14 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise RequestError(400, "body", "the request body is empty: send a JSON object")
     try:
-        data = json.loads(raw)
+        # Decoded here: json.loads would guess UTF-16 or -32 from a byte order mark, and JSON
+        # on the wire is UTF-8 (RFC 8259).
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise RequestError(400, "body", f"the body is not UTF-8 text ({error.reason} at byte "
                                         f"{error.start})") from error
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as error:
         raise RequestError(400, "body", f"the body is not valid JSON: {error.msg} at line "
                                         f"{error.lineno} column {error.colno}") from error
