@@ -192,6 +192,24 @@ def test_client_command_line(server, capsys):
     assert "reader 'tiny' is not one of" in capsys.readouterr().err
 
 
+def test_inputs_without_tokens_are_refused_alone(server):
+    """A question or context the tokenizer reads as nothing (a zero-width space, control
+    characters) is a 422 naming the field, and a question asked beside it is answered."""
+    client, _ = server
+    with ThreadPoolExecutor(3) as pool:
+        blank = pool.submit(client.answer, "\u200b\u200b", reader="delayed")
+        fine = pool.submit(client.answer, "Who wrote Pride and Prejudice?", reader="delayed")
+        blank_read = pool.submit(client.read, "\x00\x01", "Jane Austen wrote it.")
+        assert fine.result()["answers"][0]["title"] == "T1"
+        for future, field in ((blank, "question"), (blank_read, "question")):
+            with pytest.raises(ServiceError) as refused:
+                future.result()
+            assert refused.value.status == 422 and refused.value.field == field, refused.value
+    with pytest.raises(ServiceError) as refused:
+        client.read("Who wrote it?", "\x00\x01\x02")
+    assert refused.value.status == 422 and refused.value.field == "context"
+
+
 def test_readiness_waits(server):
     client, _ = server
     started = time.monotonic()

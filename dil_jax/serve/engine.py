@@ -126,12 +126,16 @@ class Engine:
 
     def _read_jobs(self, name: str, requests: Sequence[ReadRequest]) -> list[Any]:
         """Each context alone (a failure is that request's only)."""
+        from dil_jax.errors import DilJaxError
+
         results: list[Any] = []
         for request in requests:
             try:
                 results.append(self._read_context(self.readers[name], request))
             except RequestError as error:
                 results.append(error)
+            except DilJaxError as error:  # e.g. a question with no token: this request only
+                results.append(RequestError(422, "question", str(error), request.question))
         return results
 
     def _read_context(self, served: ServedReader, request: ReadRequest) -> list[dict]:
