@@ -13,8 +13,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["dil_jax", "dil_jax.*"]),
     # The bundled fine-tuned readers (Hugging Face folders) and prescreener (orbax params, nested
-    # folders), see dil_jax/assets/README.md.
-    package_data={"dil_jax": ["assets/*.md", "assets/**/*"]},
+    # folders), see dil_jax/assets/README.md; the service's web page and API page.
+    package_data={"dil_jax": ["assets/*.md", "assets/**/*", "serve/*.html"]},
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",
@@ -38,7 +38,11 @@ setup(
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         # tensorboardX writes the event files; matplotlib draws curves.png (dil-jax plot).
         "train": ["tensorboardX>=2.6", "matplotlib>=3.8"],
-        "bench": ["matplotlib>=3.8", "torch==2.13.0"],
+        # fastapi: only benchmarks/serve_frameworks.py (its overhead against Starlette's).
+        "bench": ["matplotlib>=3.8", "torch==2.13.0", "fastapi>=0.115"],
+        # `dil-jax serve` (docs/serving.md); httpx is what Starlette's TestClient and the
+        # serve tests talk through.
+        "serve": ["starlette>=0.37", "uvicorn>=0.30", "prometheus-client>=0.20", "httpx>=0.27"],
         # The Lucene retriever (`--retriever pyserini`): pyjnius here; the pyserini wheel itself
         # (only its Lucene jar is used) goes in with --no-deps (tools/setup.sh), since its
         # declared dependencies pull faiss, spacy, nmslib and a CUDA torch.

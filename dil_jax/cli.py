@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.plot",
     "dil_jax.commands.bench",
     "dil_jax.commands.prescreen",
+    "dil_jax.commands.serve",
 )
 
 

@@ -18,7 +18,8 @@ import pytest
 from dil_jax.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("jax", "jaxlib", "flax", "orbax", "torch", "transformers", "tokenizers", "numpy")
+HEAVY = ("jax", "jaxlib", "flax", "orbax", "torch", "transformers", "tokenizers", "numpy",
+         "starlette", "uvicorn", "fastapi", "prometheus_client", "httpx")
 
 # Run in a fresh interpreter: this test process has long imported jax through conftest and other
 # tests, so its own sys.modules says nothing.

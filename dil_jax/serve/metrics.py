@@ -1,0 +1,115 @@
+"""The service's Prometheus metrics (`GET /metrics`, text format 0.0.4), and the count of XLA
+compilations.
+
+Each app gets its own `CollectorRegistry` (tests build several apps in one process, and a
+second registration in the global registry would fail). Compilations are counted by a
+`jax.monitoring` listener on the backend-compile event, process-wide (XLA compiles for the
+process, whichever app asked): `CompileCounter.count` is what `/metrics` exports and what the
+tests compare before and after a request.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# jax/_src/dispatch.py BACKEND_COMPILE_EVENT: one event per program XLA compiles.
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+# Seconds: from a millisecond (retrieval) to a minute (a large batch on a busy CPU).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0, 30.0, 60.0)
+
+
+class CompileCounter:
+    """XLA compilations in this process since the listener was registered (once)."""
+
+    _lock = threading.Lock()
+    _registered = False
+    count = 0
+    seconds = 0.0
+
+    @classmethod
+    def register(cls) -> None:
+        import jax
+
+        with cls._lock:
+            if cls._registered:
+                return
+            jax.monitoring.register_event_duration_secs_listener(cls._listener)
+            cls._registered = True
+
+    @classmethod
+    def _listener(cls, event: str, duration: float, **_: object) -> None:
+        if event == BACKEND_COMPILE_EVENT:
+            with cls._lock:
+                cls.count += 1
+                cls.seconds += duration
+
+
+class _CompileCollector:
+    def __init__(self, ready_count: list[int | None]):
+        self.ready_count = ready_count
+
+    def collect(self):
+        total = CounterMetricFamily("dil_jax_compilations",
+                                    "XLA programs compiled by this process", labels=["stage"])
+        at_ready = self.ready_count[0]
+        if at_ready is None:
+            total.add_metric(["startup"], CompileCounter.count)
+            total.add_metric(["serving"], 0)
+        else:
+            total.add_metric(["startup"], at_ready)
+            # Programs compiled after /readyz: a shape the warm-up missed (should stay 0).
+            total.add_metric(["serving"], CompileCounter.count - at_ready)
+        yield total
+        yield CounterMetricFamily("dil_jax_compile_seconds",
+                                  "seconds spent compiling XLA programs",
+                                  value=CompileCounter.seconds)
+
+
+class ServeMetrics:
+    """Every metric of one app."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self._ready_count: list[int | None] = [None]
+        self.requests = Counter("dil_jax_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=self.registry)
+        self.latency = Histogram("dil_jax_request_seconds", "HTTP request latency by route",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.phases = Histogram("dil_jax_phase_seconds",
+                                "seconds of each phase of a read, by reader (queue: waiting "
+                                "for the worker; the others per batch)",
+                                ["reader", "phase"], buckets=LATENCY_BUCKETS,
+                                registry=self.registry)
+        self.batch_size = Histogram("dil_jax_batch_size", "jobs read together by the worker",
+                                    ["kind", "reader"],
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+                                    registry=self.registry)
+        self.queue_depth = Gauge("dil_jax_queue_depth", "jobs waiting for the worker",
+                                 registry=self.registry)
+        self.ready = Gauge("dil_jax_ready", "1 once every program is compiled",
+                           registry=self.registry)
+        self.registry.register(_CompileCollector(self._ready_count))
+        CompileCounter.register()
+
+    def mark_ready(self) -> None:
+        self._ready_count[0] = CompileCounter.count
+        self.ready.set(1)
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,210 @@
+"""The one thread that owns the device: a bounded queue of jobs, batches, results by request.
+
+Requests (on the event loop) `submit` a job and await its `Future`; the worker thread takes
+the oldest job, waits for more until that job's arrival + `max_wait_s` (one deadline, so a
+request never waits longer than that for company, and under load, when the worker was busy
+past the deadline, a batch leaves at once) or until `max_batch` jobs, groups them by (kind,
+reader) and hands each group to its handler in one call. Every job carries its own Future, so
+results go back to the request that asked, whatever order the handler computed them in.
+
+Why one thread: JAX programs run one at a time on a device anyway, and a single owner makes
+the warm-up's guarantee (every shape compiled before the first request) hold: no other thread
+can trace a new shape meanwhile.
+
+Nothing a job holds can stop the thread: a handler's exception fails only the jobs of its group
+(each Future gets it), and a result that is an exception fails only its job.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# (reader, payloads) -> one result per payload, in order; a result may be an Exception, which
+# fails that job only.
+Handler = Callable[[str, Sequence[Any]], Sequence[Any]]
+
+
+class QueueFull(Exception):
+    """The queue holds max_queue jobs; retry_after: seconds a client should wait."""
+
+    def __init__(self, depth: int, retry_after: int):
+        super().__init__(f"the queue is full ({depth} requests waiting); retry in "
+                         f"{retry_after} s")
+        self.depth, self.retry_after = depth, retry_after
+
+
+class NotAccepting(Exception):
+    """The worker is not taking jobs: still starting, stopping, or failed to start."""
+
+
+@dataclasses.dataclass
+class Job:
+    kind: str
+    reader: str
+    payload: Any
+    future: Future
+    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    """A job's result: the handler's value, with how long the job queued and how many jobs
+    its handler call read together."""
+
+    value: Any
+    queue_s: float
+    batch_size: int
+
+
+class Worker:
+    """See the module docstring. start() runs `setup` (loading, warm-up) in the thread first;
+    `ready` is set once it returned, `failure` holds what it raised."""
+
+    def __init__(self, handlers: Mapping[str, Handler], *, max_batch: int = 8,
+                 max_wait_s: float = 0.005, max_queue: int = 64,
+                 setup: Callable[[], None] | None = None,
+                 on_batch: Callable[[str, str, int, float], None] | None = None,
+                 on_depth: Callable[[int], None] | None = None):
+        """on_batch(kind, reader, size, seconds) after each handler call; on_depth(depth)
+        whenever the queue's length changes."""
+        if max_batch < 1 or max_queue < 1 or max_wait_s < 0:
+            raise ValueError(f"max_batch {max_batch}, max_queue {max_queue}: must be >= 1; "
+                             f"max_wait_s {max_wait_s}: must be >= 0")
+        self.handlers = dict(handlers)
+        self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
+        self._setup, self._on_batch, self._on_depth = setup, on_batch, on_depth
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._busy_s = collections.deque(maxlen=16)  # recent handler call times, for Retry-After
+        self.ready = threading.Event()
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="dil-jax-serve-worker",
+                                        daemon=True)
+
+    # ------------------------------------------------------------------ the request side
+
+    def start(self) -> None:
+        if not self._thread.is_alive() and self._thread.ident is None:
+            self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def accepting(self) -> bool:
+        return self.ready.is_set() and not self._stopping and self._thread.is_alive()
+
+    def retry_after(self) -> int:
+        """Whole seconds until the queue has likely room again: the batches ahead of a new job
+        times the recent handler call time (at least 1)."""
+        per_batch = sum(self._busy_s) / len(self._busy_s) if self._busy_s else 1.0
+        return max(1, math.ceil(per_batch * (self.depth / self.max_batch + 1)))
+
+    def submit(self, kind: str, reader: str, payload: Any) -> Future:
+        """Queues a job; its Future gets a `Done` (or the handler's exception)."""
+        if kind not in self.handlers:
+            raise ValueError(f"unknown job kind {kind!r}; kinds: {sorted(self.handlers)}")
+        with self._cond:
+            if not self.accepting:
+                raise NotAccepting("the server is " + self.state)
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(len(self._queue), self.retry_after())
+            job = Job(kind, reader, payload, Future())
+            self._queue.append(job)
+            self._depth_changed()
+            self._cond.notify_all()
+        return job.future
+
+    @property
+    def state(self) -> str:
+        if self.failure is not None:
+            return f"failed to start: {self.failure}"
+        if self._stopping:
+            return "shutting down"
+        if not self.ready.is_set():
+            return "starting (loading and compiling)"
+        return "ready"
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Takes no new job, finishes every queued one, ends the thread; True when it ended
+        within `timeout` seconds."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.ident is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # ------------------------------------------------------------------ the worker thread
+
+    def _depth_changed(self) -> None:
+        if self._on_depth is not None:
+            self._on_depth(len(self._queue))
+
+    def _run(self) -> None:
+        try:
+            if self._setup is not None:
+                self._setup()
+        except BaseException as error:  # reported by /readyz and the log, never re-raised
+            self.failure = error
+            log.exception("the serve worker failed to start")
+            return
+        self.ready.set()
+        while (jobs := self._gather()) is not None:
+            self._process(jobs)
+
+    def _gather(self) -> list[Job] | None:
+        """The next batch: up to max_batch jobs, waiting until the oldest job's deadline for
+        more; None once stopping and the queue is empty."""
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            deadline = self._queue[0].enqueued + self.max_wait_s
+            while len(self._queue) < self.max_batch and not self._stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            jobs = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            self._depth_changed()
+        # A job whose request gave up (timeout, disconnect) is cancelled: skip it.
+        return [job for job in jobs if job.future.set_running_or_notify_cancel()]
+
+    def _process(self, jobs: list[Job]) -> None:
+        groups: dict[tuple[str, str], list[Job]] = {}
+        for job in jobs:
+            groups.setdefault((job.kind, job.reader), []).append(job)
+        for (kind, reader), group in groups.items():
+            started = time.monotonic()
+            try:
+                results = self.handlers[kind](reader, [job.payload for job in group])
+                if len(results) != len(group):
+                    raise RuntimeError(f"the {kind} handler returned {len(results)} results "
+                                       f"for {len(group)} jobs")
+            except Exception as error:  # fails this group's jobs, not the thread
+                log.exception("%s jobs of reader %s failed", kind, reader)
+                results = [error] * len(group)
+            seconds = time.monotonic() - started
+            self._busy_s.append(seconds)
+            if self._on_batch is not None:
+                self._on_batch(kind, reader, len(group), seconds)
+            for job, result in zip(group, results):
+                if isinstance(result, BaseException):
+                    job.future.set_exception(result)
+                else:
+                    job.future.set_result(Done(result, started - job.enqueued, len(group)))
