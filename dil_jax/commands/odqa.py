@@ -309,13 +309,14 @@ def _resolve_checkpoints(args: argparse.Namespace) -> None:
     index_ks: set[int] = set()
     delayed_k = None
     if args.k is None:
-        from dil_jax.checkpoints.manifest import trained_k
+        from dil_jax.checkpoints.resolved import resolve_reader_checkpoint
         from dil_jax.defaults import bundled_reader
         from dil_jax.open_domain.missing_cache import index_caches
 
         index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
         delayed = bundled_reader("delayed")
-        delayed_k = trained_k(delayed) if delayed is not None else None
+        delayed_k = (resolve_reader_checkpoint(delayed).trained_k if delayed is not None
+                     else None)
     role = default_reader_role(args.k, index_ks, delayed_k)
     args.checkpoint = _bundled_or_embedded(role)
     print(f"reader: the bundled {role} reader ({args.checkpoint})", file=sys.stderr)
@@ -461,21 +462,21 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
     # The index first: it is cheap to open and names its own problems (a retriever whose
     # engine cannot run here, e.g. Lucene without Java) before the reader's load.
     index = open_index(args.index)
-    model, params, tokenizer = _load(args, k, position)
+    reader = _load(args, k, position)
     try:
-        cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+        cache = index.open_cache(reader, args.cache_dtype)
     except CacheMismatchError as error:
-        missing = _missing_cache(args, index, model, params, tokenizer, position)
+        missing = _missing_cache(args, index, reader)
         if missing is None:  # a cache is there but does not fit: its own message says how
             raise
         raise missing from error
-    return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
+    return OpenDomainReader(index, reader, cache, top_p=top_p,
                             batch_size=args.batch_size, chunk_size=args.chunk_size,
                             prescreen=_reader_prescreen(args, index) if prescreen else None,
                             cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
 
 
-def _missing_cache(args, index, model, params, tokenizer, position: int):
+def _missing_cache(args, index, reader):
     """A MissingCacheError listing the index's caches and the command that builds this
     reader's, when the index has no cache folder for it; None when it has one (then the
     original error, about what does not match, stands)."""
@@ -487,12 +488,12 @@ def _missing_cache(args, index, model, params, tokenizer, position: int):
         missing_cache_message,
     )
 
-    manifest = index.reader_manifest(model.config, params, tokenizer, args.cache_dtype)
+    manifest = index.reader_manifest(reader, args.cache_dtype)
     folder = index.cache_dir(manifest)
     if folder.exists():
         return None
-    checkpoint = _checkpoint_for(args, position)
-    k = model.config.num_lower_layers
+    checkpoint = reader.checkpoint.name
+    k = reader.config.num_lower_layers
     command = build_command(str(args.index), index.settings, checkpoint, k, args.cache_dtype,
                             args.tokenizer)
     partial = folder.with_name(f".{folder.name}.partial").exists()

@@ -28,7 +28,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -69,6 +69,9 @@ from dil_jax.open_domain.retrieval import (
     load_retriever,
 )
 
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
+
 log = logging.getLogger(__name__)
 
 
@@ -103,9 +106,9 @@ class OpenDomainIndex:
     def cache_dir(self, manifest: dict[str, Any]) -> Path:
         return self.directory / cache_name(manifest)
 
-    def open_cache(self, config, params, tokenizer, dtype: str = "float32",
+    def open_cache(self, reader: Reader, dtype: str = "float32",
                    verify: str = "sampled") -> PassageCache:
-        """The passage cache for this reader; a mismatch is an error naming the field.
+        """The passage cache for `reader`; a mismatch is an error naming the field.
 
         dtype: the storage the reader expects (`--cache-dtype`); a cache stored another way is
         refused, naming both. verify: how its files are checked against the digests recorded
@@ -119,33 +122,32 @@ class OpenDomainIndex:
         """
         import jax
 
-        from dil_jax.model.delayed import DelayedInteractionModel
         from dil_jax.model.modules import PASSAGE_SEGMENT
         from dil_jax.open_domain.reuse import reuse_encoder
 
-        manifest = self.reader_manifest(config, params, tokenizer, dtype)
+        manifest = self.reader_manifest(reader, dtype)
         cache = PassageCache.open(self.cache_dir(manifest), manifest, verify)
-        model = DelayedInteractionModel(config)
+        model = reader.model
         # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
         # blocks is slower than compiling them once.
         encode = jax.jit(lambda weights, ids, mask: model.encode_lower(weights, ids, mask,
                                                                        PASSAGE_SEGMENT))
-        reuse = (reuse_encoder(model, params, batch_size=CHECKED_ROWS) if cache.has_reuse
-                 else None)
-        check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)), reuse)
+        reuse = reuse_encoder(reader, batch_size=CHECKED_ROWS) if cache.has_reuse else None
+        check_states(cache, lambda ids, mask: np.asarray(encode(reader.params, ids, mask)),
+                     reuse)
         for warning in cache.digest_warnings():  # never silently unchecked
             log.warning("%s", warning)
         return cache
 
-    def reader_manifest(self, config, params, tokenizer, dtype: str = "float32"
-                        ) -> dict[str, Any]:
-        tokenizer_id = tokenizer_fingerprint(tokenizer)
+    def reader_manifest(self, reader: Reader, dtype: str = "float32") -> dict[str, Any]:
+        """What a cache of this index must have been built with to serve `reader`."""
+        tokenizer_id = tokenizer_fingerprint(reader.tokenizer)
         if tokenizer_id != self.settings["tokenizer"]:
             raise OpenDomainIndexError(
                 f"{self.directory / 'index.json'}: index tokenized with "
                 f"{self.settings['tokenizer']}, reader tokenizer is {tokenizer_id}")
-        return reader_manifest(config, params, tokenizer_id, self.settings["max_passage_len"],
-                               self.settings["passages"], dtype)
+        return reader_manifest(reader.config, reader.params, tokenizer_id,
+                               self.settings["max_passage_len"], self.settings["passages"], dtype)
 
 
 def index_settings(passages: Sequence[Passage], tokenizer, *, max_passage_len: int,
@@ -299,7 +301,7 @@ def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in ("ids", "mask", "offsets", "max_context")}
 
 
-def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
+def build_reader_cache(index: OpenDomainIndex, reader: Reader, *,
                        encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
                        dtype: str = "float32", chunk_passages: int = 256,
                        progress: Callable[[int], None] | None = None,
@@ -307,8 +309,8 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
                        | None = None, process_index: int = 0, process_count: int = 1,
                        wait_timeout_s: float = 86400.0,
                        peer_check: Callable[[], None] | None = None) -> PassageCache:
-    """Builds (or resumes, or just opens, or repairs) the passage cache of this reader over
-    the index, holding this process's lock of the index (`index_lock`).
+    """Builds (or resumes, or just opens, or repairs) the passage cache of `reader` over the
+    index, holding this process's lock of the index (`index_lock`).
 
     encode: (ids, mask) -> lower states; None for k = 0 (the cache then holds tokens only).
     dtype: the storage scheme (`dil_jax.open_domain.compression`). reuse: the first upper
@@ -317,7 +319,8 @@ def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
     this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
     process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.
     """
-    manifest = index.reader_manifest(config, params, tokenizer, dtype)
+    manifest = index.reader_manifest(reader, dtype)
+    config = reader.config
     num_heads = config.num_heads if reuse else None
     with index_lock(index.directory, process_index):
         arrays = window_arrays(index)

@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -29,6 +29,9 @@ from dil_jax.prescreening.model import PrescreenConfig, Prescreener
 from dil_jax.prescreening.screen import SentenceRule, token_sentences, window_keep
 from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 from dil_jax.rounding import round_up
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 PRESCREENER_FORMAT = "dil_jax.prescreener/1"
 MANIFEST_FILE = "prescreener.json"
@@ -73,9 +76,7 @@ class SentencePrescreener:
 
     config: PrescreenConfig
     params: Any
-    encoder: Any            # DelayedInteractionModel of the sentence encoder
-    encoder_params: Any
-    tokenizer: Any
+    encoder: Reader  # the sentence encoder (all its blocks, mean-pooled: `embed`)
     encoder_name: str = "default"
     max_sentence_len: int = 64
 
@@ -83,7 +84,7 @@ class SentencePrescreener:
     def encoder_fingerprint(self) -> str:
         from dil_jax.checkpoints.fingerprint import params_fingerprint
 
-        return params_fingerprint(self.encoder_params)
+        return params_fingerprint(self.encoder.params)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """[len(texts), D] unit vectors from the sentence encoder."""
@@ -91,8 +92,7 @@ class SentencePrescreener:
 
         if not texts:
             return np.zeros((0, self.config.embedding_dim), np.float32)
-        return sentence_embeddings(self.encoder, self.encoder_params, self.tokenizer, texts,
-                                   max_len=self.max_sentence_len)
+        return sentence_embeddings(self.encoder, texts, max_len=self.max_sentence_len)
 
     def score(self, question: np.ndarray, sentences: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """[n, S] logits; see `sentence_scores`."""
@@ -114,10 +114,10 @@ class SentencePrescreener:
         return directory
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, encoder: tuple | None = None
+    def load(cls, directory: str | os.PathLike, encoder: Reader | None = None
              ) -> SentencePrescreener:
         """directory: a prescreener folder, or "default" (the bundled one). encoder: an already
-        loaded (model, params, tokenizer) to use instead of loading the recorded one."""
+        loaded sentence encoder to use instead of loading the recorded one."""
         import orbax.checkpoint as ocp
 
         directory = BUNDLED_PRESCREENER if str(directory) == "default" else Path(directory)
@@ -143,9 +143,9 @@ class SentencePrescreener:
                 f"{params_dir}: cannot restore the prescreener's params ({type(error).__name__}: "
                 f"{str(error)[:500]}); the folder is damaged or was written for another config: "
                 "retrain or re-copy it") from error
-        model, encoder_params, tokenizer = encoder or load_sentence_encoder(
-            manifest["encoder"], manifest["max_sentence_len"])
-        prescreener = cls(config, params, model, encoder_params, tokenizer, manifest["encoder"],
+        encoder = encoder or load_sentence_encoder(manifest["encoder"],
+                                                   manifest["max_sentence_len"])
+        prescreener = cls(config, params, encoder, manifest["encoder"],
                           manifest["max_sentence_len"])
         if prescreener.encoder_fingerprint != manifest["encoder_fingerprint"]:
             raise PrescreenerError(
@@ -194,9 +194,9 @@ def read_prescreener_manifest(path: Path) -> dict[str, Any]:
     return dict(manifest, config=config)
 
 
-def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> tuple:
-    """(model, params, tokenizer) of a sentence encoder: a reader checkpoint whose QA head is
-    never used, so the import report's "QA head initialised" warning is not shown."""
+def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> Reader:
+    """A sentence encoder: a reader checkpoint whose QA head is never used, so the import
+    report's "QA head initialised" warning is not shown."""
     import logging
 
     from dil_jax.checkpoints import load_reader
