@@ -59,7 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="index source (repeatable, as `dil-jax index`); default "
                              "squad:DATA")
     parser.add_argument("--schemes", type=cache_storage, nargs="+",
-                        default=["float32", "bfloat16", "int8", "pca64"])
+                        default=[cache_storage(name) for name in ("float32", "bfloat16",
+                                                                  "int8", "pca64")])
     parser.add_argument("--reuse", action="store_true",
                         help="store (and read) the first upper block's arrays too")
     parser.add_argument("--limit", type=positive_int, default=None,
@@ -93,19 +94,19 @@ def open_or_build_index(folder: Path, corpus: Sequence[str], tokenizer, max_pass
                        split={"strategy": "paragraphs", "sources": list(corpus), "limit": None})
 
 
-def build_scheme_cache(folder: Path, index, reader, scheme: str, reuse: bool, batch_size: int):
-    """The corpus cache of `reader` in `scheme` (built, resumed or reopened)."""
+def build_scheme_cache(folder: Path, index, reader, storage, reuse: bool, batch_size: int):
+    """The corpus cache of `reader` in `storage` (a Storage; built, resumed or reopened)."""
     from dil_jax.open_domain.build import passage_encoder
     from dil_jax.open_domain.cache_build import build_passage_cache
     from dil_jax.open_domain.index import window_arrays
     from dil_jax.open_domain.reuse import reuse_encoder
 
-    manifest = index.reader_manifest(reader, scheme)
+    key = index.cache_key(reader, storage)
     arrays = window_arrays(index)
     upper = reuse_encoder(reader, batch_size) if reuse else None
-    return build_passage_cache(folder, manifest, arrays["ids"], arrays["mask"],
+    return build_passage_cache(folder, key, arrays["ids"], arrays["mask"],
                                arrays["offsets"], passage_encoder(reader, batch_size),
-                               reader.config.hidden_size, reuse=upper,
+                               reuse=upper,
                                num_heads=reader.config.num_heads if upper else None)
 
 
@@ -178,9 +179,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     index = open_or_build_index(out / "index", args.corpus or [f"squad:{args.data}"],
                                 loaded.tokenizer, args.max_passage_len, args.doc_stride)
     rows = []
-    for scheme in args.schemes:
+    for storage in args.schemes:
+        scheme = storage.name
         print(f"{scheme}: caching {index.settings['num_windows']} windows ...", file=sys.stderr)
-        cache = build_scheme_cache(out / "caches" / scheme, index, loaded, scheme, args.reuse,
+        cache = build_scheme_cache(out / "caches" / scheme, index, loaded, storage, args.reuse,
                                    args.batch_size)
         reader = OpenDomainReader(index, loaded, cache, top_p=args.top_p,
                                   batch_size=args.batch_size, chunk_size=args.chunk_size)

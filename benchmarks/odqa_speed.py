@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.defaults import default_pair_chunk_size
     from dil_jax.errors import UsageError
+    from dil_jax.open_domain.compression import FLOAT32
     from dil_jax.open_domain.reader import OpenDomainReader
 
     base = load_reader(args.checkpoint, None, args.max_question_len, args.tokenizer)
@@ -171,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     load_before = load_average()
     for k in args.ks:
         loaded = base.with_config(num_lower_layers=k)
-        cache = build_scheme_cache(work / "caches" / f"k{k}", index, loaded, "float32", True,
+        cache = build_scheme_cache(work / "caches" / f"k{k}", index, loaded, FLOAT32, True,
                                    args.batch_size)
         reference, reference_speed = None, None
         for chunk, mode in reads:

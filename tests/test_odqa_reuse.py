@@ -62,7 +62,8 @@ def _index(root, tokenizer):
 def _cache(index, reader, k, dtype="float32", reuse=True):
     loaded = reader.with_config(num_lower_layers=k)
     cache = build_reader_cache(
-        index, loaded, dtype=dtype, encode=passage_encoder(loaded, batch_size=4),
+        index, loaded, storage=Storage.parse(dtype),
+        encode=passage_encoder(loaded, batch_size=4),
         reuse=reuse_encoder(loaded, batch_size=4) if reuse else None)
     return loaded, cache
 
@@ -202,7 +203,7 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     reuse_files = 4 * (1 + wide.scaled) + 1
     assert sizes["reuse"] == pytest.approx(expected_reuse + NPY_HEADER * reuse_files / slots)
     # The reader checks it on open (states and reuse arrays within the storage's own error)...
-    opened = index.open_cache(loaded, dtype)
+    opened = index.open_cache(loaded, Storage.parse(dtype))
     reader = OpenDomainReader(index, loaded, opened, top_p=4, batch_size=4,
                               chunk_size=8)
     assert reader.reads_cached_reuse
@@ -213,7 +214,7 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
         with pytest.raises(CacheMismatchError,
                            match=f"stores its states as '{dtype}' and this run reads '{other}' "
                                  f"\\(--cache-dtype {other}\\); give --cache-dtype {dtype}"):
-            index.open_cache(loaded, other)
+            index.open_cache(loaded, Storage.parse(other))
 
 
 def _other_query(params, layer: int):
@@ -297,13 +298,13 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     index = _index(tmp_path, base.tokenizer)
     loaded = base.with_config(num_lower_layers=2)
     config = loaded.config
-    manifest = index.reader_manifest(loaded, "pca6")
+    manifest = index.cache_key(loaded, Storage.parse("pca6"))
     arrays = window_arrays(index)
     encode = passage_encoder(loaded, batch_size=4)
     reuse = reuse_encoder(loaded, batch_size=4)
     args = (manifest, arrays["ids"], arrays["mask"], arrays["offsets"])
     options = dict(chunk_passages=3, reuse=reuse, num_heads=config.num_heads)
-    whole = build_passage_cache(tmp_path / "whole", *args, encode, config.hidden_size, **options)
+    whole = build_passage_cache(tmp_path / "whole", *args, encode, **options)
     calls = []
 
     def failing(ids, mask):
@@ -313,9 +314,8 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
         return encode(ids, mask)
 
     with pytest.raises(KeyboardInterrupt):
-        build_passage_cache(tmp_path / "resumed", *args, failing, config.hidden_size, **options)
-    resumed = build_passage_cache(tmp_path / "resumed", *args, encode, config.hidden_size,
-                                  **options)
+        build_passage_cache(tmp_path / "resumed", *args, failing, **options)
+    resumed = build_passage_cache(tmp_path / "resumed", *args, encode, **options)
     for name in ["states", *REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY]:
         for suffix in (".npy", ".scale.npy", ".pca_basis.npy"):
             path = whole.directory / f"{name}{suffix}"

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from train_helpers import REPO, free_port, run_all
 
-from dil_jax.open_domain.cache import RowArray
 from dil_jax.open_domain.cache_shards import shard_ranges
+from dil_jax.open_domain.row_arrays import RowArray
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli

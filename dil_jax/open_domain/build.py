@@ -30,6 +30,7 @@ from dil_jax.open_domain.build_peers import (
 from dil_jax.open_domain.cache import PassageCache
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint
 from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
+from dil_jax.open_domain.compression import FLOAT32, Storage
 from dil_jax.open_domain.corpus import iter_sources, split_documents
 from dil_jax.open_domain.index import (
     OpenDomainIndex,
@@ -80,7 +81,7 @@ class BuildSettings:
     doc_stride: int
     split: str = "paragraphs"
     corpus_limit: int | None = None
-    cache_dtype: str = "float32"
+    storage: Storage = FLOAT32  # how the caches store their states (--cache-dtype)
     batch_size: int = 32
     # Also store each window's first-upper-block q/k/v and attention statistics (k > 0 caches;
     # `dil_jax.open_domain.reuse`): less work per pair, more disk.
@@ -179,7 +180,7 @@ def _peer_settings(readers: Sequence[Reader], settings: BuildSettings,
     return peer_settings([(reader.config.num_lower_layers, params_fingerprint(reader.params))
                           for reader in readers],
                          chunk_passages=settings.chunk_passages,
-                         cache_dtype=settings.cache_dtype, cache_reuse=settings.cache_reuse,
+                         storage=settings.storage, cache_reuse=settings.cache_reuse,
                          num_processes=process.count, max_passage_len=settings.max_passage_len,
                          doc_stride=settings.doc_stride)
 
@@ -307,7 +308,7 @@ def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSetting
                      reader.config.num_lower_layers)
     cache = build_reader_cache(index, reader,
                                encode=passage_encoder(reader, settings.batch_size),
-                               dtype=settings.cache_dtype, reuse=reuse,
+                               storage=settings.storage, reuse=reuse,
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),
                                process_index=process.index, process_count=process.count,
