@@ -27,7 +27,7 @@ from dil_jax.open_domain.build_peers import (
     peer_settings,
     write_run_record,
 )
-from dil_jax.open_domain.cache import PassageCache
+from dil_jax.open_domain.cache import PassageCache, StatesEncoder
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint
 from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
 from dil_jax.open_domain.compression import FLOAT32, Storage
@@ -108,7 +108,7 @@ class BuildProcess:
 
 
 def passage_encoder(reader: Reader, batch_size: int = 32
-                    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
+                    ) -> StatesEncoder | None:
     """The `encode` of `build_reader_cache`: (ids, mask) [n, p_len] -> `reader`'s lower states
     [n, p_len, hidden] as numpy, on this process's devices, batch_size rows per device
     (`reuse.local_grid`: the same per-device program whatever the device or process count);

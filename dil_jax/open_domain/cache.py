@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,13 @@ class CacheBrokenError(CacheMismatchError):
 REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
 # ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
 REUSE_LSE_ARRAY = "upper_logsumexp"
+
+# What a cache's arrays are computed with, by its builder and again by the check on open:
+# (ids, mask) [rows, p_len] -> lower states [rows, p_len, hidden] ...
+StatesEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# ... and (float32 lower states, mask) -> the first-upper-block arrays by name
+# (`dil_jax.open_domain.reuse.reuse_encoder`).
+ReuseEncoder = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
 def _mismatch(manifest_path: Path, field: str, stored: Any, wanted: Any) -> str:

@@ -32,6 +32,8 @@ from dil_jax.open_domain.cache import (
     CacheBrokenError,
     CacheMismatchError,
     PassageCache,
+    ReuseEncoder,
+    StatesEncoder,
 )
 from dil_jax.open_domain.cache_check import check_states
 from dil_jax.open_domain.cache_digests import digest_fields, refreshed_digests
@@ -66,13 +68,10 @@ def write_manifest(folder: Path, manifest: CacheManifest) -> None:
     _write_json_atomic(folder / MANIFEST_FILE, manifest.to_json())
 
 
-def build_passage_cache(directory: str | os.PathLike, key: CacheKey,
-                        ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
-                        encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                        chunk_passages: int = 256,
-                        progress: Callable[[int], None] | None = None,
-                        reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                        | None = None, num_heads: int | None = None,
+def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.ndarray,
+                        mask: np.ndarray, offsets: np.ndarray, encode: StatesEncoder | None,
+                        chunk_passages: int = 256, progress: Callable[[int], None] | None = None,
+                        reuse: ReuseEncoder | None = None, num_heads: int | None = None,
                         pca: PcaBasis | None = None,
                         shard: Mapping[str, int] | None = None) -> PassageCache:
     """Builds (or resumes building) a cache; returns it opened.
@@ -171,8 +170,8 @@ def cache_bytes_per_window_token(manifest: CacheManifest, has_states: bool) -> i
 
 
 def _existing_cache(directory: Path, manifest: CacheManifest,
-                    encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                    reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None
+                    encode: StatesEncoder | None,
+                    reuse: ReuseEncoder | None
                     ) -> PassageCache | None:
     """The finished cache at `directory` if it serves `manifest` (checked: `check_states`),
     None if there is none (a broken one is removed, with a warning); another build's is
@@ -275,7 +274,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def _pca_sample(ids: np.ndarray, mask: np.ndarray,
-                encode: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+                encode: StatesEncoder) -> np.ndarray:
     """[n, hidden] float32 real-token lower states of up to PCA_FIT_WINDOWS windows spread evenly
     over the corpus (up to PCA_FIT_TOKENS of them, evenly spaced): what a PCA basis is fitted on.
     """

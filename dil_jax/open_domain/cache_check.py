@@ -11,13 +11,18 @@ never the reverse.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
-from dil_jax.open_domain.cache import CacheBrokenError, PassageCache
+from dil_jax.open_domain.cache import (
+    CacheBrokenError,
+    PassageCache,
+    ReuseEncoder,
+    StatesEncoder,
+)
 from dil_jax.open_domain.cache_manifest import CacheKey
 from dil_jax.open_domain.compression import FLOAT32, Storage
 
@@ -56,8 +61,8 @@ def _tolerance(storage: Storage) -> float:
 
 
 def check_states(cache: PassageCache,
-                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                 reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None = None
+                 encode: StatesEncoder,
+                 reuse: ReuseEncoder | None = None
                  ) -> None:
     """Refuses (CacheBrokenError) a cache whose stored states (or reuse arrays) are not these.
 

@@ -24,7 +24,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dil_jax.open_domain.cache import CacheMismatchError, PassageCache, ShardWaitError
+from dil_jax.open_domain.cache import (
+    CacheMismatchError,
+    PassageCache,
+    ReuseEncoder,
+    ShardWaitError,
+    StatesEncoder,
+)
 from dil_jax.open_domain.cache_build import (
     _PROGRESS,
     PLAN_FILE,
@@ -136,7 +142,7 @@ def _plan_note(staging: Path, top: CacheManifest) -> str:
 
 
 def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: np.ndarray,
-                     encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None
+                     encode: StatesEncoder | None
                      ) -> PcaBasis | None:
     """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
     and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
@@ -181,14 +187,12 @@ def _check_whole_build_fits(staging: Path, top: CacheManifest, shape: tuple[int,
                      f"{len(top.shards)} shards together)")
 
 
-def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey,
-                                ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
-                                encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                                *, process_index: int, process_count: int,
-                                chunk_passages: int = 256,
+def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.ndarray,
+                                mask: np.ndarray, offsets: np.ndarray,
+                                encode: StatesEncoder | None, *, process_index: int,
+                                process_count: int, chunk_passages: int = 256,
                                 progress: Callable[[int], None] | None = None,
-                                reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                                | None = None, num_heads: int | None = None,
+                                reuse: ReuseEncoder | None = None, num_heads: int | None = None,
                                 wait_timeout_s: float = 86400.0,
                                 peer_check: Callable[[], None] | None = None) -> PassageCache:
     """This process's shard of a cache built by `process_count` processes; returns the whole

@@ -34,7 +34,7 @@ import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.data.features import window_contexts
-from dil_jax.open_domain.cache import PassageCache
+from dil_jax.open_domain.cache import PassageCache, ReuseEncoder, StatesEncoder
 from dil_jax.open_domain.cache_build import build_passage_cache
 from dil_jax.open_domain.cache_check import (
     CHECKED_ROWS,
@@ -305,13 +305,11 @@ def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in ("ids", "mask", "offsets", "max_context")}
 
 
-def build_reader_cache(index: OpenDomainIndex, reader: Reader, *,
-                       encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
+def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: StatesEncoder | None,
                        storage: Storage = FLOAT32, chunk_passages: int = 256,
                        progress: Callable[[int], None] | None = None,
-                       reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                       | None = None, process_index: int = 0, process_count: int = 1,
-                       wait_timeout_s: float = 86400.0,
+                       reuse: ReuseEncoder | None = None, process_index: int = 0,
+                       process_count: int = 1, wait_timeout_s: float = 86400.0,
                        peer_check: Callable[[], None] | None = None) -> PassageCache:
     """Builds (or resumes, or just opens, or repairs) the passage cache of `reader` over the
     index, holding this process's lock of the index (`index_lock`).

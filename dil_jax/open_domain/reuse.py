@@ -25,7 +25,6 @@ computes the same softmax (the log-sum-exp rule only needs each part's exp-sum a
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -36,14 +35,13 @@ from dil_jax.model.grid import PairGrid
 from dil_jax.model.pairs import hoists_projections
 from dil_jax.open_domain.cache import REUSE_LSE_ARRAY as LSE_ARRAY
 from dil_jax.open_domain.cache import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
+from dil_jax.open_domain.cache import ReuseEncoder
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
 
 REUSE_ARRAYS = WIDE_ARRAYS + (LSE_ARRAY,)
 
-# (lower states [n, p_len, hidden] float32, mask [n, p_len]) -> REUSE_ARRAYS, token-major numpy.
-ReuseEncoder = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
 def _token_major(x: np.ndarray) -> np.ndarray:
