@@ -59,7 +59,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="index source (repeatable, as `dil-jax index`); default "
                              "squad:DATA")
     parser.add_argument("--schemes", type=cache_storage, nargs="+",
-                        default=["float32", "bfloat16", "int8", "pca64"])
+                        default=[cache_storage(name) for name in ("float32", "bfloat16",
+                                                                  "int8", "pca64")])
     parser.add_argument("--reuse", action="store_true",
                         help="store (and read) the first upper block's arrays too")
     parser.add_argument("--limit", type=positive_int, default=None,
@@ -93,25 +94,24 @@ def open_or_build_index(folder: Path, corpus: Sequence[str], tokenizer, max_pass
                        split={"strategy": "paragraphs", "sources": list(corpus), "limit": None})
 
 
-def build_scheme_cache(folder: Path, index, model, params, tokenizer, scheme: str, reuse: bool,
-                       batch_size: int):
-    """The corpus cache of this reader in `scheme` (built, resumed or reopened)."""
+def build_scheme_cache(folder: Path, index, reader, storage, reuse: bool, batch_size: int):
+    """The corpus cache of `reader` in `storage` (a Storage; built, resumed or reopened)."""
     from dil_jax.open_domain.build import passage_encoder
     from dil_jax.open_domain.cache_build import build_passage_cache
     from dil_jax.open_domain.index import window_arrays
     from dil_jax.open_domain.reuse import reuse_encoder
 
-    manifest = index.reader_manifest(model.config, params, tokenizer, scheme)
+    key = index.cache_key(reader, storage)
     arrays = window_arrays(index)
-    upper = reuse_encoder(model, params, batch_size) if reuse else None
-    return build_passage_cache(folder, manifest, arrays["ids"], arrays["mask"],
-                               arrays["offsets"], passage_encoder(model, params, batch_size),
-                               model.config.hidden_size, reuse=upper,
-                               num_heads=model.config.num_heads if upper else None)
+    upper = reuse_encoder(reader, batch_size) if reuse else None
+    return build_passage_cache(folder, key, arrays["ids"], arrays["mask"],
+                               arrays["offsets"], passage_encoder(reader, batch_size),
+                               reuse=upper,
+                               num_heads=reader.config.num_heads if upper else None)
 
 
-def predict_scores(model, params, tokenizer, examples, cache, max_passage_len: int,
-                   doc_stride: int, batch_size: int) -> dict[str, float]:
+def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: int,
+                   batch_size: int) -> dict[str, float]:
     """EM/F1 of the SQuAD predict path with every window's lower states replaced by their
     round trip through `cache`'s storage (its PCA basis, if any). One pair per window."""
     from dil_jax.data.decoding import answers, decode_predictions
@@ -119,9 +119,11 @@ def predict_scores(model, params, tokenizer, examples, cache, max_passage_len: i
     from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.model.grid import PairGrid
 
-    features = featurize(examples, tokenizer, max_question_len=model.config.max_question_len,
+    params = reader.params
+    features = featurize(examples, reader.tokenizer,
+                         max_question_len=reader.config.max_question_len,
                          max_passage_len=max_passage_len, doc_stride=doc_stride)
-    grid = PairGrid(model, batch_size=batch_size, chunk_size=batch_size)
+    grid = PairGrid(reader.model, batch_size=batch_size, chunk_size=batch_size)
     _, first, p_index = np.unique(features.window_passage_index, return_index=True,
                                   return_inverse=True)
     q_lower = grid.encode_questions(params, features.q_ids, features.q_mask)
@@ -166,8 +168,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
-                                           args.tokenizer)
+    loaded = load_reader(args.checkpoint, args.k, args.max_question_len, args.tokenizer)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     asked = examples
@@ -175,14 +176,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         chosen = np.random.default_rng(args.seed).choice(len(examples), args.limit,
                                                          replace=False)
         asked = [examples[i] for i in sorted(chosen)]
-    index = open_or_build_index(out / "index", args.corpus or [f"squad:{args.data}"], tokenizer,
-                                args.max_passage_len, args.doc_stride)
+    index = open_or_build_index(out / "index", args.corpus or [f"squad:{args.data}"],
+                                loaded.tokenizer, args.max_passage_len, args.doc_stride)
     rows = []
-    for scheme in args.schemes:
+    for storage in args.schemes:
+        scheme = storage.name
         print(f"{scheme}: caching {index.settings['num_windows']} windows ...", file=sys.stderr)
-        cache = build_scheme_cache(out / "caches" / scheme, index, model, params, tokenizer,
-                                   scheme, args.reuse, args.batch_size)
-        reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=args.top_p,
+        cache = build_scheme_cache(out / "caches" / scheme, index, loaded, storage, args.reuse,
+                                   args.batch_size)
+        reader = OpenDomainReader(index, loaded, cache, top_p=args.top_p,
                                   batch_size=args.batch_size, chunk_size=args.chunk_size)
         print(f"{scheme}: {len(asked)} open-domain questions, {len(examples)} predict "
               "questions ...", file=sys.stderr)
@@ -192,14 +194,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             bytes_per_token=cache_bytes_per_token(cache),
             open_domain={**odqa["by_p"][args.top_p], "questions": len(asked),
                          "timings": odqa["timings"]},
-            predict=predict_scores(model, params, tokenizer, examples, cache,
-                                   args.predict_max_passage_len, args.predict_doc_stride,
-                                   args.batch_size)))
+            predict=predict_scores(loaded, examples, cache, args.predict_max_passage_len,
+                                   args.predict_doc_stride, args.batch_size)))
     table = markdown(rows, args.top_p)
     print(table)
     record = dict(command=" ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-                  checkpoint=args.checkpoint, k=model.config.num_lower_layers,
-                  layers=model.config.num_layers, hidden=model.config.hidden_size,
+                  checkpoint=args.checkpoint, k=loaded.config.num_lower_layers,
+                  layers=loaded.config.num_layers, hidden=loaded.config.hidden_size,
                   data=args.data, articles=args.articles, predict_questions=len(examples),
                   corpus=args.corpus, num_windows=index.settings["num_windows"], rows=rows)
     write_atomic(out / "cache_compression.json", json.dumps(record, indent=2, default=str))

@@ -64,7 +64,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
 
-    config, params, weights = suite_model(args.suite, question_len=64)
+    reader, weights = suite_model(args.suite, question_len=64)
+    config, params = reader.config, reader.params
     spec = GridSpec(num_questions=args.pairs, num_passages=args.pairs)
     inputs = random_grid(spec, config.vocab_size)
     print(f"{args.suite} ({weights}): one chunk of {args.pairs} pairs of "

@@ -50,8 +50,8 @@ def main() -> None:
     def open_all(verify: str) -> float:
         started = time.perf_counter()
         index = open_index(args.index)
-        for model, params, tokenizer in readers:
-            index.open_cache(model.config, params, tokenizer, verify=verify)
+        for reader in readers:
+            index.open_cache(reader, verify=verify)
         return time.perf_counter() - started
 
     open_all("none")  # compiles the 2-row encoder calls once: both variants then run warm

@@ -37,7 +37,8 @@ def main() -> None:
     from dil_jax.model.grid import PairGrid
     from dil_jax.model.pairs import kept_positions
 
-    model, params, _ = load_reader(args.checkpoint, args.k, args.question_len)
+    loaded = load_reader(args.checkpoint, args.k, args.question_len)
+    model, params = loaded.model, loaded.params
     reader = PairGrid(model, batch_size=args.pairs, chunk_size=args.pairs)
     rng = np.random.default_rng(0)
     q_ids = rng.integers(1000, 2000, (args.pairs, args.question_len)).astype(np.int32)

@@ -146,15 +146,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.defaults import default_pair_chunk_size
     from dil_jax.errors import UsageError
-    from dil_jax.model.delayed import with_num_lower_layers
+    from dil_jax.open_domain.compression import FLOAT32
     from dil_jax.open_domain.reader import OpenDomainReader
 
-    base_model, params, tokenizer = load_reader(args.checkpoint, None, args.max_question_len,
-                                                args.tokenizer)
+    base = load_reader(args.checkpoint, None, args.max_question_len, args.tokenizer)
     for k in args.ks:
-        if not 0 < k < base_model.config.num_layers:
-            raise UsageError(f"--ks {k}: the reuses need 0 < k < l = "
-                             f"{base_model.config.num_layers}")
+        if not 0 < k < base.config.num_layers:
+            raise UsageError(f"--ks {k}: the reuses need 0 < k < l = {base.config.num_layers}")
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     if args.limit < len(examples):
@@ -164,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     questions = [example.question for example in examples]
     work = Path(args.work)
     index = open_or_build_index(work / "index", args.corpus or [f"squad:{args.data}"],
-                                tokenizer, args.max_passage_len, args.doc_stride)
+                                base.tokenizer, args.max_passage_len, args.doc_stride)
     import jax
 
     chunk_sizes = args.chunk_sizes or [default_pair_chunk_size(jax.default_backend())]
@@ -173,15 +171,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     load_before = load_average()
     for k in args.ks:
-        model = with_num_lower_layers(base_model, k)
-        cache = build_scheme_cache(work / "caches" / f"k{k}", index, model, params, tokenizer,
-                                   "float32", True, args.batch_size)
+        loaded = base.with_config(num_lower_layers=k)
+        cache = build_scheme_cache(work / "caches" / f"k{k}", index, loaded, FLOAT32, True,
+                                   args.batch_size)
         reference, reference_speed = None, None
         for chunk, mode in reads:
             flags = MODES[mode]
             print(f"k={k} {mode}, chunk {chunk}: {len(questions)} questions ...",
                   file=sys.stderr)
-            reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=args.top_p,
+            reader = OpenDomainReader(index, loaded, cache, top_p=args.top_p,
                                       batch_size=args.batch_size, chunk_size=chunk, **flags)
             result, walls = timed_passes(reader, questions, args.repeats)
             wall = statistics.median(walls)

@@ -77,11 +77,11 @@ class Setting:
         tx, schedule = make_run_optimizer(config, 1000)
         rep = replicated(mesh)
         self.state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
-            replicate(models.params, mesh))
-        self.teacher_params = (None if models.teacher_params is None
-                               else replicate(models.teacher_params, mesh))
-        self.step_fn = make_train_step(models.student, models.teacher, loss_weights(config), tx,
-                                       schedule, mesh)
+            replicate(models.student.params, mesh))
+        teacher = models.teacher
+        self.teacher_params = None if teacher is None else replicate(teacher.params, mesh)
+        self.step_fn = make_train_step(models.student.model, teacher and teacher.model,
+                                       loss_weights(config), tx, schedule, mesh)
         self.batch = random_batch(config, np.random.default_rng(seed))
         self.rng = jax.random.key(seed)
         started = time.perf_counter()

@@ -1,7 +1,8 @@
 """Extractive QA over featurized SQuAD-style examples with a delayed-interaction reader.
 
-    predictions = predict_squad(model, params, tokenizer, examples)   # qid -> answer text
-    spans = predict_squad_spans(model, params, tokenizer, examples)   # qid -> Prediction
+    reader = load_reader("dil_jax/assets/minilm-squad-full")   # dil_jax.checkpoints
+    predictions = predict_squad(reader, examples)                # qid -> answer text
+    spans = predict_squad_spans(reader, examples)                # qid -> Prediction
 
 The delayed-interaction path, in fixed-shape jitted steps (one compilation each):
   1. each question `[CLS] q [SEP]` once through `encode_lower`;
@@ -17,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -28,6 +29,9 @@ from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment
 from dil_jax.model.grid import PairGrid
 from dil_jax.model.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +72,9 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     from tqdm.auto import tqdm
 
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
-    reader = pair_grid(model, mesh, batch_size)
+    grid = pair_grid(model, mesh, batch_size)
     n_windows, p_len = features.p_ids.shape
-    q_block = round_up(min(question_block, features.num_questions), reader.batch_size)
+    q_block = round_up(min(question_block, features.num_questions), grid.batch_size)
     blocks = []
     read = np.ones(n_windows, bool) if keep is None else np.asarray(keep).any(axis=1)
     for q0 in range(0, features.num_questions, q_block):
@@ -80,7 +84,7 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
         _, first_row, p_index = np.unique(features.window_passage_index[rows],
                                                  return_index=True, return_inverse=True)
         blocks.append((q0, rows, rows[first_row], p_index.reshape(-1)))
-    p_block = round_up(max(len(block[2]) for block in blocks), reader.batch_size)
+    p_block = round_up(max(len(block[2]) for block in blocks), grid.batch_size)
 
     # Windows left unread (nothing kept) never decide an answer: spans -inf, null +inf.
     out = SpanScores.full(n_windows, p_len, -np.inf, np.inf)
@@ -93,33 +97,34 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
             q_mask = _pad_rows(features.q_mask[q0:q0 + q_block], q_block)
             p_ids = _pad_rows(features.p_ids[passage_rows], p_block)
             p_mask = _pad_rows(features.p_mask[passage_rows], p_block)
-            q_lower = reader.encode_questions(params, q_ids, q_mask)
-            p_source = reader.passage_side(params, p_ids, p_mask)
+            q_lower = grid.encode_questions(params, q_ids, q_mask)
+            p_source = grid.passage_side(params, p_ids, p_mask)
             q_index = features.example_index[rows] - q0
             positions = None if keep is None else kept_positions(keep[rows])
-            pairs = reader.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index,
+            pairs = grid.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index,
                                       p_index, positions, on_chunk=bar.update)
             out.set_rows(rows, pairs)
     return out
 
 
-def predict_squad(model: DelayedInteractionModel, params: Params, tokenizer,
-                  examples: Sequence[SquadExample], **options: Any) -> dict[str, str]:
+def predict_squad(reader: Reader, examples: Sequence[SquadExample], **options: Any
+                  ) -> dict[str, str]:
     """qid -> answer text for `examples` (the official predictions-file format); options are
     `predict_squad_spans`'."""
-    return answers(predict_squad_spans(model, params, tokenizer, examples, **options))
+    return answers(predict_squad_spans(reader, examples, **options))
 
 
-def predict_squad_spans(model: DelayedInteractionModel, params: Params, tokenizer,
-                        examples: Sequence[SquadExample], *, max_passage_len: int = 384,
+def predict_squad_spans(reader: Reader, examples: Sequence[SquadExample], *,
+                        max_passage_len: int = 384,
                         doc_stride: int = 128, batch_size: int = 32, max_answer_length: int = 30,
                         n_best: int = 20, null_threshold: float | None = None,
                         progress: bool = True, cache_dir: str | None = None,
                         question_block: int = 1024, mesh=None, prescreen: tuple | None = None,
                         report: dict | None = None) -> dict[str, Prediction]:
-    """qid -> Prediction (answer text, best span score, null score) for `examples`.
+    """qid -> Prediction (answer text, best span score, null score) for `examples`, read by
+    `reader` (its model, params and tokenizer).
 
-    The question length is the model's `config.max_question_len`. null_threshold: None answers
+    The question length is the reader's `config.max_question_len`. null_threshold: None answers
     every question (SQuAD 1.1); a float enables SQuAD 2.0's no-answer ("" when null_score -
     best_span_score > null_threshold); math.inf keeps every best span but still records the
     null scores, to choose a threshold (`dil_jax.data.decoding.null_score_differences`).
@@ -132,9 +137,9 @@ def predict_squad_spans(model: DelayedInteractionModel, params: Params, tokenize
 
     report = {} if report is None else report
     clock = time.perf_counter()
-    max_question_len = model.config.max_question_len
-    check_lengths(model, max_question_len, max_passage_len)
-    features = featurize(examples, tokenizer, max_question_len=max_question_len,
+    max_question_len = reader.config.max_question_len
+    check_lengths(reader.model, max_question_len, max_passage_len)
+    features = featurize(examples, reader.tokenizer, max_question_len=max_question_len,
                          max_passage_len=max_passage_len, doc_stride=doc_stride,
                          cache_dir=cache_dir)
     report["featurize_seconds"] = time.perf_counter() - clock
@@ -149,7 +154,7 @@ def predict_squad_spans(model: DelayedInteractionModel, params: Params, tokenize
         report["screening"] = screening
         report["kept_token_share"] = float(keep.sum() / max(features.p_mask.sum(), 1))
     clock = time.perf_counter()
-    logits = window_logits(model, params, features, batch_size=batch_size,
+    logits = window_logits(reader.model, reader.params, features, batch_size=batch_size,
                            question_block=question_block, progress=progress, mesh=mesh,
                            keep=keep)
     report["read_seconds"] = time.perf_counter() - clock

@@ -237,7 +237,7 @@ def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = Non
     params = Prescreener(config).init(jax.random.key(seed), np.zeros((1, 384), np.float32),
                                       np.zeros((1, 8, 384), np.float32),
                                       np.ones((1, 8), np.int32))["params"]
-    return SentencePrescreener(config, params, *load_reader(str(minilm_dir), None, 32),
+    return SentencePrescreener(config, params, load_reader(str(minilm_dir), None, 32),
                                encoder_name or str(minilm_dir), 32)
 
 

@@ -108,7 +108,8 @@ def test_compiled_flops_match_the_formula(record):
 def test_flop_check_catches_a_wrong_count():
     """The 2% check has teeth: counting one block too few (k=1 of 3) is far outside it, and so
     is counting the hoisted q/k/v projections in the pairs."""
-    config, params, _ = bench.suite_model("tiny", question_len=16)
+    reader, _ = bench.suite_model("tiny", question_len=16)
+    config, params = reader.config, reader.params
     # Batched attention: on CPU XLA counts the per-example attention loop's body once.
     model = DelayedInteractionModel(config.replace(num_lower_layers=1, attention_form="batched"))
     # One device: the formula counts the 2 pairs of one program. On N devices (a suite run
@@ -132,7 +133,8 @@ def test_flops_with_and_without_reuse_match_xla(k):
     in one block; k = 1: the statistics in block 2, the rows in block 3). NI P with and without
     the passages' attention statistics is within 2% of its formula too (the statistics are
     only 1-2% of that phase here: too few to tell the two formulas apart)."""
-    config, params, _ = bench.suite_model("tiny", question_len=16)
+    reader, _ = bench.suite_model("tiny", question_len=16)
+    config, params = reader.config, reader.params
     model = DelayedInteractionModel(config.replace(num_lower_layers=k, attention_form="batched"))
     counts = {}
     for reuse in (True, False):
@@ -213,7 +215,8 @@ def test_markdown_tables_are_well_formed(run_dir, record):
 
 def test_batched_attention_is_the_same_math():
     """The CPU per-example attention loop and the batched form give the same span scores."""
-    config, params, _ = bench.suite_model("tiny", question_len=16)
+    reader, _ = bench.suite_model("tiny", question_len=16)
+    config, params = reader.config, reader.params
     model = DelayedInteractionModel(config)
     grid = bench.random_grid(bench.GridSpec(3, 1, 16, 48), config.vocab_size)
     q_mask = grid.q_mask.copy()

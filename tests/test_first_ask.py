@@ -15,6 +15,7 @@ import pytest
 
 from dil_jax.cli import build_parser
 from dil_jax.defaults import bundled_reader, default_reader_role
+from dil_jax.open_domain.compression import FLOAT32, Storage
 from dil_jax.open_domain.missing_cache import (
     CacheEntry,
     build_command,
@@ -78,15 +79,15 @@ def test_index_caches_reads_each_manifest(tmp_path):
     (tmp_path / ".cache-k3-12345678.partial").mkdir()  # a staging folder is no cache
     (tmp_path / "cache-k5-deadbeef").mkdir()  # no manifest: listed, fields unknown
     assert index_caches(tmp_path) == [
-        CacheEntry("cache-k0-4984ed27", 0, "float32", "4984ed2733334444"),
-        CacheEntry("cache-k2-acfc4806", 2, "bfloat16", "acfc480611112222"),
+        CacheEntry("cache-k0-4984ed27", 0, FLOAT32, "4984ed2733334444"),
+        CacheEntry("cache-k2-acfc4806", 2, Storage("bfloat16"), "acfc480611112222"),
         CacheEntry("cache-k5-deadbeef", None, None, None)]
 
 
 def test_build_command_of_an_index_repeats_its_corpus_and_split():
     settings = {"split": {"strategy": "windows", "sources": ["wikipedia", "squad:my dev.json"],
                           "limit": 50}, "max_passage_len": 128, "doc_stride": 64}
-    command = build_command("runs/wiki", settings, "runs/reader", 3, "int8", None)
+    command = build_command("runs/wiki", settings, "runs/reader", 3, Storage("int8"), None)
     assert shlex.split(command) == [
         "dil-jax", "index", "--out", "runs/wiki", "--corpus", "wikipedia",
         "--corpus", "squad:my dev.json", "--corpus-limit", "50", "--split", "windows",
@@ -98,17 +99,17 @@ def test_build_command_of_a_demo_index_is_a_demo_run():
     settings = {"split": {"strategy": "paragraphs", "sources": ["wikipedia"],
                           "distractors": 2000, "max_passage_len": 192, "doc_stride": 96},
                 "max_passage_len": 192, "doc_stride": 96}
-    assert build_command("runs/demo-index", settings, "R", 3, "float32") == (
+    assert build_command("runs/demo-index", settings, "R", 3, FLOAT32) == (
         "dil-jax demo --index runs/demo-index --delayed-checkpoint R --k 3")
-    assert build_command("runs/demo-index", settings, "R", 0, "float32") == (
+    assert build_command("runs/demo-index", settings, "R", 0, FLOAT32) == (
         "dil-jax demo --index runs/demo-index --full-checkpoint R")
 
 
 def test_message_lists_the_caches_and_the_fix():
-    caches = [CacheEntry("cache-k0-4984ed27", 0, "float32", "4984ed2733334444"),
-              CacheEntry("cache-k2-acfc4806", 2, "float32", "acfc480611112222")]
+    caches = [CacheEntry("cache-k0-4984ed27", 0, FLOAT32, "4984ed2733334444"),
+              CacheEntry("cache-k2-acfc4806", 2, FLOAT32, "acfc480611112222")]
     message = missing_cache_message(
-        "runs/demo-index", "cache-k3-acfc4806", "R", 3, "float32", caches,
+        "runs/demo-index", "cache-k3-acfc4806", "R", 3, FLOAT32, caches,
         {"acfc480611112222": "this reader's weights"}, "dil-jax demo --index runs/demo-index "
         "--delayed-checkpoint R --k 3")
     assert message.splitlines() == [

@@ -3,6 +3,8 @@ and resumes an interrupted build without redoing finished chunks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,7 +18,9 @@ from dil_jax.open_domain.cache import (
     PassageCache,
 )
 from dil_jax.open_domain.cache_build import build_passage_cache
-from dil_jax.open_domain.cache_check import reader_manifest
+from dil_jax.open_domain.cache_check import reader_cache_key
+from dil_jax.open_domain.cache_manifest import CacheKey, CacheManifest
+from dil_jax.open_domain.compression import Storage
 
 P_LEN = 16
 
@@ -43,10 +47,10 @@ def _encoder(config, params):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1", dtype)
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1", Storage.parse(dtype))
     encode = _encoder(config, params)
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
-                                config.hidden_size, chunk_passages=3)
+                                chunk_passages=3)
     subset = [7, 2, 9]
     expected = encode(ids, mask)[subset]
     if dtype == "bfloat16":
@@ -63,26 +67,26 @@ def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
 
 def test_mismatched_reader_is_refused(reader_parts, tmp_path):
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
     build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
-                        _encoder(config, params), config.hidden_size)
-    other_k = reader_manifest(config.replace(num_lower_layers=3), params, "tok", P_LEN,
+                        _encoder(config, params))
+    other_k = reader_cache_key(config.replace(num_lower_layers=3), params, "tok", P_LEN,
                               "passages-v1")
     with pytest.raises(CacheMismatchError, match="num_lower_layers = 2, but the reader has "
                                                  "num_lower_layers = 3"):
         PassageCache.open(tmp_path / "cache", other_k)
     changed = {**params, "qa_outputs": {"kernel": params["qa_outputs"]["kernel"] + 1,
                                         "bias": params["qa_outputs"]["bias"]}}
-    other_model = reader_manifest(config, changed, "tok", P_LEN, "passages-v1")
+    other_model = reader_cache_key(config, changed, "tok", P_LEN, "passages-v1")
     with pytest.raises(CacheMismatchError, match="cache built with model = "):
         PassageCache.open(tmp_path / "cache", other_model)
     with pytest.raises(CacheMismatchError, match="tokenizer"):
-        PassageCache.open(tmp_path / "cache", {**manifest, "tokenizer": "other"})
+        PassageCache.open(tmp_path / "cache", dataclasses.replace(manifest, tokenizer="other"))
 
 
 def test_interrupted_build_resumes(reader_parts, tmp_path):
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
     encode = _encoder(config, params)
     calls = []
 
@@ -94,7 +98,7 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, failing,
-                            config.hidden_size, chunk_passages=3)
+                            chunk_passages=3)
     with pytest.raises(CacheMismatchError, match="unfinished build exists"):
         PassageCache.open(tmp_path / "cache")
 
@@ -105,7 +109,7 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
         return encode(chunk_ids, chunk_mask)
 
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, counting,
-                                config.hidden_size, chunk_passages=3)
+                                chunk_passages=3)
     assert calls == [3, 3] and resumed == [3, 1]  # 10 passages: chunks 3 3 | 3 1
     np.testing.assert_array_equal(cache.read_states(range(10)), encode(ids, mask))
     assert not list(tmp_path.glob(".cache.partial"))
@@ -124,9 +128,12 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
 
     config, params, ids, mask, offsets = reader_parts
     hidden = config.hidden_size
+    key = CacheKey(model="m", architecture="bert", num_lower_layers=1, hidden_size=384,
+                   tokenizer="t", max_passage_len=P_LEN, storage=Storage("float32"), passages="p")
     assert cache_build.cache_bytes_per_window_token(
-        {"reuse": True, "num_heads": 12}, Storage("float32"), 384, True) == 384 * 4 * 5 + 12 * 4
-    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+        CacheManifest(key, num_passages=1, reuse=True, num_heads=12), True) == \
+        384 * 4 * 5 + 12 * 4
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
     needed = 10 * P_LEN * (4 * hidden + 16)
     usage = collections.namedtuple("usage", "total used free")
     margin = 16 << 20  # the least spare (5% of this small cache is less)
@@ -136,12 +143,12 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
                        match=rf"the passage cache cache \(10 of 10 windows to write\) needs "
                              rf"{needed / 2**20:.1f} MiB and .* free"):
         build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
-                            _encoder(config, params), hidden)
+                            _encoder(config, params))
     assert not list(tmp_path.iterdir())
     monkeypatch.setattr(cache_build.shutil, "disk_usage",
                         lambda path: usage(0, 0, needed + margin))
     build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
-                        _encoder(config, params), hidden)
+                        _encoder(config, params))
     assert (tmp_path / "cache" / "manifest.json").exists()
 
 
@@ -156,7 +163,7 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
     from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
 
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_manifest(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
     per_window = P_LEN * (4 * config.hidden_size + 16)
     margin = 16 << 20  # the least spare (5% of this small cache is less)
     usage = collections.namedtuple("usage", "total used free")
@@ -164,7 +171,7 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
     def build():
         return build_sharded_passage_cache(
             tmp_path / "cache", manifest, ids, mask, offsets, _encoder(config, params),
-            config.hidden_size, process_index=0, process_count=2, chunk_passages=3,
+            process_index=0, process_count=2, chunk_passages=3,
             wait_timeout_s=0.0)
 
     # Room for the larger shard (6 windows), not for all 10.

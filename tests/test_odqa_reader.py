@@ -8,9 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_hf_checkpoint
+from dil_jax.checkpoints import load_reader
 from dil_jax.data.squad import SquadExample
-from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid
 from dil_jax.model.pairs import SpanScores
 from dil_jax.open_domain.build import passage_encoder
@@ -27,7 +26,6 @@ from dil_jax.open_domain.scoring import (
 )
 from dil_jax.predict import predict_squad
 from dil_jax.samples import SAMPLE_PASSAGES
-from dil_jax.tokenization import load_tokenizer
 
 from conftest import random_prescreener
 
@@ -36,29 +34,24 @@ P_LEN, STRIDE = 32, 16
 
 @pytest.fixture(scope="module")
 def minilm(minilm_dir):
-    config, params, _ = load_hf_checkpoint(minilm_dir, max_question_len=16,
-                                           rng=jax.random.key(3))
-    return config, params, load_tokenizer(minilm_dir)
+    return load_reader(minilm_dir, max_question_len=16, rng=jax.random.key(3))
 
 
 @pytest.fixture(scope="module")
 def index(minilm, tmp_path_factory):
-    _, _, tokenizer = minilm
     documents = [Document(f"d{i}", f"T{i}", text) for i, text in enumerate(SAMPLE_PASSAGES)]
     passages = split_documents(documents, "paragraphs")
-    return build_index(tmp_path_factory.mktemp("odqa") / "index", passages, tokenizer,
+    return build_index(tmp_path_factory.mktemp("odqa") / "index", passages, minilm.tokenizer,
                        max_passage_len=P_LEN, doc_stride=STRIDE, split={"strategy": "paragraphs"})
 
 
 @pytest.mark.parametrize("k", [0, 4])
 def test_reader_equals_squad_predict_path(minilm, index, k):
-    config, params, tokenizer = minilm
-    model = DelayedInteractionModel(config.replace(num_lower_layers=k))
-    cache = build_reader_cache(index, model.config, params, tokenizer,
-                               encode=passage_encoder(model, params, batch_size=4))
+    loaded = minilm.with_config(num_lower_layers=k)
+    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
     assert index.windows.count.max() > 1, "some passage must span several windows"
-    reader = OpenDomainReader(index, model, params, tokenizer, cache,
-                              top_p=len(index.passages), batch_size=4, chunk_size=8)
+    reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=4,
+                              chunk_size=8)
     # Only passages sharing a word with the question are retrieved: the last question shares
     # one with every passage, so every passage (and window) is compared.
     every = " ".join(bm25_tokenize(passage.text)[0] for passage in index.passages)
@@ -71,8 +64,8 @@ def test_reader_equals_squad_predict_path(minilm, index, k):
         assert len(candidates) == len(hits) >= 1
         examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
                                  question) for c in candidates]
-        expected = predict_squad(model, params, tokenizer, examples, max_passage_len=P_LEN,
-                                 doc_stride=STRIDE, batch_size=4, progress=False)
+        expected = predict_squad(loaded, examples, max_passage_len=P_LEN, doc_stride=STRIDE,
+                                 batch_size=4, progress=False)
         for candidate in candidates:
             passage = index.passages[candidate.passage_index]
             assert candidate.text == expected[f"q{candidate.passage_index}"]
@@ -121,12 +114,10 @@ def test_margin_rule_ignores_a_constant_added_to_a_window(minilm, index, monkeyp
     nothing under "margin" (within float32 rounding: shifted logits reach ~60, whose float32
     spacing is ~4e-6, and a margin sums four of them, so ~2e-5; checked at 1e-4), while it
     reorders the "logits" rule's passages."""
-    config, params, tokenizer = minilm
-    model = DelayedInteractionModel(config.replace(num_lower_layers=4))
-    cache = build_reader_cache(index, model.config, params, tokenizer,
-                               encode=passage_encoder(model, params, batch_size=4))
-    reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=len(index.passages),
-                              batch_size=4, chunk_size=8, span_score="margin")
+    loaded = minilm.with_config(num_lower_layers=4)
+    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=4,
+                              chunk_size=8, span_score="margin")
     every = " ".join(bm25_tokenize(passage.text)[0] for passage in index.passages)
     questions = [f"What links {every}?", "Who wrote Pride and Prejudice?"]
     plain = reader.read(questions)
@@ -149,7 +140,7 @@ def test_margin_rule_ignores_a_constant_added_to_a_window(minilm, index, monkeyp
     assert any(pick_answer(b, None).passage_index != pick_answer(a, None).passage_index
                for b, a in zip(plain.by_score["logits"], moved.by_score["logits"], strict=True))
     with pytest.raises(ValueError, match="span_score 'raw'"):
-        OpenDomainReader(index, model, params, tokenizer, cache, span_score="raw")
+        OpenDomainReader(index, loaded, cache, span_score="raw")
 
 
 def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, minilm_dir, tmp_path):
@@ -164,9 +155,8 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
 
     saved = random_prescreener(minilm_dir).save(tmp_path / "prescreener", note="test")
     prescreener = SentencePrescreener.load(saved)
-    other_encoder = (prescreener.encoder, jax.tree.map(lambda x: x * 1.01,
-                                                       prescreener.encoder_params),
-                     prescreener.tokenizer)
+    other_encoder = prescreener.encoder.with_params(
+        jax.tree.map(lambda x: x * 1.01, prescreener.encoder.params))
     with pytest.raises(PrescreenerError, match="weights"):
         SentencePrescreener.load(saved, encoder=other_encoder)
 
@@ -178,13 +168,12 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
                                prescreener.embed([index.passages[passage].text[a:b]
                                                   for a, b in spans]), atol=1e-5)
 
-    config, params, tokenizer = minilm
-    model = DelayedInteractionModel(config.replace(num_lower_layers=4))
-    grid = PairGrid(model, batch_size=4)
-    cache = build_reader_cache(index, model.config, params, tokenizer, encode=lambda ids, mask:
-                               np.asarray(grid.encode_passages(params, ids, mask)))
+    loaded = minilm.with_config(num_lower_layers=4)
+    grid = PairGrid(loaded.model, batch_size=4)
+    cache = build_reader_cache(index, loaded, encode=lambda ids, mask:
+                               np.asarray(grid.encode_passages(loaded.params, ids, mask)))
     rule = SentenceRule(top_m=1)
-    reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=len(index.passages),
+    reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages),
                               batch_size=4, chunk_size=8,
                               prescreen=ReaderPrescreen(prescreener, rule, store))
     questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]
@@ -195,9 +184,8 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
     for question, candidates, unscreened in zip(questions, result.candidates, plain.candidates):
         examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
                                  question) for c in candidates]
-        expected = predict_squad(model, params, tokenizer, examples, max_passage_len=P_LEN,
-                                 doc_stride=STRIDE, batch_size=4, progress=False,
-                                 prescreen=(prescreener, rule))
+        expected = predict_squad(loaded, examples, max_passage_len=P_LEN, doc_stride=STRIDE,
+                                 batch_size=4, progress=False, prescreen=(prescreener, rule))
         for candidate, before in zip(candidates, unscreened, strict=True):
             assert candidate.text == expected[f"q{candidate.passage_index}"]
             text = index.passages[candidate.passage_index].text
@@ -215,11 +203,9 @@ def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
     from dil_jax.metrics.squad_metric import exact_score
     from dil_jax.open_domain.evaluate import EvaluationProgress, ProgressFileError, evaluate_reader
 
-    config, params, tokenizer = minilm
-    model = DelayedInteractionModel(config.replace(num_lower_layers=4))
-    cache = build_reader_cache(index, model.config, params, tokenizer,
-                               encode=passage_encoder(model, params, batch_size=4))
-    reader = OpenDomainReader(index, model, params, tokenizer, cache, batch_size=4, chunk_size=8)
+    loaded = minilm.with_config(num_lower_layers=4)
+    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    reader = OpenDomainReader(index, loaded, cache, batch_size=4, chunk_size=8)
     asked = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?",
              "What is the Moon?", "Who was Elizabeth Bennet?", "What did Austen write?"]
     examples = [SquadExample(f"q{i}", "", "", question, ("Jane Austen", "1969"))

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_hf_checkpoint
+from dil_jax.checkpoints import Reader, load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.modules import PADDED_LOGIT
 from dil_jax.open_domain.build import passage_encoder
@@ -49,7 +49,7 @@ NPY_HEADER = 128  # bytes of a .npy header of these shapes (format 1.0, padded t
 def tiny(hf_folder_factory, minilm_dir):
     folder = hf_folder_factory("bert", vocab_size=30522)[0]
     config, params, _ = load_hf_checkpoint(folder, max_question_len=Q_LEN)
-    return config, params, load_tokenizer(minilm_dir), folder
+    return Reader(DelayedInteractionModel(config), params, load_tokenizer(minilm_dir)), folder
 
 
 def _index(root, tokenizer):
@@ -59,13 +59,13 @@ def _index(root, tokenizer):
                        split={"strategy": "paragraphs"})
 
 
-def _cache(index, config, params, tokenizer, k, dtype="float32", reuse=True):
-    model = DelayedInteractionModel(config.replace(num_lower_layers=k))
+def _cache(index, reader, k, dtype="float32", reuse=True):
+    loaded = reader.with_config(num_lower_layers=k)
     cache = build_reader_cache(
-        index, model.config, params, tokenizer, dtype=dtype,
-        encode=passage_encoder(model, params, batch_size=4),
-        reuse=reuse_encoder(model, params, batch_size=4) if reuse else None)
-    return model, cache
+        index, loaded, storage=Storage.parse(dtype),
+        encode=passage_encoder(loaded, batch_size=4),
+        reuse=reuse_encoder(loaded, batch_size=4) if reuse else None)
+    return loaded, cache
 
 
 def _questions(index) -> list[str]:
@@ -96,15 +96,15 @@ def test_reader_with_cached_reuse_equals_the_reader_without(tiny, tmp_path, k):
     relative) per step, carried through at most 3 blocks with LayerNorm; logits are O(1) here, so
     1e-5 is ~100 ulps of headroom (measured: at most 1.0e-6), while a wrong merge (lse without
     log l) is off by 2e-2."""
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
-    model, cache = _cache(index, config, params, tokenizer, k)
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded, cache = _cache(index, base, k)
     assert cache.has_reuse and json.loads((cache.directory / "manifest.json").read_text())[
         "reuse"] is True
     questions = _questions(index)
     runs = {}
     for cached in (False, True):
-        reader = OpenDomainReader(index, model, params, tokenizer, cache,
+        reader = OpenDomainReader(index, loaded, cache,
                                   top_p=len(index.passages), batch_size=4, chunk_size=8,
                                   cached_reuse=cached)
         assert reader.reads_cached_reuse == cached
@@ -123,7 +123,7 @@ def test_reader_with_cached_reuse_equals_the_reader_without(tiny, tmp_path, k):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
     # The reader as it was before the reuses (`pair_reuse=False`: every row of every upper
     # block, full attention in each pair), the reference `benchmarks/odqa_speed.py` times.
-    reference = OpenDomainReader(index, model, params, tokenizer, cache,
+    reference = OpenDomainReader(index, loaded, cache,
                                  top_p=len(index.passages), batch_size=4, chunk_size=8,
                                  cached_reuse=False, pair_reuse=False)
     assert not reference.grid.reuse and not reference.reads_cached_reuse
@@ -144,15 +144,15 @@ def test_prescreened_pairs_read_the_reuse_cache_as_before(tiny, tmp_path, minilm
 
     from conftest import random_prescreener
 
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
-    model, cache = _cache(index, config, params, tokenizer, 3)
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded, cache = _cache(index, base, 3)
     prescreener = random_prescreener(minilm_dir)
     screen = ReaderPrescreen(prescreener, SentenceRule(top_m=1),
                              build_sentence_store(index, prescreener))
     runs = {}
     for cached in (False, True):
-        reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=4,
+        reader = OpenDomainReader(index, loaded, cache, top_p=4,
                                   batch_size=4, chunk_size=8, prescreen=screen,
                                   cached_reuse=cached)
         runs[cached] = _read_spied(reader, _questions(index))
@@ -164,26 +164,25 @@ def test_prescreened_pairs_read_the_reuse_cache_as_before(tiny, tmp_path, minilm
 
 
 def test_nothing_to_store_at_k_0_or_k_l(tiny):
-    config, params, _, _ = tiny
-    for k in (0, config.num_layers):
-        assert reuse_encoder(DelayedInteractionModel(config.replace(num_lower_layers=k)),
-                             params) is None
+    base, _ = tiny
+    for k in (0, base.config.num_layers):
+        assert reuse_encoder(base.with_config(num_lower_layers=k)) is None
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8", "pca8"])
 def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name(
         tiny, tmp_path, dtype):
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
     k = 3
-    model, cache = _cache(index, config, params, tokenizer, k, dtype)
-    storage, hidden, heads = Storage(dtype), config.hidden_size, config.num_heads
+    loaded, cache = _cache(index, base, k, dtype)
+    storage, hidden, heads = Storage(dtype), base.config.hidden_size, base.config.num_heads
     # What was stored is the storage's round trip of a fresh computation (writer = reader).
     arrays = window_arrays(index)
-    fresh = passage_encoder(model, params, batch_size=4)(arrays["ids"], arrays["mask"])
+    fresh = passage_encoder(loaded, batch_size=4)(arrays["ids"], arrays["mask"])
     np.testing.assert_array_equal(cache.read_states(range(len(cache))),
                                   cache.states.round_trip(fresh))
-    upper = reuse_encoder(model, params, batch_size=4)(fresh, arrays["mask"])
+    upper = reuse_encoder(loaded, batch_size=4)(fresh, arrays["mask"])
     stored = cache.read_reuse(range(len(cache)))
     for name in REUSE_WIDE_ARRAYS:
         np.testing.assert_array_equal(stored[name],
@@ -204,8 +203,8 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     reuse_files = 4 * (1 + wide.scaled) + 1
     assert sizes["reuse"] == pytest.approx(expected_reuse + NPY_HEADER * reuse_files / slots)
     # The reader checks it on open (states and reuse arrays within the storage's own error)...
-    opened = index.open_cache(model.config, params, tokenizer, dtype)
-    reader = OpenDomainReader(index, model, params, tokenizer, opened, top_p=4, batch_size=4,
+    opened = index.open_cache(loaded, Storage.parse(dtype))
+    reader = OpenDomainReader(index, loaded, opened, top_p=4, batch_size=4,
                               chunk_size=8)
     assert reader.reads_cached_reuse
     result = reader.read(_questions(index))
@@ -215,7 +214,7 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
         with pytest.raises(CacheMismatchError,
                            match=f"stores its states as '{dtype}' and this run reads '{other}' "
                                  f"\\(--cache-dtype {other}\\); give --cache-dtype {dtype}"):
-            index.open_cache(model.config, params, tokenizer, other)
+            index.open_cache(loaded, Storage.parse(other))
 
 
 def _other_query(params, layer: int):
@@ -232,12 +231,12 @@ def _other_query(params, layer: int):
 
 
 def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
     k = 2
-    model, cache = _cache(index, config, params, tokenizer, k)
-    other_params = _other_query(params, k)
-    _, other = _cache(index, config, other_params, tokenizer, k)
+    loaded, cache = _cache(index, base, k)
+    other_params = _other_query(base.params, k)
+    _, other = _cache(index, base.with_params(other_params), k)
     assert other.directory != cache.directory
     for name in ("upper_context.npy", "upper_logsumexp.npy"):
         shutil.copyfile(other.directory / name, cache.directory / name)
@@ -245,7 +244,7 @@ def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
     with pytest.raises(CacheBrokenError,
                        match=f"{cache.directory / 'upper_context.npy'}: broken passage cache "
                              r"\(its sha256 differs"):
-        index.open_cache(model.config, params, tokenizer)
+        index.open_cache(loaded)
     # ... and without them (a cache of older code) the recomputed arrays do.
     manifest_path = cache.directory / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
@@ -254,16 +253,16 @@ def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
     with pytest.raises(CacheBrokenError,
                        match=f"{cache.directory / 'upper_context.npy'}: the stored "
                              "first-upper-block array upper_context does not match"):
-        index.open_cache(model.config, params, tokenizer)
+        index.open_cache(loaded)
     # `dil-jax index` (the builder) rebuilds the broken cache instead of failing on it.
-    _cache(index, config, params, tokenizer, k)
-    index.open_cache(model.config, params, tokenizer)
+    _cache(index, base, k)
+    index.open_cache(loaded)
 
 
 def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
-    _, cache = _cache(index, config, params, tokenizer, 3, "int8")
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    _, cache = _cache(index, base, 3, "int8")
     lse = cache.directory / "upper_logsumexp.npy"
     size = lse.stat().st_size
     with lse.open("r+b") as stream:
@@ -271,7 +270,7 @@ def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
     with pytest.raises(CacheBrokenError, match=f"{lse}: broken passage cache"):
         PassageCache.open(cache.directory)
     shutil.rmtree(cache.directory)
-    _, cache = _cache(index, config, params, tokenizer, 3, "int8")
+    _, cache = _cache(index, base, 3, "int8")
     context_scale = cache.directory / "upper_context.scale.npy"
     with context_scale.open("r+b") as stream:
         stream.write(b"not a npy header")
@@ -280,31 +279,32 @@ def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
 
 
 def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
-    _, plain = _cache(index, config, params, tokenizer, 3, reuse=False)
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    _, plain = _cache(index, base, 3, reuse=False)
     assert not plain.has_reuse
     assert sorted(p.name for p in plain.directory.iterdir()) == [
         "ids.npy", "manifest.json", "mask.npy", "offsets.npy", "states.npy"]
     with pytest.raises(CacheMismatchError, match=r"--cache-reuse.*delete"):
-        _cache(index, config, params, tokenizer, 3, reuse=True)
+        _cache(index, base, 3, reuse=True)
     shutil.rmtree(plain.directory)
-    _cache(index, config, params, tokenizer, 3, reuse=True)
+    _cache(index, base, 3, reuse=True)
     # A cache with them serves a run that does not ask for them.
-    assert _cache(index, config, params, tokenizer, 3, reuse=False)[1].has_reuse
+    assert _cache(index, base, 3, reuse=False)[1].has_reuse
 
 
 def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
-    config, params, tokenizer, _ = tiny
-    index = _index(tmp_path, tokenizer)
-    model = DelayedInteractionModel(config.replace(num_lower_layers=2))
-    manifest = index.reader_manifest(model.config, params, tokenizer, "pca6")
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded = base.with_config(num_lower_layers=2)
+    config = loaded.config
+    manifest = index.cache_key(loaded, Storage.parse("pca6"))
     arrays = window_arrays(index)
-    encode = passage_encoder(model, params, batch_size=4)
-    reuse = reuse_encoder(model, params, batch_size=4)
+    encode = passage_encoder(loaded, batch_size=4)
+    reuse = reuse_encoder(loaded, batch_size=4)
     args = (manifest, arrays["ids"], arrays["mask"], arrays["offsets"])
     options = dict(chunk_passages=3, reuse=reuse, num_heads=config.num_heads)
-    whole = build_passage_cache(tmp_path / "whole", *args, encode, config.hidden_size, **options)
+    whole = build_passage_cache(tmp_path / "whole", *args, encode, **options)
     calls = []
 
     def failing(ids, mask):
@@ -314,9 +314,8 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
         return encode(ids, mask)
 
     with pytest.raises(KeyboardInterrupt):
-        build_passage_cache(tmp_path / "resumed", *args, failing, config.hidden_size, **options)
-    resumed = build_passage_cache(tmp_path / "resumed", *args, encode, config.hidden_size,
-                                  **options)
+        build_passage_cache(tmp_path / "resumed", *args, failing, **options)
+    resumed = build_passage_cache(tmp_path / "resumed", *args, encode, **options)
     for name in ["states", *REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY]:
         for suffix in (".npy", ".scale.npy", ".pca_basis.npy"):
             path = whole.directory / f"{name}{suffix}"
@@ -326,7 +325,7 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
 
 
 def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
-    _, _, _, folder = tiny
+    _, folder = tiny
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
                               + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
@@ -382,7 +381,7 @@ def _benchmark(name: str):
 def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
     """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
     file made of the sample passages: every scheme's row, bytes/token from its files."""
-    _, _, _, folder = tiny
+    _, folder = tiny
     squad = _sample_squad(tmp_path)
     bench = _benchmark("cache_compression")
     rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
@@ -409,7 +408,7 @@ def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
     reuses, with the pair program's reuses, with padding trimmed and with the cached arrays, on
     the same questions;
     the same answers and reader scores within float32 rounding (as above), and the record."""
-    _, _, _, folder = tiny
+    _, folder = tiny
     squad = _sample_squad(tmp_path)
     rows = _benchmark("odqa_speed").main([
         "--checkpoint", str(folder), "--tokenizer", "default", "--ks", "3", "1",

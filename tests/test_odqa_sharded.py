@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from train_helpers import REPO, free_port, run_all
 
-from dil_jax.open_domain.cache import RowArray
 from dil_jax.open_domain.cache_shards import shard_ranges
+from dil_jax.open_domain.row_arrays import RowArray
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli
@@ -147,15 +147,14 @@ def test_reader_reads_a_sharded_cache_as_the_unsharded_one(two_processes, one_pr
     from dil_jax.open_domain.index import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
-    model, params, tokenizer = load_reader("default", 1, 16)
+    loaded = load_reader("default", 1, 16)
     questions = ["Who wrote Pride and Prejudice?", "What is the capital of France?"]
     answers = {}
     for name, folder in (("sharded", two_processes), ("single", one_process["reuse"])):
         index = open_index(folder)
-        cache = index.open_cache(model.config, params, tokenizer)  # check_states: 1st/last shard
+        cache = index.open_cache(loaded)  # check_states: 1st/last shard
         assert len(cache.shards) == (2 if name == "sharded" else 1) and cache.has_reuse
-        reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=3, batch_size=2,
-                                  chunk_size=8)
+        reader = OpenDomainReader(index, loaded, cache, top_p=3, batch_size=2, chunk_size=8)
         assert reader.reads_cached_reuse  # the first-upper-block arrays come from the shards
         answers[name] = reader.read(questions).candidates
     assert answers["sharded"] == answers["single"]

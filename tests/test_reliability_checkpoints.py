@@ -135,7 +135,7 @@ def test_malformed_manifest_is_named(hf_folder_factory, tmp_path, capsys, text, 
 def test_k_other_than_the_trained_one_warns(caplog):
     folder = str(ASSETS / "minilm-squad-k2")
     with caplog.at_level(logging.WARNING, logger="dil_jax.checkpoints"):
-        model, _, _ = load_reader(folder, 4, 32)
+        model = load_reader(folder, 4, 32)
     assert model.config.num_lower_layers == 4  # a warning, not an error
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING
                 and "trained with" in r.getMessage()]

@@ -249,7 +249,8 @@ def test_an_index_is_never_written_into_a_foreign_folder(tmp_path, built, capsys
 
 def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     from dil_jax.errors import DilJaxError
-    from dil_jax.open_domain.cache_check import reader_manifest
+    from dil_jax.open_domain.cache_check import reader_cache_key
+    from dil_jax.open_domain.compression import Storage
     from dil_jax.open_domain.corpus import (
         Document,
         read_jsonl,
@@ -272,7 +273,7 @@ def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     with pytest.raises(DilJaxError, match="must be positive"):
         split_windows("a b c", 0, 1)
     with pytest.raises(DilJaxError, match="float16"):
-        reader_manifest(None, {}, "tok", 32, "p", "float16")
+        reader_cache_key(None, {}, "tok", 32, "p", Storage.parse("float16"))
     (index / "bm25" / "weights.npz").write_bytes(b"not a zip")
     with pytest.raises(DilJaxError, match="weights.npz"):
         RankBM25Retriever.load(index / "bm25")

@@ -172,7 +172,7 @@ def test_export_records_its_weights_digest_and_tokenizer(hf_folder_factory, tmp_
 def test_the_same_vocabulary_from_other_files_is_accepted():
     """The bundled readers were trained with the embedded MiniLM's tokenizer ("default", other
     file bytes): the same vocabulary and special tokens, so it is this reader's."""
-    _, _, tokenizer = load_reader(str(FULL), None, 16, "default")
+    tokenizer = load_reader(str(FULL), None, 16, "default").tokenizer
     assert tokenizer.sep_token_id == 102
 
 

@@ -122,14 +122,14 @@ def test_non_finite_reader_scores_are_an_error_naming_question_and_passage(long_
     from dil_jax.open_domain.index import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
-    model, params, tokenizer = load_reader("default", 0, 12, None)
+    loaded = load_reader("default", 0, 12, None)
     index = open_index(long_window_index)
-    cache = index.open_cache(model.config, params, tokenizer)
+    cache = index.open_cache(loaded)
     # A checkpoint with a NaN weight in its span head: every span score is NaN.
-    params = jax.tree.map(lambda a: a, params)
+    params = jax.tree.map(lambda a: a, loaded.params)
     head = params["qa_outputs"]
     params["qa_outputs"] = dict(head, bias=jnp.full_like(head["bias"], jnp.nan))
-    reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=2, batch_size=2,
+    reader = OpenDomainReader(index, loaded.with_params(params), cache, top_p=2, batch_size=2,
                               chunk_size=8)
     with pytest.raises(DilJaxError, match=r"non-finite span scores .* question 'Who wrote "
                                           r"Pride and Prejudice\?' on passage doc1#0"):

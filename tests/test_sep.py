@@ -36,9 +36,10 @@ def test_sentence_embeddings_match_hf_mean_pooling(minilm_dir):
     from dil_jax.checkpoints import load_reader
     from dil_jax.prescreening.embed import sentence_embeddings
 
-    model, params, tokenizer = load_reader(str(minilm_dir), None, 16)
+    encoder = load_reader(str(minilm_dir), None, 16)
+    tokenizer = encoder.tokenizer
     texts = ["The cat sat on the mat.", "Paris is the capital of France.", "Hi"]
-    ours = sentence_embeddings(model, params, tokenizer, texts, max_len=16, batch_size=2)
+    ours = sentence_embeddings(encoder, texts, max_len=16, batch_size=2)
     hf = AutoModel.from_pretrained(str(minilm_dir)).eval()
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -134,7 +135,7 @@ def test_reading_kept_sentences_equals_reading_their_text():
     from dil_jax.predict import predict_squad, window_logits
     from dil_jax.prescreening.screen import token_sentences, window_keep
 
-    model, params, tokenizer = load_reader(str(bundled_reader("full")), None, 32)
+    reader = load_reader(str(bundled_reader("full")), None, 32)
     context = ("The Amazon is a river in South America. It flows into the Atlantic Ocean. "
                "Its basin covers seven million square kilometres. The river was named by "
                "Francisco de Orellana in 1542. Many fish live in it.")
@@ -142,7 +143,7 @@ def test_reading_kept_sentences_equals_reading_their_text():
     kept_sets = [(0, 3), (1, 4)]
     spans = split_sentences(context)
     examples = [SquadExample(qid, "T", context, question, (), ()) for qid, question in questions]
-    features = featurize(examples, tokenizer, max_question_len=32, max_passage_len=32,
+    features = featurize(examples, reader.tokenizer, max_question_len=32, max_passage_len=32,
                          doc_stride=16)
     assert features.num_windows > len(examples)  # several windows per context
     kept = np.zeros((len(examples), len(spans)), bool)
@@ -151,13 +152,13 @@ def test_reading_kept_sentences_equals_reading_their_text():
     token_sentence = token_sentences(features.offsets, np.zeros(features.num_windows, int),
                                      [spans])
     keep = window_keep(token_sentence, kept[features.example_index], features.p_mask)
-    logits = window_logits(model, params, features, batch_size=4, progress=False, keep=keep)
+    logits = window_logits(reader.model, reader.params, features, batch_size=4, progress=False,
+                           keep=keep)
     ours = decode_predictions(examples, features, logits.start_logits, logits.end_logits)
     for example, chosen in zip(examples, kept_sets, strict=True):
         text = " ".join(context[slice(*spans[i])] for i in chosen)
-        alone = predict_squad(model, params, tokenizer,
-                              [dataclasses.replace(example, context=text)], max_passage_len=32,
-                              doc_stride=16, batch_size=4, progress=False)
+        alone = predict_squad(reader, [dataclasses.replace(example, context=text)],
+                              max_passage_len=32, doc_stride=16, batch_size=4, progress=False)
         assert answers(ours)[example.qid] == alone[example.qid] != ""
         assert answers(ours)[example.qid] in text
     assert "Orellana" in answers(ours)["q1"] and "Atlantic" in answers(ours)["q2"]
@@ -173,8 +174,7 @@ def test_bundled_prescreener_beats_the_first_sentence(shared_data):
     prescreener = SentencePrescreener.load("default")
     examples = select_articles(
         load_squad(shared_data / "squad" / "dev-v1.1.35-articles.json").examples, "28:30")
-    data = build_sentence_data(examples, prescreener.encoder, prescreener.encoder_params,
-                               prescreener.tokenizer, max_sentences=32)
+    data = build_sentence_data(examples, prescreener.encoder, max_sentences=32)
     accuracy = topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
                              data.label)
     assert len(data.label) > 100

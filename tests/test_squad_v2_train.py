@@ -68,8 +68,11 @@ def test_null_score_differences_and_spread_subset():
 
 
 def test_recorded_threshold_is_read_and_checked(tmp_path):
-    from dil_jax.checkpoints import CheckpointError, recorded_null_threshold
+    from dil_jax.checkpoints import CheckpointError, resolve_reader_checkpoint
     from dil_jax.commands.predict import choose_null_threshold
+
+    def recorded_null_threshold(folder: str) -> float | None:
+        return resolve_reader_checkpoint(folder).recorded_null_threshold()
 
     record = tmp_path / "trained_from.json"
     assert recorded_null_threshold(str(tmp_path)) is None  # no record: not a trained reader
@@ -189,11 +192,10 @@ def test_v2_run_records_its_threshold_and_predict_uses_it(tmp_path, hf_folder_fa
     assert record["null_threshold"] == evals[result.best_step]["null_threshold"]
     # ...chosen on training questions: eval.threshold_questions = 3 of the 5 training ones,
     # floor(i * 5 / 3) = q0, q1, q3 (never the validation articles' q5, q6).
-    model, reader_params, tokenizer = load_reader(str(params), None, 16, "default")
+    reader = load_reader(str(params), None, 16, "default")
     subset = [e for e in load_squad(data).examples if e.qid in ("q0", "q1", "q3")]
-    spans = predict_squad_spans(model, reader_params, tokenizer, subset, max_passage_len=16,
-                                doc_stride=8, batch_size=4, null_threshold=math.inf,
-                                progress=False)
+    spans = predict_squad_spans(reader, subset, max_passage_len=16, doc_stride=8, batch_size=4,
+                                null_threshold=math.inf, progress=False)
     differences = null_score_differences(spans)
     threshold, _ = best_null_threshold(subset, answers(spans), differences)
     assert record["null_threshold"] == pytest.approx(threshold, abs=1e-4)

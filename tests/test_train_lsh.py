@@ -35,8 +35,8 @@ def test_lower_blocks_train_and_export_with_lsh(tmp_path):
     question = rng.integers(1, 128, size=(2, 8)).astype(np.int32)
     passage = rng.integers(1, 128, size=(2, 16)).astype(np.int32)
     masks = np.ones_like(question), np.ones_like(passage)
-    with_lsh = models.student(models.params, question, masks[0], passage, masks[1])
-    without = full_attention(models.params, question, masks[0], passage, masks[1])
+    with_lsh = models.student.model(models.student.params, question, masks[0], passage, masks[1])
+    without = full_attention(models.student.params, question, masks[0], passage, masks[1])
     assert float(np.max(np.abs(np.asarray(with_lsh.start_logits)
                                - np.asarray(without.start_logits)))) > 1e-4
 

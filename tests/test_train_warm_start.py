@@ -21,12 +21,12 @@ def test_student_starts_from_the_teachers_fine_tuned_weights(tmp_path):
     models = load_run_models(student_config, evaluate_fn=None)
     assert models.student.config.num_lower_layers == 1
     assert models.teacher.config.num_lower_layers == 0
-    student_weights = flat_params(models.params)
+    student_weights = flat_params(models.student.params)
     # Every weight of the student, QA head included, is the teacher's: nothing re-initialised.
     assert student_weights.keys() == teacher_weights.keys()
     for name, value in teacher_weights.items():
         np.testing.assert_array_equal(student_weights[name], value, err_msg=name)
-        np.testing.assert_array_equal(flat_params(models.teacher_params)[name], value,
+        np.testing.assert_array_equal(flat_params(models.teacher.params)[name], value,
                                       err_msg=name)
     # ... and it trains from there with KD + LRS from the same teacher.
     result = train(student_config, stop_after_step=2)

@@ -166,26 +166,26 @@ def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_p
     from dil_jax.predict import predict_squad
     from dil_jax.samples import SAMPLE_PASSAGES
 
-    model, params, tokenizer = load_reader(str(xlnet_reader_folder), 1, 16)
-    config = model.config
+    loaded = load_reader(str(xlnet_reader_folder), 1, 16)
+    config = loaded.config
     documents = [Document(f"d{i}", f"T{i}", text) for i, text in enumerate(SAMPLE_PASSAGES)]
-    index = build_index(tmp_path / "index", split_documents(documents, "paragraphs"), tokenizer,
-                        max_passage_len=32, doc_stride=16, split={"strategy": "paragraphs"})
-    cache = build_reader_cache(index, model.config, params, tokenizer,
-                               encode=passage_encoder(model, params, batch_size=4))
-    reader = OpenDomainReader(index, model, params, tokenizer, cache,
-                              top_p=len(index.passages), batch_size=4, chunk_size=8)
+    index = build_index(tmp_path / "index", split_documents(documents, "paragraphs"),
+                        loaded.tokenizer, max_passage_len=32, doc_stride=16,
+                        split={"strategy": "paragraphs"})
+    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=4,
+                              chunk_size=8)
     questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]
     result = reader.read(questions)
     for question, candidates in zip(questions, result.candidates):
         assert candidates
         examples = [SquadExample(f"q{c.passage_index}", "", index.passages[c.passage_index].text,
                                  question) for c in candidates]
-        expected = predict_squad(model, params, tokenizer, examples, max_passage_len=32,
-                                 doc_stride=16, batch_size=4, progress=False)
+        expected = predict_squad(loaded, examples, max_passage_len=32, doc_stride=16,
+                                 batch_size=4, progress=False)
         for candidate in candidates:
             assert candidate.text == expected[f"q{candidate.passage_index}"]
-    encode = reuse_encoder(model, params, batch_size=4)
+    encode = reuse_encoder(loaded, batch_size=4)
     states = np.zeros((2, 32, config.hidden_size), np.float32)
     with pytest.raises(XLNetUnsupportedError, match="p_stats.*xlnet"):
         encode(states, np.ones((2, 32), np.int32))

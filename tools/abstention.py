@@ -97,9 +97,8 @@ def open_reader(index_dir: str, checkpoint: str):
     from dil_jax.open_domain.reader import OpenDomainReader
 
     index = open_index(index_dir)
-    model, params, tokenizer = load_reader(checkpoint, None, 32)
-    cache = index.open_cache(model.config, params, tokenizer, "float32")
-    return OpenDomainReader(index, model, params, tokenizer, cache, top_p=P, batch_size=4,
+    reader = load_reader(checkpoint, None, 32)
+    return OpenDomainReader(index, reader, index.open_cache(reader), top_p=P, batch_size=4,
                             chunk_size=64)
 
 
@@ -167,10 +166,10 @@ def check_not_validation(calibration: Path, validation: Path) -> None:
 def record_in_manifest(folder: Path, chosen: dict, chosen_on: str) -> None:
     """Adds (or replaces) the manifest's `abstention` record, written atomically."""
     from dil_jax.atomic import write_atomic
-    from dil_jax.checkpoints import MANIFEST_FILE, read_manifest
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
     from dil_jax.open_domain.abstention import MANIFEST_KEY
 
-    manifest = read_manifest(folder)
+    manifest = ExportManifest.read(folder).to_json()
     manifest[MANIFEST_KEY] = {"chosen_on": chosen_on, "p": P, "mu": MU, "by_rule": chosen}
     write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
 
@@ -185,9 +184,9 @@ def calibrate(args: argparse.Namespace) -> int:
     check_not_validation(squad, Path(args.validation))
     index = work / "index"
     if not (index / "index.json").is_file():
-        from dil_jax.checkpoints import read_manifest
+        from dil_jax.checkpoints import ExportManifest
 
-        ks = [str(read_manifest(Path(c)).get("reader", {}).get("num_lower_layers", 0))
+        ks = [str((ExportManifest.read(c).reader or {}).get("num_lower_layers", 0))
               for c in args.reader]  # each reader at the k it was trained for
         subprocess.run([sys.executable, "-m", "dil_jax", "index", "--out", str(index),
                         "--corpus", f"squad:{squad}", "--corpus", "wikipedia",
@@ -215,16 +214,15 @@ def calibrate(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace) -> int:
-    from dil_jax.checkpoints import read_manifest
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.open_domain.abstention import Abstention
+    from dil_jax.open_domain.abstention import abstention_of
 
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     inside, outside = sample_questions(examples, args.questions, args.seed)
     results = {}
     for checkpoint in args.reader:
-        abstention = Abstention.from_manifest(read_manifest(Path(checkpoint)))
+        abstention = abstention_of(checkpoint)
         if abstention is None:
             raise SystemExit(f"{checkpoint}: no abstention record in its manifest; run "
                              "`tools/abstention.py calibrate --record` first")

@@ -102,14 +102,15 @@ def record_integrity(folder: Path) -> dict:
     """Adds `integrity_record` (weights digests, tokenizer fingerprint) to the manifest of an
     exported folder, from its files as they are; returns the record. The weights are read,
     never written."""
+    import dataclasses
+
     from dil_jax.atomic import write_atomic
-    from dil_jax.checkpoints import MANIFEST_FILE, integrity_record, read_manifest
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest, integrity_record
     from dil_jax.tokenization import load_tokenizer
 
-    manifest = read_manifest(folder)
     record = integrity_record(folder, load_tokenizer(folder))
-    manifest.update(record)
-    write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=2))  # as the export writes
+    manifest = dataclasses.replace(ExportManifest.read(folder), **record)
+    write_atomic(folder / MANIFEST_FILE, json.dumps(manifest.to_json(), indent=2))  # as export
     return record
 
 

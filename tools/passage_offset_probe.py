@@ -21,6 +21,7 @@ A probe only: the prefix is not a model option.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax.numpy as jnp
@@ -87,15 +88,15 @@ def main() -> None:
     if min(args.offsets) < longest:
         parser.error(f"--offsets {min(args.offsets)}: a prefix of {longest} token(s) needs "
                      f"offsets >= {longest} (its tokens sit just below the passage)")
-    model, params, tokenizer = load_reader(args.reader, args.k, CPU_MAX_QUESTION_LEN)
+    reader = load_reader(args.reader, args.k, CPU_MAX_QUESTION_LEN)
     begin, end = (int(part) for part in args.questions.split(":"))
     examples = select_articles(load_squad(args.data).examples, args.articles)[begin:end]
     for offset, prefix in ((offset, prefix) for offset in args.offsets
                            for prefix in args.prefixes):
-        shifted = PrefixedPassageModel(model.config.replace(passage_position_offset=offset),
-                                       prefix_token_ids(tokenizer, prefix))
+        shifted = PrefixedPassageModel(reader.config.replace(passage_position_offset=offset),
+                                       prefix_token_ids(reader.tokenizer, prefix))
         started = time.perf_counter()
-        predictions = predict_squad(shifted, params, tokenizer, examples,
+        predictions = predict_squad(dataclasses.replace(reader, model=shifted), examples,
                                     max_passage_len=CPU_MAX_PASSAGE_LEN,
                                     doc_stride=CPU_DOC_STRIDE, batch_size=64, progress=False)
         scores = squad_scores(examples, predictions, version="1.1")

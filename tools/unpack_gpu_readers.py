@@ -39,12 +39,12 @@ def unpack(directory: Path, name: str, out: Path, base: str = "default") -> Path
     from dil_jax.checkpoints import save_params
     from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.train.setup import load_or_init_params
+    from dil_jax.train.setup import load_or_init_reader
 
     members = read_pieces(directory, name)
     config = EncoderConfig.from_dict(json.loads(members["encoder_config.json"]))
     stored = np.load(io.BytesIO(members["params.npz"]))
-    _, base_params = load_or_init_params(base, None, {}, jax.random.key(0))
+    base_params = load_or_init_reader(base, None, {}, jax.random.key(0)).params
     base_leaves = {"/".join(str(getattr(k, "key", k)) for k in path): leaf
                    for path, leaf in jax.tree_util.tree_flatten_with_path(base_params)[0]}
     abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))

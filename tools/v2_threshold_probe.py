@@ -52,8 +52,7 @@ def main() -> None:
     parser.add_argument("--validation-articles", default="28:35")
     parser.add_argument("--threshold-questions", type=int, default=1000)
     args = parser.parse_args()
-    model, params, tokenizer = load_reader(args.reader, args.k, CPU_MAX_QUESTION_LEN,
-                                           tokenizer_path=args.tokenizer)
+    reader = load_reader(args.reader, args.k, CPU_MAX_QUESTION_LEN, args.tokenizer)
     examples = load_squad(args.data).examples
     train = spread_subset(select_articles(examples, args.train_articles),
                           args.threshold_questions)
@@ -62,8 +61,7 @@ def main() -> None:
                    batch_size=32, progress=False)
     chosen = None
     for name, subset in (("training threshold questions", train), ("validation", validation)):
-        spans = predict_squad_spans(model, params, tokenizer, subset, null_threshold=math.inf,
-                                    **options)
+        spans = predict_squad_spans(reader, subset, null_threshold=math.inf, **options)
         best_spans, differences = answers(spans), null_score_differences(spans)
         own, _ = best_null_threshold(subset, best_spans, differences)
         chosen = own if chosen is None else chosen

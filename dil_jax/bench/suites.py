@@ -33,10 +33,11 @@ from dil_jax.bench.timing import (
     timed_repeats,
     warm_up,
 )
+from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
 from dil_jax.config import EncoderConfig
 from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
 from dil_jax.mesh import data_mesh
-from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid
 
 
@@ -50,8 +51,7 @@ class SuiteSpec:
     """
 
     name: str
-    config: EncoderConfig
-    params: Params
+    reader: Reader  # its config and params (no tokenizer: grids are random token ids)
     grid: GridSpec
     ks: tuple[int, ...]
     weights: str  # where the params came from, for the record
@@ -85,9 +85,8 @@ _BASE_SHAPES = {
 TINY_LENGTHS = (16, 48)
 
 
-def suite_model(name: str, question_len: int, seed: int = 0
-                ) -> tuple[EncoderConfig, Params, str]:
-    """(config, params, where the weights came from) of a named suite.
+def suite_model(name: str, question_len: int, seed: int = 0) -> tuple[Reader, str]:
+    """(the reader, where its weights came from) of a named suite.
 
     minilm: the embedded all-MiniLM-L6-v2 (6 blocks, 384 wide; its QA head is freshly
       initialised, which does not change the cost); bert-base, roberta-base, electra-small,
@@ -96,10 +95,8 @@ def suite_model(name: str, question_len: int, seed: int = 0
       blocks of MiniLM's width, for tests.
     """
     if name == "minilm":
-        from dil_jax.checkpoints import load_hf_checkpoint
-
-        config, params, _ = load_hf_checkpoint("default", max_question_len=question_len)
-        return config, params, "all-MiniLM-L6-v2 (embedded), QA head random"
+        reader = load_reader("default", max_question_len=question_len, with_tokenizer=False)
+        return reader, "all-MiniLM-L6-v2 (embedded), QA head random"
     if name in _BASE_SHAPES:
         config = EncoderConfig(max_question_len=question_len, **_BASE_SHAPES[name])
         weights = f"random init, {name} shape"
@@ -110,8 +107,7 @@ def suite_model(name: str, question_len: int, seed: int = 0
         weights = "random init, tiny"
     else:
         raise ValueError(f"unknown suite {name!r}; suites: {SUITES}")
-    params = DelayedInteractionModel(config).init(jax.random.key(seed))
-    return config, jax.tree.map(np.asarray, params), weights
+    return init_reader(config, jax.random.key(seed)), weights
 
 
 def default_ks(num_layers: int) -> tuple[int, ...]:
@@ -135,9 +131,10 @@ def _readers(config: EncoderConfig, ks: Sequence[int], suite: SuiteSpec) -> dict
 
 def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Times the full model, each k and the peer on one grid; returns the suite's record."""
-    config, grid = suite.config.replace(max_question_len=suite.grid.question_len), suite.grid
+    config = suite.reader.config.replace(max_question_len=suite.grid.question_len)
+    grid = suite.grid
     inputs = random_grid(grid, config.vocab_size, suite.seed)
-    params = jax.device_put(suite.params)
+    params = jax.device_put(suite.reader.params)
     ks = (0,) + tuple(k for k in suite.ks if k != 0)
     readers = _readers(config, ks, suite)
     runners: dict[str, Runner] = {
@@ -166,7 +163,7 @@ def run_suite(suite: SuiteSpec, log: Callable[[str], None] = print) -> dict[str,
         else:
             # On CPU the peer gets the threads XLA's intra-op pool has (see machine.thread_counts).
             torch.set_num_threads(len(os.sched_getaffinity(0)))
-            hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.params))
+            hf_model = hf_model_from_params(config, jax.tree.map(np.asarray, suite.reader.params))
             hf_model = hf_model.to(device)
             record["hf_attention"] = hf_model.config._attn_implementation
             record["hf_class"] = type(hf_model).__name__

@@ -4,12 +4,16 @@ One module per job (each name below is importable from this package too):
   files        reading a Hugging Face folder's JSON and weights files (damage named)
   hf_config    Hugging Face config.json <-> EncoderConfig
   hf_tensors   Hugging Face tensor names <-> Flax param paths, shapes checked, import report
-  manifest     dil_jax_manifest.json: the split a reader was exported / trained with
+  manifest     ExportManifest: dil_jax_manifest.json, the split a reader was exported / trained
+               with, its base tensors, weights digests and tokenizer record
+  resolved     ResolvedCheckpoint: a checkpoint name resolved once (folder, dil_jax or Hugging
+               Face format, its manifest, the k it was trained with, its recorded SQuAD v2.0
+               null threshold)
   hf_import    load_hf_checkpoint: a Hugging Face folder or hub id -> (config, params, report)
   orbax_io     save_params / load_params: dil_jax's own orbax format
   export       export_hf_checkpoint: params -> a Hugging Face folder
-  readers      load_reader: (model, params, tokenizer) from either format, checks wired in;
-               recorded_null_threshold: the SQuAD v2.0 threshold a trained reader records
+  readers      Reader (model, params, tokenizer, checkpoint) and its makers: load_reader from
+               either format, checks wired in; init_reader at random
   fingerprint  params_fingerprint: the hash caches record their weights by; file_digest
   integrity    what a manifest records of a reader's weights (sha256) and tokenizer
                (fingerprint, special tokens), the checks of both on load, and the finite scan
@@ -28,7 +32,7 @@ from dil_jax.checkpoints.files import (
 )
 from dil_jax.checkpoints.fingerprint import file_digest, params_fingerprint
 from dil_jax.checkpoints.hf_config import encoder_config_from_hf, hf_config_from_encoder_config
-from dil_jax.checkpoints.hf_import import load_hf_checkpoint, with_base_tensors
+from dil_jax.checkpoints.hf_import import load_hf_checkpoint, load_hf_folder, with_base_tensors
 from dil_jax.checkpoints.hf_tensors import (
     ImportReport,
     convert_state_dict,
@@ -41,7 +45,7 @@ from dil_jax.checkpoints.integrity import (
     tokenizer_record,
     weights_record,
 )
-from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults, trained_k
+from dil_jax.checkpoints.manifest import MANIFEST_FILE, ExportManifest
 from dil_jax.checkpoints.orbax_io import (
     ENCODER_CONFIG_FILE,
     PARAMS_DIR,
@@ -49,17 +53,19 @@ from dil_jax.checkpoints.orbax_io import (
     load_params,
     save_params,
 )
-from dil_jax.checkpoints.readers import UntrainedHeadError, load_reader, recorded_null_threshold
+from dil_jax.checkpoints.readers import Reader, UntrainedHeadError, init_reader, load_reader
+from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_checkpoint
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 
 __all__ = [
     "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR", "SAFETENSORS_FILE",
-    "SAFETENSORS_INDEX", "TORCH_FILE", "TRAINED_FROM_FILE", "CheckpointError", "ImportReport",
-    "UntrainedHeadError", "check_tokenizer_record", "check_weights", "convert_state_dict",
-    "encoder_config_from_hf", "export_hf_checkpoint", "export_state_dict", "file_digest",
-    "hf_config_from_encoder_config", "integrity_record", "load_hf_checkpoint", "load_params",
-    "load_reader", "name_map", "params_fingerprint", "read_manifest", "read_state_dict",
-    "reader_defaults", "recorded_null_threshold", "resolve_checkpoint", "save_params",
-    "tokenizer_record", "trained_k", "weights_record", "with_base_tensors",
+    "SAFETENSORS_INDEX", "TORCH_FILE", "TRAINED_FROM_FILE", "CheckpointError", "ExportManifest",
+    "ImportReport", "Reader", "ResolvedCheckpoint", "UntrainedHeadError",
+    "check_tokenizer_record", "check_weights", "convert_state_dict", "encoder_config_from_hf",
+    "export_hf_checkpoint", "export_state_dict", "file_digest", "hf_config_from_encoder_config",
+    "init_reader", "integrity_record", "load_hf_checkpoint", "load_hf_folder", "load_params",
+    "load_reader", "name_map", "params_fingerprint", "read_state_dict", "resolve_checkpoint",
+    "resolve_reader_checkpoint", "save_params", "tokenizer_record", "weights_record",
+    "with_base_tensors",
 ]

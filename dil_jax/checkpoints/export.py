@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ from dil_jax.checkpoints.integrity import (
     tokenizer_record,
     weights_record,
 )
-from dil_jax.checkpoints.manifest import MANIFEST_FILE
+from dil_jax.checkpoints.manifest import MANIFEST_FILE, ExportManifest
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.delayed import Params
@@ -60,17 +61,18 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
         # from 0 it would run on positions it never saw (docs/training.md, "Where a delayed
         # passage's positions start").
         reader["passage_position_offset"] = config.passage_position_offset
-    manifest = dict(manifest or {}, reader=reader)
+    record = dataclasses.replace(ExportManifest.from_json(dict(manifest or {})), reader=reader)
     if from_base is not None:
-        manifest.update(base_checkpoint=from_base[0], from_base=left_to_base)
+        record = dataclasses.replace(record, base_checkpoint=from_base[0],
+                                     from_base=tuple(left_to_base))
     with staged_directory(directory) as staging:
         save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
         (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
                                                       indent=2))
         if tokenizer is not None:
             tokenizer.save_pretrained(str(staging))
-        manifest.update(integrity_record(staging, tokenizer))
-        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+        record = dataclasses.replace(record, **integrity_record(staging, tokenizer))
+        (staging / MANIFEST_FILE).write_text(json.dumps(record.to_json(), indent=2))
     return directory
 
 

@@ -19,8 +19,9 @@ import numpy as np
 from dil_jax.checkpoints.files import CONFIG_FILE, read_state_dict
 from dil_jax.checkpoints.hf_config import encoder_config_from_hf
 from dil_jax.checkpoints.hf_tensors import ImportReport, convert_state_dict, strip_backbone_prefix
-from dil_jax.checkpoints.integrity import WEIGHTS_FIELD, check_weights
-from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, reader_defaults
+from dil_jax.checkpoints.integrity import check_weights
+from dil_jax.checkpoints.manifest import MANIFEST_FILE
+from dil_jax.checkpoints.resolved import HF_FORMAT, ResolvedCheckpoint
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
@@ -32,7 +33,16 @@ log = logging.getLogger(__package__)
 
 def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None = None,
                        **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
-    """Reads a Hugging Face checkpoint into (config, params, report).
+    """Reads a Hugging Face checkpoint (a folder, "default" or a hub id) into (config, params,
+    report); `load_hf_folder` of it, resolved here."""
+    name = str(name_or_path)
+    checkpoint = ResolvedCheckpoint(name, resolve_checkpoint(name), HF_FORMAT)
+    return load_hf_folder(checkpoint, rng=rng, **config_overrides)
+
+
+def load_hf_folder(checkpoint: ResolvedCheckpoint, *, rng: jax.Array | None = None,
+                   **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
+    """Reads a resolved Hugging Face checkpoint into (config, params, report).
 
     The weights files must match the digests the folder's manifest records, if it records any
     (`integrity.check_weights`), and every tensor must be finite (`convert_state_dict`): a
@@ -41,16 +51,16 @@ def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None
     `config_overrides` set reader fields the checkpoint does not hold, e.g.
     `num_lower_layers=4, max_question_len=64, dtype="bfloat16"`.
     """
-    folder = resolve_checkpoint(name_or_path)
+    folder = checkpoint.folder
     config_path = folder / CONFIG_FILE
     hf_config = _read_hf_config(folder)
     # A reader exported by dil_jax records the split it was trained for; overrides still win.
-    overrides = {**reader_defaults(folder), **config_overrides}
+    overrides = {**checkpoint.manifest.reader_defaults, **config_overrides}
     config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
-    recorded = read_manifest(folder).get(WEIGHTS_FIELD)
+    recorded = checkpoint.manifest.weights
     if recorded:  # an export's digests: the bytes must be the exported ones (~1.5% of a load)
         check_weights(folder, recorded, folder / MANIFEST_FILE)
-    state = with_base_tensors(folder, read_state_dict(folder), config.architecture)
+    state = with_base_tensors(checkpoint, read_state_dict(folder), config.architecture)
     params, report = convert_state_dict(state, config, rng, source=str(folder))
     for line in report.summary().splitlines()[1:]:
         log.warning(line)
@@ -72,7 +82,7 @@ def _read_hf_config(folder: Path) -> dict[str, Any]:
     return hf_config
 
 
-def with_base_tensors(folder: Path, state: dict[str, np.ndarray],
+def with_base_tensors(checkpoint: ResolvedCheckpoint, state: dict[str, np.ndarray],
                       architecture: str) -> dict[str, np.ndarray]:
     """Fills in tensors a folder deliberately left out, from the base checkpoint its manifest
     names (`{"base_checkpoint": "default", "from_base": [tensor names]}`); both name the
@@ -81,12 +91,12 @@ def with_base_tensors(folder: Path, state: dict[str, np.ndarray],
     A fine-tuned reader whose word embeddings were frozen ships without them: they are the base
     model's, bit for bit, and installing the base package already puts them on disk.
     """
-    manifest_path = folder / MANIFEST_FILE
-    manifest = read_manifest(folder)
-    names = manifest.get("from_base") or []
+    manifest_path = checkpoint.folder / MANIFEST_FILE
+    names = checkpoint.manifest.from_base
     if not names:
         return state
-    base_state = read_state_dict(resolve_checkpoint(manifest["base_checkpoint"]))
+    base_name = checkpoint.manifest.base_checkpoint
+    base_state = read_state_dict(resolve_checkpoint(base_name))
     base = {strip_backbone_prefix(name, architecture): value
             for name, value in base_state.items()}
     merged = dict(state)
@@ -94,6 +104,6 @@ def with_base_tensors(folder: Path, state: dict[str, np.ndarray],
         key = strip_backbone_prefix(name, architecture)
         if key not in base:
             raise CheckpointError(f"{manifest_path}: tensor {name!r} is to come from base "
-                                  f"{manifest['base_checkpoint']!r}, which has no {key!r}")
+                                  f"{base_name!r}, which has no {key!r}")
         merged[name] = base[key]
     return merged

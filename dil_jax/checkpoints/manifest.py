@@ -1,13 +1,18 @@
 """`dil_jax_manifest.json`: what an exported reader records beside its Hugging Face files.
 
-Written by `export_hf_checkpoint`; read back for the split a reader was exported / trained with
-(`reader_defaults`, `trained_k`), for tensors it left to a base checkpoint (`from_base`), and for
-what its weights and tokenizer must be (`weights`, `tokenizer`: `dil_jax.checkpoints.integrity`).
+`ExportManifest` is the file as a value: written by `export_hf_checkpoint` (`to_json`), read
+once per load (`ExportManifest.read`, which checks every known field) and then carried: the
+split the reader was exported / trained with (`reader_defaults`, `trained_k`), the tensors it
+left to a base checkpoint (`base_checkpoint`, `from_base`), and what its weights and tokenizer
+must be (`weights`, `tokenizer`: `dil_jax.checkpoints.integrity`). Fields it does not know
+(notes, earlier training stages) are kept as they are in `records`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +21,10 @@ from dil_jax.errors import CheckpointError
 
 MANIFEST_FILE = "dil_jax_manifest.json"
 READER_FIELDS = ("num_lower_layers", "max_question_len", "passage_position_offset")
+_KNOWN_FIELDS = ("training_config", "reader", "base_checkpoint", "from_base", "weights",
+                 "tokenizer")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_FIX = "re-export the reader, or delete the file to load the weights without it"
 
 
 def _weights_problem(weights: Any) -> str | None:
@@ -33,80 +41,116 @@ def _weights_problem(weights: Any) -> str | None:
     return None
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The folder's `dil_jax_manifest.json` ({} if it has none), its known fields checked.
-
-    Known fields: "reader" {num_lower_layers, max_question_len, passage_position_offset: int},
-    "training_config" (an object; its "model" may record num_lower_layers and
-    passage_position_offset), "base_checkpoint" (str),
-    "from_base" (list of tensor names), "weights" ({file: {"bytes", "sha256"}}) and
-    "tokenizer" (an object). Others are kept as they are (free-form records).
-    Raises CheckpointError naming the file and the field.
-    """
-    path = Path(folder) / MANIFEST_FILE
-    if not path.is_file():
-        return {}
-    manifest = read_json(path, "dil_jax manifest")
-    fix = "re-export the reader, or delete the file to load the weights without it"
-
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"{path}: {what}; {fix}")
-
+def _manifest_problem(manifest: Any) -> str | None:
+    """What is wrong with a manifest's known fields (`ExportManifest.from_json`), or None."""
     if not isinstance(manifest, dict):
-        raise bad(f"expected a JSON object, got {type(manifest).__name__}")
+        return f"expected a JSON object, got {type(manifest).__name__}"
     reader = manifest.get("reader", {})
     if not isinstance(reader, dict):
-        raise bad(f"'reader' must be an object, got {reader!r}")
+        return f"'reader' must be an object, got {reader!r}"
     for key, value in reader.items():
         if key not in READER_FIELDS:
-            raise bad(f"unknown field 'reader.{key}' (known: {', '.join(READER_FIELDS)})")
+            return f"unknown field 'reader.{key}' (known: {', '.join(READER_FIELDS)})"
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad(f"'reader.{key}' must be a non-negative integer, got {value!r}")
+            return f"'reader.{key}' must be a non-negative integer, got {value!r}"
     training = manifest.get("training_config", {})
     if not isinstance(training, dict) or not isinstance(training.get("model", {}), dict):
-        raise bad("'training_config' (and its 'model') must be objects")
+        return "'training_config' (and its 'model') must be objects"
     from_base = manifest.get("from_base") or []
     if not isinstance(from_base, list) or not all(isinstance(n, str) for n in from_base):
-        raise bad(f"'from_base' must be a list of tensor names, got {from_base!r}")
+        return f"'from_base' must be a list of tensor names, got {from_base!r}"
     if "weights" in manifest and (problem := _weights_problem(manifest["weights"])):
-        raise bad(problem)
+        return problem
     tokenizer = manifest.get("tokenizer", {})
     if not isinstance(tokenizer, dict) or not all(
             isinstance(tokenizer.get(field, {}), dict) for field in ("special_tokens", "files")):
-        raise bad("'tokenizer' (and its 'special_tokens' and 'files') must be objects, got "
-                  f"{tokenizer!r:.80}")
+        return ("'tokenizer' (and its 'special_tokens' and 'files') must be objects, got "
+                f"{tokenizer!r:.80}")
     if from_base and not isinstance(manifest.get("base_checkpoint"), str):
-        raise bad("'from_base' names tensors but 'base_checkpoint' (the checkpoint they come "
-                  f"from) is {manifest.get('base_checkpoint')!r}")
-    return manifest
+        return ("'from_base' names tensors but 'base_checkpoint' (the checkpoint they come "
+                f"from) is {manifest.get('base_checkpoint')!r}")
+    return None
 
 
-def reader_defaults(folder: Path) -> dict[str, Any]:
-    """Reader settings (k, max_question_len, passage_position_offset) recorded by
-    `export_hf_checkpoint`, if any.
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
-    Exports written before `reader.passage_position_offset` existed recorded the offset only in
-    their training config: it is read from there, since a delayed reader must read passages
-    from the positions it was trained on.
+
+@dataclasses.dataclass(frozen=True)
+class ExportManifest:
+    """An exported reader's `dil_jax_manifest.json` (an empty one: the folder has none).
+
+    reader: READER_FIELDS as exported; training_config: the run's config (its "model" may
+    record num_lower_layers and passage_position_offset); base_checkpoint / from_base: tensors
+    left to a base checkpoint; weights: {file: {"bytes", "sha256"}} or None; tokenizer: the
+    tokenizer record ({} when none); records: every other field, free-form, kept as read.
     """
-    manifest = read_manifest(folder)
-    defaults = dict(manifest.get("reader", {}))
-    trained_offset = manifest.get("training_config", {}).get("model", {}).get(
-        "passage_position_offset")
-    if ("passage_position_offset" not in defaults and isinstance(trained_offset, int)
-            and not isinstance(trained_offset, bool) and trained_offset > 0):
-        defaults["passage_position_offset"] = trained_offset
-    return defaults
 
+    reader: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    training_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    base_checkpoint: str | None = None
+    from_base: tuple[str, ...] = ()
+    weights: Mapping[str, Mapping[str, Any]] | None = None
+    tokenizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    records: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
-def trained_k(folder: Path) -> int | None:
-    """The k a reader was trained with, as its manifest records it (None if it does not).
+    @classmethod
+    def from_json(cls, value: Any, path: Path | str = MANIFEST_FILE) -> ExportManifest:
+        """The manifest of a parsed JSON value; CheckpointError naming `path` and the field."""
+        problem = _manifest_problem(value)
+        if problem:
+            raise CheckpointError(f"{path}: {problem}; {_FIX}")
+        return cls(reader=dict(value.get("reader", {})),
+                   training_config=value.get("training_config", {}),
+                   base_checkpoint=value.get("base_checkpoint"),
+                   from_base=tuple(value.get("from_base") or ()),
+                   weights=value.get("weights"), tokenizer=value.get("tokenizer", {}),
+                   records={key: field for key, field in value.items()
+                            if key not in _KNOWN_FIELDS})
 
-    The training config's model.num_lower_layers when recorded (how it was trained), else the
-    split the export recorded.
-    """
-    manifest = read_manifest(folder)
-    k = manifest.get("training_config", {}).get("model", {}).get("num_lower_layers")
-    if isinstance(k, int) and not isinstance(k, bool):
-        return k
-    return manifest.get("reader", {}).get("num_lower_layers")
+    @classmethod
+    def read(cls, folder: Path | str) -> ExportManifest:
+        """The folder's manifest (an empty one if it has none), its known fields checked."""
+        path = Path(folder) / MANIFEST_FILE
+        if not path.is_file():
+            return cls()
+        return cls.from_json(read_json(path, "dil_jax manifest"), path)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object `from_json` reads back: free-form records first, then the known
+        fields that are set, in the order an export adds them."""
+        value = dict(self.records)
+        if self.training_config:
+            value["training_config"] = dict(self.training_config)
+        if self.reader:
+            value["reader"] = dict(self.reader)
+        if self.base_checkpoint is not None:
+            value.update(base_checkpoint=self.base_checkpoint, from_base=list(self.from_base))
+        if self.weights is not None:
+            value["weights"] = dict(self.weights)
+        if self.tokenizer:
+            value["tokenizer"] = dict(self.tokenizer)
+        return value
+
+    @property
+    def reader_defaults(self) -> dict[str, int]:
+        """Reader settings (k, max_question_len, passage_position_offset) the export recorded.
+
+        Exports written before `reader.passage_position_offset` existed recorded the offset
+        only in their training config: it is read from there, since a delayed reader must read
+        passages from the positions it was trained on.
+        """
+        defaults = dict(self.reader)
+        trained_offset = self.training_config.get("model", {}).get("passage_position_offset")
+        if ("passage_position_offset" not in defaults and _is_int(trained_offset)
+                and trained_offset > 0):
+            defaults["passage_position_offset"] = trained_offset
+        return defaults
+
+    @property
+    def trained_k(self) -> int | None:
+        """The k the reader was trained with (None if unrecorded): the training config's
+        model.num_lower_layers when recorded (how it was trained), else the exported split."""
+        k = self.training_config.get("model", {}).get("num_lower_layers")
+        return k if _is_int(k) else self.reader.get("num_lower_layers")
+

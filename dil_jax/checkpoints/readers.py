@@ -1,28 +1,35 @@
-"""`load_reader`: a ready-to-run (model, params, tokenizer) from any checkpoint a command takes.
+"""The `Reader` value and its two makers: `load_reader` (any checkpoint) and `init_reader`.
 
-A dil_jax folder (orbax params beside `encoder_config.json`, as training saves them) or a
-Hugging Face one (local, "default" or a hub id). Checks sit here because only here are the model,
-its manifest and its tokenizer all known: the tokenizer must fit the model's vocabulary and be
-the one the manifest records, a k other than the one the reader was trained with is logged, and
-a command that needs a trained QA head can ask for one.
+A Reader is what every command reads with and what training starts from: the model (its
+config), its params, its tokenizer and the checkpoint it came from, in one frozen value, passed
+whole (never as a tuple of parts). `load_reader` is the one loader of a checkpoint: a dil_jax
+folder (orbax params beside `encoder_config.json`, as training saves them) or a Hugging Face
+one (local, "default" or a hub id), told apart once (`resolve_reader_checkpoint`).
+
+Checks sit here because only here are the model, its manifest and its tokenizer all known: the
+weights (their recorded digests, finite values: `integrity`), the tokenizer against the model's
+vocabulary and against the one the manifest records, a k other than the one the reader was
+trained with (logged), and a QA head when a command needs a trained one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dil_jax.checkpoints.files import read_json
-from dil_jax.checkpoints.hf_import import load_hf_checkpoint
-from dil_jax.checkpoints.integrity import (
-    TOKENIZER_FIELD,
-    check_finite_params,
-    check_tokenizer_record,
-)
-from dil_jax.checkpoints.manifest import MANIFEST_FILE, read_manifest, trained_k
-from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, TRAINED_FROM_FILE, load_params
+import jax
+import numpy as np
+
+from dil_jax.checkpoints.hf_import import load_hf_folder
+from dil_jax.checkpoints.integrity import check_finite_params, check_tokenizer_record
+from dil_jax.checkpoints.manifest import MANIFEST_FILE
+from dil_jax.checkpoints.orbax_io import load_params
+from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_checkpoint
+from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel, Params
@@ -32,51 +39,114 @@ from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokeni
 log = logging.getLogger(__package__)
 
 
-def load_reader(checkpoint: str, k: int | None, max_question_len: int,
-                tokenizer_path: str | None = None, require_qa_head: bool = False
-                ) -> tuple[DelayedInteractionModel, Params, Any]:
-    """(model, params, tokenizer) from a dil_jax (orbax) folder or a Hugging Face checkpoint.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Reader:
+    """A reader ready to run.
 
-    k: the split point (None: the one a dil_jax checkpoint or export records, else 0). A k other
-    than the one the reader was trained with is allowed (the same params serve every k) but
-    logged as a WARNING: its answers are those of a model it was not trained as.
+    model: the DelayedInteractionModel (`config` is its EncoderConfig); params: its weights
+    (a nested dict of float32 arrays); tokenizer: the fast tokenizer of its ids (None: made
+    without one, e.g. for training, whose featurizer tokenizes); checkpoint: where it was
+    loaded from (None: initialised at random, `init_reader`). Frozen: another setting is
+    another Reader (`with_config`, `with_params`); the model object is kept where the config
+    is, so compiled programs keyed by it are reused.
+    """
+
+    model: DelayedInteractionModel
+    params: Params
+    tokenizer: Any = None
+    checkpoint: ResolvedCheckpoint | None = None
+
+    @property
+    def config(self) -> EncoderConfig:
+        return self.model.config
+
+    def with_config(self, **changes: Any) -> Reader:
+        """The same params and tokenizer read with other EncoderConfig fields (another k, LSH
+        attention): params do not depend on them."""
+        model = DelayedInteractionModel(self.config.replace(**changes))
+        return dataclasses.replace(self, model=model)
+
+    def with_params(self, params: Params) -> Reader:
+        """The same model and tokenizer with other weights (a training step's)."""
+        return dataclasses.replace(self, params=params)
+
+
+def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | None = None,
+                max_question_len: int | None = None, tokenizer: str | None = None, *,
+                require_qa_head: bool = False,
+                config_overrides: Mapping[str, Any] | None = None, rng: jax.Array | None = None,
+                with_tokenizer: bool = True) -> Reader:
+    """The Reader of a dil_jax (orbax) folder or a Hugging Face checkpoint.
+
+    k: the split point to read with (None: the one a dil_jax checkpoint or export records,
+    else 0). A k other than the one the reader was trained with is allowed (the same params
+    serve every k) but logged as a WARNING: its answers are those of a model it was not trained
+    as. max_question_len: tokens of `[CLS] question [SEP]` (None: the checkpoint's own).
+    tokenizer: a tokenizer folder or name instead of the checkpoint's own files.
     require_qa_head: refuse (UntrainedHeadError) a checkpoint without a QA head, whose head
     would be initialised at random: `predict` asks for it; the demo, which says loudly that it
     falls back to the untrained embedded MiniLM, does not.
+    config_overrides: EncoderConfig fields set as given, unwarned (training's split, dropout,
+    compute dtype); rng: initialises a QA head the checkpoint lacks (None: a fixed key).
+    with_tokenizer: False loads no tokenizer (training: its featurizer has its own).
     Checked: the weights (their recorded digests, finite values: `integrity`), and the
     tokenizer against the model's vocabulary (`check_tokenizer`) and against the one the
     reader's manifest records (`check_tokenizer_record`).
     """
-    overrides: dict[str, Any] = {"max_question_len": max_question_len}
+    checkpoint = resolve_reader_checkpoint(checkpoint)
+    overrides = dict(config_overrides or {})
+    if max_question_len is not None:
+        overrides["max_question_len"] = max_question_len
     if k is not None:
         overrides["num_lower_layers"] = k
-    folder = Path(checkpoint).expanduser()
-    manifest: dict[str, Any] = {}
-    if (folder / ENCODER_CONFIG_FILE).is_file():
-        config, params = load_params(folder, **overrides)
-        check_finite_params(params, str(folder))  # orbax params carry no digest
-        trained = _saved_k(folder)
-        if tokenizer_path is None:
-            tokenizer_path = str(_own_tokenizer_folder(folder))
+    if checkpoint.is_orbax:
+        config, params = load_params(checkpoint.folder, **overrides)
+        check_finite_params(params, str(checkpoint.folder))  # orbax params carry no digest
     else:
-        folder = resolve_checkpoint(checkpoint)  # once: a hub id is fetched here
-        config, params, report = load_hf_checkpoint(folder, **overrides)
+        config, params, report = load_hf_folder(checkpoint, rng=rng, **overrides)
         if require_qa_head:
-            _require_qa_head(checkpoint, report.initialized)
-        trained = trained_k(folder)
-        manifest = read_manifest(folder)
-    if k is not None and trained is not None and k != trained:
+            _require_qa_head(checkpoint.name, report.initialized)
+    _warn_other_k(checkpoint, k)
+    model = DelayedInteractionModel(config)
+    if not with_tokenizer:
+        return Reader(model, params, None, checkpoint)
+    return Reader(model, params, _reader_tokenizer(checkpoint, config, tokenizer), checkpoint)
+
+
+def init_reader(config: EncoderConfig, rng: jax.Array, tokenizer: Any = None) -> Reader:
+    """A Reader of `config` with fresh params (`DelayedInteractionModel.init`), as host
+    (numpy) arrays; no checkpoint."""
+    model = DelayedInteractionModel(config)
+    return Reader(model, jax.tree.map(np.asarray, model.init(rng)), tokenizer)
+
+
+def _warn_other_k(checkpoint: ResolvedCheckpoint, k: int | None) -> None:
+    """Logs a WARNING when --k differs from the k the reader was trained with."""
+    if k is None:
+        return
+    trained = checkpoint.trained_k
+    if trained is not None and k != trained:
         log.warning("--k %d differs from k=%d that the reader %s was trained with: the same "
                     "weights, but read with a split they were not trained for; expect worse "
-                    "answers (pass --k %d, or leave --k out to use it)", k, trained, checkpoint,
-                    trained)
-    tokenizer = load_tokenizer(tokenizer_path or folder, vocab_size=config.vocab_size,
-                               architecture=config.architecture)
-    if manifest.get(TOKENIZER_FIELD):
-        check_tokenizer_record(tokenizer, manifest[TOKENIZER_FIELD], folder / MANIFEST_FILE,
-                               str(tokenizer_path or folder), given=tokenizer_path is not None,
-                               folder=resolve_checkpoint(tokenizer_path or folder))
-    return DelayedInteractionModel(config), params, tokenizer
+                    "answers (pass --k %d, or leave --k out to use it)", k, trained,
+                    checkpoint.name, trained)
+
+
+def _reader_tokenizer(checkpoint: ResolvedCheckpoint, config: EncoderConfig,
+                      tokenizer: str | None) -> Any:
+    """The tokenizer of `tokenizer` (a folder or name) or else of the checkpoint's own files,
+    checked against the model's vocabulary and against the one the manifest records."""
+    if tokenizer is None and checkpoint.is_orbax:
+        _check_own_tokenizer_files(checkpoint.folder)
+    folder = checkpoint.folder if tokenizer is None else resolve_checkpoint(tokenizer)
+    loaded = load_tokenizer(folder, vocab_size=config.vocab_size,
+                            architecture=config.architecture)
+    recorded = checkpoint.manifest.tokenizer
+    if recorded:
+        check_tokenizer_record(loaded, recorded, checkpoint.folder / MANIFEST_FILE,
+                               str(tokenizer or checkpoint.folder), given=tokenizer is not None,
+                               folder=folder)
+    return loaded
 
 
 class UntrainedHeadError(CheckpointError):
@@ -96,39 +166,10 @@ def _require_qa_head(checkpoint: str, initialized: list[str]) -> None:
             "--allow-untrained-head reads with the random head anyway (timing and plumbing only)")
 
 
-def recorded_null_threshold(checkpoint: str) -> float | None:
-    """The SQuAD v2.0 null threshold a trained reader's export records (`trained_from.json`
-    beside its params), or None: not a local dil_jax folder, or a run that chose none.
-
-    A value that is not a finite number is a CheckpointError naming the file.
-    """
-    path = Path(checkpoint).expanduser() / TRAINED_FROM_FILE
-    if not path.is_file():
-        return None
-    record = read_json(path, "training record")
-    value = record.get("null_threshold") if isinstance(record, dict) else None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise CheckpointError(f"{path}: 'null_threshold' must be a finite number, got {value!r}; "
-                              "fix or remove it (then pass --null-threshold)")
-    return float(value)
-
-
-def _saved_k(folder: Path) -> int | None:
-    """The k the training loop saved a dil_jax folder with (`save_params`), before any --k."""
-    stored = read_json(folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
-    trained = stored.get("num_lower_layers")
-    if isinstance(trained, bool) or not isinstance(trained, int):
-        return None
-    return trained
-
-
-def _own_tokenizer_folder(folder: Path) -> Path:
-    """`folder` itself when it holds tokenizer files; else TokenizationError (pass --tokenizer)."""
+def _check_own_tokenizer_files(folder: Path) -> None:
+    """Refuses (TokenizationError: pass --tokenizer) a dil_jax folder without tokenizer files."""
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise TokenizationError(
             f"{folder}: a dil_jax checkpoint without tokenizer files (none of "
             f"{', '.join(TOKENIZER_FILES)}); pass --tokenizer (e.g. the folder it was "
             "converted from)")
-    return folder

@@ -110,13 +110,14 @@ window_len = int_at_least(2)
 """Passage window length: at least one passage token and the [SEP]."""
 
 
-def cache_storage(text: str) -> str:
-    """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8 or pca<d>
-    (`dil_jax.open_domain.compression`; d <= the hidden size is checked once the model loads)."""
+def cache_storage(text: str):
+    """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8 or pca<d>, as
+    the `dil_jax.open_domain.compression.Storage` the commands carry from here on (d <= the
+    hidden size is checked once the model loads)."""
     from dil_jax.open_domain.compression import CacheStorageError, Storage
 
     try:
-        return Storage.parse(text).name
+        return Storage.parse(text)
     except CacheStorageError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

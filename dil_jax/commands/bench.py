@@ -98,7 +98,8 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
             questions = passages = 100
         grid = bench.GridSpec(args.questions or questions, args.passages or passages,
                               args.question_len or q_len, args.passage_len or p_len)
-        config, params, weights = bench.suite_model(name, grid.question_len, args.seed)
+        reader, weights = bench.suite_model(name, grid.question_len, args.seed)
+        config = reader.config
         ks = args.ks or bench.default_ks(config.num_layers)
         bad = [k for k in ks if not 0 <= k < config.num_layers]
         if bad:
@@ -106,7 +107,7 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
             raise UsageError(f"--ks {','.join(map(str, bad))}: out of range for suite {name} "
                              f"(l = {l} blocks, so k in 0..{l - 1})")
         suites.append(bench.SuiteSpec(
-            name=name, config=config, params=params, grid=grid, ks=tuple(ks), weights=weights,
+            name=name, reader=reader, grid=grid, ks=tuple(ks), weights=weights,
             repeats=args.repeats, batch_size=args.batch_size or batch,
             chunk_size=args.chunk_size or chunk, with_hf=not args.no_hf, seed=args.seed,
             reuse=args.reuse))

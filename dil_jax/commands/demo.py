@@ -141,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
     full = load_reader(str(full_ckpt or "default"), 0, args.max_question_len)
     k = args.k if args.k is not None else (None if delayed_ckpt else 4)
     delayed = load_reader(str(delayed_ckpt or "default"), k, args.max_question_len)
-    if delayed[0].config.num_lower_layers == 0:
+    if delayed.config.num_lower_layers == 0:
         raise UsageError("the delayed reader has k = 0; pass --k (1..l)")
-    for model, _, _ in (full, delayed):  # before the index is built: the lengths must fit
-        check_read_lengths(model.config, args.max_passage_len)
+    for loaded in (full, delayed):  # before the index is built: the lengths must fit
+        check_read_lengths(loaded.config, args.max_passage_len)
 
     started = time.perf_counter()
     split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": args.distractors,
@@ -154,20 +154,19 @@ def run(args: argparse.Namespace) -> int:
         passages = split_documents(demo_documents(args.distractors), "paragraphs")
         print(f"building the demo index in {args.index} ({len(passages):,} passages; once, "
               "later runs reuse it) ...", file=sys.stderr, flush=True)
-        index = build_index(args.index, passages, full[2], max_passage_len=args.max_passage_len,
-                            doc_stride=args.doc_stride, split=split)
+        index = build_index(args.index, passages, full.tokenizer,
+                            max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
+                            split=split)
     readers = {}
-    for name, (model, params, tokenizer) in (("full", full), ("delayed", delayed)):
-        k_value = model.config.num_lower_layers
+    for name, loaded in (("full", full), ("delayed", delayed)):
+        k_value = loaded.config.num_lower_layers
         # Shown only while a cache is being built (a bar made at its first count).
         with CountBar(f"passage cache of the {name} reader (k={k_value})",
                       index.settings["num_windows"], "window") as bar:
-            cache = build_reader_cache(index, model.config, params, tokenizer,
-                                       encode=passage_encoder(model, params, 32),
+            cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, 32),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
-        readers[name] = OpenDomainReader(index, model, params, tokenizer, cache,
-                                         top_p=args.top_p, batch_size=1, chunk_size=args.top_p,
-                                         span_score=args.span_score)
+        readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,
+                                         chunk_size=args.top_p, span_score=args.span_score)
     print(f"index: {args.index}: {len(index.passages)} passages ({index.settings['num_windows']}"
           f" windows), ready in {time.perf_counter() - started:.1f} s")
 
@@ -188,8 +187,8 @@ def run(args: argparse.Namespace) -> int:
         for name, reader in readers.items():
             result = reader.read([question])
             totals[name] += result.timings["question_lower"] + result.timings["pair_upper"]
-            k_value = reader.model.config.num_lower_layers
-            print(f"[{name} reader, k={k_value} of {reader.model.config.num_layers}]")
+            config = reader.reader.config
+            print(f"[{name} reader, k={config.num_lower_layers} of {config.num_layers}]")
             print(format_answer(reader, question, result.candidates[0], result.hits[0],
                                 result.timings, args.mu, abstentions[name]))
     print(f"\nreader time over {len(questions)} questions x {args.top_p} passages (question lower"

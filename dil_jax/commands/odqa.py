@@ -186,7 +186,7 @@ def register(subparsers) -> None:
                             "several windows")
     index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
-    index.add_argument("--cache-dtype", type=cache_storage, default="float32",
+    index.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
                        metavar="STORAGE", help=_STORAGE_HELP)
     index.add_argument("--cache-reuse", action="store_true",
                        help="also store each window's first-upper-block q/k/v and attention "
@@ -244,7 +244,7 @@ def register(subparsers) -> None:
                      help="fusion weight of the reader score (1 = reader alone)")
     ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
     ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
-    ask.add_argument("--cache-dtype", type=cache_storage, default="float32",
+    ask.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
                      metavar="STORAGE", help="the storage the index's cache was built with")
     ask.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(ask, many_k=False)
@@ -274,7 +274,7 @@ def register(subparsers) -> None:
     evaluate.add_argument("--out", default=None,
                           help="write results.md and results.json here, resumable (default: "
                                "print only)")
-    evaluate.add_argument("--cache-dtype", type=cache_storage, default="float32",
+    evaluate.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
                           metavar="STORAGE", help="the storage the index's cache was built with")
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=_NO_REUSE_HELP)
     _reader_args(evaluate, many_k=True)
@@ -313,13 +313,14 @@ def _resolve_checkpoints(args: argparse.Namespace) -> None:
     index_ks: set[int] = set()
     delayed_k = None
     if args.k is None:
-        from dil_jax.checkpoints.manifest import trained_k
+        from dil_jax.checkpoints.resolved import resolve_reader_checkpoint
         from dil_jax.defaults import bundled_reader
         from dil_jax.open_domain.missing_cache import index_caches
 
         index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
         delayed = bundled_reader("delayed")
-        delayed_k = trained_k(delayed) if delayed is not None else None
+        delayed_k = (resolve_reader_checkpoint(delayed).trained_k if delayed is not None
+                     else None)
     role = default_reader_role(args.k, index_ks, delayed_k)
     args.checkpoint = _bundled_or_embedded(role)
     print(f"reader: the bundled {role} reader ({args.checkpoint})", file=sys.stderr)
@@ -446,7 +447,7 @@ def _run_build(args: argparse.Namespace) -> int:
 
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
                                  split=args.split, corpus_limit=args.corpus_limit,
-                                 cache_dtype=args.cache_dtype, cache_reuse=args.cache_reuse,
+                                 storage=args.storage, cache_reuse=args.cache_reuse,
                                  retriever=args.retriever, chunk_passages=args.cache_chunk)
         bars = _ProgressBars()
         try:
@@ -465,21 +466,21 @@ def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
     # The index first: it is cheap to open and names its own problems (a retriever whose
     # engine cannot run here, e.g. Lucene without Java) before the reader's load.
     index = open_index(args.index)
-    model, params, tokenizer = _load(args, k, position)
+    reader = _load(args, k, position)
     try:
-        cache = index.open_cache(model.config, params, tokenizer, args.cache_dtype)
+        cache = index.open_cache(reader, args.storage)
     except CacheMismatchError as error:
-        missing = _missing_cache(args, index, model, params, tokenizer, position)
+        missing = _missing_cache(args, index, reader)
         if missing is None:  # a cache is there but does not fit: its own message says how
             raise
         raise missing from error
-    return OpenDomainReader(index, model, params, tokenizer, cache, top_p=top_p,
+    return OpenDomainReader(index, reader, cache, top_p=top_p,
                             batch_size=args.batch_size, chunk_size=args.chunk_size,
                             prescreen=_reader_prescreen(args, index) if prescreen else None,
                             cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
 
 
-def _missing_cache(args, index, model, params, tokenizer, position: int):
+def _missing_cache(args, index, reader):
     """A MissingCacheError listing the index's caches and the command that builds this
     reader's, when the index has no cache folder for it; None when it has one (then the
     original error, about what does not match, stands)."""
@@ -491,18 +492,18 @@ def _missing_cache(args, index, model, params, tokenizer, position: int):
         missing_cache_message,
     )
 
-    manifest = index.reader_manifest(model.config, params, tokenizer, args.cache_dtype)
-    folder = index.cache_dir(manifest)
+    key = index.cache_key(reader, args.storage)
+    folder = index.cache_dir(key)
     if folder.exists():
         return None
-    checkpoint = _checkpoint_for(args, position)
-    k = model.config.num_lower_layers
-    command = build_command(str(args.index), index.settings, checkpoint, k, args.cache_dtype,
+    checkpoint = reader.checkpoint.name
+    k = reader.config.num_lower_layers
+    command = build_command(str(args.index), index.settings, checkpoint, k, args.storage,
                             args.tokenizer)
     partial = folder.with_name(f".{folder.name}.partial").exists()
     return MissingCacheError(missing_cache_message(
-        str(args.index), folder.name, checkpoint, k, args.cache_dtype,
-        index_caches(index.directory), {manifest["model"]: THIS_READER}, command, partial))
+        str(args.index), folder.name, checkpoint, k, args.storage,
+        index_caches(index.directory), {key.model: THIS_READER}, command, partial))
 
 
 def run_ask(args: argparse.Namespace) -> int:
@@ -543,7 +544,9 @@ def _evaluation_settings(args: argparse.Namespace, name: str, k: int, position: 
                 limit=args.limit, seed=args.seed, questions=questions,
                 index=os.path.abspath(args.index), checkpoint=_checkpoint_for(args, position),
                 tokenizer=args.tokenizer, k=k, p=sorted(args.p), mu=args.mu,
-                max_question_len=args.max_question_len, cache_dtype=str(args.cache_dtype),
+                max_question_len=args.max_question_len,
+                # Its name as progress files have recorded it (a file is refused on a change).
+                cache_dtype=args.storage.name,
                 prescreen=str((args.prescreen, args.top_m, args.mass)))
 
 

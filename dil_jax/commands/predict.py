@@ -99,14 +99,13 @@ def check_lsh_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag.replace('_', '-')} needs --lsh-layers")
 
 
-def with_lsh_flags(model, args: argparse.Namespace):
-    """The model with the --lsh-* flags' LSH attention (the same params), or as it is."""
+def with_lsh_flags(reader, args: argparse.Namespace):
+    """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is."""
     from dil_jax.errors import UsageError
-    from dil_jax.model.delayed import DelayedInteractionModel
 
     if args.lsh_layers is None:
-        return model
-    config = model.config
+        return reader
+    config = reader.config
     layers = (tuple(range(config.num_lower_layers)) if args.lsh_layers == "lower"
               else args.lsh_layers)
     if not layers:
@@ -117,7 +116,7 @@ def with_lsh_flags(model, args: argparse.Namespace):
         changes["lsh_num_hashes"] = args.lsh_num_hashes
     if args.lsh_bucket_size is not None:
         changes["lsh_bucket_size"] = args.lsh_bucket_size
-    return DelayedInteractionModel(config.replace(**changes))  # ConfigError names a bad layer
+    return reader.with_config(**changes)  # ConfigError names a bad layer
 
 
 def _local(path: str | None) -> str | None:
@@ -140,7 +139,7 @@ def choose_null_threshold(version: str, flag: float | None, recorded: float | No
 
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_path, write_atomic
-    from dil_jax.checkpoints import load_reader, recorded_null_threshold
+    from dil_jax.checkpoints import load_reader, resolve_reader_checkpoint
     from dil_jax.commands.arguments import check_window_flags, prescreen_from_args, require_file
     from dil_jax.data.squad import load_squad
     from dil_jax.errors import InputFileError
@@ -158,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     examples = dataset.examples[:args.limit] if args.limit is not None else dataset.examples
     if not examples:
         raise InputFileError(f"--data {args.data}: no questions to answer")
-    recorded = recorded_null_threshold(args.checkpoint) if dataset.version == "2.0" else None
+    checkpoint = resolve_reader_checkpoint(args.checkpoint)
+    recorded = checkpoint.recorded_null_threshold() if dataset.version == "2.0" else None
     null_threshold, source = choose_null_threshold(dataset.version, args.null_threshold,
                                                    recorded)
     if dataset.version != "2.0" and args.null_threshold is not None:
@@ -166,24 +166,23 @@ def run(args: argparse.Namespace) -> int:
                     "an answer)", args.data)
     if null_threshold is not None:
         log.info("null threshold %g (%s)", null_threshold, source)
-    model, params, tokenizer = load_reader(args.checkpoint, args.k, args.max_question_len,
-                                           args.tokenizer,
-                                           require_qa_head=not args.allow_untrained_head)
-    model = with_lsh_flags(model, args)
+    reader = load_reader(checkpoint, args.k, args.max_question_len, args.tokenizer,
+                         require_qa_head=not args.allow_untrained_head)
+    reader = with_lsh_flags(reader, args)
     prescreen = prescreen_from_args(args)
     started = time.perf_counter()
     report: dict = {}
     predictions = predict_squad(
-        model, params, tokenizer, examples, max_passage_len=args.max_passage_len,
+        reader, examples, max_passage_len=args.max_passage_len,
         doc_stride=args.doc_stride, batch_size=args.batch_size,
         max_answer_length=args.max_answer_length, n_best=args.n_best,
         null_threshold=null_threshold, progress=not args.no_progress, cache_dir=args.cache_dir,
         prescreen=prescreen, report=report)
     output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
     log.info("%d predictions (k=%d%s) in %.1f s -> %s", len(predictions),
-             model.config.num_lower_layers,
-             f", LSH attention in layers {list(model.config.lsh_attention_layers)}"
-             if model.config.uses_lsh else "", time.perf_counter() - started, output)
+             reader.config.num_lower_layers,
+             f", LSH attention in layers {list(reader.config.lsh_attention_layers)}"
+             if reader.config.uses_lsh else "", time.perf_counter() - started, output)
     if prescreen is not None:
         log.info("prescreening (%s) kept %.0f%% of the passage tokens (%.1f s); reading %.1f s",
                  prescreen[1], 100 * report["kept_token_share"], report["prescreen_seconds"],

@@ -86,16 +86,15 @@ def _article_specs(config) -> dict[str, str]:
                 validation=config.data.val_articles)
 
 
-def _split_data(config, encoder: tuple, names: tuple[str, ...], max_sentences: int,
+def _split_data(config, encoder, names: tuple[str, ...], max_sentences: int,
                 max_sentence_len: int) -> dict:
-    """SentenceData of the named article splits, embedded by `encoder` (model, params,
-    tokenizer)."""
+    """SentenceData of the named article splits, embedded by `encoder` (a Reader)."""
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.prescreening.train import build_sentence_data
 
     examples = load_squad(config.data.file).examples
     specs = _article_specs(config)
-    return {name: build_sentence_data(select_articles(examples, specs[name]), *encoder,
+    return {name: build_sentence_data(select_articles(examples, specs[name]), encoder,
                                       max_sentences=max_sentences, max_len=max_sentence_len)
             for name in names}
 
@@ -115,7 +114,7 @@ def _train(config, splits, encoder):
         splits["train"], model_config, steps=train.steps, batch_size=train.batch_size,
         learning_rate=train.learning_rate, weight_decay=train.weight_decay, seed=train.seed,
         dev=splits["dev"], eval_every=train.eval_every)
-    prescreener = SentencePrescreener(model_config, result.params, *encoder,
+    prescreener = SentencePrescreener(model_config, result.params, encoder,
                                       config.encoder.checkpoint, config.encoder.max_sentence_len)
     return prescreener, result
 
@@ -165,8 +164,7 @@ def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
     started = time.perf_counter()
     if args.prescreener is not None:
         prescreener = SentencePrescreener.load(args.prescreener)
-        splits = _split_data(config, (prescreener.encoder, prescreener.encoder_params,
-                                      prescreener.tokenizer), ("validation",),
+        splits = _split_data(config, prescreener.encoder, ("validation",),
                              prescreener.config.max_sentences, prescreener.max_sentence_len)
         return prescreener, splits, None, dict(embeddings=time.perf_counter() - started,
                                                training=0.0)
@@ -241,15 +239,15 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     lines = ["| reader | k/l | prescreen | EM | F1 | P(SEP) | EM given SEP kept the answer | "
              "tokens read | prescreen s | reader s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for checkpoint in args.readers:
-        model, params, tokenizer = load_reader(checkpoint, None, 32)
-        k, layers = model.config.num_lower_layers, model.config.num_layers
+        reader = load_reader(checkpoint, None, 32)
+        k, layers = reader.config.num_lower_layers, reader.config.num_layers
         for rule in rules:
             screen = None if rule is None else (prescreener, rule)
             kwargs = dict(max_passage_len=args.max_passage_len,
                           doc_stride=args.max_passage_len // 2, progress=False, prescreen=screen)
-            predict_squad(model, params, tokenizer, examples, **kwargs)  # compiles every shape
+            predict_squad(reader, examples, **kwargs)  # compiles every shape
             report: dict = {}
-            answers = predict_squad(model, params, tokenizer, examples, report=report, **kwargs)
+            answers = predict_squad(reader, examples, report=report, **kwargs)
             scores = squad_scores(examples, answers, version="1.1")
             row = dict(reader=checkpoint, k=k, l=layers, prescreen=str(rule or "none"),
                        EM=scores["exact"], F1=scores["f1"], questions=len(examples),

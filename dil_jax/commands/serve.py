@@ -79,7 +79,7 @@ def register(subparsers) -> None:
                              "trained with 32)")
     parser.add_argument("--chunk-size", type=positive_int, default=None,
                         help="pairs per step of the pair program (default: the platform's)")
-    parser.add_argument("--cache-dtype", type=cache_storage, default="float32",
+    parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
                         metavar="STORAGE", help="the storage the index's caches were built with")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder (default: each reader's own)")
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     specs = default_specs(args.full_checkpoint, args.delayed_checkpoint, args.k)
     settings = ReadSettings(top_p=args.top_p, batch_size=args.batch_size,
                             chunk_size=args.chunk_size, max_question_len=args.max_question_len,
-                            cache_dtype=args.cache_dtype, span_score=args.span_score,
+                            storage=args.storage, span_score=args.span_score,
                             tokenizer=args.tokenizer)
     limits = Limits(max_question_chars=args.max_question_chars,
                     max_context_chars=args.max_context_chars, max_top_k=args.max_top_k,

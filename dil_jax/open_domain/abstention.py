@@ -123,8 +123,8 @@ def abstention_of(checkpoint: str | None) -> Abstention | None:
     no manifest, or no record: every answer is shown as an answer)."""
     from pathlib import Path
 
-    from dil_jax.checkpoints import MANIFEST_FILE, read_manifest
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
 
     if not checkpoint or not (Path(checkpoint) / MANIFEST_FILE).is_file():
         return None
-    return Abstention.from_manifest(read_manifest(Path(checkpoint)))
+    return Abstention.from_manifest(ExportManifest.read(checkpoint).to_json())

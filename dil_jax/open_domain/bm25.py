@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +24,7 @@ STOPWORDS = frozenset(
     "this that these those as do does did what which who whom whose when where why how".split())
 
 INDEX_FORMAT = "dil_jax.bm25/1"
+MANIFEST_FILE = "manifest.json"
 # Stands in for a passage with no token left after stop words (every engine needs a token).
 EMPTY_PASSAGE_TOKEN = "<empty>"
 
@@ -53,6 +54,7 @@ class Hit:
 
 class Retriever(Protocol):
     engine: str
+    params: dict[str, float]  # k1, b, epsilon
 
     @property
     def num_passages(self) -> int:
@@ -87,41 +89,84 @@ def best_first(indices: np.ndarray, scores: np.ndarray, top_p: int) -> list[Hit]
     return [Hit(int(indices[i]), float(scores[i])) for i in best]
 
 
-def manifest_json(engine: str, num_passages: int, fingerprint: str,
-              params: dict[str, float]) -> str:
-    return json.dumps(dict(format=INDEX_FORMAT, engine=engine, num_passages=num_passages,
-                           passages=fingerprint, **params), indent=2)
+@dataclasses.dataclass(frozen=True)
+class Bm25Manifest:
+    """A saved BM25 index's manifest.json: which engine wrote it, over how many passages and
+    which (their fingerprint, "" when saved without one), with which BM25 parameters."""
+
+    engine: str
+    num_passages: int
+    passages: str
+    k1: float
+    b: float
+    epsilon: float
+
+    @classmethod
+    def of(cls, retriever: Retriever, fingerprint: str) -> Bm25Manifest:
+        """The manifest of a built `retriever` over passages of this `fingerprint`."""
+        return cls(retriever.engine, retriever.num_passages, fingerprint, **retriever.params)
+
+    @property
+    def params(self) -> dict[str, float]:
+        """The BM25 parameters, as an engine's `params`."""
+        return dict(k1=self.k1, b=self.b, epsilon=self.epsilon)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(format=INDEX_FORMAT, engine=self.engine, num_passages=self.num_passages,
+                    passages=self.passages, **self.params)
+
+    @classmethod
+    def from_json(cls, value: Any, path: Path) -> Bm25Manifest:
+        """The manifest of a parsed JSON value (RetrievalError naming `path` and the field). A
+        manifest without an `engine` field was written by rank-bm25 (before bm25s was
+        added)."""
+        if not isinstance(value, dict):
+            raise RetrievalError(f"{path}: expected a JSON object")
+        if value.get("format") != INDEX_FORMAT:
+            raise RetrievalError(f"{path}: format {value.get('format')!r}, expected "
+                                 f"{INDEX_FORMAT!r}")
+        engine = value.get("engine", "rank-bm25")
+        if engine not in RETRIEVER_ENGINES:
+            raise RetrievalError(f"{path}: field engine is {engine!r}, expected one of "
+                                 f"{list(RETRIEVER_ENGINES)}")
+        try:
+            numbers = {key: float(value[key]) for key in ("k1", "b", "epsilon")}
+            num_passages = int(value["num_passages"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise RetrievalError(f"{path}: field {error} missing or not a number") from error
+        return cls(engine=engine, num_passages=num_passages,
+                   passages=str(value.get("passages", "")), **numbers)
+
+    @classmethod
+    def read(cls, directory: Path, fingerprint: str | None = None,
+             engine: str | None = None) -> Bm25Manifest:
+        """The manifest of the index saved in `directory`; with `fingerprint`, refuses an index
+        built over other passages, with `engine` one built by another engine."""
+        return cls.from_json(*_manifest_json(directory))._checked(
+            directory / MANIFEST_FILE, fingerprint, engine)
+
+    def _checked(self, path: Path, fingerprint: str | None, engine: str | None
+                 ) -> Bm25Manifest:
+        if engine is not None and self.engine != engine:
+            raise RetrievalError(f"{path}: built by {self.engine}, not {engine}")
+        if fingerprint is not None and self.passages != fingerprint:
+            raise RetrievalError(f"{path}: built over other passages (fingerprint "
+                                 f"{self.passages!r}, expected {fingerprint!r})")
+        return self
 
 
-def read_manifest(directory: Path, fingerprint: str | None = None,
-                  engine: str | None = None) -> tuple[dict, dict[str, float]]:
-    """manifest.json of a saved index and its BM25 parameters, checked; with `fingerprint`,
-    refuses an index built over other passages, with `engine` one built by another engine.
-    An index without an `engine` field was written by rank-bm25 (before bm25s was added)."""
-    manifest_path = directory / "manifest.json"
-    if not manifest_path.is_file():
-        raise RetrievalError(f"{directory}: not a BM25 index (no manifest.json)")
+def _manifest_json(directory: Path) -> tuple[Any, Path]:
+    """(the parsed manifest.json of the index in `directory`, its path); RetrievalError when
+    it is missing or not JSON."""
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        raise RetrievalError(f"{directory}: not a BM25 index (no {MANIFEST_FILE})")
     try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8")), path
     except (OSError, ValueError) as error:
-        raise RetrievalError(f"{manifest_path}: not readable JSON ({error})") from error
-    if not isinstance(manifest, dict):
-        raise RetrievalError(f"{manifest_path}: expected a JSON object")
-    if manifest.get("format") != INDEX_FORMAT:
-        raise RetrievalError(f"{manifest_path}: format {manifest.get('format')!r}, expected "
-                             f"{INDEX_FORMAT!r}")
-    manifest.setdefault("engine", "rank-bm25")
-    if manifest["engine"] not in RETRIEVER_ENGINES:
-        raise RetrievalError(f"{manifest_path}: field engine is {manifest['engine']!r}, "
-                             f"expected one of {list(RETRIEVER_ENGINES)}")
-    if engine is not None and manifest["engine"] != engine:
-        raise RetrievalError(f"{manifest_path}: built by {manifest['engine']}, not {engine}")
-    if fingerprint is not None and manifest.get("passages") != fingerprint:
-        raise RetrievalError(f"{manifest_path}: built over other passages (fingerprint "
-                             f"{manifest.get('passages')!r}, expected {fingerprint!r})")
-    try:
-        params = {key: float(manifest[key]) for key in ("k1", "b", "epsilon")}
-    except (KeyError, TypeError, ValueError) as error:
-        raise RetrievalError(f"{manifest_path}: field {error} missing or not a number"
-                             ) from error
-    return manifest, params
+        raise RetrievalError(f"{path}: not readable JSON ({error})") from error
+
+
+def write_manifest(directory: Path, manifest: Bm25Manifest) -> None:
+    """Writes the manifest.json of an index being saved (into its staging folder)."""
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2))

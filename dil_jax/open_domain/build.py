@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.checkpoints.fingerprint import params_fingerprint
-from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.pairs import reads_passage_ids
 from dil_jax.open_domain.build_peers import (
     check_peer_settings,
@@ -28,9 +27,10 @@ from dil_jax.open_domain.build_peers import (
     peer_settings,
     write_run_record,
 )
-from dil_jax.open_domain.cache import PassageCache
+from dil_jax.open_domain.cache import PassageCache, StatesEncoder
 from dil_jax.open_domain.cache_check import tokenizer_fingerprint
 from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
+from dil_jax.open_domain.compression import FLOAT32, Storage
 from dil_jax.open_domain.corpus import iter_sources, split_documents
 from dil_jax.open_domain.index import (
     OpenDomainIndex,
@@ -53,12 +53,10 @@ from dil_jax.open_domain.reuse import local_grid, reuse_encoder
 from dil_jax.open_domain.sentences import build_sentence_store
 
 if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
     from dil_jax.prescreening.prescreener import SentencePrescreener
 
 log = logging.getLogger(__name__)
-
-# (model, params, tokenizer), as `dil_jax.checkpoints.load_reader` returns it.
-ReaderParts = tuple[DelayedInteractionModel, Params, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +81,7 @@ class BuildSettings:
     doc_stride: int
     split: str = "paragraphs"
     corpus_limit: int | None = None
-    cache_dtype: str = "float32"
+    storage: Storage = FLOAT32  # how the caches store their states (--cache-dtype)
     batch_size: int = 32
     # Also store each window's first-upper-block q/k/v and attention statistics (k > 0 caches;
     # `dil_jax.open_domain.reuse`): less work per pair, more disk.
@@ -109,19 +107,19 @@ class BuildProcess:
     wait_timeout_s: float = 86400.0
 
 
-def passage_encoder(model: DelayedInteractionModel, params: Params, batch_size: int = 32
-                    ) -> Callable[[np.ndarray, np.ndarray], np.ndarray] | None:
-    """The `encode` of `build_reader_cache`: (ids, mask) [n, p_len] -> lower states
+def passage_encoder(reader: Reader, batch_size: int = 32
+                    ) -> StatesEncoder | None:
+    """The `encode` of `build_reader_cache`: (ids, mask) [n, p_len] -> `reader`'s lower states
     [n, p_len, hidden] as numpy, on this process's devices, batch_size rows per device
     (`reuse.local_grid`: the same per-device program whatever the device or process count);
     None at k = 0 (`reads_passage_ids`: the cache then holds the tokens only)."""
-    if reads_passage_ids(model.config):
+    if reads_passage_ids(reader.config):
         return None
-    grid = local_grid(model, batch_size)
-    return lambda ids, mask: np.asarray(grid.encode_passages(params, ids, mask))
+    grid = local_grid(reader.model, batch_size)
+    return lambda ids, mask: np.asarray(grid.encode_passages(reader.params, ids, mask))
 
 
-def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[ReaderParts],
+def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[Reader],
                             settings: BuildSettings,
                             prescreener: SentencePrescreener | None = None,
                             progress: Callable[[BuildStep], None] | None = None,
@@ -141,8 +139,8 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     of each cache; the sentence embeddings are process 0's. Every process returns the finished
     caches.
     """
-    for model, _, _ in readers:  # before hours of caching: the lengths must fit every reader
-        check_read_lengths(model.config, settings.max_passage_len)
+    for reader in readers:  # before hours of caching: the lengths must fit every reader
+        check_read_lengths(reader.config, settings.max_passage_len)
     report = progress or (lambda step: None)
     mine = _peer_settings(readers, settings, process) if process.count > 1 else {}
     folder = Path(out).resolve()
@@ -151,8 +149,10 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
             def agree() -> None:
                 check_peer_settings(folder, mine, process.index)
 
-            index = _await_index(out, corpus, readers[0][2], settings, process.wait_timeout_s,
-                                 agree)
+            # Every reader reads the index's windows: they share a tokenizer (a reader whose
+            # tokenizer differs is refused by the index when its cache is built).
+            index = _await_index(out, corpus, readers[0].tokenizer, settings,
+                                 process.wait_timeout_s, agree)
             return index, [_reader_cache(index, reader, settings, report, process, agree)
                            for reader in readers]
     with index_lock(out):
@@ -163,7 +163,7 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
             def peer_check() -> None:
                 check_refusals(folder, by)
 
-        index = _split_and_index(out, corpus, readers[0][2], settings, report)
+        index = _split_and_index(out, corpus, readers[0].tokenizer, settings, report)
         caches = [_reader_cache(index, reader, settings, report, process, peer_check)
                   for reader in readers]
         if prescreener is not None:
@@ -174,13 +174,13 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     return index, caches
 
 
-def _peer_settings(readers: Sequence[ReaderParts], settings: BuildSettings,
+def _peer_settings(readers: Sequence[Reader], settings: BuildSettings,
                    process: BuildProcess) -> dict[str, Any]:
     """What every process of a sharded build must share (`build_peers.peer_settings`)."""
-    return peer_settings([(model.config.num_lower_layers, params_fingerprint(params))
-                          for model, params, _ in readers],
+    return peer_settings([(reader.config.num_lower_layers, params_fingerprint(reader.params))
+                          for reader in readers],
                          chunk_passages=settings.chunk_passages,
-                         cache_dtype=settings.cache_dtype, cache_reuse=settings.cache_reuse,
+                         storage=settings.storage, cache_reuse=settings.cache_reuse,
                          num_processes=process.count, max_passage_len=settings.max_passage_len,
                          doc_stride=settings.doc_stride)
 
@@ -289,27 +289,26 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
     return index
 
 
-def _reader_cache(index: OpenDomainIndex, reader: ReaderParts, settings: BuildSettings,
+def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSettings,
                   report: Callable[[BuildStep], None], process: BuildProcess,
                   peer_check: Callable[[], None] | None = None) -> PassageCache:
     """One reader's passage cache over the index (built, resumed or reopened); with several
     processes, this process's shard of it (progress: that shard's windows; peer_check at
     every wait)."""
-    model, params, tokenizer = reader
-    stage = f"passage cache k={model.config.num_lower_layers}"
+    stage = f"passage cache k={reader.config.num_lower_layers}"
     start, stop = shard_ranges(index.settings["num_windows"], settings.chunk_passages,
                                process.count)[process.index]
     total = stop - start
     report(BuildStep(stage, 0, total))
     reuse = None
     if settings.cache_reuse:
-        reuse = reuse_encoder(model, params, settings.batch_size)
+        reuse = reuse_encoder(reader, settings.batch_size)
         if reuse is None:
             log.info("k = %d: no first-upper-block arrays to store (they need 0 < k < l)",
-                     model.config.num_lower_layers)
-    cache = build_reader_cache(index, model.config, params, tokenizer,
-                               encode=passage_encoder(model, params, settings.batch_size),
-                               dtype=settings.cache_dtype, reuse=reuse,
+                     reader.config.num_lower_layers)
+    cache = build_reader_cache(index, reader,
+                               encode=passage_encoder(reader, settings.batch_size),
+                               storage=settings.storage, reuse=reuse,
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),
                                process_index=process.index, process_count=process.count,

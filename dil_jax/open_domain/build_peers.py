@@ -26,6 +26,7 @@ from typing import Any
 
 from dil_jax.atomic import write_atomic
 from dil_jax.errors import UsageError
+from dil_jax.open_domain.compression import Storage
 from dil_jax.open_domain.index_lock import LOCK_NAME, pid_alive
 
 RUN_RECORD = ".build-run.json"
@@ -105,14 +106,15 @@ def check_refusals(directory: Path, by: dict[str, Any] | None) -> None:
             raise UsageError(f"process {number} refused this build: {refusal.get('message')}")
 
 
-def peer_settings(readers: list[tuple[int, str]], *, chunk_passages: int, cache_dtype: str,
+def peer_settings(readers: list[tuple[int, str]], *, chunk_passages: int, storage: Storage,
                   cache_reuse: bool, num_processes: int, max_passage_len: int,
                   doc_stride: int) -> dict[str, Any]:
-    """The settings every process of a sharded build must share, keyed by flag: readers are
-    (k, weights fingerprint) in --k order (paths may differ between hosts; weights may not)."""
+    """The settings every process of a sharded build must share, keyed by flag (JSON values:
+    the run record is a file): readers are (k, weights fingerprint) in --k order (paths may
+    differ between hosts; weights may not)."""
     return {"--k": [k for k, _ in readers], "--checkpoint (weights fingerprint)":
             [model for _, model in readers], "--cache-chunk": chunk_passages,
-            "--cache-dtype": cache_dtype, "--cache-reuse": cache_reuse,
+            "--cache-dtype": storage.name, "--cache-reuse": cache_reuse,
             "--num-processes": num_processes, "--max-passage-len": max_passage_len,
             "--doc-stride": doc_stride}
 

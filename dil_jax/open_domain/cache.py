@@ -1,8 +1,9 @@
 """The passage cache: tokenized passages and their lower states, computed once, read by subset.
 
-This module holds the cache's format and its reading side: the layout below, the manifest's
-names and checks, the errors, and `PassageCache`. What a cache is checked against (the
-fingerprints, `reader_manifest`, `check_states`) is `dil_jax.open_domain.cache_check`'s. Writing
+This module holds the cache's reading side: the layout below, the checks on open, the errors,
+and `PassageCache`; the manifest's fields are `dil_jax.open_domain.cache_manifest`'s. What a
+cache is checked against (the fingerprints, `reader_cache_key`, `check_states`) is
+`dil_jax.open_domain.cache_check`'s. Writing
 a cache (`build_passage_cache`, the staging folder, resumption; `build_sharded_passage_cache` and
 the multi-process waits) is `dil_jax.open_domain.cache_build`'s and `cache_shards`'s: every
 process that only reads a cache (answering, evaluating) needs none of it, and the builders
@@ -10,9 +11,9 @@ depend on this module, never the reverse.
 
 Layout of a cache folder:
 
-  manifest.json   what the states were computed with (model fingerprint, k, tokenizer, lengths,
-                  storage `dtype`, passages fingerprint, `reuse`); opening a cache that does not
-                  match the reader is an error, never silently wrong answers
+  manifest.json   what the states were computed with (`CacheManifest`: model fingerprint, k,
+                  tokenizer, lengths, storage, passages fingerprint, `reuse`); opening a cache
+                  that does not match the reader is an error, never silently wrong answers
   ids.npy         [num_passages, passage_len] int32   `p [SEP]` token ids
   mask.npy        [num_passages, passage_len] int32
   offsets.npy     [num_passages, passage_len, 2] int32 character offsets in the passage text
@@ -61,17 +62,21 @@ import numpy as np
 
 from dil_jax.errors import DilJaxError
 from dil_jax.open_domain.cache_digests import verify_folder
-from dil_jax.open_domain.compression import CacheStorageError, PcaBasis, Storage
+from dil_jax.open_domain.cache_manifest import (
+    CACHE_FORMAT,
+    MANIFEST_FILE,
+    SHARDED_FORMAT,
+    SHARDS_DIR,
+    STORAGE_FIELD,
+    CacheKey,
+    CacheManifest,
+    ManifestFieldError,
+    cache_name,
+    shard_name,
+)
+from dil_jax.open_domain.compression import FLOAT32, CacheStorageError, PcaBasis, Storage
+from dil_jax.open_domain.row_arrays import RowArray, gather_rows
 
-CACHE_FORMAT = "dil_jax.passage_cache/1"
-# A cache of several shards. Its own format name (not a field of /1): code that knows only /1
-# refuses it as another format instead of taking it for a broken /1 cache and deleting it.
-SHARDED_FORMAT = "dil_jax.passage_cache/2"
-SHARDS_DIR = "shards"
-_MANIFEST = "manifest.json"
-# Fields a reader must agree with; anything else in the manifest is informational.
-MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "tokenizer",
-                  "max_passage_len", "dtype", "passages")
 # How a cache's files are checked against their digests when it is opened
 # (`dil_jax.open_domain.cache_digests`): "sampled" on every open, "full" by `dil-jax index
 # --verify`, "none" where the files were just written or checked.
@@ -100,22 +105,19 @@ REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
 # ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
 REUSE_LSE_ARRAY = "upper_logsumexp"
 
-
-def shard_name(index: int, count: int) -> str:
-    """The folder (under shards/) of shard `index` of `count`."""
-    return f"shard-{index:05d}-of-{count:05d}"
-
-
-def cache_name(manifest: dict[str, Any]) -> str:
-    """The folder name of a cache inside an index: one per (k, reader weights)."""
-    return f"cache-k{manifest['num_lower_layers']}-{manifest['model'][:8]}"
+# What a cache's arrays are computed with, by its builder and again by the check on open:
+# (ids, mask) [rows, p_len] -> lower states [rows, p_len, hidden] ...
+StatesEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# ... and (float32 lower states, mask) -> the first-upper-block arrays by name
+# (`dil_jax.open_domain.reuse.reuse_encoder`).
+ReuseEncoder = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
 def _mismatch(manifest_path: Path, field: str, stored: Any, wanted: Any) -> str:
     """Why a cache does not serve this run (one MATCHED_FIELDS field differs) and the fix. The
     storage is a flag of the reading commands, not a property of the reader: name the flag and
     the value that reads this cache."""
-    if field == "dtype":
+    if field == STORAGE_FIELD:
         return (f"{manifest_path}: the cache stores its states as {stored!r} and this run reads "
                 f"{wanted!r} (--cache-dtype {wanted}); give --cache-dtype {stored} to read it")
     return (f"{manifest_path}: cache built with {field} = {stored!r}, but the reader has "
@@ -163,67 +165,6 @@ class StoredArray:
         return self.storage.round_trip(x, self.pca)
 
 
-def _locate(starts: np.ndarray, num_rows: int, rows: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """(shard, local row) of global rows [n] (negative ones count from the end), for shards
-    holding rows starts[i] .. starts[i + 1] - 1. An empty shard repeats the next one's start;
-    side="right" then picks the shard that holds the row."""
-    rows = np.asarray(rows, np.int64)
-    rows = np.where(rows < 0, rows + num_rows, rows)
-    if rows.size and (rows.min() < 0 or rows.max() >= num_rows):
-        raise IndexError(f"row out of range for a cache of {num_rows} rows")
-    shard = np.searchsorted(starts, rows, side="right") - 1
-    return shard, rows - starts[shard]
-
-
-class RowArray:
-    """One array of a cache whose rows are kept in several memory-mapped parts (shards), indexed
-    by global row: `a[rows]`, `a[row, i, j]`, `a[start:stop]`. Only the rows asked for are read.
-
-    parts: [rows_i, ...] arrays (memory maps); starts: [num_parts] global row of each first row.
-    """
-
-    def __init__(self, parts: Sequence[np.ndarray], starts: np.ndarray):
-        self.parts, self.starts = list(parts), np.asarray(starts, np.int64)
-        self.shape = (sum(len(part) for part in self.parts),) + tuple(self.parts[0].shape[1:])
-        self.dtype = self.parts[0].dtype
-        self.ndim = len(self.shape)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return np.asarray(self[:], dtype)
-
-    def __getitem__(self, key) -> np.ndarray:
-        row_key, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
-        if isinstance(row_key, (int, np.integer)):
-            (shard,), (local,) = _locate(self.starts, len(self), np.asarray([row_key]))
-            return self.parts[shard][(local,) + rest]
-        rows = (np.arange(len(self))[row_key] if isinstance(row_key, slice)
-                else np.asarray(row_key, np.int64))
-        return self.take(rows)[(slice(None),) + rest]
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """[len(rows), ...] those global rows, in order."""
-        return _gather(self.starts, len(self), rows, lambda s, local: self.parts[s][local],
-                       self.shape[1:], self.dtype)
-
-
-def _gather(starts: np.ndarray, num_rows: int, rows: np.ndarray,
-            read: Callable[[int, np.ndarray], np.ndarray], tail: tuple[int, ...],
-            dtype) -> np.ndarray:
-    """[len(rows), *tail] rows gathered shard by shard: read(shard, local rows) -> their values."""
-    shard, local = _locate(starts, num_rows, rows)
-    if len(starts) == 1:
-        return np.asarray(read(0, local))
-    out = np.empty((len(local),) + tuple(tail), dtype)
-    for s in np.unique(shard):
-        chosen = shard == s
-        out[chosen] = read(int(s), local[chosen])
-    return out
-
-
 class StoredRows:
     """A StoredArray per shard, read by global row (the one-shard case: one StoredArray)."""
 
@@ -249,7 +190,7 @@ class StoredRows:
         rows = np.asarray(indices, np.int64)
         first = self.parts[0]
         width = first.codes.shape[2] if first.pca is None else first.pca.basis.shape[0]
-        return _gather(self.starts, self.num_rows, rows,
+        return gather_rows(self.starts, self.num_rows, rows,
                        lambda s, local: self.parts[s].read(local),
                        (first.codes.shape[1], width), np.float32)
 
@@ -258,65 +199,77 @@ class StoredRows:
         return self.parts[0].round_trip(x)
 
 
-def _shard_ranges_of(directory: Path, manifest: dict[str, Any], rows: int
-                     ) -> list[tuple[int, int, Path]]:
+def _shard_ranges_of(directory: Path, manifest: CacheManifest) -> list[tuple[int, int, Path]]:
     """(start, stop, folder) of each shard of a cache: itself for an unsharded one. The
-    manifest's `shards` must tile [0, rows) in order, each a folder under shards/."""
-    if manifest.get("format") == CACHE_FORMAT:
+    manifest's `shards` must tile [0, num_passages) in order, each a folder under shards/."""
+    rows = manifest.num_passages
+    if not manifest.is_sharded:
         return [(0, rows, directory)]
-    manifest_path = directory / _MANIFEST
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not shards:
-        raise _broken(manifest_path, "field 'shards' missing or empty")
     ranges, expected_start = [], 0
-    for number, shard in enumerate(shards):
-        try:
-            name, start, stop = str(shard["name"]), int(shard["start"]), int(shard["stop"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise _broken(manifest_path, f"shards[{number}] is not {{name, start, stop}}"
-                          ) from error
+    for number, shard in enumerate(manifest.shards):
+        name, start, stop = shard.name, shard.start, shard.stop
         if start != expected_start or stop < start or Path(name).parent != Path(SHARDS_DIR) \
-                or name != f"{SHARDS_DIR}/{shard_name(number, len(shards))}":
-            raise _broken(manifest_path, f"shards[{number}] = {shard!r} does not continue the "
-                                         f"rows at {expected_start} in {SHARDS_DIR}/")
+                or name != f"{SHARDS_DIR}/{shard_name(number, len(manifest.shards))}":
+            listed = dict(name=name, start=start, stop=stop)
+            raise _broken(directory / MANIFEST_FILE, f"shards[{number}] = {listed!r} does not "
+                                                     f"continue the rows at {expected_start} in "
+                                                     f"{SHARDS_DIR}/")
         ranges.append((start, stop, directory / name))
         expected_start = stop
     if expected_start != rows:
-        raise _broken(manifest_path, f"the shards hold {expected_start} rows, num_passages is "
-                                     f"{rows}")
+        raise _broken(directory / MANIFEST_FILE, f"the shards hold {expected_start} rows, "
+                                                 f"num_passages is {rows}")
     return ranges
 
 
-def _check_shard_manifest(folder: Path, top: dict[str, Any], number: int, count: int,
-                          start: int, stop: int) -> dict[str, Any]:
+def _check_shard_manifest(folder: Path, top: CacheManifest, number: int, count: int,
+                          start: int, stop: int) -> CacheManifest:
     """A shard's own manifest, checked to agree with the cache's (MATCHED_FIELDS, reuse, its
     rows): a shard of another build put in its place is refused, naming it."""
-    path = folder / _MANIFEST
+    path = folder / MANIFEST_FILE
+    own = _read_manifest_json(path)
+    wanted = dict(top.key.to_json(), reuse=top.reuse)
+    wanted["shard"] = dict(index=number, count=count, start=start, stop=stop)
+    for field, value in wanted.items():
+        if own.get(field) != value:
+            raise _broken(path, f"{field} = {own.get(field)!r}, the cache's manifest says "
+                                f"{value!r}")
+    return _parsed(path, own)
+
+
+def _read_manifest_json(path: Path) -> dict[str, Any]:
+    """The JSON object of a manifest file; CacheBrokenError when missing or not one."""
     try:
-        own = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as error:
         raise _broken(path, "the file is missing") from error
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise _broken(path, f"not readable JSON: {error}") from error
-    wanted = {field: top.get(field) for field in MATCHED_FIELDS + ("reuse",)}
-    wanted["shard"] = dict(index=number, count=count, start=start, stop=stop)
-    for field, value in wanted.items():
-        if not isinstance(own, dict) or own.get(field) != value:
-            raise _broken(path, f"{field} = {own.get(field) if isinstance(own, dict) else None!r}"
-                                f", the cache's manifest says {value!r}")
-    return own
+    if not isinstance(value, dict):
+        raise _broken(path, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parsed(path: Path, value: dict[str, Any]) -> CacheManifest:
+    """The CacheManifest of a manifest file's JSON object; CacheBrokenError naming the field."""
+    try:
+        return CacheManifest.from_json(value)
+    except (ManifestFieldError, CacheStorageError) as error:
+        raise _broken(path, str(error)) from error
 
 
 class PassageCache:
     """An opened cache (read-only memory maps), unsharded or sharded (read by global row).
 
+    manifest: its CacheManifest; storage: how its states are stored (the manifest's).
     ids, mask [rows, p_len], offsets [rows, p_len, 2]: RowArrays. states: the lower states (a
     StoredRows), None for k = 0. reuse: name -> StoredRows of the first-upper-block arrays
     (REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY), None unless built with them. shards: (start, stop,
-    folder) of each shard; an unsharded cache is one shard, its own folder.
+    folder) of each shard; an unsharded cache is one shard, its own folder. folders: (folder,
+    its CacheManifest) of every folder holding files: the cache's, and each shard's.
     """
 
-    def __init__(self, directory: Path, manifest: dict[str, Any], verify: str = "sampled"):
+    def __init__(self, directory: Path, manifest: CacheManifest, verify: str = "sampled"):
         """Maps the arrays; one missing, truncated or of the wrong shape is CacheBrokenError,
         and so is a file that differs from the digests its manifest recorded (`verify`:
         "sampled", the cheap check on open, "full", every byte, or "none";
@@ -325,19 +278,9 @@ class PassageCache:
             raise ValueError(f"verify={verify!r}, expected one of {VERIFY_LEVELS}")
         self.directory = directory
         self.manifest = manifest
-        try:
-            rows, length = int(manifest["num_passages"]), int(manifest["max_passage_len"])
-            hidden, k = int(manifest["hidden_size"]), int(manifest["num_lower_layers"])
-            heads = int(manifest["num_heads"]) if manifest.get("reuse") else 0
-        except (KeyError, TypeError, ValueError) as error:
-            raise _broken(directory / _MANIFEST, f"field {error} missing or not a number"
-                          ) from error
-        try:
-            self.storage = Storage.parse(str(manifest.get("dtype")), hidden)
-        except CacheStorageError as error:
-            raise _broken(directory / _MANIFEST, str(error)) from error
-        self.shards = _shard_ranges_of(directory, manifest, rows)
-        # (folder, its manifest) of every folder holding files: the cache's, and each shard's.
+        self.storage = manifest.key.storage
+        length, hidden = manifest.key.max_passage_len, manifest.key.hidden_size
+        self.shards = _shard_ranges_of(directory, manifest)
         self.folders = [(directory, manifest)]
         if len(self.shards) > 1:
             self.folders += [(folder, _check_shard_manifest(folder, manifest, number,
@@ -354,15 +297,16 @@ class PassageCache:
                                for start, stop, folder in self.shards], starts, directory, stem)
 
         self.ids, self.mask, self.offsets = rows_of("ids"), rows_of("mask"), rows_of("offsets", 2)
-        self.states = None if k == 0 else stored("states", self.storage, hidden)
+        self.states = (None if manifest.key.num_lower_layers == 0
+                       else stored("states", self.storage, hidden))
         self.reuse: dict[str, StoredRows] | None = None
-        if manifest.get("reuse"):
+        if manifest.reuse:
             wide = self.storage.without_pca()
             self.reuse = {name: stored(name, wide, hidden) for name in REUSE_WIDE_ARRAYS}
-            self.reuse[REUSE_LSE_ARRAY] = stored(REUSE_LSE_ARRAY, Storage("float32"), heads)
+            self.reuse[REUSE_LSE_ARRAY] = stored(REUSE_LSE_ARRAY, FLOAT32, manifest.num_heads)
         # After the shapes (a truncated file is named as such): the bytes against the digests.
         self.digest_checks = ([] if verify == "none" else
-                              [verify_folder(folder, own, full=verify == "full")
+                              [verify_folder(folder, own.digests, full=verify == "full")
                                for folder, own in self.folders])
         for check in self.digest_checks:
             if check.problems:
@@ -396,12 +340,13 @@ class PassageCache:
         return self.ids.shape[0]
 
     @classmethod
-    def open(cls, directory: str | os.PathLike,
-             expected: dict[str, Any] | None = None, verify: str = "sampled") -> PassageCache:
-        """Opens a finished cache; `expected` fields (see MATCHED_FIELDS) must match exactly;
-        `verify`: how its files are checked against their digests (`__init__`)."""
+    def open(cls, directory: str | os.PathLike, expected: CacheKey | None = None,
+             verify: str = "sampled") -> PassageCache:
+        """Opens a finished cache; its MATCHED_FIELDS must be `expected`'s exactly (a reader's
+        key: `cache_check.reader_cache_key`); `verify`: how its files are checked against their
+        digests (`__init__`)."""
         directory = Path(directory)
-        manifest_path = directory / _MANIFEST
+        manifest_path = directory / MANIFEST_FILE
         if not manifest_path.is_file():
             if directory.is_dir():
                 # A finished cache always has its manifest: this folder was damaged.
@@ -409,26 +354,25 @@ class PassageCache:
             partial = directory.with_name(f".{directory.name}.partial")
             hint = " (an unfinished build exists: rerun it to resume)" if partial.exists() else ""
             raise CacheMismatchError(f"{directory}: no passage cache here{hint}")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise _broken(manifest_path, f"not readable JSON: {error}") from error
-        if not isinstance(manifest, dict):
-            raise _broken(manifest_path, f"expected a JSON object, got {type(manifest).__name__}")
+        manifest = _read_manifest_json(manifest_path)
         if manifest.get("format") not in (CACHE_FORMAT, SHARDED_FORMAT):
             raise CacheMismatchError(f"{manifest_path}: format {manifest.get('format')!r}, "
                                      f"expected {CACHE_FORMAT!r} or {SHARDED_FORMAT!r}")
+        # Checked on the file's values as written, before they are parsed: a field another
+        # build wrote differently is a mismatch to name, not a broken cache to delete.
         if (directory.name.startswith("cache-k") and isinstance(manifest.get("model"), str)
-                and "num_lower_layers" in manifest and directory.name != cache_name(manifest)):
+                and "num_lower_layers" in manifest
+                and directory.name != cache_name(manifest["num_lower_layers"],
+                                                 manifest["model"])):
             # The folder name was derived from the manifest when it was written.
             raise _broken(manifest_path, f"it says k={manifest.get('num_lower_layers')}, model "
                                          f"{str(manifest['model'])[:8]}, but the folder is "
                                          f"{directory.name}; was it edited?")
-        for field, value in (expected or {}).items():
+        for field, value in (expected.to_json() if expected else {}).items():
             if manifest.get(field) != value:
                 raise CacheMismatchError(_mismatch(manifest_path, field, manifest.get(field),
                                                    value))
-        return cls(directory, manifest, verify)
+        return cls(directory, _parsed(manifest_path, manifest), verify)
 
     def passage_side(self, indices: Sequence[int]) -> np.ndarray:
         """What pairs read of those passages (`PairGrid.passage_side`, from the cache): the
@@ -479,7 +423,7 @@ def cache_bytes_per_token(cache: PassageCache) -> dict[str, float]:
     (the first-upper-block arrays), `tokens` (ids, mask, offsets), `total` (every file, the
     manifest included). The per-scheme formulas (docs/open_domain.md) are these less the .npy
     headers and the amortised PCA basis."""
-    slots = max(int(cache.manifest["num_passages"]) * int(cache.manifest["max_passage_len"]), 1)
+    slots = max(cache.manifest.num_passages * cache.manifest.key.max_passage_len, 1)
     parts = dict(states=0, reuse=0, tokens=0, total=0)
     for path in cache.directory.rglob("*"):  # a sharded cache: every shard's files
         if not path.is_file():

@@ -14,11 +14,12 @@ when complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,18 @@ import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.open_domain.cache import (
-    _MANIFEST,
-    CACHE_FORMAT,
-    MATCHED_FIELDS,
     REUSE_LSE_ARRAY,
     REUSE_WIDE_ARRAYS,
     CacheBrokenError,
     CacheMismatchError,
     PassageCache,
+    ReuseEncoder,
+    StatesEncoder,
 )
 from dil_jax.open_domain.cache_check import check_states
-from dil_jax.open_domain.cache_digests import digest_fields, refreshed_manifest
-from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
+from dil_jax.open_domain.cache_digests import digest_fields, refreshed_digests
+from dil_jax.open_domain.cache_manifest import MANIFEST_FILE, CacheKey, CacheManifest
+from dil_jax.open_domain.compression import FLOAT32, PcaBasis, Storage, fit_pca
 from dil_jax.open_domain.disk import (  # noqa: F401  (DiskSpaceError: re-exported)
     DiskSpaceError,
     check_free_space,
@@ -48,6 +49,9 @@ from dil_jax.open_domain.disk import (  # noqa: F401  (DiskSpaceError: re-export
 log = logging.getLogger(__name__)
 
 _PROGRESS = "progress.json"
+# The manifest a build was started with (`CacheManifest.to_json`), in its staging folder: a
+# rerun resumes only a build planned alike.
+PLAN_FILE = "plan.json"
 # PCA bases are fitted on the states of up to this many windows, evenly spread over the corpus,
 # and up to this many of their real tokens (a width x width covariance: memory does not grow).
 PCA_FIT_WINDOWS = 1024
@@ -59,14 +63,17 @@ def _write_json_atomic(path: Path, value: Any) -> None:
         write_atomic(path, json.dumps(value, indent=2))
 
 
-def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
-                        ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
-                        encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                        hidden_size: int, chunk_passages: int = 256,
-                        progress: Callable[[int], None] | None = None,
-                        reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                        | None = None, num_heads: int | None = None,
-                        pca: PcaBasis | None = None) -> PassageCache:
+def write_manifest(folder: Path, manifest: CacheManifest) -> None:
+    """Writes a cache folder's manifest.json (atomically; a full disk names it)."""
+    _write_json_atomic(folder / MANIFEST_FILE, manifest.to_json())
+
+
+def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.ndarray,
+                        mask: np.ndarray, offsets: np.ndarray, encode: StatesEncoder | None,
+                        chunk_passages: int = 256, progress: Callable[[int], None] | None = None,
+                        reuse: ReuseEncoder | None = None, num_heads: int | None = None,
+                        pca: PcaBasis | None = None,
+                        shard: Mapping[str, int] | None = None) -> PassageCache:
     """Builds (or resumes building) a cache; returns it opened.
 
     An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`)
@@ -76,8 +83,8 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     removes and renames folders inside the index.
 
     Args:
-      manifest: MATCHED_FIELDS values (and anything informational) describing the encoder; its
-        `dtype` names the storage (`dil_jax.open_domain.compression.Storage`).
+      key: what the encoder is (`cache_check.reader_cache_key`): weights, k, hidden size,
+        tokenizer, lengths, the storage scheme (`dil_jax.open_domain.compression.Storage`).
       ids, mask: [num_passages, passage_len]; offsets: [num_passages, passage_len, 2].
       encode: (ids, mask) chunk -> [chunk, passage_len, hidden] lower states, or None for k = 0.
       progress: called with the number of passages finished after each chunk.
@@ -85,6 +92,8 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
         them (`dil_jax.open_domain.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
       pca: the basis a pca<d> cache stores (a shard gets its cache's, so every shard has the
         same); None fits one on these rows' states.
+      shard: {index, count, start, stop} when this is one shard of a sharded cache (its
+        manifest records its place).
 
     Rows are encoded in chunks of `chunk_passages` from row 0 (the last one shorter), so a shard
     whose rows start on a chunk boundary encodes exactly the chunks an unsharded build of all
@@ -94,11 +103,10 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     if reuse is not None and (encode is None or not num_heads):
         raise CacheMismatchError("the first-upper-block arrays need lower states (k > 0) and "
                                  "the number of heads")
-    manifest = dict(manifest, format=CACHE_FORMAT, num_passages=int(ids.shape[0]),
-                    reuse=reuse is not None)
-    if reuse is not None:
-        manifest["num_heads"] = int(num_heads)
-    storage = Storage.parse(manifest["dtype"], hidden_size)
+    manifest = CacheManifest(key, num_passages=int(ids.shape[0]), reuse=reuse is not None,
+                             num_heads=int(num_heads) if reuse is not None else None,
+                             shard=shard)
+    storage = key.storage
     cache = _existing_cache(directory, manifest, encode, reuse)
     if cache is not None:
         return cache
@@ -106,14 +114,13 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
     done = _resume_point(staging, manifest)
     rows, length = ids.shape
     check_free_space(staging.parent, (rows - (done or 0)) * length * cache_bytes_per_window_token(
-        manifest, storage, hidden_size, has_states=encode is not None)
+        manifest, has_states=encode is not None)
         + (0 if done is not None else rows * length * TOKEN_ARRAY_BYTES),
         f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} windows to write)")
     if done is None:
         if encode is not None and storage.pca_dim is not None and pca is None:
             pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
-        _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, hidden_size,
-                     storage, pca)
+        _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, pca)
         done = 0
     elif done:
         log.info("%s: resuming at window %d of %d", staging, done, ids.shape[0])
@@ -122,7 +129,7 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
         if reuse is not None:
             writers.update({name: _ArrayWriter(staging, name, storage.without_pca())
                             for name in REUSE_WIDE_ARRAYS})
-            writers[REUSE_LSE_ARRAY] = _ArrayWriter(staging, REUSE_LSE_ARRAY, Storage("float32"))
+            writers[REUSE_LSE_ARRAY] = _ArrayWriter(staging, REUSE_LSE_ARRAY, FLOAT32)
         for start in range(done, ids.shape[0], chunk_passages):
             stop = min(start + chunk_passages, ids.shape[0])
             chunk = np.asarray(encode(ids[start:stop], mask[start:stop]), dtype=np.float32)
@@ -140,9 +147,9 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
                 progress(stop)
         del writers
     (staging / _PROGRESS).unlink(missing_ok=True)
-    (staging / "plan.json").unlink(missing_ok=True)
+    (staging / PLAN_FILE).unlink(missing_ok=True)
     # Digests of the finished files (one read of each), checked whenever the cache is opened.
-    _write_json_atomic(staging / _MANIFEST, dict(manifest, **digest_fields(staging)))
+    write_manifest(staging, dataclasses.replace(manifest, digests=digest_fields(staging)))
     os.replace(staging, directory)
     return PassageCache.open(directory)
 
@@ -151,20 +158,20 @@ def build_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
 TOKEN_ARRAY_BYTES = 4 * (1 + 1 + 2)
 
 
-def cache_bytes_per_window_token(manifest: dict[str, Any], storage: Storage, hidden_size: int,
-                                 has_states: bool) -> int:
-    """Stored bytes of one window token's lower states and, with manifest["reuse"], its first
-    upper block arrays (the .npy headers and a PCA basis not counted)."""
+def cache_bytes_per_window_token(manifest: CacheManifest, has_states: bool) -> int:
+    """Stored bytes of one window token's lower states and, with the manifest's `reuse`, its
+    first upper block arrays (the .npy headers and a PCA basis not counted)."""
+    storage, hidden_size = manifest.key.storage, manifest.key.hidden_size
     per_token = storage.bytes_per_token(hidden_size) if has_states else 0
-    if manifest.get("reuse"):
+    if manifest.reuse:
         per_token += (len(REUSE_WIDE_ARRAYS) * storage.without_pca().bytes_per_token(hidden_size)
-                      + 4 * int(manifest["num_heads"]))
+                      + 4 * manifest.num_heads)
     return per_token
 
 
-def _existing_cache(directory: Path, manifest: dict[str, Any],
-                    encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                    reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None
+def _existing_cache(directory: Path, manifest: CacheManifest,
+                    encode: StatesEncoder | None,
+                    reuse: ReuseEncoder | None
                     ) -> PassageCache | None:
     """The finished cache at `directory` if it serves `manifest` (checked: `check_states`),
     None if there is none (a broken one is removed, with a warning); another build's is
@@ -172,11 +179,10 @@ def _existing_cache(directory: Path, manifest: dict[str, Any],
     if not directory.exists():
         return None
     try:
-        cache = PassageCache.open(directory, {f: manifest[f] for f in MATCHED_FIELDS
-                                              if f in manifest})
+        cache = PassageCache.open(directory, manifest.key)
         if reuse is not None and not cache.has_reuse:
             raise CacheMismatchError(
-                f"{directory / _MANIFEST}: cache built without the first upper block's "
+                f"{directory / MANIFEST_FILE}: cache built without the first upper block's "
                 "arrays, and this run asks for them (--cache-reuse)")
         if encode is not None:
             check_states(cache, encode, reuse)
@@ -209,7 +215,8 @@ def record_digests(cache: PassageCache) -> PassageCache:
         else:
             log.info("%s: recording the new modification times of %s (every byte matched)",
                      folder, ", ".join(check.rehashed))
-        _write_json_atomic(folder / _MANIFEST, refreshed_manifest(folder, manifest, check))
+        write_manifest(folder, dataclasses.replace(
+            manifest, digests=refreshed_digests(folder, manifest.digests, check)))
         changed = True
     return PassageCache.open(cache.directory, verify="none") if changed else cache
 
@@ -267,7 +274,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def _pca_sample(ids: np.ndarray, mask: np.ndarray,
-                encode: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+                encode: StatesEncoder) -> np.ndarray:
     """[n, hidden] float32 real-token lower states of up to PCA_FIT_WINDOWS windows spread evenly
     over the corpus (up to PCA_FIT_TOKENS of them, evenly spaced): what a PCA basis is fitted on.
     """
@@ -278,9 +285,8 @@ def _pca_sample(ids: np.ndarray, mask: np.ndarray,
     return tokens[::step]
 
 
-def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
-                 offsets: np.ndarray, has_states: bool, hidden_size: int, storage: Storage,
-                 pca: PcaBasis | None) -> None:
+def _start_fresh(staging: Path, manifest: CacheManifest, ids: np.ndarray, mask: np.ndarray,
+                 offsets: np.ndarray, has_states: bool, pca: PcaBasis | None) -> None:
     """A new staging folder: token arrays, empty state (and reuse) arrays, the PCA basis
     (pca<d>, saved here so a resumed build encodes with the same one), the plan, progress 0."""
     shutil.rmtree(staging, ignore_errors=True)
@@ -289,23 +295,24 @@ def _start_fresh(staging: Path, manifest: dict[str, Any], ids: np.ndarray, mask:
     _save(staging / "ids.npy", ids.astype(np.int32))
     _save(staging / "mask.npy", mask.astype(np.int32))
     _save(staging / "offsets.npy", offsets.astype(np.int32))
-    shape = (ids.shape[0], ids.shape[1], hidden_size)
+    storage = manifest.key.storage
+    shape = (ids.shape[0], ids.shape[1], manifest.key.hidden_size)
     if has_states:
         _create_array(staging, "states", storage, shape, pca)
-    if manifest.get("reuse"):
+    if manifest.reuse:
         for name in REUSE_WIDE_ARRAYS:
             _create_array(staging, name, storage.without_pca(), shape)
-        _create_array(staging, REUSE_LSE_ARRAY, Storage("float32"),
-                      shape[:2] + (int(manifest["num_heads"]),))
-    _write_json_atomic(staging / "plan.json", manifest)
+        _create_array(staging, REUSE_LSE_ARRAY, FLOAT32, shape[:2] + (manifest.num_heads,))
+    _write_json_atomic(staging / PLAN_FILE, manifest.to_json())
     _write_json_atomic(staging / _PROGRESS, {"done": 0})
 
 
-def _resume_point(staging: Path, manifest: dict[str, Any]) -> int | None:
-    """Passages already done in a compatible partial build, or None to start over."""
+def _resume_point(staging: Path, manifest: CacheManifest) -> int | None:
+    """Passages already done in a compatible partial build, or None to start over: its plan
+    (the manifest it was started with, as written) is this build's."""
     try:
-        planned = json.loads((staging / "plan.json").read_text())
+        planned = json.loads((staging / PLAN_FILE).read_text())
         done = json.loads((staging / _PROGRESS).read_text())["done"]
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return None
-    return int(done) if planned == manifest else None
+    return int(done) if planned == manifest.to_json() else None

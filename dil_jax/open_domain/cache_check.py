@@ -1,7 +1,7 @@
 """Whether a passage cache serves a reader: the reader's side of the manifest, and its states.
 
 This module holds what a cache is checked against: the fingerprints (`tokenizer_fingerprint`,
-`texts_fingerprint`) and `reader_manifest` (the MATCHED_FIELDS a reader expects, handed to
+`texts_fingerprint`) and `reader_cache_key` (the `CacheKey` a reader expects, handed to
 `PassageCache.open`), and `check_states`, which re-encodes a few stored rows and compares them
 with what the cache holds. It is apart from `dil_jax.open_domain.cache` (the format and
 `PassageCache`) because opening and reading a cache needs none of it; it imports from `cache`,
@@ -11,14 +11,20 @@ never the reverse.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
-from dil_jax.open_domain.cache import CacheBrokenError, PassageCache
-from dil_jax.open_domain.compression import Storage
+from dil_jax.open_domain.cache import (
+    CacheBrokenError,
+    PassageCache,
+    ReuseEncoder,
+    StatesEncoder,
+)
+from dil_jax.open_domain.cache_manifest import CacheKey
+from dil_jax.open_domain.compression import FLOAT32, Storage
 
 # Rows compared by `check_states`: first and last are enough to catch another k or model (every
 # state of a row changes), and cost one tiny encoder call.
@@ -55,8 +61,8 @@ def _tolerance(storage: Storage) -> float:
 
 
 def check_states(cache: PassageCache,
-                 encode: Callable[[np.ndarray, np.ndarray], np.ndarray],
-                 reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None = None
+                 encode: StatesEncoder,
+                 reuse: ReuseEncoder | None = None
                  ) -> None:
     """Refuses (CacheBrokenError) a cache whose stored states (or reuse arrays) are not these.
 
@@ -78,7 +84,7 @@ def check_states(cache: PassageCache,
     difference = _mean_relative_difference(cache.read_states(rows),
                                            cache.states.round_trip(fresh), mask)
     if not difference <= _tolerance(cache.storage):
-        k = cache.manifest["num_lower_layers"]
+        k = cache.manifest.key.num_lower_layers
         raise CacheBrokenError(
             f"{cache.directory}: the stored states do not match k={k} of this reader (mean "
             f"relative difference {difference:.3g} on {len(rows)} sampled passages): the cache "
@@ -98,16 +104,14 @@ def check_states(cache: PassageCache,
                 "index` with the same --out and reader to rebuild the cache")
 
 
-def reader_manifest(config, params: Any, tokenizer_id: str, max_passage_len: int,
-                    passages_id: str, dtype: str = "float32") -> dict[str, Any]:
-    """The MATCHED_FIELDS of a reader: what a cache must have been built with to serve it.
+def reader_cache_key(config, params: Any, tokenizer_id: str, max_passage_len: int,
+                    passages_id: str, storage: Storage = FLOAT32) -> CacheKey:
+    """The CacheKey of a reader: what a cache must have been built with to serve it.
 
-    dtype: the storage scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>, d <= hidden);
-    another name is CacheStorageError.
+    storage: the scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>); a PCA wider than
+    the hidden size is CacheStorageError.
     """
-    Storage.parse(dtype)  # an unknown name is refused before the config is read
-    Storage.parse(dtype, config.hidden_size)
-    return dict(model=params_fingerprint(params), architecture=config.architecture,
-                num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
-                tokenizer=tokenizer_id, max_passage_len=max_passage_len, dtype=dtype,
-                passages=passages_id)
+    return CacheKey(model=params_fingerprint(params), architecture=config.architecture,
+                    num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
+                    tokenizer=tokenizer_id, max_passage_len=max_passage_len,
+                    storage=storage.check_width(config.hidden_size), passages=passages_id)

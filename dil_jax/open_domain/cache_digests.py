@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,8 @@ def recorded_files(folder: Path) -> list[str]:
 
 
 def digest_fields(folder: Path) -> dict[str, Any]:
-    """The manifest fields recording every file of `folder` (`files`, `digest_sample`)."""
+    """The manifest fields recording every file of `folder` (`files`, `digest_sample`): a
+    `CacheManifest`'s `digests`."""
     return dict(digest_sample=dict(DIGEST_SAMPLE),
                 files={name: file_record(folder / name) for name in recorded_files(folder)})
 
@@ -111,10 +113,10 @@ class FolderCheck:
     bytes_hashed: int = 0
 
 
-def _sample_of(manifest: dict[str, Any]) -> dict[str, int] | None:
-    """The manifest's digest_sample when it is well formed (else None: the records cannot be
-    checked cheaply, and every file is hashed whole)."""
-    sample = manifest.get("digest_sample")
+def _sample_of(digests: Mapping[str, Any]) -> dict[str, int] | None:
+    """The digest_sample when it is well formed (else None: the records cannot be checked
+    cheaply, and every file is hashed whole)."""
+    sample = digests.get("digest_sample")
     if (isinstance(sample, dict) and isinstance(sample.get("blocks"), int)
             and isinstance(sample.get("block_bytes"), int) and sample["blocks"] >= 2
             and sample["block_bytes"] >= 1):
@@ -122,16 +124,17 @@ def _sample_of(manifest: dict[str, Any]) -> dict[str, int] | None:
     return None
 
 
-def verify_folder(folder: Path, manifest: dict[str, Any], full: bool) -> FolderCheck:
-    """Checks every file the manifest records against its record (module docstring: what
-    `full` adds). Never raises for a differing file: the caller decides (opening refuses the
-    cache at the first problem; `dil-jax index --verify` lists them all)."""
+def verify_folder(folder: Path, digests: Mapping[str, Any] | None, full: bool) -> FolderCheck:
+    """Checks every file `digests` ({digest_sample, files}: `digest_fields`, a manifest's
+    record; None where it has none) records against its record (module docstring: what `full`
+    adds). Never raises for a differing file: the caller decides (opening refuses the cache at
+    the first problem; `dil-jax index --verify` lists them all)."""
     check = FolderCheck(folder)
-    files = manifest.get("files")
+    files = (digests or {}).get("files")
     if not isinstance(files, dict):
         check.digested = False
         return check
-    sample = _sample_of(manifest)
+    sample = _sample_of(digests)
     for name, record in sorted(files.items()):
         check.files += 1
         path = folder / name
@@ -165,13 +168,14 @@ def verify_folder(folder: Path, manifest: dict[str, Any], full: bool) -> FolderC
     return check
 
 
-def refreshed_manifest(folder: Path, manifest: dict[str, Any], check: FolderCheck
-                       ) -> dict[str, Any]:
-    """The manifest with digests recorded where `check` found none (every file hashed, as it
-    is now) and the new modification times of the files it rehashed (their bytes matched)."""
+def refreshed_digests(folder: Path, digests: Mapping[str, Any] | None, check: FolderCheck
+                      ) -> dict[str, Any]:
+    """The digests to record after `check`: every file hashed as it is now where it found none,
+    else `digests` with the new modification times of the files it rehashed (their bytes
+    matched)."""
     if not check.digested:
-        return dict(manifest, **digest_fields(folder))
-    files = dict(manifest["files"])
+        return digest_fields(folder)
+    files = dict(digests["files"])
     for name in check.rehashed:
         files[name] = dict(files[name], mtime_ns=(folder / name).stat().st_mtime_ns)
-    return dict(manifest, files=files)
+    return dict(digests, files=files)

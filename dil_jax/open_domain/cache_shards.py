@@ -12,6 +12,7 @@ the waits), and imports from `cache_build` and `cache`, never the reverse.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -24,17 +25,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dil_jax.open_domain.cache import (
-    _MANIFEST,
-    MATCHED_FIELDS,
-    SHARDED_FORMAT,
-    SHARDS_DIR,
     CacheMismatchError,
     PassageCache,
+    ReuseEncoder,
     ShardWaitError,
-    shard_name,
+    StatesEncoder,
 )
 from dil_jax.open_domain.cache_build import (
     _PROGRESS,
+    PLAN_FILE,
     TOKEN_ARRAY_BYTES,
     _existing_cache,
     _pca_sample,
@@ -42,9 +41,19 @@ from dil_jax.open_domain.cache_build import (
     build_passage_cache,
     cache_bytes_per_window_token,
     check_free_space,
+    write_manifest,
 )
 from dil_jax.open_domain.cache_digests import digest_fields
-from dil_jax.open_domain.compression import PcaBasis, Storage, fit_pca
+from dil_jax.open_domain.cache_manifest import (
+    MANIFEST_FILE,
+    SHARDED_FORMAT,
+    SHARDS_DIR,
+    CacheKey,
+    CacheManifest,
+    ShardRange,
+    shard_name,
+)
+from dil_jax.open_domain.compression import PcaBasis, fit_pca
 
 T = TypeVar("T")
 # How often a waiting process looks at the shared folder again.
@@ -64,19 +73,17 @@ def shard_ranges(num_rows: int, chunk_passages: int, count: int) -> list[tuple[i
     return list(itertools.pairwise(bounds))
 
 
-def sharded_manifest(manifest: dict[str, Any], num_rows: int, chunk_passages: int, count: int,
-                     num_heads: int | None) -> dict[str, Any]:
-    """The top-level manifest (and plan) of a cache of `count` shards: `manifest`'s fields,
-    `chunk_passages` and `shards` [{name, start, stop}]; num_heads is given iff it stores the
-    first-upper-block arrays."""
-    top = dict(manifest, format=SHARDED_FORMAT, num_passages=int(num_rows),
-               reuse=num_heads is not None, chunk_passages=int(chunk_passages),
-               shards=[dict(name=f"{SHARDS_DIR}/{shard_name(i, count)}", start=start, stop=stop)
-                       for i, (start, stop) in enumerate(shard_ranges(num_rows, chunk_passages,
-                                                                      count))])
-    if num_heads is not None:
-        top["num_heads"] = int(num_heads)
-    return top
+def sharded_manifest(key: CacheKey, num_rows: int, chunk_passages: int, count: int,
+                     num_heads: int | None) -> CacheManifest:
+    """The top-level manifest (and plan) of a cache of `count` shards, `chunk_passages` rows per
+    chunk (`shard_ranges`); num_heads is given iff it stores the first-upper-block arrays."""
+    shards = tuple(ShardRange(f"{SHARDS_DIR}/{shard_name(i, count)}", start, stop)
+                   for i, (start, stop) in enumerate(shard_ranges(num_rows, chunk_passages,
+                                                                  count)))
+    return CacheManifest(key, num_passages=int(num_rows), reuse=num_heads is not None,
+                         num_heads=None if num_heads is None else int(num_heads),
+                         format=SHARDED_FORMAT, chunk_passages=int(chunk_passages),
+                         shards=shards)
 
 
 def wait_for(check: Callable[[], T | None], what: Callable[[], str], timeout_s: float,
@@ -108,55 +115,57 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _matched(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {field: manifest[field] for field in MATCHED_FIELDS if field in manifest}
-
-
-def _finished(directory: Path, manifest: dict[str, Any]) -> PassageCache | None:
+def _finished(directory: Path, manifest: CacheManifest) -> PassageCache | None:
     """The finished cache at `directory` if one serving `manifest` is there, else None."""
-    if not (directory / _MANIFEST).is_file():
+    if not (directory / MANIFEST_FILE).is_file():
         return None
     try:
-        return PassageCache.open(directory, _matched(manifest))
+        return PassageCache.open(directory, manifest.key)
     except CacheMismatchError:
         return None  # process 0 repairs or refuses it
 
 
-def _plan_note(staging: Path, top: dict[str, Any]) -> str:
+def _is_planned(staging: Path, top: CacheManifest) -> bool:
+    """Whether `staging` holds the plan of `top` (as process 0 writes it, last)."""
+    return _read_json(staging / PLAN_FILE) == top.to_json()
+
+
+def _plan_note(staging: Path, top: CacheManifest) -> str:
     """Why `staging`'s plan is not `top` (for a wait's error), or ''."""
-    plan = _read_json(staging / "plan.json")
+    plan = _read_json(staging / PLAN_FILE)
     if not isinstance(plan, dict):
         return ""
-    fields = sorted(f for f in set(plan) | set(top) if plan.get(f) != top.get(f))
+    wanted = top.to_json()
+    fields = sorted(f for f in set(plan) | set(wanted) if plan.get(f) != wanted.get(f))
     return (f" (its plan differs from this process's in {', '.join(fields)}: give every "
             "process the same flags)") if fields else ""
 
 
-def _prepare_staging(staging: Path, top: dict[str, Any], ids: np.ndarray, mask: np.ndarray,
-                     encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                     storage: Storage) -> PcaBasis | None:
+def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: np.ndarray,
+                     encode: StatesEncoder | None
+                     ) -> PcaBasis | None:
     """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
     and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
     fitted once here, on the sample an unsharded build fits on). plan.json is written last:
     the other processes start their shards when it appears."""
     pca_files = (staging / "states.pca_mean.npy", staging / "states.pca_basis.npy")
-    has_basis = encode is not None and storage.pca_dim is not None
-    if _read_json(staging / "plan.json") == top:
+    pca_dim = top.key.storage.pca_dim
+    has_basis = encode is not None and pca_dim is not None
+    if _is_planned(staging, top):
         return PcaBasis(*(np.load(path) for path in pca_files)) if has_basis else None
     shutil.rmtree(staging, ignore_errors=True)
     (staging / SHARDS_DIR).mkdir(parents=True)
     pca = None
     if has_basis:
-        pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
+        pca = fit_pca(_pca_sample(ids, mask, encode), pca_dim)
         np.save(pca_files[0], pca.mean)
         np.save(pca_files[1], pca.basis)
-    _write_json_atomic(staging / "plan.json", top)
+    _write_json_atomic(staging / PLAN_FILE, top.to_json())
     return pca
 
 
-def _check_whole_build_fits(staging: Path, top: dict[str, Any], shape: tuple[int, int],
-                            storage: Storage, hidden_size: int, has_states: bool,
-                            name: str) -> None:
+def _check_whole_build_fits(staging: Path, top: CacheManifest, shape: tuple[int, int],
+                            has_states: bool, name: str) -> None:
     """(process 0) Refuses, before any shard starts, a sharded build whose unwritten windows,
     all shards together, would not fit beside the cache: every shard writes to the same disk,
     and each shard's own check (`build_passage_cache`) sees only its rows, so without this the
@@ -167,32 +176,30 @@ def _check_whole_build_fits(staging: Path, top: dict[str, Any], shape: tuple[int
     shape: (num_rows, passage_len) of the whole cache."""
     rows, length = shape
     done = 0
-    if _read_json(staging / "plan.json") == top:
+    if _is_planned(staging, top):
         try:
             done = staged_progress(staging)[0]
         except ValueError:
             done = 0
-    per_token = cache_bytes_per_window_token(top, storage, hidden_size, has_states)
+    per_token = cache_bytes_per_window_token(top, has_states)
     check_free_space(staging.parent, (rows - done) * length * (per_token + TOKEN_ARRAY_BYTES),
                      f"the passage cache {name} ({rows - done} of {rows} windows to write, "
-                     f"{len(top['shards'])} shards together)")
+                     f"{len(top.shards)} shards together)")
 
 
-def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str, Any],
-                                ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
-                                encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                                hidden_size: int, *, process_index: int, process_count: int,
-                                chunk_passages: int = 256,
+def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.ndarray,
+                                mask: np.ndarray, offsets: np.ndarray,
+                                encode: StatesEncoder | None, *, process_index: int,
+                                process_count: int, chunk_passages: int = 256,
                                 progress: Callable[[int], None] | None = None,
-                                reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                                | None = None, num_heads: int | None = None,
+                                reuse: ReuseEncoder | None = None, num_heads: int | None = None,
                                 wait_timeout_s: float = 86400.0,
                                 peer_check: Callable[[], None] | None = None) -> PassageCache:
     """This process's shard of a cache built by `process_count` processes; returns the whole
     cache opened, once process 0 has finished it. Every process calls this with the same
     arguments (but process_index) and sees the same folder.
 
-      process 0  reuses a finished cache serving `manifest` (as `build_passage_cache`), or
+      process 0  reuses a finished cache serving `key` (as `build_passage_cache`), or
                  prepares `.NAME.partial/` (`_prepare_staging`: plan.json last), builds its
                  shard, waits for every shard's folder, writes manifest.json, renames the
                  folder into place (the only writer of anything outside its shard)
@@ -213,42 +220,41 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
     if reuse is not None and (encode is None or not num_heads):
         raise CacheMismatchError("the first-upper-block arrays need lower states (k > 0) and "
                                  "the number of heads")
-    top = sharded_manifest(manifest, len(ids), chunk_passages, process_count,
+    top = sharded_manifest(key, len(ids), chunk_passages, process_count,
                            num_heads if reuse is not None else None)
-    storage = Storage.parse(manifest["dtype"], hidden_size)
     if process_index == 0:
         cache = _existing_cache(directory, top, encode, reuse)
         if cache is not None:
             return cache
-        _check_whole_build_fits(staging, top, ids.shape, storage, hidden_size,
-                                has_states=encode is not None, name=directory.name)
-        pca = _prepare_staging(staging, top, ids, mask, encode, storage)
+        _check_whole_build_fits(staging, top, ids.shape, has_states=encode is not None,
+                                name=directory.name)
+        pca = _prepare_staging(staging, top, ids, mask, encode)
     else:
         ready = wait_for(lambda: _finished(directory, top) or (
-                             True if _read_json(staging / "plan.json") == top else None),
+                             True if _is_planned(staging, top) else None),
                          lambda: f"process 0 to plan {staging}{_plan_note(staging, top)}",
                          wait_timeout_s, peer_check=peer_check)
         if isinstance(ready, PassageCache):
             return ready
         pca = None
-        if encode is not None and storage.pca_dim is not None:
+        if encode is not None and key.storage.pca_dim is not None:
             pca = PcaBasis(np.load(staging / "states.pca_mean.npy"),
                            np.load(staging / "states.pca_basis.npy"))
-    start, stop = top["shards"][process_index]["start"], top["shards"][process_index]["stop"]
-    shard = dict(manifest, shard=dict(index=process_index, count=process_count, start=start,
-                                      stop=stop))
-    build_passage_cache(staging / top["shards"][process_index]["name"], shard, ids[start:stop],
-                        mask[start:stop], offsets[start:stop], encode, hidden_size,
-                        chunk_passages=chunk_passages, progress=progress, reuse=reuse,
-                        num_heads=num_heads, pca=pca)
+    mine = top.shards[process_index]
+    start, stop = mine.start, mine.stop
+    build_passage_cache(staging / mine.name, key, ids[start:stop], mask[start:stop],
+                        offsets[start:stop], encode, chunk_passages=chunk_passages,
+                        progress=progress, reuse=reuse, num_heads=num_heads, pca=pca,
+                        shard=dict(index=process_index, count=process_count, start=start,
+                                   stop=stop))
     if process_index != 0:
         return wait_for(lambda: _finished(directory, top),
                         lambda: f"process 0 to finish {directory}", wait_timeout_s,
                         peer_check=peer_check)
 
     def missing() -> list[str]:
-        return [entry["name"] for entry in top["shards"]
-                if not (staging / entry["name"] / _MANIFEST).is_file()]
+        return [entry.name for entry in top.shards
+                if not (staging / entry.name / MANIFEST_FILE).is_file()]
 
     wait_for(lambda: None if missing() else True,
              lambda: f"shard(s) {', '.join(missing())} of {staging}", wait_timeout_s,
@@ -256,17 +262,20 @@ def build_sharded_passage_cache(directory: str | os.PathLike, manifest: dict[str
     # Every shard maps and agrees with the plan, before committing (their files were just
     # written or checked on reopening: no digest check here).
     PassageCache(staging, top, verify="none")
-    _write_json_atomic(staging / _MANIFEST, dict(top, **digest_fields(staging)))
+    write_manifest(staging, dataclasses.replace(top, digests=digest_fields(staging)))
     os.replace(staging, directory)
     # After the rename: a crash just before it leaves a staging folder that still resumes.
-    (directory / "plan.json").unlink()
+    (directory / PLAN_FILE).unlink()
     return PassageCache.open(directory)
 
 
 def staged_progress(staging: Path) -> tuple[int, int, str | None]:
     """(windows done, windows planned, passages fingerprint) of an unfinished cache build,
-    sharded or not; ValueError if it cannot be resumed (no readable plan or progress)."""
-    plan = _read_json(staging / "plan.json")
+    sharded or not; ValueError if it cannot be resumed (no readable plan or progress).
+
+    The plan is read as JSON, not as a CacheManifest: a staging folder left by any earlier
+    build, with fewer fields, is still reported (and kept when its passages are the index's)."""
+    plan = _read_json(staging / PLAN_FILE)
     if not isinstance(plan, dict) or "num_passages" not in plan:
         raise ValueError("no readable plan")
     if plan.get("format") != SHARDED_FORMAT:
@@ -277,7 +286,7 @@ def staged_progress(staging: Path) -> tuple[int, int, str | None]:
     done = 0
     for entry in plan.get("shards", []):
         folder = staging / entry["name"]
-        if (folder / _MANIFEST).is_file():
+        if (folder / MANIFEST_FILE).is_file():
             done += entry["stop"] - entry["start"]
         else:
             progress = _read_json(folder.with_name(f".{folder.name}.partial") / _PROGRESS)

@@ -90,7 +90,10 @@ def dequantize_int8(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class Storage:
-    """One storage scheme, by its `--cache-dtype` name (see the module docstring)."""
+    """One storage scheme, by its `--cache-dtype` name (see the module docstring).
+
+    Made from text once, by `parse` (the flag, a cache manifest); carried as this value from
+    there to the cache's writer and reader."""
 
     name: str
 
@@ -101,11 +104,18 @@ class Storage:
         if name not in ("float32", "bfloat16", "int8") and not match:
             raise CacheStorageError(f"unknown cache storage {name!r}; choose one of "
                                     f"{', '.join(STORAGE_NAMES)} (e.g. pca64)")
-        if match and not 0 < int(match.group(1)) <= (width or 1 << 30):
-            raise CacheStorageError(f"cache storage {name!r}: d must be in 1..{width} (the "
-                                    f"hidden size)" if width else f"cache storage {name!r}: "
-                                    "d must be >= 1")
-        return cls(name)
+        if match and not 0 < int(match.group(1)):
+            raise CacheStorageError(f"cache storage {name!r}: d must be >= 1")
+        storage = cls(name)
+        return storage if width is None else storage.check_width(width)
+
+    def check_width(self, width: int) -> Storage:
+        """Itself, when arrays `width` wide (the hidden size) can be stored so: a PCA's d must
+        not exceed it (CacheStorageError otherwise)."""
+        if self.pca_dim is not None and self.pca_dim > width:
+            raise CacheStorageError(f"cache storage {self.name!r}: d must be in 1..{width} (the "
+                                    "hidden size)")
+        return self
 
     @property
     def pca_dim(self) -> int | None:
@@ -131,7 +141,7 @@ class Storage:
 
     def without_pca(self) -> Storage:
         """The scheme for arrays that have no PCA basis of their own: int8 for pca<d>."""
-        return Storage("int8") if self.pca_dim is not None else self
+        return INT8 if self.pca_dim is not None else self
 
     def encode(self, x: np.ndarray, pca: PcaBasis | None = None
                ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -164,3 +174,8 @@ class Storage:
             raise CacheStorageError(f"storage {self.name} needs a PCA basis with {self.pca_dim} "
                                     "directions")
         return pca
+
+
+# The schemes code names itself (the default, and those of arrays without a choice).
+FLOAT32 = Storage("float32")
+INT8 = Storage("int8")

@@ -219,7 +219,7 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
         for phase, seconds in block["timings"].items():
             timings[phase] = timings.get(phase, 0.0) + seconds
     by_score = aggregate(records, p_values)
-    return dict(k=reader.model.config.num_lower_layers, l=reader.model.config.num_layers,
+    return dict(k=reader.reader.config.num_lower_layers, l=reader.reader.config.num_layers,
                 questions=len(examples), unmatched=sum(r["unmatched"] for r in records), mu=mu,
                 wall_seconds=sum(block["wall_seconds"] for block in every_block),
                 timings=timings, span_score=reader.span_score,

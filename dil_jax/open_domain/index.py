@@ -28,22 +28,24 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.data.features import window_contexts
-from dil_jax.open_domain.cache import PassageCache, cache_name
+from dil_jax.open_domain.cache import PassageCache, ReuseEncoder, StatesEncoder
 from dil_jax.open_domain.cache_build import build_passage_cache
 from dil_jax.open_domain.cache_check import (
     CHECKED_ROWS,
     check_states,
-    reader_manifest,
+    reader_cache_key,
     texts_fingerprint,
     tokenizer_fingerprint,
 )
+from dil_jax.open_domain.cache_manifest import CacheKey
 from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
+from dil_jax.open_domain.compression import FLOAT32, Storage
 from dil_jax.open_domain.corpus import Passage
 from dil_jax.open_domain.disk import write_errors
 from dil_jax.open_domain.index_files import (
@@ -68,6 +70,9 @@ from dil_jax.open_domain.retrieval import (
     index_files,
     load_retriever,
 )
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +105,15 @@ class OpenDomainIndex:
     retriever: Retriever
     windows: PassageWindows
 
-    def cache_dir(self, manifest: dict[str, Any]) -> Path:
-        return self.directory / cache_name(manifest)
+    def cache_dir(self, key: CacheKey) -> Path:
+        """The folder of the cache of `key` in this index."""
+        return self.directory / key.folder_name
 
-    def open_cache(self, config, params, tokenizer, dtype: str = "float32",
+    def open_cache(self, reader: Reader, storage: Storage = FLOAT32,
                    verify: str = "sampled") -> PassageCache:
-        """The passage cache for this reader; a mismatch is an error naming the field.
+        """The passage cache for `reader`; a mismatch is an error naming the field.
 
-        dtype: the storage the reader expects (`--cache-dtype`); a cache stored another way is
+        storage: the one the reader expects (`--cache-dtype`); a cache stored another way is
         refused, naming both. verify: how its files are checked against the digests recorded
         at build time (`PassageCache`): "sampled" by default (`cache_digests` says what that
         catches), "full" every byte, "none" not at all; a cache without digests is opened with
@@ -119,33 +125,33 @@ class OpenDomainIndex:
         """
         import jax
 
-        from dil_jax.model.delayed import DelayedInteractionModel
         from dil_jax.model.modules import PASSAGE_SEGMENT
         from dil_jax.open_domain.reuse import reuse_encoder
 
-        manifest = self.reader_manifest(config, params, tokenizer, dtype)
-        cache = PassageCache.open(self.cache_dir(manifest), manifest, verify)
-        model = DelayedInteractionModel(config)
+        key = self.cache_key(reader, storage)
+        cache = PassageCache.open(self.cache_dir(key), key, verify)
+        model = reader.model
         # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
         # blocks is slower than compiling them once.
         encode = jax.jit(lambda weights, ids, mask: model.encode_lower(weights, ids, mask,
                                                                        PASSAGE_SEGMENT))
-        reuse = (reuse_encoder(model, params, batch_size=CHECKED_ROWS) if cache.has_reuse
-                 else None)
-        check_states(cache, lambda ids, mask: np.asarray(encode(params, ids, mask)), reuse)
+        reuse = reuse_encoder(reader, batch_size=CHECKED_ROWS) if cache.has_reuse else None
+        check_states(cache, lambda ids, mask: np.asarray(encode(reader.params, ids, mask)),
+                     reuse)
         for warning in cache.digest_warnings():  # never silently unchecked
             log.warning("%s", warning)
         return cache
 
-    def reader_manifest(self, config, params, tokenizer, dtype: str = "float32"
-                        ) -> dict[str, Any]:
-        tokenizer_id = tokenizer_fingerprint(tokenizer)
+    def cache_key(self, reader: Reader, storage: Storage = FLOAT32) -> CacheKey:
+        """What a cache of this index must have been built with to serve `reader`."""
+        tokenizer_id = tokenizer_fingerprint(reader.tokenizer)
         if tokenizer_id != self.settings["tokenizer"]:
             raise OpenDomainIndexError(
                 f"{self.directory / 'index.json'}: index tokenized with "
                 f"{self.settings['tokenizer']}, reader tokenizer is {tokenizer_id}")
-        return reader_manifest(config, params, tokenizer_id, self.settings["max_passage_len"],
-                               self.settings["passages"], dtype)
+        return reader_cache_key(reader.config, reader.params, tokenizer_id,
+                               self.settings["max_passage_len"], self.settings["passages"],
+                               storage)
 
 
 def index_settings(passages: Sequence[Passage], tokenizer, *, max_passage_len: int,
@@ -299,36 +305,34 @@ def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
         return {name: arrays[name] for name in ("ids", "mask", "offsets", "max_context")}
 
 
-def build_reader_cache(index: OpenDomainIndex, config, params, tokenizer, *,
-                       encode: Callable[[np.ndarray, np.ndarray], np.ndarray] | None,
-                       dtype: str = "float32", chunk_passages: int = 256,
+def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: StatesEncoder | None,
+                       storage: Storage = FLOAT32, chunk_passages: int = 256,
                        progress: Callable[[int], None] | None = None,
-                       reuse: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
-                       | None = None, process_index: int = 0, process_count: int = 1,
-                       wait_timeout_s: float = 86400.0,
+                       reuse: ReuseEncoder | None = None, process_index: int = 0,
+                       process_count: int = 1, wait_timeout_s: float = 86400.0,
                        peer_check: Callable[[], None] | None = None) -> PassageCache:
-    """Builds (or resumes, or just opens, or repairs) the passage cache of this reader over
-    the index, holding this process's lock of the index (`index_lock`).
+    """Builds (or resumes, or just opens, or repairs) the passage cache of `reader` over the
+    index, holding this process's lock of the index (`index_lock`).
 
     encode: (ids, mask) -> lower states; None for k = 0 (the cache then holds tokens only).
-    dtype: the storage scheme (`dil_jax.open_domain.compression`). reuse: the first upper
+    storage: the scheme (`dil_jax.open_domain.compression`). reuse: the first upper
     block's arrays to store too (`dil_jax.open_domain.reuse.reuse_encoder`), or None.
     chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
     this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
     process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.
     """
-    manifest = index.reader_manifest(config, params, tokenizer, dtype)
-    num_heads = config.num_heads if reuse else None
+    key = index.cache_key(reader, storage)
+    num_heads = reader.config.num_heads if reuse else None
     with index_lock(index.directory, process_index):
         arrays = window_arrays(index)
         if process_count > 1:
             return build_sharded_passage_cache(
-                index.cache_dir(manifest), manifest, arrays["ids"], arrays["mask"],
-                arrays["offsets"], encode, config.hidden_size, process_index=process_index,
+                index.cache_dir(key), key, arrays["ids"], arrays["mask"],
+                arrays["offsets"], encode, process_index=process_index,
                 process_count=process_count, chunk_passages=chunk_passages, progress=progress,
                 reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s,
                 peer_check=peer_check)
-        return build_passage_cache(index.cache_dir(manifest), manifest, arrays["ids"],
+        return build_passage_cache(index.cache_dir(key), key, arrays["ids"],
                                    arrays["mask"], arrays["offsets"], encode,
-                                   config.hidden_size, chunk_passages=chunk_passages,
+                                   chunk_passages=chunk_passages,
                                    progress=progress, reuse=reuse, num_heads=num_heads)

@@ -29,8 +29,8 @@ Where Lucene's BM25 differs from rank-bm25's BM25Okapi (docs/open_domain.md, "Re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
 import os
 import re
 import shutil
@@ -41,16 +41,17 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from dil_jax.atomic import staged_directory
 from dil_jax.open_domain.bm25 import (
+    Bm25Manifest,
     Hit,
     RetrievalError,
     bm25_tokenize,
     check_top_p,
-    manifest_json,
-    read_manifest,
     tokenized_passages,
+    write_manifest,
 )
 
 ENGINE = "pyserini"
@@ -293,10 +294,8 @@ class LuceneRetriever:
         with staged_directory(directory) as staging:
             for name in files:
                 shutil.copyfile(self.path / name, staging / name)
-            manifest = json.loads(manifest_json(self.engine, self.num_passages, fingerprint,
-                                            self.params))
-            manifest["lucene_files"] = files
-            (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            write_manifest(staging, LuceneManifest(**dataclasses.asdict(
+                Bm25Manifest.of(self, fingerprint)), lucene_files=tuple(files)))
         return directory
 
     @classmethod
@@ -305,20 +304,31 @@ class LuceneRetriever:
         """Opens a saved index (its files checked present, its documents checked)."""
 
         directory = Path(directory)
-        manifest, params = read_manifest(directory, fingerprint, cls.engine)
-        for name in lucene_files(directory, manifest):
+        manifest = LuceneManifest.read(directory, fingerprint, cls.engine)
+        for name in manifest.lucene_files:
             if not (directory / name).is_file():
                 raise RetrievalError(f"{directory / name}: missing")
-        return cls(directory, int(manifest["num_passages"]), params)
+        return cls(directory, manifest.num_passages, manifest.params)
 
 
-def lucene_files(directory: Path, manifest: dict) -> tuple[str, ...]:
-    """The Lucene files a saved index's manifest lists, checked to be plain names."""
+@dataclasses.dataclass(frozen=True)
+class LuceneManifest(Bm25Manifest):
+    """A Lucene index's manifest.json: the BM25 manifest and the files of the index, whose
+    names Lucene chooses (plain names in the index's folder)."""
 
-    files = manifest.get("lucene_files")
-    if not isinstance(files, list) or not files or not all(
-            isinstance(name, str) and name and "/" not in name and not name.startswith(".")
-            for name in files):
-        raise RetrievalError(f"{directory / 'manifest.json'}: field lucene_files must list the "
-                             f"index's file names, got {files!r}")
-    return tuple(files)
+    lucene_files: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(super().to_json(), lucene_files=list(self.lucene_files))
+
+    @classmethod
+    def from_json(cls, value: Any, path: Path) -> LuceneManifest:
+        """The manifest of a parsed JSON value; RetrievalError naming `path` and the field."""
+        base = Bm25Manifest.from_json(value, path)
+        files = value.get("lucene_files")
+        if not isinstance(files, list) or not files or not all(
+                isinstance(name, str) and name and "/" not in name and not name.startswith(".")
+                for name in files):
+            raise RetrievalError(f"{path}: field lucene_files must list the index's file names, "
+                                 f"got {files!r}")
+        return cls(**dataclasses.asdict(base), lucene_files=tuple(files))

@@ -18,9 +18,11 @@ from typing import Any
 
 from dil_jax.defaults import OPEN_DOMAIN_DOC_STRIDE, OPEN_DOMAIN_MAX_PASSAGE_LEN
 from dil_jax.open_domain.cache import CacheMismatchError
+from dil_jax.open_domain.cache_manifest import STORAGE_FIELD
+from dil_jax.open_domain.compression import FLOAT32, CacheStorageError, Storage
 
 # Folder names of an index's caches: cache-k{k}-{first 8 hex digits of the model fingerprint}
-# (dil_jax.open_domain.cache.cache_name).
+# (dil_jax.open_domain.cache_manifest.cache_name).
 CACHE_PREFIX = "cache-k"
 # How the listing names a cache computed with the weights of the reader that asked.
 THIS_READER = "this reader's weights"
@@ -40,12 +42,15 @@ class CacheEntry:
 
     folder: str
     k: int | None
-    dtype: str | None
+    storage: Storage | None
     model: str | None
 
 
 def read_cache_entry(folder: Path) -> CacheEntry:
-    """The entry of one cache folder, from its manifest.json (fields None if unreadable)."""
+    """The entry of one cache folder, from its manifest.json (fields None if unreadable).
+
+    Read field by field, not as a CacheManifest: a listing names what it can of a damaged or
+    foreign manifest."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -53,8 +58,12 @@ def read_cache_entry(folder: Path) -> CacheEntry:
     if not isinstance(manifest, dict):
         manifest = {}
     k = manifest.get("num_lower_layers")
+    try:
+        storage = Storage.parse(str(manifest[STORAGE_FIELD]))
+    except (KeyError, CacheStorageError):
+        storage = None
     return CacheEntry(folder=folder.name, k=k if isinstance(k, int) else None,
-                      dtype=manifest.get("dtype"), model=manifest.get("model"))
+                      storage=storage, model=manifest.get("model"))
 
 
 def index_caches(index_dir: Path) -> list[CacheEntry]:
@@ -71,13 +80,17 @@ def describe_cache(entry: CacheEntry, names: Mapping[str, str]) -> str:
         return f"{entry.folder}: manifest unreadable"
     model = (entry.model or "?")[:8]
     name = names.get(entry.model or "", "")
-    return (f"{entry.folder}: k = {entry.k}, {entry.dtype}, model {model}"
+    return (f"{entry.folder}: k = {entry.k}, {_name(entry.storage)}, model {model}"
             + (f" ({name})" if name else ""))
 
 
+def _name(storage: Storage | None) -> str:
+    return "?" if storage is None else storage.name
+
+
 def build_command(index_dir: str, settings: Mapping[str, Any], checkpoint: str, k: int,
-                  dtype: str, tokenizer: str | None = None) -> str:
-    """The command that adds the cache of (checkpoint, k, dtype) to this index.
+                  storage: Storage, tokenizer: str | None = None) -> str:
+    """The command that adds the cache of (checkpoint, k, storage) to this index.
 
     An index keeps the corpus and split it was built with in index.json (`split`), so the same
     `dil-jax index` run with only this reader reopens it and builds the one cache; a demo index
@@ -106,20 +119,21 @@ def build_command(index_dir: str, settings: Mapping[str, Any], checkpoint: str, 
               "--checkpoint", checkpoint, "--k", str(k)]
     if tokenizer:
         words += ["--tokenizer", tokenizer]
-    if dtype != "float32":
-        words += ["--cache-dtype", dtype]
+    if storage != FLOAT32:
+        words += ["--cache-dtype", storage.name]
     return shlex.join(words)
 
 
-def missing_cache_message(index_dir: str, wanted_folder: str, reader: str, k: int, dtype: str,
-                          caches: Sequence[CacheEntry], names: Mapping[str, str],
-                          command: str, partial: bool = False) -> str:
+def missing_cache_message(index_dir: str, wanted_folder: str, reader: str, k: int,
+                          storage: Storage, caches: Sequence[CacheEntry],
+                          names: Mapping[str, str], command: str, partial: bool = False) -> str:
     """The whole message: what is missing, what the index has, how to build it.
 
-    demo indexes hold float32 caches only, so a demo command is not offered for another dtype.
+    demo indexes hold float32 caches only, so a demo command is not offered for another
+    storage.
     """
-    lines = [f"{index_dir}: no passage cache here for the reader {reader} at k = {k}, {dtype} "
-             f"(it would be {wanted_folder})"]
+    lines = [f"{index_dir}: no passage cache here for the reader {reader} at k = {k}, "
+             f"{storage.name} (it would be {wanted_folder})"]
     if partial:
         lines.append(f"  an unfinished build of it exists ({index_dir}/.{wanted_folder}.partial):"
                      " rerun the command below to resume it")
@@ -131,9 +145,10 @@ def missing_cache_message(index_dir: str, wanted_folder: str, reader: str, k: in
     same_weights = [c for c in caches if c.model and c.model in names and c.k is not None]
     for entry in same_weights:
         if names[entry.model] == THIS_READER:
-            lines.append(f"  this reader's weights are cached at k = {entry.k}, {entry.dtype}: "
-                         f"read with --k {entry.k} --cache-dtype {entry.dtype} to use it")
-    if command.startswith("dil-jax demo") and dtype != "float32":
+            stored = _name(entry.storage)
+            lines.append(f"  this reader's weights are cached at k = {entry.k}, {stored}: "
+                         f"read with --k {entry.k} --cache-dtype {stored} to use it")
+    if command.startswith("dil-jax demo") and storage != FLOAT32:
         lines.append("  demo indexes hold float32 caches only: leave out --cache-dtype")
     else:
         lines.append(f"  build it with: {command}")

@@ -50,7 +50,7 @@ from dil_jax.data.decoding import window_nbest
 from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
-from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.delayed import check_segment_lengths
 from dil_jax.model.grid import PairGrid
 from dil_jax.model.pairs import SpanScores, kept_positions
 from dil_jax.open_domain.abstention import Abstention
@@ -67,6 +67,7 @@ from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
 if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
     from dil_jax.open_domain.sentences import SentenceStore
     from dil_jax.prescreening.prescreener import SentencePrescreener
     from dil_jax.prescreening.screen import SentenceRule
@@ -178,11 +179,11 @@ class RetrievedPairs:
 
 
 class OpenDomainReader:
-    """Reads the top-p passages of questions with one model (one k) over one index."""
+    """Reads the top-p passages of questions with one Reader (one k) over one index."""
 
-    def __init__(self, index: OpenDomainIndex, model: DelayedInteractionModel, params: Params,
-                 tokenizer, cache: PassageCache, *, top_p: int = 29, batch_size: int = 8,
-                 chunk_size: int | None = None, max_answer_length: int = 30, mesh=None,
+    def __init__(self, index: OpenDomainIndex, reader: Reader, cache: PassageCache, *,
+                 top_p: int = 29, batch_size: int = 8, chunk_size: int | None = None,
+                 max_answer_length: int = 30, mesh=None,
                  prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True,
                  pair_reuse: bool = True, trim_padding: bool = True,
                  span_score: str = "logits", passage_rows: int | None = None):
@@ -203,13 +204,13 @@ class OpenDomainReader:
             raise ValueError(f"passage_rows {passage_rows}: must be at least 1 (or None)")
         self.passage_rows = passage_rows
         self.span_score = span_score
-        self.index, self.model, self.params = index, model, params
+        self.index, self.reader = index, reader
         self.cached_reuse = cached_reuse
-        self.tokenizer, self.cache, self.top_p = tokenizer, cache, top_p
+        self.cache, self.top_p = cache, top_p
         self.max_answer_length = max_answer_length
         arrays = window_arrays(index)
-        check_read_lengths(model.config, arrays["mask"].shape[1])
-        self.grid = PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
+        check_read_lengths(reader.config, arrays["mask"].shape[1])
+        self.grid = PairGrid(reader.model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
                              reuse=pair_reuse, trim_padding=trim_padding)
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
@@ -283,12 +284,14 @@ class OpenDomainReader:
     def _encode_question_batch(self, questions: list[str]) -> tuple[jax.Array, np.ndarray]:
         """(lower states [batch_size, q_len, hidden], mask [batch_size, q_len]) of the
         questions, padded to a whole batch (one compiled shape)."""
-        q = encode_questions(self.tokenizer, questions, self.model.config.max_question_len)
+        q = encode_questions(self.reader.tokenizer, questions,
+                             self.reader.config.max_question_len)
         size = self.grid.batch_size
         q_ids = np.pad(q.ids, ((0, size - len(q)), (0, 0)))
         q_mask = np.pad(q.mask, ((0, size - len(q)), (0, 0)))
         # Block so the question phase's time is not counted in the pair phase.
-        q_lower = jax.block_until_ready(self.grid.encode_questions(self.params, q_ids, q_mask))
+        q_lower = self.grid.encode_questions(self.reader.params, q_ids, q_mask)
+        q_lower = jax.block_until_ready(q_lower)
         return q_lower, q_mask
 
     def _prescreen_pairs(self, questions: list[str], hits: list[list], pairs: RetrievedPairs
@@ -323,7 +326,7 @@ class OpenDomainReader:
         padded = self._padded_rows(rows)
         arrays = {name: _pad_rows(values, padded)
                   for name, values in self.cache.read_reuse(rows).items()}
-        config = self.model.config
+        config = self.reader.config
         qkv, stats = pair_inputs(arrays, config.num_heads, config.compute_dtype)
         return jax.device_put((qkv, stats), self.grid.replicated)
 
@@ -337,7 +340,7 @@ class OpenDomainReader:
         p_qkv = p_stats = None
         if positions is None and self.reads_cached_reuse:
             p_qkv, p_stats = self._cached_reuse(rows)
-        return self.grid.read_pairs(self.params, q_lower, q_mask, p_source, p_mask,
+        return self.grid.read_pairs(self.reader.params, q_lower, q_mask, p_source, p_mask,
                                     np.asarray(pairs.question, np.int64), pair_p.reshape(-1),
                                     positions, p_qkv=p_qkv, p_stats=p_stats)
 

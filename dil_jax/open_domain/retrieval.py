@@ -41,15 +41,15 @@ from dil_jax.open_domain.bm25 import (  # noqa: F401  (re-exported: the engines'
     EMPTY_PASSAGE_TOKEN,
     INDEX_FORMAT,
     STOPWORDS,
+    Bm25Manifest,
     Hit,
     RetrievalError,
     Retriever,
     best_first,
     bm25_tokenize,
     check_top_p,
-    manifest_json,
-    read_manifest,
     tokenized_passages,
+    write_manifest,
 )
 
 # Index files of each engine beside manifest.json (what index.json checks on open).
@@ -138,8 +138,7 @@ class RankBM25Retriever:
         with staged_directory(directory) as staging:
             scipy.sparse.save_npz(staging / "weights.npz", self.weights)
             (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
-            (staging / "manifest.json").write_text(
-                manifest_json(self.engine, self.num_passages, fingerprint, self.params))
+            write_manifest(staging, Bm25Manifest.of(self, fingerprint))
         return directory
 
     @classmethod
@@ -147,7 +146,7 @@ class RankBM25Retriever:
              ) -> RankBM25Retriever:
         """Reads a saved index; with `fingerprint`, refuses one built over other passages."""
         directory = Path(directory)
-        manifest, params = read_manifest(directory, fingerprint, cls.engine)
+        manifest = Bm25Manifest.read(directory, fingerprint, cls.engine)
         try:
             weights = scipy.sparse.load_npz(directory / "weights.npz")
         except (OSError, ValueError, KeyError, EOFError) as error:
@@ -158,11 +157,11 @@ class RankBM25Retriever:
             raise RetrievalError(f"{directory / 'vocabulary.json'}: unreadable ({error})"
                                  ) from error
         if not isinstance(vocabulary, dict) or weights.shape[0] != len(vocabulary) or \
-                weights.shape[1] != manifest.get("num_passages"):
+                weights.shape[1] != manifest.num_passages:
             raise RetrievalError(f"{directory}: weights.npz {weights.shape}, vocabulary.json and "
-                                 f"manifest.json (num_passages {manifest.get('num_passages')}) "
+                                 f"manifest.json (num_passages {manifest.num_passages}) "
                                  "disagree")
-        return cls(weights, vocabulary, params)
+        return cls(weights, vocabulary, manifest.params)
 
 
 class BM25sRetriever:
@@ -212,8 +211,7 @@ class BM25sRetriever:
         directory = Path(directory).absolute()
         with staged_directory(directory) as staging:
             self.model.save(str(staging))
-            (staging / "manifest.json").write_text(
-                manifest_json(self.engine, self.num_passages, fingerprint, self.params))
+            write_manifest(staging, Bm25Manifest.of(self, fingerprint))
         return directory
 
     @classmethod
@@ -223,7 +221,7 @@ class BM25sRetriever:
         import bm25s
 
         directory = Path(directory)
-        manifest, params = read_manifest(directory, fingerprint, cls.engine)
+        manifest = Bm25Manifest.read(directory, fingerprint, cls.engine)
         for name in ENGINE_FILES[cls.engine]:
             if not (directory / name).is_file():
                 raise RetrievalError(f"{directory / name}: missing")
@@ -231,11 +229,11 @@ class BM25sRetriever:
             model = bm25s.BM25.load(str(directory), mmap=True)
         except (OSError, ValueError, KeyError, EOFError) as error:
             raise RetrievalError(f"{directory}: bm25s index unreadable ({error})") from error
-        if model.scores.get("num_docs") != manifest.get("num_passages"):
+        if model.scores.get("num_docs") != manifest.num_passages:
             raise RetrievalError(f"{directory}: the bm25s index holds "
                                  f"{model.scores.get('num_docs')} passages, manifest.json says "
-                                 f"{manifest.get('num_passages')}")
-        return cls(model, int(manifest["num_passages"]), params)
+                                 f"{manifest.num_passages}")
+        return cls(model, manifest.num_passages, manifest.params)
 
 
 def retriever_class(engine: str) -> type:
@@ -298,18 +296,18 @@ def load_retriever(directory: str | os.PathLike, fingerprint: str | None = None)
     """Opens a saved index with the engine its manifest names, after checking that engine can
     run here (its package; for Lucene, a Java >= 11), so a missing one is named with its
     install hint instead of failing inside the engine."""
-    manifest, _ = read_manifest(Path(directory), fingerprint)
-    check_engine_available(manifest["engine"])
-    return retriever_class(manifest["engine"]).load(directory, fingerprint)
+    engine = Bm25Manifest.read(Path(directory), fingerprint).engine
+    check_engine_available(engine)
+    return retriever_class(engine).load(directory, fingerprint)
 
 
 def index_files(directory: str | os.PathLike) -> tuple[str, ...]:
     """The files of the saved index in `directory` (manifest.json first): fixed per engine,
     or for Lucene, whose file names vary, those its manifest lists."""
     directory = Path(directory)
-    manifest, _ = read_manifest(directory)
-    if manifest["engine"] in ENGINE_FILES:
-        return ("manifest.json",) + ENGINE_FILES[manifest["engine"]]
-    from dil_jax.open_domain.lucene import lucene_files
+    engine = Bm25Manifest.read(directory).engine
+    if engine in ENGINE_FILES:
+        return ("manifest.json",) + ENGINE_FILES[engine]
+    from dil_jax.open_domain.lucene import LuceneManifest
 
-    return ("manifest.json",) + lucene_files(directory, manifest)
+    return ("manifest.json",) + LuceneManifest.read(directory).lucene_files

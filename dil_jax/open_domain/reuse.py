@@ -25,21 +25,23 @@ computes the same softmax (the log-sum-exp rule only needs each part's exp-sum a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dil_jax.model.attention import QKV, PassageAttentionStats
-from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.grid import PairGrid
 from dil_jax.model.pairs import hoists_projections
 from dil_jax.open_domain.cache import REUSE_LSE_ARRAY as LSE_ARRAY
 from dil_jax.open_domain.cache import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
+from dil_jax.open_domain.cache import ReuseEncoder
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 REUSE_ARRAYS = WIDE_ARRAYS + (LSE_ARRAY,)
 
-# (lower states [n, p_len, hidden] float32, mask [n, p_len]) -> REUSE_ARRAYS, token-major numpy.
-ReuseEncoder = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
 def _token_major(x: np.ndarray) -> np.ndarray:
@@ -100,18 +102,18 @@ def local_grid(model: DelayedInteractionModel, batch_size: int) -> PairGrid:
                     batch_size=batch_size * jax.local_device_count())
 
 
-def reuse_encoder(model: DelayedInteractionModel, params: Params, batch_size: int = 32
-                  ) -> ReuseEncoder | None:
-    """The function computing REUSE_ARRAYS from passage lower states, with the pair program's
-    own jitted steps (`PairGrid.project_segments`, `passage_attention_stats`) on this process's
-    devices (`local_grid`: batch_size rows per device); None where there is nothing to store
+def reuse_encoder(reader: Reader, batch_size: int = 32) -> ReuseEncoder | None:
+    """The function computing REUSE_ARRAYS from `reader`'s passage lower states, with the pair
+    program's own jitted steps (`PairGrid.project_segments`, `passage_attention_stats`) on this
+    process's devices (`local_grid`: batch_size rows per device); None where there is nothing
+    to store
     (k = 0: no question-independent passage state; k = l: no upper block)."""
-    if not hoists_projections(model.config):
+    if not hoists_projections(reader.config):
         return None
-    grid = local_grid(model, batch_size)
+    grid = local_grid(reader.model, batch_size)
 
     def encode(states: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
-        qkv = grid.project_segments(params, np.asarray(states, np.float32))
+        qkv = grid.project_segments(reader.params, np.asarray(states, np.float32))
         return reuse_arrays(qkv, grid.passage_attention_stats(qkv, np.asarray(mask)))
 
     return encode

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from dil_jax.open_domain.cache import CacheMismatchError, PassageCache
-from dil_jax.open_domain.cache_build import _write_json_atomic
-from dil_jax.open_domain.cache_digests import FolderCheck, refreshed_manifest, verify_folder
+from dil_jax.open_domain.cache_build import write_manifest
+from dil_jax.open_domain.cache_digests import FolderCheck, refreshed_digests, verify_folder
 from dil_jax.open_domain.disk import format_size
 from dil_jax.open_domain.index import open_index
 from dil_jax.open_domain.index_files import OpenDomainIndexError, read_settings
@@ -72,7 +72,7 @@ def verify_index(directory: str | Path) -> VerifyReport:
             except CacheMismatchError as error:
                 report.problems.append(str(error))
                 continue
-            checks = [verify_folder(path, manifest, full=True)
+            checks = [verify_folder(path, manifest.digests, full=True)
                       for path, manifest in cache.folders]
             report.problems += [f"{path}: {problem}" for check in checks
                                 for path, problem in check.problems]
@@ -80,8 +80,8 @@ def verify_index(directory: str | Path) -> VerifyReport:
                 report.unchecked.append(folder)
             for check, (path, manifest) in zip(checks, cache.folders):
                 if check.rehashed and not check.problems:
-                    _write_json_atomic(path / "manifest.json",
-                                       refreshed_manifest(path, manifest, check))
+                    write_manifest(path, dataclasses.replace(
+                        manifest, digests=refreshed_digests(path, manifest.digests, check)))
             report.lines.append(_cache_line(folder.name, checks, time.perf_counter() - started))
         stores = sorted(entry.name for entry in directory.glob("sentences-*"))
         if stores:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,9 @@ import numpy as np
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.modules import QUESTION_SEGMENT
 from dil_jax.rounding import round_up
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 
 def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:
@@ -35,22 +39,21 @@ def _embed(config, params: Params, ids: jax.Array, mask: jax.Array) -> jax.Array
     return mean_pool(states.astype(jnp.float32), mask)
 
 
-def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenizer,
-                        texts: Sequence[str], *, max_len: int = 64, batch_size: int = 64,
-                        bucket: int = 16) -> np.ndarray:
-    """[len(texts), hidden] float32 unit vectors.
+def sentence_embeddings(encoder: Reader, texts: Sequence[str], *, max_len: int = 64,
+                        batch_size: int = 64, bucket: int = 16) -> np.ndarray:
+    """[len(texts), hidden] float32 unit vectors of `encoder` (all its blocks, whatever its k).
 
     Texts longer than max_len tokens are cut (an embedding, not a read). Why sorted by length:
     sentences are short (about 30 tokens in SQuAD) and padding every batch to max_len would
     spend most of the work on padding; batches of similar lengths are padded to their longest,
     rounded up to `bucket` tokens (few shapes, one compilation each).
     """
-    config = model.config.replace(num_lower_layers=model.config.num_layers)
-    tokens = tokenizer(list(texts), truncation=True, max_length=max_len,
+    config = encoder.config.replace(num_lower_layers=encoder.config.num_layers)
+    tokens = encoder.tokenizer(list(texts), truncation=True, max_length=max_len,
                        return_attention_mask=False, return_token_type_ids=False)["input_ids"]
     lengths = np.asarray([len(ids) for ids in tokens], np.int64)
     order = np.argsort(lengths, kind="stable")
-    out = np.zeros((len(texts), model.config.hidden_size), np.float32)
+    out = np.zeros((len(texts), config.hidden_size), np.float32)
     batch_size = min(batch_size, round_up(max(len(texts), 1), 8))  # a few questions: small batch
     for first in range(0, len(texts), batch_size):
         rows = order[first:first + batch_size]
@@ -60,5 +63,5 @@ def sentence_embeddings(model: DelayedInteractionModel, params: Params, tokenize
             ids[slot, :lengths[row]] = tokens[row]
         mask = (np.arange(width)[None] < np.pad(lengths[rows], (0, batch_size - len(rows)))
                 [:, None]).astype(np.int32)
-        out[rows] = np.asarray(_embed(config, params, ids, mask))[:len(rows)]
+        out[rows] = np.asarray(_embed(config, encoder.params, ids, mask))[:len(rows)]
     return out

@@ -16,9 +16,9 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -29,6 +29,9 @@ from dil_jax.prescreening.model import PrescreenConfig, Prescreener
 from dil_jax.prescreening.screen import SentenceRule, token_sentences, window_keep
 from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 from dil_jax.rounding import round_up
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 PRESCREENER_FORMAT = "dil_jax.prescreener/1"
 MANIFEST_FILE = "prescreener.json"
@@ -73,9 +76,7 @@ class SentencePrescreener:
 
     config: PrescreenConfig
     params: Any
-    encoder: Any            # DelayedInteractionModel of the sentence encoder
-    encoder_params: Any
-    tokenizer: Any
+    encoder: Reader  # the sentence encoder (all its blocks, mean-pooled: `embed`)
     encoder_name: str = "default"
     max_sentence_len: int = 64
 
@@ -83,7 +84,7 @@ class SentencePrescreener:
     def encoder_fingerprint(self) -> str:
         from dil_jax.checkpoints.fingerprint import params_fingerprint
 
-        return params_fingerprint(self.encoder_params)
+        return params_fingerprint(self.encoder.params)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """[len(texts), D] unit vectors from the sentence encoder."""
@@ -91,8 +92,7 @@ class SentencePrescreener:
 
         if not texts:
             return np.zeros((0, self.config.embedding_dim), np.float32)
-        return sentence_embeddings(self.encoder, self.encoder_params, self.tokenizer, texts,
-                                   max_len=self.max_sentence_len)
+        return sentence_embeddings(self.encoder, texts, max_len=self.max_sentence_len)
 
     def score(self, question: np.ndarray, sentences: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """[n, S] logits; see `sentence_scores`."""
@@ -102,22 +102,22 @@ class SentencePrescreener:
         """Writes the checkpoint folder (replacing one that exists); `record`: JSON extras."""
         import orbax.checkpoint as ocp
 
-        manifest = dict(format=PRESCREENER_FORMAT, config=dataclasses.asdict(self.config),
-                        encoder=self.encoder_name, encoder_fingerprint=self.encoder_fingerprint,
-                        max_sentence_len=self.max_sentence_len, **record)
+        manifest = PrescreenerManifest(self.config, self.encoder_name, self.encoder_fingerprint,
+                                       self.max_sentence_len, record)
         directory = Path(directory).absolute()
         with staged_directory(directory) as staging:
             checkpointer = ocp.StandardCheckpointer()
             checkpointer.save(staging / PARAMS_DIR, jax.tree.map(np.asarray, self.params))
             checkpointer.wait_until_finished()
-            (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, default=str))
+            (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2,
+                                                            default=str))
         return directory
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, encoder: tuple | None = None
+    def load(cls, directory: str | os.PathLike, encoder: Reader | None = None
              ) -> SentencePrescreener:
         """directory: a prescreener folder, or "default" (the bundled one). encoder: an already
-        loaded (model, params, tokenizer) to use instead of loading the recorded one."""
+        loaded sentence encoder to use instead of loading the recorded one."""
         import orbax.checkpoint as ocp
 
         directory = BUNDLED_PRESCREENER if str(directory) == "default" else Path(directory)
@@ -126,8 +126,8 @@ class SentencePrescreener:
             raise PrescreenerError(f"{directory}: not a prescreener (no {MANIFEST_FILE}); train "
                                    "one with `dil-jax prescreen --config configs/prescreen.py "
                                    "--config.workdir=DIR`")
-        manifest = read_prescreener_manifest(manifest_path)
-        config = manifest["config"]
+        manifest = PrescreenerManifest.read(manifest_path)
+        config = manifest.config
         abstract = jax.eval_shape(
             lambda: Prescreener(config).init(
                 jax.random.key(0), np.zeros((1, config.embedding_dim), np.float32),
@@ -143,40 +143,73 @@ class SentencePrescreener:
                 f"{params_dir}: cannot restore the prescreener's params ({type(error).__name__}: "
                 f"{str(error)[:500]}); the folder is damaged or was written for another config: "
                 "retrain or re-copy it") from error
-        model, encoder_params, tokenizer = encoder or load_sentence_encoder(
-            manifest["encoder"], manifest["max_sentence_len"])
-        prescreener = cls(config, params, model, encoder_params, tokenizer, manifest["encoder"],
-                          manifest["max_sentence_len"])
-        if prescreener.encoder_fingerprint != manifest["encoder_fingerprint"]:
+        encoder = encoder or load_sentence_encoder(manifest.encoder, manifest.max_sentence_len)
+        prescreener = cls(config, params, encoder, manifest.encoder, manifest.max_sentence_len)
+        if prescreener.encoder_fingerprint != manifest.encoder_fingerprint:
             raise PrescreenerError(
                 f"{manifest_path}: trained on sentence embeddings of encoder "
-                f"{manifest['encoder']!r} with weights {manifest['encoder_fingerprint']}, but the "
+                f"{manifest.encoder!r} with weights {manifest.encoder_fingerprint}, but the "
                 f"loaded encoder's weights are {prescreener.encoder_fingerprint}")
         return prescreener
 
 
-def read_prescreener_manifest(path: Path) -> dict[str, Any]:
-    """`prescreener.json` with its fields checked; "config" becomes a PrescreenConfig.
+@dataclasses.dataclass(frozen=True)
+class PrescreenerManifest:
+    """A prescreener folder's `prescreener.json`: the model config, the sentence encoder it was
+    trained on (a checkpoint name and its weights' fingerprint), the sentence length, and the
+    training's records (free-form: what it measured, notes)."""
 
-    Raises PrescreenerError naming the file and the field (not a KeyError or TypeError).
-    """
+    config: PrescreenConfig
+    encoder: str
+    encoder_fingerprint: str
+    max_sentence_len: int
+    records: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(format=PRESCREENER_FORMAT, config=dataclasses.asdict(self.config),
+                    encoder=self.encoder, encoder_fingerprint=self.encoder_fingerprint,
+                    max_sentence_len=self.max_sentence_len, **self.records)
+
+    @classmethod
+    def from_json(cls, manifest: Any, path: Path) -> PrescreenerManifest:
+        """The manifest of a parsed JSON value, every field checked: PrescreenerError naming
+        `path` and the field (not a KeyError or TypeError)."""
+        if not isinstance(manifest, dict):
+            raise PrescreenerError(f"{path}: expected a JSON object, got "
+                                   f"{type(manifest).__name__}")
+        if manifest.get("format") != PRESCREENER_FORMAT:
+            raise PrescreenerError(f"{path}: format {manifest.get('format')!r}, "
+                                   f"expected {PRESCREENER_FORMAT!r}")
+        for key, kind in (("config", dict), ("encoder", str), ("encoder_fingerprint", str),
+                          ("max_sentence_len", int)):
+            if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+                raise PrescreenerError(f"{path}: field {key!r} must be a {kind.__name__}, got "
+                                       f"{manifest.get(key)!r}")
+        return cls(config=_prescreen_config(manifest["config"], path),
+                   encoder=manifest["encoder"],
+                   encoder_fingerprint=manifest["encoder_fingerprint"],
+                   max_sentence_len=manifest["max_sentence_len"],
+                   records={key: value for key, value in manifest.items()
+                            if key not in _MANIFEST_FIELDS})
+
+    @classmethod
+    def read(cls, path: Path) -> PrescreenerManifest:
+        """`prescreener.json` at `path`, checked (`from_json`)."""
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise PrescreenerError(f"{path}: not valid JSON ({error}); retrain or re-copy the "
+                                   "prescreener") from error
+        return cls.from_json(manifest, path)
+
+
+_MANIFEST_FIELDS = ("format", "config", "encoder", "encoder_fingerprint", "max_sentence_len")
+
+
+def _prescreen_config(values: dict[str, Any], path: Path) -> PrescreenConfig:
+    """The manifest's "config" as a PrescreenConfig, every field checked by name."""
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise PrescreenerError(f"{path}: not valid JSON ({error}); retrain or re-copy the "
-                               "prescreener") from error
-    if not isinstance(manifest, dict):
-        raise PrescreenerError(f"{path}: expected a JSON object, got {type(manifest).__name__}")
-    if manifest.get("format") != PRESCREENER_FORMAT:
-        raise PrescreenerError(f"{path}: format {manifest.get('format')!r}, "
-                               f"expected {PRESCREENER_FORMAT!r}")
-    for key, kind in (("config", dict), ("encoder", str), ("encoder_fingerprint", str),
-                      ("max_sentence_len", int)):
-        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
-            raise PrescreenerError(f"{path}: field {key!r} must be a {kind.__name__}, got "
-                                   f"{manifest.get(key)!r}")
-    try:
-        config = PrescreenConfig(**manifest["config"])
+        config = PrescreenConfig(**values)
     except (TypeError, ValueError) as error:
         raise PrescreenerError(f"{path}: field 'config' is not a prescreener config ({error})"
                                ) from error
@@ -191,12 +224,12 @@ def read_prescreener_manifest(path: Path) -> dict[str, Any]:
         if isinstance(value, bool) or not valid:
             raise PrescreenerError(f"{path}: config.{field.name} = {value!r} is invalid "
                                    f"({expected} expected)")
-    return dict(manifest, config=config)
+    return config
 
 
-def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> tuple:
-    """(model, params, tokenizer) of a sentence encoder: a reader checkpoint whose QA head is
-    never used, so the import report's "QA head initialised" warning is not shown."""
+def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> Reader:
+    """A sentence encoder: a reader checkpoint whose QA head is never used, so the import
+    report's "QA head initialised" warning is not shown."""
     import logging
 
     from dil_jax.checkpoints import load_reader

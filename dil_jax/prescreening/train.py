@@ -1,6 +1,6 @@
 """Training and evaluating the prescreener on SQuAD (sentence embeddings computed once).
 
-    data = build_sentence_data(examples, encoder, params, tokenizer)
+    data = build_sentence_data(examples, encoder)
     state = train_prescreener(train_data, PrescreenConfig(), steps=..., seed=0)
     topk_accuracy(data_scores(state.params, config, valid_data), valid_data.label)
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -19,6 +20,9 @@ from dil_jax.prescreening.embed import sentence_embeddings
 from dil_jax.prescreening.model import PrescreenConfig, Prescreener
 from dil_jax.prescreening.prescreener import sentence_scores
 from dil_jax.prescreening.sentences import answer_sentence, split_sentences
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
 
 
 @dataclasses.dataclass
@@ -40,9 +44,10 @@ class SentenceData:
     spans: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
 
 
-def build_sentence_data(examples: Sequence[SquadExample], encoder, params, tokenizer, *,
+def build_sentence_data(examples: Sequence[SquadExample], encoder: Reader, *,
                         max_sentences: int = 32, max_len: int = 64) -> SentenceData:
-    """Splits each distinct context once, embeds every sentence and question once."""
+    """Splits each distinct context once, embeds every sentence and question once with the
+    sentence `encoder`."""
     contexts: dict[str, list[tuple[int, int]]] = {}
     for example in examples:
         if example.context not in contexts:
@@ -51,11 +56,10 @@ def build_sentence_data(examples: Sequence[SquadExample], encoder, params, token
     for context, spans in contexts.items():
         first[context] = len(texts)
         texts += [context[a:b] for a, b in spans]
-    sentence_vectors = sentence_embeddings(encoder, params, tokenizer, texts, max_len=max_len)
+    sentence_vectors = sentence_embeddings(encoder, texts, max_len=max_len)
     kept = [e for e in examples if e.answer_starts
             and 0 <= answer_sentence(contexts[e.context], e.answer_starts[0]) < max_sentences]
-    question_vectors = sentence_embeddings(encoder, params, tokenizer,
-                                           [e.question for e in kept], max_len=max_len)
+    question_vectors = sentence_embeddings(encoder, [e.question for e in kept], max_len=max_len)
     dim = sentence_vectors.shape[1] if len(texts) else question_vectors.shape[1]
     sentences = np.zeros((len(kept), max_sentences, dim), np.float32)
     mask = np.zeros((len(kept), max_sentences), np.int32)

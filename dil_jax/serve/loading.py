@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.errors import UsageError
+from dil_jax.open_domain.compression import FLOAT32, Storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +34,7 @@ class ReadSettings:
     batch_size: int = 8
     chunk_size: int | None = None
     max_question_len: int = 32
-    cache_dtype: str = "float32"
+    storage: Storage = FLOAT32  # how the index's caches were built (`--cache-dtype`)
     span_score: str = "logits"
     tokenizer: str | None = None
 
@@ -93,24 +94,23 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     index = open_index(index_dir)
     served: dict[str, ServedReader] = {}
     for spec in specs:
-        model, params, tokenizer = load_reader(spec.checkpoint, spec.k, settings.max_question_len,
-                                               settings.tokenizer)
+        loaded = load_reader(spec.checkpoint, spec.k, settings.max_question_len,
+                             settings.tokenizer)
         try:
-            cache = index.open_cache(model.config, params, tokenizer, settings.cache_dtype)
+            cache = index.open_cache(loaded, settings.storage)
         except CacheMismatchError as error:
-            manifest = index.reader_manifest(model.config, params, tokenizer,
-                                             settings.cache_dtype)
-            folder = index.cache_dir(manifest)
+            key = index.cache_key(loaded, settings.storage)
+            folder = index.cache_dir(key)
             if folder.exists():
                 raise
-            k = model.config.num_lower_layers
+            k = loaded.config.num_lower_layers
             command = build_command(index_dir, index.settings, spec.checkpoint, k,
-                                    settings.cache_dtype, settings.tokenizer)
+                                    settings.storage, settings.tokenizer)
             raise MissingCacheError(missing_cache_message(
-                index_dir, folder.name, spec.checkpoint, k, settings.cache_dtype,
-                index_caches(index.directory), {manifest["model"]: THIS_READER}, command,
+                index_dir, folder.name, spec.checkpoint, k, settings.storage,
+                index_caches(index.directory), {key.model: THIS_READER}, command,
                 folder.with_name(f".{folder.name}.partial").exists())) from error
-        reader = OpenDomainReader(index, model, params, tokenizer, cache, top_p=settings.top_p,
+        reader = OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
                                   batch_size=settings.batch_size,
                                   chunk_size=settings.chunk_size, span_score=settings.span_score)
         reader.passage_rows = passage_rows(index.windows.count, reader.grid.batch_size,

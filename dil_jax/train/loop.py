@@ -511,15 +511,15 @@ def train(config: ml_collections.ConfigDict, *,
     mesh = data_mesh()
     # Models first: their length check is cheap, featurizing the data is not.
     models = load_run_models(config, evaluate_fn)
-    check_frozen_prefixes(config, models.params)
+    check_frozen_prefixes(config, models.student.params)
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
 
     tx, schedule = make_run_optimizer(config, data.total_steps)
     rep = sharding_lib.replicated(mesh)
     state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
-        sharding_lib.replicate(models.params, mesh))
-    teacher_params = (None if models.teacher_params is None
-                      else sharding_lib.replicate(models.teacher_params, mesh))
+        sharding_lib.replicate(models.student.params, mesh))
+    teacher_params = (None if models.teacher is None
+                      else sharding_lib.replicate(models.teacher.params, mesh))
     checkpointer = make_checkpointer(config, data.validation is not None,
                                      models.evaluate_fn is not None)
     state, dropout_rng, start_step = resume(checkpointer, state, rep, data, models.dropout_rng,
@@ -529,9 +529,10 @@ def train(config: ml_collections.ConfigDict, *,
         log_dir.mkdir(parents=True, exist_ok=True)
         record_config(log_dir, config.to_json_best_effort(indent=2), start_step)
 
-    step_fn = make_train_step(models.student, models.teacher, loss_weights(config), tx, schedule,
+    teacher = None if models.teacher is None else models.teacher.model
+    step_fn = make_train_step(models.student.model, teacher, loss_weights(config), tx, schedule,
                               mesh)
-    eval_loss_fn = (make_eval_loss(models.student, mesh) if data.validation is not None
+    eval_loss_fn = (make_eval_loss(models.student.model, mesh) if data.validation is not None
                     else None)
     # Rows past the resumed step are dropped: those steps run again and are logged again.
     writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard),
@@ -554,9 +555,9 @@ def train(config: ml_collections.ConfigDict, *,
     finished = outcome.step == data.total_steps or outcome.stopped_early
     if config.checkpoint.export_params and finished and not is_remote(workdir):
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
-                      models.student_config,
+                      models.student.config,
                       exported_metrics(checkpointer, best_step, outcome))
-    return TrainResult(state=outcome.state, model=models.student,
+    return TrainResult(state=outcome.state, model=models.student.model,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,
                        interrupted_by=outcome.interrupted_by,

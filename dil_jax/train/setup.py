@@ -22,9 +22,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
-from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.optim import make_optimizer
@@ -114,56 +115,48 @@ def lsh_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
             "lsh_bucket_size": model_cfg.lsh_bucket_size}
 
 
-def load_or_init_params(checkpoint: str | None, encoder: dict[str, Any] | None,
-                        overrides: dict[str, Any], rng: jax.Array
-                        ) -> tuple[EncoderConfig, Params]:
-    """A reader's (config, params): random init, a dil_jax orbax folder, or a Hugging Face one."""
-    from dil_jax.checkpoints import ENCODER_CONFIG_FILE, load_hf_checkpoint, load_params
-
+def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
+                        overrides: dict[str, Any], rng: jax.Array) -> Reader:
+    """A reader to train, without a tokenizer (the featurizer has its own), params as host
+    arrays: random init of `encoder` (EncoderConfig fields) when no checkpoint is given, else
+    `load_reader` of a dil_jax or Hugging Face checkpoint. `overrides` win over both."""
     if not checkpoint:
         fields = {field.name for field in dataclasses.fields(EncoderConfig)}
         unknown = sorted(set(encoder or {}) - fields)
         if unknown:
             raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
                              f"EncoderConfig takes {sorted(fields)}")
-        config = EncoderConfig(**{**dict(encoder or {}), **overrides})
-        params = DelayedInteractionModel(config).init(rng)
-        return config, jax.tree.map(np.asarray, params)
-    if (Path(checkpoint) / ENCODER_CONFIG_FILE).is_file():
-        config, params = load_params(checkpoint, **overrides)
-        return config, jax.tree.map(np.asarray, params)
-    config, params, _ = load_hf_checkpoint(checkpoint, rng=rng, **overrides)
-    return config, params
+        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides}), rng)
+    reader = load_reader(checkpoint, config_overrides=overrides, rng=rng, with_tokenizer=False)
+    return reader.with_params(jax.tree.map(np.asarray, reader.params))
 
 
-def build_teacher(config: ml_collections.ConfigDict, student_config: EncoderConfig,
-                  student_params: Params, rng: jax.Array
-                  ) -> tuple[DelayedInteractionModel | None, Params | None]:
-    """The frozen full-model (k = 0) teacher, or (None, None) when no loss needs one."""
+def build_teacher(config: ml_collections.ConfigDict, student: Reader, rng: jax.Array
+                  ) -> Reader | None:
+    """The frozen full-model (k = 0) teacher, or None when no loss needs one."""
     weights = loss_weights(config)
     source = config.teacher.checkpoint
     if not weights.needs_teacher:
-        return None, None
+        return None
     if not source:
         raise UsageError("loss.kd_weight / loss.lrs_weight > 0 need a teacher: set "
                          f"teacher.checkpoint to a checkpoint or {SAME_INIT!r}")
     if source == SAME_INIT:
         # The student's initial params read as the full model with full attention: the
         # student's own LSH blocks (model.lsh_layers) are an approximation it trains with.
-        teacher_config = student_config.replace(num_lower_layers=0, lsh_attention_layers=())
-        params = student_params
+        teacher = student.with_config(num_lower_layers=0, lsh_attention_layers=())
     else:
-        overrides = {"num_lower_layers": 0, "max_question_len": student_config.max_question_len,
-                     "dtype": student_config.dtype}
-        teacher_config, params = load_or_init_params(source, None, overrides, rng)
-    if weights.lrs > 0 and (teacher_config.num_layers, teacher_config.hidden_size) != (
-            student_config.num_layers, student_config.hidden_size):
+        overrides = {"num_lower_layers": 0, "max_question_len": student.config.max_question_len,
+                     "dtype": student.config.dtype}
+        teacher = load_or_init_reader(source, None, overrides, rng)
+    if weights.lrs > 0 and (teacher.config.num_layers, teacher.config.hidden_size) != (
+            student.config.num_layers, student.config.hidden_size):
         raise UsageError(f"config.teacher.checkpoint = {source!r}: LRS compares layers one to "
                          "one: teacher and student need the same "
-                         f"num_layers and hidden_size, got teacher ({teacher_config.num_layers}, "
-                         f"{teacher_config.hidden_size}), student ({student_config.num_layers}, "
-                         f"{student_config.hidden_size})")
-    return DelayedInteractionModel(teacher_config), params
+                         f"num_layers and hidden_size, got teacher ({teacher.config.num_layers}, "
+                         f"{teacher.config.hidden_size}), student ({student.config.num_layers}, "
+                         f"{student.config.hidden_size})")
+    return teacher
 
 
 def shared_norm_group(config: ml_collections.ConfigDict) -> int:
@@ -305,13 +298,11 @@ def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
 
 @dataclasses.dataclass
 class RunModels:
-    """The student (to train), its frozen teacher if a loss needs one, and the evaluator."""
+    """The student (to train: its initial params as host arrays), its frozen teacher if a loss
+    needs one, and the evaluator."""
 
-    student_config: EncoderConfig
-    student: DelayedInteractionModel
-    params: Params  # the student's initial params (host arrays)
-    teacher: DelayedInteractionModel | None
-    teacher_params: Params | None
+    student: Reader
+    teacher: Reader | None
     dropout_rng: jax.Array
     evaluate_fn: EvaluateFn | None
 
@@ -322,20 +313,19 @@ def load_run_models(config: ml_collections.ConfigDict,
     root = jax.random.key(int(config.seed))
     init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
     encoder = config.model.encoder.to_dict() if config.model.encoder else None
-    student_config, params = load_or_init_params(config.model.checkpoint, encoder,
-                                                 _reader_overrides(config.model), init_rng)
+    student = load_or_init_reader(config.model.checkpoint, encoder,
+                                  _reader_overrides(config.model), init_rng)
     # The length rule before any step: question + window (+ the passage offset) must fit the
     # position table, named by the config keys to change.
-    check_segment_lengths(student_config, int(config.model.max_question_len),
+    check_segment_lengths(student.config, int(config.model.max_question_len),
                           int(config.data.max_passage_len),
                           fix="lower config.model.max_question_len, config.data.max_passage_len "
                               "or config.model.passage_position_offset")
-    student = DelayedInteractionModel(student_config)
-    teacher, teacher_params = build_teacher(config, student_config, params, teacher_rng)
+    teacher = build_teacher(config, student, teacher_rng)
     if evaluate_fn is None and config.eval.evaluator:
-        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student)
-    return RunModels(student_config, student, params, teacher, teacher_params, dropout_rng,
-                     evaluate_fn)
+        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config,
+                                                                                student.model)
+    return RunModels(student, teacher, dropout_rng, evaluate_fn)
 
 
 def make_run_optimizer(config: ml_collections.ConfigDict, total_steps: int):

@@ -183,6 +183,7 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
     """
     import math
 
+    from dil_jax.checkpoints.readers import Reader
     from dil_jax.data.decoding import answers, null_score_differences
     from dil_jax.metrics.squad_metric import best_null_threshold, squad_scores
     from dil_jax.predict import predict_squad, predict_squad_spans
@@ -190,13 +191,14 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
 
     examples = split_examples(config.data, "validation")
     version = load_squad(config.data.get("validation_file") or config.data.squad_file).version
-    tokenizer = load_tokenizer(config.data.tokenizer)
+    # The student as a Reader without weights: each evaluation reads with that step's params.
+    student = Reader(model, params=None, tokenizer=load_tokenizer(config.data.tokenizer))
     options = dict(max_passage_len=config.data.max_passage_len,
                    doc_stride=config.data.doc_stride, batch_size=config.eval.batch_size,
                    progress=False)
     if version != "2.0":
         def evaluate_fn(params) -> dict[str, float]:
-            predictions = predict_squad(model, params, tokenizer, examples, **options)
+            predictions = predict_squad(student.with_params(params), examples, **options)
             scores = squad_scores(examples, predictions, version=version)
             return {"exact": float(scores["exact"]), "f1": float(scores["f1"])}
 
@@ -207,12 +209,12 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
 
     def evaluate_v2(params) -> dict[str, float]:
         # Every best span with its null score (an infinite threshold nulls nothing).
-        spans = predict_squad_spans(model, params, tokenizer, threshold_examples,
-                                    null_threshold=math.inf, **options)
+        reader = student.with_params(params)
+        spans = predict_squad_spans(reader, threshold_examples, null_threshold=math.inf,
+                                    **options)
         threshold, _ = best_null_threshold(threshold_examples, answers(spans),
                                            null_score_differences(spans))
-        predictions = predict_squad(model, params, tokenizer, examples,
-                                    null_threshold=threshold, **options)
+        predictions = predict_squad(reader, examples, null_threshold=threshold, **options)
         scores = squad_scores(examples, predictions, version="2.0")
         metrics = {key: float(scores[key]) for key in V2_METRICS if key in scores}
         return {**metrics, "null_threshold": float(threshold)}

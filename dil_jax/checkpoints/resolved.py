@@ -1,0 +1,91 @@
+"""A reader checkpoint's name resolved once into where and what it is: `ResolvedCheckpoint`.
+
+A command's `--checkpoint` (a dil_jax folder, a Hugging Face folder, "default" or a hub id) is
+resolved here and nowhere else (`resolve_reader_checkpoint`): the one place that decides "dil_jax
+folder or Hugging Face folder", where a hub id is fetched. The resolved value is then carried to
+the loader, the tokenizer, the manifest and the records a trained reader keeps beside its
+weights, so none of them looks the name up again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+from pathlib import Path
+
+from dil_jax.checkpoints.files import read_json
+from dil_jax.checkpoints.manifest import ExportManifest
+from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, TRAINED_FROM_FILE
+from dil_jax.errors import CheckpointError
+from dil_jax.hub import resolve_checkpoint
+
+# The two formats a reader checkpoint comes in.
+ORBAX_FORMAT = "dil_jax"  # orbax params/ beside encoder_config.json, as training saves them
+HF_FORMAT = "hugging_face"  # config.json and weights files (local, "default" or a hub id)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedCheckpoint:
+    """A checkpoint as found: `name` as given (what messages and records show), the local
+    `folder`, and its `format` (ORBAX_FORMAT or HF_FORMAT)."""
+
+    name: str
+    folder: Path
+    format: str
+
+    @property
+    def is_orbax(self) -> bool:
+        return self.format == ORBAX_FORMAT
+
+    @functools.cached_property
+    def manifest(self) -> ExportManifest:
+        """The folder's `dil_jax_manifest.json` (a Hugging Face export's), read on first use:
+        empty for a dil_jax folder or a plain Hugging Face one."""
+        return ExportManifest() if self.is_orbax else ExportManifest.read(self.folder)
+
+    @functools.cached_property
+    def trained_k(self) -> int | None:
+        """The k the reader was trained with, before any --k: a dil_jax folder's saved config,
+        a Hugging Face export's manifest (None when neither records one)."""
+        if not self.is_orbax:
+            return self.manifest.trained_k
+        stored = read_json(self.folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
+        trained = stored.get("num_lower_layers") if isinstance(stored, dict) else None
+        return trained if isinstance(trained, int) and not isinstance(trained, bool) else None
+
+    def recorded_null_threshold(self) -> float | None:
+        """The SQuAD v2.0 null threshold a trained reader's export records (`trained_from.json`
+        beside its params), or None: no such record, or a run that chose none.
+
+        A value that is not a finite number is a CheckpointError naming the file.
+        """
+        path = self.folder / TRAINED_FROM_FILE
+        if not path.is_file():
+            return None
+        record = read_json(path, "training record")
+        value = record.get("null_threshold") if isinstance(record, dict) else None
+        if value is None:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not math.isfinite(value)):
+            raise CheckpointError(f"{path}: 'null_threshold' must be a finite number, got "
+                                  f"{value!r}; fix or remove it (then pass --null-threshold)")
+        return float(value)
+
+
+def resolve_reader_checkpoint(checkpoint: str | os.PathLike | ResolvedCheckpoint
+                              ) -> ResolvedCheckpoint:
+    """Where a reader checkpoint is and which format: a folder holding `encoder_config.json` is
+    a dil_jax one; anything else is a Hugging Face checkpoint (`dil_jax.hub.resolve_checkpoint`:
+    a local folder, "default", or a hub id fetched when online). A resolved one is returned as
+    it is. CheckpointError when the name points nowhere."""
+    if isinstance(checkpoint, ResolvedCheckpoint):
+        return checkpoint
+    name = str(checkpoint)
+    folder = Path(name).expanduser()
+    if (folder / ENCODER_CONFIG_FILE).is_file():
+        return ResolvedCheckpoint(name, folder, ORBAX_FORMAT)
+    return ResolvedCheckpoint(name, resolve_checkpoint(name), HF_FORMAT)
+
