@@ -25,7 +25,7 @@ PASSAGES = [SimpleNamespace(passage_id="doc0-p0", title="T0", text="the answer i
 
 def fake_reader(k: int):
     config = SimpleNamespace(num_lower_layers=k, num_layers=6)
-    return SimpleNamespace(model=SimpleNamespace(config=config),
+    return SimpleNamespace(reader=SimpleNamespace(config=config),
                            index=SimpleNamespace(passages=PASSAGES))
 
 

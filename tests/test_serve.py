@@ -150,12 +150,12 @@ def test_read_route_scores_the_models_own_logits(server):
     assert LONG_CONTEXT[served["start"]:served["end"]] == served["answer"]
     assert "1969" in served["answer"]
     reader = engine.readers["full"].reader
-    windows = window_contexts(reader.tokenizer, [LONG_CONTEXT], max_passage_len=48,
+    windows = window_contexts(reader.reader.tokenizer, [LONG_CONTEXT], max_passage_len=48,
                               doc_stride=24)
     assert windows.ids.shape[0] > 1
-    q = encode_questions(reader.tokenizer, ["When did Apollo 11 land on the Moon?"], 16)
+    q = encode_questions(reader.reader.tokenizer, ["When did Apollo 11 land on the Moon?"], 16)
     n = windows.ids.shape[0]
-    out = reader.model(reader.params, np.repeat(q.ids, n, 0), np.repeat(q.mask, n, 0),
+    out = reader.reader.model(reader.reader.params, np.repeat(q.ids, n, 0), np.repeat(q.mask, n, 0),
                        windows.ids, windows.mask)
     best = max(window_spans(np.asarray(out.start_logits[w]), np.asarray(out.end_logits[w]),
                             float(out.null_start_logits[w]), float(out.null_end_logits[w]),

@@ -108,7 +108,7 @@ class Engine:
         RequestError, for a question that has no token) per job."""
         served = self.readers[name]
         distinct = list(dict.fromkeys(questions))
-        token_ids = served.reader.tokenizer(distinct, add_special_tokens=False)["input_ids"]
+        token_ids = served.reader.reader.tokenizer(distinct, add_special_tokens=False)["input_ids"]
         empty = {q for q, ids in zip(distinct, token_ids) if not ids}
         readable = [q for q in distinct if q not in empty]
         outcomes: dict[str, Any] = {
@@ -147,7 +147,7 @@ class Engine:
         from dil_jax.serve.pipeline import pipeline_answers, word_spans
 
         reader = served.reader
-        tokenizer = reader.tokenizer
+        tokenizer = reader.reader.tokenizer
         p_len = reader.cache.mask.shape[1]
         windows = window_contexts(tokenizer, [request.context], max_passage_len=p_len,
                                   doc_stride=int(reader.index.settings["doc_stride"]))
@@ -162,7 +162,7 @@ class Engine:
                                request.context)
         q_lower, q_mask = reader._encode_question_batch([request.question])
         p_source, p_mask = self._context_side(reader, windows.ids, windows.mask)
-        scores = reader.grid.read_pairs(reader.params, q_lower, q_mask, p_source, p_mask,
+        scores = reader.grid.read_pairs(reader.reader.params, q_lower, q_mask, p_source, p_mask,
                                         np.zeros(count, np.int64), np.arange(count))
         encoding = tokenizer(request.context, add_special_tokens=False,
                              return_offsets_mapping=True)
@@ -197,14 +197,14 @@ class Engine:
         rows = reader.passage_rows
         cached = reader.cache.passage_side(np.zeros(1, np.int64))
         mask = mask.astype(reader.cache.mask.dtype)
-        if reads_passage_ids(reader.model.config):
+        if reads_passage_ids(reader.reader.config):
             source = ids.astype(cached.dtype)
         else:
             grid, batch = reader.grid, reader.grid.batch_size
             padded = -(-len(ids) // batch) * batch
             ids_p = np.pad(ids, ((0, padded - len(ids)), (0, 0)))
             mask_p = np.pad(mask, ((0, padded - len(mask)), (0, 0)))
-            parts = [np.asarray(grid._lower_fn(reader.params,
+            parts = [np.asarray(grid._lower_fn(reader.reader.params,
                                                jax.device_put(ids_p[i:i + batch], grid.sharded),
                                                jax.device_put(mask_p[i:i + batch], grid.sharded),
                                                PASSAGE_SEGMENT))

@@ -50,7 +50,7 @@ class ServedReader:
 
     @property
     def k(self) -> int:
-        return self.reader.model.config.num_lower_layers
+        return self.reader.reader.config.num_lower_layers
 
 
 def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[ReaderSpec]:

@@ -141,7 +141,7 @@ def warm_up_plan(reader) -> WarmUpPlan:
         classes += hoist_classes(hoists, False, batch, rows, rows)
     return WarmUpPlan(
         passage_rows=rows, classes=classes,
-        question_widths=question_widths(reader.model.config.max_question_len),
+        question_widths=question_widths(reader.reader.config.max_question_len),
         passage_widths=passage_widths(reader.cache.mask.shape[1]))
 
 
@@ -153,10 +153,10 @@ def warm_up(reader, progress: Callable[[int, int], None] | None = None) -> int:
     from dil_jax.tokenization import encode_questions
 
     plan = warm_up_plan(reader)
-    config = reader.model.config
+    config = reader.reader.config
 
     def mask_of(questions: list[str]) -> np.ndarray:
-        return encode_questions(reader.tokenizer, questions, config.max_question_len).mask
+        return encode_questions(reader.reader.tokenizer, questions, config.max_question_len).mask
 
     questions = {width: question_of_width(width, config.max_question_len, mask_of)
                  for width in plan.question_widths}
@@ -172,8 +172,9 @@ def warm_up(reader, progress: Callable[[int, int], None] | None = None) -> int:
         if hoist.cached_passages:
             p_qkv, p_stats = reader._cached_reuse(rows)
         index = np.zeros(hoist.pairs, np.int64)
-        chunks = reader.grid.iter_pair_chunks(reader.params, q_lower, q_mask, p_source, p_mask,
-                                              index, index, p_qkv=p_qkv, p_stats=p_stats)
+        chunks = reader.grid.iter_pair_chunks(reader.reader.params, q_lower, q_mask, p_source,
+                                              p_mask, index, index, p_qkv=p_qkv,
+                                              p_stats=p_stats)
         # Every chunk of these identical pairs has the same widths: the first compiles them.
         _, outputs = next(chunks)
         jax.block_until_ready(outputs)
