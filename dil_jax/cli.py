@@ -73,10 +73,11 @@ def _compilation_cache(args: argparse.Namespace) -> contextlib.AbstractContextMa
 
 def _logs_beside_bars() -> contextlib.AbstractContextManager:
     """Log records written through tqdm while the command runs, so that a log line never cuts
-    a progress bar in two (tqdm's own helper; the console handlers are put back after)."""
-    from tqdm.contrib.logging import logging_redirect_tqdm
+    a progress bar in two (`dil_jax.progress.logs_beside_bars`; the console handlers are put
+    back after)."""
+    from dil_jax.progress import logs_beside_bars
 
-    return logging_redirect_tqdm()
+    return logs_beside_bars()
 
 
 def main(argv: list[str] | None = None) -> int:

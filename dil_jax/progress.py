@@ -7,15 +7,18 @@ evaluation's questions). `WindowedRate` is the examples/s of `train`'s bar: aver
 last updates, and without the first interval once a later one exists, since that one paid the
 compilation (a rate of 0.6 ex/s beside a steady 1,284 says nothing about either).
 
-Log lines and bars do not interleave: `dil_jax.cli` runs every command under tqdm's
-`logging_redirect_tqdm`, which writes log records through `tqdm.write`.
+Log lines and bars do not interleave: `dil_jax.cli` runs every command under
+`logs_beside_bars`, which writes log records through `tqdm.write`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 class CountBar:
@@ -85,3 +88,40 @@ class WindowedRate:
         if len(self.points) < 2:
             return 0.0
         return (s1 - s0) * self.units_per_step / max(t1 - t0, 1e-9)
+
+
+class _BarSafeHandler(logging.Handler):
+    """Writes records through `tqdm.write` to the `sys.stderr` of the moment of each record,
+    not the stream a console handler held when it was made: a record then never cuts a bar in
+    two, and never goes to a stream closed since (a test's captured stderr, a redirected one)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # as logging.StreamHandler: a broken record is reported, not raised
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def logs_beside_bars() -> Iterator[None]:
+    """While the block runs, the root logger's console handlers (plain StreamHandlers on
+    stderr or stdout) are replaced by `_BarSafeHandler`s with their level and format; they are
+    put back after."""
+    root = logging.getLogger()
+    saved = list(root.handlers)
+
+    def replacement(handler: logging.Handler) -> logging.Handler:
+        if type(handler) is not logging.StreamHandler or \
+                handler.stream not in (sys.stderr, sys.stdout):
+            return handler
+        safe = _BarSafeHandler(handler.level)
+        safe.setFormatter(handler.formatter)
+        return safe
+
+    root.handlers = [replacement(handler) for handler in saved]
+    try:
+        yield
+    finally:
+        root.handlers = saved

@@ -121,3 +121,28 @@ def test_a_log_line_does_not_cut_a_progress_bar_in_two(tmp_path):
     *before, last = line.split("\r")
     assert last == "WARNING probe: a log line"
     assert not before[-1].strip()  # the bar was cleared first, not written over
+
+
+def test_log_records_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch):
+    """A console handler made while one stderr was current must not write to it after it is
+    closed (a test's captured stderr, a server thread outliving its caller's stream)."""
+    import io
+    import logging
+    import sys
+
+    from dil_jax.progress import logs_beside_bars
+
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    root = logging.getLogger()
+    console = logging.StreamHandler(first)
+    console.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    monkeypatch.setattr(root, "handlers", [console])
+    monkeypatch.setattr(root, "level", logging.INFO)
+    with logs_beside_bars():
+        assert root.handlers != [console]
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("dil_jax.test").warning("after the swap")
+    assert root.handlers == [console]
+    assert second.getvalue() == "WARNING after the swap\n"

@@ -103,12 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     args.extra_args = extras
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
     from dil_jax.errors import DilJaxError
+    from dil_jax.progress import logs_beside_bars
 
     try:
-        with logging_redirect_tqdm():  # log lines never cut the progress bar in two
+        with logs_beside_bars():  # log lines never cut the progress bar in two
             return run(args)
     except DilJaxError as error:  # as dil_jax.cli does: the message names the problem
         print(f"dil-jax train: error: {error}", file=sys.stderr)
