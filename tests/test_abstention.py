@@ -108,3 +108,12 @@ def test_calibration_refuses_validation_articles(tmp_path):
                                           {"title": "Jupiter", "paragraphs": []}]}))
     with pytest.raises(SystemExit, match="validation articles"):
         tool.check_not_validation(mixed, validation)
+
+
+def test_calibration_names_a_missing_file_or_reader(tmp_path):
+    tool = _tool()
+    with pytest.raises(SystemExit, match="--train .*no such file"):
+        tool.main(["calibrate", "--train", str(tmp_path / "none.json"), "--reader",
+                   str(tmp_path), "--work", str(tmp_path / "w")])
+    with pytest.raises(SystemExit, match="--reader .*not a reader folder"):
+        tool.require_readers([str(tmp_path)])

@@ -174,9 +174,33 @@ def record_in_manifest(folder: Path, chosen: dict, chosen_on: str) -> None:
     write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
 
 
+def require_file(path: str, flag: str) -> Path:
+    """`path` as a Path, or a one-line exit naming the flag when it is no file."""
+    if not Path(path).is_file():
+        raise SystemExit(f"abstention: {flag} {path}: no such file")
+    return Path(path)
+
+
+def require_readers(readers: list[str]) -> None:
+    """Every --reader a folder with a dil_jax manifest (thresholds are recorded there)."""
+    from dil_jax.checkpoints import MANIFEST_FILE
+
+    for reader in readers:
+        if not (Path(reader) / MANIFEST_FILE).is_file():
+            raise SystemExit(f"abstention: --reader {reader}: not a reader folder with "
+                             f"{MANIFEST_FILE} (e.g. dil_jax/assets/minilm-squad-full)")
+
+
 def calibrate(args: argparse.Namespace) -> int:
     from dil_jax.data.squad import load_squad
 
+    require_file(args.train, "--train")
+    require_file(args.validation, "--validation")
+    require_readers(args.reader)
+    articles = len(json.loads(Path(args.train).read_text())["data"])
+    if not 1 <= args.articles <= articles:
+        raise SystemExit(f"abstention: --articles {args.articles}: {args.train} has {articles} "
+                         "articles")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     squad = calibration_file(Path(args.train), args.articles, args.seed,
@@ -217,6 +241,8 @@ def measure(args: argparse.Namespace) -> int:
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.open_domain.abstention import abstention_of
 
+    require_file(args.data, "--data")
+    require_readers(args.reader)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     inside, outside = sample_questions(examples, args.questions, args.seed)
