@@ -192,6 +192,28 @@ def test_client_command_line(server, capsys):
     assert "reader 'tiny' is not one of" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("reader,k", [("full", "0"), ("delayed", "4")])
+def test_ask_server_prints_what_a_local_read_prints(server, capsys, reader, k):
+    """`dil-jax ask --server` prints, but for the time line, what `ask` prints for a read of
+    the same reader at the same depth in this process (`open_domain.reader.format_answer`)."""
+    from dil_jax.open_domain.reader import format_answer as local_format_answer
+
+    client, engine = server
+    question = "When did Apollo 11 land on the Moon?"
+    assert main(["ask", question, "--server", client.url, "--top-p", "3", "--k", k]) == 0
+    served = capsys.readouterr().out
+    local = engine.readers[reader]
+    read = local.reader.read([question])  # the worker is idle: no request is in flight
+    expected = local_format_answer(local.reader, question, read.candidates[0], read.hits[0],
+                                   read.timings, 0.5, local.abstention)
+
+    def without_time(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith("   time:")]
+
+    assert without_time(served) == without_time(expected)
+    assert "Apollo" in served and "BM25 rank" in served
+
+
 def test_inputs_without_tokens_are_refused_alone(server):
     """A question or context the tokenizer reads as nothing (a zero-width space, control
     characters) is a 422 naming the field, and a question asked beside it is answered."""

@@ -139,11 +139,32 @@ def _check_ask_flags(args: argparse.Namespace) -> None:
 
     if not args.question and not args.interactive:
         raise UsageError("give a question (ask \"...\" --index DIR), or --interactive")
+    if args.server is not None:
+        _check_server_flags(args)
+    elif args.index is None:
+        raise UsageError("give --index DIR (read with a reader loaded here) or --server URL "
+                         "(ask a running `dil-jax serve`)")
     # A byte of the argument that is not UTF-8 arrives as a lone surrogate: name it before the
     # index and the model are loaded, not as a tokenizer's TypeError after.
     if args.question and (index := lone_surrogate(args.question)) is not None:
         raise UsageError(f"the question {args.question!r}: "
                          f"{surrogate_problem(args.question, index)}")
+
+
+def _check_server_flags(args: argparse.Namespace) -> None:
+    """ask --server reads on the server: a flag choosing what to load here is refused (naming
+    it), not silently dropped."""
+    from dil_jax.client import check_server_url
+
+    check_server_url(args.server)
+    local = [flag for flag, value in (("--index", args.index),
+                                      ("--checkpoint", args.checkpoint),
+                                      ("--tokenizer", args.tokenizer),
+                                      ("--prescreen", args.prescreen)) if value is not None]
+    local += ["--no-cached-reuse"] if args.no_cached_reuse else []
+    if local:
+        raise UsageError(f"--server {args.server} reads with the server's index and readers: "
+                         f"leave out {', '.join(local)}")
 
 
 def _check_evaluate_flags(args: argparse.Namespace) -> None:
@@ -234,7 +255,14 @@ def register(subparsers) -> None:
 
     ask = subparsers.add_parser("ask", help="answer a question from an index")
     ask.add_argument("question", nargs="?", help="the question (omit with --interactive)")
-    ask.add_argument("--index", required=True, help="index folder (dil-jax index --out)")
+    ask.add_argument("--index", default=None,
+                     help="index folder (dil-jax index --out); required unless --server "
+                          "(default: none)")
+    ask.add_argument("--server", default=None, metavar="URL",
+                     help="ask a running `dil-jax serve` at URL instead of loading a reader "
+                          "here (same output; --k picks the server's reader of that split, "
+                          "--top-p, --no-fusion and --span-score go with each question; an "
+                          "API key from DIL_JAX_API_KEY; default: none, read here)")
     ask.add_argument("--top-p", type=positive_int, default=29,
                      help="passages read per question; 29 is the depth of the open-domain "
                           "protocol (odqa-eval's first --p, docs/open_domain.md), so an "
@@ -506,20 +534,28 @@ def _missing_cache(args, index, reader):
         index_caches(index.directory), {key.model: THIS_READER}, command, partial))
 
 
+def _asked(args: argparse.Namespace):
+    """The questions of `ask`: the one given, or stdin's lines up to an empty one."""
+    if not args.interactive:
+        return iter([args.question])
+    print("Ask a question (empty line or Ctrl-D to quit).", file=sys.stderr)
+    return iter(lambda: sys.stdin.readline().strip(), "")
+
+
 def run_ask(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.reader import format_answer
 
+    mu = None if args.no_fusion else args.mu
+    if args.server is not None:
+        from dil_jax.client import AskOptions, ask_server
+
+        return ask_server(args.server, _asked(args),
+                          AskOptions(p=args.top_p, k=args.k, mu=mu, span_score=args.span_score))
     _resolve_checkpoints(args)
     reader = _open_reader(args, args.k, args.top_p)
-    mu = None if args.no_fusion else args.mu
     abstention = abstention_of(_checkpoint_for(args, 0))
-    if args.interactive:
-        print("Ask a question (empty line or Ctrl-D to quit).", file=sys.stderr)
-        questions = iter(lambda: sys.stdin.readline().strip(), "")
-    else:
-        questions = iter([args.question])
-    for number, question in enumerate(questions):
+    for number, question in enumerate(_asked(args)):
         if number == 0:  # seconds of silence otherwise, on a small CPU
             print(f"reading {reader.top_p} passages (the first question compiles the reader's "
                   "programs, or reads them from the compilation cache) ...", file=sys.stderr,

@@ -87,6 +87,8 @@ def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits
         "no_answer": no_answer_reason is not None,
         "no_answer_reason": no_answer_reason,
         "threshold": threshold,
+        # Passages retrieved at depth p (what `ask` reports as "BM25 rank r of N").
+        "retrieved": min(len(hits), request.p),
         "answers": answers,
         "batch_size": batch_size,
         "timings_ms": dict(timings_ms),
