@@ -13,6 +13,7 @@ import os
 import sys
 
 from dil_jax.commands.arguments import (
+    add_compilation_cache_arguments,
     cache_storage,
     non_negative_int,
     positive_float,
@@ -86,6 +87,8 @@ def register(subparsers) -> None:
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip compiling every program before /readyz (development only: "
                              "early requests then pay compilations)")
+    # A restart reads the warm-up's programs back instead of compiling them again.
+    add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
 

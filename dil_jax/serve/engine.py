@@ -80,7 +80,8 @@ class Engine:
             self._check_path(name, served)
         self.metrics.mark_ready()
         self.progress["stage"] = "ready"
-        log.info("ready: %d programs compiled in %.1f s", CompileCounter.count,
+        log.info("ready: %d programs compiled or read from the compilation cache in %.1f s",
+                 CompileCounter.count,
                  time.perf_counter() - started)
 
     def _check_path(self, name: str, served: ServedReader) -> None:
