@@ -1,81 +1,167 @@
-"""A bounded load generator for a running `dil-jax serve`, on loopback (docs/serving.md).
+"""A bounded load generator for running `dil-jax serve`s, on loopback, and Hugging Face's
+pipeline beside them (docs/serving.md, "Measured").
 
-    dil-jax serve --port 8000 &            # wait for GET /readyz
-    python3 benchmarks/serve.py --url http://127.0.0.1:8000 --clients 1 4 16 --requests 32 \\
-        --reader delayed --out benchmarks/results/serve_delayed
+    dil-jax serve --port 8771 &                                # batching on (the defaults)
+    dil-jax serve --port 8772 --batch-size 1 --max-wait-ms 0 & # batching off
+    python3 benchmarks/serve.py --url on=http://127.0.0.1:8771 --url off=http://127.0.0.1:8772 \\
+        --clients 1 16 64 --requests 64 --reader delayed --out benchmarks/results/serve_batching
 
-For each number of concurrent clients, exactly --requests questions (the first of the
-validation articles 28-34 of the shared SQuAD dev file, or --questions FILE, one a line) are
+    python3 benchmarks/serve.py --url http://127.0.0.1:8771 --route read --reader full \\
+        --clients 1 16 --requests 64 --peer /work/venv-hf4/bin/python \\
+        --peer-model /tmp/serve2/peer-model --out benchmarks/results/serve_read_peer
+
+For each number of concurrent clients, and for each server in turn (so that the servers are
+measured side by side, under the same load from other processes), exactly --requests items are
 sent by that many threads, each waiting for its answer before sending the next; a level stops
-early at --time-limit seconds. Reported per level: questions answered per second, latency
-p50/p95/p99, the worker's batch sizes (from each response), and the count of each non-200
-status (0 expected below the queue limit; only 503s above it).
+early at --time-limit seconds. Items: the questions of the validation articles 28-34 of the
+shared SQuAD dev file in file order (with --route read, each with its paragraph as the
+context). Reported per level: answered / sent, questions per second, latency p50/p95/p99, the
+worker's batch sizes (the mean from /metrics' `dil_jax_batch_size`, the largest from the
+responses), each status's count and how many 503s carried Retry-After (0 errors expected below
+the queue limit; only 503s above it). A refused item is not sent again: what was sent is
+answered or refused, nothing else.
 
-Only a 127.0.0.1 / localhost / ::1 URL is accepted: this drives load, it must not leave the
-machine. Comparing against Hugging Face's pipeline (issue 41) is not done here yet.
+--peer PYTHON runs benchmarks/serve_peer.py under that interpreter (a venv with transformers
+4.x) on the same items after the servers' levels: /v1/read's items one pipeline call each, or
+(--route answer) each question's --p passages as the server's index retrieves them, read in
+one call. Its answers are compared with the first server's.
+
+Only 127.0.0.1 / localhost / ::1 URLs are accepted: this drives load, it must not leave the
+machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
-import statistics
+import platform
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.35-articles.json"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def questions_of(path: str | None, count: int) -> list[str]:
-    if path:
-        lines = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
-    else:
-        data = json.loads(SQUAD.read_text())["data"][28:35]
-        lines = [qa["question"] for article in data for paragraph in article["paragraphs"]
-                 for qa in paragraph["qas"]]
-    if len(lines) < count:
-        lines = (lines * (count // len(lines) + 1))
-    return lines[:count]
+@dataclasses.dataclass(frozen=True)
+class Server:
+    name: str
+    url: str
 
 
-def percentile(values: list[float], q: float) -> float:
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One request's content: a question, and its context for /v1/read."""
+
+    question: str
+    context: str
+
+
+def server_arg(text: str) -> Server:
+    """NAME=URL or URL (named by its port); loopback only."""
+    name, _, url = text.partition("=") if "=" in text.split("://")[0] else ("", "", text)
+    parsed = urllib.parse.urlparse(url)
+    if parsed.hostname not in LOOPBACK:
+        raise argparse.ArgumentTypeError(f"{url}: only a loopback address is allowed")
+    return Server(name or str(parsed.port), url.rstrip("/"))
+
+
+def squad_items(count: int, path: Path = SQUAD) -> list[Item]:
+    """The first `count` questions of articles 28-34, each with its paragraph."""
+    data = json.loads(path.read_text())["data"][28:35]
+    items = [Item(qa["question"], paragraph["context"]) for article in data
+             for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    if count > len(items):
+        raise SystemExit(f"--requests {count}: articles 28-34 hold {len(items)} questions")
+    return items[:count]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_level(url: str, questions: list[str], clients: int, body_extra: dict,
+def batch_totals(url: str, kind: str) -> tuple[float, float]:
+    """(sum, count) of `dil_jax_batch_size{kind=...}` over the readers, from /metrics."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(text):
+        if family.name != "dil_jax_batch_size":
+            continue
+        for sample in family.samples:
+            for suffix in totals:
+                if sample.name.endswith(suffix) and sample.labels.get("kind") == kind:
+                    totals[suffix] += sample.value
+    return totals["_sum"], totals["_count"]
+
+
+def body_of(route: str, item: Item, extra: dict) -> dict:
+    if route == "read":
+        return {"question": item.question, "context": item.context, **extra}
+    return {"question": item.question, **extra}
+
+
+def answer_of(route: str, payload: dict) -> dict | None:
+    """The response's best answer as {answer, start, end, score}."""
+    if route == "read":
+        return {key: payload[key] for key in ("answer", "start", "end", "score")}
+    if not payload["answers"]:
+        return None
+    best = payload["answers"][0]
+    return {"answer": best["text"], "start": best["start"], "end": best["end"],
+            "score": best["reader_score"], "passage_id": best["passage_id"]}
+
+
+def run_level(server: Server, route: str, items: list[Item], clients: int, extra: dict,
               time_limit: float) -> dict:
-    """Sends every question once, `clients` at a time; the level's record."""
+    """Sends every item once, `clients` at a time; the level's record."""
     import httpx
 
-    pending = collections.deque(questions)
+    pending = collections.deque(enumerate(items))
     lock = threading.Lock()
     latencies: list[float] = []
     batches: list[int] = []
+    answers: dict[int, dict | None] = {}
     statuses: collections.Counter = collections.Counter()
+    retry_after = 0
     deadline = time.monotonic() + time_limit
+    kind = "read" if route == "read" else "answer"
+    batch_sum, batch_count = batch_totals(server.url, kind)
 
     def client_loop() -> None:
-        with httpx.Client(base_url=url, timeout=max(60.0, time_limit)) as http:
+        nonlocal retry_after
+        with httpx.Client(base_url=server.url, timeout=max(60.0, time_limit)) as http:
             while time.monotonic() < deadline:
                 with lock:
                     if not pending:
                         return
-                    question = pending.popleft()
+                    number, item = pending.popleft()
                 started = time.perf_counter()
-                response = http.post("/v1/answer", json={"question": question, **body_extra})
+                response = http.post(f"/v1/{route}", json=body_of(route, item, extra))
                 elapsed = time.perf_counter() - started
                 with lock:
                     statuses[response.status_code] += 1
+                    retry_after += "retry-after" in response.headers
                     if response.status_code == 200:
+                        payload = response.json()
                         latencies.append(elapsed)
-                        batches.append(response.json()["batch_size"])
+                        answers[number] = answer_of(route, payload)
+                        if route == "answer":
+                            batches.append(payload["batch_size"])
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client_loop) for _ in range(clients)]
@@ -84,49 +170,169 @@ def run_level(url: str, questions: list[str], clients: int, body_extra: dict,
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
-    return {"clients": clients, "sent": sum(statuses.values()), "answered": len(latencies),
-            "wall_s": wall, "questions_per_s": len(latencies) / wall if wall else 0.0,
-            "p50_s": percentile(latencies, 0.5) if latencies else None,
-            "p95_s": percentile(latencies, 0.95) if latencies else None,
-            "p99_s": percentile(latencies, 0.99) if latencies else None,
-            "batch_mean": statistics.mean(batches) if batches else None,
+    after_sum, after_count = batch_totals(server.url, kind)
+    return {"server": server.name, "url": server.url, "clients": clients,
+            "sent": sum(statuses.values()), "answered": len(latencies), "wall_s": wall,
+            "questions_per_s": len(latencies) / wall if wall else 0.0,
+            "p50_s": percentile(latencies, 0.5), "p95_s": percentile(latencies, 0.95),
+            "p99_s": percentile(latencies, 0.99),
+            "batch_mean": ((after_sum - batch_sum) / (after_count - batch_count)
+                           if after_count > batch_count else None),
             "batch_max": max(batches) if batches else None,
-            "statuses": {str(k): v for k, v in sorted(statuses.items())}}
+            "statuses": {str(k): v for k, v in sorted(statuses.items())},
+            "retry_after": retry_after,
+            "answers": {str(k): v for k, v in sorted(answers.items())}}
 
 
-def main() -> int:
+def index_settings(index: str) -> dict:
+    return json.loads((Path(index) / "index.json").read_text())
+
+
+def peer_settings(index: str, max_question_len: int) -> dict:
+    """The pipeline's windows as the server's: question tokens + window tokens in all, the
+    overlap of windows that start every doc_stride tokens."""
+    settings = index_settings(index)
+    window, stride = settings["max_passage_len"], settings["doc_stride"]
+    return {"max_seq_len": max_question_len + window, "doc_stride": window - stride - 1,
+            "max_question_len": max_question_len}
+
+
+def retrieved_contexts(index: str, questions: list[str], p: int) -> list[list[str]]:
+    """Each question's top-p passages as the server's index retrieves them, in BM25 order."""
+    sys.path.insert(0, str(ROOT))
+    from dil_jax.open_domain.index import open_index
+
+    opened = open_index(index)
+    hits = opened.retriever.search_batch(questions, p)
+    return [[opened.passages[hit.passage_index].text for hit in row] for row in hits]
+
+
+def run_peer(python: str, model: str, work: dict) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        work_path, out_path = Path(folder) / "work.json", Path(folder) / "peer.json"
+        work_path.write_text(json.dumps(work))
+        subprocess.run([python, str(ROOT / "benchmarks" / "serve_peer.py"), "read", "--model",
+                        model, "--work", str(work_path), "--out", str(out_path)], check=True)
+        return json.loads(out_path.read_text())
+
+
+def agreement(ours: dict[str, dict | None], theirs: list[dict]) -> dict:
+    """How often the two best answers are the same text, and the same characters."""
+    pairs = [(ours[key], theirs[int(key)]) for key in ours if ours[key] is not None]
+    same_text = sum(a["answer"].strip() == b["answer"].strip() for a, b in pairs)
+    same_span = sum((a["start"], a["end"]) == (b["start"], b["end"]) for a, b in pairs)
+    return {"compared": len(pairs), "same_text": same_text, "same_span": same_span,
+            "same_text_rate": same_text / len(pairs) if pairs else None,
+            "differing": [{"item": key, "ours": ours[key], "peer": theirs[int(key)]}
+                          for key in ours if ours[key] is not None
+                          and ours[key]["answer"].strip() != theirs[int(key)]["answer"].strip()]}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def markdown(record: dict) -> str:
+    rows = ["| server | clients | answered / sent | q/s | p50 (s) | p95 (s) | p99 (s) | "
+            "batch mean / max | statuses | 503 with Retry-After |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in record["levels"]:
+        batch = "-" if r["batch_mean"] is None else f"{r['batch_mean']:.2f}"
+        rows.append(f"| {r['server']} | {r['clients']} | {r['answered']} / {r['sent']} | "
+                    f"{r['questions_per_s']:.2f} | {_seconds(r['p50_s'])} | "
+                    f"{_seconds(r['p95_s'])} | {_seconds(r['p99_s'])} | {batch} / "
+                    f"{r['batch_max'] if r['batch_max'] is not None else '-'} | "
+                    f"{r['statuses']} | {r['retry_after']} |")
+    peer = record.get("peer")
+    if peer:
+        versions = ", ".join(f"{k} {v}" for k, v in peer["versions"].items())
+        rows += ["", f"Peer: Hugging Face `pipeline(\"question-answering\")` ({versions}), "
+                     f"windows {peer['settings']}, in-process (no HTTP):", "",
+                 "| pipeline batch_size | q/s | p50 (s) | p95 (s) | p99 (s) | "
+                 "same answer as ours |", "|---|---|---|---|---|---|"]
+        for run, agreed in zip(peer["runs"], record["agreement"]):
+            rate = agreed["same_text_rate"]
+            rows.append(f"| {run['batch_size']} | {run['questions_per_s']:.2f} | "
+                        f"{_seconds(run['p50_s'])} | {_seconds(run['p95_s'])} | "
+                        f"{_seconds(run['p99_s'])} | {agreed['same_text']} / "
+                        f"{agreed['compared']}"
+                        + ("" if rate is None else f" ({100 * rate:.1f}%)") + " |")
+    machine = record["machine"]
+    rows += ["", f"{machine['cpu']}, {machine['cpus']} CPUs, load average "
+                 f"{record['loadavg_before'][0]:.1f} before, {record['loadavg_after'][0]:.1f} "
+                 "after (other jobs share the machine)."]
+    return "\n".join(rows)
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown CPU"
+    return next((line.split(":", 1)[1].strip() for line in out.splitlines()
+                 if line.startswith("Model name")), "unknown CPU")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--url", dest="servers", type=server_arg, action="append",
+                        help="a server, NAME=URL or URL (repeatable; default: "
+                             "http://127.0.0.1:8000)")
+    parser.add_argument("--route", choices=("answer", "read"), default="answer")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
-    parser.add_argument("--requests", type=int, default=32, help="questions per level")
+    parser.add_argument("--requests", type=int, default=32, help="items per level")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per level")
     parser.add_argument("--reader", default=None)
-    parser.add_argument("--p", type=int, default=None)
-    parser.add_argument("--questions", default=None, help="file of questions, one a line")
+    parser.add_argument("--p", type=int, default=None, help="passages read (answer route)")
+    parser.add_argument("--peer", default=None, metavar="PYTHON",
+                        help="interpreter of a venv with transformers 4.x: run the pipeline "
+                             "peer on the same items")
+    parser.add_argument("--peer-model", default=None, help="HF folder (serve_peer.py export)")
+    parser.add_argument("--peer-batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--index", default=str(ROOT / "runs" / "demo-index"),
+                        help="the servers' index (the peer's windows and retrieval)")
+    parser.add_argument("--max-question-len", type=int, default=32)
     parser.add_argument("--out", default=None, help="write OUT.json and OUT.md")
-    args = parser.parse_args()
-    host = urllib.parse.urlparse(args.url).hostname
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        parser.error(f"--url {args.url}: only a loopback address is allowed")
+    args = parser.parse_args(argv)
+    args.servers = args.servers or [server_arg("http://127.0.0.1:8000")]
+    if args.peer and not args.peer_model:
+        parser.error("--peer needs --peer-model (benchmarks/serve_peer.py export --out DIR)")
+    return args
+
+
+def peer_work(args: argparse.Namespace, items: list[Item], p: int) -> dict:
+    settings = peer_settings(args.index, args.max_question_len)
+    if args.route == "read":
+        listed = [{"question": i.question, "context": i.context} for i in items]
+    else:
+        contexts = retrieved_contexts(args.index, [i.question for i in items], p)
+        listed = [{"question": i.question, "contexts": c} for i, c in zip(items, contexts)]
+    return {"kind": args.route, "items": listed, "settings": settings,
+            "batch_sizes": args.peer_batch_sizes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     extra = {key: value for key, value in (("reader", args.reader), ("p", args.p))
              if value is not None}
-    questions = questions_of(args.questions, args.requests)
+    items = squad_items(args.requests)
     load_before = os.getloadavg()
-    levels = [run_level(args.url, questions, clients, extra, args.time_limit)
-              for clients in args.clients]
-    header = ("| clients | answered | q/s | p50 (s) | p95 (s) | p99 (s) | batch mean / max | "
-              "statuses |\n|---|---|---|---|---|---|---|---|")
-    rows = [f"| {r['clients']} | {r['answered']} / {r['sent']} | {r['questions_per_s']:.2f} | "
-            f"{r['p50_s']:.2f} | {r['p95_s']:.2f} | {r['p99_s']:.2f} | "
-            f"{r['batch_mean']:.2f} / {r['batch_max']} | {r['statuses']} |" for r in levels]
-    table = "\n".join([header, *rows])
+    levels = [run_level(server, args.route, items, clients, extra, args.time_limit)
+              for clients in args.clients for server in args.servers]
+    record = {"command": " ".join(["python3", *sys.argv]), "route": args.route, "extra": extra,
+              "items": len(items), "levels": levels, "loadavg_before": load_before,
+              "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                          "python": platform.python_version()}}
+    if args.peer:
+        info = json.loads(urllib.request.urlopen(args.servers[0].url + "/v1/info").read())
+        p = args.p or info["limits"]["max_p"]
+        record["peer"] = run_peer(args.peer, args.peer_model, peer_work(args, items, p))
+        ours = next(level["answers"] for level in levels if level["answers"])
+        record["agreement"] = [agreement(ours, run["answers"]) for run in record["peer"]["runs"]]
+    record["loadavg_after"] = os.getloadavg()
+    table = markdown(record)
     print(table)
-    print(f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}; "
-          f"{os.cpu_count()} CPUs")
     if args.out:
-        record = {"command": " ".join(sys.argv), "url": args.url, "extra": extra,
-                  "levels": levels, "loadavg_before": load_before,
-                  "loadavg_after": os.getloadavg(), "cpus": os.cpu_count()}
         Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n")
         Path(args.out + ".md").write_text(f"`{record['command']}`\n\n{table}\n")
     return 0

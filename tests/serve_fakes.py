@@ -1,5 +1,6 @@
 """An `Engine` without a model, for the service's HTTP and worker tests (tests/test_serve_app.py)
-and the SIGTERM test's server process (run as `python tests/serve_fakes.py PORT`).
+and the SIGTERM test's server process (run as `python tests/serve_fakes.py PORT`); `serving`
+puts an engine's app on a loopback port (tests/test_serve_ask.py, tests/test_serve_bench.py).
 
 Its "answer" jobs answer each question with its own text upper-cased (so a test sees whose
 answer came back), after `delay_s`; a question "fail" makes the handler raise; the "read" jobs
@@ -9,12 +10,15 @@ job until the test opens it: the queue then fills deterministically.
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import sys
 import threading
 import time
 from types import SimpleNamespace
 
 from dil_jax.open_domain.scoring import Candidate
+from dil_jax.serve.app import AppSettings, create_app, run_server
 from dil_jax.serve.engine import Engine, Outcome
 from dil_jax.serve.loading import ServedReader
 from dil_jax.serve.metrics import ServeMetrics
@@ -71,10 +75,35 @@ class FakeEngine(Engine):
                   "answer": r.context.split()[0]}] for r in requests]
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(engine: FakeEngine, settings: AppSettings | None = None):
+    """The app of `engine` on a free loopback port; yields its URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings or AppSettings()),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):  # up to ~5 s for the socket to listen
+            if server.started:
+                break
+            threading.Event().wait(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 def main() -> int:
     """Serves a FakeEngine whose jobs take 2 s on 127.0.0.1:PORT (the SIGTERM test)."""
-    from dil_jax.serve.app import AppSettings, create_app, run_server
-
     engine = FakeEngine(delay_s=float(sys.argv[2]) if len(sys.argv) > 2 else 2.0)
     run_server(create_app(engine, AppSettings()), "127.0.0.1", int(sys.argv[1]), graceful_s=30)
     print("exited cleanly", flush=True)

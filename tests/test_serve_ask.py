@@ -7,10 +7,8 @@ status. tests/test_serve.py compares it with a local read of the bundled readers
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
-import socket
 import threading
 from types import SimpleNamespace
 
@@ -20,37 +18,10 @@ from dil_jax.cli import main
 from dil_jax.open_domain.abstention import Abstention
 from dil_jax.open_domain.reader import format_answer as local_format_answer
 from dil_jax.open_domain.scoring import Candidate
-from dil_jax.serve.app import AppSettings, create_app
+from dil_jax.serve.app import AppSettings
 from dil_jax.serve.schemas import Limits
 
-from serve_fakes import PASSAGES, FakeEngine
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(engine: FakeEngine, settings: AppSettings | None = None):
-    """The app of `engine` on a free loopback port; yields its URL."""
-    import uvicorn
-
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings or AppSettings()),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(500):  # up to ~5 s for the socket to listen
-            if server.started:
-                break
-            threading.Event().wait(0.01)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+from serve_fakes import PASSAGES, FakeEngine, free_port, serving
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +115,7 @@ def test_ask_server_refusals_name_the_flag_and_url(fake, capsys, argv, words):
 
 
 def test_ask_server_unreachable_or_refusing_server_is_one_line(capsys):
-    nobody = f"http://127.0.0.1:{_free_port()}"
+    nobody = f"http://127.0.0.1:{free_port()}"
     status, _, err = _ask(capsys, "who?", "--server", nobody)
     assert status == 1 and err.startswith(f"dil-jax ask: error: {nobody}: cannot reach the "
                                           "server"), err
