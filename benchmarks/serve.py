@@ -171,7 +171,8 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
         thread.join()
     wall = time.perf_counter() - started
     after_sum, after_count = batch_totals(server.url, kind)
-    return {"server": server.name, "url": server.url, "clients": clients,
+    return {"server": server.name, "url": server.url, "reader": extra.get("reader"),
+            "clients": clients,
             "sent": sum(statuses.values()), "answered": len(latencies), "wall_s": wall,
             "questions_per_s": len(latencies) / wall if wall else 0.0,
             "p50_s": percentile(latencies, 0.5), "p95_s": percentile(latencies, 0.95),
@@ -228,17 +229,24 @@ def agreement(ours: dict[str, dict | None], theirs: list[dict]) -> dict:
                           and ours[key]["answer"].strip() != theirs[int(key)]["answer"].strip()]}
 
 
+def _agreed(agreed: dict) -> str:
+    rate = agreed["same_text_rate"]
+    return (f"{agreed['same_text']} / {agreed['compared']}"
+            + ("" if rate is None else f" ({100 * rate:.1f}%)"))
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
 def markdown(record: dict) -> str:
-    rows = ["| server | clients | answered / sent | q/s | p50 (s) | p95 (s) | p99 (s) | "
-            "batch mean / max | statuses | 503 with Retry-After |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| server | reader | clients | answered / sent | q/s | p50 (s) | p95 (s) | "
+            "p99 (s) | batch mean / max | statuses | 503 with Retry-After |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["levels"]:
         batch = "-" if r["batch_mean"] is None else f"{r['batch_mean']:.2f}"
-        rows.append(f"| {r['server']} | {r['clients']} | {r['answered']} / {r['sent']} | "
+        rows.append(f"| {r['server']} | {r['reader'] or '-'} | {r['clients']} | "
+                    f"{r['answered']} / {r['sent']} | "
                     f"{r['questions_per_s']:.2f} | {_seconds(r['p50_s'])} | "
                     f"{_seconds(r['p95_s'])} | {_seconds(r['p99_s'])} | {batch} / "
                     f"{r['batch_max'] if r['batch_max'] is not None else '-'} | "
@@ -246,17 +254,19 @@ def markdown(record: dict) -> str:
     peer = record.get("peer")
     if peer:
         versions = ", ".join(f"{k} {v}" for k, v in peer["versions"].items())
+        readers = list(record["agreement"])
         rows += ["", f"Peer: Hugging Face `pipeline(\"question-answering\")` ({versions}), "
-                     f"windows {peer['settings']}, in-process (no HTTP):", "",
+                     f"windows {peer['settings']}, in-process (no HTTP); same answer text as "
+                     "the server's first level of each reader:", "",
                  "| pipeline batch_size | q/s | p50 (s) | p95 (s) | p99 (s) | "
-                 "same answer as ours |", "|---|---|---|---|---|---|"]
-        for run, agreed in zip(peer["runs"], record["agreement"]):
-            rate = agreed["same_text_rate"]
+                 + " | ".join(f"same as {reader}" for reader in readers) + " |",
+                 "|---|---|---|---|---|" + "---|" * len(readers)]
+        for position, run in enumerate(peer["runs"]):
+            agreed = [record["agreement"][reader][position] for reader in readers]
             rows.append(f"| {run['batch_size']} | {run['questions_per_s']:.2f} | "
                         f"{_seconds(run['p50_s'])} | {_seconds(run['p95_s'])} | "
-                        f"{_seconds(run['p99_s'])} | {agreed['same_text']} / "
-                        f"{agreed['compared']}"
-                        + ("" if rate is None else f" ({100 * rate:.1f}%)") + " |")
+                        f"{_seconds(run['p99_s'])} | "
+                        + " | ".join(_agreed(a) for a in agreed) + " |")
     machine = record["machine"]
     rows += ["", f"{machine['cpu']}, {machine['cpus']} CPUs, load average "
                  f"{record['loadavg_before'][0]:.1f} before, {record['loadavg_after'][0]:.1f} "
@@ -282,7 +292,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--requests", type=int, default=32, help="items per level")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per level")
-    parser.add_argument("--reader", default=None)
+    parser.add_argument("--reader", nargs="+", default=[None],
+                        help="the readers asked, each level in turn (default: the server's "
+                             "first)")
     parser.add_argument("--p", type=int, default=None, help="passages read (answer route)")
     parser.add_argument("--peer", default=None, metavar="PYTHON",
                         help="interpreter of a venv with transformers 4.x: run the pipeline "
@@ -313,13 +325,13 @@ def peer_work(args: argparse.Namespace, items: list[Item], p: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    extra = {key: value for key, value in (("reader", args.reader), ("p", args.p))
-             if value is not None}
+    extras = [{key: value for key, value in (("reader", reader), ("p", args.p))
+               if value is not None} for reader in args.reader]
     items = squad_items(args.requests)
     load_before = os.getloadavg()
     levels = [run_level(server, args.route, items, clients, extra, args.time_limit)
-              for clients in args.clients for server in args.servers]
-    record = {"command": " ".join(["python3", *sys.argv]), "route": args.route, "extra": extra,
+              for clients in args.clients for server in args.servers for extra in extras]
+    record = {"command": " ".join(["python3", *sys.argv]), "route": args.route,
               "items": len(items), "levels": levels, "loadavg_before": load_before,
               "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
                           "python": platform.python_version()}}
@@ -327,8 +339,13 @@ def main(argv: list[str] | None = None) -> int:
         info = json.loads(urllib.request.urlopen(args.servers[0].url + "/v1/info").read())
         p = args.p or info["limits"]["max_p"]
         record["peer"] = run_peer(args.peer, args.peer_model, peer_work(args, items, p))
-        ours = next(level["answers"] for level in levels if level["answers"])
-        record["agreement"] = [agreement(ours, run["answers"]) for run in record["peer"]["runs"]]
+        # Each reader's answers of its first level on the first server against each peer run.
+        record["agreement"] = {}
+        for level in levels:
+            name = level["reader"] or "default"
+            if level["server"] == args.servers[0].name and name not in record["agreement"]:
+                record["agreement"][name] = [agreement(level["answers"], run["answers"])
+                                             for run in record["peer"]["runs"]]
     record["loadavg_after"] = os.getloadavg()
     table = markdown(record)
     print(table)

@@ -61,7 +61,7 @@ def server(tmp_path_factory):
                  "--doc-stride", "24"]) == 0
     readers = load_served_readers(str(index), default_specs(None, None, None),
                                   ReadSettings(top_p=3, batch_size=4, chunk_size=8,
-                                               max_question_len=16))
+                                               max_question_len=16, batch_shapes=(1,)))
     # A long gathering deadline, so that concurrent requests meet in one batch here.
     engine = Engine(readers, Limits(max_p=3), ServeMetrics(), max_batch=4, max_wait_s=0.3)
     app = create_app(engine, AppSettings(request_timeout_s=120))
@@ -78,7 +78,7 @@ def server(tmp_path_factory):
 
 
 def test_concurrent_questions_each_get_their_own_answer(server):
-    client, _ = server
+    client, engine = server
     asks = [(question, reader) for question in QUESTIONS for reader in ("full", "delayed")]
     with ThreadPoolExecutor(len(asks)) as pool:
         together = list(pool.map(lambda ask: client.answer(ask[0], reader=ask[1]), asks))
@@ -86,6 +86,10 @@ def test_concurrent_questions_each_get_their_own_answer(server):
         assert payload["question"] == question and payload["reader"] == reader
         assert payload["answers"][0]["title"] == QUESTIONS[question], payload
     assert max(payload["batch_size"] for payload in together) > 1  # read together
+    # A lone question is read with its own smaller padding (--batch-shapes 1), a batch with
+    # the whole batch's: both must give the same answers (below).
+    delayed = engine.readers["delayed"]
+    assert delayed.for_questions(1).passage_rows < delayed.reader.passage_rows
     # Read alone, each question gets the same answer as in its batch.
     for (question, reader), payload in zip(asks, together):
         alone = client.answer(question, reader=reader)

@@ -54,6 +54,13 @@ def register(subparsers) -> None:
                              "(29: the open-domain protocol's depth, as ask; demo reads 10)")
     parser.add_argument("--batch-size", type=positive_int, default=OPEN_DOMAIN_BATCH_SIZE,
                         help="most questions read together (one batch of the worker)")
+    parser.add_argument("--batch-shapes", type=positive_int, nargs="+", default=[1],
+                        metavar="QUESTIONS",
+                        help="smaller batches (question counts) padded to their own passage "
+                             "rows instead of a whole batch's: a lone question then copies "
+                             "~1/8 of the cached states (docs/serving.md); each count is "
+                             "one more set of programs for the warm-up; --batch-size is always "
+                             "one")
     parser.add_argument("--max-wait-ms", type=non_negative_int, default=5,
                         help="how long the worker waits for more questions after the first of "
                              "a batch arrives")
@@ -109,11 +116,15 @@ def run(args: argparse.Namespace) -> int:
     if args.host not in LOOPBACK and api_key is None:
         log.warning("binding %s without --api-key: anyone who reaches this address can use "
                     "the service", args.host)
+    too_big = [n for n in args.batch_shapes if n > args.batch_size]
+    if too_big:
+        raise UsageError(f"--batch-shapes {too_big[0]}: above --batch-size {args.batch_size} "
+                         "(a batch never holds more questions)")
     specs = default_specs(args.full_checkpoint, args.delayed_checkpoint, args.k)
     settings = ReadSettings(top_p=args.top_p, batch_size=args.batch_size,
                             chunk_size=args.chunk_size, max_question_len=args.max_question_len,
                             storage=args.storage, span_score=args.span_score,
-                            tokenizer=args.tokenizer)
+                            tokenizer=args.tokenizer, batch_shapes=tuple(args.batch_shapes))
     limits = Limits(max_question_chars=args.max_question_chars,
                     max_context_chars=args.max_context_chars, max_top_k=args.max_top_k,
                     max_p=args.top_p, max_body_bytes=args.max_body_bytes)

@@ -64,19 +64,26 @@ class Engine:
         from dil_jax.serve.shapes import warm_up, warm_up_plan
 
         started = time.perf_counter()
-        plans = {name: warm_up_plan(served.reader) for name, served in self.readers.items()}
+        # One plan per reader and batch shape (question count): each pads its passage side to
+        # its own rows, so each has its own pair programs.
+        plans = {(name, count): warm_up_plan(shaped, count)
+                 for name, served in self.readers.items()
+                 for count, shaped in (served.shapes or {0: served.reader}).items()}
         self.progress = {"stage": "compiling", "done": 0,
                          "total": sum(plan.size for plan in plans.values()) if self.warm else 0}
         for name, served in self.readers.items():
-            if self.warm:
-                log.info("warm-up of the %s reader: %d programs (%s)", name, plans[name].size,
-                         plans[name])
+            for count, shaped in (served.shapes or {0: served.reader}).items():
+                if not self.warm:
+                    break
+                plan = plans[name, count]
+                log.info("warm-up of the %s reader, batches of up to %s question(s): %d "
+                         "programs (%s)", name, count or "the batch size's", plan.size, plan)
                 base = self.progress["done"]
 
                 def progress(done: int, _total: int, base: int = base) -> None:
                     self.progress["done"] = base + done
 
-                warm_up(served.reader, progress)
+                warm_up(shaped, progress, count or None)
             self._check_path(name, served)
         self.metrics.mark_ready()
         self.progress["stage"] = "ready"
@@ -91,7 +98,8 @@ class Engine:
         self._read_context(served, ReadRequest(CHECK_QUESTIONS[0], CHECK_CONTEXT, name, 1, 15,
                                                False))
         before = CompileCounter.count
-        served.reader.read(list(CHECK_QUESTIONS))
+        for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
+            shaped.read(list(CHECK_QUESTIONS[:count]))
         self._read_context(served, ReadRequest(CHECK_QUESTIONS[1], CHECK_CONTEXT, name, 2, 15,
                                                True))
         if self.warm and CompileCounter.count != before:
@@ -116,7 +124,7 @@ class Engine:
             q: RequestError(422, "question", f"question {q!r} has no token this reader knows",
                             q) for q in empty}
         if readable:
-            result = served.reader.read(readable)
+            result = served.for_questions(len(readable)).read(readable)
             for phase, seconds in result.timings.items():
                 self.metrics.phases.labels(name, phase).observe(seconds)
             for i, question in enumerate(readable):
@@ -147,17 +155,17 @@ class Engine:
         from dil_jax.data.features import window_contexts
         from dil_jax.serve.pipeline import pipeline_answers, word_spans
 
-        reader = served.reader
-        tokenizer = reader.reader.tokenizer
-        p_len = reader.cache.mask.shape[1]
+        tokenizer = served.reader.reader.tokenizer
+        p_len = served.reader.cache.mask.shape[1]
         windows = window_contexts(tokenizer, [request.context], max_passage_len=p_len,
-                                  doc_stride=int(reader.index.settings["doc_stride"]))
+                                  doc_stride=int(served.reader.index.settings["doc_stride"]))
         count = windows.ids.shape[0]
-        if count > reader.passage_rows:
+        if count > served.reader.passage_rows:
             raise RequestError(422, "context",
                                f"context of {len(request.context)} characters makes {count} "
                                f"windows of {p_len} tokens; this server reads at most "
-                               f"{reader.passage_rows} per request", request.context)
+                               f"{served.reader.passage_rows} per request", request.context)
+        reader = served.for_windows(count)
         if not windows.length.any():
             raise RequestError(422, "context", "context has no token this reader knows",
                                request.context)

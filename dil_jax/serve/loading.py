@@ -37,20 +37,47 @@ class ReadSettings:
     storage: Storage = FLOAT32  # how the index's caches were built (`--cache-dtype`)
     span_score: str = "logits"
     tokenizer: str | None = None
+    # Question counts whose batches get their own passage-row padding (`ServedReader.shapes`);
+    # batch_size is always one. (): batch_size alone, one padding for every batch.
+    batch_shapes: tuple[int, ...] = ()
+
+    def shape_counts(self) -> tuple[int, ...]:
+        """The question counts batches are padded to, smallest first, batch_size last."""
+        return tuple(sorted({*(n for n in self.batch_shapes if n < self.batch_size),
+                             self.batch_size}))
 
 
 @dataclasses.dataclass
 class ServedReader:
-    """A loaded reader: the `OpenDomainReader` and what its answers are judged by."""
+    """A loaded reader: the `OpenDomainReader` and what its answers are judged by.
+
+    reader: padded for a whole batch (`batch_size` questions); shapes: question count ->
+    the same reader (one model, grid and cache: a shallow copy) padding the passage side to
+    what that many questions can read. A lone question padded to a whole batch's rows copies
+    ~8x the cached states it reads (the delayed reader's are [rows, 192, 384] floats), which
+    costs it ~0.25 s on a 2-core CPU (docs/serving.md); with a smaller shape it does not, at
+    the price of one more set of pair programs compiled by the warm-up.
+    """
 
     name: str
     checkpoint: str
     reader: Any          # OpenDomainReader
     abstention: Any      # Abstention | None
+    shapes: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def k(self) -> int:
         return self.reader.reader.config.num_lower_layers
+
+    def for_questions(self, count: int) -> Any:
+        """The reader whose padding holds `count` questions: the smallest shape that does."""
+        return next((self.shapes[n] for n in sorted(self.shapes) if n >= count), self.reader)
+
+    def for_windows(self, count: int) -> Any:
+        """The reader whose passage rows hold `count` windows (a `/v1/read` context): the
+        smallest that does, else the whole batch's (which refuses past its rows)."""
+        return next((self.shapes[n] for n in sorted(self.shapes)
+                     if self.shapes[n].passage_rows >= count), self.reader)
 
 
 def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[ReaderSpec]:
@@ -116,5 +143,25 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
         reader.passage_rows = passage_rows(index.windows.count, reader.grid.batch_size,
                                            settings.top_p)
         served[spec.name] = ServedReader(spec.name, spec.checkpoint, reader,
-                                         abstention_of(spec.checkpoint))
+                                         abstention_of(spec.checkpoint),
+                                         shaped_readers(reader, settings.shape_counts()))
     return served
+
+
+def shaped_readers(reader: Any, counts: tuple[int, ...]) -> dict[int, Any]:
+    """Question count -> `reader` padding its passage side to the rows that many questions
+    can read (`shapes.passage_rows`); the count of a whole batch is `reader` itself."""
+    import copy
+
+    from dil_jax.serve.shapes import passage_rows
+
+    shaped = {}
+    for count in counts:
+        rows = passage_rows(reader.index.windows.count, count, reader.top_p)
+        if rows >= reader.passage_rows:
+            shaped[count] = reader
+            continue
+        copied = copy.copy(reader)
+        copied.passage_rows = rows
+        shaped[count] = copied
+    return shaped

@@ -131,12 +131,14 @@ class WarmUpPlan:
                     yield hoist, q_width, p_width
 
 
-def warm_up_plan(reader) -> WarmUpPlan:
-    """What `warm_up` compiles for this OpenDomainReader (its passage_rows must be set)."""
+def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
+    """What `warm_up` compiles for this OpenDomainReader (its passage_rows must be set) when
+    it reads at most `questions` questions at once (None: its grid's batch size)."""
     batch, rows = reader.grid.batch_size, reader.passage_rows
     hoists = reader.grid.hoists_projections
     classes = hoist_classes(hoists, reader.reads_cached_reuse, batch, rows,
-                            max_pairs(reader.index.windows.count, batch, reader.top_p))
+                            max_pairs(reader.index.windows.count, questions or batch,
+                                      reader.top_p))
     if reader.reads_cached_reuse:  # a context's windows (at most `rows` pairs) have no cache
         classes += hoist_classes(hoists, False, batch, rows, rows)
     return WarmUpPlan(
@@ -145,14 +147,16 @@ def warm_up_plan(reader) -> WarmUpPlan:
         passage_widths=passage_widths(reader.cache.mask.shape[1]))
 
 
-def warm_up(reader, progress: Callable[[int, int], None] | None = None) -> int:
-    """Compiles every program a read by this reader can meet (`warm_up_plan`); returns the
-    number of combinations run. progress(done, total) after each."""
+def warm_up(reader, progress: Callable[[int, int], None] | None = None,
+            questions: int | None = None) -> int:
+    """Compiles every program a read of at most `questions` questions by this reader can
+    meet (`warm_up_plan`); returns the number of combinations run. progress(done, total)
+    after each."""
     import jax
 
     from dil_jax.tokenization import encode_questions
 
-    plan = warm_up_plan(reader)
+    plan = warm_up_plan(reader, questions)
     config = reader.reader.config
 
     def mask_of(questions: list[str]) -> np.ndarray:
