@@ -107,6 +107,9 @@ def test_nothing_compiles_after_ready(server):
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(lambda q: client.answer(q, reader="delayed", p=2, top_k=2), questions))
         list(pool.map(lambda q: client.answer(q, reader="full", use_ir=False), questions))
+    for question in questions:  # alone: read with the 1-question shape (--batch-shapes 1)
+        for reader in ("full", "delayed"):
+            client.answer(question, reader=reader)
     for reader in ("full", "delayed"):
         client.read("Who landed on the Moon?", LONG_CONTEXT, reader=reader, top_k=3)
         client.read("Who wrote it?", "Jane Austen wrote it.", reader=reader,
