@@ -137,13 +137,13 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
     batches: list[int] = []
     answers: dict[int, dict | None] = {}
     statuses: collections.Counter = collections.Counter()
-    retry_after = 0
+    retry_after = crossed = 0
     deadline = time.monotonic() + time_limit
     kind = "read" if route == "read" else "answer"
     batch_sum, batch_count = batch_totals(server.url, kind)
 
     def client_loop() -> None:
-        nonlocal retry_after
+        nonlocal retry_after, crossed
         with httpx.Client(base_url=server.url, timeout=max(60.0, time_limit)) as http:
             while time.monotonic() < deadline:
                 with lock:
@@ -160,6 +160,8 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
                         payload = response.json()
                         latencies.append(elapsed)
                         answers[number] = answer_of(route, payload)
+                        # /v1/answer names the question it answers: another's is a crossing.
+                        crossed += route == "answer" and payload["question"] != item.question
                         if route == "answer":
                             batches.append(payload["batch_size"])
 
@@ -181,7 +183,7 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
                            if after_count > batch_count else None),
             "batch_max": max(batches) if batches else None,
             "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "retry_after": retry_after,
+            "retry_after": retry_after, "crossed": crossed,
             "answers": {str(k): v for k, v in sorted(answers.items())}}
 
 
@@ -195,7 +197,7 @@ def peer_settings(index: str, max_question_len: int) -> dict:
     settings = index_settings(index)
     window, stride = settings["max_passage_len"], settings["doc_stride"]
     return {"max_seq_len": max_question_len + window, "doc_stride": window - stride - 1,
-            "max_question_len": max_question_len}
+            "max_question_len": max_question_len, "context_tokens": window - 1}
 
 
 def retrieved_contexts(index: str, questions: list[str], p: int) -> list[list[str]]:
@@ -241,8 +243,8 @@ def _seconds(value: float | None) -> str:
 
 def markdown(record: dict) -> str:
     rows = ["| server | reader | clients | answered / sent | q/s | p50 (s) | p95 (s) | "
-            "p99 (s) | batch mean / max | statuses | 503 with Retry-After |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "p99 (s) | batch mean / max | statuses | 503 with Retry-After | crossed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["levels"]:
         batch = "-" if r["batch_mean"] is None else f"{r['batch_mean']:.2f}"
         rows.append(f"| {r['server']} | {r['reader'] or '-'} | {r['clients']} | "
@@ -250,7 +252,7 @@ def markdown(record: dict) -> str:
                     f"{r['questions_per_s']:.2f} | {_seconds(r['p50_s'])} | "
                     f"{_seconds(r['p95_s'])} | {_seconds(r['p99_s'])} | {batch} / "
                     f"{r['batch_max'] if r['batch_max'] is not None else '-'} | "
-                    f"{r['statuses']} | {r['retry_after']} |")
+                    f"{r['statuses']} | {r['retry_after']} | {r.get('crossed', '-')} |")
     peer = record.get("peer")
     if peer:
         versions = ", ".join(f"{k} {v}" for k, v in peer["versions"].items())
@@ -258,12 +260,13 @@ def markdown(record: dict) -> str:
         rows += ["", f"Peer: Hugging Face `pipeline(\"question-answering\")` ({versions}), "
                      f"windows {peer['settings']}, in-process (no HTTP); same answer text as "
                      "the server's first level of each reader:", "",
-                 "| pipeline batch_size | q/s | p50 (s) | p95 (s) | p99 (s) | "
+                 "| pipeline batch_size | windows | q/s | p50 (s) | p95 (s) | p99 (s) | "
                  + " | ".join(f"same as {reader}" for reader in readers) + " |",
-                 "|---|---|---|---|---|" + "---|" * len(readers)]
+                 "|---|---|---|---|---|---|" + "---|" * len(readers)]
         for position, run in enumerate(peer["runs"]):
             agreed = [record["agreement"][reader][position] for reader in readers]
-            rows.append(f"| {run['batch_size']} | {run['questions_per_s']:.2f} | "
+            rows.append(f"| {run['batch_size']} | {run.get('windows', '-')} | "
+                        f"{run['questions_per_s']:.2f} | "
                         f"{_seconds(run['p50_s'])} | {_seconds(run['p95_s'])} | "
                         f"{_seconds(run['p99_s'])} | "
                         + " | ".join(_agreed(a) for a in agreed) + " |")
@@ -320,7 +323,7 @@ def peer_work(args: argparse.Namespace, items: list[Item], p: int) -> dict:
         contexts = retrieved_contexts(args.index, [i.question for i in items], p)
         listed = [{"question": i.question, "contexts": c} for i, c in zip(items, contexts)]
     return {"kind": args.route, "items": listed, "settings": settings,
-            "batch_sizes": args.peer_batch_sizes}
+            "batch_sizes": args.peer_batch_sizes, "exact_windows": args.route == "read"}
 
 
 def main(argv: list[str] | None = None) -> int:

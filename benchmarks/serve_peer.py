@@ -16,8 +16,11 @@ Two steps, two interpreters:
 `read` takes the work `benchmarks/serve.py` writes: {"kind": "read", "items": [{question,
 context}]} (one pipeline call per item, as /v1/read) or {"kind": "answer", "items":
 [{question, contexts}]} (a question's retrieved passages read in one call; its answer is the
-best-scored span, BERTserini-style), and each batch size in "batch_sizes". It imports nothing
-of dil_jax, so the venv needs only transformers and torch.
+best-scored span, BERTserini-style), and each batch size in "batch_sizes". The pipeline's
+windows hold max_seq_len - question - 3 context tokens, more than the server's 191 when the
+question is short; with "exact_windows" the "read" items are also read one call each with
+max_seq_len fitted to each question, so that both cut a long context at the same tokens. It
+imports nothing of dil_jax, so the venv needs only transformers and torch.
 """
 
 from __future__ import annotations
@@ -43,6 +46,14 @@ class PipelineSettings:
     doc_stride: int
     max_question_len: int
     max_answer_len: int = 15
+    context_tokens: int = 191  # per window of the server: max_passage_len - 1 ([SEP])
+
+    def for_question(self, question_tokens: int) -> PipelineSettings:
+        """The same windows with max_seq_len fitted to this question, so that each window
+        holds exactly the server's context tokens ([CLS] q [SEP] context [SEP]) whatever the
+        question's length (the pipeline's own windows grow as the question shrinks)."""
+        q = min(question_tokens, self.max_question_len - 2)
+        return dataclasses.replace(self, max_seq_len=q + 3 + self.context_tokens)
 
 
 def export(out: str) -> int:
@@ -73,14 +84,33 @@ def _plain(answer: dict) -> dict:
             "score": float(answer["score"])}
 
 
+def _options(settings: PipelineSettings, batch_size: int) -> dict:
+    return dict(max_seq_len=settings.max_seq_len, doc_stride=settings.doc_stride,
+                max_question_len=settings.max_question_len,
+                max_answer_len=settings.max_answer_len, batch_size=batch_size)
+
+
+def read_exact(qa, items: list[dict], settings: PipelineSettings
+               ) -> tuple[list[dict], list[float]]:
+    """"read" items one call each, with the server's windows exactly (`for_question`)."""
+    answers: list[dict] = []
+    seconds: list[float] = []
+    for item in items:
+        started = time.perf_counter()
+        tokens = len(qa.tokenizer(item["question"], add_special_tokens=False)["input_ids"])
+        out = qa(question=item["question"], context=item["context"],
+                 **_options(settings.for_question(tokens), 1))
+        seconds.append(time.perf_counter() - started)
+        answers.append(_plain(out))
+    return answers, seconds
+
+
 def read_items(qa, items: list[dict], kind: str, batch_size: int,
                settings: PipelineSettings) -> tuple[list[dict], list[float]]:
     """Each item's answer and the seconds it took. "read": an item is one call (the items are
     sent batch_size at a time, as the pipeline batches a list); "answer": an item's passages
     are one call batched by batch_size, the best-scored answer kept."""
-    options = dict(max_seq_len=settings.max_seq_len, doc_stride=settings.doc_stride,
-                   max_question_len=settings.max_question_len,
-                   max_answer_len=settings.max_answer_len, batch_size=batch_size)
+    options = _options(settings, batch_size)
     answers: list[dict] = []
     seconds: list[float] = []
     if kind == "read":
@@ -118,11 +148,16 @@ def read(model: str, work_path: str, out: str) -> int:
     qa = pipeline("question-answering", model=model, tokenizer=model, device="cpu")
     qa(question="warm up?", context="The pipeline's first call builds its tokenizer state.")
     runs = []
-    for batch_size in work["batch_sizes"]:
+    plans = [(batch_size, "pipeline's") for batch_size in work["batch_sizes"]]
+    plans += [(1, "server's")] if work.get("exact_windows") else []
+    for batch_size, windows in plans:
         started = time.perf_counter()
-        answers, seconds = read_items(qa, work["items"], work["kind"], batch_size, settings)
+        if windows == "server's":
+            answers, seconds = read_exact(qa, work["items"], settings)
+        else:
+            answers, seconds = read_items(qa, work["items"], work["kind"], batch_size, settings)
         wall = time.perf_counter() - started
-        runs.append({"batch_size": batch_size, "wall_s": wall,
+        runs.append({"batch_size": batch_size, "windows": windows, "wall_s": wall,
                      "questions_per_s": len(answers) / wall,
                      "p50_s": statistics.median(seconds), "p95_s": percentile(seconds, 0.95),
                      "p99_s": percentile(seconds, 0.99), "answers": answers})
