@@ -174,6 +174,42 @@ def test_read_route_scores_the_models_own_logits(server):
     assert [a["score"] for a in listed] == sorted((a["score"] for a in listed), reverse=True)
 
 
+def _read_batches(engine) -> tuple[float, float]:
+    """(sum, count) of the worker's /v1/read batch sizes so far, from /metrics' text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(engine.metrics.text().decode()):
+        for sample in family.samples if family.name == "dil_jax_batch_size" else ():
+            for suffix in totals:
+                if sample.name.endswith(suffix) and sample.labels["kind"] == "read":
+                    totals[suffix] += sample.value
+    return totals["_sum"], totals["_count"]
+
+
+@pytest.mark.parametrize("reader", ["full", "delayed"])
+def test_concurrent_contexts_are_read_together_each_its_own(server, reader):
+    """Concurrent /v1/read requests are read in one pair read (their windows as rows, each
+    with its own question) and each gets the answer it gets alone."""
+    client, engine = server
+    asks = [("Who wrote Pride and Prejudice?", SAMPLE_PASSAGES[1], "Jane Austen"),
+            ("What is the capital of France?", SAMPLE_PASSAGES[0], "Paris"),
+            ("When did Apollo 11 land on the Moon?", LONG_CONTEXT, "1969"),
+            ("What is the largest coral reef system?", SAMPLE_PASSAGES[4], "Great Barrier")]
+    batches_before = _read_batches(engine)
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(lambda ask: client.read(ask[0], ask[1], reader=reader), asks))
+    batch_sum, batch_count = (after - before for after, before
+                              in zip(_read_batches(engine), batches_before))
+    assert batch_count < len(asks) and batch_sum == len(asks)  # some read together
+    for (question, context, words), payload in zip(asks, together):
+        assert words in payload["answer"], (question, payload)
+        assert context[payload["start"]:payload["end"]] == payload["answer"]
+        alone = client.read(question, context, reader=reader)
+        assert alone["answer"] == payload["answer"]
+        assert alone["score"] == pytest.approx(payload["score"], abs=1e-4)
+
+
 def test_the_client_names_refusals_and_formats_answers(server):
     client, _ = server
     with pytest.raises(ServiceError) as refused:

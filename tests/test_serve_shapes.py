@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from dil_jax.serve.engine import PreparedContext, context_groups
 from dil_jax.serve.loading import ReadSettings, ServedReader, shaped_readers
 
 # Windows per passage of a 6-passage index; questions read their top 2 passages.
@@ -47,3 +48,20 @@ def test_a_batch_or_context_is_read_with_the_smallest_padding_that_holds_it():
     # No shapes (a fake engine's reader): the reader itself.
     bare = ServedReader("full", "/ckpt", reader, None)
     assert bare.for_questions(1) is reader and bare.for_windows(3) is reader
+
+
+def _contexts(*window_counts: int) -> list[tuple[int, PreparedContext]]:
+    return [(i, PreparedContext(None, SimpleNamespace(ids=np.zeros((n, 4)))))
+            for i, n in enumerate(window_counts)]
+
+
+@pytest.mark.parametrize("counts,max_questions,max_windows,groups", [
+    ((2, 3, 1, 4), 2, 5, [[0, 1], [2, 3]]),
+    ((2, 3, 1, 4), 3, 4, [[0], [1, 2], [3]]),   # 2 + 3 > 4 windows
+    ((1, 1, 1, 1, 1), 2, 10, [[0, 1], [2, 3], [4]]),  # 2 questions a batch
+    ((5,), 8, 5, [[0]]),
+])
+def test_contexts_are_grouped_by_questions_and_windows(counts, max_questions, max_windows,
+                                                       groups):
+    got = context_groups(_contexts(*counts), max_questions, max_windows)
+    assert [[position for position, _ in group] for group in got] == groups

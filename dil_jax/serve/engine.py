@@ -39,6 +39,31 @@ class Outcome:
     timings: dict[str, float]
 
 
+@dataclasses.dataclass(frozen=True)
+class PreparedContext:
+    """A `/v1/read` request and its context's windows (`window_contexts`), ready to read."""
+
+    request: ReadRequest
+    windows: Any  # dil_jax.data.features.ContextWindows
+
+
+def context_groups(prepared: Sequence[tuple[int, PreparedContext]], max_questions: int,
+                   max_windows: int) -> list[list[tuple[int, PreparedContext]]]:
+    """The contexts in arrival order, cut into groups read together: at most max_questions
+    contexts (one question each: the question batch) and max_windows windows (the passage
+    rows) per group."""
+    groups: list[list[tuple[int, PreparedContext]]] = []
+    windows = 0
+    for item in prepared:
+        count = item[1].windows.ids.shape[0]
+        if not groups or len(groups[-1]) == max_questions or windows + count > max_windows:
+            groups.append([])
+            windows = 0
+        groups[-1].append(item)
+        windows += count
+    return groups
+
+
 class Engine:
     """Loaded readers + the worker that reads with them."""
 
@@ -134,28 +159,50 @@ class Engine:
         return [outcomes[q] for q in questions]
 
     def _read_jobs(self, name: str, requests: Sequence[ReadRequest]) -> list[Any]:
-        """Each context alone (a failure is that request's only)."""
+        """The contexts of these jobs read together: every window of every context is one
+        pair with its own question, through one pair read per group of contexts that fits a
+        batch (at most batch-size questions, at most the batch's passage rows), so that
+        concurrent contexts fill the pair chunks a lone one leaves mostly empty. A context
+        that cannot be read (too long, no token) is refused alone."""
         from dil_jax.errors import DilJaxError
 
-        results: list[Any] = []
-        for request in requests:
+        served = self.readers[name]
+        results: list[Any] = [None] * len(requests)
+        prepared: list[tuple[int, PreparedContext]] = []
+        for position, request in enumerate(requests):
             try:
-                results.append(self._read_context(self.readers[name], request))
+                prepared.append((position, self._prepare_context(served, request)))
             except RequestError as error:
-                results.append(error)
+                results[position] = error
             except DilJaxError as error:  # e.g. a question with no token: this request only
-                results.append(RequestError(422, "question", str(error), request.question))
+                results[position] = RequestError(422, "question", str(error), request.question)
+        for group in context_groups(prepared, served.reader.grid.batch_size,
+                                    served.reader.passage_rows):
+            try:
+                answers = self._read_group(served, [context for _, context in group])
+            except DilJaxError as error:
+                answers = [RequestError(422, "question", str(error), context.request.question)
+                           for _, context in group]
+            for (position, _), answer in zip(group, answers):
+                results[position] = answer
         return results
 
     def _read_context(self, served: ServedReader, request: ReadRequest) -> list[dict]:
-        """`POST /v1/read`: the context cut into the index's windows, read against the
-        question through the same pair programs as the open-domain reads (its passage side
-        padded to the same rows), scored as Hugging Face's pipeline scores
-        (dil_jax.serve.pipeline)."""
+        """One context alone (the warm-up's check)."""
+        return self._read_group(served, [self._prepare_context(served, request)])[0]
+
+    @staticmethod
+    def _prepare_context(served: ServedReader, request: ReadRequest) -> PreparedContext:
+        """`POST /v1/read`'s context cut into the index's windows; a RequestError naming the
+        context when it makes more windows than the server reads or has no token."""
         from dil_jax.data.features import window_contexts
-        from dil_jax.serve.pipeline import pipeline_answers, word_spans
+        from dil_jax.tokenization import encode_questions
 
         tokenizer = served.reader.reader.tokenizer
+        # A question the tokenizer reads as nothing raises here, for this request alone
+        # (its group's questions are encoded together later).
+        encode_questions(tokenizer, [request.question],
+                         served.reader.reader.config.max_question_len)
         p_len = served.reader.cache.mask.shape[1]
         windows = window_contexts(tokenizer, [request.context], max_passage_len=p_len,
                                   doc_stride=int(served.reader.index.settings["doc_stride"]))
@@ -165,14 +212,38 @@ class Engine:
                                f"context of {len(request.context)} characters makes {count} "
                                f"windows of {p_len} tokens; this server reads at most "
                                f"{served.reader.passage_rows} per request", request.context)
-        reader = served.for_windows(count)
         if not windows.length.any():
             raise RequestError(422, "context", "context has no token this reader knows",
                                request.context)
-        q_lower, q_mask = reader._encode_question_batch([request.question])
-        p_source, p_mask = self._context_side(reader, windows.ids, windows.mask)
+        return PreparedContext(request, windows)
+
+    def _read_group(self, served: ServedReader, contexts: list[PreparedContext]
+                    ) -> list[list[dict]]:
+        """The answers of each context, their windows read as pairs (window, its context's
+        question) through the same pair programs as the open-domain reads (the passage side
+        padded to the smallest batch shape that holds them), scored as Hugging Face's
+        pipeline scores (dil_jax.serve.pipeline)."""
+        counts = [context.windows.ids.shape[0] for context in contexts]
+        reader = served.for_windows(sum(counts))
+        ids = np.concatenate([context.windows.ids for context in contexts])
+        mask = np.concatenate([context.windows.mask for context in contexts])
+        q_lower, q_mask = reader._encode_question_batch([c.request.question for c in contexts])
+        p_source, p_mask = self._context_side(reader, ids, mask)
         scores = reader.grid.read_pairs(reader.reader.params, q_lower, q_mask, p_source, p_mask,
-                                        np.zeros(count, np.int64), np.arange(count))
+                                        np.repeat(np.arange(len(contexts)), counts),
+                                        np.arange(sum(counts)))
+        bounds = np.cumsum([0, *counts])
+        return [self._context_answers(served, context, scores, bounds[i], bounds[i + 1])
+                for i, context in enumerate(contexts)]
+
+    @staticmethod
+    def _context_answers(served: ServedReader, context: PreparedContext, scores: Any,
+                         first: int, last: int) -> list[dict]:
+        """One context's answers from its rows first..last of the group's span scores."""
+        from dil_jax.serve.pipeline import pipeline_answers, word_spans
+
+        request, windows = context.request, context.windows
+        tokenizer = served.reader.reader.tokenizer
         encoding = tokenizer(request.context, add_special_tokens=False,
                              return_offsets_mapping=True)
         token_chars = np.asarray(encoding["offset_mapping"], np.int64).reshape(-1, 2)
@@ -187,9 +258,10 @@ class Engine:
             return spans(int(starts[window]) + start, int(starts[window]) + end)
 
         allowed = windows.offsets[..., 0] >= 0
-        return pipeline_answers(scores.start_logits, scores.end_logits,
-                                scores.null_start_logits, scores.null_end_logits, allowed,
-                                char_span, request.context, request.top_k,
+        rows = slice(first, last)
+        return pipeline_answers(scores.start_logits[rows], scores.end_logits[rows],
+                                scores.null_start_logits[rows], scores.null_end_logits[rows],
+                                allowed, char_span, request.context, request.top_k,
                                 request.max_answer_len, request.handle_impossible_answer)
 
     @staticmethod
