@@ -117,11 +117,13 @@ class Engine:
                  time.perf_counter() - started)
 
     def _check_path(self, name: str, served: ServedReader) -> None:
-        """One whole answer and one context read: compiles what lies outside the pair
-        programs (the passage encoder of /v1/read), then logs any program the enumeration
-        missed (a question or context after this must compile nothing)."""
-        self._read_context(served, ReadRequest(CHECK_QUESTIONS[0], CHECK_CONTEXT, name, 1, 15,
-                                               False))
+        """One whole answer and context reads: compiles what lies outside the pair programs
+        (the passage encoder of /v1/read, for one window and for several), then logs any
+        program the enumeration missed (a question or context after this must compile
+        nothing)."""
+        for context in (CHECK_CONTEXT, " ".join([CHECK_CONTEXT] * 8)):  # 1 and 2+ windows
+            self._read_context(served, ReadRequest(CHECK_QUESTIONS[0], context, name, 1, 15,
+                                                   False))
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
             shaped.read(list(CHECK_QUESTIONS[:count]))
@@ -281,7 +283,10 @@ class Engine:
         if reads_passage_ids(reader.reader.config):
             source = ids.astype(cached.dtype)
         else:
-            grid, batch = reader.grid, reader.grid.batch_size
+            grid = reader.grid
+            # A lone window is encoded alone rather than padded to the grid's batch (8x the
+            # lower blocks' work for one window): two programs, [1, p_len] and [B, p_len].
+            batch = 1 if len(ids) == 1 else grid.batch_size
             padded = -(-len(ids) // batch) * batch
             ids_p = np.pad(ids, ((0, padded - len(ids)), (0, 0)))
             mask_p = np.pad(mask, ((0, padded - len(mask)), (0, 0)))
