@@ -114,6 +114,10 @@ def test_nothing_compiles_after_ready(server):
         client.read("Who landed on the Moon?", LONG_CONTEXT, reader=reader, top_k=3)
         client.read("Who wrote it?", "Jane Austen wrote it.", reader=reader,
                     handle_impossible_answer=True)
+        with ThreadPoolExecutor(3) as pool:  # contexts read together, in a larger shape
+            list(pool.map(lambda context, name=reader: client.read("Who?", context,
+                                                                   reader=name),
+                          [LONG_CONTEXT, SAMPLE_PASSAGES[0], SAMPLE_PASSAGES[5]]))
     assert CompileCounter.count == before, "a request compiled a program after /readyz"
 
 

@@ -16,11 +16,20 @@ from dil_jax.serve.loading import ReadSettings, ServedReader, shaped_readers
 WINDOW_COUNTS = np.array([3, 2, 2, 1, 1, 1])
 
 
+INDEX = SimpleNamespace(windows=SimpleNamespace(count=WINDOW_COUNTS))
+
+
 def _reader(batch_size: int):
     # passage_rows of a whole batch of 4: min(all 10 windows, 4 x (3 + 2)) = 10, rounded up
     # to whole 4 x 2 blocks: 16 (`shapes.passage_rows`).
-    return SimpleNamespace(index=SimpleNamespace(windows=SimpleNamespace(count=WINDOW_COUNTS)),
-                           top_p=2, passage_rows=16, grid=SimpleNamespace(batch_size=batch_size))
+    return SimpleNamespace(index=INDEX, top_p=2, passage_rows=16,
+                           grid=SimpleNamespace(batch_size=batch_size))
+
+
+def _smaller(count: int):
+    """A stand-in of the reader for `count` questions (what loading.py builds)."""
+    return SimpleNamespace(index=INDEX, top_p=2, passage_rows=None,
+                           grid=SimpleNamespace(batch_size=count))
 
 
 @pytest.mark.parametrize("shapes,batch,counts", [
@@ -31,23 +40,26 @@ def test_shape_counts_always_end_with_the_batch_size(shapes, batch, counts):
 
 def test_each_count_pads_to_what_that_many_questions_read():
     reader = _reader(4)
-    shaped = shaped_readers(reader, (1, 2, 4))
+    shaped = shaped_readers(reader, (1, 2, 4), _smaller)
     # 1 question: its 2 passages hold at most 3 + 2 = 5 windows, in whole 1 x 2 blocks: 6.
     # 2 questions: at most 10, in whole 2 x 4 blocks: 12 (still below a whole batch's 16).
     assert {n: r.passage_rows for n, r in shaped.items()} == {1: 6, 2: 12, 4: 16}
-    assert shaped[4] is reader and shaped[1] is not reader  # a copy: the batch's rows stay
-    assert reader.passage_rows == 16 and shaped[1].grid is reader.grid
+    assert {n: r.grid.batch_size for n, r in shaped.items()} == {1: 1, 2: 2, 4: 4}
+    assert shaped[4] is reader and reader.passage_rows == 16  # the batch's rows stay
 
 
 def test_a_batch_or_context_is_read_with_the_smallest_padding_that_holds_it():
     reader = _reader(4)
-    served = ServedReader("delayed", "/ckpt", reader, None, shaped_readers(reader, (1, 2, 4)))
+    served = ServedReader("delayed", "/ckpt", reader, None,
+                          shaped_readers(reader, (1, 2, 4), _smaller))
     assert [served.for_questions(n).passage_rows for n in (1, 2, 3, 4)] == [6, 12, 16, 16]
-    assert [served.for_windows(n).passage_rows for n in (1, 6, 7, 12, 13, 16)] == [
+    # (contexts, windows) -> the smallest shape holding both.
+    assert [served.for_contexts(1, n).passage_rows for n in (1, 6, 7, 12, 13, 16)] == [
         6, 6, 12, 12, 16, 16]
+    assert [served.for_contexts(n, 2).grid.batch_size for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
     # No shapes (a fake engine's reader): the reader itself.
     bare = ServedReader("full", "/ckpt", reader, None)
-    assert bare.for_questions(1) is reader and bare.for_windows(3) is reader
+    assert bare.for_questions(1) is reader and bare.for_contexts(1, 3) is reader
 
 
 def _contexts(*window_counts: int) -> list[tuple[int, PreparedContext]]:

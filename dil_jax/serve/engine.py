@@ -121,9 +121,12 @@ class Engine:
         (the passage encoder of /v1/read, for one window and for several), then logs any
         program the enumeration missed (a question or context after this must compile
         nothing)."""
-        for context in (CHECK_CONTEXT, " ".join([CHECK_CONTEXT] * 8)):  # 1 and 2+ windows
-            self._read_context(served, ReadRequest(CHECK_QUESTIONS[0], context, name, 1, 15,
-                                                   False))
+        # Contexts of 1 and of 2+ windows, alone and two together: the context encoder's
+        # [1, p_len] and [batch, p_len] programs of each shape a group can take.
+        one, several = (ReadRequest(CHECK_QUESTIONS[0], context, name, 1, 15, False)
+                        for context in (CHECK_CONTEXT, " ".join([CHECK_CONTEXT] * 8)))
+        for group in ([one], [several], [one, several]):
+            self._read_group(served, [self._prepare_context(served, r) for r in group])
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
             shaped.read(list(CHECK_QUESTIONS[:count]))
@@ -226,7 +229,7 @@ class Engine:
         padded to the smallest batch shape that holds them), scored as Hugging Face's
         pipeline scores (dil_jax.serve.pipeline)."""
         counts = [context.windows.ids.shape[0] for context in contexts]
-        reader = served.for_windows(sum(counts))
+        reader = served.for_contexts(len(contexts), sum(counts))
         ids = np.concatenate([context.windows.ids for context in contexts])
         mask = np.concatenate([context.windows.mask for context in contexts])
         q_lower, q_mask = reader._encode_question_batch([c.request.question for c in contexts])

@@ -9,7 +9,7 @@ readers are loaded touches this function only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,11 +52,12 @@ class ServedReader:
     """A loaded reader: the `OpenDomainReader` and what its answers are judged by.
 
     reader: padded for a whole batch (`batch_size` questions); shapes: question count ->
-    the same reader (one model, grid and cache: a shallow copy) padding the passage side to
-    what that many questions can read. A lone question padded to a whole batch's rows copies
-    ~8x the cached states it reads (the delayed reader's are [rows, 192, 384] floats), which
-    costs it ~0.25 s on a 2-core CPU (docs/serving.md); with a smaller shape it does not, at
-    the price of one more set of pair programs compiled by the warm-up.
+    a reader of the same model, weights and cache whose question batch is that count and
+    whose passage side is padded to what that many questions can read. A lone question
+    padded to a whole batch's rows copies ~8x the cached states it reads (the delayed
+    reader's are [rows, 192, 384] floats), which cost it ~0.3 s on a 2-core CPU
+    (docs/serving.md); with a smaller shape it does not, at the price of one more set of
+    pair programs compiled by the warm-up.
     """
 
     name: str
@@ -73,11 +74,11 @@ class ServedReader:
         """The reader whose padding holds `count` questions: the smallest shape that does."""
         return next((self.shapes[n] for n in sorted(self.shapes) if n >= count), self.reader)
 
-    def for_windows(self, count: int) -> Any:
-        """The reader whose passage rows hold `count` windows (a `/v1/read` context): the
-        smallest that does, else the whole batch's (which refuses past its rows)."""
+    def for_contexts(self, contexts: int, windows: int) -> Any:
+        """The reader for `/v1/read` contexts read together: the smallest shape holding that
+        many questions and their windows in its passage rows, else the whole batch's."""
         return next((self.shapes[n] for n in sorted(self.shapes)
-                     if self.shapes[n].passage_rows >= count), self.reader)
+                     if n >= contexts and self.shapes[n].passage_rows >= windows), self.reader)
 
 
 def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[ReaderSpec]:
@@ -142,26 +143,32 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
                                   chunk_size=settings.chunk_size, span_score=settings.span_score)
         reader.passage_rows = passage_rows(index.windows.count, reader.grid.batch_size,
                                            settings.top_p)
+        def smaller(count: int, loaded=loaded, cache=cache) -> OpenDomainReader:
+            return OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
+                                    batch_size=count, chunk_size=settings.chunk_size,
+                                    span_score=settings.span_score)
+
         served[spec.name] = ServedReader(spec.name, spec.checkpoint, reader,
                                          abstention_of(spec.checkpoint),
-                                         shaped_readers(reader, settings.shape_counts()))
+                                         shaped_readers(reader, settings.shape_counts(),
+                                                        smaller))
     return served
 
 
-def shaped_readers(reader: Any, counts: tuple[int, ...]) -> dict[int, Any]:
-    """Question count -> `reader` padding its passage side to the rows that many questions
-    can read (`shapes.passage_rows`); the count of a whole batch is `reader` itself."""
-    import copy
-
+def shaped_readers(reader: Any, counts: tuple[int, ...], smaller: Callable[[int], Any]
+                   ) -> dict[int, Any]:
+    """Question count -> a reader for batches of at most that many questions: `reader`
+    itself for a whole batch, else `smaller(count)` (the same model and cache, a question
+    batch of `count`) padding its passage side to the rows that many questions can read
+    (`shapes.passage_rows`)."""
     from dil_jax.serve.shapes import passage_rows
 
     shaped = {}
     for count in counts:
-        rows = passage_rows(reader.index.windows.count, count, reader.top_p)
-        if rows >= reader.passage_rows:
+        if count >= reader.grid.batch_size:
             shaped[count] = reader
             continue
-        copied = copy.copy(reader)
-        copied.passage_rows = rows
-        shaped[count] = copied
+        shaped[count] = smaller(count)
+        shaped[count].passage_rows = passage_rows(reader.index.windows.count, count,
+                                                  reader.top_p)
     return shaped
