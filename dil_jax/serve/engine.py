@@ -125,7 +125,8 @@ class Engine:
         # [1, p_len] and [batch, p_len] programs of each shape a group can take.
         one, several = (ReadRequest(CHECK_QUESTIONS[0], context, name, 1, 15, False)
                         for context in (CHECK_CONTEXT, " ".join([CHECK_CONTEXT] * 8)))
-        for group in ([one], [several], [one, several]):
+        together = [[one, several]] if served.reader.grid.batch_size > 1 else []
+        for group in [[one], [several], *together]:
             self._read_group(served, [self._prepare_context(served, r) for r in group])
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
