@@ -117,7 +117,7 @@ def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: in
     from dil_jax.data.decoding import answers, decode_predictions
     from dil_jax.data.features import featurize
     from dil_jax.metrics.squad_metric import squad_scores
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     params = reader.params
     features = featurize(examples, reader.tokenizer,

@@ -15,7 +15,7 @@ every window of each) four ways, side by side in one process:
               statistics where passages are read by several pairs, which never happens here),
               every segment read at its full padded length;
   + trim      and each chunk of pairs cut to its longest real question and passage
-              (`PairGrid.trims_padding`);
+              (`ReusePlan.trims_padding`);
   + cache     and the first upper block's passage arrays read from the cache.
 `--modes` reads only some of these ways. Each way is read at every chunk size of
 `--chunk-sizes` (pairs per step of the pair program; default: the reader's default on this

@@ -1,7 +1,7 @@
 """The one device mesh of dil_jax: 1-D, axis "data", devices grouped by process.
 
 Training shards each batch over it (train/sharding.py) and the pair grid shards each chunk of
-(question, passage) pairs over it (model/grid.py); both build it here so both see the same device
+(question, passage) pairs over it (reading/grid.py); both build it here so both see the same device
 order.
 
 Why order by (process, id): each process's devices then form one contiguous block of the mesh,

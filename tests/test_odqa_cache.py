@@ -11,8 +11,7 @@ import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT
+from dil_jax.model.span_reader import PASSAGE_SEGMENT
 from dil_jax.open_domain.cache import (
     CacheMismatchError,
     PassageCache,
@@ -21,6 +20,7 @@ from dil_jax.open_domain.cache_build import build_passage_cache
 from dil_jax.open_domain.cache_check import reader_cache_key
 from dil_jax.open_domain.cache_manifest import CacheKey, CacheManifest
 from dil_jax.open_domain.compression import Storage
+from dil_jax.reading.grid import PairGrid
 
 P_LEN = 16
 

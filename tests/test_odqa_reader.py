@@ -10,8 +10,6 @@ import pytest
 
 from dil_jax.checkpoints import load_reader
 from dil_jax.data.squad import SquadExample
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.pairs import SpanScores
 from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.corpus import Document, split_documents
 from dil_jax.open_domain.index import build_index, build_reader_cache
@@ -25,6 +23,8 @@ from dil_jax.open_domain.scoring import (
     standardize,
 )
 from dil_jax.predict import predict_squad
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.pairs import SpanScores
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import random_prescreener

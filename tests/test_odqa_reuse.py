@@ -19,7 +19,7 @@ import pytest
 
 from dil_jax.checkpoints import Reader, load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import PADDED_LOGIT
+from dil_jax.model.span_reader import PADDED_LOGIT
 from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.cache import (
     REUSE_LSE_ARRAY,

@@ -11,7 +11,7 @@ from train_helpers import TINY_CONFIG, flat_params, max_abs_diff
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError, UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import ReaderOutput
+from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import distractors, losses
 from dil_jax.train.config_files import apply_overrides, load_config_file
 from dil_jax.train.config_rules import config_problems

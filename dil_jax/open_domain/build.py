@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.checkpoints.fingerprint import params_fingerprint
-from dil_jax.model.pairs import reads_passage_ids
 from dil_jax.open_domain.build_peers import (
     check_peer_settings,
     check_refusals,
@@ -51,6 +50,7 @@ from dil_jax.open_domain.reader import check_read_lengths
 from dil_jax.open_domain.retrieval import resolve_engine
 from dil_jax.open_domain.reuse import local_grid, reuse_encoder
 from dil_jax.open_domain.sentences import build_sentence_store
+from dil_jax.reading.plan import ReusePlan
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
@@ -113,7 +113,7 @@ def passage_encoder(reader: Reader, batch_size: int = 32
     [n, p_len, hidden] as numpy, on this process's devices, batch_size rows per device
     (`reuse.local_grid`: the same per-device program whatever the device or process count);
     None at k = 0 (`reads_passage_ids`: the cache then holds the tokens only)."""
-    if reads_passage_ids(reader.config):
+    if ReusePlan.of(reader.config).reads_passage_ids:
         return None
     grid = local_grid(reader.model, batch_size)
     return lambda ids, mask: np.asarray(grid.encode_passages(reader.params, ids, mask))

@@ -125,7 +125,7 @@ class OpenDomainIndex:
         """
         import jax
 
-        from dil_jax.model.modules import PASSAGE_SEGMENT
+        from dil_jax.model.span_reader import PASSAGE_SEGMENT
         from dil_jax.open_domain.reuse import reuse_encoder
 
         key = self.cache_key(reader, storage)
