@@ -64,6 +64,9 @@ class PairGrid:
         """chunk_size: pairs per step of the pair program; None = `default_pair_chunk_size`
         for the platform of the mesh's devices."""
         self.model = model
+        # The caller's switches, kept for grids made alike (bench.programs); the decisions
+        # they lead to are the plan's.
+        self.reuse, self.trim_padding = reuse, trim_padding
         self.plan = ReusePlan.of(model.config, reuse=reuse, trim_padding=trim_padding)
         self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
