@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.defaults import default_pair_chunk_size
     from dil_jax.errors import UsageError
-    from dil_jax.open_domain.compression import FLOAT32
+    from dil_jax.open_domain.cache.storage import FLOAT32
     from dil_jax.open_domain.reader import OpenDomainReader
 
     base = load_reader(args.checkpoint, None, args.max_question_len, args.tokenizer)

@@ -30,7 +30,7 @@ class WorkStarted(AssertionError):
 def _no_work(monkeypatch):
     """Makes every heavy entry point fail loudly: the checks under test must come first."""
     from dil_jax import bench, checkpoints
-    from dil_jax.open_domain import index
+    from dil_jax.open_domain.index import folder as index
     from dil_jax.prescreening import prescreener
     from dil_jax.train import loop
 

@@ -144,7 +144,7 @@ def test_same_config_same_windows_and_a_missing_wikipedia_names_the_key(tmp_path
 
 def test_wikipedia_leads_are_candidates_except_those_of_validation_articles(tmp_path,
                                                                           monkeypatch):
-    from dil_jax.open_domain.corpus import Document
+    from dil_jax.open_domain.index.corpus import Document
     from dil_jax.tokenization import load_tokenizer
 
     basin = "The Nile basin: the Nile flow reaches the sea, as Nile flow always reaches the sea."

@@ -159,10 +159,10 @@ def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_p
     from dil_jax.data.squad import SquadExample
     from dil_jax.model.xlnet import XLNetUnsupportedError
     from dil_jax.open_domain.build import passage_encoder
-    from dil_jax.open_domain.corpus import Document, split_documents
-    from dil_jax.open_domain.index import build_index, build_reader_cache
+    from dil_jax.open_domain.cache.reuse import reuse_encoder
+    from dil_jax.open_domain.index.corpus import Document, split_documents
+    from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader
-    from dil_jax.open_domain.reuse import reuse_encoder
     from dil_jax.predict import predict_squad
     from dil_jax.samples import SAMPLE_PASSAGES
 

@@ -3,12 +3,12 @@
 For a batch of questions:
   1. retrieval: BM25 top-p passages of each question;
   2. question lower: each question once through `encode_lower`;
-  3. pair upper: every (question, window of a retrieved passage) pair through `encode_upper`,
-     spread over all devices in fixed-size chunks (`dil_jax.reading.grid.PairGrid`); the passage side
-     (`PassageCache.passage_side`: lower states, or at k = 0 the tokens, embedded per pair) is
-     read from the passage cache, only for the retrieved windows, and so, when the cache holds
-     them (`dil-jax index --cache-reuse`), are the first upper block's passage q/k/v and
-     attention statistics (`dil_jax.open_domain.reuse`; not for prescreened pairs);
+  3. pair upper: every (question, window of a retrieved passage) pair through the upper blocks,
+     spread over all devices in fixed-size chunks (`dil_jax.reading.grid.PairGrid`); the passage
+     side (`PassageCache.passage_side`: lower states, or at k = 0 the tokens, embedded per pair) is
+     read from the passage cache, only for the retrieved windows, and so, when the cache holds them
+     (`dil-jax index --cache-reuse`), are the first upper block's passage q/k/v and attention
+     statistics (`dil_jax.open_domain.cache.reuse`; not for prescreened pairs);
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
      sliced from the passage's original characters.
 
@@ -52,9 +52,9 @@ from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import check_segment_lengths
 from dil_jax.open_domain.abstention import Abstention
-from dil_jax.open_domain.cache import PassageCache
-from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
-from dil_jax.open_domain.reuse import pair_inputs
+from dil_jax.open_domain.cache.reuse import pair_inputs
+from dil_jax.open_domain.cache.store import PassageCache
+from dil_jax.open_domain.index.folder import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.open_domain.scoring import (
     Candidate,
     best_pair_of_each_hit,
@@ -68,7 +68,7 @@ from dil_jax.tokenization import encode_questions
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
-    from dil_jax.open_domain.sentences import SentenceStore
+    from dil_jax.open_domain.index.sentences import SentenceStore
     from dil_jax.prescreening.prescreener import SentencePrescreener
     from dil_jax.prescreening.screen import SentenceRule
 
@@ -132,7 +132,7 @@ class ReadResult:
 @dataclasses.dataclass
 class ReaderPrescreen:
     """Sentence prescreening for the open-domain reader: the model, its rule, the index's
-    stored sentence embeddings (dil_jax.open_domain.sentences)."""
+    stored sentence embeddings (dil_jax.open_domain.index.sentences)."""
 
     prescreener: SentencePrescreener
     rule: SentenceRule
@@ -190,8 +190,8 @@ class OpenDomainReader:
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
         from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
-        reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reader as it was
-        before them (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
+        reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reference pair
+        program (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
         timing). chunk_size: pairs per step (`PairGrid`; None = its default for the
         platform). span_score: how passages' best spans compare (SPAN_SCORES).
         passage_rows: pad every batch's passage side to exactly this many cache rows, so the

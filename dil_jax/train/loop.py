@@ -40,7 +40,7 @@ from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import OutputPathError, TrainingDiverged
-from dil_jax.mesh import data_mesh
+from dil_jax.mesh import DistributedSettings, data_mesh, maybe_initialize_distributed
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
@@ -67,7 +67,6 @@ from dil_jax.train.setup import (
     load_run_models,
     loss_weights,
     make_run_optimizer,
-    maybe_initialize_distributed,
     metrics_dir,
 )
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
@@ -504,7 +503,7 @@ def train(config: ml_collections.ConfigDict, *,
     """
     validate_config(config)  # before anything loads: a bad value is named by its key
     check_config_paths(config)  # the files it names exist (before any model loads)
-    maybe_initialize_distributed(config.distributed)
+    maybe_initialize_distributed(DistributedSettings.from_mapping(config.distributed))
     claim_workdir(config.workdir)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0

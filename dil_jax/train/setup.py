@@ -2,7 +2,6 @@
 
 Each function reads one part of a validated config (see default_config.py):
 
-    maybe_initialize_distributed  config.distributed (before any other JAX call)
     load_run_data                 config.data, batch_size, grad_accum_steps -> RunData
     load_run_models               config.model, config.teacher, config.eval -> RunModels
     make_run_optimizer            config.optim -> (optax transformation, schedule)
@@ -35,25 +34,6 @@ log = logging.getLogger(__name__)
 EvaluateFn = Callable[[Params], dict[str, float]]
 # teacher.checkpoint value: the student's own initial params, read as a full (k = 0) model.
 SAME_INIT = "student_init"
-
-
-def maybe_initialize_distributed(cfg: ml_collections.ConfigDict) -> None:
-    """jax.distributed.initialize when configured; must run before any other JAX call.
-
-    On Cloud TPU all arguments may stay None (JAX discovers the pod); elsewhere give the
-    coordinator "host:port", the process count and this process's id. CPU processes use gloo
-    collectives (JAX's default CPU collectives since 0.5).
-    """
-    if cfg.num_cpu_devices and jax.config.jax_num_cpu_devices != int(cfg.num_cpu_devices):
-        # Only possible before the CPU backend starts (i.e. before any JAX computation).
-        jax.config.update("jax_num_cpu_devices", int(cfg.num_cpu_devices))
-    if not cfg.initialize or jax.distributed.is_initialized():
-        return
-    kwargs = {name: cfg[name] for name in ("coordinator_address", "num_processes", "process_id")
-              if cfg[name] is not None}
-    jax.distributed.initialize(**kwargs)
-    log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
 def is_remote(workdir: str | Path) -> bool:

@@ -31,9 +31,9 @@ import numpy as np
 
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.open_domain.cache import REUSE_LSE_ARRAY as LSE_ARRAY
-from dil_jax.open_domain.cache import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
-from dil_jax.open_domain.cache import ReuseEncoder
+from dil_jax.open_domain.cache.store import REUSE_LSE_ARRAY as LSE_ARRAY
+from dil_jax.open_domain.cache.store import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
+from dil_jax.open_domain.cache.store import ReuseEncoder
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.plan import ReusePlan
 
