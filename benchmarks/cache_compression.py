@@ -116,6 +116,7 @@ def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: in
     round trip through `cache`'s storage (its PCA basis, if any). One pair per window."""
     from dil_jax.data.decoding import answers, decode_predictions
     from dil_jax.data.features import featurize
+    from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.reading.grid import PairGrid
 
@@ -135,7 +136,7 @@ def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: in
                              features.example_index, p_index.reshape(-1))
     predictions = decode_predictions(examples, features, scores.start_logits, scores.end_logits,
                                      None, None)
-    result = squad_scores(examples, answers(predictions), version="1.1")
+    result = squad_scores(gold_answers(examples), answers(predictions), version="1.1")
     return {"EM": float(result["exact"]), "F1": float(result["f1"])}
 
 
