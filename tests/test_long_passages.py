@@ -283,8 +283,8 @@ def test_reversible_saved_residuals_do_not_grow_with_depth():
     x = np.random.default_rng(0).normal(size=(1, 64, 32)).astype(np.float32)
     bias = attention_bias(jnp.ones((1, 64), jnp.int32))
     block_params = Block(config).init(jax.random.key(0), x, bias)["params"]
-    f = lambda p, x, aux: bert._reversible_residual(config, True, "attention", p, x, aux)  # noqa: E731
-    g = lambda p, x, aux: bert._reversible_residual(config, True, "feed_forward", p, x, aux)  # noqa: E731
+    f = lambda p, x, aux: bert.reversible_residual(config, True, "attention", p, x, aux)  # noqa: E731
+    g = lambda p, x, aux: bert.reversible_residual(config, True, "feed_forward", p, x, aux)  # noqa: E731
 
     def stack(run, depth):
         aux = ((bias, None, None),) * depth

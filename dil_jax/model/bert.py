@@ -69,7 +69,7 @@ def param_block_of_layer(config: EncoderConfig, layer: int) -> int:
     return layer
 
 
-def _reversible_residual(config: EncoderConfig, deterministic: bool, method: str,
+def reversible_residual(config: EncoderConfig, deterministic: bool, method: str,
                          params: Any, x: jax.Array, aux: tuple[Any, ...]) -> jax.Array:
     """F ("attention") or G ("feed_forward") of one reversible block as a pure function
     (`reversible.Residual`): params of one Block, x [batch, seq, hidden] -> the same shape.
@@ -157,8 +157,8 @@ class SpanReaderModule(nn.Module):
         else:
             params = tuple(block.variables["params"] for block in blocks)
             x1, x2 = reversible_layers(
-                functools.partial(_reversible_residual, cfg, deterministic, "attention"),
-                functools.partial(_reversible_residual, cfg, deterministic, "feed_forward"),
+                functools.partial(reversible_residual, cfg, deterministic, "attention"),
+                functools.partial(reversible_residual, cfg, deterministic, "feed_forward"),
                 params, aux, x, x)
         return [(x1 + x2) * jnp.asarray(0.5, x1.dtype)]
 
