@@ -289,17 +289,13 @@ class PairGrid:
         num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
         config = self.model.config
         kept_tokens = positions is not None
+        # Before tracing: past the position table XLA would return NaN logits, not an error.
+        check_segment_lengths(config, np.shape(q_mask)[1],
+                              p_len if positions is None else np.shape(positions)[1])
         self.plan.check_given(qkv=q_qkv is not None or p_qkv is not None,
                               p_qkv=p_qkv is not None, p_stats=p_stats is not None,
                               kept_tokens=kept_tokens,
                               what=f"k = {config.num_lower_layers} of {config.num_layers} layers")
-        if kept_tokens and config.architecture == "xlnet":
-            raise InputError("kept-token positions (sentence prescreening) are not supported "
-                             "for architecture 'xlnet': its upper blocks would renumber the "
-                             "kept tokens' relative distances")
-        # Before tracing: past the position table XLA would return NaN logits, not an error.
-        check_segment_lengths(self.model.config, np.shape(q_mask)[1],
-                              p_len if positions is None else np.shape(positions)[1])
         q_len = np.shape(q_mask)[1]
         q_mask_host, p_mask_host = np.asarray(q_mask), np.asarray(p_mask)
         q_mask = jax.device_put(q_mask_host, self.replicated)

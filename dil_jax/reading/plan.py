@@ -17,6 +17,8 @@ asks it instead of deciding again:
                        softmax statistics can be computed once per passage
   trims_padding        not XLNet, no LSH upper block: each chunk of pairs reads only as many
                        tokens as its longest real segments
+  reads_kept_tokens    not XLNet: pairs may read only the kept tokens of their passage
+                       (sentence prescreening) through the upper blocks
 
 "Plain upper blocks" are post-LayerNorm blocks with full attention above k: reversible blocks
 and LSH attention in an upper block break the reuses' arithmetic.
@@ -49,6 +51,7 @@ class ReusePlan:
     span_rows_only: bool
     passage_stats: bool
     trims_padding: bool
+    reads_kept_tokens: bool
     min_reads: int = HOIST_MIN_READS
 
     @classmethod
@@ -72,6 +75,8 @@ class ReusePlan:
             # XLNet: a question's padding counts in every relative distance. LSH upper
             # blocks: their hash buckets depend on the sequence length.
             trims_padding=reuse and trim_padding and not xlnet and not lsh_above_k,
+            # XLNet's upper blocks would renumber the kept tokens' relative distances.
+            reads_kept_tokens=not xlnet,
         )
 
     def projects(self, num_pairs: int, num_rows: int) -> bool:
@@ -94,9 +99,13 @@ class ReusePlan:
 
     def check_given(self, *, qkv: bool, p_qkv: bool, p_stats: bool, kept_tokens: bool,
                     what: str) -> None:
-        """Raises InputError for reuse arrays handed in that this plan cannot read: q/k/v
-        without hoisting, passage q/k/v or statistics with kept tokens, statistics the plan
+        """Raises InputError for what this plan cannot read: kept tokens where it reads none,
+        q/k/v without hoisting, passage q/k/v or statistics with kept tokens, statistics the plan
         does not use. `what` names the reader's split in the message ("k = 2 of 4 layers")."""
+        if kept_tokens and not self.reads_kept_tokens:
+            raise InputError("kept-token positions (sentence prescreening) are not supported "
+                             "for architecture 'xlnet': its upper blocks would renumber the "
+                             "kept tokens' relative distances")
         if qkv and not self.hoists_projections:
             raise InputError(f"q/k/v given, but {what} has no lower state to project them "
                              f"from (0 < k < l needed)")
