@@ -216,18 +216,21 @@ def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
 
 # ------------------------------------------------- the open-domain commands (index, ask, odqa-eval)
 #
-# The reader flags those three commands share and the checks of their flags run before anything
-# loads; moved here from dil_jax.commands.odqa, which registers all three.
+# The reader flags those three commands share (commands/index.py registers `index`,
+# commands/odqa.py `ask` and `odqa-eval`), the checks of their flags run before anything loads,
+# and the readers the flags name.
 
 STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-token "
-                 "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
-                 "name the same (docs/open_domain.md)")
+                "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
+                "name the same (docs/open_domain.md)")
 
 NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
-                  "--cache-reuse): the reference, for timing")
+                 "--cache-reuse): the reference, for timing")
 
 
 def add_reader_arguments(parser: argparse.ArgumentParser, many_k: bool) -> None:
+    """The reader flags of `index`, `ask` and `odqa-eval` (--checkpoint, --tokenizer, --k,
+    lengths, batch and chunk sizes, --span-score); many_k: several readers, one per --k."""
     # None = the bundled fine-tuned readers (resolved when the command runs, by k): a user's
     # first `ask` must not read with the raw MiniLM's untrained QA head.
     parser.add_argument("--checkpoint", default=None, nargs="+" if many_k else None,
@@ -263,7 +266,8 @@ def add_reader_arguments(parser: argparse.ArgumentParser, many_k: bool) -> None:
                                 "first" if many_k else ""))
 
 
-def checked_first(check, run):
+def checked_first(check: Callable[[argparse.Namespace], None],
+                  run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`run`, preceded by `check(args)`: flag relations and output paths are refused before any
     model, index or corpus is loaded."""
     def checked(args: argparse.Namespace) -> int:
@@ -276,12 +280,13 @@ def checked_first(check, run):
 
 
 def check_checkpoint_count(args: argparse.Namespace) -> None:
+    """--checkpoint gives one value for all --k, or one per k."""
     if isinstance(args.checkpoint, list) and len(args.checkpoint) not in (1, len(args.k)):
         raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
                          f"{len(args.k)}: give one checkpoint for all k, or one per k")
 
 
-def local_paths(values) -> list[str]:
+def local_paths(values: str | list[str] | None) -> list[str]:
     """The values of a path flag that name local files ('default' names a bundled one)."""
     values = [values] if isinstance(values, str) or values is None else values
     return [v for v in values if v and v != "default"]

@@ -165,6 +165,7 @@ class PairGrid:
                                 jnp.asarray(p_mask))
 
     def encode_questions(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
+        """Question lower states: ids, mask [n, q_len] -> [n, q_len, hidden], replicated."""
         return self.encode_segments(params, ids, mask, QUESTION_SEGMENT)
 
     def encode_passages(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
