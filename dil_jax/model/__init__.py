@@ -16,8 +16,8 @@
     lsh.py, memory.py, reversible.py
                     the long-passage options (docs/architecture.md, "Long passages"): Reformer
                     LSH attention, chunked row-wise maps and remat policies, reversible layers
-    qanet*.py, bidaf.py
-                    the QANet and BiDAF readers (no delayed interaction)
+    qanet.py, qanet_config.py, qanet_inputs.py, qanet_layers.py, bidaf.py
+                    the QANet and BiDAF readers, with the delayed readers' split (docs/qanet.md)
 
 Reading pairs at inference (the pair grid, the exact reuses, the scores) is `dil_jax.reading`'s,
 which imports from here, never the reverse. Dependencies inside run one way: lsh <- attention;
