@@ -138,6 +138,7 @@ RULES: dict[str, Rule] = {
     "model.lsh_num_hashes": POSITIVE,
     "model.lsh_bucket_size": POSITIVE,
     "teacher.checkpoint": text(),
+    "teacher.logits_file": text(),
     "loss.ce_weight": WEIGHT,
     "loss.kd_weight": WEIGHT,
     "loss.lrs_weight": WEIGHT,
@@ -236,10 +237,10 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     if patience[0] and metric[0] and patience[1] > 0 and not metric[1]:
         problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
                         "config.checkpoint.best_metric (e.g. 'f1')")
-    problems += _shared_norm_problems(config)
-    problems += _distill_file_problems(config)
-    problems += _evaluation_interval_problems(config)
-    problems += _article_overlap_problems(config)
+    from dil_jax.train.teacher_logits import logits_file_problems
+    for check in (_shared_norm_problems, _distill_file_problems, _evaluation_interval_problems,
+                  _article_overlap_problems, logits_file_problems):
+        problems += check(config)
     return problems
 
 

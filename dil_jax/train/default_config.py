@@ -53,6 +53,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "" (no teacher), "student_init" (the student's initial params as a k = 0 model), or a
     # checkpoint as for model.checkpoint (e.g. the params/ of a fine-tuned full model).
     c.teacher.checkpoint = ""
+    # A .npz of the teacher's span scores of every training window, read by KD instead of
+    # running the teacher each step; computed (once) and written when absent or stale. KD only
+    # (loss.lrs_weight = 0). "" = the teacher runs beside the student.
+    c.teacher.logits_file = ""
 
     c.loss = ml_collections.ConfigDict()
     c.loss.ce_weight = 1.0  # gamma

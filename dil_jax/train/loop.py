@@ -71,6 +71,7 @@ from dil_jax.train.setup import (
     metrics_dir,
 )
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
+from dil_jax.train.teacher_logits import with_stored_teacher
 
 log = logging.getLogger(__name__)
 
@@ -513,6 +514,7 @@ def train(config: ml_collections.ConfigDict, *,
     models = load_run_models(config, evaluate_fn)
     check_frozen_prefixes(config, models.student.params)
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
+    data, models = with_stored_teacher(config, data, models)  # teacher.logits_file
 
     tx, schedule = make_run_optimizer(config, data.total_steps)
     rep = sharding_lib.replicated(mesh)
