@@ -1,11 +1,8 @@
 """The validation of training configs: one rule per key of `base_config()`, and the relations
 between keys, checked before any model or data loads (`validate_config`, `config_problems`).
-
-Separate from default_config.py, which holds the schema itself (every key with its default, and
-the paper's SQuAD runs); this module holds what each value must be. Config files import only
-default_config; the loader (config_files.py: renamed keys), the train command and the loop
-import this.
-"""
+default_config.py holds the schema (every key with its default); this module what each value
+must be. Config files import only default_config; the loader, the train command and the loop
+import this."""
 
 from __future__ import annotations
 
@@ -158,6 +155,7 @@ RULES: dict[str, Rule] = {
     "data.validation_file": text(),
     "data.answer_candidates_file": text(),
     "data.null_window_fraction": number_in(0, 1, low_open=True),
+    "data.length_buckets": text(),
     "data.train_articles": text(),
     "data.validation_articles": text(),
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]

@@ -98,6 +98,10 @@ def base_config() -> ml_collections.ConfigDict:
     # by data_seed; answer windows, distractors and distillation-only windows all stay): a
     # cheaper epoch (dil_jax.train.data.sample_null_windows). 1 = all of them.
     c.data.null_window_fraction = 1.0
+    # Passage lengths, e.g. "96,128": every batch holds windows of one bucket, cut to its length
+    # (less padding; one compiled step per length; train/buckets.py). "" = every batch padded
+    # to max_passage_len.
+    c.data.length_buckets = ""
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
     c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     # > 0: only the first questions (file order) of the training split: learning curves, sweeps.
