@@ -35,13 +35,16 @@ stopped, and every process computes the same global batch and takes its own rows
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import ml_collections
 import numpy as np
 
 from dil_jax.data.features import NO_ANSWER, FeaturizationError
 from dil_jax.errors import UsageError
+
+if TYPE_CHECKING:  # jax-free at run time: the data order runs without a model
+    from dil_jax.train.teacher_logits import TeacherLogits
 
 
 class FeaturesLike(Protocol):
@@ -167,6 +170,9 @@ class Windows:
     # None: every window is its own unit.
     groups: np.ndarray | None = None
     group_valid: np.ndarray | None = None
+    # The frozen teacher's scores of each window (train.teacher_logits.TeacherLogits), when KD
+    # reads them from config.teacher.logits_file instead of running the teacher; None: it runs.
+    teacher_logits: TeacherLogits | None = None
 
     def __len__(self) -> int:
         return self.p_ids.shape[0]
@@ -202,6 +208,7 @@ class Windows:
         mask all 0 (the model gives its passage logits PADDED_LOGIT), labels -1, valid 0.
         labelled [*S]: 0 on distillation-only windows (the span cross-entropy skips them).
         start_candidates, end_candidates [*S, C]: only when the windows have candidates.
+        teacher_*_logits [*S, Lp] / [*S]: only when the teacher's scores are stored.
         """
         rows = np.asarray(rows)
         valid = np.ones(rows.shape, bool) if valid is None else np.asarray(valid, bool)
@@ -212,7 +219,8 @@ class Windows:
                                          NO_ANSWER).astype(np.int32),
             "end_candidates": np.where(keep, self.end_candidates[rows],
                                        NO_ANSWER).astype(np.int32)}
-        return {**candidates,
+        teacher = {} if self.teacher_logits is None else self.teacher_logits.batch(rows, valid)
+        return {**candidates, **teacher,
             "q_ids": self.q_ids[q], "q_mask": self.q_mask[q],
             "p_ids": np.where(keep, self.p_ids[rows], 0).astype(np.int32),
             "p_mask": np.where(keep, self.p_mask[rows], 0).astype(np.int32),

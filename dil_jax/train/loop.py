@@ -70,6 +70,7 @@ from dil_jax.train.setup import (
     metrics_dir,
 )
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
+from dil_jax.train.teacher_logits import with_stored_teacher
 
 log = logging.getLogger(__name__)
 
@@ -210,13 +211,14 @@ def checkpoint_meta(step: int, data: RunData, dropout_rng: jax.Array) -> dict[st
             "total_steps": data.total_steps}
 
 
-def data_identity(data: RunData) -> dict[str, int]:
+def data_identity(data: RunData) -> dict[str, Any]:
     """What fixes the data order: the seed, the windows (distractors included), the units the
     order permutes (windows, or question groups of `group_size` with loss.shared_norm; 0 = no
     groups) and the global batch. Checkpoints record it; a resume must find it unchanged."""
     return {"data_seed": data.seed, "num_windows": len(data.train),
             "num_units": data.train.num_units, "group_size": data.train.group_size,
-            "global_batch": data.global_batch}
+            "global_batch": data.global_batch,
+            "length_buckets": [] if data.buckets is None else list(data.buckets.lengths)}
 
 
 def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn | None,
@@ -353,8 +355,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                               out_shardings=sharding_lib.replicated(mesh))()
     with stop_on_signals() as stop:
         while step < data.total_steps and not stopped_early:
-            rows, valid = data.step_rows(step)
-            local = data.train.batch(rows[:, rows_of_process], valid[:, rows_of_process])
+            local = data.step_batch(step, rows_of_process)
             batch = sharding_lib.put_process_batch(local, mesh, data.micro)
             state, metrics, first_nonfinite = tracked_step(state, teacher_params, batch,
                                                            dropout_rng, first_nonfinite)
@@ -512,6 +513,7 @@ def train(config: ml_collections.ConfigDict, *,
     models = load_run_models(config, evaluate_fn)
     check_frozen_prefixes(config, models.student.params)
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
+    data, models = with_stored_teacher(config, data, models)  # teacher.logits_file
 
     tx, schedule = make_run_optimizer(config, data.total_steps)
     rep = sharding_lib.replicated(mesh)
@@ -618,14 +620,15 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     return directory
 
 
-def _check_resume(meta: dict[str, Any], identity: dict[str, int],
+def _check_resume(meta: dict[str, Any], identity: dict[str, Any],
                   workdir: str | Path = "") -> None:
     """A resumed run must see the same data order, or its data position means nothing.
 
     identity: `data_identity` of this run. Checkpoints written before shared normalisation have
-    no num_units / group_size: they trained on single windows (units = windows, no groups).
+    no num_units / group_size: they trained on single windows (units = windows, no groups);
+    those written before length buckets, none: one length.
     """
-    defaults = {"num_units": meta["num_windows"], "group_size": 0}
+    defaults = {"num_units": meta["num_windows"], "group_size": 0, "length_buckets": []}
     saved = {key: meta.get(key, defaults.get(key)) for key in identity}
     if saved != identity:
         changed = ", ".join(f"{key} {saved[key]} -> {identity[key]}" for key in identity

@@ -26,6 +26,7 @@ from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
+from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.optim import make_optimizer
 
@@ -205,11 +206,9 @@ def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple
     return global_batch, accum, micro
 
 
-def total_train_steps(config: ml_collections.ConfigDict, num_units: int,
-                      units_per_batch: int) -> int:
+def total_train_steps(config: ml_collections.ConfigDict, per_epoch: int) -> int:
     if config.num_train_steps > 0:
         return int(config.num_train_steps)
-    per_epoch = data_lib.steps_per_epoch(num_units, units_per_batch)
     return max(1, math.ceil(config.num_epochs * per_epoch))
 
 
@@ -231,6 +230,8 @@ class RunData:
     per_epoch: int  # steps per epoch
     total_steps: int
     seed: int  # config.data_seed
+    # data.length_buckets: batches of one bucket each, cut to its length; None: one length.
+    buckets: BucketedOrder | None = None
 
     @property
     def units_per_batch(self) -> int:
@@ -240,10 +241,22 @@ class RunData:
     def step_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(window rows, valid) [accum, micro] of global step `step`: a pure function of
         (data seed, step), so a resumed run and every process see the same batch."""
-        units = data_lib.global_batch_rows(step, self.train.num_units, self.units_per_batch,
-                                           self.seed)
+        if self.buckets is not None:
+            units = self.buckets.step_units(step)[0]
+        else:
+            units = data_lib.global_batch_rows(step, self.train.num_units,
+                                               self.units_per_batch, self.seed)
         rows, valid = self.train.unit_rows(units)
         return rows.reshape(self.accum, self.micro), valid.reshape(self.accum, self.micro)
+
+    def step_batch(self, step: int, rows_of_process: np.ndarray) -> dict[str, np.ndarray]:
+        """This process's rows of step `step` as model inputs [accum, rows, ...], their passage
+        arrays cut to the step's bucket length when the run is bucketed."""
+        rows, valid = self.step_rows(step)
+        batch = self.train.batch(rows[:, rows_of_process], valid[:, rows_of_process])
+        if self.buckets is None:
+            return batch
+        return cut_passages(batch, self.buckets.step_units(step)[1])
 
 
 def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
@@ -268,12 +281,27 @@ def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
         val_features = load_split(config, "validation")
     # Validation keeps per-window windows (no distractors, no groups): its loss is the span CE.
     val_windows = None if val_features is None else data_lib.windows_from_features(val_features)
+    buckets = length_buckets(config, train_windows, units_per_batch)
+    per_epoch = (buckets.per_epoch if buckets is not None
+                 else data_lib.steps_per_epoch(train_windows.num_units, units_per_batch))
     return RunData(train=train_windows, validation=val_windows, global_batch=global_batch,
-                   accum=accum, micro=micro,
-                   per_epoch=data_lib.steps_per_epoch(train_windows.num_units, units_per_batch),
-                   total_steps=total_train_steps(config, train_windows.num_units,
-                                                 units_per_batch),
-                   seed=int(config.data_seed))
+                   accum=accum, micro=micro, per_epoch=per_epoch,
+                   total_steps=total_train_steps(config, per_epoch),
+                   seed=int(config.data_seed), buckets=buckets)
+
+
+def length_buckets(config: ml_collections.ConfigDict, windows: data_lib.Windows,
+                   units_per_batch: int) -> BucketedOrder | None:
+    """The bucketed order of config.data.length_buckets over `windows`, or None (off)."""
+    lengths = parse_buckets(str(config.data.get("length_buckets", "")),
+                            int(windows.p_ids.shape[1]))
+    if not lengths:
+        return None
+    order = BucketedOrder.build(unit_real_lengths(windows.p_mask, windows.groups,
+                                                  windows.group_valid),
+                                lengths, units_per_batch, int(config.data_seed))
+    log.info("length buckets %s: %s batches an epoch", lengths, order.batches_per_bucket)
+    return order
 
 
 @dataclasses.dataclass
