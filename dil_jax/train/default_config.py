@@ -96,7 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.answer_candidates_file = ""
     # (0, 1]: train on this share of the answer-less windows of labelled questions (chosen once
     # by data_seed; answer windows, distractors and distillation-only windows all stay): a
-    # cheaper epoch (dil_jax.train.data.sample_null_windows). 1 = all of them.
+    # cheaper epoch (dil_jax.train.null_windows.sample_null_windows). 1 = all of them.
     c.data.null_window_fraction = 1.0
     # Passage lengths, e.g. "96,128": every batch holds windows of one bucket, cut to its length
     # (less padding; one compiled step per length; train/buckets.py). "" = every batch padded

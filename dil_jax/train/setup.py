@@ -28,6 +28,7 @@ from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
 from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths
 from dil_jax.train.losses import LossWeights
+from dil_jax.train.null_windows import sample_null_windows
 from dil_jax.train.optim import make_optimizer
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ def training_windows(config: ml_collections.ConfigDict,
                          "windows)")
     if fraction < 1.0:
         before = len(windows)
-        windows = data_lib.sample_null_windows(windows, fraction, int(config.data_seed))
+        windows = sample_null_windows(windows, fraction, int(config.data_seed))
         log.info("answer-less windows sampled (data.null_window_fraction = %g): %d of %d "
                  "training windows kept", fraction, len(windows), before)
     group = shared_norm_group(config)
