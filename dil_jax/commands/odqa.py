@@ -84,8 +84,10 @@ def register(subparsers) -> None:
                      help="fusion weight of the reader score (1 = reader alone)")
     ask.add_argument("--no-fusion", action="store_true", help="rank by the reader score alone")
     ask.add_argument("--interactive", action="store_true", help="read questions from stdin")
-    ask.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
-                     metavar="STORAGE", help="the storage the index's cache was built with")
+    ask.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
+                     metavar="STORAGE",
+                     help="the storage the index's cache was built with (default: read from "
+                          "the cache; naming one refuses a cache stored otherwise)")
     ask.add_argument("--no-cached-reuse", action="store_true", help=NO_REUSE_HELP)
     add_reader_arguments(ask, many_k=False)
     add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
@@ -156,18 +158,20 @@ def _missing_cache(args, index, reader):
         index_caches,
         missing_cache_message,
     )
+    from dil_jax.open_domain.cache.storage import FLOAT32
 
-    key = index.cache_key(reader, args.storage)
+    storage = args.storage or FLOAT32  # `ask` without --cache-dtype: the plain cache
+    key = index.cache_key(reader, storage)
     folder = index.cache_dir(key)
     if folder.exists():
         return None
     checkpoint = reader.checkpoint.name
     k = reader.config.num_lower_layers
-    command = build_command(str(args.index), index.settings, checkpoint, k, args.storage,
+    command = build_command(str(args.index), index.settings, checkpoint, k, storage,
                             args.tokenizer)
     partial = folder.with_name(f".{folder.name}.partial").exists()
     return MissingCacheError(missing_cache_message(
-        str(args.index), folder.name, checkpoint, k, args.storage,
+        str(args.index), folder.name, checkpoint, k, storage,
         index_caches(index.directory), {key.model: THIS_READER}, command, partial))
 
 

@@ -43,7 +43,7 @@ from dil_jax.open_domain.cache.check import (
     tokenizer_fingerprint,
 )
 from dil_jax.open_domain.cache.disk import write_errors
-from dil_jax.open_domain.cache.manifest import CacheKey
+from dil_jax.open_domain.cache.manifest import MANIFEST_FILE, STORAGE_FIELD, CacheKey
 from dil_jax.open_domain.cache.shards import build_sharded_passage_cache
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 from dil_jax.open_domain.cache.store import PassageCache, ReuseEncoder, StatesEncoder
@@ -109,12 +109,24 @@ class OpenDomainIndex:
         """The folder of the cache of `key` in this index."""
         return self.directory / key.folder_name
 
-    def open_cache(self, reader: Reader, storage: Storage = FLOAT32,
+    def built_storage(self, reader: Reader) -> Storage:
+        """The storage the cache of `reader` in this index was built with (read from its
+        manifest), FLOAT32 when there is no such cache or its manifest names none."""
+        folder = self.cache_dir(self.cache_key(reader, FLOAT32))
+        try:
+            manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+            return Storage.parse(str(manifest[STORAGE_FIELD]), reader.config.hidden_size)
+        except (OSError, ValueError, KeyError, TypeError):  # opening it names what is wrong
+            return FLOAT32
+
+    def open_cache(self, reader: Reader, storage: Storage | None = FLOAT32,
                    verify: str = "sampled") -> PassageCache:
         """The passage cache for `reader`; a mismatch is an error naming the field.
 
         storage: the one the reader expects (`--cache-dtype`); a cache stored another way is
-        refused, naming both. verify: how its files are checked against the digests recorded
+        refused, naming both; None: the one the cache was built with (`built_storage`), as
+        for a k = 0 cache always (it holds token ids, no states, whatever it records).
+        verify: how its files are checked against the digests recorded
         at build time (`PassageCache`): "sampled" by default (`cache_digests` says what that
         catches), "full" every byte, "none" not at all; a cache without digests is opened with
         a warning saying how to add them. Also re-encodes two stored passages with this reader
@@ -128,6 +140,8 @@ class OpenDomainIndex:
         from dil_jax.model.span_reader import PASSAGE_SEGMENT
         from dil_jax.open_domain.cache.reuse import reuse_encoder
 
+        if storage is None or reader.config.num_lower_layers == 0:
+            storage = self.built_storage(reader)
         key = self.cache_key(reader, storage)
         cache = PassageCache.open(self.cache_dir(key), key, verify)
         model = reader.model
