@@ -240,7 +240,8 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     problems += _distill_file_problems(config)
     problems += _evaluation_interval_problems(config)
     problems += _article_overlap_problems(config)
-    return problems
+    from dil_jax.train.reader_kinds import kind_problems  # model.kind: QANet / BiDAF rules
+    return problems + kind_problems(config)
 
 
 def _evaluation_interval_problems(config: ml_collections.ConfigDict) -> list[str]:
