@@ -56,10 +56,12 @@ def _qanet_train_step_module():
 class CompiledStep:
     """One variant's train step at one passage length, compiled (not run)."""
 
-    def __init__(self, variant: str, batch: int, q_len: int, p_len: int, table, seed: int):
+    def __init__(self, variant: str, batch: int, q_len: int, p_len: int, table, seed: int,
+                 model_blocks: int = 0):
         bench = _qanet_train_step_module()
         self.variant, self.p_len, self.windows = variant, p_len, batch
-        model = QANetModel(QANetConfig(**bench.VARIANTS[variant]))
+        blocks = {"model_blocks": model_blocks} if model_blocks else {}
+        model = QANetModel(QANetConfig(**bench.VARIANTS[variant], **blocks))
         variables = model.init(jax.random.key(seed), word_table=table)
         tx = optax.adamw(1e-3)
         rng = np.random.default_rng(seed)
@@ -130,7 +132,8 @@ def write_plot(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 4096])
+    parser.add_argument("--lengths", type=int, nargs="*", default=[256, 1024, 4096],
+                        help="passage lengths to compile (none: only --merge earlier records)")
     parser.add_argument("--time-lengths", type=int, nargs="*", default=[1024])
     parser.add_argument("--variants", nargs="+", default=["plain", "reformer"])
     parser.add_argument("--batch", type=int, default=2)
@@ -138,6 +141,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-blocks", type=int, default=0,
+                        help="> 0: the model encoder's blocks (the paper's 7 otherwise): how the "
+                        "memory grows with depth")
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="earlier records (STEM.json) whose rows join this table and plot")
     parser.add_argument("--out", type=Path, required=True, help="output stem")
@@ -147,8 +153,10 @@ def main() -> None:
     rows, timed = [], []
     for p_len in args.lengths:
         for variant in args.variants:
-            step = CompiledStep(variant, args.batch, args.question_len, p_len, table, args.seed)
+            step = CompiledStep(variant, args.batch, args.question_len, p_len, table, args.seed,
+                                args.model_blocks)
             rows.append({"variant": variant, "p_len": p_len, "windows": args.batch,
+                         "model_blocks": args.model_blocks or QANetConfig().model_blocks,
                          "temp_mib": step.temp_bytes / MIB, "total_mib": step.total_bytes / MIB,
                          "argument_mib": step.argument_bytes / MIB,
                          "compile_s": step.compile_s})
