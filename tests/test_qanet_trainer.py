@@ -16,6 +16,8 @@ found the match puts its start and end (the next token) right: loss -> 0, start 
 
 from __future__ import annotations
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -123,3 +125,43 @@ def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_pat
         resolve_reader_checkpoint(tmp_path / "run" / "params")  # predict does not read it yet
     with pytest.raises(CheckpointError, match="a qanet reader, not a bidaf one"):
         load_char_reader(tmp_path / "run" / "params", kind="bidaf")
+
+
+def test_the_evaluator_maps_windows_to_answer_text_with_the_official_metric(tmp_path):
+    # Two paragraphs in windows of 11 tokens + [SEP], stride 6: a paragraph spans several
+    # windows. A read that peaks (start and end) at the answer's token gives the gold text for
+    # both questions (EM 100, F1 100); the same peak one token later gives other text (EM 0).
+    from dil_jax.model.modules import ReaderOutput
+    from dil_jax.train.char_eval import scores, validation_set
+
+    from qanet_helpers import trainer_config
+
+    paragraphs = [("Paris is the capital of France and also its largest city by far.",
+                   "What is the capital of France?", "Paris"),
+                  ("The longest river that flows north through Egypt is the Nile, they say.",
+                   "Which river flows north?", "Nile")]
+    squad = {"version": "1.1", "data": [{"title": f"t{i}", "paragraphs": [{
+        "context": context, "qas": [{"id": f"q{i}", "question": question, "answers": [
+            {"text": answer, "answer_start": context.index(answer)}]}]}]}
+        for i, (context, question, answer) in enumerate(paragraphs)]}
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(squad))
+    config = trainer_config("qanet", tmp_path / "run", steps=1, **{
+        "data.validation_file": path, "data.validation_articles": ":",
+        "data.tokenizer": "default", "model.max_question_len": 16, "data.max_passage_len": 12,
+        "data.doc_stride": 6})
+    data = validation_set(config)
+    assert data.features.num_windows > 2  # more windows than paragraphs
+    tokenizer = load_tokenizer("default")
+    answer_ids = np.asarray(tokenizer.convert_tokens_to_ids(["paris", "nile"]))
+
+    def peaked(shift: int):
+        def read(_variables, batch):
+            hit = np.isin(batch["p_ids"], answer_ids)
+            logits = np.roll(np.where(hit, 10.0, 0.0), shift, axis=1)
+            null = np.zeros(len(logits))
+            return ReaderOutput(logits, logits, null, null)
+        return read
+
+    assert scores(peaked(0), None, data, batch_size=3) == {"exact": 100.0, "f1": 100.0}
+    assert scores(peaked(1), None, data, batch_size=3)["exact"] == 0.0

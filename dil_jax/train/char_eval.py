@@ -14,6 +14,7 @@ per distinct window (its `encode_lower`) belongs to the reader API of issue 40 (
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,8 @@ import jax
 import ml_collections
 import numpy as np
 
+from dil_jax.data.features import Features
+from dil_jax.data.squad import SquadExample
 from dil_jax.errors import UsageError
 from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.qanet import Variables
@@ -60,24 +63,23 @@ def window_logits(read: Callable[..., Any], variables: Variables, arrays: dict[s
     return (np.concatenate(starts)[:n_windows], np.concatenate(ends)[:n_windows])
 
 
-def evaluator(config: ml_collections.ConfigDict, model: CharReaderModel
-              ) -> Callable[[Variables], dict[str, float]]:
-    """factory(config, model) -> evaluate_fn(variables) -> {"exact", "f1"} on validation."""
-    from dil_jax.data.decoding import answers, decode_predictions
+@dataclasses.dataclass(frozen=True)
+class ValidationSet:
+    """The validation examples featurized once: `features` (windows, offsets, max-context
+    flags, for decoding) and `arrays`, what `window_logits` reads (ids, masks, characters)."""
+
+    examples: list[SquadExample]
+    features: Features
+    arrays: dict[str, np.ndarray]
+
+
+def validation_set(config: ml_collections.ConfigDict) -> ValidationSet:
+    """The validation split of config.data, featurized as `predict` would (same windows)."""
     from dil_jax.data.features import featurize
-    from dil_jax.data.squad import load_squad
-    from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.tokenization import load_tokenizer
     from dil_jax.train.char_data import squad_characters
     from dil_jax.train.squad_data import split_examples
 
-    if not isinstance(model, CharReaderModel):
-        raise UsageError(f"config.eval.evaluator = {config.eval.evaluator!r} reads QANet / "
-                         "BiDAF only (config.model.kind 'qanet' or 'bidaf')")
-    file_key = "validation_file" if config.data.get("validation_file") else "squad_file"
-    if load_squad(config.data[file_key]).version == "2.0":
-        raise UsageError(f"config.data.{file_key} = {config.data[file_key]!r} is SQuAD 2.0: a "
-                         "QANet / BiDAF here has no no-answer score; validate on SQuAD v1.1")
     examples = split_examples(config.data, "validation")
     tokenizer = load_tokenizer(config.data.tokenizer)
     features = featurize(examples, tokenizer, max_question_len=config.model.max_question_len,
@@ -87,6 +89,36 @@ def evaluator(config: ml_collections.ConfigDict, model: CharReaderModel
     arrays = {"q_ids": features.q_ids, "q_mask": features.q_mask, "q_chars": q_chars,
               "p_ids": features.p_ids, "p_mask": features.p_mask, "p_chars": p_chars,
               "example_index": features.example_index, "p_source": p_source}
+    return ValidationSet(list(examples), features, arrays)
+
+
+def scores(read: Callable[..., Any], variables: Variables, data: ValidationSet,
+           batch_size: int) -> dict[str, float]:
+    """{"exact", "f1"}: the official SQuAD v1.1 metric of the answers `read` gives (every
+    window read, the best span of a question's windows decoded to its text)."""
+    from dil_jax.data.decoding import answers, decode_predictions
+    from dil_jax.metrics.squad_metric import squad_scores
+
+    start, end = window_logits(read, variables, data.arrays, batch_size)
+    predictions = decode_predictions(data.examples, data.features, start, end, n_best=N_BEST,
+                                     max_answer_length=MAX_ANSWER_LENGTH)
+    result = squad_scores(data.examples, answers(predictions), version="1.1")
+    return {"exact": float(result["exact"]), "f1": float(result["f1"])}
+
+
+def evaluator(config: ml_collections.ConfigDict, model: CharReaderModel
+              ) -> Callable[[Variables], dict[str, float]]:
+    """factory(config, model) -> evaluate_fn(variables) -> {"exact", "f1"} on validation."""
+    from dil_jax.data.squad import load_squad
+
+    if not isinstance(model, CharReaderModel):
+        raise UsageError(f"config.eval.evaluator = {config.eval.evaluator!r} reads QANet / "
+                         "BiDAF only (config.model.kind 'qanet' or 'bidaf')")
+    file_key = "validation_file" if config.data.get("validation_file") else "squad_file"
+    if load_squad(config.data[file_key]).version == "2.0":
+        raise UsageError(f"config.data.{file_key} = {config.data[file_key]!r} is SQuAD 2.0: a "
+                         "QANet / BiDAF here has no no-answer score; validate on SQuAD v1.1")
+    data = validation_set(config)
     batch_size = int(config.eval.batch_size)
 
     @jax.jit
@@ -94,11 +126,4 @@ def evaluator(config: ml_collections.ConfigDict, model: CharReaderModel
         return model(variables, batch["q_ids"], batch["q_chars"], batch["q_mask"],
                      batch["p_ids"], batch["p_chars"], batch["p_mask"])
 
-    def evaluate_fn(variables: Variables) -> dict[str, float]:
-        start, end = window_logits(read, variables, arrays, batch_size)
-        predictions = decode_predictions(examples, features, start, end, n_best=N_BEST,
-                                         max_answer_length=MAX_ANSWER_LENGTH)
-        scores = squad_scores(examples, answers(predictions), version="1.1")
-        return {"exact": float(scores["exact"]), "f1": float(scores["f1"])}
-
-    return evaluate_fn
+    return lambda variables: scores(read, variables, data, batch_size)
