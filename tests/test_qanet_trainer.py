@@ -131,7 +131,7 @@ def test_the_evaluator_maps_windows_to_answer_text_with_the_official_metric(tmp_
     # Two paragraphs in windows of 11 tokens + [SEP], stride 6: a paragraph spans several
     # windows. A read that peaks (start and end) at the answer's token gives the gold text for
     # both questions (EM 100, F1 100); the same peak one token later gives other text (EM 0).
-    from dil_jax.model.modules import ReaderOutput
+    from dil_jax.model.span_reader import ReaderOutput
     from dil_jax.train.char_eval import scores, validation_set
 
     from qanet_helpers import trainer_config

@@ -88,7 +88,7 @@ def register(subparsers) -> None:
 
 def demo_documents(distractors: int):
     """The demo articles plus `distractors` others (in the corpus file's order)."""
-    from dil_jax.open_domain.corpus import read_wikipedia_leads
+    from dil_jax.open_domain.index.corpus import read_wikipedia_leads
 
     documents = read_wikipedia_leads()
     wanted = {f"wiki:{title}" for title in DEMO_TITLES}
@@ -99,7 +99,7 @@ def demo_documents(distractors: int):
 
 def _reusable_index(folder: str, split: dict):
     """The demo index in `folder` when it was built with `split`, else None (build it)."""
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
 
     try:
         index = open_index(folder)
@@ -120,8 +120,8 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.errors import UsageError
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.build import passage_encoder
-    from dil_jax.open_domain.corpus import split_documents
-    from dil_jax.open_domain.index import build_index, build_reader_cache
+    from dil_jax.open_domain.index.corpus import split_documents
+    from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
     from dil_jax.progress import CountBar
 

@@ -20,10 +20,10 @@ import jax.numpy as jnp
 
 from dil_jax.config import ConfigError
 from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
-from dil_jax.model.modules import ReaderOutput
 from dil_jax.model.qanet import QANetModel, Variables
 from dil_jax.model.qanet_config import QANetConfig
 from dil_jax.model.qanet_inputs import QANetSegment
+from dil_jax.model.span_reader import ReaderOutput
 
 # config.model.kind: "encoder" (the BERT family, DelayedInteractionModel) or a character reader.
 ENCODER_KIND = "encoder"

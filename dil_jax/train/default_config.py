@@ -60,6 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "" (no teacher), "student_init" (the student's initial params as a k = 0 model), or a
     # checkpoint as for model.checkpoint (e.g. the params/ of a fine-tuned full model).
     c.teacher.checkpoint = ""
+    # A .npz of the teacher's span scores of every training window, read by KD instead of
+    # running the teacher each step; computed (once) and written when absent or stale. KD only
+    # (loss.lrs_weight = 0). "" = the teacher runs beside the student.
+    c.teacher.logits_file = ""
 
     c.loss = ml_collections.ConfigDict()
     c.loss.ce_weight = 1.0  # gamma
@@ -99,8 +103,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.answer_candidates_file = ""
     # (0, 1]: train on this share of the answer-less windows of labelled questions (chosen once
     # by data_seed; answer windows, distractors and distillation-only windows all stay): a
-    # cheaper epoch (dil_jax.train.data.sample_null_windows). 1 = all of them.
+    # cheaper epoch (dil_jax.train.null_windows.sample_null_windows). 1 = all of them.
     c.data.null_window_fraction = 1.0
+    # Passage lengths, e.g. "96,128": every batch holds windows of one bucket, cut to its length
+    # (less padding; one compiled step per length; train/buckets.py). "" = every batch padded
+    # to max_passage_len.
+    c.data.length_buckets = ""
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
     c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     # > 0: only the first questions (file order) of the training split: learning curves, sweeps.

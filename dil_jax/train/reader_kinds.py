@@ -74,6 +74,8 @@ def kind_problems(config: ml_collections.ConfigDict) -> list[str]:
                             "has no k-split teacher); set it to 0")
     # Each: (key, the value that is honoured, why another is not).
     fixed = (("teacher.checkpoint", "", "no loss here reads a teacher"),
+             ("teacher.logits_file", "", "no loss here reads a teacher"),
+             ("data.length_buckets", "", "buckets cut the passages' ids, not their characters"),
              ("model.num_lower_layers", 0, "the split is fixed (embedding encoder | the rest)"),
              ("model.lsh_layers", "", "use config.model.reader.lsh_encoders"),
              ("model.hidden_dropout", None, "use config.model.reader's dropout fields"),

@@ -22,8 +22,8 @@ from jax.sharding import Mesh
 
 from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.modules import ReaderOutput
-from dil_jax.train import losses
+from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.train import losses, teacher_logits
 from dil_jax.train.sharding import batch_sharding, replicated
 
 # q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp] (QANet / BiDAF: also q_chars [A, M, Lq, C],
@@ -70,9 +70,11 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
     """Total loss and its terms on one micro-batch [M, ...] (no accumulation axis).
 
     The teacher runs deterministically (no dropout) and its outputs are stop_gradient-ed, so it is
-    frozen even though it runs in the same jitted computation.
+    frozen even though it runs in the same jitted computation; when the batch carries its
+    stored scores (config.teacher.logits_file) it does not run at all and KD reads them.
     """
-    use_teacher = teacher is not None and weights.needs_teacher
+    stored = teacher_logits.BATCH_KEYS[0] in batch  # the teacher's scores, computed once
+    use_teacher = teacher is not None and weights.needs_teacher and not stored
     need_states = use_teacher and weights.lrs > 0
     rngs = None if deterministic else {"dropout": dropout_rng}
     out = student_outputs(student, params, batch, deterministic=deterministic, rngs=rngs,
@@ -86,10 +88,14 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
         ce = losses.span_cross_entropy(out, batch["start"], batch["end"], batch.get("labelled"),
                                        batch.get("start_candidates"), batch.get("end_candidates"))
     kd = lrs = jnp.zeros((), jnp.float32)
-    if use_teacher:
+    teacher_out = None
+    if stored:
+        teacher_out = teacher_logits.stored_teacher_output(batch)
+    elif use_teacher:
         teacher_out = teacher(teacher_params, batch["q_ids"], batch["q_mask"], batch["p_ids"],
                               batch["p_mask"], deterministic=True,
                               output_hidden_states=need_states)
+    if teacher_out is not None:
         teacher_out = jax.lax.stop_gradient(teacher_out)
         if weights.kd > 0:
             kd = losses.distillation_kd(out, teacher_out, weights.temperature)

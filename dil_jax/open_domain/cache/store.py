@@ -1,11 +1,11 @@
 """The passage cache: tokenized passages and their lower states, computed once, read by subset.
 
 This module holds the cache's reading side: the layout below, the checks on open, the errors,
-and `PassageCache`; the manifest's fields are `dil_jax.open_domain.cache_manifest`'s. What a
+and `PassageCache`; the manifest's fields are `dil_jax.open_domain.cache.manifest`'s. What a
 cache is checked against (the fingerprints, `reader_cache_key`, `check_states`) is
-`dil_jax.open_domain.cache_check`'s. Writing
+`dil_jax.open_domain.cache.check`'s. Writing
 a cache (`build_passage_cache`, the staging folder, resumption; `build_sharded_passage_cache` and
-the multi-process waits) is `dil_jax.open_domain.cache_build`'s and `cache_shards`'s: every
+the multi-process waits) is `dil_jax.open_domain.cache.build`'s and `cache_shards`'s: every
 process that only reads a cache (answering, evaluating) needs none of it, and the builders
 depend on this module, never the reverse.
 
@@ -18,13 +18,13 @@ Layout of a cache folder:
   mask.npy        [num_passages, passage_len] int32
   offsets.npy     [num_passages, passage_len, 2] int32 character offsets in the passage text
   states.npy      [num_passages, passage_len, hidden]  lower states in the manifest's storage
-                  (`dil_jax.open_domain.compression`: float32, bfloat16 as uint16 bits, int8
+                  (`dil_jax.open_domain.cache.storage`: float32, bfloat16 as uint16 bits, int8
                   codes, or [.., d] int8 PCA coordinates); absent for k = 0, whose passage
                   states depend on the question
   states.scale.npy      [num_passages, passage_len] float32, per-token int8 scales (int8, pca<d>)
   states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>)
   upper_*.npy     with `reuse` (`dil-jax index --cache-reuse`): the first upper block's passage
-                  q/k/v and attention statistics (`dil_jax.open_domain.reuse`), in the same
+                  q/k/v and attention statistics (`dil_jax.open_domain.cache.reuse`), in the same
                   storage (int8 for pca<d>), each with its `.scale.npy` where scaled
 
 A cache built by several processes (`dil-jax index --num-processes N`, one shard each;
@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 
 from dil_jax.errors import DilJaxError
-from dil_jax.open_domain.cache_digests import verify_folder
-from dil_jax.open_domain.cache_manifest import (
+from dil_jax.open_domain.cache.digests import verify_folder
+from dil_jax.open_domain.cache.manifest import (
     CACHE_FORMAT,
     MANIFEST_FILE,
     SHARDED_FORMAT,
@@ -74,11 +74,11 @@ from dil_jax.open_domain.cache_manifest import (
     cache_name,
     shard_name,
 )
-from dil_jax.open_domain.compression import FLOAT32, CacheStorageError, PcaBasis, Storage
-from dil_jax.open_domain.row_arrays import RowArray, gather_rows
+from dil_jax.open_domain.cache.row_arrays import RowArray, gather_rows
+from dil_jax.open_domain.cache.storage import FLOAT32, CacheStorageError, PcaBasis, Storage
 
 # How a cache's files are checked against their digests when it is opened
-# (`dil_jax.open_domain.cache_digests`): "sampled" on every open, "full" by `dil-jax index
+# (`dil_jax.open_domain.cache.digests`): "sampled" on every open, "full" by `dil-jax index
 # --verify`, "none" where the files were just written or checked.
 VERIFY_LEVELS = ("sampled", "full", "none")
 
@@ -99,7 +99,7 @@ class CacheBrokenError(CacheMismatchError):
     """
 
 
-# The first-upper-block arrays of a `reuse` cache (dil_jax.open_domain.reuse explains them):
+# The first-upper-block arrays of a `reuse` cache (dil_jax.open_domain.cache.reuse explains them):
 # [rows, p_len, hidden] in the cache's storage (pca<d>: int8, they have no basis of their own) ...
 REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
 # ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
@@ -109,7 +109,7 @@ REUSE_LSE_ARRAY = "upper_logsumexp"
 # (ids, mask) [rows, p_len] -> lower states [rows, p_len, hidden] ...
 StatesEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
 # ... and (float32 lower states, mask) -> the first-upper-block arrays by name
-# (`dil_jax.open_domain.reuse.reuse_encoder`).
+# (`dil_jax.open_domain.cache.reuse.reuse_encoder`).
 ReuseEncoder = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
@@ -273,7 +273,7 @@ class PassageCache:
         """Maps the arrays; one missing, truncated or of the wrong shape is CacheBrokenError,
         and so is a file that differs from the digests its manifest recorded (`verify`:
         "sampled", the cheap check on open, "full", every byte, or "none";
-        `dil_jax.open_domain.cache_digests` says what each catches)."""
+        `dil_jax.open_domain.cache.digests` says what each catches)."""
         if verify not in VERIFY_LEVELS:
             raise ValueError(f"verify={verify!r}, expected one of {VERIFY_LEVELS}")
         self.directory = directory
@@ -343,7 +343,7 @@ class PassageCache:
     def open(cls, directory: str | os.PathLike, expected: CacheKey | None = None,
              verify: str = "sampled") -> PassageCache:
         """Opens a finished cache; its MATCHED_FIELDS must be `expected`'s exactly (a reader's
-        key: `cache_check.reader_cache_key`); `verify`: how its files are checked against their
+        key: `cache.check.reader_cache_key`); `verify`: how its files are checked against their
         digests (`__init__`)."""
         directory = Path(directory)
         manifest_path = directory / MANIFEST_FILE
@@ -396,7 +396,7 @@ class PassageCache:
 
     def read_reuse(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
         """name -> float32 [len(indices), passage_len, hidden (heads for the log-sum-exp)] of the
-        first-upper-block arrays of those passages (`dil_jax.open_domain.reuse.pair_inputs`
+        first-upper-block arrays of those passages (`dil_jax.open_domain.cache.reuse.pair_inputs`
         turns them into the pair program's p_qkv / p_stats)."""
         if self.reuse is None:
             raise CacheMismatchError(f"{self.directory}: this cache holds no first-upper-block "

@@ -1,7 +1,7 @@
-"""Building a passage cache: the writing side of `dil_jax.open_domain.cache`.
+"""Building a passage cache: the writing side of `dil_jax.open_domain.cache.store`.
 
-`build_passage_cache` writes one cache folder (the layout `dil_jax.open_domain.cache`
-describes); `dil_jax.open_domain.cache_shards.build_sharded_passage_cache` has several processes
+`build_passage_cache` writes one cache folder (the layout `dil_jax.open_domain.cache.store`
+describes); `dil_jax.open_domain.cache.shards.build_sharded_passage_cache` has several processes
 write one shard each with it, planned by process 0 and awaited by file polls (`wait_for`).
 Building lives apart from the format and reading side so that a process that only reads a cache
 carries none of the staging, resumption and waiting code; this module imports from `cache`
@@ -26,7 +26,17 @@ from typing import Any
 import numpy as np
 
 from dil_jax.atomic import write_atomic
-from dil_jax.open_domain.cache import (
+from dil_jax.open_domain.cache.check import check_states
+from dil_jax.open_domain.cache.digests import digest_fields, refreshed_digests
+from dil_jax.open_domain.cache.disk import (  # noqa: F401  (DiskSpaceError: re-exported)
+    DiskSpaceError,
+    check_free_space,
+    preallocate,
+    write_errors,
+)
+from dil_jax.open_domain.cache.manifest import MANIFEST_FILE, CacheKey, CacheManifest
+from dil_jax.open_domain.cache.storage import FLOAT32, PcaBasis, Storage, fit_pca
+from dil_jax.open_domain.cache.store import (
     REUSE_LSE_ARRAY,
     REUSE_WIDE_ARRAYS,
     CacheBrokenError,
@@ -35,20 +45,11 @@ from dil_jax.open_domain.cache import (
     ReuseEncoder,
     StatesEncoder,
 )
-from dil_jax.open_domain.cache_check import check_states
-from dil_jax.open_domain.cache_digests import digest_fields, refreshed_digests
-from dil_jax.open_domain.cache_manifest import MANIFEST_FILE, CacheKey, CacheManifest
-from dil_jax.open_domain.compression import FLOAT32, PcaBasis, Storage, fit_pca
-from dil_jax.open_domain.disk import (  # noqa: F401  (DiskSpaceError: re-exported)
-    DiskSpaceError,
-    check_free_space,
-    preallocate,
-    write_errors,
-)
 
 log = logging.getLogger(__name__)
 
-_PROGRESS = "progress.json"
+# Passages written so far by a build (`{"done": n}`), in its staging folder: where a rerun resumes.
+PROGRESS_FILE = "progress.json"
 # The manifest a build was started with (`CacheManifest.to_json`), in its staging folder: a
 # rerun resumes only a build planned alike.
 PLAN_FILE = "plan.json"
@@ -58,14 +59,15 @@ PCA_FIT_WINDOWS = 1024
 PCA_FIT_TOKENS = 131072
 
 
-def _write_json_atomic(path: Path, value: Any) -> None:
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Writes `value` as JSON to `path` atomically; a full disk is named (`write_errors`)."""
     with write_errors(path):
         write_atomic(path, json.dumps(value, indent=2))
 
 
 def write_manifest(folder: Path, manifest: CacheManifest) -> None:
     """Writes a cache folder's manifest.json (atomically; a full disk names it)."""
-    _write_json_atomic(folder / MANIFEST_FILE, manifest.to_json())
+    write_json_atomic(folder / MANIFEST_FILE, manifest.to_json())
 
 
 def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.ndarray,
@@ -79,17 +81,17 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
     An existing cache is reused when it matches `manifest` (and, with `encode`, `check_states`)
     and holds the reuse arrays if they are asked for; a broken one (CacheBrokenError) is removed
     and rebuilt, with a warning; one built for other settings is refused, naming the field. The
-    caller must hold the index's lock (`dil_jax.open_domain.index_lock.index_lock`): this
+    caller must hold the index's lock (`dil_jax.open_domain.index.lock.index_lock`): this
     removes and renames folders inside the index.
 
     Args:
-      key: what the encoder is (`cache_check.reader_cache_key`): weights, k, hidden size,
-        tokenizer, lengths, the storage scheme (`dil_jax.open_domain.compression.Storage`).
+      key: what the encoder is (`cache.check.reader_cache_key`): weights, k, hidden size,
+        tokenizer, lengths, the storage scheme (`dil_jax.open_domain.cache.storage.Storage`).
       ids, mask: [num_passages, passage_len]; offsets: [num_passages, passage_len, 2].
       encode: (ids, mask) chunk -> [chunk, passage_len, hidden] lower states, or None for k = 0.
       progress: called with the number of passages finished after each chunk.
       reuse: (float32 lower states, mask) chunk -> the first-upper-block arrays to store beside
-        them (`dil_jax.open_domain.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
+        them (`cache.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
       pca: the basis a pca<d> cache stores (a shard gets its cache's, so every shard has the
         same); None fits one on these rows' states.
       shard: {index, count, start, stop} when this is one shard of a sharded cache (its
@@ -107,7 +109,7 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
                              num_heads=int(num_heads) if reuse is not None else None,
                              shard=shard)
     storage = key.storage
-    cache = _existing_cache(directory, manifest, encode, reuse)
+    cache = existing_cache(directory, manifest, encode, reuse)
     if cache is not None:
         return cache
     staging = directory.with_name(f".{directory.name}.partial")
@@ -119,7 +121,7 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
         f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} windows to write)")
     if done is None:
         if encode is not None and storage.pca_dim is not None and pca is None:
-            pca = fit_pca(_pca_sample(ids, mask, encode), storage.pca_dim)
+            pca = fit_pca(pca_sample(ids, mask, encode), storage.pca_dim)
         _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, pca)
         done = 0
     elif done:
@@ -142,11 +144,11 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
                 writer.write(start, values[name])
             for writer in writers.values():
                 writer.flush()  # data on disk before the progress record says so
-            _write_json_atomic(staging / _PROGRESS, {"done": stop})
+            write_json_atomic(staging / PROGRESS_FILE, {"done": stop})
             if progress:
                 progress(stop)
         del writers
-    (staging / _PROGRESS).unlink(missing_ok=True)
+    (staging / PROGRESS_FILE).unlink(missing_ok=True)
     (staging / PLAN_FILE).unlink(missing_ok=True)
     # Digests of the finished files (one read of each), checked whenever the cache is opened.
     write_manifest(staging, dataclasses.replace(manifest, digests=digest_fields(staging)))
@@ -169,7 +171,7 @@ def cache_bytes_per_window_token(manifest: CacheManifest, has_states: bool) -> i
     return per_token
 
 
-def _existing_cache(directory: Path, manifest: CacheManifest,
+def existing_cache(directory: Path, manifest: CacheManifest,
                     encode: StatesEncoder | None,
                     reuse: ReuseEncoder | None
                     ) -> PassageCache | None:
@@ -261,7 +263,7 @@ def _create_array(staging: Path, stem: str, storage: Storage, shape: tuple[int, 
 
 
 def _create_memmap(path: Path, dtype, shape: tuple[int, ...]) -> None:
-    """An empty .npy of `shape`, every block reserved on disk (`disk.preallocate`): its rows
+    """An empty .npy of `shape`, every block reserved on disk (`cache.disk.preallocate`): its rows
     are written later through a memory map, where a full disk would be a SIGBUS."""
     with write_errors(path):
         np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape).flush()
@@ -273,7 +275,7 @@ def _save(path: Path, array: np.ndarray) -> None:
         np.save(path, array)
 
 
-def _pca_sample(ids: np.ndarray, mask: np.ndarray,
+def pca_sample(ids: np.ndarray, mask: np.ndarray,
                 encode: StatesEncoder) -> np.ndarray:
     """[n, hidden] float32 real-token lower states of up to PCA_FIT_WINDOWS windows spread evenly
     over the corpus (up to PCA_FIT_TOKENS of them, evenly spaced): what a PCA basis is fitted on.
@@ -303,8 +305,8 @@ def _start_fresh(staging: Path, manifest: CacheManifest, ids: np.ndarray, mask: 
         for name in REUSE_WIDE_ARRAYS:
             _create_array(staging, name, storage.without_pca(), shape)
         _create_array(staging, REUSE_LSE_ARRAY, FLOAT32, shape[:2] + (manifest.num_heads,))
-    _write_json_atomic(staging / PLAN_FILE, manifest.to_json())
-    _write_json_atomic(staging / _PROGRESS, {"done": 0})
+    write_json_atomic(staging / PLAN_FILE, manifest.to_json())
+    write_json_atomic(staging / PROGRESS_FILE, {"done": 0})
 
 
 def _resume_point(staging: Path, manifest: CacheManifest) -> int | None:
@@ -312,7 +314,7 @@ def _resume_point(staging: Path, manifest: CacheManifest) -> int | None:
     (the manifest it was started with, as written) is this build's."""
     try:
         planned = json.loads((staging / PLAN_FILE).read_text())
-        done = json.loads((staging / _PROGRESS).read_text())["done"]
+        done = json.loads((staging / PROGRESS_FILE).read_text())["done"]
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return None
     return int(done) if planned == manifest.to_json() else None

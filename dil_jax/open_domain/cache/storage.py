@@ -11,7 +11,7 @@ A stored array is [rows, p_len, width] float32 (width = hidden for lower states)
             (fitted on the cache's own states), the d coordinates  (4 * width * (d + 1) bytes
             stored as int8 as above; x^ = mu + B c^                once per cache)
 
-All functions here are pure numpy; the files are `dil_jax.open_domain.cache`'s business. Every
+All functions here are pure numpy; the files are `dil_jax.open_domain.cache.store`'s business. Every
 scheme's error bound is checked by `tests/test_odqa_compression.py` against numpy written there.
 """
 

@@ -10,9 +10,9 @@ holds (`files`: name -> record):
                     when it is no larger than the sample, so small files are checked whole
     mtime_ns        the modification time the file had when the cache was finished
 
-Why two digests: hashing every byte of a cache costs about half of opening an index (the demo
-index: 0.6-0.9 s of sha256 over 636 MB against a 1.4-1.7 s open; docs/open_domain.md,
-"Integrity checks"), because the states are memory-mapped and opening reads almost none of them.
+Why two digests: hashing every byte of a cache costs as much as opening an index several times
+over (measured in docs/open_domain.md, "Integrity checks"), because the states are memory-mapped
+and opening reads almost none of them.
 So opening checks (`verify_folder`, `full=False`):
 
   - each file's size, and its sampled blocks: catches truncation or growth, a file replaced by

@@ -120,7 +120,7 @@ def build_sentence_store(index, prescreener, *, chunk: int = 4096,
                          progress: Callable[[int, int], None] | None = None) -> SentenceStore:
     """Splits and embeds every passage's sentences (or opens the store when it exists and is
     sound; a broken or mismatched one is rebuilt), holding the index's lock."""
-    from dil_jax.open_domain.index_lock import index_lock
+    from dil_jax.open_domain.index.lock import index_lock
 
     with index_lock(index.directory):
         return _build_sentence_store(index, prescreener, chunk, progress)

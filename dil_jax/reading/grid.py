@@ -1,24 +1,17 @@
 """Reading a question x passage grid on all devices.
 
 Questions and passages are each encoded once by `encode_lower`; every (question, passage) pair then
-runs `encode_upper`. The first upper block's query/key/value projections depend on one segment's
-lower states only, so they too are computed once per question and per passage (`project_upper`),
-not once per pair (when segments are read by several pairs; the FLOPs and time this takes out of
-the pair phase are in benchmarks/README.md, "The q/k/v projections per segment vs in every
-pair"). Two more exact reuses are on by default (`PairGrid(reuse=False)` is the reference): the
-last block computes only the rows the span head reads (`[CLS]` and the passage), and, for
-passages read by several pairs, the first upper block's passage-to-passage attention comes from
-per-passage softmax statistics (`passage_attention_stats`), merged per pair with the passage's
-scores against the question; and each chunk of pairs reads only as many question and passage
-tokens as its longest real segments (`trims_padding`; docs/architecture.md, "Exact reuse in the
-pair program"). Pairs are processed in fixed-size chunks (a few compilations, one per width,
-memory bounded by the chunk, not by q x p), and each chunk is split across all devices of a 1-D
-`Mesh`.
+runs the upper blocks (`reading.upper.read_upper`). Which exact reuses the pairs use (the first
+upper block's q/k/v once per segment, the passages' attention statistics, the last block's rows,
+chunks cut to their real tokens) is the grid's `ReusePlan` (`reading.plan`); `PairGrid(reuse=False)`
+is the reference computation. Pairs are processed in fixed-size chunks (a few compilations, one per
+width, memory bounded by the chunk, not by q x p), and each chunk is split across all devices of
+a 1-D `Mesh`.
 
 The straight line: `encode_questions` and `passage_side` (ids at k = 0, lower states otherwise)
 once per segment, then `read_pairs` (any list of pairs) or `read_grid` (every pair) for the span
-scores as numpy arrays; `iter_pair_chunks` is the chunk loop under both. The config rules,
-token widths and `SpanScores` this uses are `dil_jax.model.pairs`'s (no device program there).
+scores as numpy arrays; `iter_pair_chunks` is the chunk loop under both. The token widths and
+`SpanScores` this uses are `reading.pairs`'s (no device program there).
 
 Why a Mesh and not pmap: `jax.pmap` is in maintenance mode. A `jit` whose pair-index inputs carry
 a `NamedSharding` over the mesh's "data" axis gives the same per-device semantics as pmap (each
@@ -42,40 +35,27 @@ from dil_jax.defaults import default_pair_chunk_size
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
-from dil_jax.model.modules import (
-    PADDED_LOGIT,
-    PASSAGE_SEGMENT,
-    QUESTION_SEGMENT,
-    pair_reuses_apply,
-)
-from dil_jax.model.pairs import (
+from dil_jax.model.span_reader import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.reading.pairs import (
     KEPT_BUCKET,
     QUESTION_BUCKET,
     SpanScores,
     chunk_width,
-    hoists_projections,
-    reads_passage_ids,
     real_lengths,
 )
+from dil_jax.reading.plan import ReusePlan
+from dil_jax.reading.upper import passage_attention_stats, project_upper, read_upper
 from dil_jax.rounding import round_up
-
-# iter_pair_chunks projects a side's segments up front (first upper block's q/k/v) when its rows
-# are read by at least this many pairs each on average: projecting every row once then costs at
-# most half of projecting inside each pair. The same rule picks the passages' attention
-# statistics (`passage_attention_stats`): computing them costs one pair's passage x passage
-# attention per passage, which each further pair reading the passage saves.
-HOIST_MIN_READS = 2
 
 
 class PairGrid:
     """Encodes segments and reads pair grids with one model on one mesh.
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
-    multiple of the device count so every device gets an equal slice. reuse=False turns off the
-    pair program's exact reuses (`reads_span_rows_only`, `uses_passage_stats`, `trims_padding`):
-    the reference computation, every row of every upper block and full attention in each pair.
-    trim_padding=False keeps the other reuses but reads every segment at its full length (to
-    time what trimming adds).
+    multiple of the device count so every device gets an equal slice. `plan` holds the exact
+    reuses the pairs use (`ReusePlan.of`): reuse=False is the reference computation, every row
+    of every upper block and full attention in each pair; trim_padding=False keeps the other
+    reuses but reads every segment at its full length (to time what trimming adds).
     """
 
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
@@ -84,8 +64,10 @@ class PairGrid:
         """chunk_size: pairs per step of the pair program; None = `default_pair_chunk_size`
         for the platform of the mesh's devices."""
         self.model = model
-        self.reuse = reuse
-        self.trim_padding = trim_padding
+        # The caller's switches, kept for grids made alike (bench.programs); the decisions
+        # they lead to are the plan's.
+        self.reuse, self.trim_padding = reuse, trim_padding
+        self.plan = ReusePlan.of(model.config, reuse=reuse, trim_padding=trim_padding)
         self.mesh = data_mesh() if mesh is None else mesh
         num_devices = self.mesh.devices.size
         if chunk_size is None:
@@ -123,13 +105,13 @@ class PairGrid:
 
     @functools.cached_property
     def _project_fn(self):
-        return jax.jit(self.model.project_upper, in_shardings=(self.replicated, self.sharded),
-                       out_shardings=self.sharded)
+        return jax.jit(functools.partial(project_upper, self.model),
+                       in_shardings=(self.replicated, self.sharded), out_shardings=self.sharded)
 
     @functools.cached_property
     def _stats_fn(self):
         def stats(query, key, value, mask):
-            return self.model.passage_attention_stats((query, key, value), mask)
+            return passage_attention_stats(self.model, (query, key, value), mask)
 
         return jax.jit(stats, in_shardings=(self.sharded,) * 4, out_shardings=self.sharded)
 
@@ -157,11 +139,6 @@ class PairGrid:
         return self._in_batches(lambda p, i, m: self._lower_fn(p, i, m, segment), params,
                                 np.asarray(ids), np.asarray(mask))
 
-    @property
-    def hoists_projections(self) -> bool:
-        """`hoists_projections` of this reader's model."""
-        return hoists_projections(self.model.config)
-
     def project_segments(self, params: Params, lower: jax.Array | np.ndarray) -> QKV:
         """The first upper block's (query, key, value) of every segment, once per segment.
 
@@ -170,37 +147,6 @@ class PairGrid:
         reuse them across calls pass them in.
         """
         return self._in_batches(self._project_fn, params, lower)
-
-    @property
-    def reads_span_rows_only(self) -> bool:
-        """Whether the pair program's last block computes only `[CLS]` and the passage rows
-        (the rows the span head reads; the question rows still serve as keys and values).
-        Always, unless reuse=False or the upper blocks are not plain ones (reversible, LSH:
-        `pair_reuses_apply`): it only removes work."""
-        return self.reuse and pair_reuses_apply(self.model.config)
-
-    @property
-    def uses_passage_stats(self) -> bool:
-        """Whether pairs can read the passages' first-upper-block attention statistics
-        (`passage_attention_stats`): reuse on and 0 < k < l, not XLNet (its scores' position
-        and segment terms are not in the statistics). iter_pair_chunks computes them when
-        passages are read by enough pairs (HOIST_MIN_READS)."""
-        return (self.reuse and self.hoists_projections
-                and self.model.config.architecture != "xlnet")
-
-    @property
-    def trims_padding(self) -> bool:
-        """Whether each chunk of pairs reads only as many question and passage tokens as its
-        longest real segments (rounded up to QUESTION_BUCKET / KEPT_BUCKET), pairs taken in
-        order of passage length so that a chunk holds passages of similar lengths. Exact: the
-        cut tokens are padding, whose keys every real token ignores (their softmax weight
-        underflows to 0), and whose rows no span reads. Always, unless reuse=False,
-        trim_padding=False, XLNet (a question's padding counts in the relative distance to
-        every passage token) or LSH upper blocks (their hash buckets depend on the sequence
-        length)."""
-        config = self.model.config
-        return (self.reuse and self.trim_padding and config.architecture != "xlnet"
-                and not config.lsh_in_upper_blocks())
 
     def passage_attention_stats(self, p_qkv: QKV, p_mask: np.ndarray | jax.Array
                                 ) -> PassageAttentionStats:
@@ -211,7 +157,7 @@ class PairGrid:
         p_len, head_dim], float32, replicated). Once per passage, whatever number of pairs read
         it; `iter_pair_chunks` computes them itself when not given (see there).
         """
-        if not self.hoists_projections:
+        if not self.plan.hoists_projections:
             raise InputError(f"passage attention statistics need 0 < k < l, got k = "
                              f"{self.model.config.num_lower_layers} of "
                              f"{self.model.config.num_layers} layers")
@@ -219,13 +165,14 @@ class PairGrid:
                                 jnp.asarray(p_mask))
 
     def encode_questions(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
+        """Question lower states: ids, mask [n, q_len] -> [n, q_len, hidden], replicated."""
         return self.encode_segments(params, ids, mask, QUESTION_SEGMENT)
 
     def encode_passages(self, params: Params, ids: np.ndarray, mask: np.ndarray) -> jax.Array:
         """Passage lower states, for k > 0. With k = 0 (the full model) a passage has no
         question-independent state to cache (its positions follow the question), so read_grid
         takes the passage ids instead and this raises."""
-        if reads_passage_ids(self.model.config):
+        if self.plan.reads_passage_ids:
             raise InputError("with k = 0 (the full model) passage states depend on the question "
                              "length through positions; pass passage ids to read_pairs instead")
         return self.encode_segments(params, ids, mask, PASSAGE_SEGMENT)
@@ -233,9 +180,9 @@ class PairGrid:
     def passage_side(self, params: Params, ids: np.ndarray, mask: np.ndarray
                      ) -> jax.Array | np.ndarray:
         """What the pairs read of each passage, for any k: ids, mask [n, p_len] -> the ids
-        [n, p_len] themselves at k = 0 (`reads_passage_ids`), else the lower states
+        [n, p_len] themselves at k = 0 (`plan.reads_passage_ids`), else the lower states
         [n, p_len, hidden] (`encode_passages`). The `p_source` of read_pairs / read_grid."""
-        if reads_passage_ids(self.model.config):
+        if self.plan.reads_passage_ids:
             return ids
         return self.encode_passages(params, ids, mask)
 
@@ -246,7 +193,7 @@ class PairGrid:
                     p_width=None):
         """Outputs of one chunk of pairs (traced inside jit; see iter_pair_chunks).
 
-        q_width, p_width (static, `trims_padding`): read only the first q_width question and
+        q_width, p_width (static, `plan.trims_padding`): read only the first q_width question and
         p_width passage tokens of every segment (the chunk's real tokens all lie there); the
         passage tokens cut off score PADDED_LOGIT, as padding does.
         """
@@ -274,7 +221,7 @@ class PairGrid:
             pair_p_mask = jnp.take_along_axis(pair_p_mask, safe, axis=1) * kept
             index = safe if pair_source.ndim == 2 else safe[..., None]
             pair_source = jnp.take_along_axis(pair_source, index, axis=1)
-        if reads_passage_ids(model.config):
+        if self.plan.reads_passage_ids:
             # k = 0: the "lower" passage state is its embedding at standard BERT positions,
             # which start after the question's real tokens (kept tokens: numbered afresh, as if
             # the kept text were the passage).
@@ -283,11 +230,11 @@ class PairGrid:
                                          offset)
         else:
             p_lower = pair_source
-        out = model.encode_upper(
-            params, q_lower[q_index], pair_q_mask, p_lower, pair_p_mask,
+        out = read_upper(
+            model, params, q_lower[q_index], pair_q_mask, p_lower, pair_p_mask,
             q_qkv=None if q_qkv is None else tuple(a[q_index] for a in q_qkv),
             p_qkv=None if p_qkv is None else tuple(a[p_index] for a in p_qkv),
-            span_rows_only=self.reads_span_rows_only,
+            span_rows_only=self.plan.span_rows_only,
             p_stats=None if p_stats is None else jax.tree.map(lambda a: a[p_index], p_stats))
         start, end = out.start_logits, out.end_logits
         if positions is not None:
@@ -330,58 +277,40 @@ class PairGrid:
         order, p_len for padding (see `kept_positions`); the other tokens are dropped before the
         upper blocks and score -inf. Pairs are then taken in order of kept length, so that each
         chunk is padded only to its own longest (rounded up to KEPT_BUCKET tokens). Without
-        positions, `trims_padding` takes pairs in order of passage length the same way and cuts
+        positions, `plan.trims_padding` takes pairs in order of passage length the same way and cuts
         each chunk to its longest real question and passage.
-        q_qkv, p_qkv (optional, 0 < k < l): `project_segments` of q_lower / p_source. When not
-        given, a side's first-upper-block q/k/v are computed here, once per row, if its rows are
-        read by at least HOIST_MIN_READS pairs each on average (then that beats projecting
-        inside every pair; a SQuAD window or an open-domain passage is read once or twice and
-        is left to the pairs), and for passages only without `positions` (pairs that read just
-        their kept tokens would project fewer). A choice of speed only: outputs are the same.
-        p_stats (optional, `uses_passage_stats`): `passage_attention_stats` of the passages.
-        When not given they are computed here by the same rule as the passages' q/k/v (and
-        from them), never with `positions`: kept tokens attend a subset of the passage's keys,
-        whose statistics differ from the whole passage's, so prescreened pairs attend in full.
+        q_qkv, p_qkv (optional, `plan.hoists_projections`): `project_segments` of q_lower /
+        p_source. When not given, they are computed here where the plan says it pays
+        (`ReusePlan.projects`, `projects_passages`). A choice of speed only: outputs are the same.
+        p_stats (optional, `plan.passage_stats`): `passage_attention_stats` of the passages;
+        when not given, computed here where the plan says (`computes_passage_stats`).
         Outputs per chunk: start/end [chunk, p_len], null start/end [chunk]; the first
         len(indices) rows are real.
         """
         num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
-        if (q_qkv is not None or p_qkv is not None) and not self.hoists_projections:
-            raise InputError(f"q/k/v given, but k = {self.model.config.num_lower_layers} of "
-                             f"{self.model.config.num_layers} layers has no lower state to "
-                             f"project them from (0 < k < l needed)")
-        if p_qkv is not None and positions is not None:
-            raise InputError("p_qkv cannot be combined with positions: kept tokens are "
-                             "projected inside the pair program")
-        if p_stats is not None and not self.uses_passage_stats:
-            raise InputError(f"p_stats given, but this reader does not use them (reuse="
-                             f"{self.reuse}, k = {self.model.config.num_lower_layers} of "
-                             f"{self.model.config.num_layers} layers; 0 < k < l needed)")
-        if p_stats is not None and positions is not None:
-            raise InputError("p_stats cannot be combined with positions: kept tokens attend "
-                             "only the kept keys, not the whole passage's")
-        if positions is not None and self.model.config.architecture == "xlnet":
-            raise InputError("kept-token positions (sentence prescreening) are not supported "
-                             "for architecture 'xlnet': its upper blocks would renumber the "
-                             "kept tokens' relative distances")
+        config = self.model.config
+        kept_tokens = positions is not None
         # Before tracing: past the position table XLA would return NaN logits, not an error.
-        check_segment_lengths(self.model.config, np.shape(q_mask)[1],
+        check_segment_lengths(config, np.shape(q_mask)[1],
                               p_len if positions is None else np.shape(positions)[1])
+        self.plan.check_given(qkv=q_qkv is not None or p_qkv is not None,
+                              p_qkv=p_qkv is not None, p_stats=p_stats is not None,
+                              kept_tokens=kept_tokens,
+                              what=f"k = {config.num_lower_layers} of {config.num_layers} layers")
         q_len = np.shape(q_mask)[1]
         q_mask_host, p_mask_host = np.asarray(q_mask), np.asarray(p_mask)
         q_mask = jax.device_put(q_mask_host, self.replicated)
         p_mask = jax.device_put(p_mask_host, self.replicated)
         p_source = jax.device_put(p_source, self.replicated)
-        if self.hoists_projections:
-            if q_qkv is None and num_pairs >= HOIST_MIN_READS * q_lower.shape[0]:
-                q_qkv = self.project_segments(params, q_lower)
-            passages_reread = (positions is None
-                               and num_pairs >= HOIST_MIN_READS * p_source.shape[0])
-            if p_qkv is None and passages_reread:
-                p_qkv = self.project_segments(params, p_source)
-            if p_stats is None and passages_reread and self.uses_passage_stats:
-                p_stats = self.passage_attention_stats(p_qkv, p_mask)
-        trim = positions is None and self.trims_padding
+        num_passages = p_source.shape[0]
+        if q_qkv is None and self.plan.projects(num_pairs, q_lower.shape[0]):
+            q_qkv = self.project_segments(params, q_lower)
+        if p_qkv is None and self.plan.projects_passages(num_pairs, num_passages, kept_tokens):
+            p_qkv = self.project_segments(params, p_source)
+        if p_stats is None and self.plan.computes_passage_stats(num_pairs, num_passages,
+                                                                kept_tokens):
+            p_stats = self.passage_attention_stats(p_qkv, p_mask)
+        trim = not kept_tokens and self.plan.trims_padding
         if trim:
             q_real, p_real = real_lengths(q_mask_host), real_lengths(p_mask_host)
             order = np.argsort(p_real[np.asarray(p_index)], kind="stable")

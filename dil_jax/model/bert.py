@@ -1,4 +1,4 @@
-"""Flax (linen) modules of a delayed-interaction reader.
+"""The BERT-family reader module: `SpanReaderModule`, the stack of blocks and the span head.
 
 One post-LayerNorm transformer serves BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa and ELECTRA;
 they differ only in the embeddings (ALBERT and ELECTRA may factorize them, DistilBERT has no token
@@ -23,7 +23,9 @@ Long passages (docs/architecture.md, "Long passages"): `EncoderConfig` can chunk
 over the sequence, put LSH attention in chosen blocks (`lsh.py`), remat the blocks
 (`memory.py`) or make them reversible (`reversible.py`); all off by default.
 
-The layers stacked here (`Embeddings`, `Block`, the activations) are in `layers.py`.
+The layers stacked here (`Embeddings`, `Block`, the activations) are in `layers.py`; what this
+module shares with XLNet's (`ReaderOutput`, the segments, the API every reader module has) is in
+`span_reader.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
-import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -41,39 +42,19 @@ from dil_jax.config import EncoderConfig
 from dil_jax.model.attention import (
     QKV,
     PassageAttentionStats,
-    _dense,
     attention_bias,
+    dense,
 )
-from dil_jax.model.layers import Block, Embeddings, _layer_norm
+from dil_jax.model.layers import Block, Embeddings, layer_norm
 from dil_jax.model.memory import checkpoint_policy
 from dil_jax.model.reversible import reversible_layers
-
-QUESTION_SEGMENT = 0
-PASSAGE_SEGMENT = 1
-
-# Logit given to padded passage positions so that softmax over spans ignores them.
-PADDED_LOGIT = -1e9
-
-
-@flax.struct.dataclass
-class ReaderOutput:
-    """Span scores of a (question, passage) pair batch.
-
-    Attributes:
-      start_logits: [batch, passage_len] start scores of passage tokens (padding = PADDED_LOGIT).
-      end_logits: [batch, passage_len] end scores of passage tokens.
-      null_start_logits: [batch] start score of `[CLS]` (SQuAD 2.0's no-answer score).
-      null_end_logits: [batch] end score of `[CLS]`.
-      hidden_states: None, or l+1 arrays [batch, question_len + passage_len, hidden]: the embedding
-        output and each block's output over the concatenated pair (for layers <= k, the two
-        segments' lower states side by side).
-    """
-
-    start_logits: jax.Array
-    end_logits: jax.Array
-    null_start_logits: jax.Array
-    null_end_logits: jax.Array
-    hidden_states: tuple[jax.Array, ...] | None = None
+from dil_jax.model.span_reader import (
+    PASSAGE_SEGMENT,
+    ReaderOutput,
+    pair_qkv,
+    read_aligned_pairs,
+    span_output,
+)
 
 
 def num_param_blocks(config: EncoderConfig) -> int:
@@ -88,14 +69,7 @@ def param_block_of_layer(config: EncoderConfig, layer: int) -> int:
     return layer
 
 
-def pair_reuses_apply(config: EncoderConfig) -> bool:
-    """Whether the pair program's exact reuses (the first upper block's q/k/v per segment, the
-    passage's attention statistics, the last block's rows) hold: they assume post-LayerNorm
-    blocks with full attention above k, so not with reversible blocks or LSH upper layers."""
-    return not config.reversible and not config.lsh_in_upper_blocks()
-
-
-def _reversible_residual(config: EncoderConfig, deterministic: bool, method: str,
+def reversible_residual(config: EncoderConfig, deterministic: bool, method: str,
                          params: Any, x: jax.Array, aux: tuple[Any, ...]) -> jax.Array:
     """F ("attention") or G ("feed_forward") of one reversible block as a pure function
     (`reversible.Residual`): params of one Block, x [batch, seq, hidden] -> the same shape.
@@ -129,11 +103,11 @@ class SpanReaderModule(nn.Module):
                                    static_argnums=(3,))
         self.blocks = [block_class(cfg, name=f"block_{i}")
                        for i in range(num_param_blocks(cfg))]
-        self.qa_outputs = _dense(cfg, 2, "qa_outputs")
+        self.qa_outputs = dense(cfg, 2, "qa_outputs")
         if cfg.reversible:
             # Pre-LayerNorm streams are not normalised at the end of the stack; post-LN
             # readers have no such layer, so it exists only in reversible readers.
-            self.reversible_norm = _layer_norm(cfg, "reversible_norm")
+            self.reversible_norm = layer_norm(cfg, "reversible_norm")
 
     def _lsh_rng(self, layer: int, deterministic: bool) -> jax.Array | None:
         """The hash rotations' key of `layer`, None if it is not an LSH layer: a fresh "lsh"
@@ -183,8 +157,8 @@ class SpanReaderModule(nn.Module):
         else:
             params = tuple(block.variables["params"] for block in blocks)
             x1, x2 = reversible_layers(
-                functools.partial(_reversible_residual, cfg, deterministic, "attention"),
-                functools.partial(_reversible_residual, cfg, deterministic, "feed_forward"),
+                functools.partial(reversible_residual, cfg, deterministic, "attention"),
+                functools.partial(reversible_residual, cfg, deterministic, "feed_forward"),
                 params, aux, x, x)
         return [(x1 + x2) * jnp.asarray(0.5, x1.dtype)]
 
@@ -239,9 +213,7 @@ class SpanReaderModule(nn.Module):
 
     def encode_upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
                      p_mask: jax.Array, deterministic: bool = True,
-                     output_hidden_states: bool = False, q_qkv: QKV | None = None,
-                     p_qkv: QKV | None = None, span_rows_only: bool = False,
-                     p_stats: PassageAttentionStats | None = None):
+                     output_hidden_states: bool = False) -> ReaderOutput:
         """Blocks k+1..l over `[question ; passage]` and the span head.
 
         Args:
@@ -249,45 +221,54 @@ class SpanReaderModule(nn.Module):
           q_mask: [batch, q_len].
           p_lower: [batch, p_len, hidden] passage lower states.
           p_mask: [batch, p_len].
-          q_qkv, p_qkv: `project_upper` of q_lower / p_lower, if already computed (either, both
-            or neither; the other is computed here). Same result, less work per pair.
-          span_rows_only: the last block computes only the rows the span head reads, `[CLS]`
-            (the null score) and the passage (inference only; no hidden states).
-          p_stats: `passage_attention_stats` of p_lower's first-upper-block projections: the
-            first upper block's passage rows then score only the question's keys (inference
-            only; 0 < k < l).
-          Both reuses are exact up to float rounding (docs/architecture.md, "Exact reuse").
         Returns:
           ReaderOutput (hidden_states holds the l-k upper states, if asked).
         """
         x = jnp.concatenate([q_lower, p_lower], axis=1)
         mask = jnp.concatenate([q_mask, p_mask], axis=1)
-        q_len = q_lower.shape[1]
         layers = range(self.config.num_lower_layers, self.config.num_layers)
-        first_qkv = None
-        if q_qkv is not None or p_qkv is not None:
-            q_qkv = self.project_upper(q_lower) if q_qkv is None else q_qkv
-            p_qkv = self.project_upper(p_lower) if p_qkv is None else p_qkv
-            first_qkv = tuple(jnp.concatenate([q, p], axis=2) for q, p in zip(q_qkv, p_qkv))
+        states = self._run_layers(x, mask, layers, deterministic)
+        return self._span_head(x, states, p_mask, output_hidden_states)
+
+    def read_upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
+                   p_mask: jax.Array, q_qkv: QKV | None = None, p_qkv: QKV | None = None,
+                   p_stats: PassageAttentionStats | None = None,
+                   span_rows_only: bool = False) -> ReaderOutput:
+        """`encode_upper` at inference (deterministic, no hidden states) with the pair
+        program's exact reuses; with none of them, the same computation.
+
+        Args:
+          q_lower, q_mask, p_lower, p_mask: as `encode_upper`.
+          q_qkv, p_qkv: `project_upper` of q_lower / p_lower, if already computed (either, both
+            or neither; the other is computed here), 3 x [batch, heads, seq, head_dim].
+          p_stats: `passage_attention_stats` of p_lower's first-upper-block projections: the
+            first upper block's passage rows then score only the question's keys (0 < k < l).
+          span_rows_only: the last block computes only the rows the span head reads, `[CLS]`
+            (the null score) and the passage.
+          Each reuse is exact up to float rounding (docs/architecture.md, "Exact reuse").
+        Returns:
+          ReaderOutput without hidden states.
+        """
+        x = jnp.concatenate([q_lower, p_lower], axis=1)
+        mask = jnp.concatenate([q_mask, p_mask], axis=1)
+        first_qkv = pair_qkv(self, q_lower, p_lower, q_qkv, p_qkv)
         if span_rows_only or p_stats is not None:
-            states = self._read_upper_rows(x, mask, q_len, first_qkv, span_rows_only, p_stats)
+            states = self._read_upper_rows(x, mask, q_lower.shape[1], first_qkv, span_rows_only,
+                                           p_stats)
         else:
-            states = self._run_layers(x, mask, layers, deterministic, first_qkv)
+            layers = range(self.config.num_lower_layers, self.config.num_layers)
+            states = self._run_layers(x, mask, layers, True, first_qkv)
+        return self._span_head(x, states, p_mask, False)
+
+    def _span_head(self, x: jax.Array, states: list[jax.Array], p_mask: jax.Array,
+                   output_hidden_states: bool) -> ReaderOutput:
+        """The span head on the last upper state (x itself at k = l): [batch, rows, hidden]
+        -> ReaderOutput."""
         final = states[-1] if states else x
         if self.config.reversible:
             final = self.reversible_norm(final)
         logits = self.qa_outputs(final).astype(jnp.float32)  # [batch, rows, 2]
-        # The passage's rows are the last p_len: after the question's (or [CLS] alone).
-        passage_rows = final.shape[1] - p_lower.shape[1]
-        passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, passage_rows:],
-                                   PADDED_LOGIT)
-        return ReaderOutput(
-            start_logits=passage_logits[..., 0],
-            end_logits=passage_logits[..., 1],
-            null_start_logits=logits[:, 0, 0],
-            null_end_logits=logits[:, 0, 1],
-            hidden_states=tuple(states) if output_hidden_states else None,
-        )
+        return span_output(logits, p_mask, tuple(states) if output_hidden_states else None)
 
     def _read_upper_rows(self, x: jax.Array, mask: jax.Array, question_len: int,
                          first_qkv: QKV | None, span_rows_only: bool,
@@ -325,21 +306,3 @@ class SpanReaderModule(nn.Module):
         return read_aligned_pairs(self, q_ids, q_mask, p_ids, p_mask, offset, deterministic,
                                   output_hidden_states)
 
-
-def read_aligned_pairs(reader: nn.Module, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
-                       p_mask: jax.Array, passage_offset: jax.Array | None, deterministic: bool,
-                       output_hidden_states: bool) -> ReaderOutput:
-    """encode_lower on each segment, then encode_upper: the `__call__` of every reader module
-    (SpanReaderModule, XLNet's). q_ids, q_mask: [batch, q_len]; p_ids, p_mask: [batch, p_len];
-    passage_offset: [batch] or None. With output_hidden_states, the lower states of the two
-    segments are concatenated as `[question ; passage]` before the upper blocks' states."""
-    q_out = reader.encode_lower(q_ids, q_mask, QUESTION_SEGMENT, None, deterministic,
-                                output_hidden_states)
-    p_out = reader.encode_lower(p_ids, p_mask, PASSAGE_SEGMENT, passage_offset, deterministic,
-                                output_hidden_states)
-    if not output_hidden_states:
-        return reader.encode_upper(q_out, q_mask, p_out, p_mask, deterministic)
-    (q_lower, q_states), (p_lower, p_states) = q_out, p_out
-    out = reader.encode_upper(q_lower, q_mask, p_lower, p_mask, deterministic, True)
-    lower_states = tuple(jnp.concatenate([q, p], axis=1) for q, p in zip(q_states, p_states))
-    return out.replace(hidden_states=lower_states + out.hidden_states)

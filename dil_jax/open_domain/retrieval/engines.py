@@ -11,8 +11,8 @@ Three engines, chosen by name (`RETRIEVER_ENGINES`) and recorded in the index's 
   corpora.
 - `bm25s`: the `bm25s` package (sparse matrices built without per-document Python objects,
   saved as .npy files and memory-mapped on load), for large corpora.
-- `pyserini`: Lucene, the DilBert paper's retriever (`dil_jax/open_domain/lucene.py`, which
-  states how its BM25 differs), an optional extra that needs Java.
+- `pyserini`: Lucene, the DilBert paper's retriever (`retrieval/lucene.py`, which states how
+  its BM25 differs), an optional extra that needs Java.
 
 Both see the same tokens (`bm25_tokenize`) and the same k1 and b. bm25s runs the Robertson
 variant, which is BM25Okapi's formula but for two things (docs/open_domain.md, "Retrievers"):
@@ -37,7 +37,7 @@ import scipy.sparse
 
 from dil_jax.atomic import staged_directory
 from dil_jax.defaults import AUTO_BM25S_FROM, RETRIEVER_ENGINES
-from dil_jax.open_domain.bm25 import (  # noqa: F401  (re-exported: the engines' shared names)
+from dil_jax.open_domain.retrieval.bm25 import (  # noqa: F401  (re-exported: the engines' shared names)
     EMPTY_PASSAGE_TOKEN,
     INDEX_FORMAT,
     STOPWORDS,
@@ -244,7 +244,7 @@ def retriever_class(engine: str) -> type:
     if engine == "bm25s":
         return BM25sRetriever
     if engine == "pyserini":
-        from dil_jax.open_domain.lucene import LuceneRetriever
+        from dil_jax.open_domain.retrieval.lucene import LuceneRetriever
 
         return LuceneRetriever
     raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
@@ -258,10 +258,11 @@ ENGINE_PACKAGES = {"rank-bm25": ("rank_bm25", "pip install rank-bm25"),
 
 def check_engine_available(engine: str) -> None:
     """Refuses (RetrievalError naming the install) an engine this environment cannot run:
-    its package not importable, or for pyserini, no working Java >= 11 (`lucene.check_java`).
-    Cheap; run before a build touches the index, so a missing engine costs nothing built."""
+    its package not importable, or for pyserini, no working Java >= 11
+    (`retrieval.lucene.check_java`). Cheap; run before a build touches the index, so a missing
+    engine costs nothing built."""
     if engine == "pyserini":
-        from dil_jax.open_domain.lucene import check_java
+        from dil_jax.open_domain.retrieval.lucene import check_java
 
         check_java()
         return
@@ -308,6 +309,6 @@ def index_files(directory: str | os.PathLike) -> tuple[str, ...]:
     engine = Bm25Manifest.read(directory).engine
     if engine in ENGINE_FILES:
         return ("manifest.json",) + ENGINE_FILES[engine]
-    from dil_jax.open_domain.lucene import LuceneManifest
+    from dil_jax.open_domain.retrieval.lucene import LuceneManifest
 
     return ("manifest.json",) + LuceneManifest.read(directory).lucene_files

@@ -1,7 +1,7 @@
 """The first upper block's passage arrays a cache can store (`dil-jax index --cache-reuse`).
 
 In the open domain a retrieved window is read by one question, so the pair program's automatic
-rule (`dil_jax.model.grid.HOIST_MIN_READS`) never hoists its first-upper-block q/k/v or softmax
+rule (`dil_jax.reading.plan.ReusePlan`) never hoists its first-upper-block q/k/v or softmax
 statistics: each pair would compute them. They depend on the passage alone, so the cache can hold
 them, computed once at `index` time. With all of them stored, a pair's first upper block does only
 what involves the question: the passage rows' scores against the question's keys, the merge,
@@ -31,11 +31,11 @@ import numpy as np
 
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.pairs import hoists_projections
-from dil_jax.open_domain.cache import REUSE_LSE_ARRAY as LSE_ARRAY
-from dil_jax.open_domain.cache import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
-from dil_jax.open_domain.cache import ReuseEncoder
+from dil_jax.open_domain.cache.store import REUSE_LSE_ARRAY as LSE_ARRAY
+from dil_jax.open_domain.cache.store import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
+from dil_jax.open_domain.cache.store import ReuseEncoder
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.plan import ReusePlan
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
@@ -108,7 +108,7 @@ def reuse_encoder(reader: Reader, batch_size: int = 32) -> ReuseEncoder | None:
     process's devices (`local_grid`: batch_size rows per device); None where there is nothing
     to store
     (k = 0: no question-independent passage state; k = l: no upper block)."""
-    if not hoists_projections(reader.config):
+    if not ReusePlan.of(reader.config).hoists_projections:
         return None
     grid = local_grid(reader.model, batch_size)
 

@@ -1,12 +1,10 @@
-"""The plain parts of reading pairs: what a pair reads, how wide a chunk is, and the scores.
+"""The host-side parts of reading pairs: which tokens a chunk reads, how wide it is, the scores.
 
-`reads_passage_ids` and `hoists_projections` decide from the config alone what the pairs read
-(passage ids or lower states; precomputed first-upper-block q/k/v or not); `kept_positions`,
-`real_lengths` and `chunk_width` (with KEPT_BUCKET and QUESTION_BUCKET) pick the tokens and widths
-of a chunk on the host; `SpanScores` holds the span scores of any set of pairs. None of it
-compiles or runs a device program, so it is apart from `dil_jax.model.grid` (`PairGrid`, the
-jitted pair program and its chunk loop), which imports from here, never the reverse; callers
-that only select tokens or hold scores need not touch the grid.
+`kept_positions`, `real_lengths` and `chunk_width` (with KEPT_BUCKET and QUESTION_BUCKET) pick
+the tokens and widths of a chunk on the host; `SpanScores` holds the span scores of any set of
+pairs. None of it compiles or runs a device program, so it is apart from `reading.grid`
+(`PairGrid`, the jitted pair program and its chunk loop), which imports from here, never the
+reverse; callers that only select tokens or hold scores need not touch the grid.
 """
 
 from __future__ import annotations
@@ -15,8 +13,6 @@ import dataclasses
 
 import numpy as np
 
-from dil_jax.config import EncoderConfig
-from dil_jax.model.modules import pair_reuses_apply
 from dil_jax.rounding import round_up
 
 # Kept-token sequences (sentence prescreening), and passages trimmed of their padding
@@ -25,20 +21,6 @@ KEPT_BUCKET = 32
 # Questions trimmed of their padding are padded to a multiple of this many tokens (questions are
 # short: a coarser bucket would keep most of the padding it removes).
 QUESTION_BUCKET = 8
-
-
-def reads_passage_ids(config: EncoderConfig) -> bool:
-    """Whether pairs read passage ids rather than passage lower states: k = 0 (the full model),
-    where a passage has no question-independent state (its positions follow the question), so
-    each pair embeds its passage itself. The one place that decides the passage side."""
-    return config.num_lower_layers == 0
-
-
-def hoists_projections(config: EncoderConfig) -> bool:
-    """Whether pairs can read precomputed first-upper-block q/k/v: 0 < k < l (at k = 0 the
-    first block's input is the pair's own embedding; at k = l there is no upper block), and
-    the upper blocks are plain ones (`pair_reuses_apply`)."""
-    return 0 < config.num_lower_layers < config.num_layers and pair_reuses_apply(config)
 
 
 def kept_positions(keep: np.ndarray, bucket: int = KEPT_BUCKET) -> np.ndarray:

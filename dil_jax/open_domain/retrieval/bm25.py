@@ -1,5 +1,5 @@
-"""What every BM25 engine shares (`dil_jax.open_domain.retrieval` and `.lucene`): the tokens,
-the hit, the retriever interface, the ranking rule, the index manifest and its errors."""
+"""What every BM25 engine shares (`retrieval.engines` and `retrieval.lucene`): the tokens, the
+hit, the retriever interface, the ranking rule, the index manifest and its errors."""
 
 from __future__ import annotations
 

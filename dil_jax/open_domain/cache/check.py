@@ -3,7 +3,7 @@
 This module holds what a cache is checked against: the fingerprints (`tokenizer_fingerprint`,
 `texts_fingerprint`) and `reader_cache_key` (the `CacheKey` a reader expects, handed to
 `PassageCache.open`), and `check_states`, which re-encodes a few stored rows and compares them
-with what the cache holds. It is apart from `dil_jax.open_domain.cache` (the format and
+with what the cache holds. It is apart from `dil_jax.open_domain.cache.store` (the format and
 `PassageCache`) because opening and reading a cache needs none of it; it imports from `cache`,
 never the reverse.
 """
@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 
 from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
-from dil_jax.open_domain.cache import (
+from dil_jax.open_domain.cache.manifest import CacheKey
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.store import (
     CacheBrokenError,
     PassageCache,
     ReuseEncoder,
     StatesEncoder,
 )
-from dil_jax.open_domain.cache_manifest import CacheKey
-from dil_jax.open_domain.compression import FLOAT32, Storage
 
 # Rows compared by `check_states`: first and last are enough to catch another k or model (every
 # state of a row changes), and cost one tiny encoder call.
@@ -74,7 +74,7 @@ def check_states(cache: PassageCache,
     to compare.
 
     encode: (ids, mask) [rows, passage_len] -> [rows, passage_len, hidden] lower states.
-    reuse: (states, mask) -> the first-upper-block arrays (`dil_jax.open_domain.reuse`).
+    reuse: (states, mask) -> the first-upper-block arrays (`dil_jax.open_domain.cache.reuse`).
     """
     if cache.states is None or not len(cache):
         return

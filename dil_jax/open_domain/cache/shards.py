@@ -1,7 +1,7 @@
 """Building a passage cache in shards: several processes write one cache, one shard each.
 
 `build_sharded_passage_cache` has every process build its shard (`shard_ranges`: whole chunks
-of the global grid) with `dil_jax.open_domain.cache_build.build_passage_cache`, planned by
+of the global grid) with `dil_jax.open_domain.cache.build.build_passage_cache`, planned by
 process 0 (`sharded_manifest`, `_prepare_staging`) and awaited by file polls (`wait_for`);
 `staged_progress` reports how far an unfinished build, sharded or not, has come.
 
@@ -24,27 +24,20 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from dil_jax.open_domain.cache import (
-    CacheMismatchError,
-    PassageCache,
-    ReuseEncoder,
-    ShardWaitError,
-    StatesEncoder,
-)
-from dil_jax.open_domain.cache_build import (
-    _PROGRESS,
+from dil_jax.open_domain.cache.build import (
     PLAN_FILE,
+    PROGRESS_FILE,
     TOKEN_ARRAY_BYTES,
-    _existing_cache,
-    _pca_sample,
-    _write_json_atomic,
     build_passage_cache,
     cache_bytes_per_window_token,
     check_free_space,
+    existing_cache,
+    pca_sample,
+    write_json_atomic,
     write_manifest,
 )
-from dil_jax.open_domain.cache_digests import digest_fields
-from dil_jax.open_domain.cache_manifest import (
+from dil_jax.open_domain.cache.digests import digest_fields
+from dil_jax.open_domain.cache.manifest import (
     MANIFEST_FILE,
     SHARDED_FORMAT,
     SHARDS_DIR,
@@ -53,7 +46,14 @@ from dil_jax.open_domain.cache_manifest import (
     ShardRange,
     shard_name,
 )
-from dil_jax.open_domain.compression import PcaBasis, fit_pca
+from dil_jax.open_domain.cache.storage import PcaBasis, fit_pca
+from dil_jax.open_domain.cache.store import (
+    CacheMismatchError,
+    PassageCache,
+    ReuseEncoder,
+    ShardWaitError,
+    StatesEncoder,
+)
 
 T = TypeVar("T")
 # How often a waiting process looks at the shared folder again.
@@ -157,10 +157,10 @@ def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: n
     (staging / SHARDS_DIR).mkdir(parents=True)
     pca = None
     if has_basis:
-        pca = fit_pca(_pca_sample(ids, mask, encode), pca_dim)
+        pca = fit_pca(pca_sample(ids, mask, encode), pca_dim)
         np.save(pca_files[0], pca.mean)
         np.save(pca_files[1], pca.basis)
-    _write_json_atomic(staging / PLAN_FILE, top.to_json())
+    write_json_atomic(staging / PLAN_FILE, top.to_json())
     return pca
 
 
@@ -223,7 +223,7 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
     top = sharded_manifest(key, len(ids), chunk_passages, process_count,
                            num_heads if reuse is not None else None)
     if process_index == 0:
-        cache = _existing_cache(directory, top, encode, reuse)
+        cache = existing_cache(directory, top, encode, reuse)
         if cache is not None:
             return cache
         _check_whole_build_fits(staging, top, ids.shape, has_states=encode is not None,
@@ -279,7 +279,7 @@ def staged_progress(staging: Path) -> tuple[int, int, str | None]:
     if not isinstance(plan, dict) or "num_passages" not in plan:
         raise ValueError("no readable plan")
     if plan.get("format") != SHARDED_FORMAT:
-        progress = _read_json(staging / _PROGRESS)
+        progress = _read_json(staging / PROGRESS_FILE)
         if not isinstance(progress, dict) or "done" not in progress:
             raise ValueError("no readable progress")
         return int(progress["done"]), int(plan["num_passages"]), plan.get("passages")
@@ -289,6 +289,6 @@ def staged_progress(staging: Path) -> tuple[int, int, str | None]:
         if (folder / MANIFEST_FILE).is_file():
             done += entry["stop"] - entry["start"]
         else:
-            progress = _read_json(folder.with_name(f".{folder.name}.partial") / _PROGRESS)
+            progress = _read_json(folder.with_name(f".{folder.name}.partial") / PROGRESS_FILE)
             done += int(progress["done"]) if isinstance(progress, dict) else 0
     return done, int(plan["num_passages"]), plan.get("passages")

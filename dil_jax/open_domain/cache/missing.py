@@ -1,7 +1,7 @@
 """When an index has no passage cache for a reader: what it has instead, and the command that
 builds the missing one.
 
-`PassageCache.open` (dil_jax.open_domain.cache) only knows the one folder it was asked for; a user
+`PassageCache.open` (`cache.store`) only knows the one folder it was asked for; a user
 who asked `dil-jax ask` a question needs to see the caches the index does hold (reader, k,
 storage) and a command to copy. The commands wrap that error with `MissingCacheError`, built from
 the pure functions below (a cache folder's manifest is plain JSON: nothing here loads a model).
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.defaults import OPEN_DOMAIN_DOC_STRIDE, OPEN_DOMAIN_MAX_PASSAGE_LEN
-from dil_jax.open_domain.cache import CacheMismatchError
-from dil_jax.open_domain.cache_manifest import STORAGE_FIELD
-from dil_jax.open_domain.compression import FLOAT32, CacheStorageError, Storage
+from dil_jax.open_domain.cache.manifest import STORAGE_FIELD
+from dil_jax.open_domain.cache.storage import FLOAT32, CacheStorageError, Storage
+from dil_jax.open_domain.cache.store import CacheMismatchError
 
 # Folder names of an index's caches: cache-k{k}-{first 8 hex digits of the model fingerprint}
-# (dil_jax.open_domain.cache_manifest.cache_name).
+# (dil_jax.open_domain.cache.manifest.cache_name).
 CACHE_PREFIX = "cache-k"
 # How the listing names a cache computed with the weights of the reader that asked.
 THIS_READER = "this reader's weights"

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from dil_jax.open_domain.corpus import Document
+from dil_jax.open_domain.index.corpus import Document
 from dil_jax.prescreening.sentences import split_sentences
 
 DPR_PASSAGE_WORDS = 100

@@ -21,7 +21,7 @@ from dil_jax.errors import DilJaxError
 
 INDEX_FORMAT = "dil_jax.odqa_index/1"
 # Files whose size and sha256 index.json records, besides the BM25 engine's (`bm25/...`,
-# `retrieval.index_files`); the caches check themselves.
+# `retrieval.engines.index_files`); the caches check themselves.
 CHECKED_FILES = ("passages.jsonl", "windows.npz")
 # Settings that decide the passages and windows: an index (and its caches) is reused only when
 # all of them agree.

@@ -1,12 +1,12 @@
 """An open-domain index folder: passages, their BM25 index, their windows, passage caches.
 
     index/
-      index.json         settings and file records (dil_jax.open_domain.index_files)
+      index.json         settings and file records (dil_jax.open_domain.index.files)
       passages.jsonl     one Passage per line (id, source document id, title, text, offsets)
       windows.npz        which cache rows (windows of `p_window [SEP]`) belong to which passage
-      bm25/              the BM25 index (dil_jax.open_domain.retrieval)
-      cache-k{k}-{model}/  one passage cache per (reader weights, k) (dil_jax.open_domain.cache)
-      .lock              the build lock (dil_jax.open_domain.index_lock)
+      bm25/              the BM25 index (open_domain.retrieval.engines)
+      cache-k{k}-{model}/  one passage cache per (reader weights, k) (open_domain.cache.store)
+      .lock              the build lock (open_domain.index.lock)
 
 Passages longer than `max_passage_len - 1` tokens are read in strided windows exactly as SQuAD
 contexts are (`dil_jax.data.features.window_contexts`), so a passage's answer is the same as the
@@ -14,7 +14,7 @@ SQuAD predict path gives for that (question, passage).
 
 Consistency: `index.json` is written last (atomically), so a folder without it holds no index.
 `open_index` checks every file `index.json` lists against its recorded size and sha256
-(`index_files.check_file`) and the passages against their fingerprint, so an index edited after
+(`index.files.check_file`) and the passages against their fingerprint, so an index edited after
 it was built is refused, naming the file, instead of giving answers shifted by it.
 Writers (`build_index`, `build_reader_cache`) hold the folder's lock (`index_lock`).
 """
@@ -34,21 +34,21 @@ import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.data.features import window_contexts
-from dil_jax.open_domain.cache import PassageCache, ReuseEncoder, StatesEncoder
-from dil_jax.open_domain.cache_build import build_passage_cache
-from dil_jax.open_domain.cache_check import (
+from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.check import (
     CHECKED_ROWS,
     check_states,
     reader_cache_key,
     texts_fingerprint,
     tokenizer_fingerprint,
 )
-from dil_jax.open_domain.cache_manifest import CacheKey
-from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
-from dil_jax.open_domain.compression import FLOAT32, Storage
-from dil_jax.open_domain.corpus import Passage
-from dil_jax.open_domain.disk import write_errors
-from dil_jax.open_domain.index_files import (
+from dil_jax.open_domain.cache.disk import write_errors
+from dil_jax.open_domain.cache.manifest import CacheKey
+from dil_jax.open_domain.cache.shards import build_sharded_passage_cache
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.store import PassageCache, ReuseEncoder, StatesEncoder
+from dil_jax.open_domain.index.corpus import Passage
+from dil_jax.open_domain.index.files import (
     CHECKED_FILES,
     CORE_SETTINGS,
     INDEX_FORMAT,
@@ -61,8 +61,8 @@ from dil_jax.open_domain.index_files import (
     read_settings,
     stored_settings,
 )
-from dil_jax.open_domain.index_lock import index_lock, remove_entry
-from dil_jax.open_domain.retrieval import (
+from dil_jax.open_domain.index.lock import index_lock, remove_entry
+from dil_jax.open_domain.retrieval.engines import (
     RetrievalError,
     Retriever,
     build_retriever,
@@ -125,8 +125,8 @@ class OpenDomainIndex:
         """
         import jax
 
-        from dil_jax.model.modules import PASSAGE_SEGMENT
-        from dil_jax.open_domain.reuse import reuse_encoder
+        from dil_jax.model.span_reader import PASSAGE_SEGMENT
+        from dil_jax.open_domain.cache.reuse import reuse_encoder
 
         key = self.cache_key(reader, storage)
         cache = PassageCache.open(self.cache_dir(key), key, verify)
@@ -315,8 +315,8 @@ def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: States
     index, holding this process's lock of the index (`index_lock`).
 
     encode: (ids, mask) -> lower states; None for k = 0 (the cache then holds tokens only).
-    storage: the scheme (`dil_jax.open_domain.compression`). reuse: the first upper
-    block's arrays to store too (`dil_jax.open_domain.reuse.reuse_encoder`), or None.
+    storage: the scheme (`dil_jax.open_domain.cache.storage`). reuse: the first upper
+    block's arrays to store too (`dil_jax.open_domain.cache.reuse.reuse_encoder`), or None.
     chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
     this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
     process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.

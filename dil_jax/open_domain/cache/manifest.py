@@ -3,16 +3,16 @@ and `CacheManifest` (the whole file), each with `to_json` / `from_json`.
 
 The file's field names are kept as every earlier build wrote them, so older caches read as
 before; one differs from its value's name here: the storage scheme is `storage` (a
-`compression.Storage`) in code and `"dtype"` in the file (`STORAGE_FIELD`), where it has been
+`cache.storage.Storage`) in code and `"dtype"` in the file (`STORAGE_FIELD`), where it has been
 since the first cache format.
 
     CacheKey       model fingerprint, architecture, k, hidden size, tokenizer fingerprint,
                    window length, storage, passages fingerprint: MATCHED_FIELDS, all of which
-                   a reader must agree with (`dil_jax.open_domain.cache_check.reader_cache_key`)
+                   a reader must agree with (`dil_jax.open_domain.cache.check.reader_cache_key`)
     CacheManifest  the key, plus what the files hold: format, rows, the first-upper-block
                    arrays (`reuse`, `num_heads`), the shards of a sharded cache (`chunk_passages`,
                    `shards`) or a shard's own place (`shard`), and the file digests
-                   (`digests`: `dil_jax.open_domain.cache_digests`)
+                   (`digests`: `dil_jax.open_domain.cache.digests`)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dil_jax.open_domain.compression import Storage
+from dil_jax.open_domain.cache.storage import Storage
 
 CACHE_FORMAT = "dil_jax.passage_cache/1"
 # A cache of several shards. Its own format name (not a field of /1): code that knows only /1
@@ -35,13 +35,13 @@ STORAGE_FIELD = "dtype"
 # manifest is informational.
 MATCHED_FIELDS = ("model", "architecture", "num_lower_layers", "hidden_size", "tokenizer",
                   "max_passage_len", STORAGE_FIELD, "passages")
-# The fields recording the files' digests (`cache_digests.digest_fields`).
+# The fields recording the files' digests (`cache.digests.digest_fields`).
 DIGEST_FIELDS = ("digest_sample", "files")
 
 
 class ManifestFieldError(ValueError):
     """A manifest field is missing or of the wrong type; the message names it (the caller says
-    which file: `dil_jax.open_domain.cache` turns it into a CacheBrokenError)."""
+    which file: `dil_jax.open_domain.cache.store` turns it into a CacheBrokenError)."""
 
 
 def _field(value: Mapping[str, Any], name: str, kind: type) -> Any:
@@ -152,7 +152,7 @@ class CacheManifest:
     def from_json(cls, value: Mapping[str, Any]) -> CacheManifest:
         """The manifest of a parsed JSON object whose format is CACHE_FORMAT or SHARDED_FORMAT
         (the caller checks it first); ManifestFieldError or CacheStorageError naming a field.
-        A sharded manifest's shards are read as listed (`cache._shard_ranges_of` checks that
+        A sharded manifest's shards are read as listed (`cache.store._shard_ranges_of` checks that
         they tile the rows)."""
         key = CacheKey.from_json(value)
         reuse = bool(value.get("reuse"))

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dil_jax.errors import BusyError, OutputPathError
-from dil_jax.open_domain.cache_shards import staged_progress
+from dil_jax.open_domain.cache.shards import staged_progress
 
 LOCK_NAME = ".lock"
 # What an index folder may hold besides index.json; anything else means --out is some other

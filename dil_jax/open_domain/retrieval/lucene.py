@@ -44,7 +44,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from dil_jax.atomic import staged_directory
-from dil_jax.open_domain.bm25 import (
+from dil_jax.open_domain.retrieval.bm25 import (
     Bm25Manifest,
     Hit,
     RetrievalError,

@@ -1,7 +1,7 @@
 """`dil-jax index --verify`: every byte of an index folder against what its build recorded.
 
 Opening an index checks its own files whole (index.json's sizes and sha256) but its passage
-caches only cheaply (`dil_jax.open_domain.cache_digests`: sizes, sampled blocks, modification
+caches only cheaply (`dil_jax.open_domain.cache.digests`: sizes, sampled blocks, modification
 times); this reads every byte of every cache file too, and lists every file that differs
 instead of stopping at the first. It needs no reader: it checks bytes, not what the states
 mean (opening with a reader re-encodes two rows for that).
@@ -17,13 +17,13 @@ import dataclasses
 import time
 from pathlib import Path
 
-from dil_jax.open_domain.cache import CacheMismatchError, PassageCache
-from dil_jax.open_domain.cache_build import write_manifest
-from dil_jax.open_domain.cache_digests import FolderCheck, refreshed_digests, verify_folder
-from dil_jax.open_domain.disk import format_size
-from dil_jax.open_domain.index import open_index
-from dil_jax.open_domain.index_files import OpenDomainIndexError, read_settings
-from dil_jax.open_domain.index_lock import index_lock
+from dil_jax.open_domain.cache.build import write_manifest
+from dil_jax.open_domain.cache.digests import FolderCheck, refreshed_digests, verify_folder
+from dil_jax.open_domain.cache.disk import format_size
+from dil_jax.open_domain.cache.store import CacheMismatchError, PassageCache
+from dil_jax.open_domain.index.files import OpenDomainIndexError, read_settings
+from dil_jax.open_domain.index.folder import open_index
+from dil_jax.open_domain.index.lock import index_lock
 
 
 @dataclasses.dataclass
