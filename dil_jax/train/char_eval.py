@@ -97,12 +97,13 @@ def scores(read: Callable[..., Any], variables: Variables, data: ValidationSet,
     """{"exact", "f1"}: the official SQuAD v1.1 metric of the answers `read` gives (every
     window read, the best span of a question's windows decoded to its text)."""
     from dil_jax.data.decoding import answers, decode_predictions
+    from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import squad_scores
 
     start, end = window_logits(read, variables, data.arrays, batch_size)
     predictions = decode_predictions(data.examples, data.features, start, end, n_best=N_BEST,
                                      max_answer_length=MAX_ANSWER_LENGTH)
-    result = squad_scores(data.examples, answers(predictions), version="1.1")
+    result = squad_scores(gold_answers(data.examples), answers(predictions), version="1.1")
     return {"exact": float(result["exact"]), "f1": float(result["f1"])}
 
 
