@@ -235,9 +235,10 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     if patience[0] and metric[0] and patience[1] > 0 and not metric[1]:
         problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
                         "config.checkpoint.best_metric (e.g. 'f1')")
+    from dil_jax.train.reader_kinds import kind_problems  # model.kind: QANet / BiDAF rules
     from dil_jax.train.teacher_logits import logits_file_problems
     for check in (_shared_norm_problems, _distill_file_problems, _evaluation_interval_problems,
-                  _article_overlap_problems, logits_file_problems):
+                  _article_overlap_problems, logits_file_problems, kind_problems):
         problems += check(config)
     return problems
 

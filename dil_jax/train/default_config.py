@@ -31,6 +31,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.num_train_steps = -1  # > 0 overrides num_epochs
 
     c.model = ml_collections.ConfigDict()
+    # "encoder" (the BERT family below), "qanet" or "bidaf" (docs/qanet.md, "Training"):
+    # dil_jax.train.reader_kinds lists the keys those two rule out.
+    c.model.kind = "encoder"
+    c.model.reader = None  # kind qanet / bidaf: QANetConfig / BiDAFConfig fields (None: defaults)
+    # kind qanet / bidaf: their frozen word table, "default" (the embedded MiniLM's), a folder
+    # with a model.safetensors holding one, or "random" (N(0, 1) rows: tests, from scratch).
+    c.model.word_table = "default"
     # "default" (embedded MiniLM), a Hugging Face folder or hub id, a dil_jax params folder
     # (save_params), or "" for random init from model.encoder.
     c.model.checkpoint = "default"

@@ -586,7 +586,7 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
     run's readers restore from its checkpoints/ instead (or export on one host afterwards).
     """
-    from dil_jax.checkpoints import save_params
+    from dil_jax.checkpoints.char_readers import save_reader_params  # any model kind
 
     if jax.process_count() > 1:
         log.warning("multi-process run: not exporting %s (export from the checkpoint on one "
@@ -604,7 +604,7 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
                 "move that step aside and rerun to export the next best")
     staging = directory.with_name(directory.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    save_params(staging, jax.device_get(params), config)
+    save_reader_params(staging, jax.device_get(params), config)
     record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
                               "best_step": best_step, "final_step": int(state.step)}
     if metrics and "null_threshold" in metrics:

@@ -27,9 +27,11 @@ from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
 from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths
+from dil_jax.train.char_data import windows_of
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.null_windows import sample_null_windows
 from dil_jax.train.optim import make_optimizer
+from dil_jax.train.reader_kinds import char_student, is_char_kind, without_frozen
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +172,7 @@ def training_windows(config: ml_collections.ConfigDict,
                          f"features (config.data.featurizer = {config.data.featurizer!r}) have "
                          "no distractor windows; use dil_jax.train.squad_data:featurize or set "
                          "it to 0")
-    windows = data_lib.windows_from_features(features)
+    windows = windows_of(config, features)  # QANet / BiDAF: with characters
     fraction = float(config.data.get("null_window_fraction", 1.0))
     if fraction < 1.0 and shared_norm_group(config):
         raise UsageError(f"config.data.null_window_fraction = {fraction:g} cannot be combined "
@@ -281,7 +283,7 @@ def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
     if val_features is None and config.eval.use_validation_loss:
         val_features = load_split(config, "validation")
     # Validation keeps per-window windows (no distractors, no groups): its loss is the span CE.
-    val_windows = None if val_features is None else data_lib.windows_from_features(val_features)
+    val_windows = None if val_features is None else windows_of(config, val_features)
     buckets = length_buckets(config, train_windows, units_per_batch)
     per_epoch = (buckets.per_epoch if buckets is not None
                  else data_lib.steps_per_epoch(train_windows.num_units, units_per_batch))
@@ -321,6 +323,9 @@ def load_run_models(config: ml_collections.ConfigDict,
     """Student and teacher from config.model / config.teacher, seeded by config.seed."""
     root = jax.random.key(int(config.seed))
     init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
+    if is_char_kind(config):  # QANet / BiDAF: no teacher (the config rules refuse KD and LRS)
+        student = char_student(config, init_rng)
+        return RunModels(student, None, dropout_rng, _evaluator(config, student, evaluate_fn))
     encoder = config.model.encoder.to_dict() if config.model.encoder else None
     student = load_or_init_reader(config.model.checkpoint, encoder,
                                   _reader_overrides(config.model), init_rng)
@@ -331,16 +336,23 @@ def load_run_models(config: ml_collections.ConfigDict,
                           fix="lower config.model.max_question_len, config.data.max_passage_len "
                               "or config.model.passage_position_offset")
     teacher = build_teacher(config, student, teacher_rng)
+    return RunModels(student, teacher, dropout_rng, _evaluator(config, student, evaluate_fn))
+
+
+def _evaluator(config: ml_collections.ConfigDict, student: Reader,
+               evaluate_fn: EvaluateFn | None) -> EvaluateFn | None:
+    """The given evaluate_fn, else config.eval.evaluator's for the student, else None."""
     if evaluate_fn is None and config.eval.evaluator:
-        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config,
-                                                                                student.model)
-    return RunModels(student, teacher, dropout_rng, evaluate_fn)
+        return resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student.model)
+    return evaluate_fn
 
 
 def make_run_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """(optax transformation, learning-rate schedule) per config.optim."""
-    return make_optimizer(
+    """(optax transformation, learning-rate schedule) per config.optim; a QANet / BiDAF's
+    frozen word table is left out of it (`reader_kinds.without_frozen`)."""
+    tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
         weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
         b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
         frozen=tuple(name for name in config.optim.frozen.split(",") if name))
+    return (without_frozen(tx) if is_char_kind(config) else tx), schedule
