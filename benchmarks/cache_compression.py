@@ -6,10 +6,10 @@
         --corpus wikipedia --schemes float32 bfloat16 int8 pca64 --reuse --limit 60 \\
         --out runs/cache_compression
 
-For one reader and each storage scheme (`--cache-dtype`, `dil_jax.open_domain.compression`):
+For one reader and each storage scheme (`--cache-dtype`, `dil_jax.open_domain.cache.storage`):
   1. builds the passage cache of the corpus index in that storage (`--reuse`: with the first
-     upper block's q/k/v and statistics, `dil_jax.open_domain.reuse`) and measures its bytes per
-     token slot from the files (`cache_bytes_per_token`: states, reuse arrays, total);
+     upper block's q/k/v and statistics, `dil_jax.open_domain.cache.reuse`) and measures its
+     bytes per token slot from the files (`cache_bytes_per_token`: states, reuse arrays, total);
   2. open domain: EM/F1 of the answers over the top-p passages read from that cache (reader
      score alone and fused with BM25, `dil_jax.open_domain.evaluate`), the questions of
      `--articles` (`--limit` of them, seeded);
@@ -83,8 +83,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def open_or_build_index(folder: Path, corpus: Sequence[str], tokenizer, max_passage_len: int,
                         doc_stride: int):
     """The index of the corpus's paragraphs in `folder` (built once, then reopened)."""
-    from dil_jax.open_domain.corpus import iter_sources, split_documents
-    from dil_jax.open_domain.index import build_index, open_index
+    from dil_jax.open_domain.index.corpus import iter_sources, split_documents
+    from dil_jax.open_domain.index.folder import build_index, open_index
 
     if (folder / "index.json").is_file():
         return open_index(folder)
@@ -97,9 +97,9 @@ def open_or_build_index(folder: Path, corpus: Sequence[str], tokenizer, max_pass
 def build_scheme_cache(folder: Path, index, reader, storage, reuse: bool, batch_size: int):
     """The corpus cache of `reader` in `storage` (a Storage; built, resumed or reopened)."""
     from dil_jax.open_domain.build import passage_encoder
-    from dil_jax.open_domain.cache_build import build_passage_cache
-    from dil_jax.open_domain.index import window_arrays
-    from dil_jax.open_domain.reuse import reuse_encoder
+    from dil_jax.open_domain.cache.build import build_passage_cache
+    from dil_jax.open_domain.cache.reuse import reuse_encoder
+    from dil_jax.open_domain.index.folder import window_arrays
 
     key = index.cache_key(reader, storage)
     arrays = window_arrays(index)
@@ -116,8 +116,9 @@ def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: in
     round trip through `cache`'s storage (its PCA basis, if any). One pair per window."""
     from dil_jax.data.decoding import answers, decode_predictions
     from dil_jax.data.features import featurize
+    from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import squad_scores
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     params = reader.params
     features = featurize(examples, reader.tokenizer,
@@ -135,7 +136,7 @@ def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: in
                              features.example_index, p_index.reshape(-1))
     predictions = decode_predictions(examples, features, scores.start_logits, scores.end_logits,
                                      None, None)
-    result = squad_scores(examples, answers(predictions), version="1.1")
+    result = squad_scores(gold_answers(examples), answers(predictions), version="1.1")
     return {"EM": float(result["exact"]), "F1": float(result["f1"])}
 
 
@@ -162,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.atomic import write_atomic
     from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.open_domain.cache import cache_bytes_per_token
+    from dil_jax.open_domain.cache.store import cache_bytes_per_token
     from dil_jax.open_domain.evaluate import evaluate_reader
     from dil_jax.open_domain.reader import OpenDomainReader
 

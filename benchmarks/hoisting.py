@@ -4,9 +4,9 @@
     python benchmarks/hoisting.py --suite bert-base      # BERT-base shape, k = 10 and 11
 
 `PairGrid` computes the first upper block's query/key/value once per question and per passage
-(`project_upper`) when a segment is read by several pairs, and hands them to `encode_upper`.
+(`project_upper`) when a segment is read by several pairs, and hands them to `read_upper`.
 This times one chunk of pairs (the shapes `speed_grid.py` uses: 64 + 256 tokens, 8 pairs) through
-`encode_upper` both ways, jitted, interleaved, on the same gathered inputs: the per-pair program
+`read_upper` both ways, jitted, interleaved, on the same gathered inputs: the per-pair program
 without the projections against the one that computes them itself. The projections themselves
 (once per segment) are not in either figure. Also prints the largest span-score difference.
 """
@@ -24,7 +24,8 @@ from dil_jax.bench.grids import GridInputs, GridSpec, random_grid
 from dil_jax.bench.suites import default_ks, suite_model
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.upper import read_upper
 
 
 def compare(config, params, inputs: GridInputs, k: int, repeats: int) -> None:
@@ -36,9 +37,9 @@ def compare(config, params, inputs: GridInputs, k: int, repeats: int) -> None:
     p_lower = reader.encode_passages(params, inputs.p_ids, inputs.p_mask)
     q_qkv = reader.project_segments(params, q_lower)
     p_qkv = reader.project_segments(params, p_lower)
-    in_pairs = jax.jit(lambda p, q, qm, s, sm: model.encode_upper(p, q, qm, s, sm))
-    hoisted = jax.jit(lambda p, q, qm, s, sm, qq, pq: model.encode_upper(
-        p, q, qm, s, sm, q_qkv=qq, p_qkv=pq))
+    in_pairs = jax.jit(lambda p, q, qm, s, sm: read_upper(model, p, q, qm, s, sm))
+    hoisted = jax.jit(lambda p, q, qm, s, sm, qq, pq: read_upper(
+        model, p, q, qm, s, sm, q_qkv=qq, p_qkv=pq))
     args = (params, q_lower, inputs.q_mask, p_lower, inputs.p_mask)
     runs = {"q/k/v in every pair": lambda: in_pairs(*args),
             "q/k/v per segment": lambda: hoisted(*args, q_qkv, p_qkv)}

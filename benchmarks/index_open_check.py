@@ -41,8 +41,8 @@ def main() -> None:
 
     from dil_jax.checkpoints import load_reader
     from dil_jax.defaults import bundled_reader
-    from dil_jax.open_domain.cache_digests import verify_folder
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.cache.digests import verify_folder
+    from dil_jax.open_domain.index.folder import open_index
 
     readers = [load_reader(str(bundled_reader("full")), 0, 64),
                load_reader(str(bundled_reader("delayed")), None, 64)]

@@ -4,10 +4,10 @@
         [--pairs 32]
 
 One chunk of `pairs` (question, passage) pairs through the upper blocks of a reader, with all
-passage tokens, then with only the first n kept (`dil_jax.model.pairs.kept_positions`), interleaved,
-median of repeats, compilation excluded. Random token ids (a dense transformer's cost does not
-depend on them, nor on the weights: `--k` may read any reader at any split). Prints a Markdown
-table.
+passage tokens, then with only the first n kept (`dil_jax.reading.pairs.kept_positions`),
+interleaved, median of repeats, compilation excluded. Random token ids (a dense transformer's cost
+does not depend on them, nor on the weights: `--k` may read any reader at any split). Prints a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def main() -> None:
     import jax
 
     from dil_jax.checkpoints import load_reader
-    from dil_jax.model.grid import PairGrid
-    from dil_jax.model.pairs import kept_positions
+    from dil_jax.reading.grid import PairGrid
+    from dil_jax.reading.pairs import kept_positions
 
     loaded = load_reader(args.checkpoint, args.k, args.question_len)
     model, params = loaded.model, loaded.params

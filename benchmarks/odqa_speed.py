@@ -15,7 +15,7 @@ every window of each) four ways, side by side in one process:
               statistics where passages are read by several pairs, which never happens here),
               every segment read at its full padded length;
   + trim      and each chunk of pairs cut to its longest real question and passage
-              (`PairGrid.trims_padding`);
+              (`ReusePlan.trims_padding`);
   + cache     and the first upper block's passage arrays read from the cache.
 `--modes` reads only some of these ways. Each way is read at every chunk size of
 `--chunk-sizes` (pairs per step of the pair program; default: the reader's default on this
@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.defaults import default_pair_chunk_size
     from dil_jax.errors import UsageError
-    from dil_jax.open_domain.compression import FLOAT32
+    from dil_jax.open_domain.cache.storage import FLOAT32
     from dil_jax.open_domain.reader import OpenDomainReader
 
     base = load_reader(args.checkpoint, None, args.max_question_len, args.tokenizer)

@@ -149,7 +149,7 @@ def main() -> None:
 
 def _reader_params(cfg: EncoderConfig, block_params) -> dict:
     """A one-block reader's params around `block_params` (embeddings and head random)."""
-    from dil_jax.model.modules import SpanReaderModule
+    from dil_jax.model.bert import SpanReaderModule
 
     reader = SpanReaderModule(cfg.replace(num_layers=1))
     ids = jnp.zeros((1, 4), jnp.int32)

@@ -11,7 +11,7 @@ own (so that peak memory is that engine's alone):
           matrix: pages are read as queries touch them);
   query   questions/s, one `search` at a time and through `search_batch`, top-100 each,
           after one untimed pass over the same queries (the first touches of a mapped index).
-The corpora are synthetic (`dil_jax.open_domain.scale_corpus`: real sentences resampled into
+The corpora are synthetic (`dil_jax.open_domain.index.scale_corpus`: real sentences resampled into
 100-word passages, seeded); the queries are the questions of `--data` `--articles`.
 Recall: R@p (a gold answer string in one of the top p passages, `odqa-eval`'s R) of every
 question of `--articles`, over the real corpus (the SQuAD paragraphs of `--data` and the
@@ -86,9 +86,9 @@ def questions(data: str, articles: str) -> list:
 
 def run_child(spec: dict) -> dict:
     """One (size, engine): build, save, load, query, in this process (see the module doc)."""
-    from dil_jax.open_domain.corpus import iter_sources
-    from dil_jax.open_domain.retrieval import build_retriever, load_retriever
-    from dil_jax.open_domain.scale_corpus import resampled_passages, sentence_pool
+    from dil_jax.open_domain.index.corpus import iter_sources
+    from dil_jax.open_domain.index.scale_corpus import resampled_passages, sentence_pool
+    from dil_jax.open_domain.retrieval.engines import build_retriever, load_retriever
 
     pool = sentence_pool(list(iter_sources([f"squad:{spec['data']}", "wikipedia"])))
     texts = list(resampled_passages(pool, spec["size"], spec["seed"]))
@@ -151,9 +151,9 @@ def measure(size: int, engine: str, args: argparse.Namespace) -> dict:
 
 def recall(args: argparse.Namespace) -> dict:
     """R@p per engine over the real corpus, and the questions both engines give one top-p."""
-    from dil_jax.open_domain.corpus import iter_sources, split_documents
     from dil_jax.open_domain.evaluate import recall_at_p
-    from dil_jax.open_domain.retrieval import build_retriever
+    from dil_jax.open_domain.index.corpus import iter_sources, split_documents
+    from dil_jax.open_domain.retrieval.engines import build_retriever
 
     passages = split_documents(list(iter_sources([f"squad:{args.data}", "wikipedia"])),
                                "paragraphs")

@@ -203,7 +203,7 @@ def peer_settings(index: str, max_question_len: int) -> dict:
 def retrieved_contexts(index: str, questions: list[str], p: int) -> list[list[str]]:
     """Each question's top-p passages as the server's index retrieves them, in BM25 order."""
     sys.path.insert(0, str(ROOT))
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
 
     opened = open_index(index)
     hits = opened.retriever.search_batch(questions, p)

@@ -5,6 +5,12 @@ setting.
 
     python benchmarks/train_step.py --variants full k4_warm --dtypes float32 bfloat16 \\
         --passage-lens 160 --steps 8 --rounds 3 --out benchmarks/results/train_step
+    python benchmarks/train_step.py --variants k4_warm --dtypes float32 \\
+        --teacher-modes kd_lrs kd kd_stored --out benchmarks/results/train_step_teacher
+
+--teacher-modes (variants with a teacher): `kd_lrs` as configured (KD + LRS, the teacher runs
+in the step), `kd` (LRS off, the teacher still runs), `kd_stored` (LRS off, the teacher's scores
+come with the batch as `teacher.logits_file` gives them: the teacher does not run).
 
 The step is the trainer's own (`dil_jax.train.step.make_train_step`: student forward + backward,
 the frozen teacher's forward for KD/LRS, AdamW) on random token ids of the configured shapes (a
@@ -36,7 +42,10 @@ from dil_jax.train.step import init_train_state, make_train_step
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def variant_config(variant: str, dtype: str, passage_len: int):
+TEACHER_MODES = ("kd_lrs", "kd", "kd_stored")
+
+
+def variant_config(variant: str, dtype: str, passage_len: int, teacher_mode: str = "kd_lrs"):
     spec = importlib.util.spec_from_file_location("minilm_squad", ROOT / "configs/minilm_squad.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -47,6 +56,8 @@ def variant_config(variant: str, dtype: str, passage_len: int):
     if config.teacher.checkpoint:
         config.teacher.checkpoint = "student_init"
         config.model.checkpoint = "default"
+        if teacher_mode != "kd_lrs":
+            config.loss.lrs_weight = 0.0
     return config
 
 
@@ -65,12 +76,28 @@ def random_batch(config, rng: np.random.Generator) -> dict[str, jax.Array]:
     }
 
 
+def has_teacher(variant: str) -> bool:
+    return bool(variant_config(variant, "float32", 160).teacher.checkpoint)
+
+
+def stored_teacher_scores(config, rng: np.random.Generator) -> dict[str, jax.Array]:
+    """Random teacher scores [1, batch, ...] of the keys `teacher.logits_file` adds."""
+    from dil_jax.train.teacher_logits import BATCH_KEYS
+
+    batch, p_len = config.batch_size, config.data.max_passage_len
+    shapes = ((1, batch, p_len), (1, batch, p_len), (1, batch), (1, batch))
+    return {key: jnp.asarray(rng.normal(size=shape), jnp.float32)
+            for key, shape in zip(BATCH_KEYS, shapes)}
+
+
 class Setting:
     """One compiled train step and its state, ready to time."""
 
-    def __init__(self, variant: str, dtype: str, passage_len: int, seed: int):
-        self.name = f"{variant} {dtype} p{passage_len}"
-        config = variant_config(variant, dtype, passage_len)
+    def __init__(self, variant: str, dtype: str, passage_len: int, seed: int,
+                 teacher_mode: str = "kd_lrs"):
+        config = variant_config(variant, dtype, passage_len, teacher_mode)
+        mode = f" {teacher_mode}" if config.teacher.checkpoint else ""
+        self.name = f"{variant}{mode} {dtype} p{passage_len}"
         self.windows = int(config.batch_size)
         mesh = data_mesh()
         models = load_run_models(config, None)
@@ -78,11 +105,14 @@ class Setting:
         rep = replicated(mesh)
         self.state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
             replicate(models.student.params, mesh))
-        teacher = models.teacher
+        teacher = None if teacher_mode == "kd_stored" else models.teacher
         self.teacher_params = None if teacher is None else replicate(teacher.params, mesh)
         self.step_fn = make_train_step(models.student.model, teacher and teacher.model,
                                        loss_weights(config), tx, schedule, mesh)
-        self.batch = random_batch(config, np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        self.batch = random_batch(config, rng)
+        if teacher_mode == "kd_stored" and models.teacher is not None:
+            self.batch.update(stored_teacher_scores(config, rng))
         self.rng = jax.random.key(seed)
         started = time.perf_counter()
         self.run(1)  # compile
@@ -104,12 +134,17 @@ def main() -> None:
     parser.add_argument("--passage-lens", type=int, nargs="+", default=[160])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--teacher-modes", nargs="+", choices=TEACHER_MODES,
+                        default=["kd_lrs"], help="how a variant with a teacher distils")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="output stem")
     args = parser.parse_args()
     load_before = load_average()
-    settings = [Setting(variant, dtype, passage_len, args.seed) for variant in args.variants
-                for dtype in args.dtypes for passage_len in args.passage_lens]
+    combinations = [(variant, dtype, passage_len, mode) for variant in args.variants
+                    for dtype in args.dtypes for passage_len in args.passage_lens
+                    for mode in (args.teacher_modes if has_teacher(variant) else ["kd_lrs"])]
+    settings = [Setting(variant, dtype, passage_len, args.seed, mode)
+                for variant, dtype, passage_len, mode in combinations]
     seconds = {setting.name: [] for setting in settings}
     for _ in range(args.rounds):
         for setting in settings:

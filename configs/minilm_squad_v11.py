@@ -8,7 +8,7 @@ configs/minilm_squad.py): 132,928 training windows, 4,154 steps of batch 32 an e
 10% warmup then linear decay, word embeddings frozen (the bundled readers ship without them); an
 evaluation every 1,000 steps; the exported reader is the best checkpoint by validation F1.
 
-Variants (`configs/minilm_squad_v11.py:VARIANT[,multi]`), N = k in 1..5 of the 6 blocks:
+Variants (`configs/minilm_squad_v11.py:VARIANT[,multi][,shared]`), N = k in 1..5 of the 6 blocks:
   full       k = 0 from the pre-trained encoder, 2 epochs (also the students' teacher)
   kN         k = N from the pre-trained encoder, cross-entropy only (DilBERT's recipe)
   kN_distill k = N from the pre-trained encoder with DeFormer's KD + LRS from the fine-tuned full
@@ -18,10 +18,14 @@ Variants (`configs/minilm_squad_v11.py:VARIANT[,multi]`), N = k in 1..5 of the 6
 The teacher (and the warm start) is `runs/minilm_squad_v11_full/params`, the `full` run's export;
 point `teacher.checkpoint` and `model.checkpoint` elsewhere with overrides.
 
-Suffix:
+Suffixes:
   multi   every occurrence of an ambiguous answer is a correct span (data.answer_candidates_file
           = ../shared/data/squad/train-v1.1.ambiguous-offsets.json; the span loss is minus the log
           of their summed probability) instead of the file's first occurrence
+  shared  2 BM25 distractor windows per training question (other training paragraphs and
+          Wikipedia leads) and one softmax over each question's group of 4 windows
+          (docs/training.md, "Distractors and shared normalisation"): the open-domain stage,
+          run as a second stage from a reader (`model.checkpoint`, `num_train_steps`)
 
     dil-jax train --config configs/minilm_squad_v11.py:full
     dil-jax train --config configs/minilm_squad_v11.py:k4_warm
@@ -44,8 +48,9 @@ from dil_jax.train.default_config import base_config
 
 VARIANT_PATTERN = re.compile(
     r"full(?P<full_recipe>_warm)?|k(?P<k>[1-5])(?P<recipe>_distill|_warm)?")
-MULTI_SUFFIX = "multi"
-USAGE = ("configs/minilm_squad_v11.py:VARIANT[,multi], VARIANT = full, full_warm, kN, "
+MULTI_SUFFIX, SHARED_SUFFIX = "multi", "shared"
+SUFFIXES = (MULTI_SUFFIX, SHARED_SUFFIX)
+USAGE = ("configs/minilm_squad_v11.py:VARIANT[,multi][,shared], VARIANT = full, full_warm, kN, "
          "kN_distill or kN_warm (N = 1..5)")
 # The median length of `[CLS] q [SEP]` (MiniLM WordPiece), as configs/minilm_squad.py: a delayed
 # reader's passages start where the full reader's mostly do, the same for every question.
@@ -61,7 +66,7 @@ FULL_READER = "runs/minilm_squad_v11_full/params"
 def get_config(spec: str = "full") -> ml_collections.ConfigDict:
     variant, *suffixes = spec.split(",")
     for suffix in suffixes:
-        if suffix != MULTI_SUFFIX or suffixes.count(suffix) > 1:
+        if suffix not in SUFFIXES or suffixes.count(suffix) > 1:
             raise UsageError(f"configs/minilm_squad_v11.py: bad suffix {suffix!r} in {spec!r} "
                              f"({USAGE})")
     match = VARIANT_PATTERN.fullmatch(variant)
@@ -79,6 +84,10 @@ def get_config(spec: str = "full") -> ml_collections.ConfigDict:
     c.data.validation_articles = ":"
     if MULTI_SUFFIX in suffixes:
         c.data.answer_candidates_file = SHARED_SQUAD_TRAIN_CANDIDATES_FILE
+    if SHARED_SUFFIX in suffixes:
+        c.data.distractors_per_question = 2
+        c.data.windows_per_question = 4
+        c.loss.shared_norm = True
     c.model.max_question_len = CPU_MAX_QUESTION_LEN
     c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
     c.data.doc_stride = CPU_DOC_STRIDE

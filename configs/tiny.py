@@ -1,14 +1,33 @@
 """A random-init tiny BERT on synthetic windows: tests and smoke runs, no checkpoint needed.
 
     dil-jax train --config configs/tiny.py --config.workdir=/tmp/tiny
+    dil-jax train --config configs/tiny.py:qanet --config.workdir=/tmp/tiny_qanet   # or :bidaf
+
+`:qanet` / `:bidaf`: a tiny QANet / BiDAF (random frozen word table, characters spelling each
+synthetic token's id: dil_jax.train.char_data:synthetic) on the same windows; only the windows
+that hold their answer train (these readers have no no-answer score).
 """
 
 import ml_collections
 
 from dil_jax.train.default_config import base_config
 
+# Every stage of each reader present, each small (one model block: half QANet's compile time).
+TINY_READERS = {
+    "qanet": {"vocab_size": 128, "word_dim": 12, "max_chars": 4, "char_dim": 8,
+              "char_filters": 10, "char_kernel": 3, "d_model": 16, "num_heads": 2, "ffn_dim": 20,
+              "embedding_convs": 2, "embedding_kernel": 5, "model_blocks": 1, "model_convs": 2,
+              "model_kernel": 3, "dropout": 0.05, "char_dropout": 0.05, "word_dropout": 0.05,
+              "lsh_encoders": ""},
+    "bidaf": {"vocab_size": 128, "word_dim": 12, "max_chars": 4, "char_dim": 8,
+              "char_filters": 10, "char_kernel": 3, "hidden": 16, "dropout": 0.05,
+              "char_dropout": 0.05},
+}
 
-def get_config() -> ml_collections.ConfigDict:
+
+def get_config(kind: str = "encoder") -> ml_collections.ConfigDict:
+    if kind not in ("encoder", *TINY_READERS):
+        raise ValueError(f"configs/tiny.py: unknown kind {kind!r} (encoder, qanet, bidaf)")
     c = base_config()
     c.workdir = "runs/tiny"
     c.batch_size = 8
@@ -30,4 +49,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.checkpoint.best_metric = "val_loss"
     c.checkpoint.best_mode = "min"
     c.log.every_steps = 5
+    if kind in TINY_READERS:
+        c.model.kind = kind
+        c.model.encoder = None
+        c.model.num_lower_layers = 0
+        c.model.reader = ml_collections.ConfigDict(TINY_READERS[kind])
+        c.model.word_table = "random"
+        c.data.featurizer = "dil_jax.train.char_data:synthetic"
     return c

@@ -13,9 +13,9 @@ from typing import Any
 # Public name -> the module that defines it. Kept as strings so that nothing heavy is imported
 # until a name is asked for (and so that the import graph sees no package-level cycle).
 _PUBLIC = {
-    "PASSAGE_SEGMENT": "dil_jax.model.modules",
-    "QUESTION_SEGMENT": "dil_jax.model.modules",
-    "ReaderOutput": "dil_jax.model.modules",
+    "PASSAGE_SEGMENT": "dil_jax.model.span_reader",
+    "QUESTION_SEGMENT": "dil_jax.model.span_reader",
+    "ReaderOutput": "dil_jax.model.span_reader",
     "DelayedInteractionModel": "dil_jax.model.delayed",
     "InputError": "dil_jax.model.delayed",
     "ConfigError": "dil_jax.config",

@@ -203,11 +203,6 @@ class EncoderConfig:
     def uses_lsh(self) -> bool:
         return bool(self.lsh_attention_layers)
 
-    def lsh_in_upper_blocks(self) -> bool:
-        """Whether some block above k uses LSH attention (the pair program's reuses assume
-        full attention there)."""
-        return any(layer >= self.num_lower_layers for layer in self.lsh_attention_layers)
-
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
         if not isinstance(values, dict):

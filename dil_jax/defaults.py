@@ -146,9 +146,9 @@ def default_reader_role(k: int | None, index_ks: Collection[int] = (),
         return "delayed"
     return "full"
 
-# BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval), and the corpus
-# size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's build
-# time and memory stop being small).
+# BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval.engines), and the
+# corpus size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's
+# build time and memory stop being small).
 RETRIEVER_ENGINES = ("rank-bm25", "bm25s", "pyserini")
 AUTO_BM25S_FROM = 50_000
 

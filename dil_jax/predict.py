@@ -10,7 +10,7 @@ The delayed-interaction path, in fixed-shape jitted steps (one compilation each)
      k = 0 a passage's positions follow its question, so the full model embeds it per pair);
   3. every (question, window) pair through `encode_upper` (`PairGrid.read_pairs`).
 Questions are taken in blocks of `question_block`, padded to a fixed size, so memory is bounded by
-a block whatever the data set size. The compiled steps are `dil_jax.model.grid.PairGrid`'s.
+a block whatever the data set size. The compiled steps are `dil_jax.reading.grid.PairGrid`'s.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dil_jax.data.decoding import Prediction, answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.pairs import SpanScores, kept_positions
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:

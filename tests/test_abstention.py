@@ -19,8 +19,8 @@ from dil_jax.open_domain.abstention import (
     exclude_titles,
     normalized_title,
 )
-from dil_jax.open_domain.bm25 import Hit
 from dil_jax.open_domain.reader import format_answer
+from dil_jax.open_domain.retrieval.bm25 import Hit
 from dil_jax.open_domain.scoring import Candidate
 
 REPO = Path(__file__).resolve().parents[1]

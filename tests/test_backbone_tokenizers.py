@@ -60,7 +60,7 @@ def test_squad_round_trip_through_offsets(arch_tokenizer, v11):
     start, end = _gold_logits(features)
     predicted = answers(decode_predictions(v11.examples, features, start, end,
                                            max_answer_length=64))
-    scores = squad_scores(v11, predicted)
+    scores = squad_scores(v11.gold_answers, predicted, v11.version)
     print(f"\n{arch} round trip: {scores}")
     print(f"  failures by reason: {dict(_explain_failures(v11.examples, features, predicted))}")
     assert scores["exact"] >= 99.5 and scores["total"] == 6013

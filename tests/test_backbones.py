@@ -207,7 +207,7 @@ def test_bench_peer_reads_the_grid_as_we_do(hf_folder_factory, arch):
     (strict load), and on a random grid it gives our full model's span scores (1e-4)."""
     from dil_jax import bench
     from dil_jax.mesh import data_mesh
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     # vocab 200: the random grid's [CLS] / [SEP] are BERT's ids 101 / 102.
     config, params, _ = load_hf_checkpoint(hf_folder_factory(arch, vocab_size=200)[0],

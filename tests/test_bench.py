@@ -20,7 +20,7 @@ from dil_jax.commands import bench as bench_command
 from dil_jax.mesh import data_mesh
 from dil_jax.model.attention import attends_per_example
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
+from dil_jax.reading.grid import PairGrid
 
 # XLA's count (matmuls + elementwise) over the matmul formula: 1.006-1.007 on the tiny config,
 # reuses on or off (benchmarks/README.md, "FLOPs: XLA's count vs the formula").

@@ -19,7 +19,7 @@ import pytest
 
 from dil_jax.config import ConfigError
 from dil_jax.model.bidaf import AttentionFlow, BiDAFConfig, BiDAFModel, BiLSTM, reverse_padded
-from dil_jax.model.modules import PADDED_LOGIT
+from dil_jax.model.span_reader import PADDED_LOGIT
 
 import qanet_numpy_reference as ref
 from qanet_helpers import perturb, segment

@@ -19,7 +19,8 @@ import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.reading.upper import project_upper, read_upper
 
 from conftest import pair_specials, state_dict_numpy
 from numpy_reference import bert_positions, reference_reader, roberta_positions
@@ -153,10 +154,10 @@ def test_precomputed_first_upper_projections_equal_reference(hf_folder_factory, 
     q_ids, q_mask, p_ids, p_mask = _segments(23, arch=arch)
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
-    q_qkv, p_qkv = model.project_upper(params, q_lower), model.project_upper(params, p_lower)
+    q_qkv, p_qkv = project_upper(model, params, q_lower), project_upper(model, params, p_lower)
     assert q_qkv[0].shape == (3, model.config.num_heads, MAX_Q, model.config.head_dim)
     for given in ({"q_qkv": q_qkv}, {"p_qkv": p_qkv}, {"q_qkv": q_qkv, "p_qkv": p_qkv}):
-        out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, **given)
+        out = read_upper(model, params, q_lower, q_mask, p_lower, p_mask, **given)
         _assert_reference_logits(out, state, model.config, (q_ids, q_mask, p_ids, p_mask), k,
                                  f"{arch} {sorted(given)}")
 

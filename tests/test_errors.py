@@ -21,8 +21,9 @@ from dil_jax.checkpoints import (
 )
 from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, with_num_lower_layers
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT
+from dil_jax.model.span_reader import PASSAGE_SEGMENT
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.upper import project_upper, read_upper
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
 from conftest import edit_json
@@ -151,16 +152,16 @@ def test_bad_first_upper_projections_are_named():
     params = model.init(jax.random.key(0))
     q_lower, p_lower = jnp.ones((2, 8, 8)), jnp.ones((2, 6, 8))
     q_mask, p_mask = np.ones((2, 8), np.int32), np.ones((2, 6), np.int32)
-    p_qkv = model.project_upper(params, p_lower)
+    p_qkv = project_upper(model, params, p_lower)
     with pytest.raises(InputError, match=r"question q/k/v must be 3 arrays of shape "
                                          r"\(2, 2, 8, 4\).*\(2, 2, 6, 4\)"):
         # the passage's projections handed in as the question's
-        model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, q_qkv=p_qkv)
+        read_upper(model, params, q_lower, q_mask, p_lower, p_mask, q_qkv=p_qkv)
     no_upper = with_num_lower_layers(model, 2)
     with pytest.raises(InputError, match="k = 2 of 2 layers leaves no upper block"):
-        no_upper.project_upper(params, p_lower)
+        project_upper(no_upper, params, p_lower)
     with pytest.raises(InputError, match="k = 2 of 2 layers leaves no upper block"):
-        no_upper.encode_upper(params, q_lower, q_mask, p_lower, p_mask, p_qkv=p_qkv)
+        read_upper(no_upper, params, q_lower, q_mask, p_lower, p_mask, p_qkv=p_qkv)
     reader = PairGrid(with_num_lower_layers(model, 0), batch_size=2, chunk_size=2)
     index = np.zeros(1, np.int32)
     with pytest.raises(ValueError, match="q/k/v given, but k = 0 of 2 layers"):

@@ -15,13 +15,13 @@ import pytest
 
 from dil_jax.cli import build_parser
 from dil_jax.defaults import bundled_reader, default_reader_role
-from dil_jax.open_domain.compression import FLOAT32, Storage
-from dil_jax.open_domain.missing_cache import (
+from dil_jax.open_domain.cache.missing import (
     CacheEntry,
     build_command,
     index_caches,
     missing_cache_message,
 )
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 
 # Committed under dil_jax/assets/: a checkout without them is broken, not a case to skip.
 FULL = bundled_reader("full")
@@ -36,10 +36,10 @@ def _fake_cache(index: Path, k: int, model: str, dtype: str = "float32") -> None
 
 
 def _resolved(argv: list[str]):
-    from dil_jax.commands.odqa import _resolve_checkpoints
+    from dil_jax.commands.arguments import resolve_checkpoints
 
     args = build_parser().parse_args(argv)
-    _resolve_checkpoints(args)
+    resolve_checkpoints(args)
     return args.checkpoint
 
 
@@ -125,8 +125,8 @@ def test_message_lists_the_caches_and_the_fix():
 
 def test_missing_cache_error_is_a_diljax_error():
     from dil_jax.errors import DilJaxError
-    from dil_jax.open_domain.cache import CacheMismatchError
-    from dil_jax.open_domain.missing_cache import MissingCacheError
+    from dil_jax.open_domain.cache.missing import MissingCacheError
+    from dil_jax.open_domain.cache.store import CacheMismatchError
 
     assert issubclass(MissingCacheError, CacheMismatchError)
     assert issubclass(MissingCacheError, DilJaxError)

@@ -23,8 +23,8 @@ GRID_SCRIPT = textwrap.dedent("""
     import jax
     import numpy as np
     from dil_jax.config import EncoderConfig
-    from dil_jax.model.grid import PairGrid
-    from dil_jax.model.pairs import kept_positions
+    from dil_jax.reading.grid import PairGrid
+    from dil_jax.reading.pairs import kept_positions
     from dil_jax.model.delayed import DelayedInteractionModel
 
     k, out = int(sys.argv[1]), sys.argv[2]
@@ -101,9 +101,9 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
 
     from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid
-    from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
-    from dil_jax.model.pairs import kept_positions
+    from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
+    from dil_jax.reading.grid import PairGrid
+    from dil_jax.reading.pairs import kept_positions
 
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=k)
     model = DelayedInteractionModel(config)
@@ -152,7 +152,7 @@ def test_projections_are_hoisted_only_for_segments_read_by_several_pairs(monkeyp
 
     from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=2))
     params = model.init(jax.random.key(0))
@@ -194,7 +194,7 @@ def test_grid_reads_a_passage_position_offset_like_the_direct_forward():
 
     from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=2, passage_position_offset=5)
     model = DelayedInteractionModel(config)
@@ -225,7 +225,7 @@ def test_chunk_size_defaults_to_the_platform_of_the_mesh():
     )
     from dil_jax.mesh import data_mesh
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     assert default_pair_chunk_size("cpu") == PAIR_CHUNK_SIZE["cpu"]
     assert default_pair_chunk_size("tpu") == default_pair_chunk_size("gpu") \

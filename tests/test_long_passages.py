@@ -14,17 +14,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import dil_jax.model.modules as modules
+import dil_jax.model.bert as bert
 from dil_jax.bench.programs import program_stats
 from dil_jax.checkpoints import encoder_config_from_hf, hf_config_from_encoder_config
 from dil_jax.config import LONG_PASSAGE_DEFAULTS, ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.attention import attention_bias
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
-from dil_jax.model.grid import PairGrid
 from dil_jax.model.layers import Block
-from dil_jax.model.modules import PASSAGE_SEGMENT
 from dil_jax.model.reversible import reversible_forward, reversible_layers
+from dil_jax.model.span_reader import PASSAGE_SEGMENT
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.upper import project_upper, read_upper
 
 from conftest import tiny_hf_config
 
@@ -193,21 +194,21 @@ def test_lsh_lower_blocks_are_deterministic_and_reseeded_only_by_an_lsh_rng(para
     assert np.abs(np.asarray(other_seed.encode_lower(params, p, p_mask, PASSAGE_SEGMENT))
                   - first).max() > 1e-3
     # Lower-block LSH leaves the pair program's reuses on.
-    assert PairGrid(model).hoists_projections and PairGrid(model).reads_span_rows_only
+    assert PairGrid(model).plan.hoists_projections and PairGrid(model).plan.span_rows_only
 
 
 def test_pair_reuses_are_off_with_lsh_upper_blocks(params):
     config = _config(num_lower_layers=2, lsh_attention_layers=(2,), lsh_bucket_size=4)
     model = DelayedInteractionModel(config)
     grid = PairGrid(model)
-    assert not grid.hoists_projections and not grid.reads_span_rows_only
+    assert not grid.plan.hoists_projections and not grid.plan.span_rows_only
     q, q_mask, p, p_mask = _pairs()
     q_lower = model.encode_lower(params, q, q_mask, 0)
     p_lower = model.encode_lower(params, p, p_mask, PASSAGE_SEGMENT)
     with pytest.raises(InputError, match="lsh_attention_layers"):
-        model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, span_rows_only=True)
+        read_upper(model, params, q_lower, q_mask, p_lower, p_mask, span_rows_only=True)
     with pytest.raises(InputError, match="lsh_attention_layers"):
-        model.project_upper(params, p_lower)
+        project_upper(model, params, p_lower)
 
 
 # ----------------------------------------------------------------------------- remat
@@ -235,7 +236,7 @@ def test_remat_policies_keep_the_function_and_its_gradients(params, policy):
 def _plain_autodiff(monkeypatch):
     """The reader with its reversible stack differentiated by plain autodiff: the same
     forward functions (`reversible_forward`), jax's own backward pass."""
-    monkeypatch.setattr(modules, "reversible_layers",
+    monkeypatch.setattr(bert, "reversible_layers",
                         lambda f, g, *args: reversible_forward(f, g, *args))
 
 
@@ -282,8 +283,8 @@ def test_reversible_saved_residuals_do_not_grow_with_depth():
     x = np.random.default_rng(0).normal(size=(1, 64, 32)).astype(np.float32)
     bias = attention_bias(jnp.ones((1, 64), jnp.int32))
     block_params = Block(config).init(jax.random.key(0), x, bias)["params"]
-    f = lambda p, x, aux: modules._reversible_residual(config, True, "attention", p, x, aux)  # noqa: E731
-    g = lambda p, x, aux: modules._reversible_residual(config, True, "feed_forward", p, x, aux)  # noqa: E731
+    f = lambda p, x, aux: bert.reversible_residual(config, True, "attention", p, x, aux)  # noqa: E731
+    g = lambda p, x, aux: bert.reversible_residual(config, True, "feed_forward", p, x, aux)  # noqa: E731
 
     def stack(run, depth):
         aux = ((bias, None, None),) * depth
@@ -336,8 +337,8 @@ def test_reversible_refuses_hidden_states_and_pair_reuses():
     q, q_mask, p, p_mask = _pairs()
     with pytest.raises(InputError, match="reversible"):
         model(params, q, q_mask, p, p_mask, output_hidden_states=True)
-    assert not PairGrid(model).hoists_projections
-    assert not PairGrid(model).reads_span_rows_only
+    assert not PairGrid(model).plan.hoists_projections
+    assert not PairGrid(model).plan.span_rows_only
     assert "reversible_norm" in params  # the pre-LN stack's final LayerNorm
     out = model(params, q, q_mask, p, p_mask)
     assert np.all(np.isfinite(np.asarray(out.start_logits)))

@@ -25,11 +25,11 @@ import pytest
 
 from dil_jax.checkpoints import ExportManifest, load_reader
 from dil_jax.defaults import bundled_reader
-from dil_jax.open_domain.bm25 import Bm25Manifest
-from dil_jax.open_domain.cache_manifest import CacheManifest
-from dil_jax.open_domain.compression import Storage
-from dil_jax.open_domain.index import open_index
+from dil_jax.open_domain.cache.manifest import CacheManifest
+from dil_jax.open_domain.cache.storage import Storage
+from dil_jax.open_domain.index.folder import open_index
 from dil_jax.open_domain.reader import OpenDomainReader
+from dil_jax.open_domain.retrieval.bm25 import Bm25Manifest
 from dil_jax.prescreening.prescreener import BUNDLED_PRESCREENER, PrescreenerManifest
 
 BEFORE = Path(__file__).resolve().parent / "data" / "index-written-before-typed-manifests"

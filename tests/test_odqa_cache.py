@@ -11,16 +11,16 @@ import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT
-from dil_jax.open_domain.cache import (
+from dil_jax.model.span_reader import PASSAGE_SEGMENT
+from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.check import reader_cache_key
+from dil_jax.open_domain.cache.manifest import CacheKey, CacheManifest
+from dil_jax.open_domain.cache.storage import Storage
+from dil_jax.open_domain.cache.store import (
     CacheMismatchError,
     PassageCache,
 )
-from dil_jax.open_domain.cache_build import build_passage_cache
-from dil_jax.open_domain.cache_check import reader_cache_key
-from dil_jax.open_domain.cache_manifest import CacheKey, CacheManifest
-from dil_jax.open_domain.compression import Storage
+from dil_jax.reading.grid import PairGrid
 
 P_LEN = 16
 
@@ -123,8 +123,8 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
     and with the reuse arrays four more hidden-wide float32 arrays and a float32 per head."""
     import collections
 
-    from dil_jax.open_domain import cache_build
-    from dil_jax.open_domain.compression import Storage
+    from dil_jax.open_domain.cache import build as cache_build
+    from dil_jax.open_domain.cache.storage import Storage
 
     config, params, ids, mask, offsets = reader_parts
     hidden = config.hidden_size
@@ -158,9 +158,9 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
     hand count above, for all 10 windows (shards of rows 0-5 and 6-9 at chunks of 3)."""
     import collections
 
-    from dil_jax.open_domain import cache_build
-    from dil_jax.open_domain.cache import ShardWaitError
-    from dil_jax.open_domain.cache_shards import build_sharded_passage_cache
+    from dil_jax.open_domain.cache import build as cache_build
+    from dil_jax.open_domain.cache.shards import build_sharded_passage_cache
+    from dil_jax.open_domain.cache.store import ShardWaitError
 
     config, params, ids, mask, offsets = reader_parts
     manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")

@@ -132,8 +132,8 @@ def test_index_retriever_flag(tmp_path, capsys):
     another engine replaces BM25 only (the passage cache is kept); an edited bm25s file is
     refused on open, named."""
     from dil_jax.errors import DilJaxError
-    from dil_jax.open_domain.index import open_index
-    from dil_jax.open_domain.retrieval import BM25sRetriever, RankBM25Retriever
+    from dil_jax.open_domain.index.folder import open_index
+    from dil_jax.open_domain.retrieval.engines import BM25sRetriever, RankBM25Retriever
 
     index = tmp_path / "index"
     build = ["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "0",
@@ -165,8 +165,8 @@ def test_index_with_the_lucene_retriever(tmp_path, capsys):
     """--retriever pyserini: index.json records it and fingerprints Lucene's files (names from
     the BM25 manifest); `ask` reads it; an edited Lucene file is refused on open, named."""
     from dil_jax.errors import DilJaxError
-    from dil_jax.open_domain.index import open_index
-    from dil_jax.open_domain.lucene import LuceneRetriever
+    from dil_jax.open_domain.index.folder import open_index
+    from dil_jax.open_domain.retrieval.lucene import LuceneRetriever
 
     index = tmp_path / "index"
     assert main(["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "0",

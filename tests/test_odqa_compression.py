@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dil_jax.open_domain.compression import (
+from dil_jax.open_domain.cache.storage import (
     CacheStorageError,
     Storage,
     dequantize_int8,

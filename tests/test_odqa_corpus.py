@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from dil_jax.open_domain.corpus import (
+from dil_jax.open_domain.index.corpus import (
     CorpusError,
     Document,
     read_jsonl,
@@ -18,7 +18,7 @@ from dil_jax.open_domain.corpus import (
     split_paragraphs,
     split_windows,
 )
-from dil_jax.open_domain.retrieval import RankBM25Retriever, RetrievalError, bm25_tokenize
+from dil_jax.open_domain.retrieval.engines import RankBM25Retriever, RetrievalError, bm25_tokenize
 
 
 def test_split_paragraphs_drops_short_pieces():

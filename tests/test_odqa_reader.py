@@ -10,13 +10,11 @@ import pytest
 
 from dil_jax.checkpoints import load_reader
 from dil_jax.data.squad import SquadExample
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.pairs import SpanScores
 from dil_jax.open_domain.build import passage_encoder
-from dil_jax.open_domain.corpus import Document, split_documents
-from dil_jax.open_domain.index import build_index, build_reader_cache
+from dil_jax.open_domain.index.corpus import Document, split_documents
+from dil_jax.open_domain.index.folder import build_index, build_reader_cache
 from dil_jax.open_domain.reader import OpenDomainReader
-from dil_jax.open_domain.retrieval import bm25_tokenize
+from dil_jax.open_domain.retrieval.engines import bm25_tokenize
 from dil_jax.open_domain.scoring import (
     Candidate,
     best_pair_of_each_hit,
@@ -25,6 +23,8 @@ from dil_jax.open_domain.scoring import (
     standardize,
 )
 from dil_jax.predict import predict_squad
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.pairs import SpanScores
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import random_prescreener
@@ -147,8 +147,8 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
     """The open-domain reader over stored sentence embeddings keeps the same sentences and finds
     the same spans as `predict_squad` prescreening each (question, passage) on the fly; a
     prescreener checkpoint round-trips, and refuses another sentence encoder."""
+    from dil_jax.open_domain.index.sentences import build_sentence_store
     from dil_jax.open_domain.reader import ReaderPrescreen
-    from dil_jax.open_domain.sentences import build_sentence_store
     from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
     from dil_jax.prescreening.screen import SentenceRule
     from dil_jax.prescreening.sentences import split_sentences

@@ -19,9 +19,12 @@ import pytest
 
 from dil_jax.checkpoints import Reader, load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import PADDED_LOGIT
+from dil_jax.model.span_reader import PADDED_LOGIT
 from dil_jax.open_domain.build import passage_encoder
-from dil_jax.open_domain.cache import (
+from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.reuse import reuse_encoder
+from dil_jax.open_domain.cache.storage import Storage
+from dil_jax.open_domain.cache.store import (
     REUSE_LSE_ARRAY,
     REUSE_WIDE_ARRAYS,
     CacheBrokenError,
@@ -29,13 +32,10 @@ from dil_jax.open_domain.cache import (
     PassageCache,
     cache_bytes_per_token,
 )
-from dil_jax.open_domain.cache_build import build_passage_cache
-from dil_jax.open_domain.compression import Storage
-from dil_jax.open_domain.corpus import Document, split_documents
-from dil_jax.open_domain.index import build_index, build_reader_cache, window_arrays
+from dil_jax.open_domain.index.corpus import Document, split_documents
+from dil_jax.open_domain.index.folder import build_index, build_reader_cache, window_arrays
 from dil_jax.open_domain.reader import OpenDomainReader
-from dil_jax.open_domain.retrieval import bm25_tokenize
-from dil_jax.open_domain.reuse import reuse_encoder
+from dil_jax.open_domain.retrieval.engines import bm25_tokenize
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer
 
@@ -138,8 +138,8 @@ def test_reader_with_cached_reuse_equals_the_reader_without(tiny, tmp_path, k):
 def test_prescreened_pairs_read_the_reuse_cache_as_before(tiny, tmp_path, minilm_dir):
     """Kept tokens attend only kept keys: prescreened pairs never take the cached statistics,
     and read exactly what they read from a cache without them."""
+    from dil_jax.open_domain.index.sentences import build_sentence_store
     from dil_jax.open_domain.reader import ReaderPrescreen
-    from dil_jax.open_domain.sentences import build_sentence_store
     from dil_jax.prescreening.screen import SentenceRule
 
     from conftest import random_prescreener

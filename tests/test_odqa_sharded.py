@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from train_helpers import REPO, free_port, run_all
 
-from dil_jax.open_domain.cache_shards import shard_ranges
-from dil_jax.open_domain.row_arrays import RowArray
+from dil_jax.open_domain.cache.row_arrays import RowArray
+from dil_jax.open_domain.cache.shards import shard_ranges
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli
@@ -46,16 +46,37 @@ def _index_argv(out, corpus: str, *extra: str) -> list[str]:
     return ["index", "--out", str(out), "--corpus", corpus, *BUILD, *extra]
 
 
-def _run_processes(argvs: list[list[str]], envs: list[dict] | None = None
+# `dil-jax index` whose build exits at once (as a killed process would: no cleanup) after the
+# first chunk of a passage cache is written: the callback is handed to the command's run.
+KILLED_AFTER_FIRST_CHUNK = """
+import os, sys
+import dil_jax.commands.index as index_command
+from dil_jax import cli
+
+def exit_after_first_chunk(step):
+    if step.stage.startswith("passage cache") and 0 < step.done < (step.total or 0):
+        print(f"exiting after {step.done} windows", file=sys.stderr, flush=True)
+        os._exit(75)
+
+run_index = index_command.run_index
+index_command.run_index = lambda args: run_index(args, on_step=exit_after_first_chunk)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _run_processes(argvs: list[list[str]], killed: tuple[bool, ...] | None = None
                    ) -> list[tuple[int, str]]:
-    """`python -m dil_jax ARGV` for each argv at once -> [(exit status, output)]."""
-    base = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    base.pop("XLA_FLAGS", None)
-    return run_all([[sys.executable, "-m", "dil_jax", *argv] for argv in argvs],
-                   [dict(base, **(envs[i] if envs else {})) for i in range(len(argvs))])
+    """`python -m dil_jax ARGV` for each argv at once (where `killed` says so, the index run
+    that exits after its first chunk) -> [(exit status, output)]."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    killed = killed or (False,) * len(argvs)
+    return run_all([[sys.executable, *(["-c", KILLED_AFTER_FIRST_CHUNK] if kill else
+                                       ["-m", "dil_jax"]), *argv]
+                    for argv, kill in zip(argvs, killed, strict=True)], [env] * len(argvs))
 
 
-def _two_processes(out, corpus: str, *extra: str, envs=None, coordinator: bool = True,
+def _two_processes(out, corpus: str, *extra: str, killed=None, coordinator: bool = True,
                    per_process: tuple[list[str], list[str]] = ([], [])):
     """Two processes x 2 CPU devices building `out` -> [(status, output)] of each."""
     port = free_port()
@@ -66,7 +87,7 @@ def _two_processes(out, corpus: str, *extra: str, envs=None, coordinator: bool =
         if coordinator:
             argv += ["--coordinator-address", f"localhost:{port}"]
         argvs.append(argv)
-    return _run_processes(argvs, envs)
+    return _run_processes(argvs, killed)
 
 
 def _cache_dir(index):
@@ -144,7 +165,7 @@ def test_two_processes_equal_one_byte_for_byte(two_processes, one_process, tmp_p
 
 def test_reader_reads_a_sharded_cache_as_the_unsharded_one(two_processes, one_process):
     from dil_jax.checkpoints import load_reader
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
     loaded = load_reader("default", 1, 16)
@@ -162,14 +183,12 @@ def test_reader_reads_a_sharded_cache_as_the_unsharded_one(two_processes, one_pr
 
 
 def test_a_killed_process_resumes_its_shard_only(corpus, one_process, tmp_path):
-    from dil_jax.commands.odqa import EXIT_AFTER_CHUNKS
-
     index = tmp_path / "index"
     # Independent processes (no coordinator: a killed peer must not take the other down).
     # Process 1 exits abruptly after its first chunk (3 of its 4 windows); process 0 finishes
     # shard 0, then gives up waiting for shard 1 after 1 s.
     results = _two_processes(index, corpus, "--cache-dtype", "pca8", coordinator=False,
-                             envs=[{}, {EXIT_AFTER_CHUNKS: "1"}],
+                             killed=(False, True),
                              per_process=(["--wait-timeout", "1"], []))
     (status0, log0), (status1, log1) = results
     assert status1 == 75, log1[-4000:]

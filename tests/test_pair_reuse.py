@@ -21,16 +21,18 @@ from test_delayed import MAX_Q, _reference, _segments
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.config import EncoderConfig
-from dil_jax.model import grid as grid_module
 from dil_jax.model.attention import (
-    _attend_with_passage_stats,
+    attend_with_passage_stats,
     attention_bias,
     passage_attention_stats,
 )
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
-from dil_jax.model.pairs import chunk_width, kept_positions, real_lengths
+from dil_jax.model.span_reader import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.reading import grid as grid_module
+from dil_jax.reading import upper
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.pairs import chunk_width, kept_positions, real_lengths
+from dil_jax.reading.upper import project_upper, read_upper
 
 from conftest import state_dict_numpy
 
@@ -89,7 +91,7 @@ def _softmax_parts_numpy(scores: np.ndarray, values: np.ndarray):
 
 
 def test_merge_equals_one_softmax_over_question_and_passage_keys():
-    """passage_attention_stats + _attend_with_passage_stats == softmax over all keys, by a
+    """passage_attention_stats + attend_with_passage_stats == softmax over all keys, by a
     float64 NumPy softmax written here, with padded keys on both sides. The passage part's and
     the question part's maxima differ by several units, so a merge without the max correction
     is far off (checked below with a hand-made wrong merge)."""
@@ -108,7 +110,7 @@ def test_merge_equals_one_softmax_over_question_and_passage_keys():
     p_query = p_query + 1.0
 
     stats = passage_attention_stats(config, (p_query, p_key, p_value), p_mask)
-    got = np.asarray(_attend_with_passage_stats(
+    got = np.asarray(attend_with_passage_stats(
         config, p_query, q_key, q_value, attention_bias(q_mask), stats.row_max, stats.row_sum,
         stats.weighted_values))
 
@@ -144,7 +146,7 @@ CASES = [(arch, k) for arch in ("bert", "albert", "distilbert") for k in (3, 2)]
 
 @pytest.mark.parametrize("arch,k", CASES)
 def test_each_reuse_equals_the_reference_encode_upper(hf_folder_factory, arch, k):
-    """encode_upper with span_rows_only, with p_stats, and with both (q/k/v precomputed, as
+    """read_upper with span_rows_only, with p_stats, and with both (q/k/v precomputed, as
     PairGrid reads them) equals the reference encode_upper and the NumPy reference; k = 3 of
     4: both reuses in the one upper block; k = 2: the statistics in the first upper block, the
     rows in the second (ALBERT: both layers use the second parameter group)."""
@@ -152,15 +154,15 @@ def test_each_reuse_equals_the_reference_encode_upper(hf_folder_factory, arch, k
     q_ids, q_mask, p_ids, p_mask = _segments(k, arch=arch)
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
-    q_qkv, p_qkv = model.project_upper(params, q_lower), model.project_upper(params, p_lower)
-    stats = model.passage_attention_stats(p_qkv, p_mask)
+    q_qkv, p_qkv = project_upper(model, params, q_lower), project_upper(model, params, p_lower)
+    stats = upper.passage_attention_stats(model, p_qkv, p_mask)
     reference = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
     variants = {"rows": dict(span_rows_only=True),
                 "stats": dict(q_qkv=q_qkv, p_qkv=p_qkv, p_stats=stats),
                 "stats, q/k/v projected in the pair": dict(p_stats=stats),
                 "both": dict(q_qkv=q_qkv, p_qkv=p_qkv, p_stats=stats, span_rows_only=True)}
     for name, reuse in variants.items():
-        out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, **reuse)
+        out = read_upper(model, params, q_lower, q_mask, p_lower, p_mask, **reuse)
         _assert_same_scores(out, reference, p_mask, f"{arch} k={k} {name}")
         if name == "both":
             for row in range(len(q_ids)):
@@ -192,7 +194,7 @@ def test_grid_with_reuse_equals_the_reference_grid(hf_folder_factory, arch, k, m
         p_source = reader.passage_side(params, p_ids, p_mask)
         grids.append(reader.read_grid(params, q_lower, q_mask, p_source, p_mask))
     assert computed == ([p_mask.shape] if k > 0 else [])
-    assert optimised.reads_span_rows_only and not reference.reads_span_rows_only
+    assert optimised.plan.span_rows_only and not reference.plan.span_rows_only
     grid_mask = np.broadcast_to(p_mask[None], (len(q_ids),) + p_mask.shape)
     _assert_same_scores(grids[0], grids[1], grid_mask, f"{arch} k={k} grid")
 
@@ -234,9 +236,10 @@ def test_statistics_are_left_out_where_they_do_not_pay_or_do_not_apply(hf_folder
     with pytest.raises(InputError, match="does not use them"):
         next(reference.iter_pair_chunks(params, q_lower, q_mask, p_lower, p_mask, q_index,
                                         p_index, p_stats=stats))
-    with pytest.raises(InputError, match="deterministic"):
-        model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, span_rows_only=True,
-                           output_hidden_states=True)
+    # The reuses are inference-only: read_upper, their one entry, takes no training switches.
+    with pytest.raises(TypeError, match="output_hidden_states"):
+        read_upper(model, params, q_lower, q_mask, p_lower, p_mask, span_rows_only=True,
+                   output_hidden_states=True)
 
 
 def test_statistics_are_question_independent_and_per_passage(hf_folder_factory):
@@ -286,7 +289,7 @@ def test_trimmed_chunks_equal_the_reference(hf_folder_factory, arch, k, monkeypa
                                              p_lens=(13, 5, 19, 9), arch=arch)
     optimised = PairGrid(model, batch_size=2, chunk_size=2)
     reference = PairGrid(model, batch_size=2, chunk_size=2, reuse=False)
-    assert optimised.trims_padding and not reference.trims_padding
+    assert optimised.plan.trims_padding and not reference.plan.trims_padding
     widths = []
     pair_fn = optimised._pair_fn
     optimised.__dict__["_pair_fn"] = lambda *args: widths.append(args[11:13]) or pair_fn(*args)
@@ -311,6 +314,6 @@ def test_padding_is_kept_where_trimming_is_not_exact(hf_folder_factory):
     its relative distances: neither trims."""
     model, _, _ = _model(hf_folder_factory, "bert", 2)
     lsh = model.config.replace(lsh_attention_layers=(3,), lsh_bucket_size=4)
-    assert not PairGrid(DelayedInteractionModel(lsh)).trims_padding
+    assert not PairGrid(DelayedInteractionModel(lsh)).plan.trims_padding
     xlnet = model.config.replace(architecture="xlnet", type_vocab_size=0)
-    assert not PairGrid(DelayedInteractionModel(xlnet)).trims_padding
+    assert not PairGrid(DelayedInteractionModel(xlnet)).plan.trims_padding

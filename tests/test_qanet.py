@@ -21,7 +21,6 @@ import pytest
 
 from dil_jax.config import ConfigError
 from dil_jax.model.delayed import InputError
-from dil_jax.model.modules import PADDED_LOGIT
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_config import QANetConfig
 from dil_jax.model.qanet_inputs import (
@@ -40,6 +39,7 @@ from dil_jax.model.qanet_layers import (
     Highway,
     MultiHeadAttention,
 )
+from dil_jax.model.span_reader import PADDED_LOGIT
 
 import qanet_numpy_reference as ref
 from qanet_helpers import perturb, segment, tiny_config, tiny_variables

@@ -30,7 +30,7 @@ class WorkStarted(AssertionError):
 def _no_work(monkeypatch):
     """Makes every heavy entry point fail loudly: the checks under test must come first."""
     from dil_jax import bench, checkpoints
-    from dil_jax.open_domain import index
+    from dil_jax.open_domain.index import folder as index
     from dil_jax.prescreening import prescreener
     from dil_jax.train import loop
 
@@ -382,9 +382,9 @@ def test_reachable_value_errors_are_dil_jax_errors():
     with pytest.raises(DilJaxError, match=r"--mass\) must be in \(0, 1\], got 2"):
         SentenceRule(top_m=None, mass=2)
     with pytest.raises(DilJaxError, match="version must be"):
-        squad_scores([], {}, version="3.0")
+        squad_scores({}, {}, version="3.0")
     with pytest.raises(DilJaxError, match="no questions to score"):
-        squad_scores([], {}, version="1.1")
+        squad_scores({}, {}, version="1.1")
 
 
 def test_staged_directory_refusal_is_an_output_path_error(tmp_path):

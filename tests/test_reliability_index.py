@@ -65,7 +65,7 @@ def _cache(index, k: int):
 
 
 def test_passages_edited_after_the_build_are_refused_then_repaired(index_copy, capsys):
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
 
     index, corpus = index_copy
     passages = index / "passages.jsonl"
@@ -119,7 +119,7 @@ def test_a_second_build_fails_at_once_naming_the_first(index_copy, capsys):
 
 
 def test_truncated_states_are_named_on_open_and_rebuilt_by_index(index_copy, capsys):
-    from dil_jax.open_domain.cache import PassageCache
+    from dil_jax.open_domain.cache.store import PassageCache
 
     index, corpus = index_copy
     states = _cache(index, 1) / "states.npy"
@@ -159,7 +159,7 @@ def test_a_cache_claiming_another_k_is_refused_by_its_states(index_copy, capsys)
 
 
 def test_a_manifest_disagreeing_with_its_folder_name_is_broken(index_copy):
-    from dil_jax.open_domain.cache import CacheBrokenError, PassageCache
+    from dil_jax.open_domain.cache.store import CacheBrokenError, PassageCache
 
     index, _ = index_copy
     path = _cache(index, 1) / "manifest.json"
@@ -249,17 +249,17 @@ def test_an_index_is_never_written_into_a_foreign_folder(tmp_path, built, capsys
 
 def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     from dil_jax.errors import DilJaxError
-    from dil_jax.open_domain.cache_check import reader_cache_key
-    from dil_jax.open_domain.compression import Storage
-    from dil_jax.open_domain.corpus import (
+    from dil_jax.open_domain.cache.check import reader_cache_key
+    from dil_jax.open_domain.cache.storage import Storage
+    from dil_jax.open_domain.index.corpus import (
         Document,
         read_jsonl,
         read_squad_paragraphs,
         split_documents,
         split_windows,
     )
-    from dil_jax.open_domain.index import open_index
-    from dil_jax.open_domain.retrieval import RankBM25Retriever
+    from dil_jax.open_domain.index.folder import open_index
+    from dil_jax.open_domain.retrieval.engines import RankBM25Retriever
 
     index, _ = index_copy
     latin1 = tmp_path / "latin1.jsonl"

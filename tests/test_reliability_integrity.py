@@ -147,7 +147,7 @@ def _exported_reader(hf_folder_factory, tmp_path: Path) -> Path:
 
 
 def test_export_records_its_weights_digest_and_tokenizer(hf_folder_factory, tmp_path):
-    from dil_jax.open_domain.cache_check import tokenizer_fingerprint
+    from dil_jax.open_domain.cache.check import tokenizer_fingerprint
 
     folder = _exported_reader(hf_folder_factory, tmp_path)
     manifest = json.loads((folder / MANIFEST).read_text())

@@ -15,8 +15,8 @@ import pytest
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT
+from dil_jax.model.span_reader import PASSAGE_SEGMENT
+from dil_jax.reading.grid import PairGrid
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from conftest import run_cli
@@ -119,7 +119,7 @@ def test_ask_refuses_a_question_length_the_index_windows_do_not_fit(long_window_
 
 def test_non_finite_reader_scores_are_an_error_naming_question_and_passage(long_window_index):
     from dil_jax.checkpoints import load_reader
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
     loaded = load_reader("default", 0, 12, None)
@@ -175,7 +175,7 @@ def test_a_huge_paragraph_is_indexed_as_bounded_passages(tmp_path, capsys, caplo
     words = " ".join(" ".join(text.split()) for text in SAMPLE_PASSAGES).split()
     huge = " ".join((words * (2600 // len(words) + 1))[:2600])
     out = tmp_path / "index"
-    with caplog.at_level(logging.WARNING, logger="dil_jax.open_domain.corpus"):
+    with caplog.at_level(logging.WARNING, logger="dil_jax.open_domain.index.corpus"):
         status, _, err = run_cli(["index", "--out", str(out), "--corpus",
                                   _corpus(tmp_path, [huge, SAMPLE_PASSAGES[0]]), "--k", "0",
                                   "--max-passage-len", "48", "--doc-stride", "24", *READ],

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dil_jax.defaults import AUTO_BM25S_FROM, RETRIEVER_ENGINES
-from dil_jax.open_domain.retrieval import (
+from dil_jax.open_domain.retrieval.engines import (
     BM25sRetriever,
     RankBM25Retriever,
     RetrievalError,
@@ -217,7 +217,7 @@ def test_lucene_stores_long_passage_lengths_in_four_bits():
 def test_lucene_index_files_are_checked(tmp_path):
     """The manifest lists Lucene's files (their names are Lucene's choice); a missing one, a
     damaged one or a manifest without the list is refused, named."""
-    from dil_jax.open_domain.retrieval import index_files
+    from dil_jax.open_domain.retrieval.engines import index_files
 
     build_retriever(rare_terms_corpus(3), "pyserini").save(tmp_path / "bm25", fingerprint="f")
     files = index_files(tmp_path / "bm25")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dil_jax.open_domain.corpus import Document, read_jsonl
-from dil_jax.open_domain.scale_corpus import resampled_passages, sentence_pool
+from dil_jax.open_domain.index.corpus import Document, read_jsonl
+from dil_jax.open_domain.index.scale_corpus import resampled_passages, sentence_pool
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -115,7 +115,7 @@ def test_gold_labels_round_trip_through_the_decoder(tokenizer, v11, v11_features
     start, end = _gold_logits(v11_features)
     predicted = answers(decode_predictions(v11.examples, v11_features, start, end,
                                            max_answer_length=64))
-    scores = squad_scores(v11, predicted)
+    scores = squad_scores(v11.gold_answers, predicted, v11.version)
     print(f"\nround trip (answers realigned to token boundaries): {scores}")
     reasons = _explain_failures(v11.examples, v11_features, predicted)
     print(f"  failures by reason: {dict(reasons)}")
@@ -127,7 +127,7 @@ def test_gold_labels_round_trip_through_the_decoder(tokenizer, v11, v11_features
                     doc_stride=STRIDE, realign_answers=False)
     start, end = _gold_logits(raw)
     predicted = answers(decode_predictions(v11.examples, raw, start, end, max_answer_length=64))
-    raw_scores = squad_scores(v11, predicted)
+    raw_scores = squad_scores(v11.gold_answers, predicted, v11.version)
     print(f"round trip with answer_start as given: {raw_scores}")
     reasons = _explain_failures(v11.examples, raw, predicted)
     print(f"  failures by reason: {dict(reasons)}")

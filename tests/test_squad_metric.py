@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dil_jax.data.squad import SquadExample, load_squad
+from dil_jax.data.squad import SquadExample, gold_answers, load_squad
 from dil_jax.metrics.squad_metric import f1_score_v1, f1_score_v2, normalize_answer, squad_scores
 
 from squad_shared import V11, V20, squad_file
@@ -28,14 +28,14 @@ REFERENCES = [
 def test_reproduces_official_scores_to_the_last_digit(data_name, predictions_name, expected):
     dataset = load_squad(squad_file(data_name), check_spans=False)
     predictions = json.loads(squad_file(predictions_name).read_text())
-    scores = squad_scores(dataset, predictions)
+    scores = squad_scores(dataset.gold_answers, predictions, dataset.version)
     assert {key: repr(scores[key]) for key in expected} == expected
 
 
 def test_v2_breakdown_counts():
     dataset = load_squad(squad_file(V20), check_spans=False)
     predictions = json.loads(squad_file("predictions-v2.0-bert-large-single.json").read_text())
-    scores = squad_scores(dataset, predictions)
+    scores = squad_scores(dataset.gold_answers, predictions, dataset.version)
     assert (scores["HasAns_total"], scores["NoAns_total"]) == (5928, 5945)
     assert "missing" not in scores
 
@@ -79,5 +79,5 @@ def test_normalization_and_empty_answers():
 def test_missing_predictions_score_zero_and_are_counted():
     examples = [SquadExample("a", "t", "x y", "q?", ("x",), (0,)),
                 SquadExample("b", "t", "x y", "q?", ("y",), (2,))]
-    scores = squad_scores(examples, {"a": "x"}, version="1.1")
+    scores = squad_scores(gold_answers(examples), {"a": "x"}, version="1.1")
     assert scores == {"exact": 50.0, "f1": 50.0, "total": 2, "missing": 1}

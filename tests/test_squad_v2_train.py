@@ -11,7 +11,7 @@ import pytest
 from train_helpers import REPO, tiny_config
 
 from dil_jax.data.decoding import Prediction, null_score_differences
-from dil_jax.data.squad import SquadExample
+from dil_jax.data.squad import SquadExample, gold_answers
 from dil_jax.errors import UsageError
 from dil_jax.metrics.squad_metric import best_null_threshold
 from dil_jax.train.config_files import load_config_file
@@ -38,7 +38,7 @@ def test_best_null_threshold_by_hand():
     #   q3 ( 0.5): + F1("green" vs "green tree") = 2 * 1 * 0.5 / 1.5 = 2/3 -> 3 2/3  (best)
     #   q2 ( 1.0): "red" where "" was right: -1 -> 2 2/3
     #   q4 ( 3.0): -1 -> 1 2/3;  q5 (4.0): F1 0 -> 1 2/3
-    threshold, f1 = best_null_threshold(examples, spans, differences)
+    threshold, f1 = best_null_threshold(gold_answers(examples), spans, differences)
     assert threshold == 0.5
     assert f1 == pytest.approx(100 * (3 + 2 / 3) / 5)
 
@@ -47,11 +47,12 @@ def test_best_null_threshold_answers_ties_together_and_can_null_everything():
     examples = [example("a", "blue sky"), example("b")]
     # Equal differences: no threshold answers "a" without "b"; together they gain 1 - 1 = 0 over
     # all-"" (F1 sum 1: "b"), so nulling everything stays best: a threshold below 1.0.
-    threshold, f1 = best_null_threshold(examples, {"a": "blue sky", "b": "dog"},
+    threshold, f1 = best_null_threshold(gold_answers(examples), {"a": "blue sky", "b": "dog"},
                                         {"a": 1.0, "b": 1.0})
     assert threshold == 0.0 and f1 == 50.0
     # Only unanswerable questions with non-empty spans: answer none.
-    threshold, f1 = best_null_threshold([example("b"), example("c")], {"b": "dog", "c": "cat"},
+    threshold, f1 = best_null_threshold(gold_answers([example("b"), example("c")]),
+                                        {"b": "dog", "c": "cat"},
                                         {"b": 2.0, "c": -3.0})
     assert threshold == -4.0 and f1 == 100.0
 
@@ -197,7 +198,7 @@ def test_v2_run_records_its_threshold_and_predict_uses_it(tmp_path, hf_folder_fa
     spans = predict_squad_spans(reader, subset, max_passage_len=16, doc_stride=8, batch_size=4,
                                 null_threshold=math.inf, progress=False)
     differences = null_score_differences(spans)
-    threshold, _ = best_null_threshold(subset, answers(spans), differences)
+    threshold, _ = best_null_threshold(gold_answers(subset), answers(spans), differences)
     assert record["null_threshold"] == pytest.approx(threshold, abs=1e-4)
 
     def predict(threshold: float, *flags: str, used: str) -> dict[str, str]:

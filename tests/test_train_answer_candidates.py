@@ -13,7 +13,7 @@ import pytest
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import InputFileError
-from dil_jax.model.modules import ReaderOutput
+from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import losses
 from dil_jax.train.answer_candidates import load_answer_candidates, window_candidates
 from dil_jax.train.data import windows_from_features, with_candidates

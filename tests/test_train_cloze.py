@@ -7,7 +7,7 @@ import random
 import numpy as np
 
 from dil_jax.data.squad import SquadExample, load_squad, select_articles
-from dil_jax.open_domain.corpus import read_wikipedia_leads
+from dil_jax.open_domain.index.corpus import read_wikipedia_leads
 from dil_jax.train.cloze import (
     AnswerSpan,
     answer_spans,

@@ -99,6 +99,19 @@ def test_every_shipped_config_loads():
         load_config_file(f"{REPO}/configs/minilm_squad.py:k7")
 
 
+def test_the_complete_set_configs_suffixes():
+    stage = load_config_file(f"{REPO}/configs/minilm_squad_v11.py:k4_warm,multi,shared")
+    assert stage.model.num_lower_layers == 4 and stage.loss.shared_norm
+    assert (stage.data.distractors_per_question, stage.data.windows_per_question) == (2, 4)
+    assert stage.data.answer_candidates_file.endswith("train-v1.1.ambiguous-offsets.json")
+    assert stage.workdir == "runs/minilm_squad_v11_k4_warm_multi_shared"
+    plain = load_config_file(f"{REPO}/configs/minilm_squad_v11.py:full")
+    assert not plain.loss.shared_norm and plain.data.distractors_per_question == 0
+    for spec in ("full,cloze", "full,shared,shared"):
+        with pytest.raises(ValueError, match="bad suffix"):
+            load_config_file(f"{REPO}/configs/minilm_squad_v11.py:{spec}")
+
+
 def test_cli_passes_overrides_to_train_only(monkeypatch, capsys):
     from dil_jax import cli
 

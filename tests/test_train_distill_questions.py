@@ -13,7 +13,7 @@ from dil_jax.config import EncoderConfig
 from dil_jax.data.features import FeaturizationError
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import ReaderOutput
+from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import losses
 from dil_jax.train.config_files import load_config_file
 from dil_jax.train.config_rules import config_problems

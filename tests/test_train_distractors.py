@@ -11,7 +11,7 @@ from train_helpers import TINY_CONFIG, flat_params, max_abs_diff
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError, UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import ReaderOutput
+from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import distractors, losses
 from dil_jax.train.config_files import apply_overrides, load_config_file
 from dil_jax.train.config_rules import config_problems
@@ -144,7 +144,7 @@ def test_same_config_same_windows_and_a_missing_wikipedia_names_the_key(tmp_path
 
 def test_wikipedia_leads_are_candidates_except_those_of_validation_articles(tmp_path,
                                                                           monkeypatch):
-    from dil_jax.open_domain.corpus import Document
+    from dil_jax.open_domain.index.corpus import Document
     from dil_jax.tokenization import load_tokenizer
 
     basin = "The Nile basin: the Nile flow reaches the sea, as Nile flow always reaches the sea."

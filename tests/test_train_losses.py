@@ -9,7 +9,7 @@ import pytest
 
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import ReaderOutput
+from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import losses
 from dil_jax.train.data import synthetic_features, windows_from_features
 from dil_jax.train.optim import warmup_linear_decay, weight_decay_mask

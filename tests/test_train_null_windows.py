@@ -7,12 +7,8 @@ import pytest
 from train_helpers import tiny_config
 
 from dil_jax.errors import UsageError
-from dil_jax.train.data import (
-    TrainingFeatures,
-    sample_null_windows,
-    synthetic_features,
-    windows_from_features,
-)
+from dil_jax.train.data import TrainingFeatures, synthetic_features, windows_from_features
+from dil_jax.train.null_windows import sample_null_windows
 from dil_jax.train.setup import training_windows
 
 

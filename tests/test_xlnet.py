@@ -26,7 +26,8 @@ import torch
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf, load_hf_checkpoint
 from dil_jax.errors import CheckpointError, DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.reading.upper import passage_attention_stats, project_upper, read_upper
 
 from conftest import state_dict_numpy
 from xlnet_numpy_reference import xlnet_reference
@@ -268,9 +269,9 @@ def test_precomputed_first_upper_projections(xlnet_folder):
     q_lower = model.encode_lower(params, q_ids, q_mask, QUESTION_SEGMENT)
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     plain = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
-    hoisted = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask,
-                                 q_qkv=model.project_upper(params, q_lower),
-                                 p_qkv=model.project_upper(params, p_lower))
+    hoisted = read_upper(model, params, q_lower, q_mask, p_lower, p_mask,
+                         q_qkv=project_upper(model, params, q_lower),
+                         p_qkv=project_upper(model, params, p_lower))
     np.testing.assert_allclose(np.asarray(hoisted.start_logits), np.asarray(plain.start_logits),
                                atol=1e-5)
 
@@ -288,11 +289,11 @@ def test_span_rows_only_equals_every_row(xlnet_folder, k):
     plain = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)
     variants = [{}]
     if k:
-        variants.append({"q_qkv": model.project_upper(params, q_lower),
-                         "p_qkv": model.project_upper(params, p_lower)})
+        variants.append({"q_qkv": project_upper(model, params, q_lower),
+                         "p_qkv": project_upper(model, params, p_lower)})
     for given in variants:
-        rows = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask, span_rows_only=True,
-                                  **given)
+        rows = read_upper(model, params, q_lower, q_mask, p_lower, p_mask, span_rows_only=True,
+                          **given)
         for name in ("start_logits", "end_logits", "null_start_logits", "null_end_logits"):
             np.testing.assert_allclose(np.asarray(getattr(rows, name)),
                                        np.asarray(getattr(plain, name)), atol=1e-5,
@@ -379,7 +380,7 @@ def test_unsupported_reuses_and_offsets_are_refused(xlnet_folder):
     _, _, p_ids, p_mask = _segments(_pairs(17))
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)
     with pytest.raises(DilJaxError, match="p_stats.*xlnet"):
-        model.passage_attention_stats(model.project_upper(params, p_lower), p_mask)
+        passage_attention_stats(model, project_upper(model, params, p_lower), p_mask)
 
 
 @pytest.mark.parametrize("k", [0, 1, 3])
@@ -388,13 +389,13 @@ def test_pair_grid_equals_direct_pairs(xlnet_folder, k, reuse):
     """PairGrid on a 3 x 4 grid (every side read by >= 2 pairs: q/k/v hoisted at 0 < k < l)
     equals the model on each pair. float32 tolerance 1e-5: the same ops, in other batch shapes
     (and the hoisted projections computed outside the pair program)."""
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     model, params, _ = _model_and_state(xlnet_folder, k)
     q_ids, q_mask, p_ids, p_mask = _segments(_pairs(19))
     q_ids, q_mask, p_ids, p_mask = q_ids[:3], q_mask[:3], p_ids, p_mask
     grid = PairGrid(model, batch_size=2, chunk_size=4, reuse=reuse)
-    assert not grid.uses_passage_stats
+    assert not grid.plan.passage_stats
     q_lower = grid.encode_questions(params, q_ids, q_mask)
     scores = grid.read_grid(params, q_lower, q_mask, grid.passage_side(params, p_ids, p_mask),
                             p_mask)
@@ -406,7 +407,7 @@ def test_pair_grid_equals_direct_pairs(xlnet_folder, k, reuse):
                                np.asarray(direct.null_end_logits), atol=1e-5)
     if k == 1:
         from dil_jax.model.delayed import InputError
-        from dil_jax.model.pairs import kept_positions
+        from dil_jax.reading.pairs import kept_positions
 
         with pytest.raises(InputError, match="prescreening.*xlnet"):
             next(grid.iter_pair_chunks(params, q_lower, q_mask, grid.passage_side(
@@ -459,7 +460,7 @@ def test_bench_flop_formulas_match_xla_for_xlnet(k):
     from dil_jax import bench
     from dil_jax.config import EncoderConfig
     from dil_jax.mesh import data_mesh
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     # The "tiny" bench suite's shape: at this width the elementwise work XLA also counts
     # (softmax, LayerNorm, bias adds) stays under 2% of the matmuls, as for BERT there.

@@ -106,7 +106,7 @@ def test_gold_labels_round_trip_through_the_decoder(xlnet_tokenizer, v11):
     end = np.where(column == features.end_positions[:, None], 10.0, -10.0)
     predicted = answers(decode_predictions(v11.examples, features, start, end,
                                            max_answer_length=64))
-    scores = squad_scores(v11, predicted)
+    scores = squad_scores(v11.gold_answers, predicted, v11.version)
     print(f"\nXLNet SentencePiece round trip: {scores}")
     assert scores["exact"] >= 99.5 and scores["f1"] >= 99.8
 
@@ -159,10 +159,10 @@ def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_p
     from dil_jax.data.squad import SquadExample
     from dil_jax.model.xlnet import XLNetUnsupportedError
     from dil_jax.open_domain.build import passage_encoder
-    from dil_jax.open_domain.corpus import Document, split_documents
-    from dil_jax.open_domain.index import build_index, build_reader_cache
+    from dil_jax.open_domain.cache.reuse import reuse_encoder
+    from dil_jax.open_domain.index.corpus import Document, split_documents
+    from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader
-    from dil_jax.open_domain.reuse import reuse_encoder
     from dil_jax.predict import predict_squad
     from dil_jax.samples import SAMPLE_PASSAGES
 

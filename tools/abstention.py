@@ -93,7 +93,7 @@ def read_questions(reader, examples: list, in_corpus: bool, block: int = 16
 
 def open_reader(index_dir: str, checkpoint: str):
     from dil_jax.checkpoints import load_reader
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
 
     index = open_index(index_dir)

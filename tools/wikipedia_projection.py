@@ -54,8 +54,8 @@ MAX_PASSAGE_LEN, DOC_STRIDE = 192, 96
 
 def windows_per_passage(sample: int = 2000, seed: int = 0) -> float:
     from dil_jax.data.features import window_contexts
-    from dil_jax.open_domain.corpus import iter_sources
-    from dil_jax.open_domain.scale_corpus import resampled_passages, sentence_pool
+    from dil_jax.open_domain.index.corpus import iter_sources
+    from dil_jax.open_domain.index.scale_corpus import resampled_passages, sentence_pool
     from dil_jax.tokenization import load_tokenizer
 
     pool = sentence_pool(list(iter_sources(

@@ -13,7 +13,7 @@ from typing import Any
 
 from dil_jax.bench.grids import FULL, PHASES, GridSpec
 from dil_jax.config import EncoderConfig
-from dil_jax.model.pairs import hoists_projections, reads_passage_ids
+from dil_jax.reading.plan import ReusePlan
 
 
 def block_flops(config: EncoderConfig, batch: int, seq: int) -> int:
@@ -123,8 +123,8 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
     reuse: the pair program's exact reuses on (`PairGrid.reuse`, the default) or off.
     """
     k, l_ = config.num_lower_layers, config.num_layers
-    hoisted = hoists_projections(config)
-    # XLNet's pair program has no passage statistics (PairGrid.uses_passage_stats).
+    hoisted = ReusePlan.of(config).hoists_projections
+    # XLNet's pair program has no passage statistics (ReusePlan.passage_stats).
     stats = reuse and hoisted and config.architecture != "xlnet"
     if phase in ("ni_q", "ni_p"):
         n = question_len if phase == "ni_q" else passage_len
@@ -134,7 +134,8 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
             total += passage_stats_flops(config, batch, passage_len)
         return total
     if phase == "pairs":
-        embed = embedding_flops(config, batch, passage_len) if reads_passage_ids(config) else 0
+        reads_ids = ReusePlan.of(config).reads_passage_ids
+        embed = embedding_flops(config, batch, passage_len) if reads_ids else 0
         upper = 0
         for layer in range(k, l_):
             first, last = layer == k, layer == l_ - 1

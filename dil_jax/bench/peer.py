@@ -16,8 +16,8 @@ import numpy as np
 from dil_jax.bench.grids import GridInputs
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
-from dil_jax.model.modules import PADDED_LOGIT
-from dil_jax.model.pairs import SpanScores
+from dil_jax.model.span_reader import PADDED_LOGIT
+from dil_jax.reading.pairs import SpanScores
 
 
 def hf_peer_config(config: EncoderConfig) -> Any:

@@ -20,9 +20,8 @@ from dil_jax.bench.flops import phase_flops
 from dil_jax.bench.grids import PHASES, GridSpec
 from dil_jax.model.attention import PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import PASSAGE_SEGMENT, QUESTION_SEGMENT
-from dil_jax.model.pairs import reads_passage_ids
+from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.reading.grid import PairGrid
 from dil_jax.rounding import ceil_div
 
 
@@ -115,17 +114,17 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
         segment = QUESTION_SEGMENT if phase == "ni_q" else PASSAGE_SEGMENT
         ids = _spec((batch, length), jnp.int32)
         programs = [reader.lowered("lower", abstract, ids, ids, segment)]
-        if reader.hoists_projections:
+        if reader.plan.hoists_projections:
             lower = _spec((batch, length, h), dtype)
             programs.append(reader.lowered("project", abstract, lower))
-        if phase == "ni_p" and reader.uses_passage_stats:
+        if phase == "ni_p" and reader.plan.passage_stats:
             mask = _spec((batch, passage_len), jnp.int32)
             programs.append(reader.lowered("stats", *qkv(batch, passage_len), mask))
         return programs
     if phase != "pairs":
         raise ValueError(f"unknown phase {phase!r}; phases: {PHASES}")
     q_lower = _spec((num_questions, question_len, h), dtype)
-    if reads_passage_ids(config):
+    if reader.plan.reads_passage_ids:
         p_source = _spec((num_passages, passage_len), jnp.int32)
     else:
         p_source = _spec((num_passages, passage_len, h), dtype)
@@ -133,9 +132,9 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
     p_mask = _spec((num_passages, passage_len), jnp.int32)
     index = _spec((chunk,), jnp.int32)
     q_qkv = p_qkv = p_stats = None
-    if reader.hoists_projections:
+    if reader.plan.hoists_projections:
         q_qkv, p_qkv = qkv(num_questions, question_len), qkv(num_passages, passage_len)
-    if reader.uses_passage_stats:
+    if reader.plan.passage_stats:
         p_stats = stats(num_passages)
     return [reader.lowered("pairs", abstract, q_lower, q_mask, p_source, p_mask, index, index,
                            None, q_qkv, p_qkv, p_stats)]
@@ -148,7 +147,7 @@ def phase_calls(reader: PairGrid, phase: str, spec: GridSpec) -> int:
     if phase == "ni_q":
         return ceil_div(spec.num_questions, reader.batch_size)
     if phase == "ni_p":
-        if reads_passage_ids(reader.model.config):
+        if reader.plan.reads_passage_ids:
             return 0
         return ceil_div(spec.num_passages, reader.batch_size)
     return ceil_div(spec.num_pairs, reader.chunk_size)

@@ -38,7 +38,7 @@ from dil_jax.config import EncoderConfig
 from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
-from dil_jax.model.grid import PairGrid
+from dil_jax.reading.grid import PairGrid
 
 
 @dataclasses.dataclass

@@ -20,8 +20,8 @@ from dil_jax.bench.grids import PHASES, GridInputs, GridSpec
 from dil_jax.bench.machine import load_average
 from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.pairs import SpanScores
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.pairs import SpanScores
 
 
 def _ready(x: Any) -> Any:
@@ -40,7 +40,7 @@ def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
         """Lower states (and, for 0 < k < l, their first-upper-block q/k/v, and with `stats`
         the passages' attention statistics), ready."""
         lower = encode(params, ids, mask)
-        qkv = reader.project_segments(params, lower) if reader.hoists_projections else None
+        qkv = reader.project_segments(params, lower) if reader.plan.hoists_projections else None
         p_stats = reader.passage_attention_stats(qkv, mask) if stats else None
         return _ready((lower, qkv, p_stats))
 
@@ -52,7 +52,7 @@ def run_delayed_grid(reader: PairGrid, params: Params, inputs: GridInputs,
     # At k = 0 the passage side is the ids (the full model embeds them inside the pair program).
     # The passages' attention statistics are per-passage work: timed in NI P, like their q/k/v.
     p_source, p_qkv, p_stats = segments(reader.passage_side, inputs.p_ids, inputs.p_mask,
-                                        reader.uses_passage_stats)
+                                        reader.plan.passage_stats)
     times["ni_p"] = time.perf_counter() - start
     start = time.perf_counter()
     if max_pairs is None:

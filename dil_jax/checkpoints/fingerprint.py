@@ -1,8 +1,8 @@
 """Content hashes: of a model's params, of any byte chunks, and of a file.
 
 Caches and saved artefacts record the fingerprint of the weights they were computed with
-(`odqa.cache`: a passage index; `sep.prescreener`: its sentence encoder) and refuse to mix
-with other weights.
+(`open_domain.cache`: a passage cache; `prescreening.prescreener`: its sentence encoder) and
+refuse to mix with other weights.
 """
 
 from __future__ import annotations

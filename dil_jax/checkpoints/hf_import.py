@@ -27,7 +27,8 @@ from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.delayed import Params
 
-# One logger for the whole package: its warnings are silenced by that name (sep.prescreener).
+# One logger for the whole package: its warnings are silenced by that name
+# (prescreening.prescreener).
 log = logging.getLogger(__package__)
 
 

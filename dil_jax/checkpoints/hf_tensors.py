@@ -20,8 +20,8 @@ import numpy as np
 from dil_jax.checkpoints.integrity import nonfinite_count
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
+from dil_jax.model.bert import num_param_blocks
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.modules import num_param_blocks
 
 # How one Hugging Face tensor becomes one of our params: (param path, layout transform). The
 # transforms are their own inverses (identity, 2-D transpose), so export uses them as they are.
@@ -195,7 +195,9 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
     rules = name_map(config)
     model = DelayedInteractionModel(config)
     rng = jax.random.key(0) if rng is None else rng
-    fresh = model.init(rng)
+    # Shapes only: initialising every weight costs more than the rest of a load (it runs and
+    # compiles the whole init); the random values are needed only for a missing QA head.
+    expected_shapes = jax.eval_shape(model.init, rng)
     report = ImportReport(source=source)
     params: dict = {}
     unexpected = []
@@ -213,7 +215,7 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
             continue
         path, transform = rules[name]
         value = transform(np.asarray(tensor, dtype=np.float32))
-        expected = _get_path(fresh, path).shape
+        expected = _get_path(expected_shapes, path).shape
         if tuple(value.shape) != tuple(expected):
             raise CheckpointError(
                 f"{source}: tensor {hf_name!r} has shape {tuple(tensor.shape)}, but the config "
@@ -235,6 +237,7 @@ def convert_state_dict(state: dict[str, np.ndarray], config: EncoderConfig,
     missing_backbone = [name for name in missing if not name.startswith("qa_outputs.")]
     if missing_backbone:
         raise CheckpointError(f"{source}: missing tensor(s): {missing_backbone}")
+    fresh = model.init(rng) if missing else None
     for name in missing:
         path, _ = rules[name]
         _set_path(params, path, np.asarray(_get_path(fresh, path)))

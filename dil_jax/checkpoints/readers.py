@@ -35,7 +35,8 @@ from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
-# One logger for the whole package: its warnings are silenced by that name (sep.prescreener).
+# One logger for the whole package: its warnings are silenced by that name
+# (prescreening.prescreener).
 log = logging.getLogger(__package__)
 
 

@@ -15,6 +15,7 @@ import math
 import os
 from pathlib import Path
 
+from dil_jax.checkpoints.char_readers import char_reader_kind
 from dil_jax.checkpoints.files import read_json
 from dil_jax.checkpoints.manifest import ExportManifest
 from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, TRAINED_FROM_FILE
@@ -87,5 +88,9 @@ def resolve_reader_checkpoint(checkpoint: str | os.PathLike | ResolvedCheckpoint
     folder = Path(name).expanduser()
     if (folder / ENCODER_CONFIG_FILE).is_file():
         return ResolvedCheckpoint(name, folder, ORBAX_FORMAT)
+    if folder.is_dir() and (kind := char_reader_kind(folder)):
+        # QANet / BiDAF exports: read by the trainer's evaluator only until issue 40's reader API.
+        raise CheckpointError(f"{name}: a {kind} reader (its manifest's model_kind); predict, "
+                              "index, ask and bench read the BERT family only so far")
     return ResolvedCheckpoint(name, resolve_checkpoint(name), HF_FORMAT)
 

@@ -1,8 +1,9 @@
 """The arguments shared by several commands: types that check a flag's range where it is parsed,
 the flag checks run before any work, the prescreening flags of the commands that read
 (`add_reading_arguments`, `prescreen_from_args`), and the reader flags and flag checks of the
-open-domain commands `index`, `ask` and `odqa-eval` (`_reader_args`, `_checked_first`).
-Commands import each other never, only this.
+open-domain commands `index`, `ask` and `odqa-eval` (`add_reader_arguments`, `checked_first`)
+and the readers those flags name (`resolve_checkpoints`, `load_reader_of`). Commands import
+each other never, only this.
 
 A bad value ends in argparse's usual error (exit status 2) naming the flag and the value, e.g.
 `dil-jax predict: error: argument --batch-size: must be an integer >= 1, got '0'`, before any
@@ -12,12 +13,21 @@ model or data is loaded.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dil_jax.defaults import OPEN_DOMAIN_BATCH_SIZE, OPEN_DOMAIN_MAX_QUESTION_LEN, SPAN_SCORES
 from dil_jax.errors import UsageError
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
+
+log = logging.getLogger(__name__)
 
 # ------------------------------------------------- help texts
 
@@ -112,9 +122,9 @@ window_len = int_at_least(2)
 
 def cache_storage(text: str):
     """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8 or pca<d>, as
-    the `dil_jax.open_domain.compression.Storage` the commands carry from here on (d <= the
+    the `dil_jax.open_domain.cache.storage.Storage` the commands carry from here on (d <= the
     hidden size is checked once the model loads)."""
-    from dil_jax.open_domain.compression import CacheStorageError, Storage
+    from dil_jax.open_domain.cache.storage import CacheStorageError, Storage
 
     try:
         return Storage.parse(text)
@@ -206,18 +216,21 @@ def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
 
 # ------------------------------------------------- the open-domain commands (index, ask, odqa-eval)
 #
-# The reader flags those three commands share and the checks of their flags run before anything
-# loads; moved here from dil_jax.commands.odqa, which registers all three.
+# The reader flags those three commands share (commands/index.py registers `index`,
+# commands/odqa.py `ask` and `odqa-eval`), the checks of their flags run before anything loads,
+# and the readers the flags name.
 
-_STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-token "
-                 "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
-                 "name the same (docs/open_domain.md)")
+STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-token "
+                "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
+                "name the same (docs/open_domain.md)")
 
-_NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
-                  "--cache-reuse): the reference, for timing")
+NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
+                 "--cache-reuse): the reference, for timing")
 
 
-def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
+def add_reader_arguments(parser: argparse.ArgumentParser, many_k: bool) -> None:
+    """The reader flags of `index`, `ask` and `odqa-eval` (--checkpoint, --tokenizer, --k,
+    lengths, batch and chunk sizes, --span-score); many_k: several readers, one per --k."""
     # None = the bundled fine-tuned readers (resolved when the command runs, by k): a user's
     # first `ask` must not read with the raw MiniLM's untrained QA head.
     parser.add_argument("--checkpoint", default=None, nargs="+" if many_k else None,
@@ -253,7 +266,8 @@ def _reader_args(parser: argparse.ArgumentParser, many_k: bool) -> None:
                                 "first" if many_k else ""))
 
 
-def _checked_first(check, run):
+def checked_first(check: Callable[[argparse.Namespace], None],
+                  run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """`run`, preceded by `check(args)`: flag relations and output paths are refused before any
     model, index or corpus is loaded."""
     def checked(args: argparse.Namespace) -> int:
@@ -265,13 +279,74 @@ def _checked_first(check, run):
     return checked
 
 
-def _check_checkpoint_count(args: argparse.Namespace) -> None:
+def check_checkpoint_count(args: argparse.Namespace) -> None:
+    """--checkpoint gives one value for all --k, or one per k."""
     if isinstance(args.checkpoint, list) and len(args.checkpoint) not in (1, len(args.k)):
         raise UsageError(f"--checkpoint has {len(args.checkpoint)} values and --k has "
                          f"{len(args.k)}: give one checkpoint for all k, or one per k")
 
 
-def _local_paths(values) -> list[str]:
+def local_paths(values: str | list[str] | None) -> list[str]:
     """The values of a path flag that name local files ('default' names a bundled one)."""
     values = [values] if isinstance(values, str) or values is None else values
     return [v for v in values if v and v != "default"]
+
+
+def bundled_or_embedded(role: str) -> str:
+    """The bundled reader of this role; the raw embedded MiniLM, said loudly, without one."""
+    from dil_jax.defaults import bundled_reader
+
+    folder = bundled_reader(role)
+    if folder is None:
+        log.warning("no bundled %s reader in this install: using the raw embedded MiniLM, "
+                    "whose QA head is UNTRAINED; answers are arbitrary spans (pass "
+                    "--checkpoint)", role)
+        return "default"
+    return str(folder)
+
+
+def resolve_checkpoints(args: argparse.Namespace) -> None:
+    """Replaces --checkpoint's None (not given) by the bundled reader of each k, so that every
+    later use (loading, progress records, results.json, error messages) sees one path.
+
+    `ask` without --k reads with the full reader unless the index holds only the delayed
+    reader's cache (`default_reader_role`).
+    """
+    if args.checkpoint is not None:
+        return
+    from dil_jax.defaults import default_reader_role
+
+    if isinstance(args.k, list):  # index, odqa-eval: one reader per k
+        args.checkpoint = [bundled_or_embedded(default_reader_role(k)) for k in args.k]
+        return
+    index_ks: set[int] = set()
+    delayed_k = None
+    if args.k is None:
+        from dil_jax.checkpoints.resolved import resolve_reader_checkpoint
+        from dil_jax.defaults import bundled_reader
+        from dil_jax.open_domain.cache.missing import index_caches
+
+        index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
+        delayed = bundled_reader("delayed")
+        delayed_k = (resolve_reader_checkpoint(delayed).trained_k if delayed is not None
+                     else None)
+    role = default_reader_role(args.k, index_ks, delayed_k)
+    args.checkpoint = bundled_or_embedded(role)
+    print(f"reader: the bundled {role} reader ({args.checkpoint})", file=sys.stderr)
+
+
+def checkpoint_for(args: argparse.Namespace, position: int) -> str:
+    """The checkpoint of the position-th --k (one for all, or one per k)."""
+    if isinstance(args.checkpoint, str):
+        return args.checkpoint
+    if len(args.checkpoint) == 1:
+        return args.checkpoint[0]
+    return args.checkpoint[position]  # one per k: _check_checkpoint_count ran first
+
+
+def load_reader_of(args: argparse.Namespace, k: int | None, position: int = 0) -> Reader:
+    """The reader of the position-th --k: its checkpoint (`checkpoint_for`), split at k,
+    with --max-question-len and --tokenizer."""
+    from dil_jax.checkpoints import load_reader
+
+    return load_reader(checkpoint_for(args, position), k, args.max_question_len, args.tokenizer)

@@ -175,7 +175,7 @@ def _read_grid_at(config, params, q, p, k: int, repeats: int) -> dict:
     import numpy as np
 
     from dil_jax.model.delayed import DelayedInteractionModel
-    from dil_jax.model.grid import PairGrid
+    from dil_jax.reading.grid import PairGrid
 
     model = DelayedInteractionModel(config.replace(num_lower_layers=k))
     reader = PairGrid(model, batch_size=8, chunk_size=8)

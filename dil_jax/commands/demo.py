@@ -18,7 +18,9 @@ import sys
 import time
 
 from dil_jax.commands.arguments import (
+    STORAGE_HELP,
     add_compilation_cache_arguments,
+    cache_storage,
     non_negative_int,
     positive_int,
     unit_interval,
@@ -43,6 +45,8 @@ DEMO_QUESTIONS = (
 # Windows encoded per step of a demo passage cache build: one progress count each (the
 # default 256 would leave the bar still for ~20 s at a time on a 2-core CPU).
 CACHE_CHUNK = 64
+# The demo's passage caches: int8 states take a quarter of float32's disk (docs/first_hour.md).
+DEMO_STORAGE = "int8"
 DEMO_TITLES = ("Albert Einstein", "Mount Everest", "Amazon River", "Jupiter",
                "William Shakespeare", "Paris", "Moon", "Isaac Newton", "Leonardo da Vinci",
                "Photosynthesis")
@@ -81,6 +85,11 @@ def register(subparsers) -> None:
                              "would make each cached window twice as large)")
     parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
+    parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
+                        metavar="STORAGE",
+                        help=STORAGE_HELP + f"; default: {DEMO_STORAGE} for a new cache (a "
+                             "quarter of float32's disk; the same answers on the demo's "
+                             "questions), the existing cache's own otherwise")
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
     add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
@@ -88,7 +97,7 @@ def register(subparsers) -> None:
 
 def demo_documents(distractors: int):
     """The demo articles plus `distractors` others (in the corpus file's order)."""
-    from dil_jax.open_domain.corpus import read_wikipedia_leads
+    from dil_jax.open_domain.index.corpus import read_wikipedia_leads
 
     documents = read_wikipedia_leads()
     wanted = {f"wiki:{title}" for title in DEMO_TITLES}
@@ -99,7 +108,7 @@ def demo_documents(distractors: int):
 
 def _reusable_index(folder: str, split: dict):
     """The demo index in `folder` when it was built with `split`, else None (build it)."""
-    from dil_jax.open_domain.index import open_index
+    from dil_jax.open_domain.index.folder import open_index
 
     try:
         index = open_index(folder)
@@ -112,6 +121,18 @@ def _reusable_index(folder: str, split: dict):
     return index
 
 
+def demo_storage(index, reader, asked):
+    """The storage of the demo's cache of `reader`: the one asked for; else the existing
+    cache's own (a demo index built before keeps its float32 caches); else DEMO_STORAGE."""
+    from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+
+    if asked is not None:
+        return asked
+    if index.cache_dir(index.cache_key(reader, FLOAT32)).exists():
+        return index.built_storage(reader)
+    return Storage.parse(DEMO_STORAGE)
+
+
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_folder
     from dil_jax.checkpoints import load_reader
@@ -120,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.errors import UsageError
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.build import passage_encoder
-    from dil_jax.open_domain.corpus import split_documents
-    from dil_jax.open_domain.index import build_index, build_reader_cache
+    from dil_jax.open_domain.index.corpus import split_documents
+    from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
     from dil_jax.progress import CountBar
 
@@ -164,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         with CountBar(f"passage cache of the {name} reader (k={k_value})",
                       index.settings["num_windows"], "window") as bar:
             cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, 32),
+                                       storage=demo_storage(index, loaded, args.storage),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,
                                          chunk_size=args.top_p, span_score=args.span_score)

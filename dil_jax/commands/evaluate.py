@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     # Answer spans are not needed to score, and the official scripts do not check them.
     dataset = load_squad(args.data, check_spans=False)
     predictions = load_predictions(args.predictions)
-    scores = squad_scores(dataset, predictions)
+    scores = squad_scores(dataset.gold_answers, predictions, dataset.version)
     if scores.get("missing"):
         log.warning("%d question(s) of %s have no prediction; they score 0", scores["missing"],
                     args.data)

@@ -228,6 +228,7 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     import numpy as np
 
     from dil_jax.checkpoints import load_reader
+    from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.predict import predict_squad
     from dil_jax.prescreening.screen import SentenceRule
@@ -248,7 +249,7 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
             predict_squad(reader, examples, **kwargs)  # compiles every shape
             report: dict = {}
             answers = predict_squad(reader, examples, report=report, **kwargs)
-            scores = squad_scores(examples, answers, version="1.1")
+            scores = squad_scores(gold_answers(examples), answers, version="1.1")
             row = dict(reader=checkpoint, k=k, l=layers, prescreen=str(rule or "none"),
                        EM=scores["exact"], F1=scores["f1"], questions=len(examples),
                        reader_seconds=report["read_seconds"] + report["decode_seconds"],
@@ -259,7 +260,8 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
                 inside = [e for e, keep in zip(examples, kept, strict=True) if keep]
                 row["P_sep"] = float(np.mean(kept))
                 row["EM_given_sep"] = squad_scores(
-                    inside, {e.qid: answers[e.qid] for e in inside}, version="1.1")["exact"]
+                    gold_answers(inside), {e.qid: answers[e.qid] for e in inside},
+                    version="1.1")["exact"]
             rows.append(row)
             p_sep = f"{100 * row['P_sep']:.1f}" if "P_sep" in row else "—"
             given = f"{row['EM_given_sep']:.1f}" if "EM_given_sep" in row else "—"

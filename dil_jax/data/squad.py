@@ -62,6 +62,12 @@ class SquadExample:
     is_impossible: bool = False
 
 
+def gold_answers(examples: Iterable[SquadExample]) -> dict[str, tuple[str, ...]]:
+    """{question id: gold answer texts} of `examples`, in their order (the SQuAD metric's
+    input; an unanswerable question has none)."""
+    return {example.qid: example.answer_texts for example in examples}
+
+
 @dataclasses.dataclass
 class SquadDataset:
     """Examples in file order, with the canonical version ("1.1" or "2.0") and their source."""
@@ -72,6 +78,11 @@ class SquadDataset:
 
     def __len__(self) -> int:
         return len(self.examples)
+
+    @property
+    def gold_answers(self) -> dict[str, tuple[str, ...]]:
+        """{question id: gold answer texts} in file order (what the metric scores against)."""
+        return gold_answers(self.examples)
 
     @property
     def titles(self) -> list[str]:

@@ -14,6 +14,10 @@ printed digit (tests check against the published scores):
 One deliberate difference: a question without a prediction scores 0 and counts in `total` in both
 versions (v1.1 does this; v2.0 leaves it out of the overall total and fails on the breakdown);
 `missing` then says how many.
+
+Plain mappings in, no data loader: the gold answers are {question id: answer texts} in file
+order (`dil_jax.data.squad.gold_answers` makes them from examples), predictions {question id:
+answer text}.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ import string
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from dil_jax.data.squad import SquadDataset, SquadExample
 from dil_jax.errors import InputFileError, UsageError
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -64,34 +67,30 @@ def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
     return (2 * precision * recall) / (precision + recall)
 
 
-def squad_scores(data: SquadDataset | Sequence[SquadExample], predictions: Mapping[str, str],
-                 version: str | None = None) -> dict[str, float | int]:
-    """The official scores of `predictions` (qid -> answer text) on `data`.
+def squad_scores(gold_answers: Mapping[str, Sequence[str]], predictions: Mapping[str, str],
+                 version: str) -> dict[str, float | int]:
+    """The official scores of `predictions` (qid -> answer text) against `gold_answers` (qid ->
+    gold answer texts, in file order; none for an unanswerable v2.0 question).
 
-    version: "1.1" or "2.0"; taken from a SquadDataset when not given.
-    v1.1 -> {exact, f1, total}; v2.0 -> also HasAns_exact/f1/total and NoAns_exact/f1/total
-    (a breakdown only for kinds present). `missing` is added when predictions lack questions.
+    version: "1.1" or "2.0". v1.1 -> {exact, f1, total}; v2.0 -> also HasAns_exact/f1/total and
+    NoAns_exact/f1/total (a breakdown only for kinds present). `missing` is added when
+    predictions lack questions.
     """
-    if isinstance(data, SquadDataset):
-        version = version or data.version
-        examples = data.examples
-    else:
-        examples = list(data)
     if version not in ("1.1", "2.0"):
         raise UsageError(f"version must be '1.1' or '2.0', got {version!r}")
     exact: list[int] = []
     f1: list[float] = []
     has_answer: list[bool] = []
     missing = 0
-    for example in examples:
-        prediction = predictions.get(example.qid)
-        has_answer.append(bool(example.answer_texts))
+    for qid, golds in gold_answers.items():
+        prediction = predictions.get(qid)
+        has_answer.append(bool(golds))
         if prediction is None:
             missing += 1
             exact.append(0)
             f1.append(0)
             continue
-        question_exact, question_f1 = question_scores(example, prediction, version)
+        question_exact, question_f1 = question_scores(golds, prediction, version)
         exact.append(question_exact)
         f1.append(question_f1)
     result = _summary(exact, f1)
@@ -106,25 +105,28 @@ def squad_scores(data: SquadDataset | Sequence[SquadExample], predictions: Mappi
     return result
 
 
-def question_scores(example: SquadExample, prediction: str, version: str) -> tuple[int, float]:
-    """(exact, F1) of one question's prediction: its best over the gold answers.
+def question_scores(gold_texts: Sequence[str], prediction: str, version: str
+                    ) -> tuple[int, float]:
+    """(exact, F1) of one question's prediction: its best over the gold answers `gold_texts`.
 
     v2.0: gold answers that normalize to "" are dropped, and an unanswerable question's only
     gold is "" (so "" scores 1 there, anything else 0).
     """
     if version == "1.1":
-        golds = list(example.answer_texts)
+        golds = list(gold_texts)
         score_f1 = f1_score_v1
     else:
-        golds = [text for text in example.answer_texts if normalize_answer(text)] or [""]
+        golds = [text for text in gold_texts if normalize_answer(text)] or [""]
         score_f1 = f1_score_v2
     return (max(exact_score(prediction, gold) for gold in golds),
             max(score_f1(prediction, gold) for gold in golds))
 
 
-def best_null_threshold(examples: Sequence[SquadExample], span_answers: Mapping[str, str],
+def best_null_threshold(gold_answers: Mapping[str, Sequence[str]],
+                        span_answers: Mapping[str, str],
                         null_differences: Mapping[str, float]) -> tuple[float, float]:
-    """(threshold, F1 in %) of the SQuAD v2.0 null threshold that maximises F1 on `examples`.
+    """(threshold, F1 in %) of the SQuAD v2.0 null threshold that maximises F1 on the questions
+    of `gold_answers` (qid -> gold texts).
 
     span_answers: qid -> the best span's text, the answer when the question is not nulled;
     null_differences: qid -> null_score - best_span_score. A question answers "" when its
@@ -139,18 +141,19 @@ def best_null_threshold(examples: Sequence[SquadExample], span_answers: Mapping[
     the smallest difference (the official 0.0 is a probability; a score difference of 0.0
     would answer some).
     """
-    scored = [example for example in examples if example.qid in null_differences]
+    scored = [qid for qid in gold_answers if qid in null_differences]
     if not scored:
         raise UsageError("no questions with a null score difference to choose a threshold on")
     base = 0.0  # F1 sum with every question answered ""
     gains: list[tuple[float, float]] = []  # (difference, F1 gained by answering the span)
-    for example in scored:
-        difference = float(null_differences[example.qid])
+    for qid in scored:
+        difference = float(null_differences[qid])
         if math.isnan(difference):
-            raise UsageError(f"question {example.qid!r}: the null score difference is NaN")
-        empty_f1 = question_scores(example, "", "2.0")[1]
+            raise UsageError(f"question {qid!r}: the null score difference is NaN")
+        golds = gold_answers[qid]
+        empty_f1 = question_scores(golds, "", "2.0")[1]
         base += empty_f1
-        span_f1 = question_scores(example, span_answers.get(example.qid, ""), "2.0")[1]
+        span_f1 = question_scores(golds, span_answers.get(qid, ""), "2.0")[1]
         gains.append((difference, span_f1 - empty_f1))
     gains.sort(key=lambda pair: pair[0])
     finite = [difference for difference, _ in gains if math.isfinite(difference)]

@@ -1,51 +1,25 @@
-"""The delayed-interaction reader: Flax modules, the pure-functional API and the pair grid.
+"""The reader's Flax modules and its pure-functional API (params in, arrays out).
 
-    attention.py
-                self-attention (`SelfAttention`) and the softmax-part arithmetic that lets a pair
-                reuse its passage's cached attention statistics (`PassageAttentionStats`,
-                `passage_attention_stats`)
-    layers.py   the layers a reader stacks: activations, `Embeddings`, the post-LayerNorm `Block`
-    modules.py  the reader Flax module: the stack of blocks and the span head
-                (`SpanReaderModule` with `encode_lower` / `project_upper` / `encode_upper`)
-    delayed.py  `DelayedInteractionModel`: params in, arrays out — `encode_lower` (blocks 1..k on
-                one segment), `project_upper` (the first upper block's q/k/v of one segment),
-                `encode_upper` (blocks k+1..l over [question; passage] and the span head); the
-                length rule `check_segment_lengths`
-    grid.py     `PairGrid`: a question x passage grid on all devices (lower states once per
-                question and per passage, pairs in fixed-size chunks on a 1-D mesh, the pair
-                program's exact reuses: `passage_attention_stats`, the last block's rows);
-                `passage_side` (what pairs read of a passage, for any k) and `read_pairs`
-    pairs.py    what pairs read from the config alone (`reads_passage_ids`,
-                `hoists_projections`), chunk token widths (`kept_positions`, `chunk_width`);
-                `SpanScores`, the four score arrays of any set of pairs
-
+    attention.py    self-attention (`SelfAttention`) and the softmax-part arithmetic that lets a
+                    pair reuse its passage's attention statistics (`PassageAttentionStats`,
+                    `passage_attention_stats`)
+    layers.py       the layers a BERT-family reader stacks: activations, `Embeddings`, the
+                    post-LayerNorm `Block` (and its row-subset form, `read_rows`)
+    span_reader.py  what every reader module shares: segment ids, `ReaderOutput` and the span
+                    head's scores, the aligned-pairs call; the module API listed there
+    bert.py         the BERT-family reader module (`SpanReaderModule`: BERT, ALBERT, DistilBERT,
+                    RoBERTa, XLM-RoBERTa, ELECTRA): the stack of blocks and the span head
+    xlnet.py        XLNet's reader module (relative attention, single stream)
+    delayed.py      `DelayedInteractionModel`: `encode_lower` (blocks 1..k on one segment),
+                    `encode_upper` (blocks k+1..l over [question; passage] and the span head);
+                    the length rule `check_segment_lengths`
     lsh.py, memory.py, reversible.py
-                the long-passage options (docs/architecture.md, "Long passages"): Reformer
-                LSH attention, chunked row-wise maps and remat policies, reversible layers
+                    the long-passage options (docs/architecture.md, "Long passages"): Reformer
+                    LSH attention, chunked row-wise maps and remat policies, reversible layers
+    qanet.py, qanet_config.py, qanet_inputs.py, qanet_layers.py, bidaf.py
+                    the QANet and BiDAF readers, with the delayed readers' split (docs/qanet.md)
 
-Dependencies run one way: lsh <- attention; attention, memory <- layers; attention, layers,
-memory, reversible <- modules <- delayed <- grid; modules <- pairs <- grid.
+Reading pairs at inference (the pair grid, the exact reuses, the scores) is `dil_jax.reading`'s,
+which imports from here, never the reverse. Dependencies inside run one way: lsh <- attention;
+attention, memory <- layers; span_reader <- bert, xlnet <- delayed.
 """
-
-from dil_jax.model.attention import PassageAttentionStats
-from dil_jax.model.delayed import (
-    DelayedInteractionModel,
-    InputError,
-    Params,
-    check_segment_lengths,
-    with_num_lower_layers,
-)
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.modules import (
-    PASSAGE_SEGMENT,
-    QUESTION_SEGMENT,
-    ReaderOutput,
-    SpanReaderModule,
-)
-from dil_jax.model.pairs import SpanScores, reads_passage_ids
-
-__all__ = [
-    "PASSAGE_SEGMENT", "QUESTION_SEGMENT", "DelayedInteractionModel", "InputError", "PairGrid",
-    "Params", "PassageAttentionStats", "ReaderOutput", "SpanReaderModule", "SpanScores",
-    "check_segment_lengths", "reads_passage_ids", "with_num_lower_layers",
-]

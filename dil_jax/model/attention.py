@@ -4,7 +4,7 @@
     _attend             scaled dot-product attention, head-major, float32 scores and softmax
     _softmax_parts      one key set's running-softmax statistics (row max, row sum, unnormalised
                         context); `_merge_softmax_parts` joins two disjoint sets by log-sum-exp
-    PassageAttentionStats, passage_attention_stats, _attend_with_passage_stats
+    PassageAttentionStats, passage_attention_stats, attend_with_passage_stats
                         a passage's first-upper-block statistics over its own keys, computed once
                         per passage; each pair then scores only the question's keys and merges
     attends_per_example, _per_example
@@ -13,15 +13,15 @@
     SelfAttention       the Flax module: q/k/v projections (`project`, reusable per segment),
                         full, LSH (`lsh.py`) and row-subset (`attend_rows`) attention, W_o
 
-Separate from layers.py (embeddings, blocks) and modules.py (the reader module) because the pair
-program's exact reuses are made here: the passage-statistics path (`_softmax_parts` per key set,
-`PassageAttentionStats` cached per passage, `_merge_softmax_parts` per pair) must equal `_attend`
-over all keys up to float rounding, and keeping the two side by side, apart from the blocks and
-the span head, lets that equality be read and tested (tests/test_pair_reuse.py) in one place;
-XLNet's reader (xlnet.py) uses `attention_bias` and `PassageAttentionStats` without the
-BERT-family blocks. Dependencies run one way: layers.py, modules.py and xlnet.py import this
-module, never the reverse, so `_dense` (the Dense layer every module of the reader builds,
-SelfAttention's included) is defined here.
+Separate from layers.py (embeddings, blocks) and bert.py (the BERT-family reader module) because the
+pair program's exact reuses are made here: the passage-statistics path (`_softmax_parts` per key
+set, `PassageAttentionStats` cached per passage, `_merge_softmax_parts` per pair) must equal
+`_attend` over all keys up to float rounding, and keeping the two side by side, apart from the
+blocks and the span head, lets that equality be read and tested (tests/test_pair_reuse.py) in one
+place; XLNet's reader (xlnet.py) uses `attention_bias` and `PassageAttentionStats` without the BERT-
+family blocks. Dependencies run one way: layers.py, bert.py and xlnet.py import this module, never
+the reverse, so `dense` (the Dense layer every module of the reader builds, SelfAttention's
+included) is defined here.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def attention_bias(mask: jax.Array) -> jax.Array:
     return jnp.where(mask[:, None, None, :] > 0, 0.0, MASK_BIAS).astype(jnp.float32)
 
 
-def _dense(config: EncoderConfig, features: int, name: str | None = None) -> nn.Dense:
+def dense(config: EncoderConfig, features: int, name: str | None = None) -> nn.Dense:
     return nn.Dense(
         features,
         dtype=config.compute_dtype,
@@ -151,7 +151,7 @@ def _merge_softmax_parts(cfg: EncoderConfig, first: tuple[jax.Array, jax.Array, 
     return (context / total).astype(cfg.compute_dtype)
 
 
-def _attend_with_passage_stats(cfg: EncoderConfig, query: jax.Array, key: jax.Array,
+def attend_with_passage_stats(cfg: EncoderConfig, query: jax.Array, key: jax.Array,
                                value: jax.Array, bias: jax.Array, row_max: jax.Array,
                                row_sum: jax.Array, weighted_values: jax.Array) -> jax.Array:
     """Passage queries' attention over [question ; passage] keys from the passage part's stats.
@@ -207,17 +207,17 @@ class SelfAttention(nn.Module):
 
     def setup(self) -> None:
         cfg = self.config
-        self.query = _dense(cfg, cfg.hidden_size)
-        self.key = _dense(cfg, cfg.hidden_size)
-        self.value = _dense(cfg, cfg.hidden_size)
-        self.output = _dense(cfg, cfg.hidden_size)
+        self.query = dense(cfg, cfg.hidden_size)
+        self.key = dense(cfg, cfg.hidden_size)
+        self.value = dense(cfg, cfg.hidden_size)
+        self.output = dense(cfg, cfg.hidden_size)
         self.dropout = nn.Dropout(cfg.attention_dropout)
 
-    def _heads(self, dense: nn.Dense, x: jax.Array, scale: float = 1.0) -> jax.Array:
-        """x: [batch, seq, hidden] -> dense(x) * scale as [batch, heads, seq, head_dim]."""
+    def _heads(self, layer: nn.Dense, x: jax.Array, scale: float = 1.0) -> jax.Array:
+        """x: [batch, seq, hidden] -> layer(x) * scale as [batch, heads, seq, head_dim]."""
         cfg = self.config
         batch, seq, _ = x.shape
-        projected = dense(x)
+        projected = layer(x)
         if scale != 1.0:
             projected = projected * jnp.asarray(scale, projected.dtype)
         return projected.reshape(batch, seq, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
@@ -282,7 +282,7 @@ class SelfAttention(nn.Module):
         p_len, head_dim]; bias: [batch, 1, 1, q_len + p_len]; question_len: q_len (static);
         stats: the passage's `PassageAttentionStats` over its own keys, or None. With stats the
         passage rows score only the question's keys and merge the passage part from the stats
-        (`_attend_with_passage_stats`). -> [batch, rows, hidden] (W_o applied).
+        (`attend_with_passage_stats`). -> [batch, rows, hidden] (W_o applied).
         """
         cfg = self.config
         if stats is None:
@@ -293,7 +293,7 @@ class SelfAttention(nn.Module):
         def attend(query, key, value, bias, row_max, row_sum, weighted_values):
             # The question rows (all, or [CLS] alone) attend every key as usual.
             asked = _attend(cfg, query[..., :question_rows, :], key, value, bias)
-            read = _attend_with_passage_stats(
+            read = attend_with_passage_stats(
                 cfg, query[..., question_rows:, :], key[..., :question_len, :],
                 value[..., :question_len, :], bias[..., :question_len], row_max, row_sum,
                 weighted_values)

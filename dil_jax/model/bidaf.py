@@ -33,10 +33,10 @@ import jax.numpy as jnp
 from dil_jax.config import ConfigError
 from dil_jax.model.delayed import InputError
 from dil_jax.model.lsh import MASK_BIAS
-from dil_jax.model.modules import PADDED_LOGIT, ReaderOutput
 from dil_jax.model.qanet import RANDOM_TABLE_STD, Variables
 from dil_jax.model.qanet_inputs import CHAR_VOCAB_SIZE, MAX_CHARS, QANetSegment
 from dil_jax.model.qanet_layers import CharacterCNN, Highway
+from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
 
 
 @dataclasses.dataclass(frozen=True)

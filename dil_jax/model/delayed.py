@@ -6,12 +6,10 @@
     p_lower = model.encode_lower(params, p_ids, p_mask, PASSAGE_SEGMENT)    # once per passage
     out = model.encode_upper(params, q_lower, q_mask, p_lower, p_mask)      # per pair
 
-A grid of pairs (`dil_jax.model.grid.PairGrid`) also hoists the first upper block's query/key/value
-out of the pairs: `project_upper(params, q_lower)` once per question and per passage, handed to
-`encode_upper(..., q_qkv=..., p_qkv=...)`; and at inference it reuses two more things exactly
-(`encode_upper(..., span_rows_only=True, p_stats=...)`): the last block computes only the rows
-the span head reads, and the first upper block's passage-to-passage attention comes from
-`passage_attention_stats(p_qkv, p_mask)`, once per passage.
+`encode_upper` is the training and reference computation. Reading pairs at inference, with the
+pair program's exact reuses (the first upper block's q/k/v per segment, the passages' attention
+statistics, the last block's rows), is `dil_jax.reading.upper`'s, over the reader module's
+`project_upper` / `read_upper`.
 
 Every method is a plain function of its array arguments (the object only holds the static config),
 so each can be wrapped in `jax.jit`, `jax.vmap` or a sharded computation. Shape checks run on
@@ -27,15 +25,9 @@ import jax.numpy as jnp
 
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
-from dil_jax.model.attention import QKV, PassageAttentionStats, passage_attention_stats
-from dil_jax.model.modules import (
-    PASSAGE_SEGMENT,
-    QUESTION_SEGMENT,
-    ReaderOutput,
-    SpanReaderModule,
-    pair_reuses_apply,
-)
-from dil_jax.model.xlnet import XLNetSpanReaderModule, XLNetUnsupportedError
+from dil_jax.model.bert import SpanReaderModule
+from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput
+from dil_jax.model.xlnet import XLNetSpanReaderModule
 
 Params = Any  # a nested dict of float32 arrays
 
@@ -88,10 +80,32 @@ def check_segment_lengths(config: EncoderConfig, question_len: int, passage_len:
             raise InputError(f"{name} length {length} exceeds {table} (k = {k}); {fix}")
 
 
+def check_lower_states(config: EncoderConfig, lower: Any, name: str) -> None:
+    """Raises InputError unless `lower` is [batch, seq, hidden] lower states of this reader."""
+    if lower.ndim != 3 or lower.shape[-1] != config.hidden_size:
+        raise InputError(f"{name} lower states must be [batch, seq, {config.hidden_size}], got "
+                         f"{tuple(lower.shape)}")
+
+
+def check_upper_inputs(config: EncoderConfig, q_lower: Any, q_mask: Any, p_lower: Any,
+                       p_mask: Any) -> None:
+    """Raises InputError unless question and passage lower states [batch, seq, hidden] and
+    their masks [batch, seq] fit each other and the reader."""
+    for name, lower, mask in (("question", q_lower, q_mask), ("passage", p_lower, p_mask)):
+        check_lower_states(config, lower, name)
+        if tuple(mask.shape) != tuple(lower.shape[:2]):
+            raise InputError(f"{name} mask shape {tuple(mask.shape)} does not match lower "
+                             f"states {tuple(lower.shape)}")
+    if q_lower.shape[0] != p_lower.shape[0]:
+        raise InputError(f"question batch {q_lower.shape[0]} differs from passage batch "
+                         f"{p_lower.shape[0]}")
+
+
 def reader_module(config: EncoderConfig) -> SpanReaderModule | XLNetSpanReaderModule:
     """The Flax module of an architecture: XLNet's relative attention has its own
     (`model/xlnet.py`); BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa and ELECTRA share
-    `SpanReaderModule`. Both have the same methods, called by name below."""
+    `SpanReaderModule` (`model/bert.py`). Both have the methods `model/span_reader.py` lists,
+    called by name."""
     if config.architecture == "xlnet":
         return XLNetSpanReaderModule(config)
     return SpanReaderModule(config)
@@ -143,132 +157,25 @@ class DelayedInteractionModel:
             {"params": params}, ids, mask, segment, position_offset, deterministic,
             output_hidden_states, rngs=rngs, method="encode_lower")
 
-    def project_upper(self, params: Params, lower: jax.Array) -> QKV:
-        """The first upper block's (query, key, value) of lower states, for `encode_upper`.
-
-        lower: [batch, seq, hidden] -> 3 x [batch, heads, seq, head_dim]. Pair-independent:
-        computed once per question and per passage, it saves those matmuls on every pair.
-        """
-        self._check_lower(lower, "segment")
-        self._check_has_upper_block()
-        self._check_pair_reuses("project_upper")
-        return self.module.apply({"params": params}, lower, method="project_upper")
-
-    def passage_attention_stats(self, p_qkv: QKV, p_mask: jax.Array) -> PassageAttentionStats:
-        """The first upper block's attention statistics of passages over their own keys.
-
-        p_qkv: `project_upper` of passage lower states, 3 x [batch, heads, p_len, head_dim];
-        p_mask: [batch, p_len] -> PassageAttentionStats ([batch, heads, p_len] row max and row
-        sum, [batch, heads, p_len, head_dim] weighted values). Question-independent: computed
-        once per passage, handed to `encode_upper(..., p_stats=...)` for every pair reading it.
-        """
-        self._check_has_upper_block()
-        self._check_pair_reuses("passage_attention_stats")
-        self._refuse_xlnet_stats()
-        if self.config.num_lower_layers == 0:
-            raise InputError("passage attention statistics need k > 0: at k = 0 a passage's "
-                             "first-block input depends on the question (its positions)")
-        want = (p_mask.shape[0], self.config.num_heads, p_mask.shape[1], self.config.head_dim)
-        if len(p_qkv) != 3 or any(tuple(a.shape) != want for a in p_qkv):
-            raise InputError(f"p_qkv must be 3 arrays of shape {want} (project_upper of the "
-                             f"passages whose mask is p_mask), got "
-                             f"{[tuple(a.shape) for a in p_qkv]}")
-        return passage_attention_stats(self.config, tuple(p_qkv), p_mask)
-
-    def _refuse_xlnet_stats(self) -> None:
-        if self.config.architecture == "xlnet":
-            raise XLNetUnsupportedError(
-                "passage attention statistics (p_stats) are not implemented for architecture "
-                "'xlnet': its scores carry relative position and segment terms")
-
-    def _check_stats(self, stats: Any, p_lower: Any) -> None:
-        self._refuse_xlnet_stats()
-        cfg = self.config
-        if cfg.num_lower_layers == 0:
-            raise InputError("p_stats given with k = 0: the full model has no "
-                             "question-independent passage attention")
-        batch, p_len = p_lower.shape[:2]
-        want = {"row_max": (batch, cfg.num_heads, p_len), "row_sum": (batch, cfg.num_heads, p_len),
-                "weighted_values": (batch, cfg.num_heads, p_len, cfg.head_dim)}
-        got = {name: tuple(getattr(stats, name).shape) for name in want}
-        if got != want:
-            raise InputError(f"p_stats shapes {got} do not fit passage lower states "
-                             f"{tuple(p_lower.shape)}: want {want} (passage_attention_stats)")
-
-    def _check_pair_reuses(self, what: str) -> None:
-        cfg = self.config
-        if not pair_reuses_apply(cfg):
-            raise InputError(
-                f"{what} is an exact reuse of post-LayerNorm, full-attention upper blocks; this "
-                f"reader has reversible={cfg.reversible}, lsh_attention_layers="
-                f"{list(cfg.lsh_attention_layers)} with k = {cfg.num_lower_layers}: read pairs "
-                f"without it (PairGrid turns it off itself)")
-
     def _check_hidden_states(self, output_hidden_states: bool) -> None:
         if output_hidden_states and self.config.reversible:
             raise InputError("output_hidden_states with reversible=True: reversible blocks keep "
                              "no per-layer states (that is the memory they save)")
 
-    def _check_has_upper_block(self) -> None:
-        if self.config.num_lower_layers >= self.config.num_layers:
-            raise InputError(f"k = {self.config.num_lower_layers} of {self.config.num_layers} "
-                             f"layers leaves no upper block to project for")
-
-    def _check_lower(self, lower: Any, name: str) -> None:
-        if lower.ndim != 3 or lower.shape[-1] != self.config.hidden_size:
-            raise InputError(f"{name} lower states must be [batch, seq, "
-                             f"{self.config.hidden_size}], got {tuple(lower.shape)}")
-
-    def _check_qkv(self, qkv: Any, lower: Any, name: str) -> None:
-        cfg = self.config
-        want = (lower.shape[0], cfg.num_heads, lower.shape[1], cfg.head_dim)
-        if len(qkv) != 3 or any(tuple(a.shape) != want for a in qkv):
-            raise InputError(f"{name} q/k/v must be 3 arrays of shape {want} (project_upper of "
-                             f"its lower states), got {[tuple(a.shape) for a in qkv]}")
-
     def encode_upper(self, params: Params, q_lower: jax.Array, q_mask: jax.Array,
                      p_lower: jax.Array, p_mask: jax.Array, *, deterministic: bool = True,
                      rngs: dict[str, jax.Array] | None = None,
-                     output_hidden_states: bool = False, q_qkv: QKV | None = None,
-                     p_qkv: QKV | None = None, span_rows_only: bool = False,
-                     p_stats: PassageAttentionStats | None = None) -> ReaderOutput:
+                     output_hidden_states: bool = False) -> ReaderOutput:
         """Blocks k+1..l over `[q ; p]` and the span head.
 
         q_lower: [batch, q_len, hidden], q_mask: [batch, q_len],
         p_lower: [batch, p_len, hidden], p_mask: [batch, p_len] -> ReaderOutput.
-        q_qkv, p_qkv (optional): `project_upper` of q_lower / p_lower, already computed.
-        span_rows_only: the last block computes only `[CLS]` and the passage rows, all the span
-        head reads. p_stats (optional, 0 < k < l): `passage_attention_stats` of p_lower's
-        passages. Both are exact reuses for inference (deterministic, no hidden states); the
-        defaults are the reference computation.
         """
-        for name, lower, mask, qkv in (("question", q_lower, q_mask, q_qkv),
-                                       ("passage", p_lower, p_mask, p_qkv)):
-            self._check_lower(lower, name)
-            if qkv is not None:
-                self._check_has_upper_block()  # else the q/k/v would be silently unused
-                self._check_qkv(qkv, lower, name)
-            if tuple(mask.shape) != tuple(lower.shape[:2]):
-                raise InputError(f"{name} mask shape {tuple(mask.shape)} does not match lower "
-                                 f"states {tuple(lower.shape)}")
-        if q_lower.shape[0] != p_lower.shape[0]:
-            raise InputError(f"question batch {q_lower.shape[0]} differs from passage batch "
-                             f"{p_lower.shape[0]}")
+        check_upper_inputs(self.config, q_lower, q_mask, p_lower, p_mask)
         self._check_hidden_states(output_hidden_states)
-        if span_rows_only or p_stats is not None or q_qkv is not None or p_qkv is not None:
-            self._check_pair_reuses("span_rows_only, p_stats, q_qkv or p_qkv")
-        if span_rows_only or p_stats is not None:
-            if not deterministic or output_hidden_states:
-                raise InputError("span_rows_only and p_stats are inference reuses: they need "
-                                 "deterministic=True and no hidden states (the last block's "
-                                 "question rows are not computed)")
-            if p_stats is not None:
-                self._check_has_upper_block()
-                self._check_stats(p_stats, p_lower)
         return self.module.apply(
             {"params": params}, q_lower, q_mask, p_lower, p_mask, deterministic,
-            output_hidden_states, q_qkv, p_qkv, span_rows_only, p_stats, rngs=rngs,
-            method="encode_upper")
+            output_hidden_states, rngs=rngs, method="encode_upper")
 
     def __call__(self, params: Params, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array,
                  p_mask: jax.Array, *, deterministic: bool = True,

@@ -2,19 +2,19 @@
 
     gelu_exact, activation_fn
                 the feed-forward activations by their Hugging Face config names
-    _layer_norm the LayerNorm every layer of the reader builds (compute dtype, float32 params)
+    layer_norm the LayerNorm every layer of the reader builds (compute dtype, float32 params)
     Embeddings  word + position (+ token type) embeddings, LayerNorm, dropout (+ the factorized
                 E -> H projection of ALBERT and ELECTRA)
-    _pair_rows, Block
+    pair_rows, Block
                 the post-LayerNorm block: full or LSH attention, the (optionally chunked)
                 feed-forward, the pre-LayerNorm residuals of a reversible block, and
                 `read_rows`, the pair program's row-subset form
 
-Separate from modules.py, which stacks these layers into the reader (`SpanReaderModule`: which
+Separate from bert.py, which stacks these layers into the reader (`SpanReaderModule`: which
 parameter block each layer applies, remat, reversible stacks, `encode_lower` / `encode_upper` and
 the span head): one layer's arithmetic here, the order the layers run in and what a pair reuses
-there. XLNet's reader (xlnet.py) builds its own blocks from `_layer_norm`, `_pair_rows` and
-`activation_fn`. Dependencies run one way: attention, memory <- layers <- modules, xlnet.
+there. XLNet's reader (xlnet.py) builds its own blocks from `layer_norm`, `pair_rows` and
+`activation_fn`. Dependencies run one way: attention, memory <- layers <- bert, xlnet.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dil_jax.model.attention import (
     QKV,
     PassageAttentionStats,
     SelfAttention,
-    _dense,
+    dense,
 )
 from dil_jax.model.memory import map_row_chunks
 
@@ -56,7 +56,7 @@ def activation_fn(name: str):
     raise ConfigError(f"unsupported hidden_act {name!r}; supported: {ACTIVATIONS}")
 
 
-def _layer_norm(config: EncoderConfig, name: str | None = None) -> nn.LayerNorm:
+def layer_norm(config: EncoderConfig, name: str | None = None) -> nn.LayerNorm:
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps, dtype=config.compute_dtype, param_dtype=jnp.float32,
         name=name,
@@ -84,18 +84,18 @@ class Embeddings(nn.Module):
         x = x + table(cfg.max_position_embeddings, "position_embeddings")(positions)
         if cfg.type_vocab_size:
             x = x + table(cfg.type_vocab_size, "token_type_embeddings")(token_types)
-        x = _layer_norm(cfg, "norm")(x)
+        x = layer_norm(cfg, "norm")(x)
         x = nn.Dropout(cfg.hidden_dropout)(x, deterministic=deterministic)
         if cfg.projects_embeddings:
             # Factorized embeddings: project E -> H before the first block. ALBERT always, as
             # transformers' AlbertTransformer does (`embedding_hidden_mapping_in`), even when
             # E == H: the checkpoint holds a trained projection then too. ELECTRA only when
             # E != H (ElectraModel's `embeddings_project`).
-            x = _dense(cfg, cfg.hidden_size, "projection")(x)
+            x = dense(cfg, cfg.hidden_size, "projection")(x)
         return x
 
 
-def _pair_rows(x: jax.Array, question_len: int, question_rows: int, axis: int) -> jax.Array:
+def pair_rows(x: jax.Array, question_len: int, question_rows: int, axis: int) -> jax.Array:
     """The rows of a pair a block computes: the first `question_rows` of the question's
     `question_len` rows, then every passage row, along `axis` (static slices)."""
     if question_rows == question_len:
@@ -113,10 +113,10 @@ class Block(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.attention = SelfAttention(cfg)
-        self.attention_norm = _layer_norm(cfg)
-        self.ffn_in = _dense(cfg, cfg.intermediate_size)
-        self.ffn_out = _dense(cfg, cfg.hidden_size)
-        self.output_norm = _layer_norm(cfg)
+        self.attention_norm = layer_norm(cfg)
+        self.ffn_in = dense(cfg, cfg.intermediate_size)
+        self.ffn_out = dense(cfg, cfg.hidden_size)
+        self.output_norm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def __call__(self, x: jax.Array, bias: jax.Array, deterministic: bool = True,
@@ -187,12 +187,12 @@ class Block(nn.Module):
         rows. Every row still serves as a key and value; everything after the keys and values
         (queries, attention, W_o, LayerNorms, FFN) runs on the computed rows only.
         """
-        rows = _pair_rows(x, question_len, question_rows, axis=1)
+        rows = pair_rows(x, question_len, question_rows, axis=1)
         if qkv is None:
             key, value = self.attention.project_key_value(x)
             query = self.attention.project_query(rows)
         else:
             query, key, value = qkv
-            query = _pair_rows(query, question_len, question_rows, axis=2)
+            query = pair_rows(query, question_len, question_rows, axis=2)
         attended = self.attention.attend_rows(query, key, value, bias, question_len, stats)
         return self._feed_forward(rows, attended, True)

@@ -1,6 +1,6 @@
 """Memory helpers of the encoder for long sequences: chunked row-wise maps and remat policies.
 
-Pure functions; `layers.Block` and `modules.SpanReaderModule` call them when `EncoderConfig` asks
+Pure functions; `layers.Block` and `bert.SpanReaderModule` call them when `EncoderConfig` asks
 (`ffn_chunk_size`, `remat_policy`).
 """
 

@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 
 from dil_jax.model.delayed import InputError
-from dil_jax.model.modules import PADDED_LOGIT, ReaderOutput
 from dil_jax.model.qanet_config import MODEL_PASSES, QANetConfig
 from dil_jax.model.qanet_inputs import QANetSegment
 from dil_jax.model.qanet_layers import (
@@ -47,6 +46,7 @@ from dil_jax.model.qanet_layers import (
     EncoderStack,
     Highway,
 )
+from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
 
 Variables = dict[str, Any]  # {"params": ..., "frozen": {"word_table": ...}}
 # The standard deviation of a random word table (`QANetModel.init` without a table: tests and

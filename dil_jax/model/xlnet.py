@@ -38,13 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dil_jax.config import ConfigError, EncoderConfig
-from dil_jax.model.attention import QKV, PassageAttentionStats, _dense, attention_bias
-from dil_jax.model.layers import _layer_norm, _pair_rows, activation_fn
-from dil_jax.model.modules import (
-    PADDED_LOGIT,
+from dil_jax.model.attention import QKV, PassageAttentionStats, attention_bias, dense
+from dil_jax.model.layers import activation_fn, layer_norm, pair_rows
+from dil_jax.model.span_reader import (
     QUESTION_SEGMENT,
     ReaderOutput,
+    pair_qkv,
     read_aligned_pairs,
+    span_output,
 )
 
 # XLNet's segment ids (original run_squad.py): passage 0, question 1, [CLS] 2.
@@ -146,7 +147,7 @@ class RelativeAttention(nn.Module):
                                            jnp.float32))
         self.segment_embedding = self.param("segment_embedding", init,
                                             (2, cfg.num_heads, cfg.head_dim), jnp.float32)
-        self.norm = _layer_norm(cfg)
+        self.norm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.attention_dropout)
 
     def _heads(self, x: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -175,18 +176,18 @@ class RelativeAttention(nn.Module):
         row_positions, row_segments = positions, segments
         if rows is not None:
             question_len, question_rows = rows
-            row_positions = _pair_rows(positions, question_len, question_rows, axis=1)
-            row_segments = _pair_rows(segments, question_len, question_rows, axis=1)
+            row_positions = pair_rows(positions, question_len, question_rows, axis=1)
+            row_segments = pair_rows(segments, question_len, question_rows, axis=1)
         if qkv is None:
-            x_rows = x if rows is None else _pair_rows(x, *rows, axis=1)
+            x_rows = x if rows is None else pair_rows(x, *rows, axis=1)
             query = self._heads(x_rows, self.query)
             key, value = self._heads(x, self.key), self._heads(x, self.value)
         else:
             query, key, value = qkv
             x_rows = x
             if rows is not None:
-                x_rows = _pair_rows(x, *rows, axis=1)
-                query = _pair_rows(query, *rows, axis=2)
+                x_rows = pair_rows(x, *rows, axis=1)
+                query = pair_rows(query, *rows, axis=2)
         f32 = jnp.float32
 
         def biased(bias: jax.Array) -> jax.Array:
@@ -224,9 +225,9 @@ class XLNetBlock(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         self.attention = RelativeAttention(cfg)
-        self.ffn_in = _dense(cfg, cfg.intermediate_size)
-        self.ffn_out = _dense(cfg, cfg.hidden_size)
-        self.output_norm = _layer_norm(cfg)
+        self.ffn_in = dense(cfg, cfg.intermediate_size)
+        self.ffn_out = dense(cfg, cfg.hidden_size)
+        self.output_norm = layer_norm(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def __call__(self, x: jax.Array, mask: jax.Array, positions: jax.Array, segments: jax.Array,
@@ -267,7 +268,7 @@ class XLNetSpanReaderModule(nn.Module):
         cfg = self.config
         self.embeddings = XLNetEmbeddings(cfg)
         self.blocks = [XLNetBlock(cfg, name=f"block_{i}") for i in range(cfg.num_layers)]
-        self.qa_outputs = _dense(cfg, 2, "qa_outputs")
+        self.qa_outputs = dense(cfg, 2, "qa_outputs")
         self.position_dropout = nn.Dropout(cfg.hidden_dropout)
         # transformers drops out XLNetModel's output before the span head (training only).
         self.output_dropout = nn.Dropout(cfg.hidden_dropout)
@@ -317,29 +318,39 @@ class XLNetSpanReaderModule(nn.Module):
 
     def encode_upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
                      p_mask: jax.Array, deterministic: bool = True,
-                     output_hidden_states: bool = False, q_qkv: QKV | None = None,
-                     p_qkv: QKV | None = None, span_rows_only: bool = False,
-                     p_stats: PassageAttentionStats | None = None):
+                     output_hidden_states: bool = False) -> ReaderOutput:
         """Blocks k+1..l over `[question ; passage]` in XLNet's positions, and the span head.
 
         q_lower: [batch, q_len, hidden], q_mask: [batch, q_len], p_lower: [batch, p_len,
-        hidden], p_mask: [batch, p_len] -> ReaderOutput. q_qkv / p_qkv: `project_upper` of
-        either side, if computed already. span_rows_only: the last block computes only `[CLS]`
-        (row 0) and the passage rows, all the span head reads (inference; exact). p_stats is
-        refused: a passage's softmax statistics over its own keys would need XLNet's position
-        and segment terms.
+        hidden], p_mask: [batch, p_len] -> ReaderOutput.
+        """
+        return self._upper(q_lower, q_mask, p_lower, p_mask, deterministic, output_hidden_states,
+                           None, False)
+
+    def read_upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
+                   p_mask: jax.Array, q_qkv: QKV | None = None, p_qkv: QKV | None = None,
+                   p_stats: PassageAttentionStats | None = None,
+                   span_rows_only: bool = False) -> ReaderOutput:
+        """`encode_upper` at inference (deterministic, no hidden states) with the pair
+        program's exact reuses. q_qkv / p_qkv: `project_upper` of either side, if computed
+        already. span_rows_only: the last block computes only `[CLS]` (row 0) and the passage
+        rows, all the span head reads. p_stats is refused: a passage's softmax statistics over
+        its own keys would need XLNet's position and segment terms.
         """
         if p_stats is not None:
             raise XLNetUnsupportedError("p_stats (passage attention statistics) are not "
                                         "implemented for architecture 'xlnet'")
+        return self._upper(q_lower, q_mask, p_lower, p_mask, True, False,
+                           pair_qkv(self, q_lower, p_lower, q_qkv, p_qkv), span_rows_only)
+
+    def _upper(self, q_lower: jax.Array, q_mask: jax.Array, p_lower: jax.Array,
+               p_mask: jax.Array, deterministic: bool, output_hidden_states: bool,
+               first_qkv: QKV | None, span_rows_only: bool) -> ReaderOutput:
+        """The upper blocks and the span head; first_qkv: the pair's first-upper-block q/k/v
+        if precomputed; span_rows_only: the last block computes `[CLS]` and the passage only."""
         x = jnp.concatenate([q_lower, p_lower], axis=1)
         mask = jnp.concatenate([q_mask, p_mask], axis=1)
         positions, segments = pair_layout(q_mask, p_mask)
-        first_qkv = None
-        if q_qkv is not None or p_qkv is not None:
-            q_qkv = self.project_upper(q_lower) if q_qkv is None else q_qkv
-            p_qkv = self.project_upper(p_lower) if p_qkv is None else p_qkv
-            first_qkv = tuple(jnp.concatenate([q, p], axis=2) for q, p in zip(q_qkv, p_qkv))
         layers = range(self.config.num_lower_layers, self.config.num_layers)
         q_len = q_lower.shape[1]
         states = self._run_layers(x, mask, positions, segments, layers, deterministic,
@@ -347,14 +358,7 @@ class XLNetSpanReaderModule(nn.Module):
         final = states[-1] if states else x
         logits = self.qa_outputs(self.output_dropout(final, deterministic=deterministic))
         logits = logits.astype(jnp.float32)  # [batch, rows, 2]
-        # The passage's rows are the last p_len: after the question's (or [CLS] alone).
-        passage_rows = final.shape[1] - p_lower.shape[1]
-        passage_logits = jnp.where(p_mask[..., None] > 0, logits[:, passage_rows:],
-                                   PADDED_LOGIT)
-        return ReaderOutput(
-            start_logits=passage_logits[..., 0], end_logits=passage_logits[..., 1],
-            null_start_logits=logits[:, 0, 0], null_end_logits=logits[:, 0, 1],
-            hidden_states=tuple(states) if output_hidden_states else None)
+        return span_output(logits, p_mask, tuple(states) if output_hidden_states else None)
 
     def __call__(self, q_ids: jax.Array, q_mask: jax.Array, p_ids: jax.Array, p_mask: jax.Array,
                  deterministic: bool = True, output_hidden_states: bool = False) -> ReaderOutput:

@@ -1,23 +1,44 @@
 """Open-domain QA: retrieve passages for a question, read them with a delayed-interaction model.
 
-The straight line, one module per step:
+Three sub-packages hold what an index is made of, and the modules here use them:
 
-    corpus.py     documents in, passages (with source ids and character offsets) out
-    index.py      the index folder: passages, BM25, tokenized windows (build, open)
-    index_files.py  index.json: settings, file fingerprints and their check on open
-    index_lock.py   the folder's build lock, and cleanup of what killed builds left
-    cache.py      the passage cache: each window's passage side (lower states; ids at k = 0),
-                  optionally the first upper block's passage arrays: format and reading
-    cache_build.py  writing a cache: resumable, atomic
-    cache_shards.py  a cache built in shards across processes and hosts (plan, waits)
-    compression.py  the cache's storage schemes (float32, bfloat16, int8, pca<d>)
-    reuse.py      the first upper block's passage q/k/v and attention statistics, as stored
-    sentences.py  sentence embeddings of every passage (for prescreening)
-    build.py      `build_open_domain_index`: corpus -> index -> one cache per reader
-    retrieval.py  BM25 top-p passages of a question
-    reader.py     `OpenDomainReader`: question lower -> cached passage side -> pair upper ->
-                  best span per passage -> score fusion (`format_answer`)
-    scoring.py    answer candidates, span score rules, best window per passage, score fusion
-                  (`pick_answer`)
-    evaluate.py   OpenSQuAD-style R and EM/F1 of readers
+    index/        the index folder and what it is built from
+      corpus.py       documents in, passages (with source ids and character offsets) out
+      scale_corpus.py a synthetic corpus of any size with realistic term statistics
+      folder.py       the index folder: passages, BM25, tokenized windows (`build_index`,
+                      `open_index`, `OpenDomainIndex`)
+      files.py        index.json: settings, file fingerprints and their check on open
+      lock.py         the folder's build lock, and cleanup of what killed builds left
+      sentences.py    sentence embeddings of every passage (for prescreening)
+      verify.py       `dil-jax index --verify`: every byte against what the build recorded
+    retrieval/    BM25 behind one `Retriever` interface
+      bm25.py         what every engine shares: tokens, hits, the ranking rule, the manifest
+      engines.py      rank-bm25 and bm25s, the engine choice, opening a saved index
+      lucene.py       Lucene (pyserini), the DilBert paper's retriever
+    cache/        passage caches: each window's passage side, computed once per reader and k
+      store.py        `PassageCache`: the layout and reading rows (lower states; ids at k = 0;
+                      optionally the first upper block's passage arrays)
+      manifest.py     a cache's manifest.json as values (`CacheKey`, `CacheManifest`)
+      storage.py      the storage schemes of its float arrays (`Storage`: float32, bfloat16,
+                      int8, pca<d>)
+      row_arrays.py   arrays kept in several parts (a sharded cache's), read by global row
+      digests.py      file digests recorded at build time, checked on open
+      check.py        whether a cache serves a reader (`reader_cache_key`, `check_states`)
+      build.py        writing a cache: resumable, atomic
+      shards.py       a cache built in shards across processes and hosts (plan, waits)
+      reuse.py        the first upper block's passage q/k/v and attention statistics, as stored
+      missing.py      what an index holds instead of a missing cache, and the command to build it
+      disk.py         disk space and write failures of a build, as one line
+
+    build.py        `build_open_domain_index`: corpus -> index -> one cache per reader ->
+                    sentence embeddings (the one builder `index` and `demo` call)
+    build_peers.py  the processes of one sharded build agree on their settings
+    reader.py       `OpenDomainReader`: retrieve -> question lower -> cached passage side ->
+                    pair upper -> best span per passage -> score fusion (`format_answer`)
+    scoring.py      answer candidates, span score rules, score fusion (`pick_answer`)
+    abstention.py   "no answer found in the corpus": the threshold, its manifest record
+    evaluate.py     OpenSQuAD-style R and EM/F1 of readers
+
+Dependencies run one way: index/ uses cache/ and retrieval/, which use neither each other nor
+index/; the modules here use all three; nothing in a sub-package imports a module of this level.
 """

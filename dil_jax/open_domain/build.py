@@ -20,37 +20,37 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.checkpoints.fingerprint import params_fingerprint
-from dil_jax.model.pairs import reads_passage_ids
 from dil_jax.open_domain.build_peers import (
     check_peer_settings,
     check_refusals,
     peer_settings,
     write_run_record,
 )
-from dil_jax.open_domain.cache import PassageCache, StatesEncoder
-from dil_jax.open_domain.cache_check import tokenizer_fingerprint
-from dil_jax.open_domain.cache_shards import shard_ranges, wait_for
-from dil_jax.open_domain.compression import FLOAT32, Storage
-from dil_jax.open_domain.corpus import iter_sources, split_documents
-from dil_jax.open_domain.index import (
-    OpenDomainIndex,
-    build_index,
-    build_reader_cache,
-    index_settings,
-    open_index,
-)
-from dil_jax.open_domain.index_files import (
+from dil_jax.open_domain.cache.check import tokenizer_fingerprint
+from dil_jax.open_domain.cache.reuse import local_grid, reuse_encoder
+from dil_jax.open_domain.cache.shards import shard_ranges, wait_for
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.store import PassageCache, StatesEncoder
+from dil_jax.open_domain.index.corpus import iter_sources, split_documents
+from dil_jax.open_domain.index.files import (
     IndexBrokenError,
     OpenDomainIndexError,
     read_settings,
     settings_differences,
     stored_settings,
 )
-from dil_jax.open_domain.index_lock import clean_stale, index_lock
+from dil_jax.open_domain.index.folder import (
+    OpenDomainIndex,
+    build_index,
+    build_reader_cache,
+    index_settings,
+    open_index,
+)
+from dil_jax.open_domain.index.lock import clean_stale, index_lock
+from dil_jax.open_domain.index.sentences import build_sentence_store
 from dil_jax.open_domain.reader import check_read_lengths
-from dil_jax.open_domain.retrieval import resolve_engine
-from dil_jax.open_domain.reuse import local_grid, reuse_encoder
-from dil_jax.open_domain.sentences import build_sentence_store
+from dil_jax.open_domain.retrieval.engines import resolve_engine
+from dil_jax.reading.plan import ReusePlan
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
@@ -84,9 +84,9 @@ class BuildSettings:
     storage: Storage = FLOAT32  # how the caches store their states (--cache-dtype)
     batch_size: int = 32
     # Also store each window's first-upper-block q/k/v and attention statistics (k > 0 caches;
-    # `dil_jax.open_domain.reuse`): less work per pair, more disk.
+    # `dil_jax.open_domain.cache.reuse`): less work per pair, more disk.
     cache_reuse: bool = False
-    # The BM25 engine (`defaults.RETRIEVER_ENGINES`) or "auto" (`retrieval.resolve_engine`:
+    # The BM25 engine (`defaults.RETRIEVER_ENGINES`) or "auto" (`retrieval.engines.resolve_engine`:
     # by corpus size); None: the existing index's own engine, else "auto" (`choose_engine`).
     retriever: str | None = None
     # Windows encoded per step: the grid a sharded cache is cut on (whole chunks per shard).
@@ -99,7 +99,7 @@ class BuildProcess:
 
     Process 0 builds (or reuses) the index, its shard of each cache and the caches' manifests;
     process i > 0 waits for the index, then builds shard i of each cache. wait_timeout_s: how
-    long a process waits for another's work before failing (`cache_shards.wait_for`).
+    long a process waits for another's work before failing (`cache.shards.wait_for`).
     """
 
     index: int = 0
@@ -111,9 +111,9 @@ def passage_encoder(reader: Reader, batch_size: int = 32
                     ) -> StatesEncoder | None:
     """The `encode` of `build_reader_cache`: (ids, mask) [n, p_len] -> `reader`'s lower states
     [n, p_len, hidden] as numpy, on this process's devices, batch_size rows per device
-    (`reuse.local_grid`: the same per-device program whatever the device or process count);
+    (`cache.reuse.local_grid`: the same per-device program whatever the device or process count);
     None at k = 0 (`reads_passage_ids`: the cache then holds the tokens only)."""
-    if reads_passage_ids(reader.config):
+    if ReusePlan.of(reader.config).reads_passage_ids:
         return None
     grid = local_grid(reader.model, batch_size)
     return lambda ids, mask: np.asarray(grid.encode_passages(reader.params, ids, mask))

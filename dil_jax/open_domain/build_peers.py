@@ -1,8 +1,8 @@
 """The processes of one sharded build agree on their settings, or fail at their first poll.
 
 Processes of a sharded build (`dil-jax index --num-processes N`) meet only through file polls
-in the index folder. Given different flags (`--cache-chunk 3` on one, 4 on another), each
-waited for a plan or shard the other would never write, for `--wait-timeout` (a day). Now:
+in the index folder. Given different flags (`--cache-chunk 3` on one, 4 on another), each would
+wait for a plan or shard the other never writes, for `--wait-timeout`; instead they compare:
 
     DIR/.build-run.json               process 0's settings (by flag) and its lock record: who
                                       wrote them (pid, host, start time, as in DIR/.lock)
@@ -14,7 +14,7 @@ is the live run's: its lock record is the one DIR/.lock holds now, and the holde
 dead process on this host (on another host it cannot be told, and counts as alive). A
 disagreement fails process i at once, naming each setting and both values, and leaves a
 refusal that fails process 0 at its next poll (`check_refusals`). A record of an earlier run
-is ignored: a process started before its run's process 0 waits for it, as before.
+is ignored: a process started before its run's process 0 waits for it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 from dil_jax.atomic import write_atomic
 from dil_jax.errors import UsageError
-from dil_jax.open_domain.compression import Storage
-from dil_jax.open_domain.index_lock import LOCK_NAME, pid_alive
+from dil_jax.open_domain.cache.storage import Storage
+from dil_jax.open_domain.index.lock import LOCK_NAME, pid_alive
 
 RUN_RECORD = ".build-run.json"
 _REFUSAL_PREFIX = ".build-refused-process-"

@@ -3,19 +3,19 @@
 For a batch of questions:
   1. retrieval: BM25 top-p passages of each question;
   2. question lower: each question once through `encode_lower`;
-  3. pair upper: every (question, window of a retrieved passage) pair through `encode_upper`,
-     spread over all devices in fixed-size chunks (`dil_jax.model.grid.PairGrid`); the passage side
-     (`PassageCache.passage_side`: lower states, or at k = 0 the tokens, embedded per pair) is
-     read from the passage cache, only for the retrieved windows, and so, when the cache holds
-     them (`dil-jax index --cache-reuse`), are the first upper block's passage q/k/v and
-     attention statistics (`dil_jax.open_domain.reuse`; not for prescreened pairs);
+  3. pair upper: every (question, window of a retrieved passage) pair through the upper blocks,
+     spread over all devices in fixed-size chunks (`dil_jax.reading.grid.PairGrid`); the passage
+     side (`PassageCache.passage_side`: lower states, or at k = 0 the tokens, embedded per pair) is
+     read from the passage cache, only for the retrieved windows, and so, when the cache holds them
+     (`dil-jax index --cache-reuse`), are the first upper block's passage q/k/v and attention
+     statistics (`dil_jax.open_domain.cache.reuse`; not for prescreened pairs);
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
      sliced from the passage's original characters.
 
 With sentence prescreening (`prescreen=`), between 1 and 3 the prescreener scores each retrieved
 passage's stored sentence embeddings against the question's, a `SentenceRule` keeps some, and each
 pair's upper blocks read only the kept sentences' tokens (the cached lower states of the whole
-passage, gathered; `dil_jax.model.pairs.kept_positions`). Spans stay in passage characters.
+passage, gathered; `dil_jax.reading.pairs.kept_positions`). Spans stay in passage characters.
 
 Scores: a passage's reader score s_r is that of its best span, by one of two rules
 (`SPAN_SCORES`): "logits", the DilBert paper's (s_start + s_end) / 2, or "margin", the same less
@@ -51,24 +51,24 @@ from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import check_segment_lengths
-from dil_jax.model.grid import PairGrid
-from dil_jax.model.pairs import SpanScores, kept_positions
 from dil_jax.open_domain.abstention import Abstention
-from dil_jax.open_domain.cache import PassageCache
-from dil_jax.open_domain.index import OpenDomainIndex, PassageWindows, window_arrays
-from dil_jax.open_domain.reuse import pair_inputs
+from dil_jax.open_domain.cache.reuse import pair_inputs
+from dil_jax.open_domain.cache.store import PassageCache
+from dil_jax.open_domain.index.folder import OpenDomainIndex, PassageWindows, window_arrays
 from dil_jax.open_domain.scoring import (
     Candidate,
     best_pair_of_each_hit,
     pair_span_scores,
     pick_answer,
 )
+from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
-    from dil_jax.open_domain.sentences import SentenceStore
+    from dil_jax.open_domain.index.sentences import SentenceStore
     from dil_jax.prescreening.prescreener import SentencePrescreener
     from dil_jax.prescreening.screen import SentenceRule
 
@@ -132,7 +132,7 @@ class ReadResult:
 @dataclasses.dataclass
 class ReaderPrescreen:
     """Sentence prescreening for the open-domain reader: the model, its rule, the index's
-    stored sentence embeddings (dil_jax.open_domain.sentences)."""
+    stored sentence embeddings (dil_jax.open_domain.index.sentences)."""
 
     prescreener: SentencePrescreener
     rule: SentenceRule
@@ -190,8 +190,8 @@ class OpenDomainReader:
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
         from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
-        reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reader as it was
-        before them (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
+        reuses (`PairGrid(reuse=...)`); False with cached_reuse False is the reference pair
+        program (for timing). trim_padding: `PairGrid(trim_padding=...)` (False: for
         timing). chunk_size: pairs per step (`PairGrid`; None = its default for the
         platform). span_score: how passages' best spans compare (SPAN_SCORES).
         passage_rows: pad every batch's passage side to exactly this many cache rows, so the
@@ -234,7 +234,7 @@ class OpenDomainReader:
         (0 < k < l). Never for prescreened pairs (`positions`): they read only kept tokens,
         which attend only kept keys, so the whole passage's statistics do not apply (and the
         kept tokens' projections are gathered inside the pair program)."""
-        return self.cached_reuse and self.cache.has_reuse and self.grid.uses_passage_stats
+        return self.cached_reuse and self.cache.has_reuse and self.grid.plan.passage_stats
 
     def with_prescreen(self, prescreen: ReaderPrescreen | None) -> OpenDomainReader:
         """The same reader (model, cache, compiled steps) with another prescreening setting."""

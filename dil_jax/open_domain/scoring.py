@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dil_jax.defaults import SPAN_SCORES
-from dil_jax.model.pairs import SpanScores
+from dil_jax.reading.pairs import SpanScores
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.modules import QUESTION_SEGMENT
+from dil_jax.model.span_reader import QUESTION_SEGMENT
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:

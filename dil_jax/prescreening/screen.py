@@ -5,7 +5,7 @@ whose softmax probability mass reaches a threshold (optionally at most m). `wind
 kept sentences of each window's passage into a token mask over the window: a token is kept when
 its first character lies in a kept sentence; the window's [SEP] is kept whenever anything is.
 The reader then runs the upper blocks over the kept tokens only
-(`dil_jax.model.pairs.kept_positions`): the passage's lower states were computed over the whole
+(`dil_jax.reading.pairs.kept_positions`): the passage's lower states were computed over the whole
 passage (and cached), so prescreening shortens exactly the part that pays for every (question,
 passage) pair.
 """

@@ -278,13 +278,13 @@ class Engine:
         the host (device-side joins would compile one program per window count)."""
         import jax
 
-        from dil_jax.model.modules import PASSAGE_SEGMENT
-        from dil_jax.model.pairs import reads_passage_ids
+        from dil_jax.model.span_reader import PASSAGE_SEGMENT
+        from dil_jax.reading.plan import ReusePlan
 
         rows = reader.passage_rows
         cached = reader.cache.passage_side(np.zeros(1, np.int64))
         mask = mask.astype(reader.cache.mask.dtype)
-        if reads_passage_ids(reader.reader.config):
+        if ReusePlan.of(reader.reader.config).reads_passage_ids:
             source = ids.astype(cached.dtype)
         else:
             grid = reader.grid

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.errors import UsageError
-from dil_jax.open_domain.compression import FLOAT32, Storage
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,15 +104,15 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     can read (`shapes.passage_rows`), so its programs have one passage shape."""
     from dil_jax.checkpoints import load_reader
     from dil_jax.open_domain.abstention import abstention_of
-    from dil_jax.open_domain.cache import CacheMismatchError
-    from dil_jax.open_domain.index import open_index
-    from dil_jax.open_domain.missing_cache import (
+    from dil_jax.open_domain.cache.missing import (
         THIS_READER,
         MissingCacheError,
         build_command,
         index_caches,
         missing_cache_message,
     )
+    from dil_jax.open_domain.cache.store import CacheMismatchError
+    from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
     from dil_jax.serve.shapes import passage_rows
 

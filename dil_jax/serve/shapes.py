@@ -1,13 +1,13 @@
 """Every program shape `OpenDomainReader.read` can meet in the server, and the warm-up that
 compiles them before the first request.
 
-What decides a read's compiled programs (dil_jax/open_domain/reader.py, dil_jax/model/grid.py):
+What decides a read's compiled programs (dil_jax/open_domain/reader.py, dil_jax/reading/grid.py):
 
 - the question batch: always padded to the grid's batch size B (`_encode_question_batch`), so
   one question-encoder program whatever the number of questions;
 - the passage side: padded to `passage_rows` rows, fixed by the server (`passage_rows`, below),
   so one passage shape whatever a batch retrieves;
-- per chunk of pairs, the token widths it reads (`PairGrid.trims_padding`): the longest real
+- per chunk of pairs, the token widths it reads (`ReusePlan.trims_padding`): the longest real
   question of the chunk rounded up to QUESTION_BUCKET, the longest real passage window rounded
   up to KEPT_BUCKET. Any question width can meet any passage width in some chunk, so the
   widths are a product: every question width up to max_question_len, and every passage width
@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from dil_jax.model.grid import HOIST_MIN_READS
-from dil_jax.model.pairs import KEPT_BUCKET, QUESTION_BUCKET, chunk_width, real_lengths
+from dil_jax.reading.pairs import KEPT_BUCKET, QUESTION_BUCKET, chunk_width, real_lengths
+from dil_jax.reading.plan import HOIST_MIN_READS
 from dil_jax.rounding import round_up
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class HoistClass:
 def hoist_classes(hoists: bool, cached_passages: bool, batch_size: int, rows: int,
                   most_pairs: int) -> list[HoistClass]:
     """The reachable combinations of projections, each with the smallest pair count that
-    reaches it. hoists: 0 < k < l (`PairGrid.hoists_projections`); cached_passages: the
+    reaches it. hoists: 0 < k < l (`ReusePlan.hoists_projections`); cached_passages: the
     passages' projections come from the cache (`reads_cached_reuse`), whatever the count."""
     if not hoists:
         return [HoistClass(1, False, False)]
@@ -135,7 +135,7 @@ def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
     """What `warm_up` compiles for this OpenDomainReader (its passage_rows must be set) when
     it reads at most `questions` questions at once (None: its grid's batch size)."""
     batch, rows = reader.grid.batch_size, reader.passage_rows
-    hoists = reader.grid.hoists_projections
+    hoists = reader.grid.plan.hoists_projections
     classes = hoist_classes(hoists, reader.reads_cached_reuse, batch, rows,
                             max_pairs(reader.index.windows.count, questions or batch,
                                       reader.top_p))

@@ -1,11 +1,8 @@
 """The validation of training configs: one rule per key of `base_config()`, and the relations
 between keys, checked before any model or data loads (`validate_config`, `config_problems`).
-
-Separate from default_config.py, which holds the schema itself (every key with its default, and
-the paper's SQuAD runs); this module holds what each value must be. Config files import only
-default_config; the loader (config_files.py: renamed keys), the train command and the loop
-import this.
-"""
+default_config.py holds the schema (every key with its default); this module what each value
+must be. Config files import only default_config; the loader, the train command and the loop
+import this."""
 
 from __future__ import annotations
 
@@ -138,6 +135,7 @@ RULES: dict[str, Rule] = {
     "model.lsh_num_hashes": POSITIVE,
     "model.lsh_bucket_size": POSITIVE,
     "teacher.checkpoint": text(),
+    "teacher.logits_file": text(),
     "loss.ce_weight": WEIGHT,
     "loss.kd_weight": WEIGHT,
     "loss.lrs_weight": WEIGHT,
@@ -157,6 +155,7 @@ RULES: dict[str, Rule] = {
     "data.validation_file": text(),
     "data.answer_candidates_file": text(),
     "data.null_window_fraction": number_in(0, 1, low_open=True),
+    "data.length_buckets": text(),
     "data.train_articles": text(),
     "data.validation_articles": text(),
     "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
@@ -236,10 +235,11 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     if patience[0] and metric[0] and patience[1] > 0 and not metric[1]:
         problems.append(f"config.eval.patience = {patience[1]} needs a metric to watch: set "
                         "config.checkpoint.best_metric (e.g. 'f1')")
-    problems += _shared_norm_problems(config)
-    problems += _distill_file_problems(config)
-    problems += _evaluation_interval_problems(config)
-    problems += _article_overlap_problems(config)
+    from dil_jax.train.reader_kinds import kind_problems  # model.kind: QANet / BiDAF rules
+    from dil_jax.train.teacher_logits import logits_file_problems
+    for check in (_shared_norm_problems, _distill_file_problems, _evaluation_interval_problems,
+                  _article_overlap_problems, logits_file_problems, kind_problems):
+        problems += check(config)
     return problems
 
 

@@ -35,13 +35,16 @@ stopped, and every process computes the same global batch and takes its own rows
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import ml_collections
 import numpy as np
 
 from dil_jax.data.features import NO_ANSWER, FeaturizationError
 from dil_jax.errors import UsageError
+
+if TYPE_CHECKING:  # jax-free at run time: the data order runs without a model
+    from dil_jax.train.teacher_logits import TeacherLogits
 
 
 class FeaturesLike(Protocol):
@@ -167,6 +170,9 @@ class Windows:
     # None: every window is its own unit.
     groups: np.ndarray | None = None
     group_valid: np.ndarray | None = None
+    # The frozen teacher's scores of each window (train.teacher_logits.TeacherLogits), when KD
+    # reads them from config.teacher.logits_file instead of running the teacher; None: it runs.
+    teacher_logits: TeacherLogits | None = None
 
     def __len__(self) -> int:
         return self.p_ids.shape[0]
@@ -202,6 +208,7 @@ class Windows:
         mask all 0 (the model gives its passage logits PADDED_LOGIT), labels -1, valid 0.
         labelled [*S]: 0 on distillation-only windows (the span cross-entropy skips them).
         start_candidates, end_candidates [*S, C]: only when the windows have candidates.
+        teacher_*_logits [*S, Lp] / [*S]: only when the teacher's scores are stored.
         """
         rows = np.asarray(rows)
         valid = np.ones(rows.shape, bool) if valid is None else np.asarray(valid, bool)
@@ -212,7 +219,8 @@ class Windows:
                                          NO_ANSWER).astype(np.int32),
             "end_candidates": np.where(keep, self.end_candidates[rows],
                                        NO_ANSWER).astype(np.int32)}
-        return {**candidates,
+        teacher = {} if self.teacher_logits is None else self.teacher_logits.batch(rows, valid)
+        return {**candidates, **teacher,
             "q_ids": self.q_ids[q], "q_mask": self.q_mask[q],
             "p_ids": np.where(keep, self.p_ids[rows], 0).astype(np.int32),
             "p_mask": np.where(keep, self.p_mask[rows], 0).astype(np.int32),
@@ -221,39 +229,6 @@ class Windows:
             "valid": valid.astype(np.int32),
             "labelled": self.labelled[rows].astype(np.int32),
         }
-
-
-def sample_null_windows(windows: Windows, fraction: float, seed: int) -> Windows:
-    """`windows` with only `fraction` of their answer-less labelled windows (a window of a
-    labelled question that does not hold its answer: label -1 / -1), chosen by `seed`; every
-    answer window, distractor and distillation-only window is kept, in row order.
-
-    A long paragraph's windows mostly lack the answer (23% of the complete SQuAD v1.1 training
-    windows at 160 tokens, stride 80); training on a share of them makes an epoch cheaper while
-    the reader still learns the null. The subset is fixed for the run (it is part of the data the
-    order permutes, so a resume finds the same windows).
-    """
-    if not 0.0 < fraction <= 1.0:
-        raise UsageError(f"config.data.null_window_fraction = {fraction}: must be in (0, 1]")
-    if windows.groups is not None:
-        raise UsageError("config.data.null_window_fraction < 1 cannot be combined with "
-                         "config.loss.shared_norm (a group holds its question's windows)")
-    null = np.nonzero((windows.start < 0) & windows.labelled & ~windows.is_distractor)[0]
-    keep = np.ones(len(windows), bool)
-    if fraction < 1.0 and len(null):
-        chosen = np.random.default_rng([seed, len(windows)]).permutation(null)
-        keep[chosen[round(fraction * len(null)):]] = False
-    rows = np.nonzero(keep)[0]
-
-    def take(values: np.ndarray | None) -> np.ndarray | None:
-        return None if values is None else values[rows]
-
-    return dataclasses.replace(
-        windows, p_ids=windows.p_ids[rows], p_mask=windows.p_mask[rows],
-        question_index=windows.question_index[rows], start=windows.start[rows],
-        end=windows.end[rows], is_distractor=windows.is_distractor[rows],
-        labelled=windows.labelled[rows], start_candidates=take(windows.start_candidates),
-        end_candidates=take(windows.end_candidates))
 
 
 def question_groups(question_index: np.ndarray, start: np.ndarray, is_distractor: np.ndarray,

@@ -31,6 +31,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.num_train_steps = -1  # > 0 overrides num_epochs
 
     c.model = ml_collections.ConfigDict()
+    # "encoder" (the BERT family below), "qanet" or "bidaf" (docs/qanet.md, "Training"):
+    # dil_jax.train.reader_kinds lists the keys those two rule out.
+    c.model.kind = "encoder"
+    c.model.reader = None  # kind qanet / bidaf: QANetConfig / BiDAFConfig fields (None: defaults)
+    # kind qanet / bidaf: their frozen word table, "default" (the embedded MiniLM's), a folder
+    # with a model.safetensors holding one, or "random" (N(0, 1) rows: tests, from scratch).
+    c.model.word_table = "default"
     # "default" (embedded MiniLM), a Hugging Face folder or hub id, a dil_jax params folder
     # (save_params), or "" for random init from model.encoder.
     c.model.checkpoint = "default"
@@ -53,6 +60,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "" (no teacher), "student_init" (the student's initial params as a k = 0 model), or a
     # checkpoint as for model.checkpoint (e.g. the params/ of a fine-tuned full model).
     c.teacher.checkpoint = ""
+    # A .npz of the teacher's span scores of every training window, read by KD instead of
+    # running the teacher each step; computed (once) and written when absent or stale. KD only
+    # (loss.lrs_weight = 0). "" = the teacher runs beside the student.
+    c.teacher.logits_file = ""
 
     c.loss = ml_collections.ConfigDict()
     c.loss.ce_weight = 1.0  # gamma
@@ -92,8 +103,12 @@ def base_config() -> ml_collections.ConfigDict:
     c.data.answer_candidates_file = ""
     # (0, 1]: train on this share of the answer-less windows of labelled questions (chosen once
     # by data_seed; answer windows, distractors and distillation-only windows all stay): a
-    # cheaper epoch (dil_jax.train.data.sample_null_windows). 1 = all of them.
+    # cheaper epoch (dil_jax.train.null_windows.sample_null_windows). 1 = all of them.
     c.data.null_window_fraction = 1.0
+    # Passage lengths, e.g. "96,128": every batch holds windows of one bucket, cut to its length
+    # (less padding; one compiled step per length; train/buckets.py). "" = every batch padded
+    # to max_passage_len.
+    c.data.length_buckets = ""
     c.data.max_passage_len = MAX_PASSAGE_LEN  # passage window `p [SEP]`
     c.data.doc_stride = DOC_STRIDE  # tokens between window starts
     # > 0: only the first questions (file order) of the training split: learning curves, sweeps.

@@ -43,8 +43,8 @@ from dil_jax.data.features import NO_ANSWER, Features, window_contexts
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import UsageError
 from dil_jax.metrics.squad_metric import normalize_answer
-from dil_jax.open_domain.corpus import CorpusError, read_wikipedia_leads, split_documents
-from dil_jax.open_domain.retrieval import RankBM25Retriever
+from dil_jax.open_domain.index.corpus import CorpusError, read_wikipedia_leads, split_documents
+from dil_jax.open_domain.retrieval.engines import RankBM25Retriever
 from dil_jax.train.data import TrainingFeatures
 
 log = logging.getLogger(__name__)

@@ -40,7 +40,7 @@ from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import OutputPathError, TrainingDiverged
-from dil_jax.mesh import data_mesh
+from dil_jax.mesh import DistributedSettings, data_mesh, maybe_initialize_distributed
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
@@ -67,10 +67,10 @@ from dil_jax.train.setup import (
     load_run_models,
     loss_weights,
     make_run_optimizer,
-    maybe_initialize_distributed,
     metrics_dir,
 )
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
+from dil_jax.train.teacher_logits import with_stored_teacher
 
 log = logging.getLogger(__name__)
 
@@ -211,13 +211,14 @@ def checkpoint_meta(step: int, data: RunData, dropout_rng: jax.Array) -> dict[st
             "total_steps": data.total_steps}
 
 
-def data_identity(data: RunData) -> dict[str, int]:
+def data_identity(data: RunData) -> dict[str, Any]:
     """What fixes the data order: the seed, the windows (distractors included), the units the
     order permutes (windows, or question groups of `group_size` with loss.shared_norm; 0 = no
     groups) and the global batch. Checkpoints record it; a resume must find it unchanged."""
     return {"data_seed": data.seed, "num_windows": len(data.train),
             "num_units": data.train.num_units, "group_size": data.train.group_size,
-            "global_batch": data.global_batch}
+            "global_batch": data.global_batch,
+            "length_buckets": [] if data.buckets is None else list(data.buckets.lengths)}
 
 
 def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn | None,
@@ -354,8 +355,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                               out_shardings=sharding_lib.replicated(mesh))()
     with stop_on_signals() as stop:
         while step < data.total_steps and not stopped_early:
-            rows, valid = data.step_rows(step)
-            local = data.train.batch(rows[:, rows_of_process], valid[:, rows_of_process])
+            local = data.step_batch(step, rows_of_process)
             batch = sharding_lib.put_process_batch(local, mesh, data.micro)
             state, metrics, first_nonfinite = tracked_step(state, teacher_params, batch,
                                                            dropout_rng, first_nonfinite)
@@ -504,7 +504,7 @@ def train(config: ml_collections.ConfigDict, *,
     """
     validate_config(config)  # before anything loads: a bad value is named by its key
     check_config_paths(config)  # the files it names exist (before any model loads)
-    maybe_initialize_distributed(config.distributed)
+    maybe_initialize_distributed(DistributedSettings.from_mapping(config.distributed))
     claim_workdir(config.workdir)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
@@ -513,6 +513,7 @@ def train(config: ml_collections.ConfigDict, *,
     models = load_run_models(config, evaluate_fn)
     check_frozen_prefixes(config, models.student.params)
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
+    data, models = with_stored_teacher(config, data, models)  # teacher.logits_file
 
     tx, schedule = make_run_optimizer(config, data.total_steps)
     rep = sharding_lib.replicated(mesh)
@@ -585,7 +586,7 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
     run's readers restore from its checkpoints/ instead (or export on one host afterwards).
     """
-    from dil_jax.checkpoints import save_params
+    from dil_jax.checkpoints.char_readers import save_reader_params  # any model kind
 
     if jax.process_count() > 1:
         log.warning("multi-process run: not exporting %s (export from the checkpoint on one "
@@ -603,7 +604,7 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
                 "move that step aside and rerun to export the next best")
     staging = directory.with_name(directory.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    save_params(staging, jax.device_get(params), config)
+    save_reader_params(staging, jax.device_get(params), config)
     record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
                               "best_step": best_step, "final_step": int(state.step)}
     if metrics and "null_threshold" in metrics:
@@ -619,14 +620,15 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     return directory
 
 
-def _check_resume(meta: dict[str, Any], identity: dict[str, int],
+def _check_resume(meta: dict[str, Any], identity: dict[str, Any],
                   workdir: str | Path = "") -> None:
     """A resumed run must see the same data order, or its data position means nothing.
 
     identity: `data_identity` of this run. Checkpoints written before shared normalisation have
-    no num_units / group_size: they trained on single windows (units = windows, no groups).
+    no num_units / group_size: they trained on single windows (units = windows, no groups);
+    those written before length buckets, none: one length.
     """
-    defaults = {"num_units": meta["num_windows"], "group_size": 0}
+    defaults = {"num_units": meta["num_windows"], "group_size": 0, "length_buckets": []}
     saved = {key: meta.get(key, defaults.get(key)) for key in identity}
     if saved != identity:
         changed = ", ".join(f"{key} {saved[key]} -> {identity[key]}" for key in identity

@@ -24,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from dil_jax.model.modules import PADDED_LOGIT, ReaderOutput
+from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
 
 
 @dataclasses.dataclass(frozen=True)

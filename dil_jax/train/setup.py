@@ -2,7 +2,6 @@
 
 Each function reads one part of a validated config (see default_config.py):
 
-    maybe_initialize_distributed  config.distributed (before any other JAX call)
     load_run_data                 config.data, batch_size, grad_accum_steps -> RunData
     load_run_models               config.model, config.teacher, config.eval -> RunModels
     make_run_optimizer            config.optim -> (optax transformation, schedule)
@@ -27,33 +26,18 @@ from dil_jax.config import EncoderConfig
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
+from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths
+from dil_jax.train.char_data import windows_of
 from dil_jax.train.losses import LossWeights
+from dil_jax.train.null_windows import sample_null_windows
 from dil_jax.train.optim import make_optimizer
+from dil_jax.train.reader_kinds import char_student, is_char_kind, without_frozen
 
 log = logging.getLogger(__name__)
 
 EvaluateFn = Callable[[Params], dict[str, float]]
 # teacher.checkpoint value: the student's own initial params, read as a full (k = 0) model.
 SAME_INIT = "student_init"
-
-
-def maybe_initialize_distributed(cfg: ml_collections.ConfigDict) -> None:
-    """jax.distributed.initialize when configured; must run before any other JAX call.
-
-    On Cloud TPU all arguments may stay None (JAX discovers the pod); elsewhere give the
-    coordinator "host:port", the process count and this process's id. CPU processes use gloo
-    collectives (JAX's default CPU collectives since 0.5).
-    """
-    if cfg.num_cpu_devices and jax.config.jax_num_cpu_devices != int(cfg.num_cpu_devices):
-        # Only possible before the CPU backend starts (i.e. before any JAX computation).
-        jax.config.update("jax_num_cpu_devices", int(cfg.num_cpu_devices))
-    if not cfg.initialize or jax.distributed.is_initialized():
-        return
-    kwargs = {name: cfg[name] for name in ("coordinator_address", "num_processes", "process_id")
-              if cfg[name] is not None}
-    jax.distributed.initialize(**kwargs)
-    log.info("process %d of %d, %d local / %d global devices", jax.process_index(),
-             jax.process_count(), jax.local_device_count(), jax.device_count())
 
 
 def is_remote(workdir: str | Path) -> bool:
@@ -188,7 +172,7 @@ def training_windows(config: ml_collections.ConfigDict,
                          f"features (config.data.featurizer = {config.data.featurizer!r}) have "
                          "no distractor windows; use dil_jax.train.squad_data:featurize or set "
                          "it to 0")
-    windows = data_lib.windows_from_features(features)
+    windows = windows_of(config, features)  # QANet / BiDAF: with characters
     fraction = float(config.data.get("null_window_fraction", 1.0))
     if fraction < 1.0 and shared_norm_group(config):
         raise UsageError(f"config.data.null_window_fraction = {fraction:g} cannot be combined "
@@ -196,7 +180,7 @@ def training_windows(config: ml_collections.ConfigDict,
                          "windows)")
     if fraction < 1.0:
         before = len(windows)
-        windows = data_lib.sample_null_windows(windows, fraction, int(config.data_seed))
+        windows = sample_null_windows(windows, fraction, int(config.data_seed))
         log.info("answer-less windows sampled (data.null_window_fraction = %g): %d of %d "
                  "training windows kept", fraction, len(windows), before)
     group = shared_norm_group(config)
@@ -225,11 +209,9 @@ def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple
     return global_batch, accum, micro
 
 
-def total_train_steps(config: ml_collections.ConfigDict, num_units: int,
-                      units_per_batch: int) -> int:
+def total_train_steps(config: ml_collections.ConfigDict, per_epoch: int) -> int:
     if config.num_train_steps > 0:
         return int(config.num_train_steps)
-    per_epoch = data_lib.steps_per_epoch(num_units, units_per_batch)
     return max(1, math.ceil(config.num_epochs * per_epoch))
 
 
@@ -251,6 +233,8 @@ class RunData:
     per_epoch: int  # steps per epoch
     total_steps: int
     seed: int  # config.data_seed
+    # data.length_buckets: batches of one bucket each, cut to its length; None: one length.
+    buckets: BucketedOrder | None = None
 
     @property
     def units_per_batch(self) -> int:
@@ -260,10 +244,22 @@ class RunData:
     def step_rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
         """(window rows, valid) [accum, micro] of global step `step`: a pure function of
         (data seed, step), so a resumed run and every process see the same batch."""
-        units = data_lib.global_batch_rows(step, self.train.num_units, self.units_per_batch,
-                                           self.seed)
+        if self.buckets is not None:
+            units = self.buckets.step_units(step)[0]
+        else:
+            units = data_lib.global_batch_rows(step, self.train.num_units,
+                                               self.units_per_batch, self.seed)
         rows, valid = self.train.unit_rows(units)
         return rows.reshape(self.accum, self.micro), valid.reshape(self.accum, self.micro)
+
+    def step_batch(self, step: int, rows_of_process: np.ndarray) -> dict[str, np.ndarray]:
+        """This process's rows of step `step` as model inputs [accum, rows, ...], their passage
+        arrays cut to the step's bucket length when the run is bucketed."""
+        rows, valid = self.step_rows(step)
+        batch = self.train.batch(rows[:, rows_of_process], valid[:, rows_of_process])
+        if self.buckets is None:
+            return batch
+        return cut_passages(batch, self.buckets.step_units(step)[1])
 
 
 def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
@@ -287,13 +283,28 @@ def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
     if val_features is None and config.eval.use_validation_loss:
         val_features = load_split(config, "validation")
     # Validation keeps per-window windows (no distractors, no groups): its loss is the span CE.
-    val_windows = None if val_features is None else data_lib.windows_from_features(val_features)
+    val_windows = None if val_features is None else windows_of(config, val_features)
+    buckets = length_buckets(config, train_windows, units_per_batch)
+    per_epoch = (buckets.per_epoch if buckets is not None
+                 else data_lib.steps_per_epoch(train_windows.num_units, units_per_batch))
     return RunData(train=train_windows, validation=val_windows, global_batch=global_batch,
-                   accum=accum, micro=micro,
-                   per_epoch=data_lib.steps_per_epoch(train_windows.num_units, units_per_batch),
-                   total_steps=total_train_steps(config, train_windows.num_units,
-                                                 units_per_batch),
-                   seed=int(config.data_seed))
+                   accum=accum, micro=micro, per_epoch=per_epoch,
+                   total_steps=total_train_steps(config, per_epoch),
+                   seed=int(config.data_seed), buckets=buckets)
+
+
+def length_buckets(config: ml_collections.ConfigDict, windows: data_lib.Windows,
+                   units_per_batch: int) -> BucketedOrder | None:
+    """The bucketed order of config.data.length_buckets over `windows`, or None (off)."""
+    lengths = parse_buckets(str(config.data.get("length_buckets", "")),
+                            int(windows.p_ids.shape[1]))
+    if not lengths:
+        return None
+    order = BucketedOrder.build(unit_real_lengths(windows.p_mask, windows.groups,
+                                                  windows.group_valid),
+                                lengths, units_per_batch, int(config.data_seed))
+    log.info("length buckets %s: %s batches an epoch", lengths, order.batches_per_bucket)
+    return order
 
 
 @dataclasses.dataclass
@@ -312,6 +323,9 @@ def load_run_models(config: ml_collections.ConfigDict,
     """Student and teacher from config.model / config.teacher, seeded by config.seed."""
     root = jax.random.key(int(config.seed))
     init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
+    if is_char_kind(config):  # QANet / BiDAF: no teacher (the config rules refuse KD and LRS)
+        student = char_student(config, init_rng)
+        return RunModels(student, None, dropout_rng, _evaluator(config, student, evaluate_fn))
     encoder = config.model.encoder.to_dict() if config.model.encoder else None
     student = load_or_init_reader(config.model.checkpoint, encoder,
                                   _reader_overrides(config.model), init_rng)
@@ -322,16 +336,23 @@ def load_run_models(config: ml_collections.ConfigDict,
                           fix="lower config.model.max_question_len, config.data.max_passage_len "
                               "or config.model.passage_position_offset")
     teacher = build_teacher(config, student, teacher_rng)
+    return RunModels(student, teacher, dropout_rng, _evaluator(config, student, evaluate_fn))
+
+
+def _evaluator(config: ml_collections.ConfigDict, student: Reader,
+               evaluate_fn: EvaluateFn | None) -> EvaluateFn | None:
+    """The given evaluate_fn, else config.eval.evaluator's for the student, else None."""
     if evaluate_fn is None and config.eval.evaluator:
-        evaluate_fn = resolve_callable(config.eval.evaluator, "eval.evaluator")(config,
-                                                                                student.model)
-    return RunModels(student, teacher, dropout_rng, evaluate_fn)
+        return resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student.model)
+    return evaluate_fn
 
 
 def make_run_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """(optax transformation, learning-rate schedule) per config.optim."""
-    return make_optimizer(
+    """(optax transformation, learning-rate schedule) per config.optim; a QANet / BiDAF's
+    frozen word table is left out of it (`reader_kinds.without_frozen`)."""
+    tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
         weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
         b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
         frozen=tuple(name for name in config.optim.frozen.split(",") if name))
+    return (without_frozen(tx) if is_char_kind(config) else tx), schedule

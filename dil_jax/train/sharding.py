@@ -2,7 +2,7 @@
 
 A `jit` whose batch argument carries a `NamedSharding(mesh, P(None, "data"))` runs the same SPMD
 program on every device, and XLA inserts the gradient all-reduce (why a mesh and not pmap: the
-module docstring of `dil_jax.model.grid`). On a multi-host TPU slice each process feeds only the
+module docstring of `dil_jax.reading.grid`). On a multi-host TPU slice each process feeds only the
 rows its own devices hold.
 
 The mesh is `dil_jax.mesh.data_mesh`: its devices are ordered by (process, id), so each process's

@@ -185,11 +185,13 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
 
     from dil_jax.checkpoints.readers import Reader
     from dil_jax.data.decoding import answers, null_score_differences
+    from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import best_null_threshold, squad_scores
     from dil_jax.predict import predict_squad, predict_squad_spans
     from dil_jax.tokenization import load_tokenizer
 
     examples = split_examples(config.data, "validation")
+    gold = gold_answers(examples)
     version = load_squad(config.data.get("validation_file") or config.data.squad_file).version
     # The student as a Reader without weights: each evaluation reads with that step's params.
     student = Reader(model, params=None, tokenizer=load_tokenizer(config.data.tokenizer))
@@ -199,7 +201,7 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
     if version != "2.0":
         def evaluate_fn(params) -> dict[str, float]:
             predictions = predict_squad(student.with_params(params), examples, **options)
-            scores = squad_scores(examples, predictions, version=version)
+            scores = squad_scores(gold, predictions, version=version)
             return {"exact": float(scores["exact"]), "f1": float(scores["f1"])}
 
         return evaluate_fn
@@ -212,10 +214,10 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
         reader = student.with_params(params)
         spans = predict_squad_spans(reader, threshold_examples, null_threshold=math.inf,
                                     **options)
-        threshold, _ = best_null_threshold(threshold_examples, answers(spans),
+        threshold, _ = best_null_threshold(gold_answers(threshold_examples), answers(spans),
                                            null_score_differences(spans))
         predictions = predict_squad(reader, examples, null_threshold=threshold, **options)
-        scores = squad_scores(examples, predictions, version="2.0")
+        scores = squad_scores(gold, predictions, version="2.0")
         metrics = {key: float(scores[key]) for key in V2_METRICS if key in scores}
         return {**metrics, "null_threshold": float(threshold)}
 

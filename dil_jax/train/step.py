@@ -20,11 +20,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.train import losses
+from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.train import losses, teacher_logits
 from dil_jax.train.sharding import batch_sharding, replicated
 
-# q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp]; start, end, valid, labelled [A, M] (valid:
+# q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp] (QANet / BiDAF: also q_chars [A, M, Lq, C],
+# p_chars [A, M, Lp, C], dil_jax.train.char_data); start, end, valid, labelled [A, M] (valid:
 # 0 for the padding windows that fill a shared-normalisation group; labelled: 0 for
 # distillation-only windows, which the span cross-entropy skips); optionally start_candidates,
 # end_candidates [A, M, C] (every correct span, -1 padded: dil_jax.train.answer_candidates)
@@ -44,6 +47,22 @@ def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainS
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
+def student_outputs(student: DelayedInteractionModel | CharReaderModel, params: Params,
+                    batch: Batch, *, deterministic: bool = True,
+                    rngs: dict[str, jax.Array] | None = None,
+                    output_hidden_states: bool = False) -> ReaderOutput:
+    """The student's outputs on one micro-batch [M, ...]: a QANet / BiDAF also reads the
+    batch's characters ("q_chars", "p_chars"; it has no hidden states for LRS, which the config
+    rules refuse for it)."""
+    if isinstance(student, CharReaderModel):
+        return student(params, batch["q_ids"], batch["q_chars"], batch["q_mask"],
+                       batch["p_ids"], batch["p_chars"], batch["p_mask"],
+                       deterministic=deterministic, rngs=rngs)
+    return student(params, batch["q_ids"], batch["q_mask"], batch["p_ids"], batch["p_mask"],
+                   deterministic=deterministic, rngs=rngs,
+                   output_hidden_states=output_hidden_states)
+
+
 def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
                    weights: losses.LossWeights, params: Params, teacher_params: Params | None,
                    batch: Batch, dropout_rng: jax.Array | None,
@@ -51,13 +70,15 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
     """Total loss and its terms on one micro-batch [M, ...] (no accumulation axis).
 
     The teacher runs deterministically (no dropout) and its outputs are stop_gradient-ed, so it is
-    frozen even though it runs in the same jitted computation.
+    frozen even though it runs in the same jitted computation; when the batch carries its
+    stored scores (config.teacher.logits_file) it does not run at all and KD reads them.
     """
-    use_teacher = teacher is not None and weights.needs_teacher
+    stored = teacher_logits.BATCH_KEYS[0] in batch  # the teacher's scores, computed once
+    use_teacher = teacher is not None and weights.needs_teacher and not stored
     need_states = use_teacher and weights.lrs > 0
     rngs = None if deterministic else {"dropout": dropout_rng}
-    out = student(params, batch["q_ids"], batch["q_mask"], batch["p_ids"], batch["p_mask"],
-                  deterministic=deterministic, rngs=rngs, output_hidden_states=need_states)
+    out = student_outputs(student, params, batch, deterministic=deterministic, rngs=rngs,
+                          output_hidden_states=need_states)
     if weights.shared_norm_group:
         # The model reads the flat [M] windows; the loss normalises over each question's group
         # of consecutive windows (the data order keeps groups whole inside a micro-batch).
@@ -67,10 +88,14 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
         ce = losses.span_cross_entropy(out, batch["start"], batch["end"], batch.get("labelled"),
                                        batch.get("start_candidates"), batch.get("end_candidates"))
     kd = lrs = jnp.zeros((), jnp.float32)
-    if use_teacher:
+    teacher_out = None
+    if stored:
+        teacher_out = teacher_logits.stored_teacher_output(batch)
+    elif use_teacher:
         teacher_out = teacher(teacher_params, batch["q_ids"], batch["q_mask"], batch["p_ids"],
                               batch["p_mask"], deterministic=True,
                               output_hidden_states=need_states)
+    if teacher_out is not None:
         teacher_out = jax.lax.stop_gradient(teacher_out)
         if weights.kd > 0:
             kd = losses.distillation_kd(out, teacher_out, weights.temperature)
@@ -181,8 +206,7 @@ def make_eval_loss(student: DelayedInteractionModel, mesh: Mesh):
 
     def eval_loss(params, batch, row_weights):
         def per_micro(micro):
-            out = student(params, micro["q_ids"], micro["q_mask"], micro["p_ids"],
-                          micro["p_mask"])
+            out = student_outputs(student, params, micro)
             return losses.span_cross_entropy_rows(out, micro["start"], micro["end"])
 
         per_row = jax.lax.map(per_micro, batch)  # [A, M]

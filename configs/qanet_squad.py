@@ -1,0 +1,109 @@
+"""QANet, its Reformer variants and BiDAF (issue 42, the "Inquisition" seed's readers) on the
+complete SQuAD v1.1 training set (../shared/data/squad/train-v1.1.json, 87,599 questions),
+validated on all 35 shared dev articles (6,013 questions), as configs/minilm_squad_v11.py:
+question 32 + passage window 160 tokens, stride 80, the embedded MiniLM's WordPiece tokens.
+
+Variants (`configs/qanet_squad.py:VARIANT[,multi]`):
+  qanet             QANetConfig() as it stands: the paper's d_model 128, 8 heads, kernel 7,
+                    1 embedding block of 4 convs, 7 model blocks of 2 convs (x3, shared)
+  qanet_lsh         the same with LSH attention in both encoders (the repo's defaults: 2 hashes,
+                    buckets of 64 tokens; the seed's own settings are not known)
+  qanet_reversible  the same with reversible encoder stacks
+  bidaf             BiDAFConfig(): the paper's 100 filters of width 5 over 8-d characters,
+                    hidden 100, dropout 0.2
+Suffix `multi`: every occurrence of an ambiguous answer is a correct span
+(data.answer_candidates_file), as configs/minilm_squad_v11.py's.
+
+Words are MiniLM's frozen input embedding table (`config.model.word_table = "default"`), the
+characters come from the texts (dil_jax.train.char_data); only windows that hold their answer
+train (these readers have no no-answer score). Optimizer: the paper's Adam (b1 0.8, b2 0.999,
+eps 1e-7) with 1,000 warm-up steps to lr 1e-3, then the project's linear decay (the paper keeps
+lr constant and averages the weights, EMA 0.9999: not built), gradients clipped at norm 5 (as
+common QANet implementations do), weight decay 3e-7 (the paper's L2). Batch 32 (the paper's).
+BiDAF: Adam at lr 1e-3 instead of the paper's AdaDelta (0.5), b1 0.9.
+
+    dil-jax train --config configs/qanet_squad.py:qanet
+    dil-jax train --config configs/qanet_squad.py:bidaf,multi
+
+The epochs here (num_epochs) are a CPU plan's ceiling, not the paper's ~55 epochs: a lent GPU
+runs them with `tools/gpu_qanet_squad.py` (docs/qanet.md, "Training").
+"""
+
+import ml_collections
+
+from dil_jax.defaults import (
+    CPU_DOC_STRIDE,
+    CPU_MAX_PASSAGE_LEN,
+    CPU_MAX_QUESTION_LEN,
+    SHARED_SQUAD_FILE,
+    SHARED_SQUAD_TRAIN_CANDIDATES_FILE,
+    SHARED_SQUAD_TRAIN_FILE,
+)
+from dil_jax.errors import UsageError
+from dil_jax.model.char_reader import config_fields, reader_config
+from dil_jax.train.default_config import base_config
+
+VARIANTS = {
+    "qanet": ("qanet", {}),
+    "qanet_lsh": ("qanet", {"lsh_encoders": "embedding,model"}),
+    "qanet_reversible": ("qanet", {"reversible": True}),
+    "bidaf": ("bidaf", {}),
+}
+MULTI_SUFFIX = "multi"
+USAGE = f"configs/qanet_squad.py:VARIANT[,multi], VARIANT = {', '.join(VARIANTS)}"
+BATCH_SIZE = 32
+LEARNING_RATE = 1e-3
+WARMUP_STEPS = 1000
+
+
+def reader_fields(kind: str, changes: dict) -> ml_collections.ConfigDict:
+    """Every field of the reader's config (so each is a --config.model.reader.NAME override),
+    the LSH encoders as one comma-separated string ("" = none)."""
+    fields = config_fields(reader_config(kind, changes))
+    if "lsh_encoders" in fields:
+        fields["lsh_encoders"] = ",".join(fields["lsh_encoders"])
+    return ml_collections.ConfigDict(fields)
+
+
+def get_config(spec: str = "qanet") -> ml_collections.ConfigDict:
+    variant, *suffixes = spec.split(",")
+    if variant not in VARIANTS:
+        raise UsageError(f"configs/qanet_squad.py: unknown variant {variant!r} ({USAGE})")
+    for suffix in suffixes:
+        if suffix != MULTI_SUFFIX or suffixes.count(suffix) > 1:
+            raise UsageError(f"configs/qanet_squad.py: bad suffix {suffix!r} in {spec!r} "
+                             f"({USAGE})")
+    kind, fields = VARIANTS[variant]
+    c = base_config()
+    c.workdir = f"runs/qanet_squad_{variant}" + "".join(f"_{s}" for s in suffixes)
+    c.model.kind = kind
+    c.model.reader = reader_fields(kind, fields)
+    c.model.checkpoint = ""  # a fresh reader; its word table from model.word_table
+    c.model.word_table = "default"
+    c.model.max_question_len = CPU_MAX_QUESTION_LEN
+    c.data.featurizer = "dil_jax.train.char_data:featurize"
+    c.data.tokenizer = "default"
+    c.data.squad_file = SHARED_SQUAD_TRAIN_FILE
+    c.data.train_articles = ":"
+    c.data.validation_file = SHARED_SQUAD_FILE
+    c.data.validation_articles = ":"
+    if MULTI_SUFFIX in suffixes:
+        c.data.answer_candidates_file = SHARED_SQUAD_TRAIN_CANDIDATES_FILE
+    c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
+    c.data.doc_stride = CPU_DOC_STRIDE
+    c.batch_size = BATCH_SIZE
+    c.num_epochs = 8.0
+    c.optim.learning_rate = LEARNING_RATE
+    c.optim.warmup_steps = WARMUP_STEPS
+    c.optim.max_grad_norm = 5.0
+    if kind == "qanet":
+        c.optim.b1, c.optim.b2, c.optim.eps, c.optim.weight_decay = 0.8, 0.999, 1e-7, 3e-7
+    else:
+        c.optim.b1, c.optim.b2, c.optim.eps, c.optim.weight_decay = 0.9, 0.999, 1e-7, 0.0
+    c.eval.evaluator = "dil_jax.train.char_eval:evaluator"
+    c.eval.use_validation_loss = False
+    c.eval.batch_size = 64
+    c.checkpoint.every_steps = 1000
+    c.checkpoint.keep = 2
+    c.log.every_steps = 50
+    return c

@@ -1,0 +1,352 @@
+"""An open-domain index folder: passages, their BM25 index, their windows, passage caches.
+
+    index/
+      index.json         settings and file records (dil_jax.open_domain.index.files)
+      passages.jsonl     one Passage per line (id, source document id, title, text, offsets)
+      windows.npz        which cache rows (windows of `p_window [SEP]`) belong to which passage
+      bm25/              the BM25 index (open_domain.retrieval.engines)
+      cache-k{k}-{model}/  one passage cache per (reader weights, k) (open_domain.cache.store)
+      .lock              the build lock (open_domain.index.lock)
+
+Passages longer than `max_passage_len - 1` tokens are read in strided windows exactly as SQuAD
+contexts are (`dil_jax.data.features.window_contexts`), so a passage's answer is the same as the
+SQuAD predict path gives for that (question, passage).
+
+Consistency: `index.json` is written last (atomically), so a folder without it holds no index.
+`open_index` checks every file `index.json` lists against its recorded size and sha256
+(`index.files.check_file`) and the passages against their fingerprint, so an index edited after
+it was built is refused, naming the file, instead of giving answers shifted by it.
+Writers (`build_index`, `build_reader_cache`) hold the folder's lock (`index_lock`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dil_jax.atomic import write_atomic
+from dil_jax.data.features import window_contexts
+from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.check import (
+    CHECKED_ROWS,
+    check_states,
+    reader_cache_key,
+    texts_fingerprint,
+    tokenizer_fingerprint,
+)
+from dil_jax.open_domain.cache.disk import write_errors
+from dil_jax.open_domain.cache.manifest import MANIFEST_FILE, STORAGE_FIELD, CacheKey
+from dil_jax.open_domain.cache.shards import build_sharded_passage_cache
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.store import PassageCache, ReuseEncoder, StatesEncoder
+from dil_jax.open_domain.index.corpus import Passage
+from dil_jax.open_domain.index.files import (
+    CHECKED_FILES,
+    CORE_SETTINGS,
+    INDEX_FORMAT,
+    REPAIR_HINT,
+    IndexBrokenError,
+    OpenDomainIndexError,
+    broken_file,
+    check_file,
+    file_fingerprint,
+    read_settings,
+    stored_settings,
+)
+from dil_jax.open_domain.index.lock import index_lock, remove_entry
+from dil_jax.open_domain.retrieval.engines import (
+    RetrievalError,
+    Retriever,
+    build_retriever,
+    check_engine_available,
+    index_files,
+    load_retriever,
+)
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.readers import Reader
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PassageWindows:
+    """Cache rows of each passage: rows first[i] .. first[i] + count[i] - 1 are passage i's.
+
+    passage_of_row: [n_rows] passage index of each cache row.
+    """
+
+    first: np.ndarray
+    count: np.ndarray
+    passage_of_row: np.ndarray
+
+    def rows_of(self, passages: Sequence[int]) -> np.ndarray:
+        """Cache rows of these passages, in order."""
+        if not len(passages):
+            return np.zeros(0, np.int64)
+        passages = np.asarray(passages)
+        return np.concatenate([np.arange(self.first[p], self.first[p] + self.count[p])
+                               for p in passages])
+
+
+@dataclasses.dataclass
+class OpenDomainIndex:
+    directory: Path
+    settings: dict[str, Any]
+    passages: list[Passage]
+    retriever: Retriever
+    windows: PassageWindows
+
+    def cache_dir(self, key: CacheKey) -> Path:
+        """The folder of the cache of `key` in this index."""
+        return self.directory / key.folder_name
+
+    def built_storage(self, reader: Reader) -> Storage:
+        """The storage the cache of `reader` in this index was built with (read from its
+        manifest), FLOAT32 when there is no such cache or its manifest names none."""
+        folder = self.cache_dir(self.cache_key(reader, FLOAT32))
+        try:
+            manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+            return Storage.parse(str(manifest[STORAGE_FIELD]), reader.config.hidden_size)
+        except (OSError, ValueError, KeyError, TypeError):  # opening it names what is wrong
+            return FLOAT32
+
+    def open_cache(self, reader: Reader, storage: Storage | None = FLOAT32,
+                   verify: str = "sampled") -> PassageCache:
+        """The passage cache for `reader`; a mismatch is an error naming the field.
+
+        storage: the one the reader expects (`--cache-dtype`); a cache stored another way is
+        refused, naming both; None: the one the cache was built with (`built_storage`), as
+        for a k = 0 cache always (it holds token ids, no states, whatever it records).
+        verify: how its files are checked against the digests recorded
+        at build time (`PassageCache`): "sampled" by default (`cache_digests` says what that
+        catches), "full" every byte, "none" not at all; a cache without digests is opened with
+        a warning saying how to add them. Also re-encodes two stored passages with this reader
+        (`check_states`: one jitted encoder call on 2 rows, plus the first upper block's
+        projections and statistics when the cache holds them), so a cache whose manifest claims
+        another k than its states hold, or whose arrays belong to another model, is refused
+        instead of giving wrong answers.
+        """
+        import jax
+
+        from dil_jax.model.span_reader import PASSAGE_SEGMENT
+        from dil_jax.open_domain.cache.reuse import reuse_encoder
+
+        if storage is None or reader.config.num_lower_layers == 0:
+            storage = self.built_storage(reader)
+        key = self.cache_key(reader, storage)
+        cache = PassageCache.open(self.cache_dir(key), key, verify)
+        model = reader.model
+        # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
+        # blocks is slower than compiling them once.
+        encode = jax.jit(lambda weights, ids, mask: model.encode_lower(weights, ids, mask,
+                                                                       PASSAGE_SEGMENT))
+        reuse = reuse_encoder(reader, batch_size=CHECKED_ROWS) if cache.has_reuse else None
+        check_states(cache, lambda ids, mask: np.asarray(encode(reader.params, ids, mask)),
+                     reuse)
+        for warning in cache.digest_warnings():  # never silently unchecked
+            log.warning("%s", warning)
+        return cache
+
+    def cache_key(self, reader: Reader, storage: Storage = FLOAT32) -> CacheKey:
+        """What a cache of this index must have been built with to serve `reader`."""
+        tokenizer_id = tokenizer_fingerprint(reader.tokenizer)
+        if tokenizer_id != self.settings["tokenizer"]:
+            raise OpenDomainIndexError(
+                f"{self.directory / 'index.json'}: index tokenized with "
+                f"{self.settings['tokenizer']}, reader tokenizer is {tokenizer_id}")
+        return reader_cache_key(reader.config, reader.params, tokenizer_id,
+                               self.settings["max_passage_len"], self.settings["passages"],
+                               storage)
+
+
+def index_settings(passages: Sequence[Passage], tokenizer, *, max_passage_len: int,
+                   doc_stride: int, split: dict[str, Any]) -> dict[str, Any]:
+    """The index.json settings of these passages, before any tokenizing (cheap: a hash)."""
+    return dict(format=INDEX_FORMAT, split=split, max_passage_len=max_passage_len,
+                doc_stride=doc_stride, tokenizer=tokenizer_fingerprint(tokenizer),
+                passages=texts_fingerprint([p.text for p in passages]),
+                num_passages=len(passages))
+
+
+def build_index(directory: str | os.PathLike, passages: Sequence[Passage], tokenizer, *,
+                max_passage_len: int, doc_stride: int, split: dict[str, Any],
+                retriever: str = "rank-bm25") -> OpenDomainIndex:
+    """Writes passages, windows and BM25 into `directory` under its lock; index.json last.
+
+    retriever: the BM25 engine (`dil_jax.defaults.RETRIEVER_ENGINES`), recorded in
+    index.json; the index is rebuilt with it (its caches kept when the passages agree).
+
+    Everything that can fail is done before the folder is touched: the engine's environment is
+    checked (`check_engine_available`: a missing Java names the install), and the new files are
+    written into a staging folder beside the index (`.index-files.tmp-PID`). Only then is the
+    old index uncommitted (index.json removed), the new files swapped in by renames, and
+    index.json written: a failed build (a rebuild with another engine, a full disk) leaves the
+    index it found working.
+
+    Rebuilding over an index with the same settings (a repair) keeps its caches; over one with
+    other settings it removes them (they belong to the old passages). Refuses a folder that
+    holds anything but an index, rather than writing into it.
+    """
+    directory = Path(directory).absolute()
+    if not passages:
+        raise OpenDomainIndexError("no passages to index (is the corpus empty?)")
+    check_engine_available(retriever)
+    texts = [p.text for p in passages]
+    windows = window_contexts(tokenizer, texts, max_passage_len=max_passage_len,
+                              doc_stride=doc_stride)
+    settings = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
+                              doc_stride=doc_stride, split=split)
+    settings["num_windows"] = int(windows.ids.shape[0])
+    settings["retriever"] = retriever
+    with index_lock(directory):
+        old = stored_settings(directory)
+        keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
+        staging = directory / f".index-files.tmp-{os.getpid()}"
+        remove_entry(staging)
+        try:
+            settings["files"] = _stage_index_files(staging, passages, windows, texts, retriever,
+                                                   settings["passages"])
+            # Uncommit: from here until index.json is back, the folder holds no index.
+            (directory / "index.json").unlink(missing_ok=True)
+            if not keep:
+                for entry in sorted(directory.iterdir()):
+                    if re.fullmatch(r"\.?(cache-k.*|sentences-.*)", entry.name):
+                        log.info("removing %s (built for the index being replaced)", entry)
+                        remove_entry(entry)
+            _swap_in(staging, directory, INDEX_ENTRIES)
+        finally:
+            remove_entry(staging)
+        with write_errors(directory / "index.json"):
+            write_atomic(directory / "index.json", json.dumps(settings, indent=2))
+        return open_index(directory)
+
+
+# What `build_index` writes besides index.json (files, and the BM25 folder).
+INDEX_ENTRIES = CHECKED_FILES + ("bm25",)
+
+
+def _stage_index_files(staging: Path, passages: Sequence[Passage], windows, texts: list[str],
+                       retriever: str, fingerprint: str) -> dict[str, dict[str, Any]]:
+    """Writes passages.jsonl, windows.npz and bm25/ into `staging` (a new folder inside the
+    index); returns their records for index.json (`files`, named as they will be in the
+    index). A full or read-only disk names the index's file (`write_errors`)."""
+    target = staging.parent
+    with write_errors(target):
+        staging.mkdir(parents=True)
+    lines = "".join(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n"
+                    for passage in passages)
+    with write_errors(target / "passages.jsonl"):
+        (staging / "passages.jsonl").write_text(lines, encoding="utf-8")
+    with write_errors(target / "windows.npz"), (staging / "windows.npz").open("wb") as out:
+        np.savez(out, first=windows.first_window, count=windows.counts,
+                 passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
+                 offsets=windows.offsets, max_context=windows.max_context)
+    built = build_retriever(texts, retriever)
+    with write_errors(target / "bm25"):
+        built.save(staging / "bm25", fingerprint=fingerprint)
+    names = CHECKED_FILES + tuple(f"bm25/{file}" for file in index_files(staging / "bm25"))
+    return {name: file_fingerprint(staging / name) for name in names}
+
+
+def _swap_in(staging: Path, directory: Path, names: Sequence[str]) -> None:
+    """Moves each staged entry into `directory` by a rename (a folder replaces the old one: the
+    old one is moved into the staging folder first, and goes with it)."""
+    for name in names:
+        target = directory / name
+        if (staging / name).is_dir() and target.exists():
+            os.replace(target, staging / f"{name}.old")
+        os.replace(staging / name, target)
+
+
+def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
+    """Opens a built index, checking its files against index.json (sizes, sha256, passages
+    fingerprint); a missing, damaged or edited file is IndexBrokenError naming it."""
+    directory = Path(directory)
+    settings = read_settings(directory)
+    files = settings.get("files") or {}  # absent in indexes built before the check existed
+    passages_path = directory / "passages.jsonl"
+    try:
+        data = passages_path.read_bytes()
+    except OSError as error:
+        raise broken_file(passages_path, f"cannot be read ({error.strerror})") from error
+    if "passages.jsonl" in files:
+        check_file(directory, "passages.jsonl", files["passages.jsonl"], data)
+    passages = []
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        try:
+            passages.append(Passage(**json.loads(line)))
+        except (ValueError, TypeError) as error:
+            raise broken_file(passages_path, f"line {number} is not a passage ({error})") from error
+    if len(passages) != settings["num_passages"]:
+        raise broken_file(passages_path, f"{len(passages)} passages, index.json says "
+                          f"{settings['num_passages']}")
+    if texts_fingerprint([p.text for p in passages]) != settings["passages"]:
+        raise broken_file(passages_path, "the passage texts differ from the ones the index was "
+                          "built over (fingerprint mismatch)")
+    for name, recorded in files.items():
+        if name != "passages.jsonl":
+            check_file(directory, name, recorded)
+    try:
+        retriever = load_retriever(directory / "bm25", fingerprint=settings["passages"])
+    except RetrievalError as error:
+        raise IndexBrokenError(f"{error}; {REPAIR_HINT}") from error
+    windows_path = directory / "windows.npz"
+    try:
+        with np.load(windows_path) as arrays:
+            windows = PassageWindows(arrays["first"], arrays["count"], arrays["passage_of_row"])
+    except (OSError, ValueError, KeyError, EOFError) as error:
+        raise broken_file(windows_path, f"unreadable ({error})") from error
+    if len(windows.first) != len(passages) or \
+            len(windows.passage_of_row) != settings["num_windows"]:
+        raise broken_file(windows_path, f"{len(windows.first)} passages and "
+                          f"{len(windows.passage_of_row)} windows, index.json says "
+                          f"{len(passages)} and {settings['num_windows']}")
+    return OpenDomainIndex(directory, settings, passages, retriever, windows)
+
+
+def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
+    """ids, mask, offsets, max_context of every window (what a passage cache is built from)."""
+    with np.load(index.directory / "windows.npz") as arrays:
+        return {name: arrays[name] for name in ("ids", "mask", "offsets", "max_context")}
+
+
+def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: StatesEncoder | None,
+                       storage: Storage = FLOAT32, chunk_passages: int = 256,
+                       progress: Callable[[int], None] | None = None,
+                       reuse: ReuseEncoder | None = None, process_index: int = 0,
+                       process_count: int = 1, wait_timeout_s: float = 86400.0,
+                       peer_check: Callable[[], None] | None = None) -> PassageCache:
+    """Builds (or resumes, or just opens, or repairs) the passage cache of `reader` over the
+    index, holding this process's lock of the index (`index_lock`).
+
+    encode: (ids, mask) -> lower states; None for k = 0 (the cache then holds tokens only).
+    storage: the scheme (`dil_jax.open_domain.cache.storage`). reuse: the first upper
+    block's arrays to store too (`dil_jax.open_domain.cache.reuse.reuse_encoder`), or None.
+    chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
+    this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
+    process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.
+    """
+    key = index.cache_key(reader, storage)
+    num_heads = reader.config.num_heads if reuse else None
+    with index_lock(index.directory, process_index):
+        arrays = window_arrays(index)
+        if process_count > 1:
+            return build_sharded_passage_cache(
+                index.cache_dir(key), key, arrays["ids"], arrays["mask"],
+                arrays["offsets"], encode, process_index=process_index,
+                process_count=process_count, chunk_passages=chunk_passages, progress=progress,
+                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s,
+                peer_check=peer_check)
+        return build_passage_cache(index.cache_dir(key), key, arrays["ids"],
+                                   arrays["mask"], arrays["offsets"], encode,
+                                   chunk_passages=chunk_passages,
+                                   progress=progress, reuse=reuse, num_heads=num_heads)

@@ -1,0 +1,172 @@
+"""What every BM25 engine shares (`retrieval.engines` and `retrieval.lucene`): the tokens, the
+hit, the retriever interface, the ranking rule, the index manifest and its errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from dil_jax.defaults import RETRIEVER_ENGINES
+from dil_jax.errors import DilJaxError
+
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+# A small English stop list: BM25 idf already discounts common words, this only keeps the
+# query rows short (and matches what retrieval papers on SQuAD typically drop).
+STOPWORDS = frozenset(
+    "a an the of in on at to for from by with and or but is are was were be been being it its "
+    "this that these those as do does did what which who whom whose when where why how".split())
+
+INDEX_FORMAT = "dil_jax.bm25/1"
+MANIFEST_FILE = "manifest.json"
+# Stands in for a passage with no token left after stop words (every engine needs a token).
+EMPTY_PASSAGE_TOKEN = "<empty>"
+
+
+class RetrievalError(DilJaxError, ValueError):
+    """An index cannot be read or does not match; the message names the file and the field."""
+
+
+def bm25_tokenize(text: str) -> list[str]:
+    """Lowercased word tokens without stop words (used for passages and queries alike)."""
+    return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS]
+
+
+def tokenized_passages(texts: Sequence[str]) -> list[list[str]]:
+    """Every engine's input: each passage's tokens (`EMPTY_PASSAGE_TOKEN` for one left empty by
+    the stop words); zero passages are refused."""
+    if not texts:
+        raise RetrievalError("cannot build a BM25 index over zero passages")
+    return [bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts]
+
+
+@dataclasses.dataclass
+class Hit:
+    passage_index: int
+    score: float
+
+
+class Retriever(Protocol):
+    engine: str
+    params: dict[str, float]  # k1, b, epsilon
+
+    @property
+    def num_passages(self) -> int:
+        ...
+
+    def search(self, query: str, top_p: int) -> list[Hit]:
+        """The top_p passages for a query, best first."""
+        ...
+
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        """`search` of each query."""
+        ...
+
+    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
+        """Writes the index to `directory` atomically."""
+        ...
+
+
+def check_top_p(top_p: int) -> None:
+    if top_p < 1:
+        raise RetrievalError(f"top_p must be >= 1, got {top_p}")
+
+
+def best_first(indices: np.ndarray, scores: np.ndarray, top_p: int) -> list[Hit]:
+    """The `top_p` best of these candidates, score descending then passage index ascending
+    (ties broken the same way by every engine)."""
+    top_p = min(top_p, len(indices))
+    if top_p == 0:
+        return []
+    best = np.argpartition(-scores, top_p - 1)[:top_p]
+    best = best[np.lexsort((indices[best], -scores[best]))]
+    return [Hit(int(indices[i]), float(scores[i])) for i in best]
+
+
+@dataclasses.dataclass(frozen=True)
+class Bm25Manifest:
+    """A saved BM25 index's manifest.json: which engine wrote it, over how many passages and
+    which (their fingerprint, "" when saved without one), with which BM25 parameters."""
+
+    engine: str
+    num_passages: int
+    passages: str
+    k1: float
+    b: float
+    epsilon: float
+
+    @classmethod
+    def of(cls, retriever: Retriever, fingerprint: str) -> Bm25Manifest:
+        """The manifest of a built `retriever` over passages of this `fingerprint`."""
+        return cls(retriever.engine, retriever.num_passages, fingerprint, **retriever.params)
+
+    @property
+    def params(self) -> dict[str, float]:
+        """The BM25 parameters, as an engine's `params`."""
+        return dict(k1=self.k1, b=self.b, epsilon=self.epsilon)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(format=INDEX_FORMAT, engine=self.engine, num_passages=self.num_passages,
+                    passages=self.passages, **self.params)
+
+    @classmethod
+    def from_json(cls, value: Any, path: Path) -> Bm25Manifest:
+        """The manifest of a parsed JSON value (RetrievalError naming `path` and the field). A
+        manifest without an `engine` field was written by rank-bm25 (before bm25s was
+        added)."""
+        if not isinstance(value, dict):
+            raise RetrievalError(f"{path}: expected a JSON object")
+        if value.get("format") != INDEX_FORMAT:
+            raise RetrievalError(f"{path}: format {value.get('format')!r}, expected "
+                                 f"{INDEX_FORMAT!r}")
+        engine = value.get("engine", "rank-bm25")
+        if engine not in RETRIEVER_ENGINES:
+            raise RetrievalError(f"{path}: field engine is {engine!r}, expected one of "
+                                 f"{list(RETRIEVER_ENGINES)}")
+        try:
+            numbers = {key: float(value[key]) for key in ("k1", "b", "epsilon")}
+            num_passages = int(value["num_passages"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise RetrievalError(f"{path}: field {error} missing or not a number") from error
+        return cls(engine=engine, num_passages=num_passages,
+                   passages=str(value.get("passages", "")), **numbers)
+
+    @classmethod
+    def read(cls, directory: Path, fingerprint: str | None = None,
+             engine: str | None = None) -> Bm25Manifest:
+        """The manifest of the index saved in `directory`; with `fingerprint`, refuses an index
+        built over other passages, with `engine` one built by another engine."""
+        return cls.from_json(*_manifest_json(directory))._checked(
+            directory / MANIFEST_FILE, fingerprint, engine)
+
+    def _checked(self, path: Path, fingerprint: str | None, engine: str | None
+                 ) -> Bm25Manifest:
+        if engine is not None and self.engine != engine:
+            raise RetrievalError(f"{path}: built by {self.engine}, not {engine}")
+        if fingerprint is not None and self.passages != fingerprint:
+            raise RetrievalError(f"{path}: built over other passages (fingerprint "
+                                 f"{self.passages!r}, expected {fingerprint!r})")
+        return self
+
+
+def _manifest_json(directory: Path) -> tuple[Any, Path]:
+    """(the parsed manifest.json of the index in `directory`, its path); RetrievalError when
+    it is missing or not JSON."""
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        raise RetrievalError(f"{directory}: not a BM25 index (no {MANIFEST_FILE})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), path
+    except (OSError, ValueError) as error:
+        raise RetrievalError(f"{path}: not readable JSON ({error})") from error
+
+
+def write_manifest(directory: Path, manifest: Bm25Manifest) -> None:
+    """Writes the manifest.json of an index being saved (into its staging folder)."""
+    (directory / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2))

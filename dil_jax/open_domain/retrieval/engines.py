@@ -1,0 +1,314 @@
+"""BM25 retrieval behind one retriever interface, with the index persisted to disk.
+
+Three engines, chosen by name (`RETRIEVER_ENGINES`) and recorded in the index's manifest:
+
+- `rank-bm25`: rank-bm25's `BM25Okapi` (the design card's choice): its term statistics (idf
+  with the epsilon floor, document lengths, k1, b) are computed by rank-bm25 itself at build
+  time. Its `get_scores` loops over every document in Python per query term, too slow for
+  thousands of questions, so the per-(term, passage) BM25 weights are laid out once in a sparse
+  term x passage matrix: a query's scores are the sum of its terms' rows, numerically the same
+  as `BM25Okapi.get_scores` (tested). Its build holds per-document Python dicts: for small
+  corpora.
+- `bm25s`: the `bm25s` package (sparse matrices built without per-document Python objects,
+  saved as .npy files and memory-mapped on load), for large corpora.
+- `pyserini`: Lucene, the DilBert paper's retriever (`retrieval/lucene.py`, which states how
+  its BM25 differs), an optional extra that needs Java.
+
+Both see the same tokens (`bm25_tokenize`) and the same k1 and b. bm25s runs the Robertson
+variant, which is BM25Okapi's formula but for two things (docs/open_domain.md, "Retrievers"):
+its term-frequency part lacks the constant factor (k1 + 1), which this module multiplies back so
+the two engines' scores are on one scale; and a term held by more than half of the passages
+(raw idf below 0) gets idf 0 where rank-bm25 gives it epsilon x the mean idf. Scores of queries
+without such terms agree to float32 rounding (bm25s stores float32); otherwise each occurrence
+of such a term in the query moves a passage's score by at most epsilon x mean idf x (k1 + 1),
+and bm25s does not return passages that share only such terms with the query.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse
+
+from dil_jax.atomic import staged_directory
+from dil_jax.defaults import AUTO_BM25S_FROM, RETRIEVER_ENGINES
+from dil_jax.open_domain.retrieval.bm25 import (  # noqa: F401  (re-exported: the engines' shared names)
+    EMPTY_PASSAGE_TOKEN,
+    INDEX_FORMAT,
+    STOPWORDS,
+    Bm25Manifest,
+    Hit,
+    RetrievalError,
+    Retriever,
+    best_first,
+    bm25_tokenize,
+    check_top_p,
+    tokenized_passages,
+    write_manifest,
+)
+
+# Index files of each engine beside manifest.json (what index.json checks on open).
+ENGINE_FILES = {
+    "rank-bm25": ("weights.npz", "vocabulary.json"),
+    "bm25s": ("data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy",
+              "vocab.index.json", "params.index.json"),
+}
+
+
+class RankBM25Retriever:
+    """BM25 (Okapi, rank-bm25's statistics) over a fixed list of passage texts.
+
+    Attributes:
+      weights: [num_terms, num_passages] CSR matrix of BM25 term weights.
+      vocabulary: term -> row of `weights`.
+    """
+
+    engine = "rank-bm25"
+
+    def __init__(self, weights: scipy.sparse.csr_matrix, vocabulary: dict[str, int],
+                 params: dict[str, float]):
+        self.weights = weights.tocsr()
+        self.vocabulary = vocabulary
+        self.params = params
+
+    @property
+    def num_passages(self) -> int:
+        return self.weights.shape[1]
+
+    @classmethod
+    def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
+              epsilon: float = 0.25) -> RankBM25Retriever:
+        from rank_bm25 import BM25Okapi
+
+        tokenized = tokenized_passages(texts)
+        bm25 = BM25Okapi(tokenized, k1=k1, b=b, epsilon=epsilon)
+        vocabulary = {term: row for row, term in enumerate(sorted(bm25.idf))}
+        rows, cols, values = [], [], []
+        length_norm = k1 * (1 - b + b * np.asarray(bm25.doc_len) / bm25.avgdl)
+        for col, frequencies in enumerate(bm25.doc_freqs):
+            for term, count in frequencies.items():
+                rows.append(vocabulary[term])
+                cols.append(col)
+                values.append(bm25.idf[term] * count * (k1 + 1) / (count + length_norm[col]))
+        weights = scipy.sparse.csr_matrix(
+            (np.asarray(values, np.float64), (rows, cols)), shape=(len(vocabulary), len(texts)))
+        return cls(weights, vocabulary, dict(k1=k1, b=b, epsilon=epsilon))
+
+    def _query_rows(self, query: str) -> list[int]:
+        """Rows of `weights` of the query's terms that the index knows (repeats kept)."""
+        return [self.vocabulary[t] for t in bm25_tokenize(query) if t in self.vocabulary]
+
+    def scores(self, query: str) -> np.ndarray:
+        """[num_passages] BM25 scores (duplicate query terms count twice, as in rank-bm25)."""
+        rows = self._query_rows(query)
+        if not rows:
+            return np.zeros(self.num_passages)
+        counts = np.bincount(rows, minlength=self.weights.shape[0])
+        return np.asarray(self.weights.T @ counts).ravel()
+
+    def matching(self, query: str) -> np.ndarray:
+        """[n] sorted indices of the passages that share at least one term with the query."""
+        rows = np.unique(self._query_rows(query))
+        if not len(rows):
+            return np.zeros(0, np.int64)
+        # The stored entries of a term's row are exactly the passages holding that term.
+        return np.unique(self.weights[rows].indices).astype(np.int64)
+
+    def search(self, query: str, top_p: int) -> list[Hit]:
+        """The best `top_p` passages among those sharing a term with the query, best first:
+        fewer when fewer match, none when no query term is in the index (a passage that shares
+        no word with the question scores 0 and is not an answer source)."""
+        check_top_p(top_p)
+        matched = self.matching(query)
+        if not len(matched):
+            return []
+        return best_first(matched, self.scores(query)[matched], top_p)
+
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        return [self.search(query, top_p) for query in queries]
+
+    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
+        """Writes the index to `directory` atomically (staging folder, then rename)."""
+        directory = Path(directory).absolute()
+        with staged_directory(directory) as staging:
+            scipy.sparse.save_npz(staging / "weights.npz", self.weights)
+            (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
+            write_manifest(staging, Bm25Manifest.of(self, fingerprint))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
+             ) -> RankBM25Retriever:
+        """Reads a saved index; with `fingerprint`, refuses one built over other passages."""
+        directory = Path(directory)
+        manifest = Bm25Manifest.read(directory, fingerprint, cls.engine)
+        try:
+            weights = scipy.sparse.load_npz(directory / "weights.npz")
+        except (OSError, ValueError, KeyError, EOFError) as error:
+            raise RetrievalError(f"{directory / 'weights.npz'}: unreadable ({error})") from error
+        try:
+            vocabulary = json.loads((directory / "vocabulary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise RetrievalError(f"{directory / 'vocabulary.json'}: unreadable ({error})"
+                                 ) from error
+        if not isinstance(vocabulary, dict) or weights.shape[0] != len(vocabulary) or \
+                weights.shape[1] != manifest.num_passages:
+            raise RetrievalError(f"{directory}: weights.npz {weights.shape}, vocabulary.json and "
+                                 f"manifest.json (num_passages {manifest.num_passages}) "
+                                 "disagree")
+        return cls(weights, vocabulary, manifest.params)
+
+
+class BM25sRetriever:
+    """BM25 through the `bm25s` package (Robertson variant, scores rescaled by k1 + 1 to
+    rank-bm25's scale; the module docstring states where the two differ)."""
+
+    engine = "bm25s"
+
+    def __init__(self, model, num_passages: int, params: dict[str, float]):
+        self.model = model  # a bm25s.BM25, its matrices memory-mapped when loaded
+        self._num_passages = num_passages
+        self.params = params
+
+    @property
+    def num_passages(self) -> int:
+        return self._num_passages
+
+    @classmethod
+    def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
+              epsilon: float = 0.25) -> BM25sRetriever:
+        """epsilon: kept in the manifest for the record; bm25s floors idf at 0 instead."""
+        import bm25s
+
+        model = bm25s.BM25(k1=k1, b=b, method="robertson")
+        model.index(tokenized_passages(texts),
+                    show_progress=False)
+        return cls(model, len(texts), dict(k1=k1, b=b, epsilon=epsilon))
+
+    def search(self, query: str, top_p: int) -> list[Hit]:
+        """As `RankBM25Retriever.search`: the best `top_p` passages scoring above 0 (ties by
+        passage index, as there)."""
+        check_top_p(top_p)
+        tokens = [t for t in bm25_tokenize(query) if t in self.model.vocab_dict]
+        if not tokens:
+            return []
+        # bm25s's `retrieve` orders equal scores its own way; its dense scores let ties be
+        # broken as the other engine breaks them.
+        scores = np.asarray(self.model.get_scores(tokens), np.float64) * (self.params["k1"] + 1)
+        positive = np.flatnonzero(scores > 0)
+        return best_first(positive, scores[positive], top_p)
+
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        return [self.search(query, top_p) for query in queries]
+
+    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
+        """Writes the index to `directory` atomically (staging folder, then rename)."""
+        directory = Path(directory).absolute()
+        with staged_directory(directory) as staging:
+            self.model.save(str(staging))
+            write_manifest(staging, Bm25Manifest.of(self, fingerprint))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
+             ) -> BM25sRetriever:
+        """Reads a saved index, its score matrix memory-mapped (not read into memory)."""
+        import bm25s
+
+        directory = Path(directory)
+        manifest = Bm25Manifest.read(directory, fingerprint, cls.engine)
+        for name in ENGINE_FILES[cls.engine]:
+            if not (directory / name).is_file():
+                raise RetrievalError(f"{directory / name}: missing")
+        try:
+            model = bm25s.BM25.load(str(directory), mmap=True)
+        except (OSError, ValueError, KeyError, EOFError) as error:
+            raise RetrievalError(f"{directory}: bm25s index unreadable ({error})") from error
+        if model.scores.get("num_docs") != manifest.num_passages:
+            raise RetrievalError(f"{directory}: the bm25s index holds "
+                                 f"{model.scores.get('num_docs')} passages, manifest.json says "
+                                 f"{manifest.num_passages}")
+        return cls(model, manifest.num_passages, manifest.params)
+
+
+def retriever_class(engine: str) -> type:
+    """The class of an engine (one of RETRIEVER_ENGINES); Lucene's module is imported only
+    when asked for (it starts a JVM)."""
+    if engine == "rank-bm25":
+        return RankBM25Retriever
+    if engine == "bm25s":
+        return BM25sRetriever
+    if engine == "pyserini":
+        from dil_jax.open_domain.retrieval.lucene import LuceneRetriever
+
+        return LuceneRetriever
+    raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
+                         f"{list(RETRIEVER_ENGINES)}")
+
+
+# The Python package each engine imports, and how to install it.
+ENGINE_PACKAGES = {"rank-bm25": ("rank_bm25", "pip install rank-bm25"),
+                   "bm25s": ("bm25s", "pip install bm25s")}
+
+
+def check_engine_available(engine: str) -> None:
+    """Refuses (RetrievalError naming the install) an engine this environment cannot run:
+    its package not importable, or for pyserini, no working Java >= 11
+    (`retrieval.lucene.check_java`). Cheap; run before a build touches the index, so a missing
+    engine costs nothing built."""
+    if engine == "pyserini":
+        from dil_jax.open_domain.retrieval.lucene import check_java
+
+        check_java()
+        return
+    if engine not in ENGINE_PACKAGES:
+        raise RetrievalError(f"unknown retriever {engine!r}; expected one of "
+                             f"{list(RETRIEVER_ENGINES)}")
+    module, install = ENGINE_PACKAGES[engine]
+    try:
+        importlib.import_module(module)
+    except ImportError as error:
+        raise RetrievalError(f"the {engine} retriever needs the {module} package, which does "
+                             f"not import ({error}): {install}") from error
+
+
+def build_retriever(texts: Sequence[str], engine: str) -> Retriever:
+    """A BM25 index over `texts` with this engine (one of RETRIEVER_ENGINES)."""
+    return retriever_class(engine).build(texts)
+
+
+def resolve_engine(engine: str, num_passages: int) -> str:
+    """The engine to build with: `engine` itself, or for "auto" bm25s from AUTO_BM25S_FROM
+    passages on and rank-bm25 below."""
+    if engine == "auto":
+        return "bm25s" if num_passages >= AUTO_BM25S_FROM else "rank-bm25"
+    if engine not in RETRIEVER_ENGINES:
+        raise RetrievalError(f"unknown retriever {engine!r}; expected auto or one of "
+                             f"{list(RETRIEVER_ENGINES)}")
+    return engine
+
+
+def load_retriever(directory: str | os.PathLike, fingerprint: str | None = None) -> Retriever:
+    """Opens a saved index with the engine its manifest names, after checking that engine can
+    run here (its package; for Lucene, a Java >= 11), so a missing one is named with its
+    install hint instead of failing inside the engine."""
+    engine = Bm25Manifest.read(Path(directory), fingerprint).engine
+    check_engine_available(engine)
+    return retriever_class(engine).load(directory, fingerprint)
+
+
+def index_files(directory: str | os.PathLike) -> tuple[str, ...]:
+    """The files of the saved index in `directory` (manifest.json first): fixed per engine,
+    or for Lucene, whose file names vary, those its manifest lists."""
+    directory = Path(directory)
+    engine = Bm25Manifest.read(directory).engine
+    if engine in ENGINE_FILES:
+        return ("manifest.json",) + ENGINE_FILES[engine]
+    from dil_jax.open_domain.retrieval.lucene import LuceneManifest
+
+    return ("manifest.json",) + LuceneManifest.read(directory).lucene_files

@@ -1,0 +1,191 @@
+"""`config.model.kind`: which reader the trainer trains, and what QANet / BiDAF rule out.
+
+    "encoder"  the BERT family (DelayedInteractionModel, config.model.checkpoint / encoder)
+    "qanet"    QANet (Yu et al. 2018), config.model.reader = QANetConfig fields
+    "bidaf"    BiDAF (Seo et al. 2017), config.model.reader = BiDAFConfig fields
+
+`kind_problems` is part of the config's validation (config_rules.config_problems): every key a
+character reader cannot honour is refused by name before anything loads, instead of being
+silently ignored. `char_student` builds the reader and its variables; `without_frozen` keeps the
+frozen word table out of the optimizer.
+
+The frozen word table (MiniLM's 30522 x 384 WordPiece embeddings) lives in the variables'
+`"frozen"` collection and travels inside the train state's params tree, so checkpoints, resume,
+replication and the export need no second tree (the BERT readers' checkpoints hold their own
+frozen word embeddings the same way). The optimizer is `optax.multi_transform`: AdamW and
+clipping over "params", `set_to_zero` over "frozen", so the table gets no update, no weight
+decay and no Adam moments (2 x 47 MB less per checkpoint than masking inside AdamW).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from dil_jax.errors import UsageError
+
+ENCODER_KIND = "encoder"
+CHAR_READER_KINDS = ("qanet", "bidaf")  # as dil_jax.model.char_reader (kept light: no jax here)
+# config.model.word_table: the embedded MiniLM's table, a folder holding a model.safetensors with
+# one, or random N(0, 1) rows (tests and runs from scratch).
+DEFAULT_TABLE, RANDOM_TABLE = "default", "random"
+CHAR_FEATURIZERS = ("dil_jax.train.char_data:featurize", "dil_jax.train.char_data:synthetic")
+CHAR_EVALUATOR = "dil_jax.train.char_eval:evaluator"
+# The BERT family's featurizers and evaluator: no characters, and predict's PairGrid.
+ENCODER_FEATURIZERS = ("dil_jax.train.squad_data:featurize", "dil_jax.train.data:synthetic")
+ENCODER_EVALUATOR = "dil_jax.train.squad_data:evaluator"
+FROZEN_COLLECTION = "frozen"
+
+
+def _get(config: ml_collections.ConfigDict, key: str, default: Any = None) -> Any:
+    node: Any = config
+    for name in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or name not in node:
+            return default
+        node = node[name]
+    return node
+
+
+def model_kind(config: ml_collections.ConfigDict) -> str:
+    return str(_get(config, "model.kind", ENCODER_KIND))
+
+
+def is_char_kind(config: ml_collections.ConfigDict) -> bool:
+    return model_kind(config) in CHAR_READER_KINDS
+
+
+def kind_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """Each key whose value the configured model kind cannot honour, as one line naming it."""
+    kind = model_kind(config)
+    if kind not in (ENCODER_KIND, *CHAR_READER_KINDS):
+        return [f"config.model.kind = {kind!r}: must be one of "
+                f"{[ENCODER_KIND, *CHAR_READER_KINDS]}"]
+    if kind == ENCODER_KIND:
+        return ([] if _get(config, "model.reader") is None else [
+            "config.model.reader (QANet / BiDAF fields) is only read with config.model.kind = "
+            "'qanet' or 'bidaf'; set it to None or choose the kind"])
+    where = f"with config.model.kind = {kind!r}"
+    problems = []
+    for key in ("loss.kd_weight", "loss.lrs_weight"):
+        if _get(config, key, 0) > 0:
+            problems.append(f"config.{key} = {_get(config, key)} {where}: KD and LRS need a "
+                            f"teacher of the same architecture with per-layer states (a {kind} "
+                            "has no k-split teacher); set it to 0")
+    # Each: (key, the value that is honoured, why another is not).
+    fixed = (("teacher.checkpoint", "", "no loss here reads a teacher"),
+             ("teacher.logits_file", "", "no loss here reads a teacher"),
+             ("data.length_buckets", "", "buckets cut the passages' ids, not their characters"),
+             ("model.num_lower_layers", 0, "the split is fixed (embedding encoder | the rest)"),
+             ("model.lsh_layers", "", "use config.model.reader.lsh_encoders"),
+             ("model.hidden_dropout", None, "use config.model.reader's dropout fields"),
+             ("model.attention_dropout", None, "use config.model.reader's dropout fields"),
+             ("model.passage_position_offset", 0, "positions are sinusoids per segment"),
+             ("model.encoder", None, "use config.model.reader"),
+             ("model.dtype", "float32", "QANet / BiDAF compute in float32"),
+             ("loss.shared_norm", False, "the reader has no no-answer score to share"),
+             ("data.null_window_fraction", 1.0, "answer-less windows are left out anyway"),
+             ("data.distractors_per_question", 0, "distractors are answer-less windows"),
+             ("data.distill_file", "", "only a teacher learns from unlabelled questions"),
+             ("data.cloze_per_paragraph", 0, "only a teacher learns from unlabelled questions"))
+    for key, honoured, why in fixed:
+        value = _get(config, key, honoured)
+        if value != honoured:
+            problems.append(f"config.{key} = {value!r} {where}: must be {honoured!r} ({why})")
+    checkpoint = _get(config, "model.checkpoint", "")
+    if checkpoint == "default":
+        problems.append(f"config.model.checkpoint = 'default' {where} names the embedded MiniLM "
+                        f"reader: set '' (a fresh {kind}; its word table from "
+                        f"config.model.word_table) or the params/ folder of a {kind} export")
+    featurizer = _get(config, "data.featurizer", "")
+    if featurizer in ENCODER_FEATURIZERS:
+        problems.append(f"config.data.featurizer = {featurizer!r} {where}: the reader needs "
+                        f"each token's characters; use one of {list(CHAR_FEATURIZERS)}")
+    evaluator = _get(config, "eval.evaluator", "")
+    if evaluator == ENCODER_EVALUATOR:
+        problems.append(f"config.eval.evaluator = {evaluator!r} {where}: use "
+                        f"{CHAR_EVALUATOR!r} (or '' for none)")
+    return problems + _reader_field_problems(config, kind)
+
+
+def _reader_field_problems(config: ml_collections.ConfigDict, kind: str) -> list[str]:
+    from dil_jax.config import ConfigError
+    from dil_jax.model.char_reader import reader_config
+
+    try:
+        reader_config(kind, reader_fields(config))
+    except (ConfigError, TypeError) as error:
+        return [f"config.model.reader: {error}"]
+    return []
+
+
+def reader_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """config.model.reader as a plain dict ({} when None: the paper's defaults)."""
+    fields = _get(config, "model.reader")
+    if fields is None:
+        return {}
+    return fields.to_dict() if isinstance(fields, ml_collections.ConfigDict) else dict(fields)
+
+
+def word_table(spec: str, vocab_size: int, word_dim: int):
+    """The frozen word table of config.model.word_table: None for random rows (the model draws
+    them), else the table read from the embedded MiniLM ("default") or a folder, checked
+    against the reader's vocab_size x word_dim."""
+    if spec == RANDOM_TABLE:
+        return None
+    from dil_jax.model.qanet_inputs import minilm_word_table
+
+    try:
+        table = minilm_word_table(None if spec == DEFAULT_TABLE else spec)
+    except (OSError, KeyError) as error:
+        raise UsageError(f"config.model.word_table = {spec!r}: {error}") from None
+    if table.shape != (vocab_size, word_dim):
+        raise UsageError(f"config.model.word_table = {spec!r} is {table.shape[0]} x "
+                         f"{table.shape[1]}, the reader wants vocab_size x word_dim = "
+                         f"{vocab_size} x {word_dim}: set config.model.reader's or "
+                         f"config.model.word_table = {RANDOM_TABLE!r}")
+    return table
+
+
+def char_student(config: ml_collections.ConfigDict, rng):
+    """The QANet / BiDAF student as a `Reader` (model: CharReaderModel, params: its variables
+    as host arrays): a fresh one from config.model.reader and config.model.word_table, or the
+    export folder config.model.checkpoint names (its own config; model.reader must then be
+    unset or equal)."""
+    import jax
+    import numpy as np
+
+    from dil_jax.checkpoints.char_readers import load_char_reader
+    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.errors import CheckpointError
+    from dil_jax.model.char_reader import CharReaderModel, config_fields, reader_config
+
+    kind = model_kind(config)
+    fields = reader_fields(config)
+    if config.model.checkpoint:
+        try:
+            model, variables = load_char_reader(config.model.checkpoint, kind)
+        except CheckpointError as error:
+            raise UsageError(f"config.model.checkpoint = {config.model.checkpoint!r}: "
+                             f"{error}") from None
+        if fields and reader_config(kind, fields) != model.config:
+            raise UsageError(f"config.model.reader differs from the config of "
+                             f"config.model.checkpoint = {config.model.checkpoint!r} "
+                             f"({config_fields(model.config)}); unset one of them")
+    else:
+        model = CharReaderModel(reader_config(kind, fields))
+        table = word_table(str(config.model.word_table), model.config.vocab_size,
+                           model.config.word_dim)
+        variables = model.init(rng, word_table=table)
+    return Reader(model, jax.tree.map(np.asarray, variables))
+
+
+def without_frozen(tx):
+    """`tx` over the "params" collection; the "frozen" one gets no update and no state."""
+    import optax
+
+    def labels(variables: dict[str, Any]) -> dict[str, str]:
+        # A prefix tree of the variables: each top-level collection gets one label.
+        return {name: "fixed" if name == FROZEN_COLLECTION else "trained" for name in variables}
+
+    return optax.multi_transform({"trained": tx, "fixed": optax.set_to_zero()}, labels)
