@@ -87,8 +87,11 @@ def register(subparsers) -> None:
                              "trained with 32)")
     parser.add_argument("--chunk-size", type=positive_int, default=None,
                         help="pairs per step of the pair program (default: the platform's)")
-    parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
-                        metavar="STORAGE", help="the storage the index's caches were built with")
+    parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
+                        metavar="STORAGE",
+                        help="the storage the index's caches were built with (default: read "
+                             "from each cache, as ask: the demo's are int8; naming one refuses "
+                             "a cache stored otherwise)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder (default: each reader's own)")
     parser.add_argument("--no-warm-up", action="store_true",

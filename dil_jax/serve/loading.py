@@ -34,7 +34,8 @@ class ReadSettings:
     batch_size: int = 8
     chunk_size: int | None = None
     max_question_len: int = 32
-    storage: Storage = FLOAT32  # how the index's caches were built (`--cache-dtype`)
+    # How the index's caches were built (`--cache-dtype`); None: each cache's own.
+    storage: Storage | None = None
     span_score: str = "logits"
     tokenizer: str | None = None
     # Question counts whose batches get their own passage-row padding (`ServedReader.shapes`);
@@ -127,15 +128,17 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
         try:
             cache = index.open_cache(loaded, settings.storage)
         except CacheMismatchError as error:
-            key = index.cache_key(loaded, settings.storage)
+            # No cache at all: name the plain one's folder and command, as `ask` does.
+            storage = settings.storage or FLOAT32
+            key = index.cache_key(loaded, storage)
             folder = index.cache_dir(key)
             if folder.exists():
                 raise
             k = loaded.config.num_lower_layers
             command = build_command(index_dir, index.settings, spec.checkpoint, k,
-                                    settings.storage, settings.tokenizer)
+                                    storage, settings.tokenizer)
             raise MissingCacheError(missing_cache_message(
-                index_dir, folder.name, spec.checkpoint, k, settings.storage,
+                index_dir, folder.name, spec.checkpoint, k, storage,
                 index_caches(index.directory), {key.model: THIS_READER}, command,
                 folder.with_name(f".{folder.name}.partial").exists())) from error
         reader = OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
