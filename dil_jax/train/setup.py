@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
-from dil_jax.config import EncoderConfig
+from dil_jax.config import EncoderConfig, lsh_layers_of
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
@@ -86,15 +86,8 @@ def lsh_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
     spec = model_cfg.get("lsh_layers", "")
     if not spec:
         return {}
-    k = model_cfg.num_lower_layers
-    if spec == "lower":
-        if not k:
-            raise UsageError("config.model.lsh_layers = 'lower' with model.num_lower_layers = 0:"
-                             " the reader has no lower blocks; name the layers instead")
-        layers = tuple(range(k))
-    else:
-        layers = tuple(int(layer) for layer in spec.split(","))
     # EncoderConfig checks the layers against num_layers (a ConfigError names a bad one).
+    layers = lsh_layers_of(spec, model_cfg.num_lower_layers, "config.model.lsh_layers")
     return {"lsh_attention_layers": layers, "lsh_num_hashes": model_cfg.lsh_num_hashes,
             "lsh_bucket_size": model_cfg.lsh_bucket_size}
 
