@@ -94,7 +94,7 @@ RULES: dict[str, Rule] = {
     "model.passage_position_offset": int_at_least(0),
     "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),
     "model.attention_dropout": number_in(0, 1, high_open=True, optional=True),
-    "model.lsh_layers": lsh_layer_spec,
+    "model.lsh_attention_layers": lsh_layer_spec,
     "model.lsh_num_hashes": OPTIONS["lsh_num_hashes"],
     "model.lsh_bucket_size": OPTIONS["lsh_bucket_size"],
     "teacher.checkpoint": text(),
@@ -152,16 +152,27 @@ RULES: dict[str, Rule] = {
 }
 
 
-# Keys renamed since configs were first written: old key -> new key. A config file or override
-# that still sets an old key is refused by name (it would otherwise be silently ignored).
-RENAMED_KEYS = {"data.stride": "data.doc_stride"}
+# Keys renamed since configs were first written: old key -> (new key, the name it took). A
+# config file or override that still sets an old key is refused by name (it would otherwise be
+# silently ignored); a workdir's config.json compares old keys as their new ones on resume.
+RENAMED_KEYS = {"data.stride": ("data.doc_stride", "the name the featurizers and commands use"),
+                "model.lsh_layers": ("model.lsh_attention_layers", "the EncoderConfig field it "
+                                     "sets")}
 
 
 def renamed_key_message(key: str) -> str | None:
     """How to fix a config that sets the renamed `key` ("data.stride"), or None."""
-    new = RENAMED_KEYS.get(key)
-    return None if new is None else (f"config.{key} was renamed config.{new} (the name the "
-                                     f"featurizers and commands use); set config.{new} instead")
+    if key not in RENAMED_KEYS:
+        return None
+    new, why = RENAMED_KEYS[key]
+    return f"config.{key} was renamed config.{new} ({why}); set config.{new} instead"
+
+
+def with_current_names(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config ({"data.stride": 64}) with each renamed key under its new name: an old
+    workdir's config.json compared with the config that resumes it."""
+    return {RENAMED_KEYS[key][0] if key in RENAMED_KEYS else key: value
+            for key, value in flat.items()}
 
 
 def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:
