@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
 
 from dil_jax.defaults import MAX_QUESTION_LEN
-from dil_jax.errors import DilJaxError
+from dil_jax.errors import DilJaxError, UsageError
 
 ARCHITECTURES = ("bert", "albert", "distilbert", "roberta", "xlm-roberta", "electra", "xlnet")
 # RoBERTa-style embeddings: positions numbered from padding_idx + 1 (Hugging Face's
@@ -129,7 +130,7 @@ class EncoderConfig:
         if isinstance(self.lsh_attention_layers, list):
             # JSON has no tuples; a tuple keeps the config hashable (a jit static argument).
             object.__setattr__(self, "lsh_attention_layers", tuple(self.lsh_attention_layers))
-        validate_config(self)
+        check_encoder_config(self)
 
     @property
     def compute_dtype(self) -> Any:
@@ -215,6 +216,27 @@ class EncoderConfig:
         return cls(**values)
 
 
+# The LSH layer spec naming the passage's lower blocks, whatever k is (training's
+# model.lsh_attention_layers and predict's --lsh-layers both take it).
+LOWER_BLOCKS = "lower"
+
+
+def lsh_layers_of(spec: str | Sequence[int], num_lower_layers: int,
+                  source: str = "lsh_attention_layers") -> tuple[int, ...]:
+    """The 0-based LSH attention layers a spec names: "lower" -> the lower blocks 0..k-1 (k =
+    num_lower_layers), "" -> none, "0,2" or a sequence of ints -> those layers as given (the
+    EncoderConfig checks them against num_layers). `source` (a config key or a flag) names the
+    setting in the UsageError for "lower" at k = 0, where there are no lower blocks."""
+    if spec == LOWER_BLOCKS:
+        if not num_lower_layers:
+            raise UsageError(f"{source} = {LOWER_BLOCKS!r} with k = 0: the reader has no lower "
+                             "blocks; give k > 0 or name the layers instead")
+        return tuple(range(num_lower_layers))
+    if isinstance(spec, str):
+        return tuple(int(layer) for layer in spec.split(",")) if spec.strip() else ()
+    return tuple(spec)
+
+
 # The long-passage fields and their defaults (off): `to_dict` omits them at these values.
 LONG_PASSAGE_DEFAULTS: dict[str, Any] = {
     "ffn_chunk_size": 0, "lsh_attention_layers": (), "lsh_num_hashes": 2,
@@ -290,7 +312,7 @@ def _validate_long_passages(config: EncoderConfig) -> None:
                           f"{config.remat_policy!r}")
 
 
-def validate_config(config: EncoderConfig) -> None:
+def check_encoder_config(config: EncoderConfig) -> None:
     """Raises ConfigError naming the first invalid field."""
     _check_types(config)
     _validate_long_passages(config)

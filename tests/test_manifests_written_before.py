@@ -75,3 +75,21 @@ def test_an_index_written_before_opens_and_answers_as_then(tmp_path, k):
                                [row[5] for question in expected for row in question], atol=1e-4)
     np.testing.assert_allclose([c.bm25_score for question in candidates for c in question],
                                [row[6] for question in expected for row in question], rtol=1e-9)
+
+
+def test_k_is_recorded_once_and_old_readers_still_give_it():
+    """A new export records k in `reader` only (the training config's model.num_lower_layers
+    is derived from it on load); a bundled reader written before records it in both and reads
+    as it did. A k that differs from the training run's is kept beside the exported one."""
+    for role in ("full", "delayed"):
+        old = ExportManifest.read(bundled_reader(role))
+        assert old.training_config["model"]["num_lower_layers"] == old.reader["num_lower_layers"]
+        assert old.trained_k == old.reader["num_lower_layers"]
+    trained = {"model": {"num_lower_layers": 4, "max_question_len": 32}}
+    once = ExportManifest(training_config=trained).with_reader({"num_lower_layers": 4})
+    written = once.to_json()
+    assert written["reader"] == {"num_lower_layers": 4}
+    assert written["training_config"] == {"model": {"max_question_len": 32}}
+    assert ExportManifest.from_json(written).trained_k == 4
+    other = ExportManifest(training_config=trained).with_reader({"num_lower_layers": 2})
+    assert other.training_config == trained and other.trained_k == 4

@@ -52,6 +52,36 @@ def test_renamed_key_names_its_new_name():
         validate_config(config)
 
 
+def test_reader_keys_are_named_as_encoder_config_fields():
+    """config.model.lsh_layers became lsh_attention_layers (the EncoderConfig field it sets):
+    the old key is refused by its new name, and an old workdir's config.json with it resumes
+    without the rename counting as a change."""
+    from dil_jax.errors import UsageError
+    from dil_jax.train.config_rules import validate_config
+
+    with pytest.raises(ConfigFileError, match="renamed config.model.lsh_attention_layers"):
+        load_config(TINY_CONFIG, [("model.lsh_layers", "lower")])
+    config = load_config_file(TINY_CONFIG)
+    config.model.lsh_layers = "lower"  # an old config file's line
+    with pytest.raises(UsageError, match="config.model.lsh_layers was renamed "
+                                         "config.model.lsh_attention_layers"):
+        validate_config(config)
+
+
+def test_an_old_workdir_config_with_a_renamed_key_resumes_unchanged(tmp_path):
+    import json
+
+    from dil_jax.train.loop import record_config
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model": {"lsh_layers": "", "num_lower_layers": 2}, "data": {"stride": 64}}))
+    new = {"model": {"lsh_attention_layers": "", "num_lower_layers": 2},
+           "data": {"doc_stride": 64}}
+    assert record_config(tmp_path, json.dumps(new), 100) == []
+    assert not (tmp_path / "config_history.jsonl").exists()
+    assert json.loads((tmp_path / "config.json").read_text()) == new
+
+
 def test_split_overrides_accepts_both_spellings():
     rest, overrides = split_overrides(["--config.a.b=1", "--config.c", "x y", "--other"])
     assert overrides == [("a.b", "1"), ("c", "x y")]

@@ -1,6 +1,6 @@
-"""Training with Reformer LSH attention in chosen blocks (`config.model.lsh_layers`): the student
-that trains, and the reader it exports, use LSH there; the k = 0 teacher never does; bad specs
-are refused by name."""
+"""Training with Reformer LSH attention in chosen blocks (`config.model.lsh_attention_layers`):
+the student that trains, and the reader it exports, use LSH there; the k = 0 teacher never
+does; bad specs are refused by name."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from dil_jax.train.setup import load_run_models
 
 # Passage windows of 16 tokens in chunks of 4: LSH attends within a chunk and the one before,
 # so it cannot equal full attention (the check below that it is really in use).
-LSH = {"model.lsh_layers": "lower", "model.lsh_num_hashes": 2, "model.lsh_bucket_size": 4,
+LSH = {"model.lsh_attention_layers": "lower", "model.lsh_num_hashes": 2, "model.lsh_bucket_size": 4,
        "loss.kd_weight": 1.0, "loss.lrs_weight": 1.0, "teacher.checkpoint": "student_init"}
 
 
@@ -47,8 +47,8 @@ def test_lower_blocks_train_and_export_with_lsh(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"model.lsh_layers": "lower", "model.num_lower_layers": 0}, "no lower blocks"),
-    ({"model.lsh_layers": "0,7"}, "7"),
+    ({"model.lsh_attention_layers": "lower", "model.num_lower_layers": 0}, "no lower blocks"),
+    ({"model.lsh_attention_layers": "0,7"}, "7"),
 ])
 def test_bad_lsh_layers_are_refused_by_name(tmp_path, overrides, message):
     with pytest.raises(DilJaxError, match=message):
@@ -56,5 +56,5 @@ def test_bad_lsh_layers_are_refused_by_name(tmp_path, overrides, message):
 
 
 def test_lsh_layers_must_be_a_layer_list():
-    with pytest.raises(UsageError, match="model.lsh_layers"):
-        validate_config(tiny_config("unused", {"model.lsh_layers": "upper"}))
+    with pytest.raises(UsageError, match="model.lsh_attention_layers"):
+        validate_config(tiny_config("unused", {"model.lsh_attention_layers": "upper"}))

@@ -61,7 +61,7 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
         # from 0 it would run on positions it never saw (docs/training.md, "Where a delayed
         # passage's positions start").
         reader["passage_position_offset"] = config.passage_position_offset
-    record = dataclasses.replace(ExportManifest.from_json(dict(manifest or {})), reader=reader)
+    record = ExportManifest.from_json(dict(manifest or {})).with_reader(reader)
     if from_base is not None:
         record = dataclasses.replace(record, base_checkpoint=from_base[0],
                                      from_base=tuple(left_to_base))

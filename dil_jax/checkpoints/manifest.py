@@ -80,8 +80,9 @@ def _is_int(value: Any) -> bool:
 class ExportManifest:
     """An exported reader's `dil_jax_manifest.json` (an empty one: the folder has none).
 
-    reader: READER_FIELDS as exported; training_config: the run's config (its "model" may
-    record num_lower_layers and passage_position_offset); base_checkpoint / from_base: tensors
+    reader: READER_FIELDS as exported, the one record of k; training_config: the run's config
+    (its "model" may record passage_position_offset, and num_lower_layers where it is not the
+    reader's: `with_reader`); base_checkpoint / from_base: tensors
     left to a base checkpoint; weights: {file: {"bytes", "sha256"}} or None; tokenizer: the
     tokenizer record ({} when none); records: every other field, free-form, kept as read.
     """
@@ -147,10 +148,25 @@ class ExportManifest:
             defaults["passage_position_offset"] = trained_offset
         return defaults
 
+    def with_reader(self, reader: Mapping[str, int]) -> ExportManifest:
+        """This manifest with `reader` (READER_FIELDS) as the exported settings, k recorded once:
+        the training config's model.num_lower_layers is left out when it is the reader's
+        (`trained_k` derives it back on load); one that differs (a reader exported at another
+        k than it was trained with) is a fact of its own and stays."""
+        model = self.training_config.get("model", {})
+        training = self.training_config
+        if "num_lower_layers" in model and model["num_lower_layers"] == reader.get(
+                "num_lower_layers"):
+            training = {**training, "model": {key: value for key, value in model.items()
+                                              if key != "num_lower_layers"}}
+        return dataclasses.replace(self, reader=dict(reader), training_config=training)
+
     @property
     def trained_k(self) -> int | None:
         """The k the reader was trained with (None if unrecorded): the training config's
-        model.num_lower_layers when recorded (how it was trained), else the exported split."""
+        model.num_lower_layers when recorded (how it was trained, where it differs from the
+        exported split; manifests written before `with_reader` record it there always), else
+        the exported split."""
         k = self.training_config.get("model", {}).get("num_lower_layers")
         return k if _is_int(k) else self.reader.get("num_lower_layers")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import re
 import sys
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from dil_jax.defaults import OPEN_DOMAIN_BATCH_SIZE, OPEN_DOMAIN_MAX_QUESTION_LEN, SPAN_SCORES
 from dil_jax.errors import UsageError
+from dil_jax.options import OPTIONS, Bound, int_at_least, number_in
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
@@ -70,53 +70,41 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return help_with_default(action)
 
 
-def _number(kind: type, low: float | None, high: float | None, low_open: bool = False
-            ) -> Callable[[str], int | float]:
-    name = "an integer" if kind is int else "a number"
-    bounds = []
-    if low is not None:
-        bounds.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        bounds.append(f"<= {high:g}")
-    wanted = f"{name} {' and '.join(bounds)}".strip()
+def flag_type(bound: Bound) -> Callable[[str], int | float]:
+    """An argparse type of a `dil_jax.options.Bound`: the text parsed as its kind, then
+    checked by it, so a flag and a config key with one rule refuse the same values."""
 
     def parse(text: str) -> int | float:
         try:
-            value = kind(text)
+            value = bound.kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
-        if isinstance(value, float) and not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
-        too_low = low is not None and (value <= low if low_open else value < low)
-        too_high = high is not None and value > high
-        if too_low or too_high:
-            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"must be {bound.wanted}, got {text!r}") from None
+        if bound(value) is not None:
+            raise argparse.ArgumentTypeError(f"must be {bound.wanted}, got {text!r}")
         return value
 
-    parse.__name__ = wanted  # argparse names the type in some messages
+    parse.__name__ = bound.wanted  # argparse names the type in some messages
     return parse
 
 
-positive_int = _number(int, 1, None)
+def option_type(name: str) -> Callable[[str], int | float]:
+    """The argparse type of an option a training config key names too (`OPTIONS`)."""
+    return flag_type(OPTIONS[name])
+
+
+positive_int = flag_type(int_at_least(1))
 """An integer >= 1 (sizes, counts, limits)."""
-non_negative_int = _number(int, 0, None)
+non_negative_int = flag_type(int_at_least(0))
 """An integer >= 0 (k, seeds, offsets)."""
-positive_float = _number(float, 0, None, low_open=True)
+positive_float = flag_type(number_in(0, low_open=True))
 """A finite number > 0."""
-fraction = _number(float, 0, 1, low_open=True)
+fraction = flag_type(number_in(0, 1, low_open=True))
 """A number in (0, 1] (probability mass, shares)."""
-unit_interval = _number(float, 0, 1)
+unit_interval = flag_type(number_in(0, 1))
 """A number in [0, 1] (mixing weights)."""
-finite_float = _number(float, None, None)
+finite_float = flag_type(number_in())
 """Any finite number (thresholds)."""
-
-
-def int_at_least(low: int) -> Callable[[str], int]:
-    """An integer >= low (e.g. 2 for a passage window: at least one token and [SEP])."""
-    return _number(int, low, None)
-
-
-window_len = int_at_least(2)
+window_len = option_type("max_passage_len")
 """Passage window length: at least one passage token and the [SEP]."""
 
 
@@ -245,10 +233,10 @@ def add_reader_arguments(parser: argparse.ArgumentParser, many_k: bool) -> None:
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the "
                                                           "checkpoint's own)")
     if many_k:
-        parser.add_argument("--k", type=non_negative_int, nargs="+", default=[0],
+        parser.add_argument("--k", type=option_type("num_lower_layers"), nargs="+", default=[0],
                             help="split points to cache/read (0 = the full model)")
     else:
-        parser.add_argument("--k", type=non_negative_int, default=None,
+        parser.add_argument("--k", type=option_type("num_lower_layers"), default=None,
                             help="split point (default: the checkpoint's own; 0 for HF ones)")
     parser.add_argument("--max-question-len", type=positive_int,
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,

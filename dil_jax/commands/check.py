@@ -21,7 +21,7 @@ import time
 
 from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
-    non_negative_int,
+    option_type,
     positive_int,
     window_len,
 )
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", default="default",
                         help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
-    parser.add_argument("--k", type=non_negative_int, nargs="+", default=None,
+    parser.add_argument("--k", type=option_type("num_lower_layers"), nargs="+", default=None,
                         help="split points to compare with the full model (default: l-2 l-1)")
     parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]`, padded; longer questions are cut")

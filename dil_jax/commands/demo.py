@@ -22,6 +22,7 @@ from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
     cache_storage,
     non_negative_int,
+    option_type,
     positive_int,
     unit_interval,
     window_len,
@@ -83,7 +84,8 @@ def register(subparsers) -> None:
                         default=OPEN_DOMAIN_MAX_PASSAGE_LEN,
                         help="tokens of `passage [SEP]` per cached window (predict's 384 "
                              "would make each cached window twice as large)")
-    parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
+    parser.add_argument("--doc-stride", type=option_type("doc_stride"),
+                        default=OPEN_DOMAIN_DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
                         metavar="STORAGE",

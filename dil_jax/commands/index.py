@@ -23,6 +23,7 @@ from dil_jax.commands.arguments import (
     load_reader_of,
     local_paths,
     non_negative_int,
+    option_type,
     positive_int,
     resolve_checkpoints,
     window_len,
@@ -144,7 +145,8 @@ def register(subparsers) -> None:
                        help="tokens of `passage [SEP]` per cached window (predict's 384 would "
                             "make each cached window twice as large); longer passages get "
                             "several windows")
-    index.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE,
+    index.add_argument("--doc-stride", type=option_type("doc_stride"),
+                       default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
     index.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
                        metavar="STORAGE", help=STORAGE_HELP)

@@ -13,6 +13,7 @@ from dil_jax.commands.arguments import (
     finite_float,
     int_list,
     non_negative_int,
+    option_type,
     positive_int,
     window_len,
 )
@@ -37,7 +38,7 @@ def register(subparsers) -> None:
                              "plumbing tests; without it such a checkpoint is refused")
     parser.add_argument("--data", required=True, help="SQuAD JSON file")
     parser.add_argument("--output", required=True, help="predictions JSON to write")
-    parser.add_argument("--k", type=non_negative_int, default=None,
+    parser.add_argument("--k", type=option_type("num_lower_layers"), default=None,
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
     parser.add_argument("--max-question-len", type=positive_int, default=MAX_QUESTION_LEN,
@@ -50,7 +51,7 @@ def register(subparsers) -> None:
                              "demo cache 192-token windows, half the disk); longer passages are "
                              "read in "
                              "several windows")
-    parser.add_argument("--doc-stride", type=positive_int, default=DOC_STRIDE,
+    parser.add_argument("--doc-stride", type=option_type("doc_stride"), default=DOC_STRIDE,
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("--batch-size", type=positive_int, default=READ_BATCH_SIZE,
                         help="windows per forward pass")
@@ -72,9 +73,9 @@ def register(subparsers) -> None:
                              "passage's lower blocks, 0..k-1) or comma-separated 0-based "
                              "layers (docs/architecture.md, 'Long passages'); default: full "
                              "attention everywhere")
-    parser.add_argument("--lsh-num-hashes", type=positive_int, default=None,
+    parser.add_argument("--lsh-num-hashes", type=option_type("lsh_num_hashes"), default=None,
                         help="hash rounds of --lsh-layers (default 2)")
-    parser.add_argument("--lsh-bucket-size", type=positive_int, default=None,
+    parser.add_argument("--lsh-bucket-size", type=option_type("lsh_bucket_size"), default=None,
                         help="tokens per chunk of --lsh-layers (default 64)")
     add_reading_arguments(parser, "")
     add_compilation_cache_arguments(parser)
@@ -83,7 +84,9 @@ def register(subparsers) -> None:
 
 def lsh_layers(text: str) -> str | tuple[int, ...]:
     """--lsh-layers: 'lower' or comma-separated layer indices."""
-    return "lower" if text.strip() == "lower" else int_list(non_negative_int)(text)
+    from dil_jax.config import LOWER_BLOCKS
+
+    return LOWER_BLOCKS if text.strip() == LOWER_BLOCKS else int_list(non_negative_int)(text)
 
 
 lsh_layers.__name__ = "'lower' or comma-separated layers"
@@ -101,16 +104,11 @@ def check_lsh_flags(args: argparse.Namespace) -> None:
 
 def with_lsh_flags(reader, args: argparse.Namespace):
     """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is."""
-    from dil_jax.errors import UsageError
+    from dil_jax.config import lsh_layers_of
 
     if args.lsh_layers is None:
         return reader
-    config = reader.config
-    layers = (tuple(range(config.num_lower_layers)) if args.lsh_layers == "lower"
-              else args.lsh_layers)
-    if not layers:
-        raise UsageError(f"--lsh-layers lower with k = {config.num_lower_layers}: the reader "
-                         f"has no lower blocks (pass --k, or name the layers)")
+    layers = lsh_layers_of(args.lsh_layers, reader.config.num_lower_layers, "--lsh-layers")
     changes = {"lsh_attention_layers": layers}
     if args.lsh_num_hashes is not None:
         changes["lsh_num_hashes"] = args.lsh_num_hashes

@@ -6,7 +6,6 @@ import this."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import ml_collections
 
 from dil_jax.errors import UsageError
+from dil_jax.options import OPTIONS, int_at_least, is_int, number_in
 
 # One table of rules over the schema (default_config.base_config()), checked once when a config
 # is loaded (before any model or data loads), so a bad value is reported by its key instead of
@@ -22,43 +22,6 @@ from dil_jax.errors import UsageError
 # when the value is fine, else what the value must be.
 
 Rule = Callable[[object], "str | None"]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def int_at_least(low: int, off: int | None = None) -> Rule:
-    """An integer >= low (or exactly `off`, the value that switches the setting off)."""
-    wanted = f"an integer >= {low}" + (f" (or {off} for off)" if off is not None else "")
-    return lambda v: None if _is_int(v) and (v >= low or v == off) else wanted
-
-
-def number_in(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-              high_open: bool = False, optional: bool = False) -> Rule:
-    """A finite number within the bounds (an open bound excludes itself); None if optional."""
-    bounds = []
-    if low is not None:
-        bounds.append(f"{'>' if low_open else '>='} {low:g}")
-    if high is not None:
-        bounds.append(f"{'<' if high_open else '<='} {high:g}")
-    wanted = " and ".join(["a number", *bounds]).replace("number and", "number")
-    wanted += " (or None)" if optional else ""
-
-    def check(v: object) -> str | None:
-        if v is None and optional:
-            return None
-        if not _is_number(v):
-            return wanted
-        too_low = low is not None and (v <= low if low_open else v < low)
-        too_high = high is not None and (v >= high if high_open else v > high)
-        return wanted if too_low or too_high else None
-
-    return check
 
 
 def one_of(*choices: object) -> Rule:
@@ -106,7 +69,7 @@ def lsh_layer_spec(v: object) -> str | None:
 
 
 def optional_int_at_least(low: int) -> Rule:
-    return lambda v: None if v is None or (_is_int(v) and v >= low) else (
+    return lambda v: None if v is None or (is_int(v) and v >= low) else (
         f"an integer >= {low} (or None)")
 
 
@@ -125,15 +88,15 @@ RULES: dict[str, Rule] = {
     "num_epochs": RATE,
     "num_train_steps": int_at_least(1, off=-1),
     "model.checkpoint": text(),
-    "model.num_lower_layers": int_at_least(0),
+    "model.num_lower_layers": OPTIONS["num_lower_layers"],
     "model.max_question_len": int_at_least(2),  # at least [CLS] and [SEP]
     "model.dtype": one_of("float32", "bfloat16"),
     "model.passage_position_offset": int_at_least(0),
     "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),
     "model.attention_dropout": number_in(0, 1, high_open=True, optional=True),
-    "model.lsh_layers": lsh_layer_spec,
-    "model.lsh_num_hashes": POSITIVE,
-    "model.lsh_bucket_size": POSITIVE,
+    "model.lsh_attention_layers": lsh_layer_spec,
+    "model.lsh_num_hashes": OPTIONS["lsh_num_hashes"],
+    "model.lsh_bucket_size": OPTIONS["lsh_bucket_size"],
     "teacher.checkpoint": text(),
     "teacher.logits_file": text(),
     "loss.ce_weight": WEIGHT,
@@ -158,8 +121,8 @@ RULES: dict[str, Rule] = {
     "data.length_buckets": text(),
     "data.train_articles": text(),
     "data.validation_articles": text(),
-    "data.max_passage_len": int_at_least(2),  # at least one token and [SEP]
-    "data.doc_stride": POSITIVE,
+    "data.max_passage_len": OPTIONS["max_passage_len"],
+    "data.doc_stride": OPTIONS["doc_stride"],
     "data.max_questions": int_at_least(1, off=-1),
     "data.max_validation_questions": int_at_least(1, off=-1),
     "data.distractors_per_question": int_at_least(0),
@@ -189,16 +152,27 @@ RULES: dict[str, Rule] = {
 }
 
 
-# Keys renamed since configs were first written: old key -> new key. A config file or override
-# that still sets an old key is refused by name (it would otherwise be silently ignored).
-RENAMED_KEYS = {"data.stride": "data.doc_stride"}
+# Keys renamed since configs were first written: old key -> (new key, the name it took). A
+# config file or override that still sets an old key is refused by name (it would otherwise be
+# silently ignored); a workdir's config.json compares old keys as their new ones on resume.
+RENAMED_KEYS = {"data.stride": ("data.doc_stride", "the name the featurizers and commands use"),
+                "model.lsh_layers": ("model.lsh_attention_layers", "the EncoderConfig field it "
+                                     "sets")}
 
 
 def renamed_key_message(key: str) -> str | None:
     """How to fix a config that sets the renamed `key` ("data.stride"), or None."""
-    new = RENAMED_KEYS.get(key)
-    return None if new is None else (f"config.{key} was renamed config.{new} (the name the "
-                                     f"featurizers and commands use); set config.{new} instead")
+    if key not in RENAMED_KEYS:
+        return None
+    new, why = RENAMED_KEYS[key]
+    return f"config.{key} was renamed config.{new} ({why}); set config.{new} instead"
+
+
+def with_current_names(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config ({"data.stride": 64}) with each renamed key under its new name: an old
+    workdir's config.json compared with the config that resumes it."""
+    return {RENAMED_KEYS[key][0] if key in RENAMED_KEYS else key: value
+            for key, value in flat.items()}
 
 
 def _lookup(config: ml_collections.ConfigDict, key: str) -> tuple[bool, object]:

@@ -56,6 +56,7 @@ from dil_jax.train.config_rules import (
     check_config_paths,
     check_frozen_prefixes,
     validate_config,
+    with_current_names,
 )
 from dil_jax.train.curves import CURVES_FILE
 from dil_jax.train.log_writers import METRICS_FILE, TENSORBOARD_DIR, MetricWriter, Progress
@@ -452,8 +453,8 @@ def flat_config(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """"key old -> new" for every leaf that differs (absent on one side: "(none)")."""
-    old_flat, new_flat = flat_config(old), flat_config(new)
+    """"key old -> new" for every leaf that differs (absent: "(none)"; a renamed key: no change)."""
+    old_flat, new_flat = with_current_names(flat_config(old)), flat_config(new)
     return [f"{key} {old_flat.get(key, '(none)')!s} -> {new_flat.get(key, '(none)')!s}"
             for key in sorted(old_flat.keys() | new_flat.keys())
             if old_flat.get(key, "(none)") != new_flat.get(key, "(none)")]
@@ -471,10 +472,9 @@ def record_config(log_dir: Path, config_json: str, start_step: int) -> list[str]
             old: Any = json.loads(old_text)
         except ValueError:
             old = old_text  # unreadable: kept as it is
-        new = json.loads(config_json)
-        if old != new:
-            changes = (config_changes(old, new) if isinstance(old, dict)
-                       else ["(the previous config.json was not readable JSON)"])
+        changes = (config_changes(old, json.loads(config_json)) if isinstance(old, dict)
+                   else ["(the previous config.json was not readable JSON)"])
+        if changes:
             history = log_dir / CONFIG_HISTORY_FILE
             entry = json.dumps({"replaced_at_step": start_step, "time": time.time(),
                                 "changed": changes, "config": old})

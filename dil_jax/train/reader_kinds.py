@@ -77,7 +77,7 @@ def kind_problems(config: ml_collections.ConfigDict) -> list[str]:
              ("teacher.logits_file", "", "no loss here reads a teacher"),
              ("data.length_buckets", "", "buckets cut the passages' ids, not their characters"),
              ("model.num_lower_layers", 0, "the split is fixed (embedding encoder | the rest)"),
-             ("model.lsh_layers", "", "use config.model.reader.lsh_encoders"),
+             ("model.lsh_attention_layers", "", "use config.model.reader.lsh_encoders"),
              ("model.hidden_dropout", None, "use config.model.reader's dropout fields"),
              ("model.attention_dropout", None, "use config.model.reader's dropout fields"),
              ("model.passage_position_offset", 0, "positions are sinusoids per segment"),

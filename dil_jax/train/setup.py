@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
-from dil_jax.config import EncoderConfig
+from dil_jax.config import EncoderConfig, lsh_layers_of
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.train import data as data_lib
@@ -70,33 +70,26 @@ def resolve_callable(spec: str, key: str = "") -> Callable:
     return getattr(module, attribute)
 
 
-def _reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    overrides = {"num_lower_layers": model_cfg.num_lower_layers,
-                 "max_question_len": model_cfg.max_question_len, "dtype": model_cfg.dtype,
-                 "passage_position_offset": model_cfg.get("passage_position_offset", 0)}
-    for name in ("hidden_dropout", "attention_dropout"):
-        if model_cfg.get(name) is not None:
-            overrides[name] = model_cfg[name]
-    overrides.update(lsh_overrides(model_cfg))
+# config.model keys named as the EncoderConfig fields they set (`EncoderConfig.replace`);
+# None keeps the checkpoint's own value. The lsh_* ones apply only with LSH layers named.
+READER_KEYS = ("num_lower_layers", "max_question_len", "dtype", "passage_position_offset",
+               "hidden_dropout", "attention_dropout")
+LSH_KEYS = ("lsh_num_hashes", "lsh_bucket_size")
+
+
+def reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The EncoderConfig fields config.model sets, by their own names: what training applies
+    to the loaded or initialised reader's config (model.lsh_attention_layers "lower" resolved
+    to blocks 0..k-1; EncoderConfig checks the layers against num_layers)."""
+    # A config without passage_position_offset (written before it existed) reads from 0.
+    overrides = {"passage_position_offset": 0, **{
+        name: model_cfg[name] for name in READER_KEYS if model_cfg.get(name) is not None}}
+    spec = model_cfg.get("lsh_attention_layers", "")
+    if spec:
+        overrides["lsh_attention_layers"] = lsh_layers_of(
+            spec, model_cfg.num_lower_layers, "config.model.lsh_attention_layers")
+        overrides.update({name: model_cfg[name] for name in LSH_KEYS})
     return overrides
-
-
-def lsh_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """config.model.lsh_* -> EncoderConfig's lsh_* fields ({} when model.lsh_layers is "")."""
-    spec = model_cfg.get("lsh_layers", "")
-    if not spec:
-        return {}
-    k = model_cfg.num_lower_layers
-    if spec == "lower":
-        if not k:
-            raise UsageError("config.model.lsh_layers = 'lower' with model.num_lower_layers = 0:"
-                             " the reader has no lower blocks; name the layers instead")
-        layers = tuple(range(k))
-    else:
-        layers = tuple(int(layer) for layer in spec.split(","))
-    # EncoderConfig checks the layers against num_layers (a ConfigError names a bad one).
-    return {"lsh_attention_layers": layers, "lsh_num_hashes": model_cfg.lsh_num_hashes,
-            "lsh_bucket_size": model_cfg.lsh_bucket_size}
 
 
 def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
@@ -127,7 +120,7 @@ def build_teacher(config: ml_collections.ConfigDict, student: Reader, rng: jax.A
                          f"teacher.checkpoint to a checkpoint or {SAME_INIT!r}")
     if source == SAME_INIT:
         # The student's initial params read as the full model with full attention: the
-        # student's own LSH blocks (model.lsh_layers) are an approximation it trains with.
+        # student's own LSH blocks (model.lsh_attention_layers) are an approximation it trains with.
         teacher = student.with_config(num_lower_layers=0, lsh_attention_layers=())
     else:
         overrides = {"num_lower_layers": 0, "max_question_len": student.config.max_question_len,
@@ -328,7 +321,7 @@ def load_run_models(config: ml_collections.ConfigDict,
         return RunModels(student, None, dropout_rng, _evaluator(config, student, evaluate_fn))
     encoder = config.model.encoder.to_dict() if config.model.encoder else None
     student = load_or_init_reader(config.model.checkpoint, encoder,
-                                  _reader_overrides(config.model), init_rng)
+                                  reader_overrides(config.model), init_rng)
     # The length rule before any step: question + window (+ the passage offset) must fit the
     # position table, named by the config keys to change.
     check_segment_lengths(student.config, int(config.model.max_question_len),
