@@ -347,9 +347,11 @@ def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
            "--top-p", "2", *common]
     status, out, err = run_cli([*ask, "--cache-dtype", "int8"], capsys)
     assert status == 0 and "A: " in out, err
-    status, _, err = run_cli(ask, capsys)
+    status, _, err = run_cli([*ask, "--cache-dtype", "float32"], capsys)
     assert status == 1
     assert "stores its states as 'int8'" in err and "give --cache-dtype int8" in err
+    status, out, err = run_cli(ask, capsys)  # no --cache-dtype: the cache's own storage
+    assert status == 0 and "A: " in out, err
 
 
 def _sample_squad(tmp_path) -> Path:
