@@ -24,6 +24,7 @@ from starlette.testclient import TestClient
 
 from dil_jax.open_domain.abstention import Abstention
 from dil_jax.open_domain.scoring import Candidate, pick_answer
+from dil_jax.reading.plan import ReusePlan
 from dil_jax.serve.answers import answer_payload, ranked
 from dil_jax.serve.app import AppSettings, create_app, key_matches
 from dil_jax.serve.pipeline import pipeline_answers, window_spans
@@ -214,19 +215,25 @@ def test_passage_rows_is_the_most_a_batch_can_read_in_whole_blocks():
     assert passage_rows(np.ones(100, int), batch_size=4, top_p=10) == 40
 
 
+def _plan(hoists: bool) -> ReusePlan:
+    return ReusePlan(plain_upper=True, reads_passage_ids=True, hoists_projections=hoists,
+                     span_rows_only=True, passage_stats=True, trims_padding=True,
+                     reads_kept_tokens=True)
+
+
 def test_widths_and_hoist_classes():
     assert question_widths(32) == [8, 16, 24, 32]
     assert question_widths(12) == [8, 12]
     assert passage_widths(48) == [32, 48]
-    assert [c.pairs for c in hoist_classes(False, False, 8, 232, 500)] == [1]
+    assert [c.pairs for c in hoist_classes(_plan(False), False, 8, 232, 500)] == [1]
     assert [(c.pairs, c.questions_projected, c.passages_projected)
-            for c in hoist_classes(True, False, 8, 232, 400)] == [(1, False, False),
+            for c in hoist_classes(_plan(True), False, 8, 232, 400)] == [(1, False, False),
                                                                  (16, True, False)]
     # A small index read by many pairs: the passages' projections are reachable too.
-    assert [(c.pairs, c.passages_projected) for c in hoist_classes(True, False, 2, 6, 24)] == [
-        (1, False), (4, False), (12, True)]
+    small = hoist_classes(_plan(True), False, 2, 6, 24)
+    assert [(c.pairs, c.passages_projected) for c in small] == [(1, False), (4, False), (12, True)]
     assert all(c.cached_passages and not c.passages_projected
-               for c in hoist_classes(True, True, 2, 6, 24))
+               for c in hoist_classes(_plan(True), True, 2, 6, 24))
 
 
 # ----------------------------------------------------------------------------- the worker

@@ -14,7 +14,7 @@ What decides a read's compiled programs (dil_jax/open_domain/reader.py, dil_jax/
   up to the windows' length (`POST /v1/read` cuts contexts of any length into windows, so
   the index's own window lengths do not bound them);
 - 0 < k < l only: whether the first upper block's q/k/v are projected per question (when a
-  batch reads >= HOIST_MIN_READS x B pairs) and per passage (>= HOIST_MIN_READS x rows pairs),
+  batch reads >= min_reads x B pairs) and per passage (>= min_reads x rows pairs: `ReusePlan`),
   or read from the cache (`--cache-reuse` indexes; a context of `POST /v1/read` has none
   cached): `hoist_classes` lists the pair counts that reach each reachable combination.
 
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from dil_jax.reading.pairs import KEPT_BUCKET, QUESTION_BUCKET, chunk_width, real_lengths
-from dil_jax.reading.plan import HOIST_MIN_READS
+from dil_jax.reading.plan import ReusePlan
 from dil_jax.rounding import round_up
 
 log = logging.getLogger(__name__)
@@ -80,19 +80,19 @@ class HoistClass:
     cached_passages: bool = False  # the passages' projections handed in from the cache
 
 
-def hoist_classes(hoists: bool, cached_passages: bool, batch_size: int, rows: int,
+def hoist_classes(plan: ReusePlan, cached_passages: bool, batch_size: int, rows: int,
                   most_pairs: int) -> list[HoistClass]:
     """The reachable combinations of projections, each with the smallest pair count that
-    reaches it. hoists: 0 < k < l (`ReusePlan.hoists_projections`); cached_passages: the
-    passages' projections come from the cache (`reads_cached_reuse`), whatever the count."""
-    if not hoists:
+    reaches it, by the grid's own rule (`ReusePlan.projects`). cached_passages: the passages'
+    projections come from the cache (`reads_cached_reuse`), whatever the count."""
+    if not plan.hoists_projections:
         return [HoistClass(1, False, False)]
     classes: dict[tuple[bool, bool], HoistClass] = {}
-    for pairs in (1, HOIST_MIN_READS * batch_size, HOIST_MIN_READS * rows):
+    for pairs in (1, plan.min_reads * batch_size, plan.min_reads * rows):
         if pairs > most_pairs:
             continue
-        questions = pairs >= HOIST_MIN_READS * batch_size
-        passages = not cached_passages and pairs >= HOIST_MIN_READS * rows
+        questions = plan.projects(pairs, batch_size)
+        passages = not cached_passages and plan.projects(pairs, rows)
         classes.setdefault((questions, passages),
                            HoistClass(pairs, questions, passages, cached_passages))
     return list(classes.values())
@@ -135,12 +135,12 @@ def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
     """What `warm_up` compiles for this OpenDomainReader (its passage_rows must be set) when
     it reads at most `questions` questions at once (None: its grid's batch size)."""
     batch, rows = reader.grid.batch_size, reader.passage_rows
-    hoists = reader.grid.plan.hoists_projections
-    classes = hoist_classes(hoists, reader.reads_cached_reuse, batch, rows,
+    plan = reader.grid.plan
+    classes = hoist_classes(plan, reader.reads_cached_reuse, batch, rows,
                             max_pairs(reader.index.windows.count, questions or batch,
                                       reader.top_p))
     if reader.reads_cached_reuse:  # a context's windows (at most `rows` pairs) have no cache
-        classes += hoist_classes(hoists, False, batch, rows, rows)
+        classes += hoist_classes(plan, False, batch, rows, rows)
     return WarmUpPlan(
         passage_rows=rows, classes=classes,
         question_widths=question_widths(reader.reader.config.max_question_len),
