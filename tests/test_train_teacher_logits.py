@@ -125,13 +125,18 @@ def test_another_teacher_replaces_a_stale_file(tmp_path):
     assert not np.allclose(second.start, first.start)
 
 
-def test_a_damaged_file_is_recomputed(tmp_path):
+def test_a_file_it_did_not_write_is_refused_and_kept(tmp_path):
     path = tmp_path / "t.npz"
-    path.write_bytes(b"not an npz")
     config, models, data = _run(tmp_path, {"teacher.logits_file": str(path)})
-    assert tl.load_teacher_logits(path) is None
-    logits = tl.teacher_logits_for(config, models.teacher, data.train)
-    assert tl.load_teacher_logits(path).fingerprint == logits.fingerprint
+    for content in (b"not an npz", None):
+        if content is None:  # a readable npz without the format mark: someone's data
+            np.savez(path, start=np.zeros(3))
+        else:
+            path.write_bytes(content)
+        before = path.read_bytes()
+        with pytest.raises(UsageError, match="config.teacher.logits_file .* not replaced"):
+            tl.teacher_logits_for(config, models.teacher, data.train)
+        assert path.read_bytes() == before
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -10,7 +10,8 @@ logits file needs `loss.lrs_weight = 0`.
 The file (`.npz`, written atomically) holds start / end [n_windows, passage_len] and null start /
 end [n_windows] float32 scores of the training windows in their row order, and a fingerprint of
 the teacher's weights and of the windows (ids and masks); a file whose fingerprint differs is
-recomputed and replaced, never read. Every process computes or reads the same scores; only
+recomputed and replaced, never read; a file that is not one it wrote is refused and left
+alone. Every process computes or reads the same scores; only
 process 0 writes the file.
 """
 
@@ -28,11 +29,14 @@ import numpy as np
 from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
 from dil_jax.checkpoints.readers import Reader
+from dil_jax.errors import UsageError
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
 from dil_jax.progress import CountBar
 
 log = logging.getLogger(__name__)
 
+# What marks a file as this module's (only such a file is ever replaced).
+FILE_FORMAT = "dil_jax.teacher_logits/1"
 # The batch keys a step reads the stored scores from (Windows.batch adds them).
 BATCH_KEYS = ("teacher_start_logits", "teacher_end_logits", "teacher_null_start_logits",
               "teacher_null_end_logits")
@@ -124,23 +128,30 @@ def compute_teacher_logits(teacher: Reader, q_ids: np.ndarray, q_mask: np.ndarra
 
 def save_teacher_logits(path: Path, logits: TeacherLogits) -> None:
     buffer = io.BytesIO()
-    np.savez(buffer, start=logits.start, end=logits.end, null_start=logits.null_start,
-             null_end=logits.null_end, fingerprint=np.array(logits.fingerprint))
+    np.savez(buffer, format=np.array(FILE_FORMAT), start=logits.start, end=logits.end,
+             null_start=logits.null_start, null_end=logits.null_end,
+             fingerprint=np.array(logits.fingerprint))
     write_atomic(path, buffer.getvalue())
 
 
 def load_teacher_logits(path: Path) -> TeacherLogits | None:
-    """The file's scores, or None when it is absent or unreadable (then recomputed)."""
-    if not path.is_file():
+    """The file's scores, or None when there is no file (then computed and written there).
+
+    A file that is not one this module wrote (unreadable, or without its format mark) is
+    refused, naming the key, and left as it is: the path may name someone's data by mistake,
+    and a stale file of ours is the only one ever replaced."""
+    if not path.exists():
         return None
     try:
         with np.load(path) as stored:
+            if str(stored["format"]) != FILE_FORMAT:
+                raise ValueError(f"format {str(stored['format'])!r}")
             return TeacherLogits(stored["start"], stored["end"], stored["null_start"],
                                  stored["null_end"], str(stored["fingerprint"]))
     except (OSError, ValueError, KeyError) as error:
-        log.warning("%s: cannot read the stored teacher scores (%s); computing them again",
-                    path, error)
-        return None
+        raise UsageError(f"config.teacher.logits_file = {str(path)!r} is not a file of teacher "
+                         f"scores this trainer wrote ({type(error).__name__}: {error}); it is "
+                         "not replaced: remove it, or name a new path") from error
 
 
 def teacher_logits_for(config: ml_collections.ConfigDict, teacher: Reader, windows
