@@ -249,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase1-share", type=float, default=0.45,
                         help="fraction of the deadline given to phase 1")
     parser.add_argument("--student-epochs", type=float, default=1.0)
+    parser.add_argument("--epochs-of", action="append", default=[], metavar="STUDENT=EPOCHS",
+                        help="one student's own --student-epochs (repeatable), e.g. "
+                        "k4_distill=1: a recipe compared at the budget an earlier run had")
     parser.add_argument("--full-epochs", type=float, default=2.0)
     parser.add_argument("--full-runs", default="full,multi",
                         help="phase 1's full readers, ';'-separated, of 'full', 'full,multi' and "
@@ -304,15 +307,26 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {"device": device_description(), "started": time.strftime("%F %T %Z"),
                      "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
                                                   capture_output=True, text=True).stdout.strip()}
+    epochs_of = {}
+    for item in args.epochs_of:
+        name, _, epochs = item.partition("=")
+        try:
+            epochs_of[name] = float(epochs)
+        except ValueError:
+            parser.error(f"--epochs-of {item!r}: expected STUDENT=EPOCHS, e.g. k4_distill=1")
+    strangers = set(epochs_of) - set(args.students.split(","))
+    if strangers:
+        parser.error(f"--epochs-of names {sorted(strangers)}, not in --students {args.students!r}")
+
     def students(teacher: Path, multi: list[str]) -> list[Run]:
-        warm = [*base, f"--config.model.checkpoint={teacher}",
-                f"--config.teacher.checkpoint={teacher}", *multi,
-                *schedule(args.student_epochs, student_steps)]
-        distill = [*base, f"--config.model.checkpoint={args.base}",
-                   f"--config.teacher.checkpoint={teacher}", *multi,
-                   *schedule(args.student_epochs, student_steps)]
-        return [Run(name, distill if name.endswith("_distill") else warm)
-                for name in filter(None, args.students.split(","))]
+        runs = []
+        for name in filter(None, args.students.split(",")):
+            init = args.base if name.endswith("_distill") else teacher
+            runs.append(Run(name, [*base, f"--config.model.checkpoint={init}",
+                                   f"--config.teacher.checkpoint={teacher}", *multi,
+                                   *schedule(epochs_of.get(name, args.student_epochs),
+                                             student_steps)]))
+        return runs
 
     if args.concurrent:
         summary["teacher"] = args.teacher
