@@ -16,7 +16,8 @@ from dil_jax.checkpoints import CheckpointError
 from dil_jax.errors import OutputPathError, UsageError
 from dil_jax.train.checkpointing import TrainCheckpointer
 from dil_jax.train.config_rules import validate_config
-from dil_jax.train.loop import WORKDIR_MARK, train, workdir_problem
+from dil_jax.train.loop import train
+from dil_jax.train.workdir import WORKDIR_MARK, workdir_problem
 
 from tests.helpers import REPO, run_cli
 from tests.helpers.training import QUICK, tiny_config, train_argv
@@ -213,7 +214,7 @@ def test_resume_with_another_config_warns_by_key_and_keeps_the_previous_config(
     overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}
     train(tiny_config(tmp_path, overrides))
     first = json.loads((tmp_path / "config.json").read_text())
-    with caplog.at_level(logging.WARNING, logger="dil_jax.train.loop"):
+    with caplog.at_level(logging.WARNING, logger="dil_jax.train.workdir"):
         train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
                                      "optim.learning_rate": 1e-3}))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

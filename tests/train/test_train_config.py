@@ -73,7 +73,7 @@ def test_reader_keys_are_named_as_encoder_config_fields():
 def test_an_old_workdir_config_with_a_renamed_key_resumes_unchanged(tmp_path):
     import json
 
-    from dil_jax.train.loop import record_config
+    from dil_jax.train.workdir import record_config
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"model": {"lsh_layers": "", "num_lower_layers": 2}, "data": {"stride": 64}}))

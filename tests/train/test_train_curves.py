@@ -98,7 +98,7 @@ def test_train_redraws_curves_png_at_each_evaluation(tmp_path, monkeypatch):
 
 
 def test_a_workdir_holding_curves_png_is_still_trains_own(tmp_path):
-    from dil_jax.train.loop import workdir_problem
+    from dil_jax.train.workdir import workdir_problem
 
     # What older code left (no mark, no checkpoints yet): metrics and the plot only.
     write_metrics(tmp_path)
