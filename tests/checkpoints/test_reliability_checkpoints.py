@@ -263,6 +263,45 @@ def test_export_keeps_the_passage_position_offset(hf_folder_factory, tmp_path):
         load_hf_checkpoint(exported)
 
 
+def test_export_records_the_passage_offset_once_and_old_manifests_still_give_it(
+        hf_folder_factory, tmp_path):
+    """An export records the passage offset once, in the manifest's "reader" (its training
+    config's model.passage_position_offset, the same value, is left out and derived on load);
+    a manifest written before, with the offset in both, reads as it did. A training offset
+    that differs from the exported one stays, and the reader's own (0 too) is then written."""
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest, export_hf_checkpoint
+
+    folder, _ = hf_folder_factory("bert")
+    config, params, _ = load_hf_checkpoint(folder, max_question_len=4, num_lower_layers=1,
+                                           passage_position_offset=5)
+    expected = _pair_logits(config, params)
+    trained = {"model": {"num_lower_layers": 1, "max_question_len": 4,
+                         "passage_position_offset": 5}}
+    exported = export_hf_checkpoint(tmp_path / "export", params, config,
+                                    manifest={"training_config": trained})
+    written = json.loads((exported / MANIFEST_FILE).read_text())
+    assert written["reader"] == {"num_lower_layers": 1, "max_question_len": 4,
+                                 "passage_position_offset": 5}
+    assert written["training_config"] == {"model": {"max_question_len": 4}}
+    config_back, params_back, _ = load_hf_checkpoint(exported)
+    assert config_back.passage_position_offset == 5
+    np.testing.assert_array_equal(_pair_logits(config_back, params_back), expected)
+
+    # As exports wrote it before: the offset in "reader" and in the training config.
+    written["training_config"] = trained
+    (exported / MANIFEST_FILE).write_text(json.dumps(written))
+    assert ExportManifest.read(exported).reader_defaults["passage_position_offset"] == 5
+    assert load_hf_checkpoint(exported)[0].passage_position_offset == 5
+
+    offset_zero = ExportManifest(training_config={"model": {"passage_position_offset": 0}})
+    assert offset_zero.with_reader({"num_lower_layers": 0}).to_json() == {
+        "training_config": {"model": {}}, "reader": {"num_lower_layers": 0}}
+    other = ExportManifest(training_config={"model": {"passage_position_offset": 14}}
+                           ).with_reader({"num_lower_layers": 1})
+    assert other.training_config == {"model": {"passage_position_offset": 14}}
+    assert other.reader_defaults == {"num_lower_layers": 1, "passage_position_offset": 0}
+
+
 def test_a_disk_that_refuses_a_checkpoint_is_named_in_one_line(tmp_path, monkeypatch):
     """ENOSPC / EROFS while saving (raised by orbax as an OSError, or by tensorstore as its own
     error carrying the message) becomes a CheckpointError naming the folder, the step and the
