@@ -92,7 +92,7 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
     from tests.helpers import random_prescreener
 
     # The CLI readers use the default checkpoint: the same MiniLM weights as minilm_dir.
-    folder = random_prescreener(minilm_dir, encoder_name="default").save(tmp_path / "sep")
+    folder = random_prescreener(minilm_dir, encoder_name="default").save(tmp_path / "prescreener")
     index = tmp_path / "index"
     common = COMMON
     build = ["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "4",
@@ -114,8 +114,26 @@ def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, mi
                  "--p", "3", "--prescreen", str(folder), "--mass", "0.5",
                  "--out", str(tmp_path / "eval"), *common]) == 0
     results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
-    assert set(results) == {"DIL k=4", "DIL k=4 + SEP mass 0.5 (<= 2)"}
-    assert "prescreen" in results["DIL k=4 + SEP mass 0.5 (<= 2)"]["timings"]
+    assert set(results) == {"DIL k=4", "DIL k=4 + prescreen mass 0.5 (<= 2)"}
+    assert "prescreen" in results["DIL k=4 + prescreen mass 0.5 (<= 2)"]["timings"]
+    # A progress file written when the prescreened reader was named "+ SEP" is taken over under
+    # its new name: the same command again resumes it and reads nothing.
+    progress = tmp_path / "eval" / "progress"
+    (now,) = progress.glob("*prescreen*.jsonl")
+    before = now.with_name(now.name.replace("prescreen", "sep"))  # the earlier name's file
+    header, blocks = now.read_text().split("\n", 1)
+    settings = json.loads(header)["settings"]
+    settings["reader"] = "DIL k=4 + SEP mass 0.5 (<= 2)"
+    before.write_text(json.dumps({"settings": settings}) + "\n" + blocks)
+    now.unlink()
+    capsys.readouterr()
+    assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "4",
+                 "--p", "3", "--prescreen", str(folder), "--mass", "0.5",
+                 "--out", str(tmp_path / "eval"), *common]) == 0
+    assert capsys.readouterr().err.count("resuming: 1 questions already read") == 2
+    assert now.is_file() and not before.exists()
+    again = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert [r["by_score"] for r in again.values()] == [r["by_score"] for r in results.values()]
 
     predictions = tmp_path / "predictions.json"
     assert main(["predict", "--data", str(squad), "--output", str(predictions), "--k", "4",

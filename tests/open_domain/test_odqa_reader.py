@@ -256,6 +256,27 @@ def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
         EvaluationProgress(path, settings)
 
 
+def test_a_progress_file_of_an_earlier_name_is_taken_over(tmp_path):
+    """A progress file the code wrote under a setting's earlier value (a reader's earlier name)
+    moves to the new file with its header renamed and its blocks byte for byte; one whose header
+    does not hold the old value, or a new file already there, is left alone."""
+    from dil_jax.open_domain.evaluate import EvaluationProgress, adopt_renamed_progress
+
+    block = json.dumps({"questions": [], "wall_seconds": 1.0, "timings": {}})
+    earlier, path = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    earlier.write_text(json.dumps({"settings": {"reader": "r + SEP top-2", "p": [3]}}) + "\n"
+                       + block + "\n")
+    renamed = {"reader": ("r + SEP top-2", "r + prescreen top-2")}
+    assert not adopt_renamed_progress(path, earlier, {"reader": ("another", "r")})
+    assert adopt_renamed_progress(path, earlier, renamed)
+    assert not earlier.exists() and path.read_text().split("\n")[1:] == [block, ""]
+    progress = EvaluationProgress(path, {"reader": "r + prescreen top-2", "p": [3]})
+    assert progress.blocks == [json.loads(block)]
+    earlier.write_text("kept\n")
+    assert not adopt_renamed_progress(path, earlier, renamed)  # the new one is there already
+    assert earlier.read_text() == "kept\n"
+
+
 @pytest.mark.parametrize("line, problem", [
     ('{"questions": [{"id": "q0"}], "wall_seconds": 1.0, "timings": {}}', "lacks 'unmatched'"),
     ('{"questions": [], "timings": {}}', "lacks 'wall_seconds'"),

@@ -200,7 +200,7 @@ def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
     from dil_jax.cli import main
     from dil_jax.prescreening.prescreener import SentencePrescreener
 
-    workdir = tmp_path / "sep"
+    workdir = tmp_path / "prescreener"
     assert main(["prescreen", "--config", "configs/prescreen.py",
                  f"--config.data.file={shared_data / 'squad' / 'dev-v1.1.35-articles.json'}",
                  "--config.data.train_articles=0:1", "--config.data.dev_articles=1:2",
