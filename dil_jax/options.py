@@ -73,6 +73,11 @@ def number_in(low: float | None = None, high: float | None = None, *, low_open: 
 # takes too.
 OPTIONS: dict[str, Bound] = {
     "num_lower_layers": int_at_least(0),  # k; the flag is --k
+    # The question segment `[CLS] q [SEP]` holds its first token, at least one question token (an
+    # empty question is refused) and its closing token(s): 3 at the fewest, in every pair layout.
+    # A layout with more specials (RoBERTa's `<s> q </s></s>`: 4) is checked against the
+    # tokenizer itself (`tokenization.encode_questions`).
+    "max_question_len": int_at_least(3),
     "max_passage_len": int_at_least(2),  # at least one passage token and [SEP]
     "doc_stride": int_at_least(1),
     "lsh_num_hashes": int_at_least(1),

@@ -10,37 +10,29 @@ as the architecture's fast tokenizer class, saved as a Hugging Face folder and r
 
 - the SQuAD round trip over the WHOLE shared v1.1 file (6,013 questions, most of them on
   paragraphs the tokenizer never saw): gold labels -> token spans -> logits -> decoded answers
-  through the character offsets, EM >= 99.5 against gold (as tests/test_squad_features.py does
+  through the character offsets, EM >= 99.5 against gold (as tests/data/test_squad_features.py does
   for BERT's WordPiece);
 - the two segments `encode_questions` / `encode_passages` build are exactly the tokenizer's own
   pair (`<s> q </s></s> p </s>` for RoBERTa and XLM-R), and the full reader (k = 0) on them
-  matches the Hugging Face model on that pair (test_parity.assert_parity, 1e-4).
+  matches the Hugging Face model on that pair (tests.helpers.hf.assert_parity, 1e-4).
 """
 
 from __future__ import annotations
 
 import pytest
-from test_parity import assert_parity
-from test_squad_features import P_LEN, Q_LEN, STRIDE, _explain_failures, _gold_logits
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import featurize
-from dil_jax.data.squad import load_squad
 from dil_jax.metrics.squad_metric import squad_scores
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer, pair_layout
 
-from conftest import build_hf_qa_model, save_fast_tokenizer, state_dict_numpy
-from squad_shared import V11, squad_file
+from tests.helpers.hf import assert_parity, build_hf_qa_model, save_fast_tokenizer, state_dict_numpy
+from tests.helpers.squad import P_LEN, Q_LEN, STRIDE, explain_failures, gold_logits
 
 VOCAB = 1000
 TRAIN_EVERY = 6  # every 6th distinct context trains the tokenizer
-
-
-@pytest.fixture(scope="module")
-def v11():
-    return load_squad(squad_file(V11))
 
 
 @pytest.fixture(scope="module", params=["roberta", "xlm-roberta", "electra"])
@@ -57,12 +49,12 @@ def test_squad_round_trip_through_offsets(arch_tokenizer, v11):
                          max_passage_len=P_LEN, doc_stride=STRIDE)
     layout = pair_layout(tokenizer)
     assert (features.q_ids[:, 0] == layout.first).all()
-    start, end = _gold_logits(features)
+    start, end = gold_logits(features)
     predicted = answers(decode_predictions(v11.examples, features, start, end,
                                            max_answer_length=64))
     scores = squad_scores(v11.gold_answers, predicted, v11.version)
     print(f"\n{arch} round trip: {scores}")
-    print(f"  failures by reason: {dict(_explain_failures(v11.examples, features, predicted))}")
+    print(f"  failures by reason: {dict(explain_failures(v11.examples, features, predicted))}")
     assert scores["exact"] >= 99.5 and scores["total"] == 6013
 
 

@@ -11,13 +11,13 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from dil_jax.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 HEAVY = ("jax", "jaxlib", "flax", "orbax", "torch", "transformers", "tokenizers", "numpy",
          "starlette", "uvicorn", "fastapi", "prometheus_client", "httpx")
 
@@ -47,8 +47,8 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def test_help_of_every_command_imports_no_heavy_library():
     names = sorted(_subcommands(build_parser()))
     assert {"ask", "demo", "index", "odqa-eval", "bench", "check"} <= set(names)
-    done = subprocess.run([sys.executable, "-c", _PROBE, *names], cwd=ROOT, check=True,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT),
+    done = subprocess.run([sys.executable, "-c", _PROBE, *names], cwd=REPO, check=True,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(REPO),
                                                                "PATH": "/usr/bin:/bin"})
     imported = set(json.loads(done.stdout))
     assert "dil_jax" in imported  # the probe did import the package it checks
@@ -59,8 +59,8 @@ def test_import_dil_jax_is_light_and_public_names_resolve_lazily():
     probe = ("import sys, dil_jax; light = 'jax' not in sys.modules; "
              "from dil_jax import load_hf_checkpoint, EncoderConfig, bundled_reader; "
              "print(light, callable(load_hf_checkpoint), 'jax' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, check=True,
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT),
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, check=True,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(REPO),
                                                                "PATH": "/usr/bin:/bin"})
     assert done.stdout.split() == ["True", "True", "True"]
 

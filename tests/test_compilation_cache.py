@@ -15,8 +15,7 @@ import pytest
 from dil_jax import compilation_cache as cc
 from dil_jax.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
-
+from tests.helpers import REPO
 
 # ------------------------------------------------------------------ choosing the folder (pure)
 
@@ -115,7 +114,7 @@ def _probe(tmp_path: Path, *flags: str, scale: float = 1.5, **env: str) -> dict:
     base = {key: value for key, value in os.environ.items()
             if not key.startswith(("JAX_", cc.ENV, "XDG_"))}  # conftest sets JAX's cache
     base.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"),
-                PYTHONPATH=str(ROOT), PROBE_SCALE=str(scale), JAX_PLATFORMS="cpu", **env)
+                PYTHONPATH=str(REPO), PROBE_SCALE=str(scale), JAX_PLATFORMS="cpu", **env)
     done = subprocess.run([sys.executable, "-c", _PROBE, *flags], cwd=tmp_path, env=base,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -160,7 +159,7 @@ def test_an_unusable_cache_flag_is_a_one_line_error(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "dil_jax", "ask", "q", "--index", str(tmp_path / "none"),
          "--compilation-cache", str(blocker)], cwd=tmp_path, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"dil-jax ask: error: --compilation-cache {blocker}: cannot use it as the compilation "

@@ -13,7 +13,8 @@ import re
 import shlex
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+
 ASSET = re.compile(r"dil_jax/assets/([A-Za-z0-9_.-]+)")
 # What makes a block or paragraph a command a reader copies (not a sentence naming a reader).
 COMMAND = re.compile(r"\bdil-jax \w|\bpython3? \S+\.py\b|--config\.|--checkpoint\b")
@@ -53,12 +54,12 @@ def unbundled_commands(path: Path) -> list[str]:
             continue
         for name in sorted(set(ASSET.findall(unit))):
             name = name.rstrip(".")
-            if (ROOT / "dil_jax" / "assets" / name).exists():
+            if (REPO / "dil_jax" / "assets" / name).exists():
                 continue
             # The note may wrap over lines, as prose does.
             if not re.search(rf"git\s+checkout\s+[0-9a-f]{{7,40}}\s+--\s+dil_jax/assets/"
                              rf"{re.escape(name)}", unit):
-                shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
                 problems.append(f"{shown}:{line}: dil_jax/assets/{name}")
     return problems
 
@@ -79,8 +80,8 @@ def test_a_command_naming_an_unbundled_reader_is_caught(tmp_path):
 
 
 def test_documented_commands_name_only_bundled_readers_or_say_how_to_restore_them():
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-            *sorted((ROOT / "benchmarks").glob("*.md"))]
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+            *sorted((REPO / "benchmarks").glob("*.md"))]
     problems = [problem for doc in docs for problem in unbundled_commands(doc)]
     assert not problems, "\n".join(problems)
 
@@ -101,7 +102,7 @@ SHELL_BREAKS = frozenset({"&&", "||", ";", "|", "&"})
 PATH_SUFFIXES = (".json", ".jsonl", ".py", ".png", ".md", ".npz", ".txt", ".npy")
 # A stand-in the reader replaces: DIR, FILE, WORKDIR, runs/NAME, configs/NAME.py, $VAR, <x>, ...
 PLACEHOLDER = re.compile(r"[$<>\[\]{}*]|\.\.\.|(^|/)[A-Z][A-Z0-9_]*(\.|/|$)|NAME")
-SHARED = ROOT.parent / "shared"
+SHARED = REPO.parent / "shared"
 
 
 def logical_lines(unit: str) -> list[tuple[int, str]]:
@@ -187,7 +188,7 @@ def config_workdir(spec: str) -> str | None:
 
     path, sep, arg = spec.partition(".py:")
     try:
-        config = load_config_file(str(ROOT / path) + (sep + arg if sep else ""))
+        config = load_config_file(str(REPO / path) + (sep + arg if sep else ""))
     except Exception:  # a config or variant the docs name wrongly is a missing input below
         return None
     workdir = config.get("workdir")
@@ -267,7 +268,7 @@ def marked_absent(path: str, unit: str) -> bool:
                and any(name in line for name in named) for line in unit.splitlines())
 
 
-def missing_paths(commands: list[DocumentedCommand], root: Path = ROOT) -> list[str]:
+def missing_paths(commands: list[DocumentedCommand], root: Path = REPO) -> list[str]:
     """'doc:line: path (in `command`)' for each input path that exists nowhere."""
     problems = []
     for command in commands:
@@ -324,8 +325,8 @@ def test_a_path_no_command_writes_and_no_note_marks_is_caught(tmp_path):
 
 
 def test_documented_commands_name_only_paths_that_exist_or_an_earlier_command_writes():
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-            *sorted((ROOT / "benchmarks").glob("*.md"))]
+    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+            *sorted((REPO / "benchmarks").glob("*.md"))]
     commands = [command for doc in docs for command in documented_commands(doc)]
     assert len(commands) > 50  # the scan found the docs' commands
     problems = missing_paths(commands)

@@ -26,7 +26,7 @@ from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.upper import project_upper, read_upper
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
-from conftest import edit_json
+from tests.helpers import edit_json
 
 
 def _copy(folder, tmp_path):

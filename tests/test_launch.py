@@ -5,7 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from train_helpers import REPO
+
+from tests.helpers import REPO
 
 
 def _dry_run(script: str, *args: str) -> list[list[str]]:

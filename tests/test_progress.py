@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from dil_jax.progress import CountBar, WindowedRate
 from dil_jax.train.log_writers import Progress
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 
 class FakeClock:
@@ -114,7 +113,7 @@ sys.exit(cli.main(["evaluate", "--data", "unused", "--predictions", "unused"]))
 def test_a_log_line_does_not_cut_a_progress_bar_in_two(tmp_path):
     # Bytes: text mode would turn the bars' carriage returns into newlines.
     done = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     err = done.stderr.decode()
     assert done.returncode == 0, err
     (line,) = [line for line in err.split("\n") if "a log line" in line]

@@ -8,11 +8,12 @@ the README says what). An unmarked block fails the test: nothing is skipped sile
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from tests.helpers import REPO
+
+README = REPO / "README.md"
 FENCE = re.compile(r"^```(python[^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 MARKS = ("runnable", "not-runnable")
 

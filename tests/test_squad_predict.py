@@ -14,14 +14,7 @@ from dil_jax.data.squad import load_squad
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.predict import window_logits
 
-from squad_shared import V11, V20, squad_file
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from dil_jax.tokenization import load_tokenizer
-
-    return load_tokenizer("default")
+from tests.helpers import V11, V20, squad_file
 
 
 @pytest.mark.parametrize("k", [0, 2])

@@ -13,10 +13,10 @@ from transformers import AutoTokenizer
 
 from dil_jax.tokenization import load_tokenizer, tokenizer_class
 
-from conftest import save_fast_tokenizer
+from tests.helpers import REPO
+from tests.helpers.hf import save_fast_tokenizer
 
-ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = ROOT / "dil_jax" / "assets" / "minilm-squad-full"
+BUNDLED = REPO / "dil_jax" / "assets" / "minilm-squad-full"
 TEXTS = ["The Tragedy of Hamlet, Prince of Denmark, is a tragedy by William Shakespeare.",
          "Mount Everest is Earth's highest mountain above sea level, in the Himalayas.",
          "Jupiter is the fifth planet from the Sun and the largest in the Solar System."]

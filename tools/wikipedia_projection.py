@@ -15,8 +15,8 @@ Measured inputs, and what is projected from each:
   FLOPs     the analytical matmul FLOPs of the cache build per window (`dil_jax.bench.flops`:
             embeddings and k lower blocks at 192 tokens, plus the first upper block's passage
             projections and attention statistics with --cache-reuse; XLA's count agrees within
-            2%, tests/test_bench.py) x windows: the build's time on a TPU v4-32 slice (16 chips
-            of 275 bf16 TFLOP/s peak) at peak and at an assumed 40% of it;
+            2%, tests/bench/test_bench.py) x windows: the build's time on a TPU v4-32 slice (16
+            chips of 275 bf16 TFLOP/s peak) at peak and at an assumed 40% of it;
   BM25      per engine, the largest corpus of the retrieval record: disk and build time per
             passage x passages (linear), and the time of one query x (passages / measured
             passages): a query scores every passage holding one of its terms, whose number

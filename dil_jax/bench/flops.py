@@ -2,7 +2,7 @@
 
 The formulas count 2 FLOPs per multiply-add of the matmuls only; `programs.flop_profile` sets
 them next to XLA's count of the compiled programs (which also counts the elementwise work), and
-tests/test_bench.py checks that the two agree within 2% per phase, with the pair program's
+tests/bench/test_bench.py checks that the two agree within 2% per phase, with the pair program's
 exact reuses (`PairGrid(reuse=True)`, the default) and without. The measured (wall-time)
 speedups are `suites.summarize`'s; it takes its FLOP bound from `grid_flops` here.
 """

@@ -21,6 +21,9 @@ from dil_jax.errors import CheckpointError
 
 MANIFEST_FILE = "dil_jax_manifest.json"
 READER_FIELDS = ("num_lower_layers", "max_question_len", "passage_position_offset")
+# The reader fields a training config's "model" records too, under the same names: each is
+# recorded once, in "reader", where the two agree (`ExportManifest.with_reader`).
+RECORDED_ONCE = ("num_lower_layers", "passage_position_offset")
 _KNOWN_FIELDS = ("training_config", "reader", "base_checkpoint", "from_base", "weights",
                  "tokenizer")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -80,9 +83,10 @@ def _is_int(value: Any) -> bool:
 class ExportManifest:
     """An exported reader's `dil_jax_manifest.json` (an empty one: the folder has none).
 
-    reader: READER_FIELDS as exported, the one record of k; training_config: the run's config
-    (its "model" may record passage_position_offset, and num_lower_layers where it is not the
-    reader's: `with_reader`); base_checkpoint / from_base: tensors
+    reader: READER_FIELDS as exported, the one record of k and of the passage offset (absent:
+    0); training_config: the run's config (its "model" records num_lower_layers and
+    passage_position_offset only where they are not the reader's: `with_reader`; manifests
+    written before record both there too); base_checkpoint / from_base: tensors
     left to a base checkpoint; weights: {file: {"bytes", "sha256"}} or None; tokenizer: the
     tokenizer record ({} when none); records: every other field, free-form, kept as read.
     """
@@ -139,7 +143,9 @@ class ExportManifest:
 
         Exports written before `reader.passage_position_offset` existed recorded the offset
         only in their training config: it is read from there, since a delayed reader must read
-        passages from the positions it was trained on.
+        passages from the positions it was trained on. (A newer export without it in `reader`
+        was exported at offset 0, and its training config names no other offset: see
+        `with_reader`.)
         """
         defaults = dict(self.reader)
         trained_offset = self.training_config.get("model", {}).get("passage_position_offset")
@@ -149,17 +155,25 @@ class ExportManifest:
         return defaults
 
     def with_reader(self, reader: Mapping[str, int]) -> ExportManifest:
-        """This manifest with `reader` (READER_FIELDS) as the exported settings, k recorded once:
-        the training config's model.num_lower_layers is left out when it is the reader's
-        (`trained_k` derives it back on load); one that differs (a reader exported at another
-        k than it was trained with) is a fact of its own and stays."""
+        """This manifest with `reader` (READER_FIELDS, as an export writes them: the passage
+        offset only when it is not 0) as the exported settings, k and the passage offset
+        recorded once: the training config's model.num_lower_layers and
+        model.passage_position_offset are left out where they are the reader's (`trained_k`
+        and `reader_defaults` derive them back on load). One that differs (a reader exported at
+        another k or offset than it was trained with) is a fact of its own and stays; the
+        reader's offset is then written even when it is 0, so that no load takes the training
+        config's for it."""
+        exported = {"passage_position_offset": 0, **reader}
         model = self.training_config.get("model", {})
+        same = {key for key in RECORDED_ONCE if key in model and model[key] == exported.get(key)}
         training = self.training_config
-        if "num_lower_layers" in model and model["num_lower_layers"] == reader.get(
-                "num_lower_layers"):
+        if same:
             training = {**training, "model": {key: value for key, value in model.items()
-                                              if key != "num_lower_layers"}}
-        return dataclasses.replace(self, reader=dict(reader), training_config=training)
+                                              if key not in same}}
+        reader = dict(reader)
+        if "passage_position_offset" in model and "passage_position_offset" not in same:
+            reader["passage_position_offset"] = exported["passage_position_offset"]
+        return dataclasses.replace(self, reader=reader, training_config=training)
 
     @property
     def trained_k(self) -> int | None:

@@ -238,7 +238,7 @@ def add_reader_arguments(parser: argparse.ArgumentParser, many_k: bool) -> None:
     else:
         parser.add_argument("--k", type=option_type("num_lower_layers"), default=None,
                             help="split point (default: the checkpoint's own; 0 for HF ones)")
-    parser.add_argument("--max-question-len", type=positive_int,
+    parser.add_argument("--max-question-len", type=option_type("max_question_len"),
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]`, padded (the bundled readers "
                              "were trained with 32)")

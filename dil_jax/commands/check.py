@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="'default' (embedded MiniLM), a Hugging Face folder, or a hub id")
     parser.add_argument("--k", type=option_type("num_lower_layers"), nargs="+", default=None,
                         help="split points to compare with the full model (default: l-2 l-1)")
-    parser.add_argument("--max-question-len", type=positive_int, default=CHECK_MAX_QUESTION_LEN,
+    parser.add_argument("--max-question-len", type=option_type("max_question_len"),
+                        default=CHECK_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]`, padded; longer questions are cut")
     parser.add_argument("--max-passage-len", type=window_len, default=CHECK_MAX_PASSAGE_LEN,
                         help="tokens of `passage [SEP]` per window (shorter than predict's: "

@@ -76,7 +76,7 @@ def register(subparsers) -> None:
                         help="how passages' best spans compare, for both readers: 'logits' "
                              "(s_start + s_end, the paper's) or 'margin' (less the window's "
                              "no-answer score); docs/open_domain.md compares them")
-    parser.add_argument("--max-question-len", type=positive_int,
+    parser.add_argument("--max-question-len", type=option_type("max_question_len"),
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]`, padded (the bundled readers "
                              "were trained with 32)")

@@ -33,6 +33,12 @@ from dil_jax.errors import UsageError
 
 log = logging.getLogger(__name__)
 
+# A reader with sentence prescreening is reported as "<reader> + prescreen <rule>". Results and
+# progress files written before named it "<reader> + SEP <rule>" (the seed paper's acronym);
+# `odqa-eval` takes such a progress file over under the new name and resumes it.
+PRESCREEN_LABEL = "prescreen"
+EARLIER_PRESCREEN_LABEL = "SEP"
+
 
 def _reader_prescreen(args, index):
     """The ReaderPrescreen of --prescreen/--top-m/--mass, or None."""
@@ -242,6 +248,19 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name.lower().replace("=", "")).strip("_")
 
 
+def _progress_of(args: argparse.Namespace, name: str, settings: dict):
+    """The progress file of reader `name` under --out, one written under the reader's earlier
+    name (`EARLIER_PRESCREEN_LABEL`) taken over first."""
+    from dil_jax.open_domain.evaluate import EvaluationProgress, adopt_renamed_progress
+
+    path = Path(args.out) / "progress" / f"{_slug(name)}.jsonl"
+    earlier = name.replace(f" + {PRESCREEN_LABEL} ", f" + {EARLIER_PRESCREEN_LABEL} ")
+    if earlier != name:
+        adopt_renamed_progress(path, path.with_name(f"{_slug(earlier)}.jsonl"),
+                               {"reader": (earlier, name)})
+    return EvaluationProgress(path, settings)
+
+
 def _evaluation_settings(args: argparse.Namespace, name: str, k: int, position: int,
                          questions: int) -> dict:
     """What decides an evaluation's per-question results: a progress file made under other
@@ -260,12 +279,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from dil_jax.data.squad import load_squad, select_articles
-    from dil_jax.open_domain.evaluate import (
-        EvaluationProgress,
-        dump_json,
-        evaluate_reader,
-        markdown_table,
-    )
+    from dil_jax.open_domain.evaluate import dump_json, evaluate_reader, markdown_table
     from dil_jax.progress import CountBar
 
     resolve_checkpoints(args)
@@ -281,7 +295,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
         readers = {"full" if k == 0 else f"DIL k={k}": base}
         if args.prescreen:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
-            readers[f"{next(iter(readers))} + SEP {screened.prescreen.rule}"] = screened
+            readers[f"{next(iter(readers))} + {PRESCREEN_LABEL} {screened.prescreen.rule}"] = (
+                screened)
         for name, reader in readers.items():
             print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} "
                   "(its first block of questions pays the compilation) ...", file=sys.stderr)
@@ -289,9 +304,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
             if args.out:
                 # Resumable: each finished block of questions is kept under --out, and a rerun
                 # of the same command reads only the rest.
-                progress = EvaluationProgress(
-                    Path(args.out) / "progress" / f"{_slug(name)}.jsonl",
-                    _evaluation_settings(args, name, k, position, len(examples)))
+                progress = _progress_of(
+                    args, name, _evaluation_settings(args, name, k, position, len(examples)))
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)

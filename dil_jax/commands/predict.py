@@ -41,7 +41,8 @@ def register(subparsers) -> None:
     parser.add_argument("--k", type=option_type("num_lower_layers"), default=None,
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
-    parser.add_argument("--max-question-len", type=positive_int, default=MAX_QUESTION_LEN,
+    parser.add_argument("--max-question-len", type=option_type("max_question_len"),
+                        default=MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]`, padded; longer questions are "
                              "cut. SQuAD's 64 (BERT's recipe); the open-domain commands use "
                              "32, the bundled readers' training length")

@@ -224,7 +224,9 @@ def _write_results(args: argparse.Namespace, config, prescreener, training, line
 
 def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     """EM/F1, prescreening time and reader time with and without prescreening, per reader and
-    rule, on the first eval_limit validation questions."""
+    rule, on the first eval_limit validation questions; with a rule also the share of questions
+    whose answer sentence was kept (`P_answer_kept`, the seed's P(SEP)) and the EM on those
+    (`EM_given_answer_kept`). Records written before name them P_sep and EM_given_sep."""
     import numpy as np
 
     from dil_jax.checkpoints import load_reader
@@ -237,7 +239,7 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     rules = [None] + [SentenceRule(top_m=m) for m in args.top_m] + \
         [SentenceRule(top_m=None, mass=mass) for mass in args.mass]
     rows = []
-    lines = ["| reader | k/l | prescreen | EM | F1 | P(SEP) | EM given SEP kept the answer | "
+    lines = ["| reader | k/l | prescreen | EM | F1 | P(answer kept) | EM given the answer kept | "
              "tokens read | prescreen s | reader s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for checkpoint in args.readers:
         reader = load_reader(checkpoint, None, 32)
@@ -258,15 +260,17 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
             if rule is not None:
                 kept = report["screening"].answer_kept(examples)
                 inside = [e for e, keep in zip(examples, kept, strict=True) if keep]
-                row["P_sep"] = float(np.mean(kept))
-                row["EM_given_sep"] = squad_scores(
+                row["P_answer_kept"] = float(np.mean(kept))
+                row["EM_given_answer_kept"] = squad_scores(
                     gold_answers(inside), {e.qid: answers[e.qid] for e in inside},
                     version="1.1")["exact"]
             rows.append(row)
-            p_sep = f"{100 * row['P_sep']:.1f}" if "P_sep" in row else "—"
-            given = f"{row['EM_given_sep']:.1f}" if "EM_given_sep" in row else "—"
+            kept_share = (f"{100 * row['P_answer_kept']:.1f}" if "P_answer_kept" in row
+                          else "—")
+            given = (f"{row['EM_given_answer_kept']:.1f}" if "EM_given_answer_kept" in row
+                     else "—")
             lines.append(f"| {Path(checkpoint).name} | {k}/{layers} | {row['prescreen']} | "
-                         f"{row['EM']:.1f} | {row['F1']:.1f} | {p_sep} | {given} | "
+                         f"{row['EM']:.1f} | {row['F1']:.1f} | {kept_share} | {given} | "
                          f"{100 * row['kept_token_share']:.0f}% | "
                          f"{row['prescreen_seconds']:.1f} | {row['reader_seconds']:.1f} |")
             print(lines[-1], flush=True)

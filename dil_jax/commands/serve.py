@@ -16,6 +16,7 @@ from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
     cache_storage,
     non_negative_int,
+    option_type,
     positive_float,
     positive_int,
     unit_interval,
@@ -81,7 +82,7 @@ def register(subparsers) -> None:
                         help="fusion weight of the reader score when a request has use_ir")
     parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
                         help="a request's default span score rule (docs/open_domain.md)")
-    parser.add_argument("--max-question-len", type=positive_int,
+    parser.add_argument("--max-question-len", type=option_type("max_question_len"),
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]` (the bundled readers were "
                              "trained with 32)")

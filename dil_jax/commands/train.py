@@ -40,7 +40,8 @@ def check_workdir(config) -> None:
     gs:// workdir is left to the checkpointer)."""
     from dil_jax.atomic import check_output_folder
     from dil_jax.errors import OutputPathError
-    from dil_jax.train.loop import is_remote, workdir_problem
+    from dil_jax.train.setup import is_remote
+    from dil_jax.train.workdir import workdir_problem
 
     if is_remote(config.workdir):
         return

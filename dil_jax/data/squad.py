@@ -293,7 +293,7 @@ def load_tfds_squad(name: str = "squad/v1.1", split: str = "validation",
     with `file_format="array_record"` is read without TensorFlow (tfds' data source); the default
     tfrecord format needs TensorFlow installed. Needs the `tfds` extra:
     `pip install 'dil_jax[tfds]'` (tensorflow-datasets 4.9.10 also imports `importlib_resources`
-    without declaring it). tests/test_squad_data.py prepares tfds' own SQuAD builder over local
+    without declaring it). tests/data/test_squad_data.py prepares tfds' own SQuAD builder over local
     files this way and runs whenever tensorflow-datasets is installed.
     """
     if name not in TFDS_NAMES:

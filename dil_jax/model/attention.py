@@ -17,11 +17,11 @@ Separate from layers.py (embeddings, blocks) and bert.py (the BERT-family reader
 pair program's exact reuses are made here: the passage-statistics path (`_softmax_parts` per key
 set, `PassageAttentionStats` cached per passage, `_merge_softmax_parts` per pair) must equal
 `_attend` over all keys up to float rounding, and keeping the two side by side, apart from the
-blocks and the span head, lets that equality be read and tested (tests/test_pair_reuse.py) in one
-place; XLNet's reader (xlnet.py) uses `attention_bias` and `PassageAttentionStats` without the BERT-
-family blocks. Dependencies run one way: layers.py, bert.py and xlnet.py import this module, never
-the reverse, so `dense` (the Dense layer every module of the reader builds, SelfAttention's
-included) is defined here.
+blocks and the span head, lets that equality be read and tested (tests/reading/test_pair_reuse.py)
+in one place; XLNet's reader (xlnet.py) uses `attention_bias` and `PassageAttentionStats` without
+the BERT-family blocks. Dependencies run one way: layers.py, bert.py and xlnet.py import this
+module, never the reverse, so `dense` (the Dense layer every module of the reader builds,
+SelfAttention's included) is defined here.
 """
 
 from __future__ import annotations

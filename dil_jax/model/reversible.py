@@ -9,7 +9,7 @@ pass of `reversible_layers` keeps only the LAST layer's outputs: it walks the la
 recomputing each layer's inputs from its outputs and differentiating F and G there, so the
 activations saved for the gradient do not grow with depth (Gomez et al. 2017; Reformer). In
 floating point the recovered inputs carry the rounding of y - F(x); the gradients therefore equal
-plain autodiff's up to float rounding (tests/test_long_passages.py).
+plain autodiff's up to float rounding (tests/model/test_long_passages.py).
 
 F and G are pure functions `(params, x, aux) -> [batch, seq, width]`: params are differentiated,
 aux (masks, rng keys) is not.

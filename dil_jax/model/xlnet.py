@@ -24,7 +24,7 @@ and segment ids, so relative distances within a segment are those of the full la
 of a whole segment cancels in pos_i - pos_j) and the segment term is "same segment" everywhere
 but between `[CLS]` and the question tokens (CLS is its own segment in XLNet). A passage's lower
 state depends on the passage alone. Blocks k+1..l see the pair in XLNet's full layout. This is
-the full model with a block-diagonal attention mask in blocks 1..k (tests/test_xlnet.py checks
+the full model with a block-diagonal attention mask in blocks 1..k (tests/model/test_xlnet.py checks
 it against a NumPy reader written that way).
 """
 

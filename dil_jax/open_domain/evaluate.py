@@ -109,6 +109,37 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
+def adopt_renamed_progress(path: str | os.PathLike, earlier: str | os.PathLike,
+                           renamed: dict[str, tuple[Any, Any]]) -> bool:
+    """Takes over the progress file an earlier version of the code wrote at `earlier` for the
+    evaluation now recorded at `path` under new names of some settings (`renamed`: setting ->
+    (its value then, its value now)), so that a rerun resumes it instead of reading again.
+
+    Done only when `path` does not exist and `earlier` is a progress file whose header holds
+    every old value: the header is rewritten with the new ones and the blocks are kept byte for
+    byte, written to `path` (write, then rename) before `earlier` is removed. Anything else is
+    left as it is (the evaluation then starts its own file). Returns whether it was taken over.
+    """
+    path, earlier = Path(path), Path(earlier)
+    if path.exists() or not earlier.is_file():
+        return False
+    first, newline, rest = earlier.read_text(encoding="utf-8").partition("\n")
+    try:
+        header = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    settings = header.get("settings") if isinstance(header, dict) else None
+    if not isinstance(settings, dict) or any(settings.get(name) != old
+                                             for name, (old, _) in renamed.items()):
+        return False
+    settings.update({name: new for name, (_, new) in renamed.items()})
+    write_atomic(path, json.dumps(header) + newline + rest)
+    earlier.unlink()
+    log.info("%s: taken over from %s (written when %s)", path, earlier,
+             ", ".join(f"{name} was {old!r}" for name, (old, _) in renamed.items()))
+    return True
+
+
 class EvaluationProgress:
     """The blocks of questions an evaluation has finished, one JSON line each, after a header
     line naming the evaluation (`settings`); `evaluate_reader` appends a line per block and, run

@@ -21,7 +21,7 @@ What decides a read's compiled programs (dil_jax/open_domain/reader.py, dil_jax/
 The warm-up (`warm_up`) runs each combination through the reader's own helpers
 (`_encode_question_batch`, `_passage_side`, `_cached_reuse`) and the grid's chunk loop, so the
 arguments have exactly the types, shapes and shardings a real read gives them; one chunk per
-combination is computed. tests/test_serve.py checks that reads after it compile nothing.
+combination is computed. tests/serve/test_serve.py checks that reads after it compile nothing.
 """
 
 from __future__ import annotations

@@ -12,5 +12,8 @@
   checkpointing    orbax CheckpointManager: every N steps, last K + best, resume
   log_writers      JSONL, TensorBoard (tensorboardX), tqdm
   setup            config -> devices, windows and batch geometry, student/teacher, optimizer
-  loop             train(config, ...): resume, the step loop, evaluation, checkpoints, export
+  loop             train(config, ...): resume, the step loop, evaluation, checkpoints
+  workdir          the run's folder: what train writes there, claiming it, config.json history
+  divergence       non-finite steps: the flag folded per step, the check, TrainingDiverged
+  export           the reader a finished run exports (params/, trained_from.json)
 """

@@ -89,7 +89,7 @@ RULES: dict[str, Rule] = {
     "num_train_steps": int_at_least(1, off=-1),
     "model.checkpoint": text(),
     "model.num_lower_layers": OPTIONS["num_lower_layers"],
-    "model.max_question_len": int_at_least(2),  # at least [CLS] and [SEP]
+    "model.max_question_len": OPTIONS["max_question_len"],
     "model.dtype": one_of("float32", "bfloat16"),
     "model.passage_position_offset": int_at_least(0),
     "model.hidden_dropout": number_in(0, 1, high_open=True, optional=True),

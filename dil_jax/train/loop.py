@@ -1,13 +1,15 @@
 """The training loop: config in, checkpoints and metrics out; resumable and multi-process.
 
-`train` reads as its steps: setup (setup.py: devices, data, models, optimizer), resume from the
-newest checkpoint, `run_steps` (train, log, evaluate + checkpoint on a cadence, stop on signals),
-then export the best params and return a `TrainResult`.
+`train` reads as its steps: setup (setup.py: devices, data, models, optimizer), claim the workdir
+and record its config (workdir.py), resume from the newest checkpoint, `run_steps` (train, log,
+evaluate + checkpoint on a cadence, stop on signals), then export the best params (export.py) and
+return a `TrainResult`.
 
 A run that goes non-finite (NaN/Inf loss, gradient norm or params) stops with `TrainingDiverged`
 at the next log step or save, naming the first such step: nothing of that state is saved or
 exported, so the last checkpoint is the last finite one. The check costs no host sync per step:
-each step's flag is folded into a device scalar, read when the loop syncs anyway.
+each step's flag is folded into a device scalar, read when the loop syncs anyway
+(divergence.py).
 
     result = train(config)                                   # features from config.data
     result = train(config, train_features=f, evaluate_fn=g)  # the integrator's featurizer/metric
@@ -23,8 +25,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -36,30 +36,17 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from dil_jax.atomic import write_atomic
-from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
-from dil_jax.config import EncoderConfig
-from dil_jax.errors import OutputPathError, TrainingDiverged
+from dil_jax.checkpoints import CheckpointError
 from dil_jax.mesh import DistributedSettings, data_mesh, maybe_initialize_distributed
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
-from dil_jax.train.checkpointing import (
-    BROKEN_DIR,
-    TrainCheckpointer,
-    abstract_like,
-    named_few,
-    nonfinite_leaves,
-)
-from dil_jax.train.config_rules import (
-    check_config_paths,
-    check_frozen_prefixes,
-    validate_config,
-    with_current_names,
-)
-from dil_jax.train.curves import CURVES_FILE
-from dil_jax.train.log_writers import METRICS_FILE, TENSORBOARD_DIR, MetricWriter, Progress
+from dil_jax.train.checkpointing import TrainCheckpointer, abstract_like
+from dil_jax.train.config_rules import check_config_paths, check_frozen_prefixes, validate_config
+from dil_jax.train.divergence import NO_STEP, check_finite, tracking_nonfinite
+from dil_jax.train.export import export_reader
+from dil_jax.train.log_writers import MetricWriter, Progress
 from dil_jax.train.setup import (
     EvaluateFn,
     RunData,
@@ -72,21 +59,9 @@ from dil_jax.train.setup import (
 )
 from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
 from dil_jax.train.teacher_logits import with_stored_teacher
+from dil_jax.train.workdir import CHECKPOINT_DIR, EXPORT_DIR, claim_workdir, record_config
 
 log = logging.getLogger(__name__)
-
-EXPORT_DIR = "params"
-CHECKPOINT_DIR = "checkpoints"
-CONFIG_FILE = "config.json"
-# Each config a resume replaced, one JSON line: what changed, and the whole previous config.
-CONFIG_HISTORY_FILE = "config_history.jsonl"
-# Written into every workdir train creates or adopts: the mark of a folder train owns.
-WORKDIR_MARK = "dil_jax_train.json"
-# What train writes into a workdir (beside hidden temporary files). A folder holding anything
-# else is someone else's (a Hugging Face checkpoint has config.json too): train refuses it.
-WORKDIR_ENTRIES = frozenset({
-    WORKDIR_MARK, CHECKPOINT_DIR, BROKEN_DIR, CONFIG_FILE, CONFIG_HISTORY_FILE, METRICS_FILE,
-    TENSORBOARD_DIR, EXPORT_DIR, EXPORT_DIR + ".new", CURVES_FILE})
 
 
 @dataclasses.dataclass
@@ -238,70 +213,6 @@ def evaluate(params: Params, step: int, *, eval_loss_fn, evaluate_fn: EvaluateFn
     return metrics
 
 
-# ----------------------------------------------------------------------------- divergence
-
-NO_STEP = -1  # the first-non-finite-step scalar while every step was finite
-
-
-def note_nonfinite(first: jax.Array, nonfinite: jax.Array, step: jax.Array) -> jax.Array:
-    """`first` (the first flagged step so far, NO_STEP if none) after a step numbered `step`
-    whose flag is `nonfinite`."""
-    return jnp.where((first == NO_STEP) & nonfinite, step, first)
-
-
-def tracking_nonfinite(step_fn, mesh):
-    """`step_fn` (state, teacher params, batch, rng) -> (state, metrics) as one jitted call
-    (..., first) -> (state, metrics, first) that folds metrics["nonfinite"] into `first`
-    with `note_nonfinite`. Folded into the step's own dispatch: a second dispatch per step
-    cost the tiny config ~2% more of its dispatch-bound ~1 ms CPU step (measured)."""
-    rep, shard = sharding_lib.replicated(mesh), sharding_lib.batch_sharding(mesh)
-
-    def tracked(state, teacher_params, batch, rng, first):
-        state, metrics = step_fn(state, teacher_params, batch, rng)
-        return state, metrics, note_nonfinite(first, metrics.pop("nonfinite"), state.step)
-
-    return jax.jit(tracked, in_shardings=(rep, rep, shard, rep, rep),
-                   out_shardings=(rep, rep, rep), donate_argnums=(0,))
-
-
-def divergence_hints(config: ml_collections.ConfigDict) -> list[str]:
-    """What to change after a divergence, most likely first, for this config's values."""
-    hints = [f"lower config.optim.learning_rate (now {config.optim.learning_rate:g})"]
-    if int(config.optim.warmup_steps) >= 0:
-        hints.append(f"raise config.optim.warmup_steps (now {config.optim.warmup_steps})")
-    else:
-        hints.append(f"raise config.optim.warmup_fraction (now {config.optim.warmup_fraction:g})")
-    if not config.optim.max_grad_norm:
-        hints.append("clip gradients (config.optim.max_grad_norm = 1.0)")
-    if config.model.dtype != "float32":
-        hints.append("compute in config.model.dtype = 'float32'")
-    return hints
-
-
-def diverged_error(first_step: int, last_finite: int | None, directory: str,
-                   config: ml_collections.ConfigDict) -> TrainingDiverged:
-    """The one-line TrainingDiverged of a run whose step `first_step` went non-finite."""
-    if last_finite is None:
-        where = f"no checkpoint was saved before it ({directory} holds none)"
-    else:
-        where = (f"the last finite checkpoint is step {last_finite} in {directory} (a rerun "
-                 "with the fix resumes from it)")
-    return TrainingDiverged(
-        f"training diverged: the loss, gradient norm or params became non-finite (NaN/Inf) at "
-        f"step {first_step}; nothing from that step on was saved or exported; {where}. To fix: "
-        + ", or ".join(divergence_hints(config)), first_step, last_finite)
-
-
-def check_finite(first_nonfinite: jax.Array, checkpointer: TrainCheckpointer,
-                 config: ml_collections.ConfigDict) -> None:
-    """Raises TrainingDiverged when a step so far was flagged. Reading the scalar waits for
-    the steps dispatched before it: call it where the loop syncs anyway (log steps, saves)."""
-    first = int(jax.device_get(first_nonfinite))
-    if first != NO_STEP:
-        checkpointer.wait_until_finished()  # an in-flight async save is a finite one
-        raise diverged_error(first, checkpointer.latest_step(), checkpointer.directory, config)
-
-
 def patience_exhausted(checkpointer: TrainCheckpointer, step: int, every_steps: int,
                        patience: int) -> bool:
     """Whether `patience` evaluations (one every `every_steps`) have passed since the best
@@ -397,96 +308,6 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
     return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by, stopped_early)
 
 
-# ----------------------------------------------------------------------------- workdir
-
-
-def workdir_problem(workdir: str | Path) -> str | None:
-    """Why train must not write into the local `workdir`, or None when it may: it is new, empty,
-    or a train workdir (the mark, or one written by older code: checkpoints/, or nothing but
-    train's own files beside metrics.jsonl). The rule of `dil-jax index --out`: never write
-    into a folder another tool filled (config.json would overwrite a Hugging Face model's)."""
-    if not str(workdir).strip():
-        return ("--config.workdir is empty: train would write checkpoints/, config.json and "
-                "params/ into the current folder; give a folder path, e.g. runs/NAME")
-    folder = Path(workdir)
-    if not folder.is_dir() or (folder / WORKDIR_MARK).is_file():
-        return None  # a file is refused by check_output_folder, naming it
-    if (folder / CHECKPOINT_DIR).is_dir():
-        return None  # an older train workdir: resuming it keeps working
-    foreign = sorted(entry.name for entry in folder.iterdir()
-                     if entry.name not in WORKDIR_ENTRIES and not entry.name.startswith("."))
-    if not foreign and ((folder / METRICS_FILE).is_file() or not any(
-            not entry.name.startswith(".") for entry in folder.iterdir())):
-        return None
-    held = named_few(sorted(e.name for e in folder.iterdir() if not e.name.startswith(".")),
-                     limit=4)
-    return (f"--config.workdir {folder} is a folder that train did not write (it holds {held}; "
-            f"no {WORKDIR_MARK} or {CHECKPOINT_DIR}/ marks it as a train workdir): training "
-            f"would write {CONFIG_FILE}, {CHECKPOINT_DIR}/ and {EXPORT_DIR}/ among its files; "
-            "choose a new or empty folder")
-
-
-def claim_workdir(workdir: str | Path) -> None:
-    """Refuses (OutputPathError) a workdir train may not write into; marks a local one as
-    train's, so a later run recognises it whatever it then holds. Remote workdirs are left to
-    the checkpointer."""
-    if is_remote(workdir):
-        return
-    problem = workdir_problem(workdir)
-    if problem:
-        raise OutputPathError(problem)
-    mark = Path(workdir) / WORKDIR_MARK
-    if jax.process_index() == 0 and not mark.is_file():
-        write_atomic(mark, json.dumps({"written_by": "dil-jax train", "note": (
-            "marks a training workdir: train resumes in it, and refuses folders without it "
-            "that hold files it did not write")}, indent=2))
-
-
-def flat_config(tree: Any, prefix: str = "") -> dict[str, Any]:
-    """{"optim.learning_rate": 3e-05, ...} of a config's JSON dict: one entry per leaf."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(flat_config(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
-def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """"key old -> new" for every leaf that differs (absent: "(none)"; a renamed key: no change)."""
-    old_flat, new_flat = with_current_names(flat_config(old)), flat_config(new)
-    return [f"{key} {old_flat.get(key, '(none)')!s} -> {new_flat.get(key, '(none)')!s}"
-            for key in sorted(old_flat.keys() | new_flat.keys())
-            if old_flat.get(key, "(none)") != new_flat.get(key, "(none)")]
-
-
-def record_config(log_dir: Path, config_json: str, start_step: int) -> list[str]:
-    """Writes the run's config.json. One of an earlier run with other values is not lost: it
-    is appended to config_history.jsonl with the changed keys, which a WARNING lists (a resume
-    with another learning rate is a different run from that step on). Returns the changes."""
-    path = log_dir / CONFIG_FILE
-    changes: list[str] = []
-    if path.is_file():
-        old_text = path.read_text(encoding="utf-8")
-        try:
-            old: Any = json.loads(old_text)
-        except ValueError:
-            old = old_text  # unreadable: kept as it is
-        changes = (config_changes(old, json.loads(config_json)) if isinstance(old, dict)
-                   else ["(the previous config.json was not readable JSON)"])
-        if changes:
-            history = log_dir / CONFIG_HISTORY_FILE
-            entry = json.dumps({"replaced_at_step": start_step, "time": time.time(),
-                                "changed": changes, "config": old})
-            previous = history.read_text(encoding="utf-8") if history.is_file() else ""
-            write_atomic(history, previous + entry + "\n")
-            log.warning("the config differs from %s of the run this one continues (from step "
-                        "%d): %s; the previous config is kept in %s", path, start_step,
-                        "; ".join(changes), history)
-    write_atomic(path, config_json)
-    return changes
-
-
 def train(config: ml_collections.ConfigDict, *,
           train_features: data_lib.FeaturesLike | None = None,
           val_features: data_lib.FeaturesLike | None = None,
@@ -574,50 +395,6 @@ def exported_metrics(checkpointer: TrainCheckpointer, best_step: int | None,
     if saved is not None:
         return saved
     return outcome.eval_metrics if step == outcome.step else {}
-
-
-def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
-                  sharding, directory: Path, config: EncoderConfig,
-                  metrics: dict[str, float] | None = None) -> Path | None:
-    """Writes the best (else final) params with `save_params`, the format readers load, and
-    `trained_from.json`: the steps, and the null threshold when `metrics` (the exported step's
-    evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
-
-    Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
-    run's readers restore from its checkpoints/ instead (or export on one host afterwards).
-    """
-    from dil_jax.checkpoints.char_readers import save_reader_params  # any model kind
-
-    if jax.process_count() > 1:
-        log.warning("multi-process run: not exporting %s (export from the checkpoint on one "
-                    "host)", directory)
-        return None
-    params = state.params
-    if best_step is not None and best_step != int(state.step):
-        params = checkpointer.restore(best_step, abstract_like(state, sharding))[0].params
-        # Its bytes may have changed on disk since it was saved: never export NaN params.
-        nonfinite = nonfinite_leaves(params)
-        if nonfinite:
-            raise CheckpointError(
-                f"{checkpointer.directory} step {best_step} (the best checkpoint) holds "
-                f"non-finite values (NaN/Inf) in {named_few(nonfinite)}: not exporting it; "
-                "move that step aside and rerun to export the next best")
-    staging = directory.with_name(directory.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
-    save_reader_params(staging, jax.device_get(params), config)
-    record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
-                              "best_step": best_step, "final_step": int(state.step)}
-    if metrics and "null_threshold" in metrics:
-        record["null_threshold"] = float(metrics["null_threshold"])
-    # Staged with the params, so no reader sees params without their threshold.
-    (staging / TRAINED_FROM_FILE).write_text(json.dumps(record, indent=2))
-    # Swap in the new export; the old one survives until the new one is complete.
-    shutil.rmtree(directory, ignore_errors=True)
-    os.replace(staging, directory)
-    log.info("exported reader params (step %s%s) to %s", record["step"],
-             f", null threshold {record['null_threshold']:g}" if "null_threshold" in record
-             else "", directory)
-    return directory
 
 
 def _check_resume(meta: dict[str, Any], identity: dict[str, Any],

@@ -12,7 +12,8 @@ A stored array is [rows, p_len, width] float32 (width = hidden for lower states)
             stored as int8 as above; x^ = mu + B c^                once per cache)
 
 All functions here are pure numpy; the files are `dil_jax.open_domain.cache.store`'s business. Every
-scheme's error bound is checked by `tests/test_odqa_compression.py` against numpy written there.
+scheme's error bound is checked by `tests/open_domain/test_odqa_compression.py` against numpy
+written there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,70 @@
+"""The reader a finished run exports into its workdir's params/: the best (else final) params in
+the format readers load, and `trained_from.json` (the steps, and the null threshold of a SQuAD
+v2.0 run), swapped in only once complete."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
+from dil_jax.config import EncoderConfig
+from dil_jax.train.checkpointing import (
+    TrainCheckpointer,
+    abstract_like,
+    named_few,
+    nonfinite_leaves,
+)
+from dil_jax.train.step import TrainState
+
+log = logging.getLogger(__name__)
+
+
+def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
+                  sharding, directory: Path, config: EncoderConfig,
+                  metrics: dict[str, float] | None = None) -> Path | None:
+    """Writes the best (else final) params with `save_params`, the format readers load, and
+    `trained_from.json`: the steps, and the null threshold when `metrics` (the exported step's
+    evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
+
+    Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
+    run's readers restore from its checkpoints/ instead (or export on one host afterwards).
+    """
+    from dil_jax.checkpoints.char_readers import save_reader_params  # any model kind
+
+    if jax.process_count() > 1:
+        log.warning("multi-process run: not exporting %s (export from the checkpoint on one "
+                    "host)", directory)
+        return None
+    params = state.params
+    if best_step is not None and best_step != int(state.step):
+        params = checkpointer.restore(best_step, abstract_like(state, sharding))[0].params
+        # Its bytes may have changed on disk since it was saved: never export NaN params.
+        nonfinite = nonfinite_leaves(params)
+        if nonfinite:
+            raise CheckpointError(
+                f"{checkpointer.directory} step {best_step} (the best checkpoint) holds "
+                f"non-finite values (NaN/Inf) in {named_few(nonfinite)}: not exporting it; "
+                "move that step aside and rerun to export the next best")
+    staging = directory.with_name(directory.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    save_reader_params(staging, jax.device_get(params), config)
+    record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
+                              "best_step": best_step, "final_step": int(state.step)}
+    if metrics and "null_threshold" in metrics:
+        record["null_threshold"] = float(metrics["null_threshold"])
+    # Staged with the params, so no reader sees params without their threshold.
+    (staging / TRAINED_FROM_FILE).write_text(json.dumps(record, indent=2))
+    # Swap in the new export; the old one survives until the new one is complete.
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(staging, directory)
+    log.info("exported reader params (step %s%s) to %s", record["step"],
+             f", null threshold {record['null_threshold']:g}" if "null_threshold" in record
+             else "", directory)
+    return directory

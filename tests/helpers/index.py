@@ -1,0 +1,36 @@
+"""A tiny open-domain index over the sample passages, shared by the index tests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dil_jax.samples import SAMPLE_PASSAGES
+
+
+def build_sample_index(root: Path, *flags: str) -> tuple[Path, str]:
+    """(index folder, corpus source) of an index of the sample passages (one document each)
+    with caches for k = 0 and k = 1, built in `root` by `dil-jax index` with `flags`."""
+    from dil_jax.cli import main
+
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
+                              + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
+    index = root / "index"
+    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "1",
+                 *flags]) == 0
+    return index, f"jsonl:{corpus}"
+
+
+def private_copy(index: Path, tmp_path: Path) -> Path:
+    """A copy of `index` in `tmp_path` (copytree keeps modification times, as `cp -a` does)."""
+    copy = tmp_path / "index"
+    shutil.copytree(index, copy)
+    return copy
+
+
+def cache_folder(index: Path, k: int) -> Path:
+    """The one passage-cache folder of split `k` in `index` (`cache-k<k>-<digest>`)."""
+    (folder,) = index.glob(f"cache-k{k}-*")
+    return folder

@@ -1,0 +1,152 @@
+"""Shared pieces of the training tests: the tiny config, the `dil-jax train` argv of a quick
+run, param comparison.
+
+Also run as a module by the subprocess tests (8 forced host devices; two distributed processes),
+from the repository root (or with it on PYTHONPATH):
+    python -m tests.helpers.training one_step OUT.npz [STEPS [DEVICES]]
+    python -m tests.helpers.training multiprocess OUT.npz WORKDIR PORT PROCESS_ID
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.helpers import CONFIGS
+
+TINY_CONFIG = CONFIGS / "tiny.py"
+# A few steps, no validation pass, no export: the cheapest run that writes checkpoints.
+QUICK = {"checkpoint.export_params": "false", "eval.use_validation_loss": "false"}
+
+
+def tiny_config(workdir: str | os.PathLike, overrides: dict | None = None):
+    """configs/tiny.py, quiet, with dotted-key overrides given as a dict."""
+    from dil_jax.train.config_files import apply_overrides, load_config_file
+
+    base = {"workdir": str(workdir), "log.progress": "false", "log.tensorboard": "false",
+            "checkpoint.async_save": "false"}
+    base.update({key: str(value) for key, value in (overrides or {}).items()})
+    return apply_overrides(load_config_file(TINY_CONFIG), list(base.items()))
+
+
+def flat_params(params) -> dict[str, np.ndarray]:
+    """{"a/b/kernel": array} of a param tree (for npz files and comparisons)."""
+    import jax
+
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    return {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf)
+            for path, leaf in leaves}
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def mean_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert a.keys() == b.keys()
+    total = sum(float(np.sum(np.abs(a[k] - b[k]))) for k in a)
+    return total / sum(a[k].size for k in a)
+
+
+# Share of the tiny model's params whose exact gradient is 0, with room to spare: softmax ignores
+# a constant shift, so the QA bias (2), the attention key biases (2 x 32) and the last
+# LayerNorm's bias (32, it feeds only the QA head) get only rounding noise: 98 of ~23k, 0.4%.
+ZERO_GRADIENT_SHARE = 0.01
+
+
+def learning_rate_sum(config) -> float:
+    """Sum of the learning rates of the optimizer steps a train() run with `config` takes."""
+    from dil_jax.train.optim import warmup_linear_decay
+    from dil_jax.train.setup import warmup_steps
+
+    steps = int(config.num_train_steps)
+    schedule = warmup_linear_decay(config.optim.learning_rate, steps,
+                                   warmup_steps(config, steps))
+    return sum(float(schedule(step)) for step in range(steps))
+
+
+def assert_same_training(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
+                         config) -> None:
+    """Params of two train() runs of `config` that differ only in float summation order.
+
+    Adam divides by sqrt(v) + eps: a parameter whose exact gradient is 0 (ZERO_GRADIENT_SHARE)
+    gets the step lr * d / (|d| + eps) from rounding noise d, so its two runs can step apart by
+    up to Adam's largest step, c = (1 - b1) / sqrt(1 - b2) learning rates (Kingma & Ba, sec.
+    2.1), twice: 2 c sum(lr) is the only bound on the max difference that rounding allows
+    (an eps-relative bound is fitted to one CPU: the max was 1e-5 on an AMD EPYC, at the QA
+    bias). Every other parameter follows its gradient and agrees to float precision, so the
+    mean difference is at most ZERO_GRADIENT_SHARE * 2 c sum(lr); a run that read other rows
+    or other dropout keys moves most params by ~lr and fails it. (Measured mean: ~1e-9.)
+    """
+    lr_sum = learning_rate_sum(config)
+    step_bound = (1 - config.optim.b1) / np.sqrt(1 - config.optim.b2)
+    assert lr_sum > 0
+    assert max_abs_diff(a, b) <= 2 * step_bound * lr_sum, (max_abs_diff(a, b), lr_sum)
+    assert mean_abs_diff(a, b) <= ZERO_GRADIENT_SHARE * 2 * step_bound * lr_sum, (
+        mean_abs_diff(a, b), lr_sum)
+
+
+def train_argv(workdir: Path, *overrides: str) -> list[str]:
+    """`dil-jax train` of configs/tiny.py for one QUICK step in `workdir`, quiet, with `overrides`
+    (`--config.key=value` arguments) last."""
+    return ["train", "--config", str(TINY_CONFIG), f"--config.workdir={workdir}",
+            "--config.log.progress=false", "--config.log.tensorboard=false",
+            "--config.checkpoint.async_save=false", "--config.num_train_steps=1",
+            *(f"--config.{key}={value}" for key, value in QUICK.items()), *overrides]
+
+
+def one_step_config(workdir: str | os.PathLike, num_train_steps: int = 1):
+    """The tiny config of one_step_params (no saves, no validation)."""
+    return tiny_config(workdir, {
+        "num_train_steps": num_train_steps, "checkpoint.export_params": "false",
+        "checkpoint.every_steps": 1000, "eval.use_validation_loss": "false"})
+
+
+def one_step_params(num_train_steps: int = 1, workdir: str = "") -> dict[str, np.ndarray]:
+    """Params after `num_train_steps` of the tiny config on every visible device (no saves)."""
+    import tempfile
+
+    from dil_jax.train.loop import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return flat_params(train(one_step_config(workdir or tmp, num_train_steps)).state.params)
+
+
+def _multiprocess(out: str, workdir: str, port: str, process_id: str) -> None:
+    """One of two processes x 2 CPU devices: 2 steps, stop (checkpoint), resume to 4 steps."""
+    from dil_jax.train.loop import train
+
+    overrides = {
+        "num_train_steps": 4, "checkpoint.every_steps": 2, "checkpoint.async_save": "true",
+        "checkpoint.export_params": "false", "distributed.initialize": "true",
+        "distributed.coordinator_address": f"localhost:{port}",
+        "distributed.num_processes": 2, "distributed.process_id": process_id,
+        "distributed.num_cpu_devices": 2}
+    config = tiny_config(workdir, overrides)
+    first = train(config, stop_after_step=2)
+    import jax
+
+    assert jax.process_count() == 2 and jax.device_count() == 4, jax.devices()
+    assert int(first.state.step) == 2
+    resumed = train(config)  # restores step 2 from the checkpoint both processes wrote
+    assert int(resumed.state.step) == 4
+    params = flat_params(jax.tree.map(np.asarray, resumed.state.params))
+    np.savez(f"{out}.process{process_id}.npz", **params)
+
+
+if __name__ == "__main__":
+    mode, out, *rest = sys.argv[1:]
+    if mode == "one_step":
+        import jax
+
+        steps, devices = (int(value) for value in (rest + ["1", "8"][len(rest):]))
+        assert jax.device_count() == devices, (devices, jax.devices())
+        np.savez(out, **one_step_params(steps))
+    elif mode == "multiprocess":
+        _multiprocess(out, *rest)
+    else:
+        raise SystemExit(f"unknown mode {mode}")

@@ -1,0 +1,196 @@
+"""QANet's Reformer options: LSH attention, reversible stacks, chunked feed-forward.
+
+References, as for the BERT family (tests/model/test_long_passages.py): the plain reader (itself
+checked against the NumPy reference in tests/model/test_qanet.py) where an option must not change
+the function (chunked feed-forward; LSH when one chunk holds the segment); plain autodiff through
+the same forward functions (`reversible_forward`) for the reversible stacks' custom backward pass;
+the NumPy reference's own reversible stack for the reversible forward.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dil_jax.model.qanet_layers as qanet_layers
+from dil_jax.model.qanet import QANetModel
+from dil_jax.model.qanet_layers import EncoderStack
+from dil_jax.model.reversible import reversible_forward, reversible_layers
+
+import tests.helpers.qanet_numpy_reference as ref
+from tests.helpers.qanet import perturb, segment, tiny_config, tiny_variables
+
+# Logits of the tiny reader reach ~100-300 (tests/model/test_qanet.py); two float32 programs of the
+# same function differ by a few ulp per op, ~1e-6 relative after ~40 sublayers (measured: the
+# NumPy comparison's 2.2e-6). 1e-4 of the largest logit leaves a margin; a changed function
+# (another attention pattern, a dropped chunk) moves logits by >= 1e-2 of it.
+MODEL_RTOL = 1e-4
+
+
+def _pairs(config, p_len=20):
+    return segment(10, 2, 7, (0, 3), config), segment(11, 2, p_len, (5, 0), config)
+
+
+def _assert_close_logits(got, want, passage):
+    real = np.asarray(passage.mask) > 0
+    scale = max(np.abs(np.asarray(want.start_logits)[real]).max(),
+                np.abs(np.asarray(want.end_logits)[real]).max())
+    for a, b in ((got.start_logits, want.start_logits), (got.end_logits, want.end_logits)):
+        np.testing.assert_allclose(np.asarray(a)[real], np.asarray(b)[real],
+                                   atol=MODEL_RTOL * scale, rtol=0)
+
+
+def _assert_gradients_close(got, want, relative: float) -> None:
+    """Every gradient entry within `relative` x the largest entry of all (as in
+    tests/model/test_long_passages.py: rounding in a sum is relative to its largest terms)."""
+    scale = max(float(np.abs(np.asarray(w)).max()) for w in jax.tree.leaves(want))
+    wanted = dict(jax.tree_util.tree_leaves_with_path(want))
+    for path, g in jax.tree_util.tree_leaves_with_path(got):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(wanted[path]),
+                                   atol=relative * scale, err_msg=str(path))
+
+
+def _loss(model, variables, question, passage, **kwargs):
+    def loss(params):
+        out = model({"params": params, "frozen": variables["frozen"]}, question, passage,
+                    **kwargs)
+        return jnp.sum(out.start_logits[:, :9] ** 2) * 1e-3 + jnp.sum(out.end_logits[:, 3:11])
+    return loss
+
+
+# ----------------------------------------------------------------------------- chunked FFN
+
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_chunked_feed_forward_keeps_the_function_and_its_gradients(chunk):
+    """Chunk 3 over 7- and 20-token segments (a ragged last chunk); 64 is longer than every
+    segment (the unchunked path)."""
+    config = tiny_config()
+    variables = tiny_variables(config)
+    question, passage = _pairs(config)
+    plain, chunked = QANetModel(config), QANetModel(config.replace(ffn_chunk_size=chunk))
+    _assert_close_logits(chunked(variables, question, passage),
+                         plain(variables, question, passage), passage)
+    _assert_gradients_close(jax.grad(_loss(chunked, variables, question, passage))(
+        variables["params"]), jax.grad(_loss(plain, variables, question, passage))(
+        variables["params"]), 1e-5)
+
+
+# ----------------------------------------------------------------------------- LSH
+
+def test_lsh_in_one_chunk_is_the_full_reader_and_its_gradients():
+    """bucket_size 64 >= every segment: one chunk and one bucket, i.e. full attention
+    (tests/model/test_lsh.py), in both encoders; the gradients flow through the sort as through
+    full attention."""
+    config = tiny_config()
+    variables = tiny_variables(config)
+    question, passage = _pairs(config)
+    full = QANetModel(config)
+    lsh = QANetModel(config.replace(lsh_encoders=("embedding", "model"), lsh_bucket_size=64))
+    _assert_close_logits(lsh(variables, question, passage), full(variables, question, passage),
+                         passage)
+    _assert_gradients_close(jax.grad(_loss(lsh, variables, question, passage))(
+        variables["params"]), jax.grad(_loss(full, variables, question, passage))(
+        variables["params"]), 1e-5)
+
+
+def test_lsh_with_many_chunks_is_fixed_at_inference_and_reseeded_in_training():
+    config = tiny_config(lsh_encoders=("embedding", "model"), lsh_bucket_size=4)
+    variables = tiny_variables(config)
+    question, passage = _pairs(config, p_len=24)
+    model = QANetModel(config)
+    first = np.asarray(model.encode_lower(variables, passage))
+    np.testing.assert_array_equal(np.asarray(model.encode_lower(variables, passage)), first)
+    # LSH restricts attention for real: not the full reader's states.
+    full = np.asarray(QANetModel(config.replace(lsh_encoders=())).encode_lower(variables,
+                                                                                passage))
+    assert np.abs(full - first).max() > 1e-2
+    # Training without an "lsh" rng keeps the fixed seed (dropout is 0 here); with one, new
+    # buckets; another lsh_seed, other buckets.
+    no_rng = model.encode_lower(variables, passage, deterministic=False,
+                                rngs={"dropout": jax.random.key(0)})
+    np.testing.assert_array_equal(np.asarray(no_rng), first)
+    reseeded = model.encode_lower(variables, passage, deterministic=False,
+                                  rngs={"dropout": jax.random.key(0), "lsh": jax.random.key(5)})
+    assert np.abs(np.asarray(reseeded) - first).max() > 1e-3
+    other = QANetModel(config.replace(lsh_seed=1)).encode_lower(variables, passage)
+    assert np.abs(np.asarray(other) - first).max() > 1e-3
+    # The upper part's LSH (model encoder) is fixed too: the same logits twice.
+    out = [model(variables, question, passage) for _ in range(2)]
+    np.testing.assert_array_equal(np.asarray(out[0].start_logits),
+                                  np.asarray(out[1].start_logits))
+
+
+# ----------------------------------------------------------------------------- reversible
+
+def test_reversible_reader_matches_the_numpy_reversible_stacks():
+    config = tiny_config(reversible=True)
+    variables = tiny_variables(config)
+    question, passage = _pairs(config)
+    out = jax.jit(lambda v, q, p: QANetModel(config)(v, q, p))(variables, question, passage)
+    for row in range(2):
+        real = np.asarray(passage.mask[row]) > 0
+        start, end = ref.qanet_forward(variables, question, passage, row, config)
+        scale = max(np.abs(start).max(), np.abs(end).max())
+        np.testing.assert_allclose(np.asarray(out.start_logits[row])[real], start,
+                                   atol=MODEL_RTOL * scale)
+        np.testing.assert_allclose(np.asarray(out.end_logits[row])[real], end,
+                                   atol=MODEL_RTOL * scale)
+
+
+@pytest.mark.parametrize("lsh", [False, True])
+def test_reversible_gradients_equal_plain_autodiff(monkeypatch, lsh):
+    """With dropout and (optionally) LSH over several chunks in both encoders, so the
+    recomputation must replay the same dropout masks and buckets. Tolerance as the BERT
+    family's (tests/model/test_long_passages.py): the backward pass recovers each layer's inputs as
+    y - F(x), exact in real arithmetic, a few ulp off in float32, carried by the remaining
+    layers' Jacobians: ~1e-6 of the largest gradient entry; 1e-4 of it leaves two orders of
+    magnitude, and a wrong recomputation (another dropout mask, another bucket) is O(1)."""
+    config = tiny_config(reversible=True, dropout=0.1, char_dropout=0.1, word_dropout=0.1,
+                         lsh_encoders=("embedding", "model") if lsh else (),
+                         lsh_bucket_size=4)
+    variables = tiny_variables(config)
+    question, passage = _pairs(config, p_len=24)
+    model = QANetModel(config)
+    loss = _loss(model, variables, question, passage, deterministic=False,
+                 rngs={"dropout": jax.random.key(4), "lsh": jax.random.key(6)})
+    value, got = jax.value_and_grad(loss)(variables["params"])
+    with monkeypatch.context() as patch:
+        patch.setattr(qanet_layers, "reversible_layers",
+                      lambda f, g, *args: reversible_forward(f, g, *args))
+        want_value, want = jax.value_and_grad(loss)(variables["params"])
+    # The same forward: the custom_vjp's is traced as one function, plain autodiff's runs op by
+    # op, so their float32 rounding differs (measured 1.6e-6 relative with LSH); 1e-5.
+    assert float(value) == pytest.approx(float(want_value), rel=1e-5)
+    _assert_gradients_close(got, want, 1e-4)
+
+
+def _activation_bytes(fn, args, seq: int) -> int:
+    """Bytes of the distinct arrays jax.vjp keeps for fn's backward pass that have a
+    sequence axis (`seq` wide, a size no parameter has): the saved activations."""
+    _, vjp_fn = jax.vjp(fn, *args)
+    leaves = {id(leaf): leaf for leaf in jax.tree.leaves(vjp_fn)}
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in leaves.values()
+               if seq in np.shape(leaf))
+
+
+def test_reversible_stack_saves_activations_that_do_not_grow_with_depth():
+    """The model encoder stack at 2 and 8 blocks: plain autodiff keeps every sublayer's
+    activations (at least each block's [batch, heads, seq, seq] attention weights); the
+    reversible stack only its outputs (and the mask)."""
+    seq = 61
+    x = np.random.default_rng(0).normal(size=(1, seq, 16)).astype(np.float32)
+    mask = np.ones((1, seq), np.int32)
+    sizes = {}
+    for reversible in (False, True):
+        for blocks in (2, 8):
+            config = tiny_config(model_blocks=blocks, reversible=reversible)
+            stack = EncoderStack(config, "model")
+            params = perturb(stack.init(jax.random.key(0), x, mask)["params"], 1)
+            sizes[reversible, blocks] = _activation_bytes(
+                lambda p, y, s=stack: s.apply({"params": p}, y, mask), (params, x), seq)
+    assert sizes[True, 8] == sizes[True, 2], sizes
+    attention_weights = 1 * 2 * seq * seq * 4  # one block's [1, 2 heads, seq, seq] float32
+    assert sizes[False, 8] - sizes[False, 2] >= 6 * attention_weights, sizes
+    assert reversible_layers is qanet_layers.reversible_layers  # the stack's own kernel

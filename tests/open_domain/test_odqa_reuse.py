@@ -1,0 +1,424 @@
+"""The passage cache's first-upper-block arrays (`--cache-reuse`) and compressed storages, read by
+the open-domain reader: the same answers and scores as without them, checked on open, refused
+when they belong to another model or storage, broken files named.
+
+A tiny random BERT (4 layers, hidden 32, 4 heads) with the MiniLM vocabulary, so the embedded
+MiniLM tokenizer builds the index; the sample passages in 32-token windows.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import Reader, load_hf_checkpoint
+from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.span_reader import PADDED_LOGIT
+from dil_jax.open_domain.build import passage_encoder
+from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.reuse import reuse_encoder
+from dil_jax.open_domain.cache.storage import Storage
+from dil_jax.open_domain.cache.store import (
+    REUSE_LSE_ARRAY,
+    REUSE_WIDE_ARRAYS,
+    CacheBrokenError,
+    CacheMismatchError,
+    PassageCache,
+    cache_bytes_per_token,
+)
+from dil_jax.open_domain.index.corpus import Document, split_documents
+from dil_jax.open_domain.index.folder import build_index, build_reader_cache, window_arrays
+from dil_jax.open_domain.reader import OpenDomainReader
+from dil_jax.open_domain.retrieval.engines import bm25_tokenize
+from dil_jax.samples import SAMPLE_PASSAGES
+from dil_jax.tokenization import load_tokenizer
+
+from tests.helpers import load_script, run_cli
+
+P_LEN, STRIDE, Q_LEN = 32, 16, 16
+NPY_HEADER = 128  # bytes of a .npy header of these shapes (format 1.0, padded to 64)
+
+
+@pytest.fixture(scope="module")
+def tiny(hf_folder_factory, minilm_dir):
+    folder = hf_folder_factory("bert", vocab_size=30522)[0]
+    config, params, _ = load_hf_checkpoint(folder, max_question_len=Q_LEN)
+    return Reader(DelayedInteractionModel(config), params, load_tokenizer(minilm_dir)), folder
+
+
+def _index(root, tokenizer):
+    documents = [Document(f"d{i}", f"T{i}", text) for i, text in enumerate(SAMPLE_PASSAGES)]
+    return build_index(root / "index", split_documents(documents, "paragraphs"), tokenizer,
+                       max_passage_len=P_LEN, doc_stride=STRIDE,
+                       split={"strategy": "paragraphs"})
+
+
+def _cache(index, reader, k, dtype="float32", reuse=True):
+    loaded = reader.with_config(num_lower_layers=k)
+    cache = build_reader_cache(
+        index, loaded, storage=Storage.parse(dtype),
+        encode=passage_encoder(loaded, batch_size=4),
+        reuse=reuse_encoder(loaded, batch_size=4) if reuse else None)
+    return loaded, cache
+
+
+def _questions(index) -> list[str]:
+    # The last question shares a word with every passage: every window is read.
+    every = " ".join(bm25_tokenize(passage.text)[0] for passage in index.passages)
+    return ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?",
+            f"What links {every}?"]
+
+
+def _read_spied(reader, questions):
+    """(ReadResult, [(p_stats given, SpanScores) per read_pairs call])."""
+    calls = []
+    original = reader.grid.read_pairs
+
+    def spy(*args, **kwargs):
+        scores = original(*args, **kwargs)
+        calls.append((kwargs.get("p_stats") is not None, scores))
+        return scores
+
+    reader.grid.read_pairs = spy
+    return reader.read(questions), calls
+
+
+@pytest.mark.parametrize("k", [3, 1])  # l = 4: k = l - 1 and k < l - 1
+def test_reader_with_cached_reuse_equals_the_reader_without(tiny, tmp_path, k):
+    """Same answers, and span/null scores within float32 rounding: the merge reorders a
+    softmax's sums and the stored form rounds lse = m + log l once, a few float32 ulps (~1e-7
+    relative) per step, carried through at most 3 blocks with LayerNorm; logits are O(1) here, so
+    1e-5 is ~100 ulps of headroom (measured: at most 1.0e-6), while a wrong merge (lse without
+    log l) is off by 2e-2."""
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded, cache = _cache(index, base, k)
+    assert cache.has_reuse and json.loads((cache.directory / "manifest.json").read_text())[
+        "reuse"] is True
+    questions = _questions(index)
+    runs = {}
+    for cached in (False, True):
+        reader = OpenDomainReader(index, loaded, cache,
+                                  top_p=len(index.passages), batch_size=4, chunk_size=8,
+                                  cached_reuse=cached)
+        assert reader.reads_cached_reuse == cached
+        runs[cached] = _read_spied(reader, questions)
+    (plain, plain_calls), (reused, reused_calls) = runs[False], runs[True]
+    assert [given for given, _ in plain_calls] == [False] * len(plain_calls)
+    assert [given for given, _ in reused_calls] == [True] * len(reused_calls)
+    for before, after in zip(plain.candidates, reused.candidates, strict=True):
+        assert [(c.passage_index, c.text, c.char_start) for c in before] == \
+            [(c.passage_index, c.text, c.char_start) for c in after]
+        np.testing.assert_allclose([c.reader_score for c in after],
+                                   [c.reader_score for c in before], rtol=1e-5, atol=1e-5)
+    for (_, before), (_, after) in zip(plain_calls, reused_calls, strict=True):
+        for a, b in zip(before.arrays, after.arrays, strict=True):
+            assert np.isfinite(a).all() and (np.abs(a) < -PADDED_LOGIT / 2).any()
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
+    # The reader as it was before the reuses (`pair_reuse=False`: every row of every upper
+    # block, full attention in each pair), the reference `benchmarks/odqa_speed.py` times.
+    reference = OpenDomainReader(index, loaded, cache,
+                                 top_p=len(index.passages), batch_size=4, chunk_size=8,
+                                 cached_reuse=False, pair_reuse=False)
+    assert not reference.grid.reuse and not reference.reads_cached_reuse
+    for before, after in zip(reference.read(questions).candidates, reused.candidates,
+                             strict=True):
+        assert [(c.passage_index, c.text, c.char_start) for c in before] == \
+            [(c.passage_index, c.text, c.char_start) for c in after]
+        np.testing.assert_allclose([c.reader_score for c in after],
+                                   [c.reader_score for c in before], rtol=1e-5, atol=1e-5)
+
+
+def test_prescreened_pairs_read_the_reuse_cache_as_before(tiny, tmp_path, minilm_dir):
+    """Kept tokens attend only kept keys: prescreened pairs never take the cached statistics,
+    and read exactly what they read from a cache without them."""
+    from dil_jax.open_domain.index.sentences import build_sentence_store
+    from dil_jax.open_domain.reader import ReaderPrescreen
+    from dil_jax.prescreening.screen import SentenceRule
+
+    from tests.helpers import random_prescreener
+
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded, cache = _cache(index, base, 3)
+    prescreener = random_prescreener(minilm_dir)
+    screen = ReaderPrescreen(prescreener, SentenceRule(top_m=1),
+                             build_sentence_store(index, prescreener))
+    runs = {}
+    for cached in (False, True):
+        reader = OpenDomainReader(index, loaded, cache, top_p=4,
+                                  batch_size=4, chunk_size=8, prescreen=screen,
+                                  cached_reuse=cached)
+        runs[cached] = _read_spied(reader, _questions(index))
+    for _, calls in runs.values():
+        assert calls and not any(given for given, _ in calls)
+    for before, after in zip(runs[False][1], runs[True][1], strict=True):
+        for a, b in zip(before[1].arrays, after[1].arrays, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_nothing_to_store_at_k_0_or_k_l(tiny):
+    base, _ = tiny
+    for k in (0, base.config.num_layers):
+        assert reuse_encoder(base.with_config(num_lower_layers=k)) is None
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "pca8"])
+def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name(
+        tiny, tmp_path, dtype):
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    k = 3
+    loaded, cache = _cache(index, base, k, dtype)
+    storage, hidden, heads = Storage(dtype), base.config.hidden_size, base.config.num_heads
+    # What was stored is the storage's round trip of a fresh computation (writer = reader).
+    arrays = window_arrays(index)
+    fresh = passage_encoder(loaded, batch_size=4)(arrays["ids"], arrays["mask"])
+    np.testing.assert_array_equal(cache.read_states(range(len(cache))),
+                                  cache.states.round_trip(fresh))
+    upper = reuse_encoder(loaded, batch_size=4)(fresh, arrays["mask"])
+    stored = cache.read_reuse(range(len(cache)))
+    for name in REUSE_WIDE_ARRAYS:
+        np.testing.assert_array_equal(stored[name],
+                                      storage.without_pca().round_trip(upper[name]))
+    np.testing.assert_array_equal(stored[REUSE_LSE_ARRAY], upper[REUSE_LSE_ARRAY])
+    # Bytes per token from the files: the scheme's formula, plus headers and (pca) the basis.
+    sizes = cache_bytes_per_token(cache)
+    slots = len(cache) * P_LEN
+    files = 1 + storage.scaled
+    basis = 0
+    if storage.pca_dim:
+        files += 2
+        basis = 4 * hidden * (storage.pca_dim + 1)
+    expected = {"int8": hidden + 4, "bfloat16": 2 * hidden, "pca8": 8 + 4}[dtype]
+    assert sizes["states"] == pytest.approx(expected + (basis + NPY_HEADER * files) / slots)
+    wide = storage.without_pca()
+    expected_reuse = 4 * wide.bytes_per_token(hidden) + 4 * heads
+    reuse_files = 4 * (1 + wide.scaled) + 1
+    assert sizes["reuse"] == pytest.approx(expected_reuse + NPY_HEADER * reuse_files / slots)
+    # The reader checks it on open (states and reuse arrays within the storage's own error)...
+    opened = index.open_cache(loaded, Storage.parse(dtype))
+    reader = OpenDomainReader(index, loaded, opened, top_p=4, batch_size=4,
+                              chunk_size=8)
+    assert reader.reads_cached_reuse
+    result = reader.read(_questions(index))
+    assert all(np.isfinite(c.reader_score) for cs in result.candidates for c in cs)
+    # ... and a reader asking for another storage is refused, naming both.
+    for other in ("float32", "int8" if dtype != "int8" else "pca8"):
+        with pytest.raises(CacheMismatchError,
+                           match=f"stores its states as '{dtype}' and this run reads '{other}' "
+                                 f"\\(--cache-dtype {other}\\); give --cache-dtype {dtype}"):
+            index.open_cache(loaded, Storage.parse(other))
+
+
+def _other_query(params, layer: int):
+    """params with the first upper block's query kernel changed: the same lower states (blocks
+    1..k untouched), other q and attention statistics."""
+    other = jax.tree.map(lambda x: x, params)
+    block = dict(other[f"block_{layer}"])
+    attention = dict(block["attention"])
+    attention["query"] = dict(attention["query"],
+                              kernel=attention["query"]["kernel"] * 1.5 + 0.1)
+    block["attention"] = attention
+    other[f"block_{layer}"] = block
+    return other
+
+
+def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    k = 2
+    loaded, cache = _cache(index, base, k)
+    other_params = _other_query(base.params, k)
+    _, other = _cache(index, base.with_params(other_params), k)
+    assert other.directory != cache.directory
+    for name in ("upper_context.npy", "upper_logsumexp.npy"):
+        shutil.copyfile(other.directory / name, cache.directory / name)
+    # The file digests recorded at build time catch the copy first ...
+    with pytest.raises(CacheBrokenError,
+                       match=f"{cache.directory / 'upper_context.npy'}: broken passage cache "
+                             r"\(its sha256 differs"):
+        index.open_cache(loaded)
+    # ... and without them (a cache of older code) the recomputed arrays do.
+    manifest_path = cache.directory / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["files"], manifest["digest_sample"]
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(CacheBrokenError,
+                       match=f"{cache.directory / 'upper_context.npy'}: the stored "
+                             "first-upper-block array upper_context does not match"):
+        index.open_cache(loaded)
+    # `dil-jax index` (the builder) rebuilds the broken cache instead of failing on it.
+    _cache(index, base, k)
+    index.open_cache(loaded)
+
+
+def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    _, cache = _cache(index, base, 3, "int8")
+    lse = cache.directory / "upper_logsumexp.npy"
+    size = lse.stat().st_size
+    with lse.open("r+b") as stream:
+        stream.truncate(size // 2)
+    with pytest.raises(CacheBrokenError, match=f"{lse}: broken passage cache"):
+        PassageCache.open(cache.directory)
+    shutil.rmtree(cache.directory)
+    _, cache = _cache(index, base, 3, "int8")
+    context_scale = cache.directory / "upper_context.scale.npy"
+    with context_scale.open("r+b") as stream:
+        stream.write(b"not a npy header")
+    with pytest.raises(CacheBrokenError, match=f"{context_scale}: broken passage cache"):
+        PassageCache.open(cache.directory)
+
+
+def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    _, plain = _cache(index, base, 3, reuse=False)
+    assert not plain.has_reuse
+    assert sorted(p.name for p in plain.directory.iterdir()) == [
+        "ids.npy", "manifest.json", "mask.npy", "offsets.npy", "states.npy"]
+    with pytest.raises(CacheMismatchError, match=r"--cache-reuse.*delete"):
+        _cache(index, base, 3, reuse=True)
+    shutil.rmtree(plain.directory)
+    _cache(index, base, 3, reuse=True)
+    # A cache with them serves a run that does not ask for them.
+    assert _cache(index, base, 3, reuse=False)[1].has_reuse
+
+
+def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded = base.with_config(num_lower_layers=2)
+    config = loaded.config
+    manifest = index.cache_key(loaded, Storage.parse("pca6"))
+    arrays = window_arrays(index)
+    encode = passage_encoder(loaded, batch_size=4)
+    reuse = reuse_encoder(loaded, batch_size=4)
+    args = (manifest, arrays["ids"], arrays["mask"], arrays["offsets"])
+    options = dict(chunk_passages=3, reuse=reuse, num_heads=config.num_heads)
+    whole = build_passage_cache(tmp_path / "whole", *args, encode, **options)
+    calls = []
+
+    def failing(ids, mask):
+        if len(calls) == 3:  # the PCA sample, then two chunks
+            raise KeyboardInterrupt("simulated interruption")
+        calls.append(len(ids))
+        return encode(ids, mask)
+
+    with pytest.raises(KeyboardInterrupt):
+        build_passage_cache(tmp_path / "resumed", *args, failing, **options)
+    resumed = build_passage_cache(tmp_path / "resumed", *args, encode, **options)
+    for name in ["states", *REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY]:
+        for suffix in (".npy", ".scale.npy", ".pca_basis.npy"):
+            path = whole.directory / f"{name}{suffix}"
+            if path.exists():
+                np.testing.assert_array_equal(np.load(resumed.directory / path.name),
+                                              np.load(path))
+
+
+def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
+    _, folder = tiny
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
+                              + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
+    common = ["--checkpoint", str(folder), "--tokenizer", "default", "--max-question-len",
+              str(Q_LEN), "--batch-size", "2", "--chunk-size", "8"]
+    index = tmp_path / "index"
+    build = ["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "3",
+             "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE), *common]
+    status, _, err = run_cli([*build, "--cache-dtype", "int4"], capsys)
+    assert status == 2 and "--cache-dtype" in err and "'int4'" in err
+    status, _, err = run_cli([*build, "--cache-dtype", "pca64"], capsys)
+    assert status == 1 and "'pca64'" in err and "1..32" in err
+    status, _, err = run_cli([*build, "--cache-dtype", "int8", "--cache-reuse"], capsys)
+    assert status == 0, err
+    [cache] = index.glob("cache-k3-*")
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert manifest["dtype"] == "int8" and manifest["reuse"] is True
+    ask = ["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--k", "3",
+           "--top-p", "2", *common]
+    status, out, err = run_cli([*ask, "--cache-dtype", "int8"], capsys)
+    assert status == 0 and "A: " in out, err
+    status, _, err = run_cli([*ask, "--cache-dtype", "float32"], capsys)
+    assert status == 1
+    assert "stores its states as 'int8'" in err and "give --cache-dtype int8" in err
+    status, out, err = run_cli(ask, capsys)  # no --cache-dtype: the cache's own storage
+    assert status == 0 and "A: " in out, err
+
+
+def _sample_squad(tmp_path) -> Path:
+    """A two-article SQuAD v1.1 file made of the sample passages and three questions."""
+    questions = [("Who wrote Pride and Prejudice?", "Jane Austen"),
+                 ("When did Apollo 11 land on the Moon?", "20 July 1969"),
+                 ("What is the capital of France?", "Paris")]
+    data = {"version": "1.1", "data": []}
+    for number, text in enumerate(SAMPLE_PASSAGES):
+        qas = [{"id": f"q{number}-{i}", "question": question,
+                "answers": [{"text": answer, "answer_start": text.index(answer)}]}
+               for i, (question, answer) in enumerate(questions) if answer in text]
+        data["data"].append({"title": f"A{number % 2}",
+                             "paragraphs": [{"context": text, "qas": qas}]})
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps(data))
+    return squad
+
+
+def _benchmark(name: str):
+    """A script of benchmarks/ imported as a module."""
+    return load_script(f"benchmarks/{name}.py")
+
+
+def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
+    """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
+    file made of the sample passages: every scheme's row, bytes/token from its files."""
+    _, folder = tiny
+    squad = _sample_squad(tmp_path)
+    bench = _benchmark("cache_compression")
+    rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
+                       "--max-question-len", str(Q_LEN), "--data", str(squad),
+                       "--schemes", "float32", "int8", "pca8", "--reuse", "--top-p", "3",
+                       "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
+                       "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
+                       str(STRIDE), "--batch-size", "2", "--chunk-size", "8",
+                       "--out", str(tmp_path / "out")])
+    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8"]
+    assert all(row["reads_cached_reuse"] for row in rows)
+    hidden = 32
+    states = [row["bytes_per_token"]["states"] for row in rows]
+    assert states[0] > 4 * hidden and hidden + 4 < states[1] < 4 * hidden and states[2] < states[1]
+    for row in rows:
+        assert row["open_domain"]["questions"] == 3 and 0 <= row["predict"]["F1"] <= 100
+    record = json.loads((tmp_path / "out" / "cache_compression.json").read_text())
+    assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
+    assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
+
+
+def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
+    """benchmarks/odqa_speed.py end to end on the tiny reader: for each k, the reader before the
+    reuses, with the pair program's reuses, with padding trimmed and with the cached arrays, on
+    the same questions;
+    the same answers and reader scores within float32 rounding (as above), and the record."""
+    _, folder = tiny
+    squad = _sample_squad(tmp_path)
+    rows = _benchmark("odqa_speed").main([
+        "--checkpoint", str(folder), "--tokenizer", "default", "--ks", "3", "1",
+        "--max-question-len", str(Q_LEN), "--data", str(squad), "--limit", "3", "--top-p", "3",
+        "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE), "--repeats", "1",
+        "--batch-size", "2", "--chunk-size", "8", "--work", str(tmp_path / "work"),
+        "--out", str(tmp_path / "out" / "odqa_speed")])
+    assert [(row["k"], row["mode"]) for row in rows] == [
+        (k, mode) for k in (3, 1) for mode in ("before", "pair reuse", "+ trim", "+ cache")]
+    for row in rows:
+        assert row["same_answer_share"] == 1.0 and row["max_score_difference"] < 1e-5
+        assert row["reads_cached_reuse"] == (row["mode"] == "+ cache")
+        assert row["speedup"] > 0 and len(row["walls_s"]) == 1
+    record = json.loads((tmp_path / "out" / "odqa_speed.json").read_text())
+    assert record["questions"] == 3 and len(record["rows"]) == 8
+    assert (tmp_path / "out" / "odqa_speed.md").read_text().count("| 3 | ") == 4

@@ -1,0 +1,215 @@
+"""Sentence prescreening: splitting by hand, embeddings vs Hugging Face, a model that learns."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dil_jax.prescreening.model import PrescreenConfig
+from dil_jax.prescreening.sentences import answer_sentence, split_sentences
+from dil_jax.prescreening.train import SentenceData, data_scores, topk_accuracy, train_prescreener
+
+
+def test_split_sentences_by_hand():
+    text = ("Mr. Smith went to Washington D.C. in 1990. He met J. R. R. Tolkien there! "
+            "Was it raining? \"Yes,\" said the U.S. officer. 3 days later it stopped.")
+    spans = split_sentences(text)
+    assert [text[a:b] for a, b in spans] == [
+        "Mr. Smith went to Washington D.C. in 1990.",
+        "He met J. R. R. Tolkien there!",
+        "Was it raining?",
+        "\"Yes,\" said the U.S. officer.",
+        "3 days later it stopped.",
+    ]
+    assert split_sentences("") == []
+    assert split_sentences("no stop at all") == [(0, 14)]
+    assert answer_sentence(spans, text.index("Tolkien")) == 1
+    assert answer_sentence(spans, text.index("3 days")) == 4
+    assert answer_sentence(spans, 0) == 0
+
+
+def test_sentence_embeddings_match_hf_mean_pooling(minilm_dir):
+    """all-MiniLM-L6-v2's recipe computed independently with transformers + torch."""
+    import torch
+    from transformers import AutoModel
+
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.prescreening.embed import sentence_embeddings
+
+    encoder = load_reader(str(minilm_dir), None, 16)
+    tokenizer = encoder.tokenizer
+    texts = ["The cat sat on the mat.", "Paris is the capital of France.", "Hi"]
+    ours = sentence_embeddings(encoder, texts, max_len=16, batch_size=2)
+    hf = AutoModel.from_pretrained(str(minilm_dir)).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        states = hf(**batch).last_hidden_state
+    mask = batch["attention_mask"][..., None].float()
+    reference = (states * mask).sum(1) / mask.sum(1)
+    reference = torch.nn.functional.normalize(reference, dim=-1).numpy()
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    assert ours[0] @ ours[1] < 0.5 < ours[0] @ ours[0]
+
+
+def _synthetic(n: int, seed: int) -> SentenceData:
+    """The answer sentence is the one most aligned with the question (plus noise)."""
+    rng = np.random.default_rng(seed)
+    dim, s = 16, 6
+    sentences = rng.normal(size=(n, s, dim)).astype(np.float32)
+    counts = rng.integers(2, s + 1, n)
+    mask = (np.arange(s)[None] < counts[:, None]).astype(np.int32)
+    labels = rng.integers(0, counts)
+    question = sentences[np.arange(n), labels] + 0.3 * rng.normal(size=(n, dim))
+    return SentenceData(question.astype(np.float32), sentences, mask, labels.astype(np.int32),
+                        [str(i) for i in range(n)], 0)
+
+
+def test_prescreener_learns_and_respects_the_mask():
+    config = PrescreenConfig(embedding_dim=16, width=32, num_layers=2, num_heads=2, mlp_dim=64,
+                             max_sentences=6, dropout=0.0)
+    train, valid = _synthetic(512, 0), _synthetic(128, 1)
+    result = train_prescreener(train, config, steps=300, batch_size=32, learning_rate=3e-3)
+    assert np.mean(result.losses[-20:]) < 0.5 * np.mean(result.losses[:20])
+    scores = data_scores(result.params, config, valid)
+    assert np.all(scores[valid.sentence_mask == 0] <= -1e8)
+    accuracy = topk_accuracy(scores, valid.label)
+    chance = float(np.mean(1 / valid.sentence_mask.sum(1)))
+    assert accuracy["top1"] > chance + 0.3 and accuracy["top2"] >= accuracy["top1"]
+
+
+def test_topk_accuracy_by_hand():
+    scores = np.array([[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]])
+    assert topk_accuracy(scores, np.array([1, 2])) == {"top1": 0.5, "top2": 1.0}
+
+
+def test_sentence_rules_by_hand():
+    from dil_jax.prescreening.screen import SentenceRule
+
+    logits = np.log(np.array([[0.1, 0.6, 0.3, 1.0], [0.5, 0.25, 0.25, 1.0]]))
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]])
+    # Row 1's fourth sentence is real: probabilities 0.25, 0.125, 0.125, 0.5.
+    assert SentenceRule(top_m=1).select(logits, mask).tolist() == [
+        [False, True, False, False], [False, False, False, True]]
+    assert SentenceRule(top_m=2).select(logits, mask).tolist() == [
+        [False, True, True, False], [True, False, False, True]]
+    # mass 0.85: row 0 needs 0.6 + 0.3; row 1 needs 0.5 + 0.25 + 0.125 (either tie; stable).
+    assert SentenceRule(top_m=None, mass=0.85).select(logits, mask).tolist() == [
+        [False, True, True, False], [True, True, False, True]]
+    assert SentenceRule(top_m=2, mass=0.85).select(logits, mask).sum(1).tolist() == [2, 2]
+    assert SentenceRule(top_m=None, mass=0.5).select(logits, mask).sum(1).tolist() == [1, 1]
+    for bad in (dict(top_m=None), dict(top_m=0), dict(top_m=None, mass=1.5)):
+        with pytest.raises(ValueError):
+            SentenceRule(**bad)
+
+
+def test_token_sentences_and_kept_tokens_by_hand():
+    from dil_jax.prescreening.screen import token_sentences, window_keep
+
+    spans = [[(0, 5), (6, 12)], [(0, 3)]]
+    # Window 0 of passage 0: tokens at chars 0, 3, 6, 10, then [SEP], padding.
+    offsets = np.array([[[0, 3], [3, 5], [6, 10], [10, 12], [-1, -1], [-1, -1]],
+                        [[0, 3], [-1, -1], [-1, -1], [-1, -1], [-1, -1], [-1, -1]]])
+    mask = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]])
+    sentences = token_sentences(offsets, np.array([0, 1]), spans)
+    assert sentences.tolist() == [[0, 0, 1, 1, -1, -1], [0, -1, -1, -1, -1, -1]]
+    kept = np.array([[False, True], [False, False]])
+    assert window_keep(sentences, kept, mask).tolist() == [
+        [False, False, True, True, True, False], [False] * 6]
+    # A sentence past the scored ones (spans cut to max_sentences) is never kept.
+    cut = token_sentences(offsets, np.array([0, 1]), [[(0, 5)], [(0, 3)]])
+    assert cut[0].tolist() == [0, 0, -2, -2, -1, -1]
+    assert window_keep(cut, np.array([[True], [True]]), mask)[0].tolist() == [
+        True, True, False, False, True, False]
+
+
+def test_reading_kept_sentences_equals_reading_their_text():
+    """With the full model, reading only a context's kept sentences (token mask before the upper
+    blocks) gives the same answer as reading a context made of those sentences' text."""
+    import dataclasses
+
+    from dil_jax.checkpoints import load_reader
+    from dil_jax.data.decoding import answers, decode_predictions
+    from dil_jax.data.features import featurize
+    from dil_jax.data.squad import SquadExample
+    from dil_jax.defaults import bundled_reader
+    from dil_jax.predict import predict_squad, window_logits
+    from dil_jax.prescreening.screen import token_sentences, window_keep
+
+    reader = load_reader(str(bundled_reader("full")), None, 32)
+    context = ("The Amazon is a river in South America. It flows into the Atlantic Ocean. "
+               "Its basin covers seven million square kilometres. The river was named by "
+               "Francisco de Orellana in 1542. Many fish live in it.")
+    questions = [("q1", "Who named the Amazon river?"), ("q2", "Where does the Amazon flow?")]
+    kept_sets = [(0, 3), (1, 4)]
+    spans = split_sentences(context)
+    examples = [SquadExample(qid, "T", context, question, (), ()) for qid, question in questions]
+    features = featurize(examples, reader.tokenizer, max_question_len=32, max_passage_len=32,
+                         doc_stride=16)
+    assert features.num_windows > len(examples)  # several windows per context
+    kept = np.zeros((len(examples), len(spans)), bool)
+    for row, chosen in enumerate(kept_sets):
+        kept[row, list(chosen)] = True
+    token_sentence = token_sentences(features.offsets, np.zeros(features.num_windows, int),
+                                     [spans])
+    keep = window_keep(token_sentence, kept[features.example_index], features.p_mask)
+    logits = window_logits(reader.model, reader.params, features, batch_size=4, progress=False,
+                           keep=keep)
+    ours = decode_predictions(examples, features, logits.start_logits, logits.end_logits)
+    for example, chosen in zip(examples, kept_sets, strict=True):
+        text = " ".join(context[slice(*spans[i])] for i in chosen)
+        alone = predict_squad(reader, [dataclasses.replace(example, context=text)],
+                              max_passage_len=32, doc_stride=16, batch_size=4, progress=False)
+        assert answers(ours)[example.qid] == alone[example.qid] != ""
+        assert answers(ours)[example.qid] in text
+    assert "Orellana" in answers(ours)["q1"] and "Atlantic" in answers(ours)["q2"]
+
+
+def test_bundled_prescreener_beats_the_first_sentence(shared_data):
+    """The bundled prescreener on two validation articles it was not trained on (28, 29): well
+    above always picking the first sentence (the seed's baseline)."""
+    from dil_jax.data.squad import load_squad, select_articles
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.prescreening.train import build_sentence_data, first_sentence_accuracy
+
+    prescreener = SentencePrescreener.load("default")
+    examples = select_articles(
+        load_squad(shared_data / "squad" / "dev-v1.1.35-articles.json").examples, "28:30")
+    data = build_sentence_data(examples, prescreener.encoder, max_sentences=32)
+    accuracy = topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
+                             data.label)
+    assert len(data.label) > 100
+    assert accuracy["top1"] > first_sentence_accuracy(data) + 0.15
+    assert accuracy["top2"] > 0.7
+
+
+def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
+    from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
+
+    with pytest.raises(PrescreenerError, match=f"{tmp_path}: not a prescreener"):
+        SentencePrescreener.load(tmp_path)
+    (tmp_path / "prescreener.json").write_text('{"format": "something else"}')
+    with pytest.raises(PrescreenerError, match="format 'something else'"):
+        SentencePrescreener.load(tmp_path)
+
+
+def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
+    """`dil-jax prescreen --config ...` on three tiny article splits: a loadable checkpoint whose
+    record names the dev evaluations and the step it kept."""
+    import json
+
+    from dil_jax.cli import main
+    from dil_jax.prescreening.prescreener import SentencePrescreener
+
+    workdir = tmp_path / "prescreener"
+    assert main(["prescreen", "--config", "configs/prescreen.py",
+                 f"--config.data.file={shared_data / 'squad' / 'dev-v1.1.35-articles.json'}",
+                 "--config.data.train_articles=0:1", "--config.data.dev_articles=1:2",
+                 "--config.data.val_articles=2:3", "--config.model.num_layers=1",
+                 "--config.train.steps=20", "--config.train.eval_every=10",
+                 f"--config.workdir={workdir}"]) == 0
+    record = json.loads((workdir / "prescreener.json").read_text())["trained"]
+    assert [step for step, _ in record["dev_top1"]] == [10, 20]
+    assert record["best_step"] in (10, 20)
+    assert (workdir / "results.md").read_text().startswith("| split |")
+    loaded = SentencePrescreener.load(workdir)
+    assert loaded.config.num_layers == 1 and loaded.encoder_name == "default"

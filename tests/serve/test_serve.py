@@ -1,0 +1,281 @@
+"""`dil-jax serve` with the bundled readers over a tiny index, through a real uvicorn server
+on loopback: answers routed to the request that asked under concurrency, batched reads equal
+single reads, no compilation after /readyz, `/v1/read` against the model's plain call, the
+reference client.
+
+One server for the module (loading and warming two readers takes ~40 s on 2 busy cores).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from dil_jax.cli import main
+from dil_jax.client import Client, ServiceError, format_answer
+from dil_jax.defaults import bundled_reader
+from dil_jax.samples import SAMPLE_PASSAGES
+from dil_jax.serve.metrics import CompileCounter
+
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.skipif(bundled_reader("full") is None or bundled_reader("delayed") is None,
+                                reason="needs the bundled readers")
+
+# Each question, and the sample passage (title) its answer is in.
+QUESTIONS = {"Who wrote Pride and Prejudice?": "T1",
+             "What is the capital of France?": "T0",
+             "When did Apollo 11 land on the Moon?": "T3",
+             "What is the largest coral reef system?": "T4"}
+LONG_CONTEXT = " ".join(SAMPLE_PASSAGES[:4])  # ~120 tokens: several 48-token windows
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    import uvicorn
+
+    from dil_jax.serve.app import AppSettings, create_app
+    from dil_jax.serve.engine import Engine
+    from dil_jax.serve.loading import ReadSettings, default_specs, load_served_readers
+    from dil_jax.serve.metrics import ServeMetrics
+    from dil_jax.serve.schemas import Limits
+
+    root = tmp_path_factory.mktemp("serve")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
+                              + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
+    index = root / "index"
+    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "4",
+                 "--checkpoint", str(bundled_reader("full")), str(bundled_reader("delayed")),
+                 "--max-question-len", "16", "--max-passage-len", "48",
+                 "--doc-stride", "24"]) == 0
+    readers = load_served_readers(str(index), default_specs(None, None, None),
+                                  ReadSettings(top_p=3, batch_size=4, chunk_size=8,
+                                               max_question_len=16, batch_shapes=(1,)))
+    # A long gathering deadline, so that concurrent requests meet in one batch here.
+    engine = Engine(readers, Limits(max_p=3), ServeMetrics(), max_batch=4, max_wait_s=0.3)
+    app = create_app(engine, AppSettings(request_timeout_s=120))
+    port = free_port()
+    uvicorn_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                   log_level="warning"))
+    thread = threading.Thread(target=uvicorn_server.run, daemon=True)
+    thread.start()
+    client = Client(f"http://127.0.0.1:{port}", timeout=120)
+    client.wait_ready(timeout=600)
+    yield client, engine
+    uvicorn_server.should_exit = True
+    thread.join(60)
+
+
+def test_concurrent_questions_each_get_their_own_answer(server):
+    client, engine = server
+    asks = [(question, reader) for question in QUESTIONS for reader in ("full", "delayed")]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(lambda ask: client.answer(ask[0], reader=ask[1]), asks))
+    for (question, reader), payload in zip(asks, together):
+        assert payload["question"] == question and payload["reader"] == reader
+        assert payload["answers"][0]["title"] == QUESTIONS[question], payload
+    assert max(payload["batch_size"] for payload in together) > 1  # read together
+    # A lone question is read with its own smaller padding (--batch-shapes 1), a batch with
+    # the whole batch's: both must give the same answers (below).
+    delayed = engine.readers["delayed"]
+    assert delayed.for_questions(1).passage_rows < delayed.reader.passage_rows
+    # Read alone, each question gets the same answer as in its batch.
+    for (question, reader), payload in zip(asks, together):
+        alone = client.answer(question, reader=reader)
+        assert alone["answers"][0]["text"] == payload["answers"][0]["text"]
+        assert alone["answers"][0]["reader_score"] == pytest.approx(
+            payload["answers"][0]["reader_score"], abs=1e-4)
+
+
+def test_nothing_compiles_after_ready(server):
+    client, _ = server
+    before = CompileCounter.count
+    questions = [*QUESTIONS, "Paris?", "zzzz qqqq",  # one token; no BM25 hit
+                 "What does photosynthesis release, and where do the plants store the energy "
+                 "they take from light, according to the passage?"]  # truncated to 16 tokens
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda q: client.answer(q, reader="delayed", p=2, top_k=2), questions))
+        list(pool.map(lambda q: client.answer(q, reader="full", use_ir=False), questions))
+    for question in questions:  # alone: read with the 1-question shape (--batch-shapes 1)
+        for reader in ("full", "delayed"):
+            client.answer(question, reader=reader)
+    for reader in ("full", "delayed"):
+        client.read("Who landed on the Moon?", LONG_CONTEXT, reader=reader, top_k=3)
+        client.read("Who wrote it?", "Jane Austen wrote it.", reader=reader,
+                    handle_impossible_answer=True)
+        with ThreadPoolExecutor(3) as pool:  # contexts read together, in a larger shape
+            list(pool.map(lambda context, name=reader: client.read("Who?", context,
+                                                                   reader=name),
+                          [LONG_CONTEXT, SAMPLE_PASSAGES[0], SAMPLE_PASSAGES[5]]))
+    assert CompileCounter.count == before, "a request compiled a program after /readyz"
+
+
+def test_metrics_count_no_compilation_while_serving(server):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client, _ = server
+    client.answer("Who wrote Pride and Prejudice?")
+    text = urllib.request.urlopen(client.url + "/metrics").read().decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    compiled = {s.labels["stage"]: s.value for s in families["dil_jax_compilations"].samples}
+    assert compiled["startup"] > 0 and compiled["serving"] == 0
+
+
+def test_depth_p_equals_a_read_at_depth_p(server):
+    import copy
+
+    from dil_jax.open_domain.scoring import pick_answer
+
+    client, engine = server
+    for question in QUESTIONS:
+        served = client.answer(question, reader="delayed", p=1, use_ir=False)
+        shallow = copy.copy(engine.readers["delayed"].reader)
+        shallow.top_p = 1
+        read = shallow.read([question])
+        assert served["answers"][0]["text"] == pick_answer(read.candidates[0], None).text
+
+
+def test_read_route_scores_the_models_own_logits(server):
+    """The served /v1/read (windows padded to the server's rows, chunks trimmed, batched
+    programs) against the full reader's plain call on each window, scored by the same rule."""
+    from dil_jax.data.features import window_contexts
+    from dil_jax.serve.pipeline import window_spans
+    from dil_jax.tokenization import encode_questions
+
+    client, engine = server
+    served = client.read("When did Apollo 11 land on the Moon?", LONG_CONTEXT, reader="full",
+                         top_k=1)
+    assert LONG_CONTEXT[served["start"]:served["end"]] == served["answer"]
+    assert "1969" in served["answer"]
+    reader = engine.readers["full"].reader
+    windows = window_contexts(reader.reader.tokenizer, [LONG_CONTEXT], max_passage_len=48,
+                              doc_stride=24)
+    assert windows.ids.shape[0] > 1
+    q = encode_questions(reader.reader.tokenizer, ["When did Apollo 11 land on the Moon?"], 16)
+    n = windows.ids.shape[0]
+    out = reader.reader.model(reader.reader.params, np.repeat(q.ids, n, 0), np.repeat(q.mask, n, 0),
+                       windows.ids, windows.mask)
+    best = max(window_spans(np.asarray(out.start_logits[w]), np.asarray(out.end_logits[w]),
+                            float(out.null_start_logits[w]), float(out.null_end_logits[w]),
+                            windows.offsets[w, :, 0] >= 0, 1, 15)[0][0][2] for w in range(n))
+    assert served["score"] == pytest.approx(best, abs=1e-4)
+    listed = client.read("When did Apollo 11 land on the Moon?", LONG_CONTEXT, top_k=3,
+                         handle_impossible_answer=True)
+    assert isinstance(listed, list) and len(listed) == 3
+    assert [a["score"] for a in listed] == sorted((a["score"] for a in listed), reverse=True)
+
+
+def _read_batches(engine) -> tuple[float, float]:
+    """(sum, count) of the worker's /v1/read batch sizes so far, from /metrics' text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(engine.metrics.text().decode()):
+        for sample in family.samples if family.name == "dil_jax_batch_size" else ():
+            for suffix in totals:
+                if sample.name.endswith(suffix) and sample.labels["kind"] == "read":
+                    totals[suffix] += sample.value
+    return totals["_sum"], totals["_count"]
+
+
+@pytest.mark.parametrize("reader", ["full", "delayed"])
+def test_concurrent_contexts_are_read_together_each_its_own(server, reader):
+    """Concurrent /v1/read requests are read in one pair read (their windows as rows, each
+    with its own question) and each gets the answer it gets alone."""
+    client, engine = server
+    asks = [("Who wrote Pride and Prejudice?", SAMPLE_PASSAGES[1], "Jane Austen"),
+            ("What is the capital of France?", SAMPLE_PASSAGES[0], "Paris"),
+            ("When did Apollo 11 land on the Moon?", LONG_CONTEXT, "1969"),
+            ("What is the largest coral reef system?", SAMPLE_PASSAGES[4], "Great Barrier")]
+    batches_before = _read_batches(engine)
+    with ThreadPoolExecutor(len(asks)) as pool:
+        together = list(pool.map(lambda ask: client.read(ask[0], ask[1], reader=reader), asks))
+    batch_sum, batch_count = (after - before for after, before
+                              in zip(_read_batches(engine), batches_before))
+    assert batch_count < len(asks) and batch_sum == len(asks)  # some read together
+    for (question, context, words), payload in zip(asks, together):
+        assert words in payload["answer"], (question, payload)
+        assert context[payload["start"]:payload["end"]] == payload["answer"]
+        alone = client.read(question, context, reader=reader)
+        assert alone["answer"] == payload["answer"]
+        assert alone["score"] == pytest.approx(payload["score"], abs=1e-4)
+
+
+def test_the_client_names_refusals_and_formats_answers(server):
+    client, _ = server
+    with pytest.raises(ServiceError) as refused:
+        client.answer("Who?", p=4)
+    assert refused.value.status == 422 and refused.value.field == "p"
+    assert "p 4 is out of range" in refused.value.message
+    text = format_answer(client.answer("Who wrote Pride and Prejudice?", top_k=2))
+    assert text.startswith("Q: Who wrote Pride and Prejudice?\nA: ") and "Jane Austen" in text
+    assert "time: queue" in text
+    assert Client("http://127.0.0.1:9", timeout=2).ready() is False
+    with pytest.raises(ServiceError, match="cannot reach"):
+        Client("http://127.0.0.1:9", timeout=2).answer("Who?")
+
+
+def test_client_command_line(server, capsys):
+    from dil_jax.client import main as client_main
+
+    client, _ = server
+    assert client_main(["Who wrote Pride and Prejudice?", "--server", client.url,
+                        "--reader", "delayed"]) == 0
+    assert "Jane Austen" in capsys.readouterr().out
+    assert client_main(["Who?", "--server", client.url, "--reader", "tiny"]) == 1
+    assert "reader 'tiny' is not one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("reader,k", [("full", "0"), ("delayed", "4")])
+def test_ask_server_prints_what_a_local_read_prints(server, capsys, reader, k):
+    """`dil-jax ask --server` prints, but for the time line, what `ask` prints for a read of
+    the same reader at the same depth in this process (`open_domain.reader.format_answer`)."""
+    from dil_jax.open_domain.reader import format_answer as local_format_answer
+
+    client, engine = server
+    question = "When did Apollo 11 land on the Moon?"
+    assert main(["ask", question, "--server", client.url, "--top-p", "3", "--k", k]) == 0
+    served = capsys.readouterr().out
+    local = engine.readers[reader]
+    read = local.reader.read([question])  # the worker is idle: no request is in flight
+    expected = local_format_answer(local.reader, question, read.candidates[0], read.hits[0],
+                                   read.timings, 0.5, local.abstention)
+
+    def without_time(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith("   time:")]
+
+    assert without_time(served) == without_time(expected)
+    assert "Apollo" in served and "BM25 rank" in served
+
+
+def test_inputs_without_tokens_are_refused_alone(server):
+    """A question or context the tokenizer reads as nothing (a zero-width space, control
+    characters) is a 422 naming the field, and a question asked beside it is answered."""
+    client, _ = server
+    with ThreadPoolExecutor(3) as pool:
+        blank = pool.submit(client.answer, "\u200b\u200b", reader="delayed")
+        fine = pool.submit(client.answer, "Who wrote Pride and Prejudice?", reader="delayed")
+        blank_read = pool.submit(client.read, "\x00\x01", "Jane Austen wrote it.")
+        assert fine.result()["answers"][0]["title"] == "T1"
+        for future, field in ((blank, "question"), (blank_read, "question")):
+            with pytest.raises(ServiceError) as refused:
+                future.result()
+            assert refused.value.status == 422 and refused.value.field == field, refused.value
+    with pytest.raises(ServiceError) as refused:
+        client.read("Who wrote it?", "\x00\x01\x02")
+    assert refused.value.status == 422 and refused.value.field == "context"
+
+
+def test_readiness_waits(server):
+    client, _ = server
+    started = time.monotonic()
+    client.wait_ready(timeout=5)
+    assert time.monotonic() - started < 5

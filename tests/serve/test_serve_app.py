@@ -1,0 +1,502 @@
+"""`dil-jax serve` without a model: request checks, the worker (batches, routing, backpressure,
+failures), the HTTP contract of every route and error, metrics, the API key, SIGTERM.
+
+The reader is a fake (tests/helpers/serving.py): these tests are about the service around it and
+take seconds; tests/serve/test_serve.py reads with the bundled readers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from dil_jax.open_domain.abstention import Abstention
+from dil_jax.open_domain.scoring import Candidate, pick_answer
+from dil_jax.reading.plan import ReusePlan
+from dil_jax.serve.answers import answer_payload, ranked
+from dil_jax.serve.app import AppSettings, create_app, key_matches
+from dil_jax.serve.pipeline import pipeline_answers, window_spans
+from dil_jax.serve.schemas import (
+    AnswerRequest,
+    Limits,
+    RequestError,
+    parse_answer_request,
+    parse_json_body,
+    parse_read_request,
+)
+from dil_jax.serve.shapes import (
+    hoist_classes,
+    passage_rows,
+    passage_widths,
+    question_widths,
+)
+from dil_jax.serve.worker import QueueFull, Worker
+
+from tests.helpers import REPO, free_port
+from tests.helpers.serving import FakeEngine
+
+LIMITS = Limits(max_question_chars=50, max_context_chars=200, max_top_k=4, max_p=5,
+                max_body_bytes=1000)
+
+
+# ----------------------------------------------------------------------------- request checks
+
+@pytest.mark.parametrize("body,field,status,words", [
+    ({}, "question", 422, "required"),
+    ({"question": ""}, "question", 422, "empty"),
+    ({"question": "   "}, "question", 422, "empty"),
+    ({"question": 7}, "question", 422, "must be a string"),
+    ({"question": "x" * 51}, "question", 422, "51 characters"),
+    ({"question": "who\ud800?"}, "question", 422, "lone surrogate"),
+    ({"question": "q", "top_k": 0}, "top_k", 422, "top_k 0 is out of range"),
+    ({"question": "q", "top_k": 5}, "top_k", 422, "from 1 to 4"),
+    ({"question": "q", "top_k": True}, "top_k", 422, "must be an integer"),
+    ({"question": "q", "top_k": 2.0}, "top_k", 422, "must be an integer"),
+    ({"question": "q", "p": 6}, "p", 422, "p 6 is out of range: must be from 1 to 5"),
+    ({"question": "q", "p": 2, "top_k": 3}, "top_k", 422, "from 1 to 2"),
+    ({"question": "q", "reader": "tiny"}, "reader", 422, "'tiny' is not one of"),
+    ({"question": "q", "span_score": "max"}, "span_score", 422, "'max' is not one of"),
+    ({"question": "q", "use_ir": "yes"}, "use_ir", 422, "true or false"),
+    ({"question": "q", "topk": 2}, "topk", 422, "unknown field"),
+])
+def test_answer_request_errors_name_the_field_and_value(body, field, status, words):
+    with pytest.raises(RequestError) as caught:
+        parse_answer_request(body, LIMITS, ["full", "delayed"])
+    assert (caught.value.status, caught.value.field) == (status, field)
+    assert words in caught.value.message, caught.value.message
+    assert field in caught.value.message
+
+
+def test_answer_request_defaults_and_values():
+    parsed = parse_answer_request({"question": "Who?"}, LIMITS, ["full", "delayed"])
+    assert parsed == AnswerRequest("Who?", "full", 1, 5, "logits", True)
+    parsed = parse_answer_request({"question": "Who?", "reader": "delayed", "top_k": 2, "p": 3,
+                                   "span_score": "margin", "use_ir": False}, LIMITS,
+                                  ["full", "delayed"])
+    assert parsed == AnswerRequest("Who?", "delayed", 2, 3, "margin", False)
+
+
+def test_read_request_takes_the_pipeline_arguments():
+    parsed = parse_read_request({"question": "Who?", "context": "Jane wrote it."}, LIMITS,
+                                ["full"])
+    assert (parsed.top_k, parsed.max_answer_len, parsed.handle_impossible_answer) == (1, 15, False)
+    with pytest.raises(RequestError, match="context has 201 characters"):
+        parse_read_request({"question": "Who?", "context": "x" * 201}, LIMITS, ["full"])
+    with pytest.raises(RequestError, match="max_answer_len 0 is out of range"):
+        parse_read_request({"question": "Who?", "context": "c", "max_answer_len": 0}, LIMITS,
+                           ["full"])
+
+
+@pytest.mark.parametrize("raw,words", [
+    (b"", "empty"), (b"{", "not valid JSON"), (b"[1, 2]", "must be a JSON object"),
+    (b"\xff\xfe", "not UTF-8"), (b'"question"', "must be a JSON object")])
+def test_bodies_that_are_not_a_json_object(raw, words):
+    with pytest.raises(RequestError) as caught:
+        parse_json_body(raw)
+    assert caught.value.status == 400 and words in caught.value.message
+
+
+# ----------------------------------------------------------------------------- answers
+
+def _candidates() -> list[Candidate]:
+    # (passage, rank, text, start, end, reader score, bm25)
+    return [Candidate(0, 0, "a", 0, 1, 1.0, 9.0), Candidate(1, 1, "b", 0, 1, 3.0, 5.0),
+            Candidate(2, 2, "c", 0, 1, 2.0, 1.0), Candidate(3, 3, "d", 0, 1, 5.0, 0.5)]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4])
+@pytest.mark.parametrize("mu", [None, 0.5, 1.0])
+def test_ranked_at_depth_p_picks_what_a_read_at_depth_p_picks(p, mu):
+    """Keeping the candidates of the top-p passages equals reading p passages: the first of
+    `ranked` is pick_answer over exactly those."""
+    candidates = _candidates()
+    top = ranked(candidates, p, 3, mu)
+    assert top[0][0] is pick_answer(candidates[:p], mu)
+    assert len(top) == min(3, p)
+    assert [score for _, score in top] == sorted((score for _, score in top), reverse=True)
+
+
+def test_answer_payload_abstains_below_the_threshold_and_keeps_the_best_guess():
+    passages = [type("P", (), {"passage_id": f"d{i}", "title": f"T{i}", "text": "abc"})()
+                for i in range(4)]
+    request = AnswerRequest("q?", "full", 2, 4, "logits", False)
+    abstention = Abstention({"logits": (4.0, 0.0)})
+    payload = answer_payload(request, _candidates(), [None] * 4, passages, 0.5, abstention,
+                             {"read_pairs": 1.0}, k=0, batch_size=1)
+    assert payload["answers"][0]["text"] == "d" and payload["threshold"] == 4.0
+    assert not payload["no_answer"]  # 5.0 >= 4.0
+    payload = answer_payload(AnswerRequest("q?", "full", 2, 3, "logits", False), _candidates(),
+                             [None] * 4, passages, 0.5, abstention, {}, k=0, batch_size=1)
+    assert payload["no_answer"] and payload["answers"][0]["text"] == "b"  # 3.0 < 4.0
+    assert "below this reader's threshold 4.00" in payload["no_answer_reason"]
+    empty = answer_payload(request, [], [], passages, 0.5, None, {}, k=0, batch_size=1)
+    assert empty["no_answer"] and empty["answers"] == []
+    assert "no passage shares a word" in empty["no_answer_reason"]
+
+
+# ----------------------------------------------------------------------------- HF pipeline score
+
+def _reference_spans(start, end, null_start, null_end, allowed, top_k, max_answer_len):
+    """Hugging Face's select_starts_ends + decode_spans as written there (a [CLS] q [SEP] c
+    [SEP] sequence whose question tokens are masked), spelled out with loops."""
+    question = np.array([3.0, -1.0, 2.0])  # logits the pipeline masks: any values
+    seq_start = np.concatenate([[null_start], question, start])
+    seq_end = np.concatenate([[null_end], question, end])
+    undesired = np.concatenate([[False], [True] * 3, ~allowed])
+    seq_start = np.where(undesired, -10000.0, seq_start)
+    seq_end = np.where(undesired, -10000.0, seq_end)
+    p_start = np.exp(seq_start - seq_start.max())
+    p_start /= p_start.sum()
+    p_end = np.exp(seq_end - seq_end.max())
+    p_end /= p_end.sum()
+    null = p_start[0] * p_end[0]
+    p_start[0] = p_end[0] = 0
+    spans = []
+    for s in range(len(p_start)):
+        for e in range(s, min(len(p_end), s + max_answer_len)):
+            if not undesired[s] and not undesired[e] and s > 0:
+                spans.append((s - 4, e - 4, p_start[s] * p_end[e]))
+    spans.sort(key=lambda span: -span[2])
+    return spans[:top_k], null
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pipeline_scores_equal_hugging_faces_formula(seed):
+    rng = np.random.default_rng(seed)
+    start, end = rng.normal(size=12) * 3, rng.normal(size=12) * 3
+    allowed = np.array([True] * 9 + [False] * 3)  # [SEP] and padding
+    spans, null = window_spans(start, end, 0.5, -0.3, allowed, 4, 3)
+    reference, reference_null = _reference_spans(start, end, 0.5, -0.3, allowed, 4, 3)
+    assert [(s, e) for s, e, _ in spans] == [(s, e) for s, e, _ in reference]
+    np.testing.assert_allclose([score for *_, score in spans],
+                               [score for *_, score in reference], rtol=1e-9)
+    assert null == pytest.approx(reference_null, rel=1e-9)
+
+
+def test_pipeline_answers_merge_windows_and_add_the_impossible_answer():
+    context = "Jane Austen wrote it"
+    start = np.array([[5.0, 1.0, 0.0, 0.0], [0.0, 0.0, 4.0, 0.0]])
+    end = np.array([[1.0, 5.0, 0.0, 0.0], [0.0, 0.0, 0.0, 4.0]])
+    allowed = np.array([[True, True, False, False], [False, False, True, True]])
+    chars = {(0, 0, 1): (0, 11), (1, 2, 3): (12, 20), (0, 0, 0): (0, 4), (0, 1, 1): (5, 11),
+             (1, 2, 2): (12, 17), (1, 3, 3): (18, 20)}
+    null_start, null_end = np.array([9.0, -9.0]), np.array([9.0, -9.0])
+    answers = pipeline_answers(start, end, null_start, null_end, allowed,
+                               lambda w, s, e: chars[(w, s, e)], context, 7, 15, True)
+    assert answers == sorted(answers, key=lambda a: -a["score"])
+    # Window 1's [CLS] takes most of its probability; window 2's does not: the pipeline's
+    # null score is the smallest of the windows' (its `min_null_score`).
+    nulls = [window_spans(start[w], end[w], null_start[w], null_end[w], allowed[w], 1, 15)[1]
+             for w in range(2)]
+    impossible = [a for a in answers if a["answer"] == ""]
+    assert impossible == [{"score": min(nulls), "start": 0, "end": 0, "answer": ""}]
+    assert answers[0]["answer"] == "wrote it"
+    assert {a["answer"] for a in answers} - {""} <= set(context[s:e] for s, e in chars.values())
+
+
+# ----------------------------------------------------------------------------- shapes
+
+def test_passage_rows_is_the_most_a_batch_can_read_in_whole_blocks():
+    counts = np.array([1, 1, 3, 1, 2, 1])
+    # 2 questions x the 3 passages with most windows (3 + 2 + 1) = 12 rows, all 9 at most.
+    assert passage_rows(counts, batch_size=2, top_p=3) == 12  # 9 rounded up to 2 x 3
+    assert passage_rows(np.ones(100, int), batch_size=4, top_p=10) == 40
+
+
+def _plan(hoists: bool) -> ReusePlan:
+    return ReusePlan(plain_upper=True, reads_passage_ids=True, hoists_projections=hoists,
+                     span_rows_only=True, passage_stats=True, trims_padding=True,
+                     reads_kept_tokens=True)
+
+
+def test_widths_and_hoist_classes():
+    assert question_widths(32) == [8, 16, 24, 32]
+    assert question_widths(12) == [8, 12]
+    assert passage_widths(48) == [32, 48]
+    assert [c.pairs for c in hoist_classes(_plan(False), False, 8, 232, 500)] == [1]
+    assert [(c.pairs, c.questions_projected, c.passages_projected)
+            for c in hoist_classes(_plan(True), False, 8, 232, 400)] == [(1, False, False),
+                                                                 (16, True, False)]
+    # A small index read by many pairs: the passages' projections are reachable too.
+    small = hoist_classes(_plan(True), False, 2, 6, 24)
+    assert [(c.pairs, c.passages_projected) for c in small] == [(1, False), (4, False), (12, True)]
+    assert all(c.cached_passages and not c.passages_projected
+               for c in hoist_classes(_plan(True), True, 2, 6, 24))
+
+
+# ----------------------------------------------------------------------------- the worker
+
+def _echo_worker(**options) -> tuple[Worker, list]:
+    batches = []
+
+    def handle(reader, payloads):
+        batches.append((reader, list(payloads)))
+        return [f"{reader}:{p}" for p in payloads]
+
+    worker = Worker({"answer": handle}, **options)
+    worker.start()
+    assert worker.ready.wait(5)
+    return worker, batches
+
+
+def test_concurrent_jobs_are_batched_and_each_gets_its_own_result():
+    worker, batches = _echo_worker(max_batch=8, max_wait_s=0.2, max_queue=64)
+    futures = [(reader, q, worker.submit("answer", reader, q))
+               for q in range(12) for reader in ("full", "delayed")]
+    for reader, q, future in futures:
+        assert future.result(10).value == f"{reader}:{q}"
+    # Gathered until the deadline or 8 jobs, then grouped by reader: fewer calls than jobs.
+    assert len(batches) < len(futures)
+    assert max(len(payloads) for _, payloads in batches) > 1
+    assert all(len(set(r for r, _ in [b])) == 1 for b in batches)
+    assert worker.stop(5)
+
+
+def test_a_full_queue_refuses_with_retry_after_and_loses_nothing():
+    gate = threading.Event()
+
+    def handle(reader, payloads):
+        gate.wait(10)
+        return list(payloads)
+
+    worker = Worker({"answer": handle}, max_batch=1, max_wait_s=0.0, max_queue=2)
+    worker.start()
+    assert worker.ready.wait(5)
+    first = worker.submit("answer", "full", 0)
+    deadline = time.monotonic() + 5
+    while worker.depth and time.monotonic() < deadline:  # the worker took it and is held
+        time.sleep(0.01)
+    queued = [worker.submit("answer", "full", i) for i in (1, 2)]
+    with pytest.raises(QueueFull) as full:
+        worker.submit("answer", "full", 3)
+    assert full.value.retry_after >= 1 and full.value.depth == 2
+    gate.set()
+    assert [f.result(10).value for f in [first, *queued]] == [0, 1, 2]
+    assert worker.stop(5)
+
+
+def test_a_failing_batch_fails_only_its_jobs_and_the_worker_goes_on():
+    def handle(reader, payloads):
+        if "bad" in payloads:
+            raise ValueError("broken batch")
+        return [ValueError("bad one") if p == "odd" else p for p in payloads]
+
+    worker = Worker({"answer": handle}, max_batch=4, max_wait_s=0.05, max_queue=16)
+    worker.start()
+    assert worker.ready.wait(5)
+    bad = worker.submit("answer", "full", "bad")
+    with pytest.raises(ValueError, match="broken batch"):
+        bad.result(10)
+    odd, good = worker.submit("answer", "full", "odd"), worker.submit("answer", "full", "ok")
+    with pytest.raises(ValueError, match="bad one"):
+        odd.result(10)
+    assert good.result(10).value == "ok"
+    assert worker.stop(5)
+
+
+def test_stop_drains_the_queue():
+    worker, _ = _echo_worker(max_batch=2, max_wait_s=0.0, max_queue=64)
+    futures = [worker.submit("answer", "full", i) for i in range(10)]
+    assert worker.stop(10)
+    assert [f.result(0).value for f in futures] == [f"full:{i}" for i in range(10)]
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+@pytest.fixture
+def client():
+    engine = FakeEngine(LIMITS, max_batch=8, max_wait_s=0.05, max_queue=4)
+    with TestClient(create_app(engine, AppSettings(request_timeout_s=5))) as test_client:
+        test_client.engine = engine
+        yield test_client
+
+
+def _error_of(response) -> dict:
+    return response.json()["error"]
+
+
+def test_routes(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"]
+    response = client.post("/v1/answer", json={"question": "who wrote it?", "top_k": 1})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["answers"][0]["text"] == "WHO WROTE IT?"
+    assert set(body["answers"][0]) == {"text", "start", "end", "passage_id", "title", "passage",
+                                       "bm25_rank", "reader_score", "bm25_score", "fused_score"}
+    assert set(body["timings_ms"]) == {"queue", "retrieve", "encode_question", "read_pairs",
+                                       "decode", "fuse"}
+    assert body["reader"] == "full" and body["k"] == 0 and body["no_answer"] is False
+    read = client.post("/v1/read", json={"question": "who?", "context": "Austen wrote it"})
+    assert read.json() == {"score": 0.5, "start": 0, "end": 6, "answer": "Austen"}
+    assert client.get("/").status_code == 200 and "<form" in client.get("/").text
+    assert "/v1/answer" in client.get("/openapi.json").json()["paths"]
+    assert client.get("/v1/info").json()["readers"]["delayed"]["k"] == 4
+
+
+@pytest.mark.parametrize("kwargs,status,field,words", [
+    (dict(content=b"{not json"), 400, "body", "not valid JSON"),
+    (dict(content=b"x" * 1001), 413, "body", "1001 bytes"),
+    (dict(json={"question": ""}), 422, "question", "empty"),
+    (dict(json={"question": "q", "reader": "tiny"}), 422, "reader", "'tiny'"),
+    (dict(json={"question": "q", "top_k": 99}), 422, "top_k", "top_k 99"),
+    (dict(json={"question": "q", "p": 0}), 422, "p", "p 0"),
+])
+def test_bad_requests_get_4xx_naming_the_field(client, kwargs, status, field, words):
+    response = client.post("/v1/answer", **kwargs)
+    assert response.status_code == status, response.text
+    assert _error_of(response)["field"] == field and words in _error_of(response)["message"]
+
+
+def test_a_chunked_body_past_the_limit_is_refused():
+    engine = FakeEngine(LIMITS)
+    with TestClient(create_app(engine, AppSettings())) as client:
+        response = client.post("/v1/answer", content=iter([b"{" + b" " * 600, b" " * 600]))
+        assert response.status_code == 413 and "more than the 1000 bytes" in response.text
+
+
+def test_a_read_failure_is_a_500_and_others_still_answer(client):
+    assert client.post("/v1/answer", json={"question": "fail"}).status_code == 500
+    assert client.post("/v1/answer", json={"question": "fine"}).json()["answers"][0]["text"] \
+        == "FINE"
+
+
+def test_concurrent_requests_each_get_their_own_answer(client):
+    client.engine.delay_s = 0.05
+    questions = [f"question number {i}" for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda q: client.post("/v1/answer", json={"question": q}),
+                                questions))
+    assert [a.json()["answers"][0]["text"] for a in answers] == [q.upper() for q in questions]
+
+
+def test_a_full_queue_gives_503_with_retry_after():
+    engine = FakeEngine(LIMITS, max_batch=1, max_wait_s=0.0, max_queue=4)
+    engine.gate = threading.Event()
+    with TestClient(create_app(engine, AppSettings(request_timeout_s=20))) as client, \
+            ThreadPoolExecutor(8) as pool:
+        held = [pool.submit(client.post, "/v1/answer", json={"question": f"q{i}"})
+                for i in range(5)]  # 1 taken by the worker (held) + 4 queued = full
+        deadline = time.monotonic() + 10
+        while engine.worker.depth < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        refused = client.post("/v1/answer", json={"question": "one too many"})
+        engine.gate.set()
+        results = [f.result(10) for f in held]
+    assert refused.status_code == 503, refused.text
+    assert int(refused.headers["retry-after"]) >= 1
+    assert _error_of(refused)["field"] == "queue"
+    # Nothing lost or crossed: every held request got its own answer.
+    assert [r.status_code for r in results] == [200] * 5, [r.text for r in results]
+    assert sorted(r.json()["answers"][0]["text"] for r in results) == \
+        [f"Q{i}" for i in range(5)]
+
+
+def test_a_request_past_the_timeout_gets_504_and_the_worker_goes_on():
+    engine = FakeEngine(LIMITS, delay_s=0.5)
+    with TestClient(create_app(engine, AppSettings(request_timeout_s=0.2))) as client:
+        response = client.post("/v1/answer", json={"question": "slow"})
+        assert response.status_code == 504 and "0.2 s" in _error_of(response)["message"]
+        engine.delay_s = 0.0
+        time.sleep(0.5)  # a job already running finishes (its answer is dropped)
+        assert client.post("/v1/answer", json={"question": "fast"}).status_code == 200
+
+
+def test_the_api_key_is_required_on_v1_only():
+    assert key_matches("s3cret", "s3cret") and not key_matches("s3cre", "s3cret")
+    assert not key_matches(None, "s3cret")
+    engine = FakeEngine(LIMITS)
+    with TestClient(create_app(engine, AppSettings(api_key="s3cret"))) as client:
+        body = {"question": "who?"}
+        refused = client.post("/v1/answer", json=body)
+        assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+        assert client.post("/v1/answer", json=body,
+                           headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert client.post("/v1/answer", json=body,
+                           headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        assert client.post("/v1/read", json={"question": "q", "context": "c d"},
+                           headers={"X-API-Key": "s3cret"}).status_code == 200
+        assert client.get("/healthz").status_code == 200  # probes stay open
+
+
+def test_not_ready_is_503():
+    engine = FakeEngine(LIMITS)
+    started = engine.setup_gate = threading.Event()  # warm-up still running
+    with TestClient(create_app(engine, AppSettings())) as client:
+        assert client.get("/healthz").status_code == 200
+        not_ready = client.get("/readyz")
+        assert not_ready.status_code == 503 and not not_ready.json()["ready"]
+        response = client.post("/v1/answer", json={"question": "early?"})
+        assert response.status_code == 503 and response.headers["retry-after"] == "5"
+        started.set()
+
+
+def test_metrics_are_prometheus_text(client):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.post("/v1/answer", json={"question": "who?"})
+    client.post("/v1/answer", json={"question": ""})
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    families = {family.name: family for family in text_string_to_metric_families(response.text)}
+    requests = {(s.labels["route"], s.labels["status"]): s.value
+                for s in families["dil_jax_requests"].samples if s.name.endswith("_total")}
+    assert requests[("/v1/answer", "200")] == 1 and requests[("/v1/answer", "422")] == 1
+    phases = {s.labels.get("phase") for s in families["dil_jax_phase_seconds"].samples}
+    assert "queue" in phases
+    for name in ("dil_jax_request_seconds", "dil_jax_batch_size", "dil_jax_queue_depth",
+                 "dil_jax_compilations", "dil_jax_ready"):
+        assert name in families, sorted(families)
+
+
+def test_sigterm_answers_the_requests_in_flight_then_exits_0():
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen([sys.executable, "-m", "tests.helpers.serving", str(port), "2.0"],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, server.stderr.read()
+            time.sleep(0.1)
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(httpx.post, url + "/v1/answer",
+                                    json={"question": "still answered"}, timeout=30)
+            time.sleep(0.5)  # the request is in the worker (2 s)
+            server.send_signal(signal.SIGTERM)
+            response = in_flight.result(30)
+        assert response.status_code == 200
+        assert response.json()["answers"][0]["text"] == "STILL ANSWERED"
+        assert server.wait(30) == 0
+        assert "exited cleanly" in server.stdout.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+
+
+def test_openapi_lists_each_field_the_checks_take(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    schema = paths["/v1/answer"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert json.dumps(schema["properties"]["p"]) == json.dumps(
+        {"type": "integer", "minimum": 1, "maximum": 5, "default": 5,
+         "description": "passages read"})

@@ -1,0 +1,79 @@
+"""benchmarks/serve.py's pure parts: which servers it may load, the peer's windows, how answers
+are compared, the refused-items bookkeeping of a level (against the fake service). No timing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+
+import pytest
+
+from dil_jax.serve.app import AppSettings
+from dil_jax.serve.schemas import Limits
+
+from tests.helpers import load_script
+from tests.helpers.serving import FakeEngine, serving
+
+bench = load_script("benchmarks/serve.py")
+
+
+def test_only_loopback_servers_and_their_names():
+    assert bench.server_arg("on=http://127.0.0.1:8771/") == bench.Server(
+        "on", "http://127.0.0.1:8771")
+    assert bench.server_arg("http://localhost:9000") == bench.Server("9000",
+                                                                     "http://localhost:9000")
+    with pytest.raises(argparse.ArgumentTypeError, match="only a loopback"):
+        bench.server_arg("x=http://10.0.0.1:8000")
+
+
+def test_peer_windows_are_the_servers(tmp_path):
+    # A 192-token window (191 context tokens + [SEP]) every 96 tokens, 32 question tokens
+    # ([CLS] + 30 + [SEP]): the pipeline's sequence is 32 + 192 = 224 tokens, and with a
+    # 30-token question its 224 - 30 - 3 = 191 context tokens overlap by 191 - 96 = 95.
+    (tmp_path / "index.json").write_text(json.dumps({"max_passage_len": 192,
+                                                     "doc_stride": 96}))
+    assert bench.peer_settings(str(tmp_path), 32) == {
+        "max_seq_len": 224, "doc_stride": 95, "max_question_len": 32, "context_tokens": 191}
+
+
+def test_exact_windows_fit_max_seq_len_to_the_question():
+    serve_peer = load_script("benchmarks/serve_peer.py")
+
+    settings = serve_peer.PipelineSettings(224, 95, 32)
+    # [CLS] + 9 question tokens + [SEP] + 191 context tokens + [SEP] = 203; a question past
+    # the server's 30 tokens is cut to 30, as the server cuts it: 224.
+    assert settings.for_question(9).max_seq_len == 203
+    assert settings.for_question(40).max_seq_len == 224
+
+
+def test_agreement_counts_same_text_and_same_span():
+    ours = {"0": {"answer": "Paris", "start": 3, "end": 8},
+            "1": {"answer": "1600 ", "start": 0, "end": 4},
+            "2": {"answer": "Austen", "start": 10, "end": 16},
+            "3": None}  # not answered: not compared
+    theirs = [{"answer": "Paris", "start": 3, "end": 8},
+              {"answer": "1600", "start": 1, "end": 5},
+              {"answer": "Jane Austen", "start": 5, "end": 16},
+              {"answer": "x", "start": 0, "end": 1}]
+    agreed = bench.agreement(ours, theirs)
+    assert (agreed["compared"], agreed["same_text"], agreed["same_span"]) == (3, 2, 1)
+    assert agreed["same_text_rate"] == pytest.approx(2 / 3)
+    assert [d["item"] for d in agreed["differing"]] == ["2"]
+
+
+def test_a_level_past_the_queue_limit_counts_only_refusals_with_retry_after():
+    # The fake holds every job until the gate opens: 1 job in the worker's hands + 2 queued,
+    # the other 5 of 8 clients are refused at once.
+    engine = FakeEngine(Limits(max_p=5), max_batch=1, max_wait_s=0.0, max_queue=2)
+    engine.gate = threading.Event()
+    items = [bench.Item(f"q{i}?", "") for i in range(8)]
+    with serving(engine, AppSettings(request_timeout_s=30)) as url:
+        opener = threading.Timer(2.0, engine.gate.set)
+        opener.start()
+        level = bench.run_level(bench.Server("fake", url), "answer", items, 8, {"p": 5}, 60)
+    assert level["sent"] == 8 and level["answered"] + level["statuses"].get("503", 0) == 8
+    assert set(level["statuses"]) == {"200", "503"}
+    assert level["retry_after"] == level["statuses"]["503"] >= 1 and level["crossed"] == 0
+    # Each answered item got its own answer (the fake upper-cases the question).
+    assert all(answer["answer"] == f"Q{key}?" for key, answer in level["answers"].items())

@@ -1,0 +1,53 @@
+"""tools/bundle_readers.py records a bundled reader's whole lineage: every run whose export the
+bundled run started from (`model.checkpoint` = that run's params/), with each run's exported
+step and that step's scores, newest first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.helpers import load_script
+
+bundle_readers = load_script("tools/bundle_readers.py")
+
+
+def _run(workdir: Path, starts_from: str, exported_step: int, f1_by_step: dict[int, float]) -> Path:
+    """A finished run's workdir as the trainer leaves it; returns its params/ folder."""
+    params = workdir / "params"
+    params.mkdir(parents=True)
+    (params / "encoder_config.json").write_text("{}")
+    (params / "trained_from.json").write_text(json.dumps({"step": exported_step}))
+    (workdir / "config.json").write_text(json.dumps({"model": {"checkpoint": starts_from}}))
+    lines = [{"step": step, "split": "eval", "f1": f1} for step, f1 in f1_by_step.items()]
+    (workdir / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return params
+
+
+def test_lineage_lists_each_earlier_run_with_its_exported_step(tmp_path):
+    first = _run(tmp_path / "first", "dil_jax/assets/minilm-squad-full", 1000,
+                 {500: 66.0, 1000: 69.0, 1464: 68.6})
+    second = _run(tmp_path / "second", str(first), 500, {250: 66.7, 500: 69.6, 600: 69.4})
+    third = _run(tmp_path / "third", str(second), 250, {250: 70.0})
+
+    stages = bundle_readers.earlier_stages(bundle_readers.run_record(third))
+
+    assert [stage["params_dir"] for stage in stages] == [str(second), str(first)]
+    # Each stage's scores are those of its exported step, not of its last evaluation.
+    assert [stage["final_eval"]["f1"] for stage in stages] == [69.6, 69.0]
+    assert [stage["trained_from"]["step"] for stage in stages] == [500, 1000]
+    # The first run started from a folder that is not a run's params/ (a bundled reader): the
+    # chain ends there.
+    assert stages[-1]["training_config"]["model"]["checkpoint"] == \
+        "dil_jax/assets/minilm-squad-full"
+
+
+def test_a_run_from_the_base_model_has_no_earlier_stage_and_a_loop_ends(tmp_path):
+    alone = _run(tmp_path / "alone", "default", 10, {10: 1.0})
+    assert bundle_readers.earlier_stages(bundle_readers.run_record(alone)) == []
+
+    # Two workdirs naming each other (only possible by hand-editing configs) must not hang.
+    a = _run(tmp_path / "a", str(tmp_path / "b" / "params"), 1, {1: 1.0})
+    b = _run(tmp_path / "b", str(a), 1, {1: 2.0})
+    stages = bundle_readers.earlier_stages(bundle_readers.run_record(b))
+    assert [stage["params_dir"] for stage in stages] == [str(a)]

@@ -1,0 +1,106 @@
+"""tools/k_frontier.py reads each run's exported step (not its last or best-looking line) and
+joins it with the bench record's pair-phase speedup of the same k."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import load_script
+
+k_frontier = load_script("tools/k_frontier.py")
+
+
+def _run(folder: Path, k: int, exported_step: int, evaluations: dict[int, tuple[float, float]]):
+    (folder / "params").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"model": {"num_lower_layers": k}}))
+    (folder / "params" / "trained_from.json").write_text(json.dumps({"step": exported_step}))
+    lines = [{"step": step, "split": "train", "loss": 1.0} for step in evaluations]
+    lines += [{"step": step, "split": "eval", "exact": em, "f1": f1}
+              for step, (em, f1) in evaluations.items()]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return folder
+
+
+def _bench(path: Path, pair_speedups: dict[int, float]) -> Path:
+    results = {("full (k=0)" if k == 0 else f"k={k}"): {"k": k, "pair_speedup": speedup}
+               for k, speedup in pair_speedups.items()}
+    results["HF PyTorch"] = {"k": 0, "pair_speedup": 1.3}
+    path.write_text(json.dumps({
+        "command": "dil-jax bench --ks 4", "others_cpu_cores": 0.0,
+        "machine": {"cpu": "test cpu", "cpu_count": 2},
+        "suites": [{"grid": {"num_questions": 4, "num_passages": 2, "question_len": 32,
+                             "passage_len": 160}, "results": results}]}))
+    return path
+
+
+def test_frontier_table_uses_the_exported_step_and_the_matching_speedup(tmp_path):
+    full = _run(tmp_path / "full", 0, 500, {250: (30.0, 40.0), 500: (40.0, 50.0),
+                                            750: (39.0, 49.0)})
+    # The student's last evaluation (step 750) is better than its export: the table must still
+    # report the exported step 250.
+    student = _run(tmp_path / "k4", 4, 250, {250: (36.0, 45.0), 500: (20.0, 30.0),
+                                             750: (38.0, 47.5)})
+    bench = _bench(tmp_path / "bench.json", {0: 1.0, 4: 3.2})
+    out = tmp_path / "figures" / "frontier"
+    k_frontier.main(["--runs", str(full), str(student), "--bench", str(bench),
+                     "--out", str(out)])
+    rows = [line for line in out.with_suffix(".md").read_text().splitlines()
+            if line.startswith("| 4 ")]
+    # 45 / 50 = 90.0%, by hand.
+    assert rows == [f"| 4 | `{student}` | 250 | 36.00 | 45.00 | 90.0% | 3.20x |"]
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_a_k_the_bench_did_not_time_is_refused_by_name(tmp_path, capsys):
+    full = _run(tmp_path / "full", 0, 10, {10: (1.0, 2.0)})
+    student = _run(tmp_path / "k3", 3, 10, {10: (1.0, 2.0)})
+    bench = _bench(tmp_path / "bench.json", {0: 1.0, 4: 3.2})
+    with pytest.raises(SystemExit) as failure:
+        k_frontier.main(["--runs", str(full), str(student), "--bench", str(bench),
+                         "--out", str(tmp_path / "out")])
+    assert failure.value.code == 2
+    assert "k = 3 was not timed" in capsys.readouterr().err
+
+
+def test_a_run_without_an_export_is_refused_by_name(tmp_path, capsys):
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.json").write_text(json.dumps({"model": {"num_lower_layers": 0}}))
+    bench = _bench(tmp_path / "bench.json", {0: 1.0})
+    with pytest.raises(SystemExit):
+        k_frontier.main(["--runs", str(unfinished), "--bench", str(bench),
+                         "--out", str(tmp_path / "out")])
+    assert "trained_from.json" in capsys.readouterr().err
+
+
+def _bundled(folder: Path, k: int, exported_step: int, eval_step: int, em: float, f1: float):
+    folder.mkdir(parents=True)
+    (folder / "dil_jax_manifest.json").write_text(json.dumps({
+        "reader": {"num_lower_layers": k}, "trained_from": {"step": exported_step},
+        "final_eval": {"step": eval_step, "split": "eval", "exact": em, "f1": f1}}))
+    return folder
+
+
+def test_a_bundled_reader_counts_as_a_run(tmp_path):
+    full = _bundled(tmp_path / "minilm-squad-full", 0, 1464, 1464, 56.0, 68.0)
+    student = _run(tmp_path / "k5", 5, 96, {96: (20.0, 34.0)})
+    bench = _bench(tmp_path / "bench.json", {0: 1.0, 5: 7.1})
+    out = tmp_path / "frontier"
+    k_frontier.main(["--runs", str(full), str(student), "--bench", str(bench),
+                     "--out", str(out)])
+    table = out.with_suffix(".md").read_text()
+    # 34 / 68 = 50.0%, by hand.
+    assert f"| 5 | `{student}` | 96 | 20.00 | 34.00 | 50.0% | 7.10x |" in table
+    assert f"| 0 | `{full}` | 1464 | 56.00 | 68.00 | 100.0% | 1.00x |" in table
+
+
+def test_a_bundled_reader_whose_evaluation_is_not_of_its_export_is_refused(tmp_path, capsys):
+    stale = _bundled(tmp_path / "stale", 0, 1464, 1250, 50.0, 60.0)
+    bench = _bench(tmp_path / "bench.json", {0: 1.0})
+    with pytest.raises(SystemExit):
+        k_frontier.main(["--runs", str(stale), "--bench", str(bench),
+                         "--out", str(tmp_path / "out")])
+    assert "final_eval is of step 1250, not of the exported step 1464" in capsys.readouterr().err

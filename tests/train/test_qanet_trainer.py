@@ -1,0 +1,166 @@
+"""QANet through the project's trainer (`dil-jax train`, config.model.kind = "qanet").
+
+- the characters the trainer feeds a known text, against values written by hand;
+- the trainer's batches carry the characters of their own question and window;
+- KD / LRS and the MiniLM featurizer with kind qanet: one-line errors naming the key;
+- a tiny QANet learns a pointing task through `train` (the loss falls from chance, held-out
+  starts are found), its frozen word table never moves, and the exported reader reads back
+  (`load_char_reader`, its manifest naming the kind) to the same outputs as the trained state.
+
+The pointing task (`tests.helpers.qanet.pointing_features`): the answer starts at the passage token
+that equals the question's key; the question's other tokens are nowhere in the passage. So only
+context-query attention can find it. Chance is one in the n + 1 real passage tokens (n in 8..15
+and [SEP]): loss (CE_start + CE_end) / 2 = E[log(n + 1)] ~ 2.5 at the start; a reader that
+found the match puts its start and end (the next token) right: loss -> 0, start accuracy -> 1.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import resolve_reader_checkpoint
+from dil_jax.checkpoints.char_readers import load_char_reader
+from dil_jax.data.features import featurize
+from dil_jax.data.squad import SquadExample
+from dil_jax.errors import CheckpointError, UsageError
+from dil_jax.tokenization import load_tokenizer
+from dil_jax.train.char_data import char_windows, squad_characters
+from dil_jax.train.config_files import load_config_file
+from dil_jax.train.config_rules import validate_config
+from dil_jax.train.loop import train
+from dil_jax.train.setup import load_run_models
+
+from tests.helpers import REPO, run_cli
+from tests.helpers.qanet import learnt_pointing, pointing_features, trainer_config
+
+
+def test_characters_of_a_known_text_written_by_hand():
+    # Ids by hand: 4 + the Latin-1 code point ('W' 87 -> 91, 'é' 233 -> 237); '€' U+20AC = 8364
+    # is hashed to 260 + 8364 mod 252 = 308; [CLS] / [SEP] are 1; padding 0. The uncased
+    # WordPiece tokens are "who", "cafe": the characters keep the text's case and accent.
+    example = SquadExample("q0", "t", "Café costs €5.", "Who?", ("Café",), (0,))
+    tokenizer = load_tokenizer("default")
+    features = featurize([example], tokenizer, max_question_len=6, max_passage_len=8,
+                         doc_stride=4)
+    q_chars, p_chars, p_source = squad_characters([example], features, tokenizer)
+    assert q_chars.shape == (1, 6, 16) and p_chars.shape == (1, 8, 16)
+    question = [[1], [91, 108, 115], [67], [1], [], []]  # [CLS] Who ? [SEP] pad pad
+    passage = [[71, 101, 106, 237], [103, 115, 119, 120, 119], [308], [57], [50], [1], [],
+               []]  # Café costs € 5 . [SEP] pad pad
+    for row, expected in ((q_chars[0], question), (p_chars[0], passage)):
+        for token, chars in zip(row, expected, strict=True):
+            assert token.tolist() == chars + [0] * (16 - len(chars))
+    assert p_source.tolist() == [0]
+
+
+def test_batches_carry_their_own_question_and_window_characters():
+    features = pointing_features(3, 6)
+    windows = char_windows(features)
+    batch = windows.batch(np.array([[4, 1]]), valid=np.array([[True, False]]))
+    np.testing.assert_array_equal(batch["q_chars"][0, 0], features.q_chars[4])
+    np.testing.assert_array_equal(batch["p_chars"][0, 0], features.p_chars[4])
+    assert not batch["p_chars"][0, 1].any() and not batch["p_ids"][0, 1].any()  # a padding row
+    assert batch["q_chars"].shape == (1, 2, 8, 16) and batch["p_chars"].shape == (1, 2, 16, 16)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("--config.loss.kd_weight=1.0", "config.loss.kd_weight"),
+    ("--config.loss.lrs_weight=1.0", "config.loss.lrs_weight"),
+    ("--config.data.featurizer=dil_jax.train.data:synthetic", "config.data.featurizer"),
+    ("--config.model.reader.d_model=15", "config.model.reader"),  # not a multiple of heads
+])
+def test_what_qanet_cannot_honour_is_refused_by_its_key(override, key, capsys, tmp_path):
+    status, _, err = run_cli(["train", "--config", f"{REPO}/configs/tiny.py:qanet",
+                              f"--config.workdir={tmp_path / 'run'}", override], capsys)
+    assert status != 0
+    assert key in err and "Traceback" not in err, err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_the_squad_config_refuses_kd_and_the_minilm_checkpoint():
+    config = load_config_file(f"{REPO}/configs/qanet_squad.py:qanet_lsh")
+    validate_config(config)  # the config as written is valid
+    config.loss.kd_weight = 1.0
+    config.model.checkpoint = "default"
+    with pytest.raises(UsageError, match="config.loss.kd_weight.*teacher") as error:
+        validate_config(config)
+    assert "config.model.checkpoint = 'default'" in str(error.value)
+
+
+def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_path):
+    # 300 steps at lr 1e-2 (warm-up 10, linear decay): QANet's loss sits near chance for its
+    # first ~150 steps, then falls (measured on this task: val loss 0.75, accuracy 0.75).
+    config = trainer_config("qanet", tmp_path / "run", steps=300)
+    initial = load_run_models(config, None).student.params
+    validation = pointing_features(1, 256)
+    result = train(config, train_features=pointing_features(0, 4096), val_features=validation)
+    batch = learnt_pointing(tmp_path / "run", validation)
+
+    # The frozen table is the initial one to the bit (AdamW's decay of 0.01 would shrink it);
+    # every trainable tensor moved.
+    trained = result.state.params
+    np.testing.assert_array_equal(trained["frozen"]["word_table"],
+                                  initial["frozen"]["word_table"])
+    moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), trained["params"],
+                         initial["params"])
+    assert all(jax.tree.leaves(moved))
+
+    # The export (its manifest names the kind) reads back to the trained state's outputs.
+    model, variables = load_char_reader(tmp_path / "run" / "params", kind="qanet")
+    assert model.config == result.model.config
+
+    def read(m, v):
+        return m(v, batch["q_ids"], batch["q_chars"], batch["q_mask"], batch["p_ids"],
+                 batch["p_chars"], batch["p_mask"])
+
+    out, again = read(result.model, jax.device_get(trained)), read(model, variables)
+    np.testing.assert_array_equal(np.asarray(out.start_logits), np.asarray(again.start_logits))
+    np.testing.assert_array_equal(np.asarray(out.end_logits), np.asarray(again.end_logits))
+    with pytest.raises(CheckpointError, match="a qanet reader"):
+        resolve_reader_checkpoint(tmp_path / "run" / "params")  # predict does not read it yet
+    with pytest.raises(CheckpointError, match="a qanet reader, not a bidaf one"):
+        load_char_reader(tmp_path / "run" / "params", kind="bidaf")
+
+
+def test_the_evaluator_maps_windows_to_answer_text_with_the_official_metric(tmp_path):
+    # Two paragraphs in windows of 11 tokens + [SEP], stride 6: a paragraph spans several
+    # windows. A read that peaks (start and end) at the answer's token gives the gold text for
+    # both questions (EM 100, F1 100); the same peak one token later gives other text (EM 0).
+    from dil_jax.model.span_reader import ReaderOutput
+    from dil_jax.train.char_eval import scores, validation_set
+
+    from tests.helpers.qanet import trainer_config
+
+    paragraphs = [("Paris is the capital of France and also its largest city by far.",
+                   "What is the capital of France?", "Paris"),
+                  ("The longest river that flows north through Egypt is the Nile, they say.",
+                   "Which river flows north?", "Nile")]
+    squad = {"version": "1.1", "data": [{"title": f"t{i}", "paragraphs": [{
+        "context": context, "qas": [{"id": f"q{i}", "question": question, "answers": [
+            {"text": answer, "answer_start": context.index(answer)}]}]}]}
+        for i, (context, question, answer) in enumerate(paragraphs)]}
+    path = tmp_path / "dev.json"
+    path.write_text(json.dumps(squad))
+    config = trainer_config("qanet", tmp_path / "run", steps=1, **{
+        "data.validation_file": path, "data.validation_articles": ":",
+        "data.tokenizer": "default", "model.max_question_len": 16, "data.max_passage_len": 12,
+        "data.doc_stride": 6})
+    data = validation_set(config)
+    assert data.features.num_windows > 2  # more windows than paragraphs
+    tokenizer = load_tokenizer("default")
+    answer_ids = np.asarray(tokenizer.convert_tokens_to_ids(["paris", "nile"]))
+
+    def peaked(shift: int):
+        def read(_variables, batch):
+            hit = np.isin(batch["p_ids"], answer_ids)
+            logits = np.roll(np.where(hit, 10.0, 0.0), shift, axis=1)
+            null = np.zeros(len(logits))
+            return ReaderOutput(logits, logits, null, null)
+        return read
+
+    assert scores(peaked(0), None, data, batch_size=3) == {"exact": 100.0, "f1": 100.0}
+    assert scores(peaked(1), None, data, batch_size=3)["exact"] == 0.0

@@ -1,0 +1,308 @@
+"""Training under bad input and bad luck: invalid config values, a resume with another model or
+a damaged checkpoint, SIGTERM, and metrics.jsonl after a resume."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dil_jax.checkpoints import CheckpointError
+from dil_jax.errors import OutputPathError, UsageError
+from dil_jax.train.checkpointing import TrainCheckpointer
+from dil_jax.train.config_rules import validate_config
+from dil_jax.train.loop import train
+from dil_jax.train.workdir import WORKDIR_MARK, workdir_problem
+
+from tests.helpers import REPO, run_cli
+from tests.helpers.training import QUICK, tiny_config, train_argv
+
+
+@pytest.mark.parametrize("override,named", [
+    ("batch_size=0", "config.batch_size = 0: must be an integer >= 1"),
+    ("optim.learning_rate=-1", "config.optim.learning_rate = -1.0: must be a number > 0"),
+    ("optim.warmup_fraction=2", "config.optim.warmup_fraction = 2.0: must be a number >= 0"),
+    ("checkpoint.best_mode=best", "config.checkpoint.best_mode = 'best': must be one of"),
+    ("grad_accum_steps=3", "config.batch_size = 8 is not a multiple of "
+                           "config.grad_accum_steps = 3"),
+])
+def test_bad_config_values_are_named_before_anything_loads(tmp_path, capsys, override, named):
+    status, _, err = run_cli(train_argv(tmp_path / "run", f"--config.{override}"), capsys)
+    assert status == 1, err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before any file was written
+
+
+def test_override_of_the_wrong_type_names_key_value_and_type(tmp_path, capsys):
+    status, _, err = run_cli(train_argv(tmp_path / "run", "--config.optim.learning_rate=fast"),
+                             capsys)
+    assert status == 1
+    assert "--config.optim.learning_rate=fast: cannot parse 'fast' as a float" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_another_model_shape_names_the_checkpoint_and_the_difference(
+        tmp_path, capsys):
+    train(tiny_config(tmp_path, {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}))
+    saved_config = (tmp_path / "config.json").read_text()
+    status, _, err = run_cli(train_argv(tmp_path, "--config.num_train_steps=4",
+                                        "--config.model.encoder.num_layers=3"), capsys)
+    assert status == 1
+    assert f"{tmp_path / 'checkpoints'} step 2 holds another model" in err
+    assert "params/block_2" in err and "missing from the checkpoint" in err
+    assert "Traceback" not in err
+    # Nothing of the first run was touched.
+    assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps() == [2]
+    assert (tmp_path / "config.json").read_text() == saved_config
+
+
+def _damage(step_dir: Path) -> None:
+    """Cuts every array data file of a step in half (what a full disk or a bad copy leaves)."""
+    files = [f for f in (step_dir / "state").rglob("*") if f.is_file() and f.parent.name == "d"]
+    assert files
+    for file in files:
+        with open(file, "r+b") as handle:
+            handle.truncate(file.stat().st_size // 2)
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, capsys):
+    overrides = {"num_train_steps": 4, "checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, overrides))
+    _damage(tmp_path / "checkpoints" / "4")
+    with caplog.at_level(logging.WARNING, logger="dil_jax.train.checkpointing"):
+        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 5}))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("checkpoint step 4" in w and "cannot be read" in w for w in warnings)
+    assert any("resuming from step 2" in w and "[4]" in w for w in warnings)
+    assert int(result.state.step) == 5
+    # The damaged step was kept aside for inspection, not overwritten; 4 was trained again.
+    assert (tmp_path / "checkpoints.broken" / "4" / "state").is_dir()
+    assert 4 in TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps()
+
+    for step in TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps():
+        _damage(tmp_path / "checkpoints" / str(step))
+    status, _, err = run_cli(train_argv(tmp_path, "--config.num_train_steps=6",
+                                        "--config.checkpoint.every_steps=2"), capsys)
+    assert status == 1
+    assert f"no intact checkpoint in {tmp_path / 'checkpoints'}" in err
+    assert "Traceback" not in err
+
+
+def test_metrics_have_each_step_once_after_an_interrupted_run_resumes(tmp_path):
+    overrides = {"num_train_steps": 5, "checkpoint.every_steps": 2, "log.every_steps": 1,
+                 **QUICK}
+    train(tiny_config(tmp_path, overrides), stop_after_step=3)  # step 3 is after checkpoint 2
+    train(tiny_config(tmp_path, overrides))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines if json.loads(line)["split"] == "train"]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path):
+    workdir = tmp_path / "run"
+    argv = train_argv(workdir, "--config.num_train_steps=100000", "--config.log.every_steps=1",
+                      "--config.checkpoint.every_steps=100000")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-m", "dil_jax", *argv], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = workdir / "metrics.jsonl"
+        deadline = time.monotonic() + 240
+        while not (metrics.is_file() and metrics.read_text().strip()):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "no step was logged"
+            time.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode != 0, err
+    summary = json.loads(out)
+    step = summary["step"]
+    assert summary["status"] == f"interrupted at step {step} of 100000"
+    assert f"dil-jax train: error: interrupted at step {step} of 100000 (SIGTERM)" in err
+    # The interruption point was saved: re-running resumes there.
+    assert TrainCheckpointer(workdir / "checkpoints", every_steps=1).latest_step() == step
+
+
+def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path, capsys):
+    cases = [
+        (["--config.batch_size=512"], "config.batch_size = 512 is larger than the 128 training "
+                                      "windows"),
+        (["--config.data.featurizer=no_such_module:fn"],
+         "config.data.featurizer = 'no_such_module:fn': cannot import"),
+        (["--config.data.featurizer=dil_jax.train.squad_data:featurize",
+          f"--config.data.squad_file={tmp_path / 'missing.json'}"],
+         f"config.data.squad_file = '{tmp_path / 'missing.json'}'"),
+    ]
+    for extra, named in cases:
+        status, _, err = run_cli(train_argv(tmp_path / "run", *extra), capsys)
+        assert status == 1, err
+        assert named in err and "Traceback" not in err
+    status, _, err = run_cli(["train", "--config", f"{REPO}/configs/minilm_squad.py:k7",
+                              "--print-config"], capsys)
+    assert status == 1 and "unknown variant 'k7'" in err
+    with pytest.raises(CheckpointError, match="data order"):
+        train(tiny_config(tmp_path / "order", {"num_train_steps": 2, **QUICK}))
+        train(tiny_config(tmp_path / "order", {"num_train_steps": 4, "data_seed": 5, **QUICK}))
+
+
+# ----------------------------------------------------------------------------- workdir ownership
+
+
+def test_train_refuses_a_hugging_face_folder_as_workdir(tmp_path, capsys):
+    folder = tmp_path / "bert"  # a downloaded model: config.json is its own, not train's
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    status, _, err = run_cli(train_argv(folder), capsys)
+    assert status == 1, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"dil-jax train: error: --config.workdir {folder} is a folder that "
+                           "train did not write") and "model.safetensors" in line, err
+    assert (folder / "config.json").read_text() == '{"model_type": "bert"}'
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    # The library entry point refuses it too, before any model loads.
+    with pytest.raises(OutputPathError, match="train did not write"):
+        train(tiny_config(folder, QUICK))
+
+
+def test_train_refuses_an_empty_workdir_instead_of_writing_into_the_current_folder(
+        tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = [arg if not arg.startswith("--config.workdir=") else "--config.workdir="
+            for arg in train_argv(Path("unused"))]
+    status, _, err = run_cli(argv, capsys)
+    assert status == 1, err
+    assert "dil-jax train: error: --config.workdir is empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_workdirs_written_by_train_resume_whatever_they_hold(tmp_path, capsys):
+    run = tmp_path / "run"
+    train(tiny_config(run, {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}))
+    assert (run / WORKDIR_MARK).is_file()
+    (run / "notes.txt").write_text("mine")  # the mark says the folder is train's
+    assert run_cli(train_argv(run, "--config.num_train_steps=3",
+                              "--config.checkpoint.every_steps=2"), capsys)[0] == 0
+    # Written by older code (no mark): checkpoints/ identifies it.
+    (run / WORKDIR_MARK).unlink()
+    assert run_cli(train_argv(run, "--config.num_train_steps=4",
+                              "--config.checkpoint.every_steps=2"), capsys)[0] == 0
+    # An older run stopped before its first checkpoint: only train's own files.
+    early = tmp_path / "early"
+    early.mkdir()
+    (early / "config.json").write_text("{}")
+    (early / "metrics.jsonl").write_text("")
+    assert workdir_problem(early) is None
+    (early / "metrics.jsonl").unlink()  # config.json alone could be anyone's
+    assert "holds config.json" in workdir_problem(early)
+
+
+# ----------------------------------------------------------------------------- config on resume
+
+
+def test_resume_with_another_config_warns_by_key_and_keeps_the_previous_config(
+        tmp_path, caplog):
+    overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, overrides))
+    first = json.loads((tmp_path / "config.json").read_text())
+    with caplog.at_level(logging.WARNING, logger="dil_jax.train.workdir"):
+        train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
+                                     "optim.learning_rate": 1e-3}))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    changed = [w for w in warnings if "the config differs" in w]
+    assert len(changed) == 1, warnings
+    # tiny.py's learning rate is 3e-3 and its num_train_steps was overridden to 2 above.
+    assert "optim.learning_rate 0.003 -> 0.001" in changed[0]
+    assert "num_train_steps 2 -> 3" in changed[0] and "from step 2" in changed[0]
+    history = [json.loads(line) for line in
+               (tmp_path / "config_history.jsonl").read_text().splitlines()]
+    assert len(history) == 1 and history[0]["config"] == first
+    assert history[0]["replaced_at_step"] == 2
+    assert json.loads((tmp_path / "config.json").read_text())["optim"]["learning_rate"] == 1e-3
+    # The same config again: nothing changed, nothing added.
+    caplog.clear()
+    train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
+                                 "optim.learning_rate": 1e-3}))
+    assert not any("the config differs" in r.getMessage() for r in caplog.records)
+    assert len((tmp_path / "config_history.jsonl").read_text().splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- config relations
+
+
+@pytest.mark.parametrize("train_articles,validation_articles,relation", [
+    ("0:28", "0:28", "is the same slice as"),
+    ("0:28", "20:35", "overlaps"),
+    (":", "28:35", "overlaps"),  # every article is a training article
+    ("-10:", "-3:", "overlaps"),  # the last 3 are among the last 10, whatever the count
+])
+def test_validation_articles_among_the_training_articles_are_refused(
+        train_articles, validation_articles, relation):
+    from dil_jax.train.default_config import base_config
+
+    config = base_config()
+    config.data.train_articles, config.data.validation_articles = (train_articles,
+                                                                   validation_articles)
+    with pytest.raises(UsageError) as caught:
+        validate_config(config)
+    assert (f"config.data.validation_articles = {validation_articles!r} {relation} "
+            f"config.data.train_articles = {train_articles!r}") in str(caught.value)
+    config.data.validation_file = "dev.json"  # other articles: no overlap possible
+    validate_config(config)
+
+
+@pytest.mark.parametrize("train_articles,validation_articles", [
+    ("0:28", "28:35"), ("28:", ":28"), ("0:28", "-7:"),  # the last: disjoint in 35 articles
+])
+def test_disjoint_article_slices_are_accepted(train_articles, validation_articles):
+    from dil_jax.train.default_config import base_config
+
+    config = base_config()
+    config.data.train_articles, config.data.validation_articles = (train_articles,
+                                                                   validation_articles)
+    validate_config(config)
+
+
+def test_a_frozen_prefix_that_matches_no_parameter_is_named(tmp_path):
+    config = tiny_config(tmp_path, {"optim.frozen": "embeddings/word_embeddings,embedings",
+                                    **QUICK})
+    with pytest.raises(UsageError) as caught:
+        train(config)
+    message = str(caught.value)
+    assert "config.optim.frozen prefix 'embedings' matches no parameter" in message
+    # The tiny model's top level: 2 blocks, the embeddings and the QA head.
+    assert "block_0..block_1, embeddings, qa_outputs" in message
+    assert message.count("matches no parameter") == 1  # the first prefix matches
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_missing_teacher_checkpoint_is_named_before_any_model_loads(tmp_path, monkeypatch):
+    from dil_jax.train import loop
+
+    def no_models(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(loop, "load_run_models", no_models)
+    missing = tmp_path / "runs" / "full" / "params"
+    config = tiny_config(tmp_path / "run", {"loss.kd_weight": 1.0,
+                                            "teacher.checkpoint": str(missing), **QUICK})
+    with pytest.raises(UsageError, match=f"config.teacher.checkpoint = '{missing}': no such "
+                                         f"folder"):
+        train(config)
+    # A hub id ("owner/name" whose owner is no local folder) is the loader's to fetch.
+    from dil_jax.train.config_rules import config_path_problems
+
+    config.teacher.checkpoint = "some-owner/some-model"
+    assert config_path_problems(config) == []
+    config.loss.kd_weight = 0.0  # no loss reads a teacher: its path is not read either
+    config.teacher.checkpoint = str(missing)
+    assert config_path_problems(config) == []
