@@ -83,10 +83,14 @@ def test_k_is_recorded_once_and_old_readers_still_give_it():
     """A new export records k in `reader` only (the training config's model.num_lower_layers
     is derived from it on load); a bundled reader written before records it in both and reads
     as it did. A k that differs from the training run's is kept beside the exported one."""
-    for role in ("full", "delayed"):
-        old = ExportManifest.read(bundled_reader(role))
+    # minilm-squad-full and -k2 were bundled before k was recorded once; minilm-squad-k4 after.
+    for old_folder in (bundled_reader("full"), bundled_reader("full").parent / "minilm-squad-k2"):
+        old = ExportManifest.read(old_folder)
         assert old.training_config["model"]["num_lower_layers"] == old.reader["num_lower_layers"]
         assert old.trained_k == old.reader["num_lower_layers"]
+    new = ExportManifest.read(bundled_reader("delayed"))
+    assert "num_lower_layers" not in new.training_config["model"]
+    assert new.trained_k == new.reader["num_lower_layers"] == 4
     trained = {"model": {"num_lower_layers": 4, "max_question_len": 32}}
     once = ExportManifest(training_config=trained).with_reader({"num_lower_layers": 4})
     written = once.to_json()
