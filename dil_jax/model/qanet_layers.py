@@ -38,7 +38,7 @@ from dil_jax.model.lsh import MASK_BIAS, lsh_attention
 from dil_jax.model.memory import map_row_chunks
 from dil_jax.model.qanet_config import ENCODERS, QANetConfig
 from dil_jax.model.qanet_inputs import CHAR_PAD
-from dil_jax.model.reversible import reversible_layers
+from dil_jax.model.reversible import reversible_scan
 
 
 def sinusoid_positions(length: int, width: int) -> np.ndarray:
@@ -282,10 +282,11 @@ def _reversible_branch(config: QANetConfig, kernel: int, deterministic: bool, ro
     """F (role "f") or G ("g") of one reversible layer of an encoder stack, as a pure function
     (`reversible.Residual`). layer_params: {"f": {name: params}, "g": {name: params}}, one
     sublayer each (F and G of a layer share the params object, so that the backward pass can
-    add their gradients; each reads its own half); aux: (mask, dropout key or None, LSH key or
-    None); x: [batch, seq, d_model] -> the same shape."""
+    add their gradients; each reads its own half); aux: (mask, (dropout key or None, LSH key or
+    None)), as `reversible.reversible_scan` passes (shared, the layer's aux); x: [batch, seq,
+    d_model] -> the same shape."""
     ((name, params),) = layer_params[role].items()
-    mask, dropout_rng, lsh_rng = aux
+    mask, (dropout_rng, lsh_rng) = aux
     # F and G draw different dropout masks from the layer's one key; the recomputation in the
     # backward pass draws the same ones again.
     rngs = (None if dropout_rng is None
@@ -301,15 +302,21 @@ def _reversible_branch(config: QANetConfig, kernel: int, deterministic: bool, ro
         {"params": params}, x, mask, deterministic, rngs=rngs)
 
 
+def _stack_over_blocks(per_block: list[Any]) -> Any:
+    """The same pytree of every block -> one pytree, each leaf stacked [blocks, ...] (None
+    entries stay None)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *per_block)
+
+
 class EncoderStack(nn.Module):
     """`encoder` ("embedding" or "model") blocks in sequence.
 
     Plain: each block as `EncoderBlock.__call__`. Reversible (`config.reversible`): the stack's
     sublayers pair up, (conv_0, conv_1), ..., (attention, feed_forward) per block, as reversible
-    layers y1 = x1 + F(x2), y2 = x2 + G(y1) (`reversible.reversible_layers`, which keeps only the
-    last layer's outputs for the backward pass); both streams start as x + PE (the encoding is
-    added once per stack, not per block: a reversible layer has no place to add a constant to
-    its streams), and the output is their mean.
+    layers y1 = x1 + F(x2), y2 = x2 + G(y1) (`reversible.reversible_scan`: a block per loop
+    iteration, only the last layer's outputs kept for the backward pass); both streams start
+    as x + PE (the encoding is added once per stack, not per block: a reversible layer has no
+    place to add a constant to its streams), and the output is their mean.
     """
 
     config: QANetConfig
@@ -351,29 +358,35 @@ class EncoderStack(nn.Module):
         cfg = self.config
         _, convs, kernel = self._shape()
         names = _sublayer_names(convs)
-        layers, aux = [], []  # (block, F's sublayer, G's sublayer), (mask, dropout, lsh) keys
-        for i, block in enumerate(self.blocks):
+        pairs = list(zip(names[0::2], names[1::2], strict=True))  # (F, G) of a block's layers
+        # Per block, per layer: (dropout key, LSH key), drawn in the order blocks then layers.
+        aux = []
+        for i in range(len(self.blocks)):
             lsh_rng = self._lsh_rng(i, deterministic)
-            for f_name, g_name in zip(names[0::2], names[1::2]):
-                layers.append((block, f_name, g_name))
-                aux.append((mask, None if deterministic else self.make_rng("dropout"),
-                            lsh_rng if "attention" in (f_name, g_name) else None))
+            aux.append(tuple((None if deterministic else self.make_rng("dropout"),
+                              lsh_rng if "attention" in pair else None) for pair in pairs))
         x = x + sinusoid_positions(x.shape[1], x.shape[2])
         if self.is_initializing():
             # The same functions as ordinary Flax calls: what creates the parameters.
             x1 = x2 = x
-            for (block, f_name, g_name), (_, _, lsh_rng) in zip(layers, aux):
-                x1 = x1 + block.branch(f_name, x2, mask, deterministic, lsh_rng)
-                x2 = x2 + block.branch(g_name, x1, mask, deterministic, lsh_rng)
+            for block, block_aux in zip(self.blocks, aux, strict=True):
+                for (f_name, g_name), (_, lsh_rng) in zip(pairs, block_aux, strict=True):
+                    x1 = x1 + block.branch(f_name, x2, mask, deterministic, lsh_rng)
+                    x2 = x2 + block.branch(g_name, x1, mask, deterministic, lsh_rng)
         else:
+            # Every block has the same layers: a block is one group of `reversible_scan`,
+            # each layer's params and keys stacked over the blocks.
             params = tuple(
-                {"f": {f_name: block.variables["params"][f_name]},
-                 "g": {g_name: block.variables["params"][g_name]}}
-                for block, f_name, g_name in layers)
-            x1, x2 = reversible_layers(
+                _stack_over_blocks([{"f": {f_name: block.variables["params"][f_name]},
+                                     "g": {g_name: block.variables["params"][g_name]}}
+                                    for block in self.blocks])
+                for f_name, g_name in pairs)
+            layer_aux = tuple(_stack_over_blocks([block_aux[j] for block_aux in aux])
+                              for j in range(len(pairs)))
+            x1, x2 = reversible_scan(
                 functools.partial(_reversible_branch, cfg, kernel, deterministic, "f"),
                 functools.partial(_reversible_branch, cfg, kernel, deterministic, "g"),
-                params, tuple(aux), x, x)
+                params, layer_aux, mask, x, x)
         return (x1 + x2) * 0.5
 
 

@@ -3,8 +3,8 @@
 References, as for the BERT family (tests/model/test_long_passages.py): the plain reader (itself
 checked against the NumPy reference in tests/model/test_qanet.py) where an option must not change
 the function (chunked feed-forward; LSH when one chunk holds the segment); plain autodiff through
-the same forward functions (`reversible_forward`) for the reversible stacks' custom backward pass;
-the NumPy reference's own reversible stack for the reversible forward.
+the same forward functions (`reversible_scan_forward`) for the reversible stacks' custom backward
+pass; the NumPy reference's own reversible stack for the reversible forward.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import dil_jax.model.qanet_layers as qanet_layers
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_layers import EncoderStack
-from dil_jax.model.reversible import reversible_forward, reversible_layers
+from dil_jax.model.reversible import reversible_scan, reversible_scan_forward
 
 import tests.helpers.qanet_numpy_reference as ref
 from tests.helpers.qanet import perturb, segment, tiny_config, tiny_variables
@@ -157,11 +157,43 @@ def test_reversible_gradients_equal_plain_autodiff(monkeypatch, lsh):
                  rngs={"dropout": jax.random.key(4), "lsh": jax.random.key(6)})
     value, got = jax.value_and_grad(loss)(variables["params"])
     with monkeypatch.context() as patch:
-        patch.setattr(qanet_layers, "reversible_layers",
-                      lambda f, g, *args: reversible_forward(f, g, *args))
+        patch.setattr(qanet_layers, "reversible_scan",
+                      lambda f, g, *args: reversible_scan_forward(f, g, *args))
         want_value, want = jax.value_and_grad(loss)(variables["params"])
     # The same forward: the custom_vjp's is traced as one function, plain autodiff's runs op by
     # op, so their float32 rounding differs (measured 1.6e-6 relative with LSH); 1e-5.
+    assert float(value) == pytest.approx(float(want_value), rel=1e-5)
+    _assert_gradients_close(got, want, 1e-4)
+
+
+def test_scanned_reversible_stack_gradients_equal_plain_autodiff_under_jit(monkeypatch):
+    """The model stack as the reader runs it in training: jitted, 3 blocks (3 iterations of
+    `reversible_scan`'s loops), chained passes sharing the weights, dropout on, a padded row;
+    gradients of the params AND the input against plain autodiff through the same forward
+    (`reversible_scan_forward`, a Python loop over the blocks). Measured: 3.7e-6 of the
+    largest entry, the function's own float32 noise floor (plain autodiff at the input times
+    1 + 1e-7 moves by 4.0e-6); 1e-4 leaves ~25x, and a wrong recomputation (another block's
+    params or dropout mask) is O(1). Without LSH: LSH makes the function discontinuous where a
+    vector sits within rounding of a bucket boundary, so two float32 programs may differ there
+    by O(1e-3) whatever the backward pass (the LSH case is the reader-level test above)."""
+    config = tiny_config(model_blocks=3, reversible=True, dropout=0.1)
+    stack = EncoderStack(config, "model")
+    x = np.random.default_rng(0).normal(size=(2, 24, config.d_model)).astype(np.float32)
+    mask = np.ones((2, 24), np.int32)
+    mask[1, 19:] = 0
+    params = perturb(jax.jit(stack.init)(jax.random.key(0), x, mask)["params"], 1)
+
+    def loss(p, y):
+        for i in range(2):
+            y = stack.apply({"params": p}, y, mask, deterministic=False,
+                            rngs={"dropout": jax.random.key(i)})
+        return jnp.sum(y[:, :7] ** 2) + jnp.sum(y * 0.3)
+
+    value, got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
+    with monkeypatch.context() as patch:
+        patch.setattr(qanet_layers, "reversible_scan",
+                      lambda f, g, *args: reversible_scan_forward(f, g, *args))
+        want_value, want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(params, x)
     assert float(value) == pytest.approx(float(want_value), rel=1e-5)
     _assert_gradients_close(got, want, 1e-4)
 
@@ -193,4 +225,5 @@ def test_reversible_stack_saves_activations_that_do_not_grow_with_depth():
     assert sizes[True, 8] == sizes[True, 2], sizes
     attention_weights = 1 * 2 * seq * seq * 4  # one block's [1, 2 heads, seq, seq] float32
     assert sizes[False, 8] - sizes[False, 2] >= 6 * attention_weights, sizes
-    assert reversible_layers is qanet_layers.reversible_layers  # the stack's own kernel
+    assert reversible_scan is qanet_layers.reversible_scan  # the stack's own kernel
+
