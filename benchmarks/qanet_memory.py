@@ -3,6 +3,8 @@
 
     python benchmarks/qanet_memory.py --lengths 256 1024 4096 --time-lengths 1024 \\
         --variants plain reformer lsh reversible --batch 2 --out benchmarks/results/qanet_memory
+    python benchmarks/qanet_memory.py --lengths 512 --time-lengths --variants plain reversible \\
+        --model-blocks 1 2 4 7 --out ...    # against depth
 
 Memory is XLA's own account of the compiled train step (`jax.jit(step).lower(...).compile()
 .memory_analysis()`): `temp_size_in_bytes` is what the step allocates beyond its arguments and
@@ -110,22 +112,43 @@ class CompiledStep:
 
 
 def write_plot(rows: list[dict], path: Path) -> None:
+    """Temporaries against passage length at the paper's depth; beside it, where rows at other
+    depths exist, temporaries against the model encoder's blocks (one line per variant and
+    length)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for variant in dict.fromkeys(row["variant"] for row in rows):
-        mine = sorted((row["p_len"], row["temp_mib"]) for row in rows if row["variant"] == variant)
+    paper = QANetConfig().model_blocks
+    at_paper = [row for row in rows if (row.get("model_blocks") or paper) == paper]
+    depths = {(row.get("model_blocks") or paper) for row in rows}
+    figure, axes = plt.subplots(1, 2 if len(depths) > 1 else 1,
+                                figsize=(11 if len(depths) > 1 else 6, 4), squeeze=False)
+    axis = axes[0, 0]
+    for variant in dict.fromkeys(row["variant"] for row in at_paper):
+        mine = sorted({row["p_len"]: row["temp_mib"] for row in at_paper
+                       if row["variant"] == variant}.items())
         axis.plot(*zip(*mine, strict=True), marker="o", label=variant)
     axis.set_xscale("log", base=2)
     axis.set_yscale("log")
     axis.set_xlabel("passage tokens")
     axis.set_ylabel("train-step temporaries (MiB, XLA)")
-    axis.set_title(f"QANet train step memory, batch {rows[0]['windows']}")
+    axis.set_title(f"QANet train step, batch {rows[0]['windows']}, {paper} model blocks")
     axis.legend()
     axis.grid(True, which="both", alpha=0.3)
+    if len(depths) > 1:
+        axis = axes[0, 1]
+        for variant, p_len in dict.fromkeys((row["variant"], row["p_len"]) for row in rows
+                                            if (row.get("model_blocks") or paper) != paper):
+            mine = sorted({(row.get("model_blocks") or paper): row["temp_mib"] for row in rows
+                           if (row["variant"], row["p_len"]) == (variant, p_len)}.items())
+            axis.plot(*zip(*mine, strict=True), marker="o", label=f"{variant}, {p_len} tokens")
+        axis.set_xlabel("model encoder blocks (each applied 3 times)")
+        axis.set_ylabel("train-step temporaries (MiB, XLA)")
+        axis.set_title("memory against depth")
+        axis.legend()
+        axis.grid(True, alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -141,9 +164,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model-blocks", type=int, default=0,
-                        help="> 0: the model encoder's blocks (the paper's 7 otherwise): how the "
-                        "memory grows with depth")
+    parser.add_argument("--model-blocks", type=int, nargs="+", default=[0],
+                        help="the model encoder's blocks, one compile each (0: the paper's 7): "
+                        "how the memory grows with depth")
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="earlier records (STEM.json) whose rows join this table and plot")
     parser.add_argument("--out", type=Path, required=True, help="output stem")
@@ -151,21 +174,23 @@ def main() -> None:
     load_before = load_average()
     table = minilm_word_table()
     rows, timed = [], []
-    for p_len in args.lengths:
-        for variant in args.variants:
-            step = CompiledStep(variant, args.batch, args.question_len, p_len, table, args.seed,
-                                args.model_blocks)
-            rows.append({"variant": variant, "p_len": p_len, "windows": args.batch,
-                         "model_blocks": args.model_blocks or QANetConfig().model_blocks,
-                         "temp_mib": step.temp_bytes / MIB, "total_mib": step.total_bytes / MIB,
-                         "argument_mib": step.argument_bytes / MIB,
-                         "compile_s": step.compile_s})
-            print(json.dumps(rows[-1]), flush=True)
-            if p_len in args.time_lengths:
-                step.run(1)  # the first call's one-off costs
-                timed.append((rows[-1], step))
-            else:
-                del step
+    for blocks in args.model_blocks:
+        for p_len in args.lengths:
+            for variant in args.variants:
+                step = CompiledStep(variant, args.batch, args.question_len, p_len, table,
+                                    args.seed, blocks)
+                rows.append({"variant": variant, "p_len": p_len, "windows": args.batch,
+                             "model_blocks": blocks or QANetConfig().model_blocks,
+                             "temp_mib": step.temp_bytes / MIB,
+                             "total_mib": step.total_bytes / MIB,
+                             "argument_mib": step.argument_bytes / MIB,
+                             "compile_s": step.compile_s})
+                print(json.dumps(rows[-1]), flush=True)
+                if p_len in args.time_lengths:
+                    step.run(1)  # the first call's one-off costs
+                    timed.append((rows[-1], step))
+                else:
+                    del step
     seconds: dict[int, list[float]] = {id(row): [] for row, _ in timed}
     for _ in range(args.rounds):
         for row, step in timed:
@@ -185,9 +210,10 @@ def main() -> None:
                          for path, old in zip(args.merge, merged, strict=True)],
               "machine": machine_record(), "load_before": load_before,
               "load_after": load_average(), "rows": rows}
-    lines = ["| variant | passage tokens | temporaries MiB | total MiB | step s |",
-             "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['variant']} | {r['p_len']} | {r['temp_mib']:.1f} | {r['total_mib']:.1f} | "
+    lines = ["| variant | passage tokens | model blocks | temporaries MiB | total MiB | step s |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['variant']} | {r['p_len']} | {r.get('model_blocks', '–')} | "
+              f"{r['temp_mib']:.1f} | {r['total_mib']:.1f} | "
               + (f"{r['step_s']:.2f}" if "step_s" in r else "–") + " |" for r in rows]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(record, indent=2)),
