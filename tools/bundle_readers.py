@@ -82,8 +82,8 @@ def bundle(params_dir: Path, name: str, note: str = "") -> Path:
                          "(not frozen in training?); refusing to leave them out")
     record = run_record(params_dir)
     manifest = {
-        # k and the passage offset are recorded once, in the manifest's "reader"
-        # (`ExportManifest.with_reader`).
+        # k, the question length and the passage offset are recorded once, in the manifest's
+        # "reader" (`ExportManifest.with_reader`).
         "what": "embedded MiniLM (all-MiniLM-L6-v2) fine-tuned on SQuAD articles",
         "trained_from": record["trained_from"],
         "training_config": record["training_config"],

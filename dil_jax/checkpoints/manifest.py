@@ -20,10 +20,9 @@ from dil_jax.checkpoints.files import read_json
 from dil_jax.errors import CheckpointError
 
 MANIFEST_FILE = "dil_jax_manifest.json"
+# What an export records in "reader". A training config's "model" holds them too, under the same
+# names: each is recorded once, in "reader", where the two agree (`ExportManifest.with_reader`).
 READER_FIELDS = ("num_lower_layers", "max_question_len", "passage_position_offset")
-# The reader fields a training config's "model" records too, under the same names: each is
-# recorded once, in "reader", where the two agree (`ExportManifest.with_reader`).
-RECORDED_ONCE = ("num_lower_layers", "passage_position_offset")
 _KNOWN_FIELDS = ("training_config", "reader", "base_checkpoint", "from_base", "weights",
                  "tokenizer")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -83,10 +82,11 @@ def _is_int(value: Any) -> bool:
 class ExportManifest:
     """An exported reader's `dil_jax_manifest.json` (an empty one: the folder has none).
 
-    reader: READER_FIELDS as exported, the one record of k and of the passage offset (absent:
-    0); training_config: the run's config (its "model" records num_lower_layers and
-    passage_position_offset only where they are not the reader's: `with_reader`; manifests
-    written before record both there too); base_checkpoint / from_base: tensors
+    reader: READER_FIELDS as exported, the one record of k, the question length and the
+    passage offset (absent offset: 0); training_config: the run's config (its "model" records
+    num_lower_layers, max_question_len and passage_position_offset only where they are not the
+    reader's: `with_reader`; manifests written before record them there too); base_checkpoint /
+    from_base: tensors
     left to a base checkpoint; weights: {file: {"bytes", "sha256"}} or None; tokenizer: the
     tokenizer record ({} when none); records: every other field, free-form, kept as read.
     """
@@ -156,16 +156,17 @@ class ExportManifest:
 
     def with_reader(self, reader: Mapping[str, int]) -> ExportManifest:
         """This manifest with `reader` (READER_FIELDS, as an export writes them: the passage
-        offset only when it is not 0) as the exported settings, k and the passage offset
-        recorded once: the training config's model.num_lower_layers and
+        offset only when it is not 0) as the exported settings, each of READER_FIELDS recorded
+        once: the training config's model.num_lower_layers, model.max_question_len and
         model.passage_position_offset are left out where they are the reader's (`trained_k`
-        and `reader_defaults` derive them back on load). One that differs (a reader exported at
-        another k or offset than it was trained with) is a fact of its own and stays; the
+        and `reader_defaults` derive k and the offset back on load; the question length is
+        the reader's). One that differs (a reader exported at another k, question length or
+        offset than it was trained with) is a fact of its own and stays; the
         reader's offset is then written even when it is 0, so that no load takes the training
         config's for it."""
         exported = {"passage_position_offset": 0, **reader}
         model = self.training_config.get("model", {})
-        same = {key for key in RECORDED_ONCE if key in model and model[key] == exported.get(key)}
+        same = {key for key in READER_FIELDS if key in model and model[key] == exported.get(key)}
         training = self.training_config
         if same:
             training = {**training, "model": {key: value for key, value in model.items()

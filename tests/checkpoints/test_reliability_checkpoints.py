@@ -282,7 +282,7 @@ def test_export_records_the_passage_offset_once_and_old_manifests_still_give_it(
     written = json.loads((exported / MANIFEST_FILE).read_text())
     assert written["reader"] == {"num_lower_layers": 1, "max_question_len": 4,
                                  "passage_position_offset": 5}
-    assert written["training_config"] == {"model": {"max_question_len": 4}}
+    assert written["training_config"] == {"model": {}}  # max_question_len: recorded once too
     config_back, params_back, _ = load_hf_checkpoint(exported)
     assert config_back.passage_position_offset == 5
     np.testing.assert_array_equal(_pair_logits(config_back, params_back), expected)
@@ -300,6 +300,40 @@ def test_export_records_the_passage_offset_once_and_old_manifests_still_give_it(
                            ).with_reader({"num_lower_layers": 1})
     assert other.training_config == {"model": {"passage_position_offset": 14}}
     assert other.reader_defaults == {"num_lower_layers": 1, "passage_position_offset": 0}
+
+
+def test_max_question_len_is_recorded_once_and_old_manifests_still_give_it(
+        hf_folder_factory, tmp_path):
+    """An export records max_question_len once, in the manifest's "reader" (the training
+    config's equal model.max_question_len is left out) and loads with it; a manifest written
+    before, with it in both, reads as it did. A training length other than the exported one
+    stays beside it."""
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest, export_hf_checkpoint
+    from dil_jax.defaults import bundled_reader
+
+    folder, _ = hf_folder_factory("bert")
+    config, params, _ = load_hf_checkpoint(folder, max_question_len=6)
+    trained = {"model": {"max_question_len": 6, "dtype": "float32"}}
+    exported = export_hf_checkpoint(tmp_path / "export", params, config,
+                                    manifest={"training_config": trained})
+    written = json.loads((exported / MANIFEST_FILE).read_text())
+    assert written["reader"] == {"num_lower_layers": 0, "max_question_len": 6}
+    assert written["training_config"] == {"model": {"dtype": "float32"}}
+    assert load_hf_checkpoint(exported)[0].max_question_len == 6
+
+    # As exports wrote it before: the length in "reader" and in the training config.
+    written["training_config"] = trained
+    (exported / MANIFEST_FILE).write_text(json.dumps(written))
+    old = ExportManifest.read(exported)
+    assert old.training_config == trained and old.reader_defaults["max_question_len"] == 6
+    assert load_hf_checkpoint(exported)[0].max_question_len == 6
+    bundled = ExportManifest.read(bundled_reader("full"))  # bundled before: 32 in both
+    assert bundled.training_config["model"]["max_question_len"] == 32
+    assert bundled.reader_defaults["max_question_len"] == 32
+
+    other = ExportManifest(training_config=trained).with_reader(
+        {"num_lower_layers": 0, "max_question_len": 8})
+    assert other.training_config == trained and other.reader["max_question_len"] == 8
 
 
 def test_a_disk_that_refuses_a_checkpoint_is_named_in_one_line(tmp_path, monkeypatch):
