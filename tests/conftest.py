@@ -13,6 +13,9 @@ installed.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,35 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/dil_jax_test_jax_cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def _orbax_reads_after_a_failed_restore(unraisable) -> bool:
+    """The one unraisable exception the suite expects: after orbax fails to restore a damaged
+    checkpoint (the tests that cut array files in half do so on purpose), tensorstore's reads
+    still in flight finish on its own threads and call `call_soon_threadsafe` on the event loop
+    orbax has already closed ("Event loop is closed", raised where nothing can catch it). It
+    comes from orbax + tensorstore alone (a CheckpointManager restoring two damaged steps shows
+    it without dil_jax) and lands in whichever test runs when those reads end."""
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"
+            and threading.current_thread() is not threading.main_thread()
+            and any(frame.name == "call_soon_threadsafe" for frame in frames))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ignore_orbax_reads_after_a_failed_restore():
+    """Drops `_orbax_reads_after_a_failed_restore` before pytest's own unraisable hook sees it;
+    every other unraisable exception still warns."""
+    pytest_hook = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _orbax_reads_after_a_failed_restore(unraisable):
+            pytest_hook(unraisable)
+
+    sys.unraisablehook = hook
+    yield
+    sys.unraisablehook = pytest_hook
 
 
 @pytest.fixture(scope="session")

@@ -201,8 +201,6 @@ def _tiny_config():
                          max_question_len=4)
 
 
-# orbax's background threads complain ("Event loop is closed") after a failed restore.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_damaged_orbax_params_are_named(tmp_path):
     import jax
 
