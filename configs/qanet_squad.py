@@ -31,17 +31,11 @@ runs them with `tools/gpu_qanet_squad.py` (docs/qanet.md, "Training").
 
 import ml_collections
 
-from dil_jax.defaults import (
-    CPU_DOC_STRIDE,
-    CPU_MAX_PASSAGE_LEN,
-    CPU_MAX_QUESTION_LEN,
-    SHARED_SQUAD_FILE,
-    SHARED_SQUAD_TRAIN_CANDIDATES_FILE,
-    SHARED_SQUAD_TRAIN_FILE,
-)
+from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
 from dil_jax.model.char_reader import config_fields, reader_config
 from dil_jax.train.default_config import base_config
+from dil_jax.train.recipes import complete_squad_v11
 
 VARIANTS = {
     "qanet": ("qanet", {}),
@@ -83,12 +77,7 @@ def get_config(spec: str = "qanet") -> ml_collections.ConfigDict:
     c.model.max_question_len = CPU_MAX_QUESTION_LEN
     c.data.featurizer = "dil_jax.train.char_data:featurize"
     c.data.tokenizer = "default"
-    c.data.squad_file = SHARED_SQUAD_TRAIN_FILE
-    c.data.train_articles = ":"
-    c.data.validation_file = SHARED_SQUAD_FILE
-    c.data.validation_articles = ":"
-    if MULTI_SUFFIX in suffixes:
-        c.data.answer_candidates_file = SHARED_SQUAD_TRAIN_CANDIDATES_FILE
+    complete_squad_v11(c, multi=MULTI_SUFFIX in suffixes)
     c.data.max_passage_len = CPU_MAX_PASSAGE_LEN
     c.data.doc_stride = CPU_DOC_STRIDE
     c.batch_size = BATCH_SIZE

@@ -1,4 +1,5 @@
-"""The fields every training config has; configs/*.py start from `base_config()` and change some.
+"""The fields every training config has; configs/*.py start from `base_config()` and change some
+(the pieces their recipes share: `dil_jax.train.recipes`).
 
 Keeping the full field set here means every `--config.x.y=...` override is checked against one
 schema (the config is locked before overrides apply), whatever the config file.
@@ -16,7 +17,6 @@ from dil_jax.defaults import (
     SHARED_SQUAD_FILE,
     TRAIN_BATCH_SIZE,
 )
-from dil_jax.errors import UsageError
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -186,37 +186,3 @@ def base_config() -> ml_collections.ConfigDict:
     c.distributed.num_cpu_devices = 0  # > 0: jax_num_cpu_devices (host-device testing)
     return c
 
-
-def paper_squad_config(name: str, checkpoint: str, variant: str = "") -> ml_collections.ConfigDict:
-    """The DilBERT/DilALBERT paper's SQuAD run for a Hugging Face `checkpoint`: k = 10, lr 3e-5,
-    2 epochs, batch 12, length 384 (question 64 + passage window 320), stride 128, linear decay
-    with 10% warmup. Variants: "" (k = 10), "full" (k = 0, the teacher), "distill" (k = 10 with
-    DeFormer KD + LRS from `runs/{name}_full/params`)."""
-    c = base_config()
-    c.workdir = f"runs/{name}" + (f"_{variant}" if variant else "")
-    c.model.checkpoint = checkpoint
-    c.data.tokenizer = checkpoint
-    c.model.num_lower_layers = 10
-    c.model.max_question_len = MAX_QUESTION_LEN
-    c.data.max_passage_len = MAX_PASSAGE_LEN
-    c.data.doc_stride = DOC_STRIDE
-    c.data.train_articles = ":"
-    # Validate on the official dev set (set its path); all of its articles.
-    c.data.validation_file = "PATH/dev-v1.1.json"
-    c.data.validation_articles = ":"
-    c.batch_size = TRAIN_BATCH_SIZE
-    c.num_epochs = 2.0
-    c.optim.learning_rate = 3e-5
-    c.optim.warmup_fraction = 0.1
-    c.checkpoint.every_steps = 2000
-    c.log.every_steps = 50
-    if variant == "distill":
-        c.teacher.checkpoint = f"runs/{name}_full/params"
-        # DeFormer tunes alpha/beta per task; these are starting points, not the paper's values.
-        c.loss.kd_weight = 1.0
-        c.loss.lrs_weight = 1.0
-    elif variant == "full":
-        c.model.num_lower_layers = 0
-    elif variant:
-        raise UsageError(f"unknown variant {variant!r}: '', 'full' or 'distill'")
-    return c
