@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import lzma
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -39,6 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_squad_v11 as pool  # tools/ is not a package: imported from its folder
+from reader_pieces import (
+    add_trained_from,
+    flat_key,
+    put_trained_from,
+    read_pieces,
+    write_pieces,
+)
 
 CONFIG = "configs/qanet_squad.py"
 READERS = ("qanet", "qanet_lsh", "qanet_reversible", "bidaf")
@@ -73,27 +78,13 @@ def pack_char_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
     from dil_jax.checkpoints.char_readers import load_char_reader
 
     _, variables = load_char_reader(params_dir)
-    arrays = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(leaf, np.float32)
+    arrays = {flat_key(path): np.asarray(leaf, np.float32)
               for path, leaf in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     members = {PARAMS_MEMBER: buffer.getvalue(),
                MANIFEST_MEMBER: (params_dir / MANIFEST_MEMBER).read_bytes()}
-    if (params_dir / "trained_from.json").is_file():
-        members["trained_from.json"] = (params_dir / "trained_from.json").read_bytes()
-    tar_bytes = io.BytesIO()
-    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
-        for member, data in members.items():
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    packed = lzma.compress(tar_bytes.getvalue(), preset=3)
-    pieces = []
-    for index in range(0, len(packed), pool.PIECE_BYTES):
-        piece = out / f"{name}.tar.xz.{index // pool.PIECE_BYTES:02d}"
-        piece.write_bytes(packed[index:index + pool.PIECE_BYTES])
-        pieces.append(piece)
-    return pieces
+    return write_pieces(add_trained_from(members, params_dir), out, name)
 
 
 def unpack_char_reader(first_piece: Path, target: Path, base: str | None) -> Path:
@@ -105,11 +96,7 @@ def unpack_char_reader(first_piece: Path, target: Path, base: str | None) -> Pat
     from dil_jax.model.char_reader import reader_config
     from dil_jax.model.qanet_inputs import minilm_word_table
 
-    stem = first_piece.name.rsplit(".", 1)[0]
-    pieces = sorted(first_piece.parent.glob(f"{stem}.[0-9][0-9]"))
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(b"".join(p.read_bytes()
-                                                                  for p in pieces)))) as tar:
-        members = {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+    members = read_pieces(first_piece.parent, first_piece.name.rsplit(".tar.xz.", 1)[0])
     manifest = json.loads(members[MANIFEST_MEMBER])
     config = reader_config(manifest[KIND_FIELD], manifest[CONFIG_FIELD])
     params: dict = {}
@@ -122,9 +109,7 @@ def unpack_char_reader(first_piece: Path, target: Path, base: str | None) -> Pat
             node[leaf] = arrays[key]
     table = minilm_word_table(base).astype(ml_dtypes.bfloat16).astype(np.float32)
     save_char_reader(target, {"params": params, "frozen": {"word_table": table}}, config)
-    if "trained_from.json" in members:
-        (target / "trained_from.json").write_bytes(members["trained_from.json"])
-    return target
+    return put_trained_from(members, target)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,6 @@ import argparse
 import dataclasses
 import io
 import json
-import lzma
 import os
 import signal
 import subprocess
@@ -46,10 +45,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from reader_pieces import add_trained_from, flat_key, write_pieces  # tools/, run as a script
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "configs/minilm_squad_v11.py"
-PIECE_BYTES = 15 * 2 ** 20
 WORD_EMBEDDINGS = "embeddings/word_embeddings/embedding"
 
 
@@ -172,7 +171,7 @@ def best_f1(workdir: Path) -> float:
 
 
 def pack_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
-    """A params folder (save_params) as `name.tar.xz.NN` pieces of at most PIECE_BYTES: the
+    """A params folder (save_params) as `name.tar.xz.NN` pieces (`write_pieces`): the
     params in bfloat16 (stored as uint16) without the frozen word embeddings, the encoder config
     and trained_from.json."""
     import jax
@@ -183,29 +182,14 @@ def pack_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
     config, params = load_params(params_dir)
     arrays = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        key = "/".join(str(getattr(k, "key", k)) for k in path)
+        key = flat_key(path)
         if key != WORD_EMBEDDINGS:
             arrays[key] = np.asarray(leaf, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     members = {"params.npz": buffer.getvalue(),
                "encoder_config.json": json.dumps(config.to_dict(), indent=2).encode()}
-    trained_from = params_dir / "trained_from.json"
-    if trained_from.is_file():
-        members["trained_from.json"] = trained_from.read_bytes()
-    tar_bytes = io.BytesIO()
-    with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
-        for member, data in members.items():
-            info = tarfile.TarInfo(member)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    packed = lzma.compress(tar_bytes.getvalue(), preset=3)
-    pieces = []
-    for index in range(0, len(packed), PIECE_BYTES):
-        piece = out / f"{name}.tar.xz.{index // PIECE_BYTES:02d}"
-        piece.write_bytes(packed[index:index + PIECE_BYTES])
-        pieces.append(piece)
-    return pieces
+    return write_pieces(add_trained_from(members, params_dir), out, name)
 
 
 def pack_results(runs: list[Run], args: argparse.Namespace, summary: dict) -> Path:

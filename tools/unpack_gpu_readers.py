@@ -14,22 +14,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import lzma
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
-
-
-def read_pieces(directory: Path, name: str) -> dict[str, bytes]:
-    """The members of the packed tar of `name`, from its pieces in order."""
-    pieces = sorted(directory.glob(f"{name}.tar.xz.[0-9][0-9]"))
-    if not pieces:
-        raise SystemExit(f"unpack_gpu_readers: no pieces {name}.tar.xz.NN in {directory}")
-    packed = b"".join(piece.read_bytes() for piece in pieces)
-    with tarfile.open(fileobj=io.BytesIO(lzma.decompress(packed))) as tar:
-        return {member.name: tar.extractfile(member).read() for member in tar.getmembers()}
+from reader_pieces import flat_key, put_trained_from, read_pieces  # tools/, run as a script
 
 
 def unpack(directory: Path, name: str, out: Path, base: str = "default") -> Path:
@@ -45,12 +34,12 @@ def unpack(directory: Path, name: str, out: Path, base: str = "default") -> Path
     config = EncoderConfig.from_dict(json.loads(members["encoder_config.json"]))
     stored = np.load(io.BytesIO(members["params.npz"]))
     base_params = load_or_init_reader(base, None, {}, jax.random.key(0)).params
-    base_leaves = {"/".join(str(getattr(k, "key", k)) for k in path): leaf
+    base_leaves = {flat_key(path): leaf
                    for path, leaf in jax.tree_util.tree_flatten_with_path(base_params)[0]}
     abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))
 
     def restore(path, leaf) -> np.ndarray:
-        key = "/".join(str(getattr(k, "key", k)) for k in path)
+        key = flat_key(path)
         if key in stored:
             value = stored[key].view(ml_dtypes.bfloat16).astype(np.float32)
         else:  # the frozen word embeddings: the base model's own
@@ -62,9 +51,7 @@ def unpack(directory: Path, name: str, out: Path, base: str = "default") -> Path
 
     params = jax.tree_util.tree_map_with_path(restore, abstract)
     save_params(out, params, config)
-    if "trained_from.json" in members:
-        (out / "trained_from.json").write_bytes(members["trained_from.json"])
-    return out
+    return put_trained_from(members, out)
 
 
 def main(argv: list[str] | None = None) -> int:
