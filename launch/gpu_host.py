@@ -18,7 +18,13 @@ import sys
 from pathlib import Path
 
 # Run as a script, so this folder is on sys.path: the shared helpers import by name.
-from _common import launcher_main, train_command
+from _common import (
+    common_options,
+    launcher_main,
+    launcher_parser,
+    plan_steps,
+    train_command,
+)
 
 REMOTE_DIR = "dil_jax"
 LOG_FILE = "train.log"
@@ -74,20 +80,14 @@ def fetch(args: argparse.Namespace) -> list[list[str]]:
 
 
 def plan(args: argparse.Namespace) -> list[list[str]]:
-    steps = ("copy", "setup", "run", "logs") if args.step == "all" else (args.step,)
-    return [command for step in steps for command in globals()[step](args)]
+    return plan_steps(args, ("copy", "setup", "run", "logs"), globals())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=(*STEPS, "all"))
+    parser = launcher_parser(__doc__, STEPS)
     parser.add_argument("--host", required=True, help="user@host for ssh, or 'local'")
     parser.add_argument("--remote-dir", default=REMOTE_DIR, help="code folder on the host")
-    parser.add_argument("--config", default="", help="config file[:variant] (run)")
-    parser.add_argument("--workdir", default="", help="override config.workdir (run, fetch)")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    return parser
+    return common_options(parser, workdir_help="override config.workdir (run, fetch)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,13 @@ import sys
 from pathlib import PurePosixPath
 
 # Run as a script, so this folder is on sys.path: the shared helpers import by name.
-from _common import launcher_main, train_command
+from _common import (
+    common_options,
+    launcher_main,
+    launcher_parser,
+    plan_steps,
+    train_command,
+)
 
 REMOTE_DIR = "dil_jax"  # on every worker, relative to the login home
 ARCHIVE = "/tmp/dil_jax_code.tar.gz"
@@ -120,28 +126,22 @@ def delete(args: argparse.Namespace) -> list[list[str]]:
 
 
 def plan(args: argparse.Namespace) -> list[list[str]]:
-    steps = ("create", "copy", "setup", "run", "logs") if args.step == "all" else (args.step,)
-    return [command for step in steps for command in globals()[step](args)]
+    return plan_steps(args, ("create", "copy", "setup", "run", "logs"), globals())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=(*STEPS, "all"))
+    parser = launcher_parser(__doc__, STEPS)
     parser.add_argument("--name", required=True, help="TPU VM name")
     parser.add_argument("--zone", required=True)
     parser.add_argument("--project", default="")
     parser.add_argument("--accelerator", default="v4-32", help="e.g. v4-32, v5litepod-16")
     parser.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM image")
     parser.add_argument("--spot", action="store_true", help="preemptible capacity")
-    parser.add_argument("--config", default="", help="config file[:variant] (run)")
-    parser.add_argument("--workdir", default="", help="gs://bucket/path (run)")
     parser.add_argument("--out", default="", help="index folder every worker mounts (index)")
     parser.add_argument("--log-file", default="",
                         help=f"worker log (logs, index; default {LOG_FILE}, index: "
                              f"{INDEX_LOG_FILE})")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    return parser
+    return common_options(parser, workdir_help="gs://bucket/path (run)")
 
 
 def main(argv: list[str] | None = None) -> int:
