@@ -1,5 +1,6 @@
 """What every BM25 engine shares (`retrieval.engines` and `retrieval.lucene`): the tokens, the
-hit, the retriever interface, the ranking rule, the index manifest and its errors."""
+hit, the retriever interface and the engines' base class, the ranking rule, the index manifest
+and its errors."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dil_jax.atomic import staged_directory
 from dil_jax.defaults import RETRIEVER_ENGINES
 from dil_jax.errors import DilJaxError
 
@@ -153,6 +155,55 @@ class Bm25Manifest:
             raise RetrievalError(f"{path}: built over other passages (fingerprint "
                                  f"{self.passages!r}, expected {fingerprint!r})")
         return self
+
+
+class Bm25Engine:
+    """What the engine classes share: `num_passages`, `search_batch` (`search` of each query),
+    `save` (the engine's own files, `_write_files`, then manifest.json, in a staging folder
+    renamed into place) and `load` (the manifest read and checked, then the engine's files,
+    `_open`)."""
+
+    engine: str
+    manifest_type: type[Bm25Manifest] = Bm25Manifest  # its manifest.json, as `load` reads it
+    _num_passages: int
+
+    @property
+    def num_passages(self) -> int:
+        return self._num_passages
+
+    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
+        return [self.search(query, top_p) for query in queries]
+
+    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
+        """Writes the index to `directory` atomically (staging folder, then rename)."""
+        directory = Path(directory).absolute()
+        with staged_directory(directory) as staging:
+            write_manifest(staging, self._write_files(staging, fingerprint))
+        return directory
+
+    def _write_files(self, staging: Path, fingerprint: str) -> Bm25Manifest:
+        """Writes the engine's index files into `staging`; returns the manifest to write
+        beside them (over passages of this `fingerprint`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None) -> Bm25Engine:
+        """Opens the index saved in `directory`: refused (RetrievalError) unless its manifest
+        names this engine and, with `fingerprint`, these passages."""
+        directory = Path(directory)
+        return cls._open(directory, cls.manifest_type.read(directory, fingerprint, cls.engine))
+
+    @classmethod
+    def _open(cls, directory: Path, manifest: Bm25Manifest) -> Bm25Engine:
+        """The engine over the index files in `directory`, checked against its `manifest`."""
+        raise NotImplementedError
+
+
+def check_files_present(directory: Path, names: Sequence[str]) -> None:
+    """RetrievalError naming the first of the index files `names` missing from `directory`."""
+    for name in names:
+        if not (directory / name).is_file():
+            raise RetrievalError(f"{directory / name}: missing")
 
 
 def _manifest_json(directory: Path) -> tuple[Any, Path]:

@@ -35,18 +35,19 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse
 
-from dil_jax.atomic import staged_directory
 from dil_jax.defaults import AUTO_BM25S_FROM, RETRIEVER_ENGINES
 from dil_jax.open_domain.retrieval.bm25 import (  # noqa: F401  (re-exported: the engines' shared names)
     EMPTY_PASSAGE_TOKEN,
     INDEX_FORMAT,
     STOPWORDS,
+    Bm25Engine,
     Bm25Manifest,
     Hit,
     RetrievalError,
     Retriever,
     best_first,
     bm25_tokenize,
+    check_files_present,
     check_top_p,
     tokenized_passages,
     write_manifest,
@@ -60,7 +61,7 @@ ENGINE_FILES = {
 }
 
 
-class RankBM25Retriever:
+class RankBM25Retriever(Bm25Engine):
     """BM25 (Okapi, rank-bm25's statistics) over a fixed list of passage texts.
 
     Attributes:
@@ -75,10 +76,7 @@ class RankBM25Retriever:
         self.weights = weights.tocsr()
         self.vocabulary = vocabulary
         self.params = params
-
-    @property
-    def num_passages(self) -> int:
-        return self.weights.shape[1]
+        self._num_passages = self.weights.shape[1]
 
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
@@ -129,24 +127,13 @@ class RankBM25Retriever:
             return []
         return best_first(matched, self.scores(query)[matched], top_p)
 
-    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
-        return [self.search(query, top_p) for query in queries]
-
-    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
-        """Writes the index to `directory` atomically (staging folder, then rename)."""
-        directory = Path(directory).absolute()
-        with staged_directory(directory) as staging:
-            scipy.sparse.save_npz(staging / "weights.npz", self.weights)
-            (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
-            write_manifest(staging, Bm25Manifest.of(self, fingerprint))
-        return directory
+    def _write_files(self, staging: Path, fingerprint: str) -> Bm25Manifest:
+        scipy.sparse.save_npz(staging / "weights.npz", self.weights)
+        (staging / "vocabulary.json").write_text(json.dumps(self.vocabulary))
+        return Bm25Manifest.of(self, fingerprint)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
-             ) -> RankBM25Retriever:
-        """Reads a saved index; with `fingerprint`, refuses one built over other passages."""
-        directory = Path(directory)
-        manifest = Bm25Manifest.read(directory, fingerprint, cls.engine)
+    def _open(cls, directory: Path, manifest: Bm25Manifest) -> RankBM25Retriever:
         try:
             weights = scipy.sparse.load_npz(directory / "weights.npz")
         except (OSError, ValueError, KeyError, EOFError) as error:
@@ -164,7 +151,7 @@ class RankBM25Retriever:
         return cls(weights, vocabulary, manifest.params)
 
 
-class BM25sRetriever:
+class BM25sRetriever(Bm25Engine):
     """BM25 through the `bm25s` package (Robertson variant, scores rescaled by k1 + 1 to
     rank-bm25's scale; the module docstring states where the two differ)."""
 
@@ -174,10 +161,6 @@ class BM25sRetriever:
         self.model = model  # a bm25s.BM25, its matrices memory-mapped when loaded
         self._num_passages = num_passages
         self.params = params
-
-    @property
-    def num_passages(self) -> int:
-        return self._num_passages
 
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
@@ -203,28 +186,16 @@ class BM25sRetriever:
         positive = np.flatnonzero(scores > 0)
         return best_first(positive, scores[positive], top_p)
 
-    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
-        return [self.search(query, top_p) for query in queries]
-
-    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
-        """Writes the index to `directory` atomically (staging folder, then rename)."""
-        directory = Path(directory).absolute()
-        with staged_directory(directory) as staging:
-            self.model.save(str(staging))
-            write_manifest(staging, Bm25Manifest.of(self, fingerprint))
-        return directory
+    def _write_files(self, staging: Path, fingerprint: str) -> Bm25Manifest:
+        self.model.save(str(staging))
+        return Bm25Manifest.of(self, fingerprint)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
-             ) -> BM25sRetriever:
-        """Reads a saved index, its score matrix memory-mapped (not read into memory)."""
+    def _open(cls, directory: Path, manifest: Bm25Manifest) -> BM25sRetriever:
+        """Its score matrix memory-mapped (not read into memory)."""
         import bm25s
 
-        directory = Path(directory)
-        manifest = Bm25Manifest.read(directory, fingerprint, cls.engine)
-        for name in ENGINE_FILES[cls.engine]:
-            if not (directory / name).is_file():
-                raise RetrievalError(f"{directory / name}: missing")
+        check_files_present(directory, ENGINE_FILES[cls.engine])
         try:
             model = bm25s.BM25.load(str(directory), mmap=True)
         except (OSError, ValueError, KeyError, EOFError) as error:

@@ -43,15 +43,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from dil_jax.atomic import staged_directory
 from dil_jax.open_domain.retrieval.bm25 import (
+    Bm25Engine,
     Bm25Manifest,
     Hit,
     RetrievalError,
     bm25_tokenize,
+    check_files_present,
     check_top_p,
     tokenized_passages,
-    write_manifest,
 )
 
 ENGINE = "pyserini"
@@ -204,7 +204,30 @@ def write_lucene_index(tokenized: Sequence[list[str]], path: Path, k1: float, b:
         writer.close()
 
 
-class LuceneRetriever:
+@dataclasses.dataclass(frozen=True)
+class LuceneManifest(Bm25Manifest):
+    """A Lucene index's manifest.json: the BM25 manifest and the files of the index, whose
+    names Lucene chooses (plain names in the index's folder)."""
+
+    lucene_files: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(super().to_json(), lucene_files=list(self.lucene_files))
+
+    @classmethod
+    def from_json(cls, value: Any, path: Path) -> LuceneManifest:
+        """The manifest of a parsed JSON value; RetrievalError naming `path` and the field."""
+        base = Bm25Manifest.from_json(value, path)
+        files = value.get("lucene_files")
+        if not isinstance(files, list) or not files or not all(
+                isinstance(name, str) and name and "/" not in name and not name.startswith(".")
+                for name in files):
+            raise RetrievalError(f"{path}: field lucene_files must list the index's file names, "
+                                 f"got {files!r}")
+        return cls(**dataclasses.asdict(base), lucene_files=tuple(files))
+
+
+class LuceneRetriever(Bm25Engine):
     """BM25 over a Lucene index (engine "pyserini"); scores on rank-bm25's scale (x (k1 + 1)).
 
     The index lives in a folder: a temporary one after `build`, the saved one after `load`
@@ -212,6 +235,7 @@ class LuceneRetriever:
     """
 
     engine = ENGINE
+    manifest_type = LuceneManifest
 
     def __init__(self, path: Path, num_passages: int, params: dict[str, float]):
 
@@ -243,10 +267,6 @@ class LuceneRetriever:
             if stored is None or stored.numericValue().intValue() != document:
                 raise RetrievalError(f"{self.path}: Lucene document {document} is not passage "
                                      f"{document}: the index was not written by this engine")
-
-    @property
-    def num_passages(self) -> int:
-        return self._num_passages
 
     @classmethod
     def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
@@ -281,54 +301,17 @@ class LuceneRetriever:
         top = self._searcher.search(builder.build(), min(top_p, self._num_passages))
         return [Hit(int(hit.doc), float(hit.score) * scale) for hit in top.scoreDocs]
 
-    def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
-        return [self.search(query, top_p) for query in queries]
-
-    def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
-        """Writes the index to `directory` atomically (staging folder, then rename); the
-        manifest lists Lucene's files, whose names Lucene chooses."""
-
-        directory = Path(directory).absolute()
+    def _write_files(self, staging: Path, fingerprint: str) -> Bm25Manifest:
+        """Lucene's files, whose names Lucene chooses: the manifest lists them."""
         files = sorted(entry.name for entry in self.path.iterdir()
                        if entry.is_file() and entry.name != "write.lock")
-        with staged_directory(directory) as staging:
-            for name in files:
-                shutil.copyfile(self.path / name, staging / name)
-            write_manifest(staging, LuceneManifest(**dataclasses.asdict(
-                Bm25Manifest.of(self, fingerprint)), lucene_files=tuple(files)))
-        return directory
+        for name in files:
+            shutil.copyfile(self.path / name, staging / name)
+        return LuceneManifest(**dataclasses.asdict(Bm25Manifest.of(self, fingerprint)),
+                              lucene_files=tuple(files))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, fingerprint: str | None = None
-             ) -> LuceneRetriever:
-        """Opens a saved index (its files checked present, its documents checked)."""
-
-        directory = Path(directory)
-        manifest = LuceneManifest.read(directory, fingerprint, cls.engine)
-        for name in manifest.lucene_files:
-            if not (directory / name).is_file():
-                raise RetrievalError(f"{directory / name}: missing")
+    def _open(cls, directory: Path, manifest: LuceneManifest) -> LuceneRetriever:
+        """Its files checked present, its documents checked."""
+        check_files_present(directory, manifest.lucene_files)
         return cls(directory, manifest.num_passages, manifest.params)
-
-
-@dataclasses.dataclass(frozen=True)
-class LuceneManifest(Bm25Manifest):
-    """A Lucene index's manifest.json: the BM25 manifest and the files of the index, whose
-    names Lucene chooses (plain names in the index's folder)."""
-
-    lucene_files: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(super().to_json(), lucene_files=list(self.lucene_files))
-
-    @classmethod
-    def from_json(cls, value: Any, path: Path) -> LuceneManifest:
-        """The manifest of a parsed JSON value; RetrievalError naming `path` and the field."""
-        base = Bm25Manifest.from_json(value, path)
-        files = value.get("lucene_files")
-        if not isinstance(files, list) or not files or not all(
-                isinstance(name, str) and name and "/" not in name and not name.startswith(".")
-                for name in files):
-            raise RetrievalError(f"{path}: field lucene_files must list the index's file names, "
-                                 f"got {files!r}")
-        return cls(**dataclasses.asdict(base), lucene_files=tuple(files))
