@@ -16,29 +16,14 @@ from dil_jax.checkpoints import CheckpointError, load_hf_checkpoint, load_params
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
 
-from tests.helpers import ASSETS, run_cli
+from tests.helpers import ASSETS
 from tests.helpers.hf import PARITY_MAX_Q, assert_parity, random_pairs
-
-
-def _squad_file(tmp_path: Path) -> Path:
-    """A one-question SQuAD v1.1 file."""
-    context = "The Eiffel Tower is in Paris. It was built in 1889."
-    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{
-        "context": context, "qas": [{"id": "q1", "question": "When was the tower built?",
-                                     "answers": [{"text": "1889",
-                                                  "answer_start": context.index("1889")}]}]}]}]}
-    path = tmp_path / "squad.json"
-    path.write_text(json.dumps(data))
-    return path
+from tests.helpers.squad import predict_one_question
 
 
 def _predict(folder: Path, tmp_path: Path, capsys, *extra: str):
     """`dil-jax predict` of the tiny SQuAD file -> (status, stderr, output path)."""
-    output = tmp_path / "predictions.json"
-    status, _, err = run_cli(["predict", "--checkpoint", str(folder), "--data",
-                              str(_squad_file(tmp_path)), "--output", str(output),
-                              "--no-progress", *extra], capsys)
-    return status, err, output
+    return predict_one_question(folder, tmp_path, capsys, *extra)
 
 
 def _copy(folder: Path, tmp_path: Path, name: str = "ckpt") -> Path:

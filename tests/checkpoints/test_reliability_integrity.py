@@ -20,32 +20,18 @@ from dil_jax.tokenization import TokenizationError, encode_questions, load_token
 
 from tests.helpers import ASSETS, run_cli
 from tests.helpers.hf import save_fast_tokenizer
+from tests.helpers.squad import one_question_squad, predict_one_question
 
 FULL = ASSETS / "minilm-squad-full"
 MANIFEST = "dil_jax_manifest.json"
 
 
-def _squad_file(tmp_path: Path, question: str = "When was the tower built?") -> Path:
-    """A one-question SQuAD v1.1 file (question id "q1")."""
-    context = "The Eiffel Tower is in Paris. It was built in 1889."
-    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{
-        "context": context, "qas": [{"id": "q1", "question": question,
-                                     "answers": [{"text": "1889",
-                                                  "answer_start": context.index("1889")}]}]}]}]}
-    path = tmp_path / "squad.json"
-    path.write_text(json.dumps(data))  # ensure_ascii: a lone surrogate is written as \\ud800
-    return path
-
-
 def _predict(checkpoint: str | Path, tmp_path: Path, capsys, *extra: str,
              squad: Path | None = None):
     """`dil-jax predict` of a one-question file -> (status, stderr, output path)."""
-    output = tmp_path / "predictions.json"
-    status, _, err = run_cli(["predict", "--checkpoint", str(checkpoint), "--data",
-                              str(squad or _squad_file(tmp_path)), "--output", str(output),
-                              "--no-progress", "--max-question-len", "16",
-                              "--max-passage-len", "32", "--doc-stride", "16", *extra], capsys)
-    return status, err, output
+    return predict_one_question(checkpoint, tmp_path, capsys, "--max-question-len", "16",
+                                "--max-passage-len", "32", "--doc-stride", "16", *extra,
+                                squad=squad)
 
 
 def _sha256(path: Path) -> str:
@@ -248,7 +234,7 @@ def test_predict_refuses_a_checkpoint_without_a_qa_head(tmp_path, capsys):
 
 
 def test_a_lone_surrogate_in_a_squad_question_is_named(tmp_path, capsys):
-    squad = _squad_file(tmp_path, "When was the \ud800 tower built?")
+    squad = one_question_squad(tmp_path, question="When was the \ud800 tower built?")
     status, err, output = _predict(FULL, tmp_path, capsys, squad=squad)
     assert status == 1, err
     assert f"dil-jax predict: error: {squad}: question 'q1': field 'question': a lone " \
@@ -289,7 +275,7 @@ def test_predict_to_dev_full_is_a_named_error_and_dev_null_stays_a_device(tmp_pa
     full, null = tmp_path / "full.json", tmp_path / "null.json"
     full.symlink_to("/dev/full")
     null.symlink_to("/dev/null")
-    squad = _squad_file(tmp_path)
+    squad = one_question_squad(tmp_path)
 
     def predict(output: Path) -> tuple[int, str]:
         status, _, err = run_cli(["predict", "--checkpoint", str(FULL), "--data", str(squad),

@@ -7,7 +7,8 @@ benchmarks/ imported by path, file digests); the modules beside it hold the larg
   them (parity with the PyTorch model, the delayed split against the NumPy reference);
 - `numpy_reference`, `qanet_numpy_reference`, `xlnet_numpy_reference`: independent float64
   readers written without dil_jax;
-- `squad`: the gold-label round trip through the decoder;
+- `squad`: a one-question SQuAD file and `dil-jax predict` of it, the gold-label round trip
+  through the decoder;
 - `index`: a tiny open-domain index of the sample passages;
 - `training`: the tiny training config, param comparisons, the multi-device subprocesses
   (`python -m tests.helpers.training ...`);

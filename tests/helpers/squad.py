@@ -1,16 +1,47 @@
-"""The gold-label round trip through SQuAD featurization and the decoder: logits peaking at the
-gold labels, and why a question still comes back wrong. The window settings are the BERT
+"""SQuAD files and reads of the tests: a one-question file and `dil-jax predict` of it; the
+gold-label round trip through SQuAD featurization and the decoder (logits peaking at the gold
+labels, and why a question still comes back wrong). The window settings are the BERT
 tokenizer's test (tests/data/test_squad_features.py), which the other tokenizers' tests reuse."""
 
 from __future__ import annotations
 
 import collections
+import json
+from pathlib import Path
 
 import numpy as np
 
 from dil_jax.metrics.squad_metric import exact_score
 
+from tests.helpers import run_cli
+
+EIFFEL = "The Eiffel Tower is in Paris. It was built in 1889."
+
 Q_LEN, P_LEN, STRIDE = 64, 384, 128
+
+
+def one_question_squad(folder: Path, context: str = EIFFEL,
+                       question: str = "When was the tower built?") -> Path:
+    """`folder/squad.json`: a one-question SQuAD v1.1 file (question id "q1"), its answer "1889"
+    (which `context` must hold)."""
+    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{
+        "context": context, "qas": [{"id": "q1", "question": question,
+                                     "answers": [{"text": "1889",
+                                                  "answer_start": context.index("1889")}]}]}]}]}
+    path = folder / "squad.json"
+    path.write_text(json.dumps(data))  # ensure_ascii: a lone surrogate is written as \\ud800
+    return path
+
+
+def predict_one_question(checkpoint: str | Path, tmp_path: Path, capsys, *flags: str,
+                         squad: Path | None = None) -> tuple[int, str, Path]:
+    """`dil-jax predict --checkpoint CHECKPOINT --no-progress FLAGS` of `squad` (default: a
+    fresh `one_question_squad` in `tmp_path`) -> (status, stderr, the predictions' path)."""
+    output = tmp_path / "predictions.json"
+    status, _, err = run_cli(["predict", "--checkpoint", str(checkpoint), "--data",
+                              str(squad or one_question_squad(tmp_path)), "--output", str(output),
+                              "--no-progress", *flags], capsys)
+    return status, err, output
 
 
 def gold_logits(features) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ from dil_jax.model.delayed import DelayedInteractionModel
 
 from tests.helpers import edit_json
 from tests.helpers.hf import PARITY_MAX_Q, assert_parity, random_pairs, tiny_hf_config
+from tests.helpers.squad import one_question_squad
 
 BACKBONES = [("roberta", {}), ("xlm-roberta", {}), ("electra", {}),
              ("electra", {"embedding_size": 32})]
@@ -186,13 +187,10 @@ def test_check_and_predict_commands(reader_folders, tmp_path, capsys, arch):
     assert status == 0, out + err
     assert "[OK]" in out and f"model: {arch}" in out
     context = "The Eiffel Tower is in Paris. It was built in 1889 by Gustave Eiffel."
-    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
-        {"id": "q1", "question": "When was the tower built?",
-         "answers": [{"text": "1889", "answer_start": context.index("1889")}]}]}]}]}
-    (tmp_path / "squad.json").write_text(json.dumps(data))
     output = tmp_path / "predictions.json"
     status, out, err = run_cli(["predict", "--checkpoint", str(folder), "--data",
-                                str(tmp_path / "squad.json"), "--output", str(output), "--k", "2",
+                                str(one_question_squad(tmp_path, context)), "--output",
+                                str(output), "--k", "2",
                                 "--max-question-len", "16", "--max-passage-len", "32",
                                 "--doc-stride", "8", "--no-progress"], capsys)
     assert status == 0, out + err

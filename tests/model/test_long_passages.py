@@ -374,24 +374,15 @@ def test_long_passages_benchmark_runs_end_to_end(tmp_path):
 
 # ----------------------------------------------------------------------------- predict flags
 
-def _one_question_squad(tmp_path):
-    context = ("The Eiffel Tower is in Paris. It was built in 1889 for the World's Fair and "
-               "was the tallest structure in the world until 1930.")
-    data = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{
-        "context": context, "qas": [{"id": "q1", "question": "When was the tower built?",
-                                     "answers": [{"text": "1889",
-                                                  "answer_start": context.index("1889")}]}]}]}]}
-    path = tmp_path / "squad.json"
-    path.write_text(json.dumps(data))
-    return path
-
-
 def test_predict_reads_with_lsh_in_the_lower_blocks(tmp_path, capsys):
     """`dil-jax predict --lsh-layers lower`: with one chunk per segment (bucket >= window) the
     answers are the plain reader's; with small buckets it still answers; flags are checked."""
     from tests.helpers import run_cli
+    from tests.helpers.squad import one_question_squad
 
-    squad = _one_question_squad(tmp_path)
+    squad = one_question_squad(tmp_path, "The Eiffel Tower is in Paris. It was built in 1889 for "
+                               "the World's Fair and was the tallest structure in the world until "
+                               "1930.")
 
     def predict(name, *flags):
         output = tmp_path / f"{name}.json"
