@@ -1,5 +1,5 @@
 """Shared pieces of the training tests: the tiny config, the `dil-jax train` argv of a quick
-run, param comparison.
+run, param comparison, a few distillation steps on one batch.
 
 Also run as a module by the subprocess tests (8 forced host devices; two distributed processes),
 from the repository root (or with it on PYTHONPATH):
@@ -88,6 +88,38 @@ def assert_same_training(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
     assert max_abs_diff(a, b) <= 2 * step_bound * lr_sum, (max_abs_diff(a, b), lr_sum)
     assert mean_abs_diff(a, b) <= ZERO_GRADIENT_SHARE * 2 * step_bound * lr_sum, (
         mean_abs_diff(a, b), lr_sum)
+
+
+def distill_steps(student, teacher, params, num_steps: int, vocab_size: int
+                  ) -> list[dict[str, float]]:
+    """`num_steps` jitted, sharded train steps of `student` from `params` under CE + DeFormer's
+    KD and LRS (weights 1, temperature 2) from `teacher` holding the same `params` frozen, all
+    on one batch of 8 synthetic questions (question 8 + passage 16 tokens, ids below
+    `vocab_size`): each step's "loss", "ce", "kd" and "lrs"."""
+    import jax
+
+    from dil_jax.mesh import data_mesh
+    from dil_jax.train.data import synthetic_features, windows_from_features
+    from dil_jax.train.losses import LossWeights
+    from dil_jax.train.optim import make_optimizer
+    from dil_jax.train.sharding import process_rows, put_process_batch, replicate
+    from dil_jax.train.step import init_train_state, make_train_step
+
+    mesh = data_mesh()
+    tx, schedule = make_optimizer(3e-3, 100, 0)
+    state = jax.jit(lambda p: init_train_state(p, tx))(replicate(params, mesh))
+    weights = LossWeights(ce=1.0, kd=1.0, lrs=1.0, temperature=2.0)
+    step = make_train_step(student, teacher, weights, tx, schedule, mesh)
+    windows = windows_from_features(synthetic_features(num_questions=8, question_len=8,
+                                                       passage_len=16, vocab_size=vocab_size))
+    rows = np.arange(8).reshape(1, 8)
+    batch = put_process_batch(windows.batch(rows[:, process_rows(mesh, 1, 8)]), mesh, 8)
+    teacher_params = replicate(params, mesh)
+    steps = []
+    for _ in range(num_steps):
+        state, metrics = step(state, teacher_params, batch, jax.random.key(1))
+        steps.append({name: float(metrics[name]) for name in ("loss", "ce", "kd", "lrs")})
+    return steps
 
 
 def train_argv(workdir: Path, *overrides: str) -> list[str]:

@@ -27,6 +27,7 @@ from dil_jax.model.delayed import DelayedInteractionModel
 from tests.helpers import edit_json
 from tests.helpers.hf import PARITY_MAX_Q, assert_parity, random_pairs, tiny_hf_config
 from tests.helpers.squad import one_question_squad
+from tests.helpers.training import distill_steps
 
 BACKBONES = [("roberta", {}), ("xlm-roberta", {}), ("electra", {}),
              ("electra", {"embedding_size": 32})]
@@ -125,31 +126,12 @@ def test_config_rules_of_the_new_backbones():
 def test_train_step_with_kd_and_lrs(hf_folder_factory, arch):
     """A delayed student (k = 2 of 4) learns under CE + DeFormer's KD and LRS from its frozen
     full-model teacher (the same weights at k = 0), through the jitted, sharded train step."""
-    from dil_jax.mesh import data_mesh
-    from dil_jax.train.data import synthetic_features, windows_from_features
-    from dil_jax.train.losses import LossWeights
-    from dil_jax.train.optim import make_optimizer
-    from dil_jax.train.sharding import process_rows, put_process_batch, replicate
-    from dil_jax.train.step import init_train_state, make_train_step
-
     folder, _ = hf_folder_factory(arch)
     teacher_config, params, _ = load_hf_checkpoint(folder, max_question_len=8)
     student = DelayedInteractionModel(teacher_config.replace(num_lower_layers=2))
     teacher = DelayedInteractionModel(teacher_config)
-    mesh = data_mesh()
-    tx, schedule = make_optimizer(3e-3, 100, 0)
-    state = jax.jit(lambda p: init_train_state(p, tx))(replicate(params, mesh))
-    weights = LossWeights(ce=1.0, kd=1.0, lrs=1.0, temperature=2.0)
-    step = make_train_step(student, teacher, weights, tx, schedule, mesh)
-    windows = windows_from_features(synthetic_features(num_questions=8, question_len=8,
-                                                       passage_len=16, vocab_size=99))
-    rows = np.arange(8).reshape(1, 8)
-    batch = put_process_batch(windows.batch(rows[:, process_rows(mesh, 1, 8)]), mesh, 8)
-    teacher_params = replicate(params, mesh)
-    losses = []
-    for _ in range(15):
-        state, metrics = step(state, teacher_params, batch, jax.random.key(1))
-        losses.append({name: float(metrics[name]) for name in ("loss", "kd", "lrs")})
+    losses = [{name: row[name] for name in ("loss", "kd", "lrs")}
+              for row in distill_steps(student, teacher, params, 15, vocab_size=99)]
     assert all(np.isfinite(list(row.values())).all() for row in losses)
     assert losses[0]["kd"] > 0 and losses[0]["lrs"] > 0, losses[0]
     assert losses[-1]["loss"] < 0.7 * losses[0]["loss"], losses

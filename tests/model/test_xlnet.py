@@ -31,6 +31,7 @@ from dil_jax.reading.upper import passage_attention_stats, project_upper, read_u
 
 from tests.helpers.hf import XLNET_MAX_Q as MAX_Q
 from tests.helpers.hf import build_xlnet, state_dict_numpy, xlnet_order
+from tests.helpers.training import distill_steps
 from tests.helpers.xlnet_numpy_reference import xlnet_reference
 
 TOLERANCE = 1e-4
@@ -389,37 +390,20 @@ def test_train_step_with_kd_and_lrs_learns():
     """A tiny XLNet student (k = 1) with a frozen full teacher (k = 0), dropout on, CE + KD +
     LRS: every term is finite and positive and the loss falls on a fixed batch."""
     from dil_jax.config import EncoderConfig
-    from dil_jax.mesh import data_mesh
-    from dil_jax.train.data import synthetic_features, windows_from_features
-    from dil_jax.train.losses import LossWeights
-    from dil_jax.train.optim import make_optimizer
-    from dil_jax.train.sharding import process_rows, put_process_batch, replicate
-    from dil_jax.train.step import init_train_state, make_train_step
 
     config = EncoderConfig(architecture="xlnet", vocab_size=128, hidden_size=32, num_layers=2,
                            num_heads=2, intermediate_size=64, embedding_size=32,
                            type_vocab_size=0, max_question_len=8, num_lower_layers=1,
                            hidden_dropout=0.1, attention_dropout=0.1)
-    mesh = data_mesh()
     student = DelayedInteractionModel(config)
     teacher = DelayedInteractionModel(config.replace(num_lower_layers=0))
     params = student.init(jax.random.key(0))
-    tx, schedule = make_optimizer(3e-3, 100, 0)
-    state = jax.jit(lambda p: init_train_state(p, tx))(replicate(params, mesh))
-    weights = LossWeights(ce=1.0, kd=1.0, lrs=1.0, temperature=2.0)
-    step = make_train_step(student, teacher, weights, tx, schedule, mesh)
-    windows = windows_from_features(synthetic_features(num_questions=8, question_len=8,
-                                                       passage_len=16, vocab_size=128))
-    rows = np.arange(8).reshape(1, 8)
-    batch = put_process_batch(windows.batch(rows[:, process_rows(mesh, 1, 8)]), mesh, 8)
-    teacher_params = replicate(params, mesh)
-    losses = []
-    for _ in range(25):
-        state, metrics = step(state, teacher_params, batch, jax.random.key(1))
-        losses.append(float(metrics["ce"]))
+    steps = distill_steps(student, teacher, params, 25, vocab_size=128)
+    losses = [row["ce"] for row in steps]
+    for row in steps:
         for term in ("kd", "lrs"):
-            assert np.isfinite(float(metrics[term])) and float(metrics[term]) >= 0
-    assert float(metrics["kd"]) > 0 and float(metrics["lrs"]) > 0
+            assert np.isfinite(row[term]) and row[term] >= 0
+    assert steps[-1]["kd"] > 0 and steps[-1]["lrs"] > 0
     assert losses[-1] < 0.5 * losses[0], losses
 
 
