@@ -1,5 +1,5 @@
-"""Shared pieces of the training tests: the tiny config, the `dil-jax train` argv of a quick
-run, param comparison, a few distillation steps on one batch.
+"""Shared pieces of the training tests: the tiny encoder and config, the `dil-jax train` argv of
+a quick run, param comparison, a few distillation steps on one batch.
 
 Also run as a module by the subprocess tests (8 forced host devices; two distributed processes),
 from the repository root (or with it on PYTHONPATH):
@@ -18,8 +18,19 @@ import numpy as np
 from tests.helpers import CONFIGS
 
 TINY_CONFIG = CONFIGS / "tiny.py"
+# The training tests' tiny encoder (`tiny_encoder`): 2 blocks of 2 heads, hidden 32, 128 words.
+TINY_ENCODER = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
+                    intermediate_size=64, max_position_embeddings=64, embedding_size=32,
+                    max_question_len=8, num_lower_layers=1)
 # A few steps, no validation pass, no export: the cheapest run that writes checkpoints.
 QUICK = {"checkpoint.export_params": "false", "eval.use_validation_loss": "false"}
+
+
+def tiny_encoder(**changes):
+    """An EncoderConfig of TINY_ENCODER's fields (k = 1, question 8 tokens) with `changes`."""
+    from dil_jax.config import EncoderConfig
+
+    return EncoderConfig(**{**TINY_ENCODER, **changes})
 
 
 def tiny_config(workdir: str | os.PathLike, overrides: dict | None = None):

@@ -8,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dil_jax.config import EncoderConfig
 from dil_jax.data.features import FeaturizationError
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
@@ -27,11 +26,9 @@ from dil_jax.train.squad_data import distillation_examples, split_examples
 from dil_jax.train.step import compute_losses
 
 from tests.helpers import REPO, V11, V20, squad_file
+from tests.helpers.training import tiny_encoder
 
-TINY = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=3, num_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, embedding_size=32,
-                     max_question_len=8, num_lower_layers=1, hidden_dropout=0.0,
-                     attention_dropout=0.0)
+TINY = tiny_encoder(num_layers=3, hidden_dropout=0.0, attention_dropout=0.0)
 
 
 def _features(num_questions: int, seed: int) -> TrainingFeatures:

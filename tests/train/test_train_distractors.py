@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError, UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import ReaderOutput
@@ -21,7 +20,7 @@ from dil_jax.train.squad_data import featurize
 from dil_jax.train.step import compute_losses
 
 from tests.helpers import run_cli
-from tests.helpers.training import TINY_CONFIG, flat_params, max_abs_diff
+from tests.helpers.training import TINY_CONFIG, flat_params, max_abs_diff, tiny_encoder
 
 NILE = ("The Nile is the longest river in Africa. It flows north through Egypt and ends in the "
         "Mediterranean Sea near Alexandria.")
@@ -261,9 +260,7 @@ def test_gradient_is_finite_with_a_fully_masked_padding_window():
     assert np.isfinite(np.asarray(grads)).all()
     assert (np.asarray(grads)[0, 1] == 0).all()  # no gradient into the padding window
     # Through the model (k = 1: the padding window's passage attends over masked keys only).
-    config = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
-                           intermediate_size=64, max_position_embeddings=64, embedding_size=32,
-                           max_question_len=8, num_lower_layers=1)
+    config = tiny_encoder()
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
     windows = windows_from_features(synthetic_features(

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import losses
@@ -15,9 +14,9 @@ from dil_jax.train.data import synthetic_features, windows_from_features
 from dil_jax.train.optim import warmup_linear_decay, weight_decay_mask
 from dil_jax.train.step import compute_losses
 
-TINY = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=3, num_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, embedding_size=32,
-                     max_question_len=8)
+from tests.helpers.training import tiny_encoder
+
+TINY = tiny_encoder(num_layers=3, num_lower_layers=0)
 
 
 def _batch(n=6):

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax.config import EncoderConfig
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.train.data import synthetic_features, windows_from_features
@@ -25,11 +24,10 @@ from tests.helpers.training import (
     max_abs_diff,
     one_step_config,
     one_step_params,
+    tiny_encoder,
 )
 
-TINY = EncoderConfig(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
-                     intermediate_size=64, max_position_embeddings=64, embedding_size=32,
-                     max_question_len=8, num_lower_layers=1)
+TINY = tiny_encoder()
 U = 2.0**-24  # float32 unit roundoff
 
 
