@@ -74,7 +74,7 @@ def test_plot_of_a_metrics_file_without_rows_is_refused(tmp_path, capsys):
 def test_train_redraws_curves_png_at_each_evaluation(tmp_path, monkeypatch):
     from dil_jax.train.loop import train
 
-    from tests.helpers.training import tiny_config
+    from tests.helpers.training import BEST_BY_F1, tiny_config
 
     drawn_through = []
     real = curves.draw_curves
@@ -86,8 +86,7 @@ def test_train_redraws_curves_png_at_each_evaluation(tmp_path, monkeypatch):
 
     monkeypatch.setattr(curves, "draw_curves", recording)
     overrides = {"num_train_steps": 6, "checkpoint.every_steps": 2, "eval.every_steps": 4,
-                 "log.every_steps": 1, "checkpoint.best_metric": "f1",
-                 "checkpoint.best_mode": "max", "eval.use_validation_loss": "false"}
+                 "log.every_steps": 1, **BEST_BY_F1}
     train(tiny_config(tmp_path, overrides),
           evaluate_fn=lambda params: {"exact": 1.0, "f1": 2.0})
     assert drawn_through == [4, 6]  # every evaluation, each with its own row

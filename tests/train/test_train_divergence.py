@@ -18,7 +18,14 @@ from dil_jax.train.checkpointing import TrainCheckpointer, best_score, nonfinite
 from dil_jax.train.loop import train
 
 from tests.helpers import run_cli
-from tests.helpers.training import QUICK, flat_params, tiny_config, train_argv
+from tests.helpers.training import (
+    BEST_BY_F1,
+    QUICK,
+    flat_params,
+    scripted_f1,
+    tiny_config,
+    train_argv,
+)
 
 
 def _all_finite(tree) -> bool:
@@ -142,14 +149,9 @@ def test_a_nan_metric_saved_by_older_code_ranks_last(tmp_path):
 
 
 def test_a_nan_evaluation_does_not_replace_the_best_export(tmp_path):
-    f1_by_call = iter([10.0, 20.0, math.nan])
-
-    def evaluate_fn(params):
-        return {"exact": 0.0, "f1": next(f1_by_call)}
-
+    evaluate_fn, _ = scripted_f1(10.0, 20.0, math.nan)
     overrides = {"num_train_steps": 3, "checkpoint.every_steps": 1, "checkpoint.keep": 1,
-                 "checkpoint.best_metric": "f1", "checkpoint.best_mode": "max",
-                 "eval.use_validation_loss": "false"}
+                 **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     assert result.best_step == 2
     assert json.loads((tmp_path / "params" / "trained_from.json").read_text())["step"] == 2

@@ -9,7 +9,13 @@ from dil_jax.train import data as data_lib
 from dil_jax.train.checkpointing import TrainCheckpointer
 from dil_jax.train.loop import train
 
-from tests.helpers.training import flat_params, max_abs_diff, tiny_config
+from tests.helpers.training import (
+    BEST_BY_F1,
+    flat_params,
+    max_abs_diff,
+    scripted_f1,
+    tiny_config,
+)
 
 
 def test_interrupted_run_resumes_to_the_same_params(tmp_path):
@@ -93,14 +99,9 @@ def test_features_are_validated():
 
 def test_early_stopping_stops_after_patience_and_exports_the_best(tmp_path):
     # F1 by evaluation (one per step): best at step 2, then 2 evaluations without a new best.
-    f1_by_call = iter([10.0, 20.0, 15.0, 12.0, 30.0, 40.0])
-
-    def evaluate_fn(params):
-        return {"exact": 0.0, "f1": next(f1_by_call)}
-
+    evaluate_fn, f1_by_call = scripted_f1(10.0, 20.0, 15.0, 12.0, 30.0, 40.0)
     overrides = {"num_train_steps": 6, "checkpoint.every_steps": 1, "eval.patience": 2,
-                 "checkpoint.best_metric": "f1", "checkpoint.best_mode": "max",
-                 "eval.use_validation_loss": "false"}
+                 **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     assert result.stopped_early and int(result.state.step) == 4 and result.best_step == 2
     assert json.loads((tmp_path / "params" / "trained_from.json").read_text())["step"] == 2
@@ -137,8 +138,7 @@ def test_evaluations_every_few_checkpoints_and_best_only_among_them(tmp_path):
         return {"exact": 0.0, "f1": next(f1_by_call)}
 
     overrides = {"num_train_steps": 10, "checkpoint.every_steps": 2, "eval.every_steps": 4,
-                 "checkpoint.keep": 1, "checkpoint.best_metric": "f1",
-                 "checkpoint.best_mode": "max", "eval.use_validation_loss": "false"}
+                 "checkpoint.keep": 1, **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if line["split"] == "eval"] == [4, 8, 10]
