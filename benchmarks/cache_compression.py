@@ -35,29 +35,43 @@ from typing import Any
 import numpy as np
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from dil_jax.commands.arguments import cache_storage, positive_int, unit_interval
+def open_domain_parser(description: str) -> argparse.ArgumentParser:
+    """The flags of the open-domain benchmarks (this one and odqa_speed.py): the reader and its
+    lengths, the SQuAD questions, the index's corpus and windows, the read's depth and batch."""
+    from dil_jax.commands.arguments import positive_int
     from dil_jax.defaults import (
-        CPU_DOC_STRIDE,
-        CPU_MAX_PASSAGE_LEN,
         OPEN_DOMAIN_DOC_STRIDE,
         OPEN_DOMAIN_MAX_PASSAGE_LEN,
         OPEN_DOMAIN_MAX_QUESTION_LEN,
     )
 
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", required=True, help="the reader (any `dil-jax` form)")
-    parser.add_argument("--k", type=int, default=None, help="split point (default: the "
-                                                             "checkpoint's own)")
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--max-question-len", type=positive_int,
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN)
-    parser.add_argument("--data", required=True, help="SQuAD v1.1 file: questions, answers")
+    parser.add_argument("--data", required=True, help="SQuAD v1.1 file: questions (answers)")
     parser.add_argument("--articles", default=":", help="article slice of --data, e.g. 28:35")
     parser.add_argument("--corpus", action="append", default=None,
                         help="index source (repeatable, as `dil-jax index`); default "
                              "squad:DATA")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-p", type=positive_int, default=29)
+    parser.add_argument("--max-passage-len", type=positive_int,
+                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN, help="index windows")
+    parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE)
+    parser.add_argument("--batch-size", type=positive_int, default=8)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from dil_jax.commands.arguments import cache_storage, positive_int, unit_interval
+    from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN
+
+    parser = open_domain_parser(__doc__)
+    parser.add_argument("--k", type=int, default=None, help="split point (default: the "
+                                                             "checkpoint's own)")
     parser.add_argument("--schemes", type=cache_storage, nargs="+",
                         default=[cache_storage(name) for name in ("float32", "bfloat16",
                                                                   "int8", "pca64")])
@@ -65,16 +79,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="store (and read) the first upper block's arrays too")
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="open-domain questions: a seeded random N of them")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-p", type=positive_int, default=29)
     parser.add_argument("--mu", type=unit_interval, default=0.5)
-    parser.add_argument("--max-passage-len", type=positive_int,
-                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN, help="index windows")
-    parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE)
     parser.add_argument("--predict-max-passage-len", type=positive_int,
                         default=CPU_MAX_PASSAGE_LEN, help="predict-path windows")
     parser.add_argument("--predict-doc-stride", type=positive_int, default=CPU_DOC_STRIDE)
-    parser.add_argument("--batch-size", type=positive_int, default=8)
     parser.add_argument("--chunk-size", type=positive_int, default=64)
     parser.add_argument("--out", required=True, help="folder for the index, caches, results")
     return parser.parse_args(argv)

@@ -48,38 +48,21 @@ MODES = {"before": dict(pair_reuse=False, cached_reuse=False, trim_padding=False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    from dil_jax.commands.arguments import positive_int
-    from dil_jax.defaults import (
-        OPEN_DOMAIN_DOC_STRIDE,
-        OPEN_DOMAIN_MAX_PASSAGE_LEN,
-        OPEN_DOMAIN_MAX_QUESTION_LEN,
-    )
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cache_compression import open_domain_parser
 
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="the reader (any `dil-jax` form)")
+    from dil_jax.commands.arguments import positive_int
+
+    parser = open_domain_parser(__doc__)
     parser.add_argument("--ks", type=positive_int, nargs="+", required=True,
                         help="split points to time (each 0 < k < l)")
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--data", required=True, help="SQuAD v1.1 file: the questions")
-    parser.add_argument("--articles", default=":", help="article slice of --data")
-    parser.add_argument("--corpus", action="append", default=None,
-                        help="index source (repeatable, as `dil-jax index`); default squad:DATA")
     parser.add_argument("--limit", type=positive_int, default=100,
                         help="questions: a seeded random N of the articles' questions")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-p", type=positive_int, default=29)
     parser.add_argument("--repeats", type=positive_int, default=3)
-    parser.add_argument("--batch-size", type=positive_int, default=8)
     parser.add_argument("--chunk-sizes", type=positive_int, nargs="+", default=None,
                         help="pairs per step, each timed (default: the platform's default)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
                         help="ways to read (default: all); must include `before`")
-    parser.add_argument("--max-question-len", type=positive_int,
-                        default=OPEN_DOMAIN_MAX_QUESTION_LEN)
-    parser.add_argument("--max-passage-len", type=positive_int,
-                        default=OPEN_DOMAIN_MAX_PASSAGE_LEN)
-    parser.add_argument("--doc-stride", type=positive_int, default=OPEN_DOMAIN_DOC_STRIDE)
     parser.add_argument("--work", default="runs/odqa_speed",
                         help="folder for the index and the caches (reused when rerun)")
     parser.add_argument("--out", required=True, help="output stem: writes OUT.json and OUT.md")
@@ -137,7 +120,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if "before" not in args.modes:
         raise SystemExit("--modes: `before` is needed (the other ways are compared with it)")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from cache_compression import build_scheme_cache, open_or_build_index
 
     from dil_jax.atomic import write_atomic
