@@ -20,6 +20,12 @@ def _times(value: float | None) -> str:
     return "—" if value is None else f"×{value:.2f}"
 
 
+def _table(columns: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table: its header, the separator and one line per row of cells."""
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + [
+        "| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
 def _timing_cell(seconds: float, normalized: float | None) -> str:
     """The paper's style: phase time in s, per-block-per-input time in ms in parentheses."""
     if seconds == 0.0 and normalized is None:
@@ -32,23 +38,21 @@ def timing_table(suite: dict[str, Any]) -> list[str]:
     """Rows of NI Q, NI P, I Q-P and total per variant, with speedups over the full model."""
     grid = suite["grid"]
     pq, pp = next(iter(suite["results"].values()))["projection_grid"]
-    lines = [
-        ("| variant | NI Q s (ms/block/q) | NI P s (ms/block/p) | I Q-P s (ms/block/pair) "
-        "| total s | speedup | FLOP bound | l/(l−k) | I Q-P speedup "
-        f"| projected speedup at q={pq}, p={pp} (FLOP bound) |"),
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for name, row in suite["results"].items():
         sec, norm = row["seconds"], row["per_block_per_input"]
         # The full model (and the peer) has no passage-only phase: its cell would be a timer's
         # few microseconds around nothing.
         cells = ["—" if p == "ni_p" and row["k"] == 0 else _timing_cell(sec[p], norm[p])
                  for p in PHASES]
-        lines.append(
-            f"| {name} | {' | '.join(cells)} | {sec['total']:.3f} | ×{row['speedup']:.2f} "
-            f"| {_times(row.get('flop_speedup'))} "
-            f"| ×{row['ideal_speedup']:.2f} | ×{row['pair_speedup']:.2f} "
-            f"| ×{row['projected_speedup']:.2f} ({_times(row.get('projected_flop_bound'))}) |")
+        rows.append([name, *cells, f"{sec['total']:.3f}", f"×{row['speedup']:.2f}",
+                     _times(row.get("flop_speedup")), f"×{row['ideal_speedup']:.2f}",
+                     f"×{row['pair_speedup']:.2f}",
+                     f"×{row['projected_speedup']:.2f} "
+                     f"({_times(row.get('projected_flop_bound'))})"])
+    lines = _table(["variant", "NI Q s (ms/block/q)", "NI P s (ms/block/p)",
+                    "I Q-P s (ms/block/pair)", "total s", "speedup", "FLOP bound", "l/(l−k)",
+                    "I Q-P speedup", f"projected speedup at q={pq}, p={pp} (FLOP bound)"], rows)
     lines.append("")
     lines.append(f"Grid: q = {grid['num_questions']} questions × p = {grid['num_passages']} "
                  f"passages = {grid['num_questions'] * grid['num_passages']} pairs; question "
@@ -76,42 +80,37 @@ REUSE_NOTE = {
 
 def flop_table(suite: dict[str, Any]) -> list[str]:
     """Per variant and phase: XLA's FLOPs of the compiled program vs the analytical count."""
-    lines = [("| variant | phase | calls | XLA GFLOP/call | analytical GFLOP/call | XLA/analytical "
-             "| temp MiB | args+out+temp MiB | compile s |"),
-             "|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for name, phases in suite["programs"].items():
         for phase, p in phases.items():
             ratio = p["xla_over_analytical"]
             footprint = (p["argument_bytes"] + p["output_bytes"] + p["temp_bytes"]) / MIB
-            lines.append(
-                f"| {name} | {PHASE_TITLES[phase]} | {p['calls']} "
-                f"| {p['xla_flops_per_call'] / 1e9:.3f} "
-                f"| {p['analytical_flops_per_call'] / 1e9:.3f} "
-                f"| {'—' if ratio is None else f'{ratio:.4f}'} | {p['temp_bytes'] / MIB:.1f} "
-                f"| {footprint:.1f} | {p['compile_s']:.2f} |")
-    return lines
+            rows.append([name, PHASE_TITLES[phase], p["calls"],
+                         f"{p['xla_flops_per_call'] / 1e9:.3f}",
+                         f"{p['analytical_flops_per_call'] / 1e9:.3f}",
+                         "—" if ratio is None else f"{ratio:.4f}",
+                         f"{p['temp_bytes'] / MIB:.1f}", f"{footprint:.1f}",
+                         f"{p['compile_s']:.2f}"])
+    return _table(["variant", "phase", "calls", "XLA GFLOP/call", "analytical GFLOP/call",
+                   "XLA/analytical", "temp MiB", "args+out+temp MiB", "compile s"], rows)
 
 
 def memory_table(suite: dict[str, Any]) -> list[str]:
     """Compiled memory of the pair program as the grid grows."""
-    lines = [("| variant | q × p | pairs | arguments MiB | temp MiB | output MiB "
-             "| args+out+temp MiB | XLA peak MiB |"), "|---|---|---|---|---|---|---|---|"]
-    for name, rows in suite["pair_memory_scaling"].items():
-        for r in rows:
-            lines.append(
-                f"| {name} | {r['num_questions']} × {r['num_passages']} | {r['num_pairs']} "
-                f"| {r['argument_bytes'] / MIB:.1f} | {r['temp_bytes'] / MIB:.1f} "
-                f"| {r['output_bytes'] / MIB:.2f} | {r['footprint_bytes'] / MIB:.1f} "
-                f"| {r['xla_peak_bytes'] / MIB:.1f} |")
-    return lines
+    rows = [[name, f"{r['num_questions']} × {r['num_passages']}", r["num_pairs"],
+             f"{r['argument_bytes'] / MIB:.1f}", f"{r['temp_bytes'] / MIB:.1f}",
+             f"{r['output_bytes'] / MIB:.2f}", f"{r['footprint_bytes'] / MIB:.1f}",
+             f"{r['xla_peak_bytes'] / MIB:.1f}"]
+            for name, scaling in suite["pair_memory_scaling"].items() for r in scaling]
+    return _table(["variant", "q × p", "pairs", "arguments MiB", "temp MiB", "output MiB",
+                   "args+out+temp MiB", "XLA peak MiB"], rows)
 
 
 def checks_table(suite: dict[str, Any]) -> list[str]:
-    lines = ["| target | measured | target value | met |", "|---|---|---|---|"]
-    for name, check in ratio_checks(suite).items():
-        lines.append(f"| {name} | {check['measured']:.2f} | {check['target']:.2f} "
-                     f"| {'yes' if check['met'] else 'no'} |")
-    return lines
+    return _table(["target", "measured", "target value", "met"],
+                  [[name, f"{check['measured']:.2f}", f"{check['target']:.2f}",
+                    "yes" if check["met"] else "no"]
+                   for name, check in ratio_checks(suite).items()])
 
 
 def compile_note(record: dict[str, Any]) -> str:
