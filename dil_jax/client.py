@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from dil_jax.errors import DilJaxError, UsageError
+from dil_jax.open_domain.answer_text import answer_lines, passage_context
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 API_KEY_ENV = "DIL_JAX_API_KEY"
@@ -124,20 +125,6 @@ def _service_error(error: urllib.error.HTTPError, url: str) -> ServiceError:
                         int(retry) if retry and retry.isdigit() else None, url)
 
 
-def passage_context(text: str, start: int, end: int, answer: str, reach: int = 200) -> str:
-    """The passage around an answer, the answer marked [[...]], at most `reach` characters
-    either side: what `dil-jax ask` shows under "passage:"."""
-    first = max(0, start - reach)
-    last = min(len(text), end + reach)
-    return (("..." if first else "") + text[first:start] + "[[" + answer + "]]"
-            + text[end:last] + ("..." if last < len(text) else ""))
-
-
-def _score(value: float | None) -> str:
-    # The server sends a non-finite score as null (JSON has no NaN).
-    return "nan" if value is None else f"{value:.2f}"
-
-
 def format_answer(payload: dict) -> str:
     """A /v1/answer response for a person, line for line as `dil-jax ask` prints a local read
     (`open_domain.reader.format_answer`), except the time line, which lists the server's
@@ -148,22 +135,12 @@ def format_answer(payload: dict) -> str:
     if not answers:
         return "\n".join(lines + [f"A: (no answer: {payload['no_answer_reason']})"])
     best = answers[0]
-    threshold = payload["threshold"]
-    refused = (threshold is not None and best["reader_score"] is not None
-               and best["reader_score"] < threshold)
-    if refused:
-        lines.append(f"A: (no answer found in the corpus: the best answer's reader score "
-                     f"{best['reader_score']:.2f} is below this reader's threshold "
-                     f"{threshold:.2f}; best guess below)")
-    mu = payload["mu"]
-    lines += [f"   best guess: {best['text']}" if refused else f"A: {best['text']}",
-              f"   from {best['title']!r} ({best['passage_id']}), BM25 rank "
-              f"{best['bm25_rank']} of {payload['retrieved']}; reader score "
-              f"({payload['span_score']}) {_score(best['reader_score'])}, "
-              f"BM25 {_score(best['bm25_score'])}"
-              + ("" if mu is None else f", fused with mu={mu}"),
-              "   passage: " + passage_context(best["passage"], best["start"], best["end"],
-                                               best["text"])]
+    lines += answer_lines(
+        text=best["text"], title=best["title"], passage_id=best["passage_id"],
+        rank=best["bm25_rank"], retrieved=payload["retrieved"],
+        span_score=payload["span_score"], reader_score=best["reader_score"],
+        bm25_score=best["bm25_score"], mu=payload["mu"], threshold=payload["threshold"],
+        context=passage_context(best["passage"], best["start"], best["end"], best["text"]))
     lines += [f"   also: {other['text']} ({other['title']!r})" for other in answers[1:]]
     lines.append("   time: " + ", ".join(f"{phase} {ms:.0f} ms"
                                         for phase, ms in payload["timings_ms"].items()))

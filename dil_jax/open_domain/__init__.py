@@ -35,6 +35,8 @@ Three sub-packages hold what an index is made of, and the modules here use them:
     build_peers.py  the processes of one sharded build agree on their settings
     reader.py       `OpenDomainReader`: retrieve -> question lower -> cached passage side ->
                     pair upper -> best span per passage -> score fusion (`format_answer`)
+    answer_text.py  an answer as `dil-jax ask` shows it, read here or by a server (the
+                    client imports it: the standard library only)
     scoring.py      answer candidates, span score rules, score fusion (`pick_answer`)
     abstention.py   "no answer found in the corpus": the threshold, its manifest record
     evaluate.py     OpenSQuAD-style R and EM/F1 of readers

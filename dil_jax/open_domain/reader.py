@@ -52,6 +52,7 @@ from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import check_segment_lengths
 from dil_jax.open_domain.abstention import Abstention
+from dil_jax.open_domain.answer_text import answer_lines, passage_context
 from dil_jax.open_domain.cache.reuse import pair_inputs
 from dil_jax.open_domain.cache.store import PassageCache
 from dil_jax.open_domain.index.folder import OpenDomainIndex, PassageWindows, window_arrays
@@ -420,26 +421,14 @@ def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[
                          f"allowed span)")
         return "\n".join(lines)
     passage = reader.index.passages[answer.passage_index]
-    # Show the passage around the answer (marked [[...]]), at most ~400 characters of it.
-    first = max(0, answer.char_start - 200)
-    last = min(len(passage.text), answer.char_end + 200)
-    context = ("..." if first else "") + passage.text[first:answer.char_start] + "[[" + \
-        answer.text + "]]" + passage.text[answer.char_end:last] + \
-        ("..." if last < len(passage.text) else "")
     threshold = (None if abstention is None
                  else abstention.threshold(reader.span_score, fused=mu is not None))
-    refused = threshold is not None and answer.reader_score < threshold
-    if refused:
-        lines.append(f"A: (no answer found in the corpus: the best answer's reader score "
-                     f"{answer.reader_score:.2f} is below this reader's threshold "
-                     f"{threshold:.2f}; best guess below)")
-    lines += [f"   best guess: {answer.text}" if refused else f"A: {answer.text}",
-              f"   from {passage.title!r} ({passage.passage_id}), BM25 rank {answer.rank + 1} "
-              f"of {len(hits)}; reader score ({reader.span_score}) "
-              f"{answer.reader_score:.2f}, "
-              f"BM25 {answer.bm25_score:.2f}"
-              + ("" if mu is None else f", fused with mu={mu}"),
-              f"   passage: {context}",
-              "   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
-                                      for name, seconds in timings.items())]
+    lines += answer_lines(
+        text=answer.text, title=passage.title, passage_id=passage.passage_id,
+        rank=answer.rank + 1, retrieved=len(hits), span_score=reader.span_score,
+        reader_score=answer.reader_score, bm25_score=answer.bm25_score, mu=mu,
+        threshold=threshold,
+        context=passage_context(passage.text, answer.char_start, answer.char_end, answer.text))
+    lines.append("   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
+                                        for name, seconds in timings.items()))
     return "\n".join(lines)
