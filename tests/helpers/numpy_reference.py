@@ -33,13 +33,15 @@ def _linear(x, state, name):
     return x @ state[f"{name}.weight"].T + state[f"{name}.bias"]
 
 
-def _layer_norm(x, state, name, eps):
+def layer_norm(x, state, name, eps):
+    """LayerNorm of the last axis with the `name`.weight / `name`.bias of `state`."""
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
     return (x - mean) / np.sqrt(var + eps) * state[f"{name}.weight"] + state[f"{name}.bias"]
 
 
-def _act(x, name):
+def activation(x, name):
+    """The feed-forward activation of a Hugging Face config's `hidden_act` / `ff_activation`."""
     if name == "gelu":
         return 0.5 * x * (1 + erf(x / math.sqrt(2)))
     if name in ("gelu_new", "gelu_pytorch_tanh"):
@@ -93,7 +95,7 @@ def reference_reader(state: dict[str, np.ndarray], arch: str, num_layers: int, n
         s["embeddings.position_embeddings.weight"][positions]
     if "embeddings.token_type_embeddings.weight" in s:
         x = x + s["embeddings.token_type_embeddings.weight"][token_types]
-    x = _layer_norm(x, s, "embeddings.LayerNorm", eps)
+    x = layer_norm(x, s, "embeddings.LayerNorm", eps)
     if arch == "albert":
         x = _linear(x, s, "encoder.embedding_hidden_mapping_in")
     if arch == "electra" and "embeddings_project.weight" in s:  # ELECTRA with E != H
@@ -115,8 +117,8 @@ def reference_reader(state: dict[str, np.ndarray], arch: str, num_layers: int, n
         probs = np.exp(scores)
         probs /= probs.sum(-1, keepdims=True)
         context = (probs @ v).transpose(1, 0, 2).reshape(-1, hidden)
-        x = _layer_norm(x + _linear(context, s, n["o"]), s, n["ln1"], eps)
-        x = _layer_norm(x + _linear(_act(_linear(x, s, n["f1"]), act), s, n["f2"]), s,
+        x = layer_norm(x + _linear(context, s, n["o"]), s, n["ln1"], eps)
+        x = layer_norm(x + _linear(activation(_linear(x, s, n["f1"]), act), s, n["f2"]), s,
                         n["ln2"], eps)
         states.append(x)
     logits = _linear(x, s, "qa_outputs")

@@ -1,10 +1,11 @@
 """An independent NumPy XLNet reader written straight from Hugging Face tensor names.
 
-It shares no code with dil_jax (nor with transformers): float64, one unpadded sequence in XLNet's
-own order `P [SEP] Q [SEP] [CLS]`, positions = indices of that sequence, and the relative
-position term computed pair by pair from the sinusoid of i - j (no position table, no
-rel_shift, no gather). An explicit [seq, seq] attention mask per layer expresses delayed
-interaction as "block-diagonal in blocks 1..k, full above".
+It shares no code with dil_jax (nor with transformers; its LayerNorm and activation are
+`numpy_reference`'s): float64, one unpadded sequence in XLNet's own order `P [SEP] Q [SEP]
+[CLS]`, positions = indices of that sequence, and the relative position term computed pair by
+pair from the sinusoid of i - j (no position table, no rel_shift, no gather). An explicit
+[seq, seq] attention mask per layer expresses delayed interaction as "block-diagonal in blocks
+1..k, full above".
 """
 
 from __future__ import annotations
@@ -12,26 +13,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import erf
+
+from tests.helpers.numpy_reference import activation, layer_norm
 
 
 def _state(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name.removeprefix("transformer."): np.asarray(value, np.float64)
             for name, value in state.items()}
-
-
-def _layer_norm(x, s, name, eps):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * s[f"{name}.weight"] + s[f"{name}.bias"]
-
-
-def _act(x, name):
-    if name == "gelu":
-        return 0.5 * x * (1 + erf(x / math.sqrt(2)))
-    if name == "relu":
-        return np.maximum(x, 0)
-    raise ValueError(name)
 
 
 def sinusoid(distance: np.ndarray, hidden: int) -> np.ndarray:
@@ -68,11 +56,11 @@ def xlnet_reference(state: dict[str, np.ndarray], num_layers: int, ids: np.ndarr
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         context = np.einsum("nij,jnd->ind", probs, v)
-        x = _layer_norm(x + np.einsum("ind,hnd->ih", context, s[f"{p}.o"]), s,
+        x = layer_norm(x + np.einsum("ind,hnd->ih", context, s[f"{p}.o"]), s,
                         f"{p}.layer_norm", eps)
         f = f"layer.{layer}.ff"
-        inner = _act(x @ s[f"{f}.layer_1.weight"].T + s[f"{f}.layer_1.bias"], act)
-        x = _layer_norm(x + inner @ s[f"{f}.layer_2.weight"].T + s[f"{f}.layer_2.bias"], s,
+        inner = activation(x @ s[f"{f}.layer_1.weight"].T + s[f"{f}.layer_1.bias"], act)
+        x = layer_norm(x + inner @ s[f"{f}.layer_2.weight"].T + s[f"{f}.layer_2.bias"], s,
                         f"{f}.layer_norm", eps)
         states.append(x)
     logits = x @ s["qa_outputs.weight"].T + s["qa_outputs.bias"]
