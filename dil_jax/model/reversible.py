@@ -82,22 +82,30 @@ def _forward(f, g, params, aux, x1, x2):
     return (y1, y2), (params, aux, y1, y2)
 
 
+def _layer_backward(f, g, layer_params, layer_aux, y1, y2, grad_y1, grad_y2):
+    """One reversible layer backwards: its inputs (x1, x2) rebuilt from its outputs, their
+    gradients and the layer's parameter gradients. Returns (x1, x2, grad_x1, grad_x2,
+    grad_params)."""
+    g_out, g_vjp = jax.vjp(lambda p, y: g(p, y, layer_aux), layer_params, y1)
+    x2 = y2 - g_out
+    f_out, f_vjp = jax.vjp(lambda p, x: f(p, x, layer_aux), layer_params, x2)
+    x1 = y1 - f_out
+    # y2 = x2 + G(y1): y1's gradient gains G's; y1 = x1 + F(x2): x2's gains F's.
+    grad_g_params, grad_y1_from_g = g_vjp(grad_y2)
+    grad_x1 = grad_y1 + grad_y1_from_g
+    grad_f_params, grad_x2_from_f = f_vjp(grad_x1)
+    grad_params = jax.tree.map(jnp.add, grad_f_params, grad_g_params)
+    return x1, x2, grad_x1, grad_y2 + grad_x2_from_f, grad_params
+
+
 def _backward(f, g, saved, cotangents):
     params, aux, y1, y2 = saved
     grad_y1, grad_y2 = cotangents
     grad_params = []
     for layer_params, layer_aux in zip(reversed(params), reversed(aux)):
-        g_out, g_vjp = jax.vjp(lambda p, y, a=layer_aux: g(p, y, a), layer_params, y1)
-        x2 = y2 - g_out
-        f_out, f_vjp = jax.vjp(lambda p, x, a=layer_aux: f(p, x, a), layer_params, x2)
-        x1 = y1 - f_out
-        # y2 = x2 + G(y1): y1's gradient gains G's; y1 = x1 + F(x2): x2's gains F's.
-        grad_g_params, grad_y1_from_g = g_vjp(grad_y2)
-        grad_y1 = grad_y1 + grad_y1_from_g
-        grad_f_params, grad_x2_from_f = f_vjp(grad_y1)
-        grad_params.append(jax.tree.map(jnp.add, grad_f_params, grad_g_params))
-        y1, y2 = x1, x2
-        grad_y2 = grad_y2 + grad_x2_from_f
+        y1, y2, grad_y1, grad_y2, layer_grads = _layer_backward(
+            f, g, layer_params, layer_aux, y1, y2, grad_y1, grad_y2)
+        grad_params.append(layer_grads)
     grad_params = type(params)(reversed(grad_params))  # params: a list or tuple
     return grad_params, jax.tree.map(_zero_cotangent, aux), grad_y1, grad_y2
 
@@ -187,19 +195,10 @@ def _scan_vjp_backward(f, g, saved, cotangents):
         grads = []
         for layer_params, layer_aux in zip(reversed(group_params), reversed(group_aux),
                                            strict=True):
-            layer_aux = (shared, layer_aux)
             y1 = _after(y1, grad_y2)
-            g_out, g_vjp = jax.vjp(lambda p, y, a=layer_aux: g(p, y, a), layer_params, y1)
-            x2 = y2 - g_out
-            f_out, f_vjp = jax.vjp(lambda p, x, a=layer_aux: f(p, x, a), layer_params, x2)
-            x1 = y1 - f_out
-            # As in `_backward`: y1's gradient gains G's, x2's gains F's.
-            grad_g_params, grad_y1_from_g = g_vjp(grad_y2)
-            grad_y1 = grad_y1 + grad_y1_from_g
-            grad_f_params, grad_x2_from_f = f_vjp(grad_y1)
-            grads.append(jax.tree.map(jnp.add, grad_f_params, grad_g_params))
-            y1, y2 = x1, x2
-            grad_y2 = grad_y2 + grad_x2_from_f
+            y1, y2, grad_y1, grad_y2, layer_grads = _layer_backward(
+                f, g, layer_params, (shared, layer_aux), y1, y2, grad_y1, grad_y2)
+            grads.append(layer_grads)
         return (y1, y2, grad_y1, grad_y2), type(group_params)(reversed(grads))
 
     (_, _, grad_x1, grad_x2), grad_params = jax.lax.scan(
