@@ -33,7 +33,7 @@ import ml_collections
 
 from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
-from dil_jax.model.char_reader import config_fields, reader_config
+from dil_jax.model.char_reader import QUESTION_LEN_FIELD, config_fields, reader_config
 from dil_jax.train.default_config import base_config
 from dil_jax.train.recipes import complete_squad_v11
 
@@ -52,8 +52,10 @@ WARMUP_STEPS = 1000
 
 def reader_fields(kind: str, changes: dict) -> ml_collections.ConfigDict:
     """Every field of the reader's config (so each is a --config.model.reader.NAME override),
-    the LSH encoders as one comma-separated string ("" = none)."""
+    the LSH encoders as one comma-separated string ("" = none); but the question length, which
+    is config.model.max_question_len here as for every reader."""
     fields = config_fields(reader_config(kind, changes))
+    del fields[QUESTION_LEN_FIELD]
     if "lsh_encoders" in fields:
         fields["lsh_encoders"] = ",".join(fields["lsh_encoders"])
     return ml_collections.ConfigDict(fields)

@@ -11,10 +11,16 @@ The delayed-interaction path, in fixed-shape jitted steps (one compilation each)
   3. every (question, window) pair through `encode_upper` (`PairGrid.read_pairs`).
 Questions are taken in blocks of `question_block`, padded to a fixed size, so memory is bounded by
 a block whatever the data set size. The compiled steps are `dil_jax.reading.grid.PairGrid`'s.
+
+QANet and BiDAF (`load_char_reader`) take the same path through `CharPairGrid`: their
+`encode_lower` (embedding + embedding encoder / contextual BiLSTM) once per question and per
+distinct window, with each token's characters (`data.characters`), then `encode_upper` per pair.
+They have no no-answer score (SQuAD v1.1 only) and read whole windows (no prescreening).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
@@ -22,10 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dil_jax.data.characters import SquadCharacters, squad_characters
 from dil_jax.data.decoding import Prediction, answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
-from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.char_reader import CharReaderModel
+from dil_jax.model.delayed import (
+    DelayedInteractionModel,
+    InputError,
+    Params,
+    check_segment_lengths,
+)
+from dil_jax.model.qanet_inputs import QANetSegment
+from dil_jax.reading.char_grid import CharPairGrid
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
@@ -41,11 +56,15 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=8)
-def pair_grid(model: DelayedInteractionModel, mesh, batch_size: int) -> PairGrid:
-    """The PairGrid that reads for `model` (by identity) on `mesh` in batches of `batch_size`,
-    one per combination. A PairGrid compiles its programs per instance, and a training loop
-    evaluates the same model object again and again: a new PairGrid each time recompiled
-    every program at every evaluation (tests/test_squad_predict.py counts the compilations)."""
+def pair_grid(model: DelayedInteractionModel | CharReaderModel, mesh, batch_size: int
+              ) -> PairGrid | CharPairGrid:
+    """The grid that reads for `model` (by identity) on `mesh` in batches of `batch_size`, one
+    per combination: a `PairGrid` for the BERT family, a `CharPairGrid` for QANet / BiDAF. A
+    grid compiles its programs per instance, and a training loop evaluates the same model object
+    again and again: a new grid each time recompiled every program at every evaluation
+    (tests/test_squad_predict.py counts the compilations)."""
+    if isinstance(model, CharReaderModel):
+        return CharPairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
     return PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
 
 
@@ -74,37 +93,113 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
     grid = pair_grid(model, mesh, batch_size)
     n_windows, p_len = features.p_ids.shape
-    q_block = round_up(min(question_block, features.num_questions), grid.batch_size)
-    blocks = []
     read = np.ones(n_windows, bool) if keep is None else np.asarray(keep).any(axis=1)
-    for q0 in range(0, features.num_questions, q_block):
-        rows = np.nonzero((features.example_index >= q0)
-                          & (features.example_index < q0 + q_block) & read)[0]
-        # One representative window row per distinct passage window of the block.
-        _, first_row, p_index = np.unique(features.window_passage_index[rows],
-                                                 return_index=True, return_inverse=True)
-        blocks.append((q0, rows, rows[first_row], p_index.reshape(-1)))
-    p_block = round_up(max(len(block[2]) for block in blocks), grid.batch_size)
+    blocks = question_blocks(features, question_block, grid.batch_size, read)
 
     # Windows left unread (nothing kept) never decide an answer: spans -inf, null +inf.
     out = SpanScores.full(n_windows, p_len, -np.inf, np.inf)
     with tqdm(total=int(read.sum()), unit="window", disable=not progress,
               desc="reading") as bar:
-        for q0, rows, passage_rows, p_index in blocks:
-            if not len(rows):
-                continue
-            q_ids = _pad_rows(features.q_ids[q0:q0 + q_block], q_block)
-            q_mask = _pad_rows(features.q_mask[q0:q0 + q_block], q_block)
-            p_ids = _pad_rows(features.p_ids[passage_rows], p_block)
-            p_mask = _pad_rows(features.p_mask[passage_rows], p_block)
+        for block in blocks:
+            q_ids, q_mask = block.question_rows(features.q_ids, features.q_mask)
+            p_ids, p_mask = block.passage_rows(features.p_ids, features.p_mask)
             q_lower = grid.encode_questions(params, q_ids, q_mask)
             p_source = grid.passage_side(params, p_ids, p_mask)
-            q_index = features.example_index[rows] - q0
-            positions = None if keep is None else kept_positions(keep[rows])
-            pairs = grid.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index,
-                                      p_index, positions, on_chunk=bar.update)
-            out.set_rows(rows, pairs)
+            positions = None if keep is None else kept_positions(keep[block.rows])
+            pairs = grid.read_pairs(params, q_lower, q_mask, p_source, p_mask, block.q_index,
+                                    block.p_index, positions, on_chunk=bar.update)
+            out.set_rows(block.rows, pairs)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionBlock:
+    """A block of questions and the windows read with them.
+
+    q0, size: the block's questions are q0 .. q0 + size - 1 (the last block padded to `size`);
+    rows: [n] the window rows read; passage: [n_distinct] one representative window row per
+    distinct passage window of the block, padded to `passage_size` when read; q_index, p_index:
+    [n] each window's question (from q0) and distinct passage (into `passage`).
+    """
+
+    q0: int
+    size: int
+    rows: np.ndarray
+    passage: np.ndarray
+    passage_size: int
+    q_index: np.ndarray
+    p_index: np.ndarray
+
+    def question_rows(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """Each per-question array's rows of the block, padded to `size` rows."""
+        return [_pad_rows(a[self.q0:self.q0 + self.size], self.size) for a in arrays]
+
+    def passage_rows(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """Each per-window array's rows of the block's distinct passages, padded to
+        `passage_size` rows."""
+        return [_pad_rows(a[self.passage], self.passage_size) for a in arrays]
+
+
+def question_blocks(features: Features, question_block: int, batch_size: int,
+                    read: np.ndarray) -> list[QuestionBlock]:
+    """The questions of `features` in blocks of `question_block` (rounded up to `batch_size`),
+    each with its windows among `read` ([n_windows] bool); blocks with no window to read are
+    left out. Every block pads its questions and its distinct passages to the same counts, so
+    one compiled shape reads them all."""
+    q_block = round_up(min(question_block, features.num_questions), batch_size)
+    parts = []
+    for q0 in range(0, features.num_questions, q_block):
+        rows = np.nonzero((features.example_index >= q0)
+                          & (features.example_index < q0 + q_block) & read)[0]
+        # One representative window row per distinct passage window of the block.
+        _, first_row, p_index = np.unique(features.window_passage_index[rows],
+                                          return_index=True, return_inverse=True)
+        parts.append((q0, rows, rows[first_row], p_index.reshape(-1)))
+    p_block = round_up(max(len(part[2]) for part in parts), batch_size)
+    return [QuestionBlock(q0, q_block, rows, passage, p_block,
+                          features.example_index[rows] - q0, p_index)
+            for q0, rows, passage, p_index in parts if len(rows)]
+
+
+def char_window_logits(model: CharReaderModel, variables: Params, features: Features,
+                       characters: SquadCharacters, *, batch_size: int = 32,
+                       question_block: int = 1024, progress: bool = True, mesh=None
+                       ) -> SpanScores:
+    """`window_logits` for a QANet / BiDAF: each question and each distinct passage window of
+    a block once through `encode_lower` (`CharPairGrid`), every (question, window) pair through
+    `encode_upper`. characters: `data.characters.squad_characters` of the same features."""
+    from tqdm.auto import tqdm
+
+    grid = pair_grid(model, mesh, batch_size)
+    n_windows, p_len = features.p_ids.shape
+    blocks = question_blocks(features, question_block, grid.batch_size,
+                             np.ones(n_windows, bool))
+    window_chars = characters.p_chars[characters.p_source]  # per window row, as p_ids
+    out = SpanScores.full(n_windows, p_len, -np.inf, np.inf)
+    with tqdm(total=n_windows, unit="window", disable=not progress, desc="reading") as bar:
+        for block in blocks:
+            q_ids, q_chars, q_mask = block.question_rows(features.q_ids, characters.q_chars,
+                                                         features.q_mask)
+            p_ids, p_chars, p_mask = block.passage_rows(features.p_ids, window_chars,
+                                                        features.p_mask)
+            q_state = grid.encode_questions(variables, QANetSegment(q_ids, q_chars, q_mask))
+            p_state = grid.encode_passages(variables, QANetSegment(p_ids, p_chars, p_mask))
+            pairs = grid.read_pairs(variables, q_state, q_mask, p_state, p_mask, block.q_index,
+                                    block.p_index, on_chunk=bar.update)
+            out.set_rows(block.rows, pairs)
+    return out
+
+
+def check_char_reader_options(reader: Reader, null_threshold: float | None,
+                              prescreen: tuple | None) -> None:
+    """Raises InputError for what a QANet / BiDAF cannot do: SQuAD 2.0's no-answer (it has no
+    no-answer score) and sentence prescreening (its pair program reads whole windows)."""
+    kind = reader.model.kind
+    if null_threshold is not None:
+        raise InputError(f"a {kind} reader has no no-answer score: it answers SQuAD v1.1 "
+                         "files only (null_threshold must be None)")
+    if prescreen is not None:
+        raise InputError(f"sentence prescreening reads BERT-family readers only, not a {kind}")
 
 
 def predict_squad(reader: Reader, examples: Sequence[SquadExample], **options: Any
@@ -136,12 +231,17 @@ def predict_squad_spans(reader: Reader, examples: Sequence[SquadExample], *,
     import time
 
     report = {} if report is None else report
+    if reader.is_char_reader:
+        check_char_reader_options(reader, null_threshold, prescreen)
     clock = time.perf_counter()
     max_question_len = reader.config.max_question_len
-    check_lengths(reader.model, max_question_len, max_passage_len)
+    if not reader.is_char_reader:
+        check_lengths(reader.model, max_question_len, max_passage_len)
     features = featurize(examples, reader.tokenizer, max_question_len=max_question_len,
                          max_passage_len=max_passage_len, doc_stride=doc_stride,
                          cache_dir=cache_dir)
+    characters = (squad_characters(examples, features, reader.tokenizer)
+                  if reader.is_char_reader else None)
     report["featurize_seconds"] = time.perf_counter() - clock
     keep = None
     if prescreen is not None:
@@ -154,9 +254,14 @@ def predict_squad_spans(reader: Reader, examples: Sequence[SquadExample], *,
         report["screening"] = screening
         report["kept_token_share"] = float(keep.sum() / max(features.p_mask.sum(), 1))
     clock = time.perf_counter()
-    logits = window_logits(reader.model, reader.params, features, batch_size=batch_size,
-                           question_block=question_block, progress=progress, mesh=mesh,
-                           keep=keep)
+    if characters is not None:
+        logits = char_window_logits(reader.model, reader.params, features, characters,
+                                    batch_size=batch_size, question_block=question_block,
+                                    progress=progress, mesh=mesh)
+    else:
+        logits = window_logits(reader.model, reader.params, features, batch_size=batch_size,
+                               question_block=question_block, progress=progress, mesh=mesh,
+                               keep=keep)
     report["read_seconds"] = time.perf_counter() - clock
     clock = time.perf_counter()
     with_null = null_threshold is not None

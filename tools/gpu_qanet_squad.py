@@ -75,9 +75,9 @@ def pack_char_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
     word table."""
     import jax
 
-    from dil_jax.checkpoints.char_readers import load_char_reader
+    from dil_jax.checkpoints.readers import load_char_reader
 
-    _, variables = load_char_reader(params_dir)
+    variables = load_char_reader(params_dir, with_tokenizer=False).params
     arrays = {flat_key(path): np.asarray(leaf, np.float32)
               for path, leaf in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
     buffer = io.BytesIO()

@@ -13,7 +13,9 @@ One module per job (each name below is importable from this package too):
   orbax_io     save_params / load_params: dil_jax's own orbax format
   export       export_hf_checkpoint: params -> a Hugging Face folder
   readers      Reader (model, params, tokenizer, checkpoint) and its makers: load_reader from
-               either format, checks wired in; init_reader at random
+               either format, checks wired in; load_char_reader (a QANet / BiDAF export);
+               init_reader at random
+  char_readers QANet / BiDAF exports on disk: save_char_reader, the manifest's model kind
   fingerprint  params_fingerprint: the hash caches record their weights by; file_digest
   integrity    what a manifest records of a reader's weights (sha256) and tokenizer
                (fingerprint, special tokens), the checks of both on load, and the finite scan
@@ -53,7 +55,13 @@ from dil_jax.checkpoints.orbax_io import (
     load_params,
     save_params,
 )
-from dil_jax.checkpoints.readers import Reader, UntrainedHeadError, init_reader, load_reader
+from dil_jax.checkpoints.readers import (
+    Reader,
+    UntrainedHeadError,
+    init_reader,
+    load_char_reader,
+    load_reader,
+)
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_checkpoint
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
@@ -64,8 +72,8 @@ __all__ = [
     "ImportReport", "Reader", "ResolvedCheckpoint", "UntrainedHeadError",
     "check_tokenizer_record", "check_weights", "convert_state_dict", "encoder_config_from_hf",
     "export_hf_checkpoint", "export_state_dict", "file_digest", "hf_config_from_encoder_config",
-    "init_reader", "integrity_record", "load_hf_checkpoint", "load_hf_folder", "load_params",
-    "load_reader", "name_map", "params_fingerprint", "read_state_dict", "resolve_checkpoint",
-    "resolve_reader_checkpoint", "save_params", "tokenizer_record", "weights_record",
-    "with_base_tensors",
+    "init_reader", "integrity_record", "load_char_reader", "load_hf_checkpoint", "load_hf_folder",
+    "load_params", "load_reader", "name_map", "params_fingerprint", "read_state_dict",
+    "resolve_checkpoint", "resolve_reader_checkpoint", "save_params", "tokenizer_record",
+    "weights_record", "with_base_tensors",
 ]

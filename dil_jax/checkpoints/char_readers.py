@@ -1,7 +1,7 @@
 """QANet / BiDAF readers on disk: orbax variables beside a manifest that names the model kind.
 
     save_char_reader(folder, variables, config)     # what `dil-jax train` exports
-    model, variables = load_char_reader(folder)
+    reader = load_char_reader(folder)                # dil_jax.checkpoints.readers: a Reader
 
 A folder holds `params/` (orbax: the whole `{"params", "frozen"}` variables, the frozen word
 table included, so a folder reads back alone) and `dil_jax_manifest.json` with
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dil_jax.checkpoints.files import DAMAGED_FIX, read_json
+from dil_jax.checkpoints.files import read_json
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.orbax_io import PARAMS_DIR
 from dil_jax.errors import CheckpointError
@@ -61,40 +61,6 @@ def save_char_reader(directory: str | os.PathLike, variables: Any, config: Any) 
         checkpointer.wait_until_finished()
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     return directory
-
-
-def load_char_reader(directory: str | os.PathLike, kind: str | None = None):
-    """(CharReaderModel, variables) of a folder `save_char_reader` wrote; with `kind`, a folder
-    of another kind is refused. CheckpointError naming the folder and what is wrong."""
-    import jax
-    import orbax.checkpoint as ocp
-
-    from dil_jax.config import ConfigError
-    from dil_jax.model.char_reader import CharReaderModel, reader_config
-
-    directory = Path(directory).absolute()
-    found = char_reader_kind(directory)
-    if found is None:
-        raise CheckpointError(f"{directory}: not a QANet / BiDAF reader (no {MANIFEST_FILE} "
-                              f"naming its {KIND_FIELD})")
-    if kind is not None and found != kind:
-        raise CheckpointError(f"{directory}: a {found} reader, not a {kind} one")
-    manifest = read_json(directory / MANIFEST_FILE, "dil_jax manifest")
-    try:
-        config = reader_config(found, manifest.get(CONFIG_FIELD))
-    except (ConfigError, TypeError) as error:
-        raise CheckpointError(f"{directory / MANIFEST_FILE}: {error}") from error
-    model = CharReaderModel(config)
-    abstract = jax.eval_shape(model.init, jax.random.key(0))
-    if not (directory / PARAMS_DIR).is_dir():
-        raise CheckpointError(f"{directory / PARAMS_DIR}: missing; {DAMAGED_FIX}")
-    try:
-        variables = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
-    except Exception as error:  # orbax/tensorstore: truncated files, another shape...
-        raise CheckpointError(f"{directory / PARAMS_DIR}: cannot restore the {found} variables "
-                              f"({type(error).__name__}: {str(error)[:300]}); {DAMAGED_FIX}"
-                              ) from error
-    return model, variables
 
 
 def save_reader_params(directory: str | os.PathLike, params: Any, config: Any) -> Path:

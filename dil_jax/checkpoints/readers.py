@@ -1,4 +1,5 @@
-"""The `Reader` value and its two makers: `load_reader` (any checkpoint) and `init_reader`.
+"""The `Reader` value and its makers: `load_reader` (the BERT family: any dil_jax or Hugging Face
+checkpoint), `load_char_reader` (a QANet / BiDAF export) and `init_reader`.
 
 A Reader is what every command reads with and what training starts from: the model (its
 config), its params, its tokenizer and the checkpoint it came from, in one frozen value, passed
@@ -32,6 +33,7 @@ from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_chec
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
+from dil_jax.model.char_reader import CharReaderConfig, CharReaderModel
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
@@ -44,22 +46,29 @@ log = logging.getLogger(__package__)
 class Reader:
     """A reader ready to run.
 
-    model: the DelayedInteractionModel (`config` is its EncoderConfig); params: its weights
-    (a nested dict of float32 arrays); tokenizer: the fast tokenizer of its ids (None: made
+    model: the DelayedInteractionModel (`config` is its EncoderConfig), or a QANet / BiDAF
+    `CharReaderModel` (`config`: its QANetConfig / BiDAFConfig; `is_char_reader`); params: its
+    weights (a nested dict of float32 arrays; a QANet / BiDAF's whole variables, `{"params",
+    "frozen"}`); tokenizer: the fast tokenizer of its ids (None: made
     without one, e.g. for training, whose featurizer tokenizes); checkpoint: where it was
     loaded from (None: initialised at random, `init_reader`). Frozen: another setting is
     another Reader (`with_config`, `with_params`); the model object is kept where the config
     is, so compiled programs keyed by it are reused.
     """
 
-    model: DelayedInteractionModel
+    model: DelayedInteractionModel | CharReaderModel
     params: Params
     tokenizer: Any = None
     checkpoint: ResolvedCheckpoint | None = None
 
     @property
-    def config(self) -> EncoderConfig:
+    def config(self) -> EncoderConfig | CharReaderConfig:
         return self.model.config
+
+    @property
+    def is_char_reader(self) -> bool:
+        """A QANet / BiDAF (read by `reading.char_grid`), not the BERT family."""
+        return isinstance(self.model, CharReaderModel)
 
     def with_config(self, **changes: Any) -> Reader:
         """The same params and tokenizer read with other EncoderConfig fields (another k, LSH
@@ -95,6 +104,11 @@ def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | Non
     reader's manifest records (`check_tokenizer_record`).
     """
     checkpoint = resolve_reader_checkpoint(checkpoint)
+    if checkpoint.is_char_reader:
+        # Until index, ask, bench and serve read QANet / BiDAF too (docs/qanet.md).
+        raise CheckpointError(f"{checkpoint.name}: a {checkpoint.char_reader_kind} reader (its "
+                              "manifest's model_kind); `dil-jax predict` reads it, index, ask, "
+                              "bench and serve read the BERT family only so far")
     overrides = dict(config_overrides or {})
     if max_question_len is not None:
         overrides["max_question_len"] = max_question_len
@@ -112,6 +126,61 @@ def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | Non
     if not with_tokenizer:
         return Reader(model, params, None, checkpoint)
     return Reader(model, params, _reader_tokenizer(checkpoint, config, tokenizer), checkpoint)
+
+
+def load_char_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, kind: str | None = None,
+                     max_question_len: int | None = None, tokenizer: str | None = None, *,
+                     with_tokenizer: bool = True) -> Reader:
+    """The Reader of a QANet / BiDAF folder `save_char_reader` wrote (`dil-jax train` exports
+    of config.model.kind "qanet" / "bidaf"): model a CharReaderModel, params its whole
+    variables (the frozen word table included).
+
+    kind: refuse a folder of another kind. max_question_len: the question length to read with
+    (None: the one its config records). tokenizer: a tokenizer folder or name (None: the
+    embedded MiniLM's, whose vocabulary the word table rows follow), checked against the
+    reader's vocabulary. CheckpointError naming the folder and what is wrong (another kind, a
+    bad manifest, missing or damaged params, non-finite weights).
+    """
+    import orbax.checkpoint as ocp
+
+    from dil_jax.checkpoints.char_readers import CONFIG_FIELD, KIND_FIELD
+    from dil_jax.checkpoints.files import DAMAGED_FIX, read_json
+    from dil_jax.checkpoints.orbax_io import PARAMS_DIR
+    from dil_jax.config import ConfigError
+    from dil_jax.model.char_reader import QUESTION_LEN_FIELD, reader_config
+
+    checkpoint = resolve_reader_checkpoint(checkpoint)
+    directory = checkpoint.folder.absolute()
+    found = checkpoint.char_reader_kind
+    if found is None:
+        raise CheckpointError(f"{directory}: not a QANet / BiDAF reader (no {MANIFEST_FILE} "
+                              f"naming its {KIND_FIELD})")
+    if kind is not None and found != kind:
+        raise CheckpointError(f"{directory}: a {found} reader, not a {kind} one")
+    manifest = read_json(directory / MANIFEST_FILE, "dil_jax manifest")
+    fields = dict(manifest.get(CONFIG_FIELD) or {})
+    if max_question_len is not None:
+        fields[QUESTION_LEN_FIELD] = max_question_len
+    try:
+        config = reader_config(found, fields)
+    except (ConfigError, TypeError) as error:
+        raise CheckpointError(f"{directory / MANIFEST_FILE}: {error}") from error
+    model = CharReaderModel(config)
+    if not (directory / PARAMS_DIR).is_dir():
+        raise CheckpointError(f"{directory / PARAMS_DIR}: missing; {DAMAGED_FIX}")
+    abstract = jax.eval_shape(model.init, jax.random.key(0))
+    try:
+        variables = ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
+    except Exception as error:  # orbax/tensorstore: truncated files, another shape...
+        raise CheckpointError(f"{directory / PARAMS_DIR}: cannot restore the {found} variables "
+                              f"({type(error).__name__}: {str(error)[:300]}); {DAMAGED_FIX}"
+                              ) from error
+    check_finite_params(variables, str(directory))
+    if not with_tokenizer:
+        return Reader(model, variables, None, checkpoint)
+    folder = resolve_checkpoint(tokenizer or "default")
+    return Reader(model, variables, load_tokenizer(folder, vocab_size=config.vocab_size),
+                  checkpoint)
 
 
 def init_reader(config: EncoderConfig, rng: jax.Array, tokenizer: Any = None) -> Reader:

@@ -25,12 +25,15 @@ from dil_jax.hub import resolve_checkpoint
 # The two formats a reader checkpoint comes in.
 ORBAX_FORMAT = "dil_jax"  # orbax params/ beside encoder_config.json, as training saves them
 HF_FORMAT = "hugging_face"  # config.json and weights files (local, "default" or a hub id)
+# A QANet / BiDAF export: orbax variables beside a manifest naming its model_kind
+# (`checkpoints.char_readers`).
+CHAR_READER_FORMAT = "char_reader"
 
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedCheckpoint:
     """A checkpoint as found: `name` as given (what messages and records show), the local
-    `folder`, and its `format` (ORBAX_FORMAT or HF_FORMAT)."""
+    `folder`, and its `format` (ORBAX_FORMAT, HF_FORMAT or CHAR_READER_FORMAT)."""
 
     name: str
     folder: Path
@@ -39,6 +42,15 @@ class ResolvedCheckpoint:
     @property
     def is_orbax(self) -> bool:
         return self.format == ORBAX_FORMAT
+
+    @property
+    def is_char_reader(self) -> bool:
+        return self.format == CHAR_READER_FORMAT
+
+    @property
+    def char_reader_kind(self) -> str | None:
+        """"qanet" / "bidaf" for a QANet / BiDAF export, else None."""
+        return char_reader_kind(self.folder) if self.is_char_reader else None
 
     @functools.cached_property
     def manifest(self) -> ExportManifest:
@@ -88,9 +100,7 @@ def resolve_reader_checkpoint(checkpoint: str | os.PathLike | ResolvedCheckpoint
     folder = Path(name).expanduser()
     if (folder / ENCODER_CONFIG_FILE).is_file():
         return ResolvedCheckpoint(name, folder, ORBAX_FORMAT)
-    if folder.is_dir() and (kind := char_reader_kind(folder)):
-        # QANet / BiDAF exports: read by the trainer's evaluator only until issue 40's reader API.
-        raise CheckpointError(f"{name}: a {kind} reader (its manifest's model_kind); predict, "
-                              "index, ask and bench read the BERT family only so far")
+    if folder.is_dir() and char_reader_kind(folder):
+        return ResolvedCheckpoint(name, folder, CHAR_READER_FORMAT)
     return ResolvedCheckpoint(name, resolve_checkpoint(name), HF_FORMAT)
 

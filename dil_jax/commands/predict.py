@@ -118,6 +118,47 @@ def with_lsh_flags(reader, args: argparse.Namespace):
     return reader.with_config(**changes)  # ConfigError names a bad layer
 
 
+def check_char_reader_flags(args: argparse.Namespace, kind: str, version: str) -> None:
+    """UsageError naming the first flag (or a SQuAD 2.0 --data) a QANet / BiDAF cannot honour:
+    it has no k (its split is fixed), no BERT-layer LSH option, no prescreening and no
+    no-answer score."""
+    from dil_jax.errors import UsageError
+
+    refused = {"--k": args.k is not None and "its split is fixed (the embedding encoder per "
+               "segment, the rest per pair)",
+               "--lsh-layers": args.lsh_layers is not None and "its LSH attention is its "
+               "config's lsh_encoders, set in training",
+               "--prescreen": getattr(args, "prescreen", None) is not None and
+               "prescreening reads BERT-family readers only",
+               "--null-threshold": args.null_threshold is not None and "it has no no-answer "
+               "score"}
+    for flag, why in refused.items():
+        if why:
+            raise UsageError(f"{flag}: {args.checkpoint} is a {kind} reader; {why}")
+    if version == "2.0":
+        raise UsageError(f"--data {args.data}: a SQuAD 2.0 file, but {args.checkpoint} is a "
+                         f"{kind} reader without a no-answer score: give a SQuAD v1.1 file")
+
+
+def run_char_reader(args: argparse.Namespace, checkpoint, version: str, examples) -> int:
+    """`run` for a QANet / BiDAF export (`load_char_reader`)."""
+    from dil_jax.atomic import write_atomic
+    from dil_jax.checkpoints import load_char_reader
+    from dil_jax.predict import predict_squad
+
+    check_char_reader_flags(args, checkpoint.char_reader_kind, version)
+    reader = load_char_reader(checkpoint, None, args.max_question_len, args.tokenizer)
+    started = time.perf_counter()
+    predictions = predict_squad(
+        reader, examples, max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
+        batch_size=args.batch_size, max_answer_length=args.max_answer_length,
+        n_best=args.n_best, progress=not args.no_progress, cache_dir=args.cache_dir)
+    output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
+    log.info("%d predictions (%s) in %.1f s -> %s", len(predictions), reader.model.kind,
+             time.perf_counter() - started, output)
+    return 0
+
+
 def _local(path: str | None) -> str | None:
     """A path flag's value, or None for 'default' (a bundled file, not one in the cwd)."""
     return None if path == "default" else path
@@ -157,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
     if not examples:
         raise InputFileError(f"--data {args.data}: no questions to answer")
     checkpoint = resolve_reader_checkpoint(args.checkpoint)
+    if checkpoint.is_char_reader:
+        return run_char_reader(args, checkpoint, dataset.version, examples)
     recorded = checkpoint.recorded_null_threshold() if dataset.version == "2.0" else None
     null_threshold, source = choose_null_threshold(dataset.version, args.null_threshold,
                                                    recorded)

@@ -31,9 +31,11 @@ import jax
 import jax.numpy as jnp
 
 from dil_jax.config import ConfigError
+from dil_jax.defaults import CPU_MAX_QUESTION_LEN
 from dil_jax.model.delayed import InputError
 from dil_jax.model.lsh import MASK_BIAS
 from dil_jax.model.qanet import RANDOM_TABLE_STD, Variables
+from dil_jax.model.qanet_config import check_question_len
 from dil_jax.model.qanet_inputs import CHAR_VOCAB_SIZE, MAX_CHARS, QANetSegment
 from dil_jax.model.qanet_layers import CharacterCNN, Highway
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
@@ -54,8 +56,10 @@ class BiDAFConfig:
     hidden: int = 100
     dropout: float = 0.2
     char_dropout: float = 0.2
+    max_question_len: int = CPU_MAX_QUESTION_LEN  # a reading setting, as QANetConfig's
 
     def __post_init__(self) -> None:
+        check_question_len(self.max_question_len)
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.name.endswith("dropout"):

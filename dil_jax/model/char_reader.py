@@ -32,6 +32,9 @@ READER_KINDS = (ENCODER_KIND, *CHAR_READER_KINDS)
 CharReaderConfig = QANetConfig | BiDAFConfig
 _CONFIG_TYPES: dict[str, type] = {"qanet": QANetConfig, "bidaf": BiDAFConfig}
 _MODEL_TYPES: dict[str, type] = {"qanet": QANetModel, "bidaf": BiDAFModel}
+# The config field that is a reading setting (the trainer's config.model.max_question_len), not
+# the reader's shape.
+QUESTION_LEN_FIELD = "max_question_len"
 
 
 def kind_of(config: CharReaderConfig) -> str:

@@ -24,6 +24,7 @@ import numbers
 from typing import Any
 
 from dil_jax.config import ConfigError
+from dil_jax.defaults import CPU_MAX_QUESTION_LEN
 from dil_jax.model.qanet_inputs import CHAR_VOCAB_SIZE, MAX_CHARS
 
 # The two encoders of QANet that have self-attention, by the names `lsh_encoders` takes.
@@ -53,6 +54,9 @@ class QANetConfig:
       reversible: the encoder stacks as reversible layers (needs even conv counts: the block's
         sublayers pair up as (conv, conv), ..., (attention, feed-forward)).
       ffn_chunk_size: 0 = off; else the feed-forward runs over this many rows at a time.
+      max_question_len: the padded length of a question segment `[CLS] q [SEP]` it reads (no
+        position table limits it: the positional encoding is a formula); a reading setting,
+        kept here as `EncoderConfig` keeps it, so an export records it.
     """
 
     vocab_size: int = 30522
@@ -83,6 +87,7 @@ class QANetConfig:
     lsh_seed: int = 0
     reversible: bool = False
     ffn_chunk_size: int = 0
+    max_question_len: int = CPU_MAX_QUESTION_LEN
 
     def __post_init__(self) -> None:
         if isinstance(self.lsh_encoders, list):  # from JSON
@@ -118,6 +123,15 @@ _NON_NEGATIVE = ("lsh_num_buckets", "lsh_seed", "ffn_chunk_size")
 _RATES = ("dropout", "char_dropout", "word_dropout")
 
 
+def check_question_len(value: Any) -> None:
+    """ConfigError unless `value` is a question length every reader accepts (`OPTIONS`)."""
+    from dil_jax.options import OPTIONS
+
+    bound = OPTIONS["max_question_len"]
+    if not bound.accepts(value):
+        raise ConfigError(f"max_question_len must be {bound.wanted}, got {value!r}")
+
+
 def validate_qanet_config(config: QANetConfig) -> None:
     """Raises ConfigError naming the first invalid field."""
     for name in _POSITIVE + _NON_NEGATIVE:
@@ -130,6 +144,7 @@ def validate_qanet_config(config: QANetConfig) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
             raise ConfigError(f"{name} must be a rate in [0, 1), got {value!r}")
+    check_question_len(config.max_question_len)
     for name in ("lsh_exclude_self", "reversible"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")

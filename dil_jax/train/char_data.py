@@ -3,10 +3,8 @@
     config.data.featurizer = "dil_jax.train.char_data:featurize"   # SQuAD, as squad_data's
     config.data.featurizer = "dil_jax.train.char_data:synthetic"   # tests and smoke runs
 
-Characters come from the texts through the tokenizer's character offsets, as
-`qanet_inputs.qanet_segment` reads them (case and accents kept, which the lower-cased WordPiece
-strings lose): the questions are encoded again with their offsets (the featurizer keeps only the
-passages'; the ids are checked equal), each distinct passage window once. They are stored as
+Characters come from the texts through the tokenizer's character offsets
+(`data.characters.squad_characters`, which `predict` reads with too). They are stored as
 uint16 (ids < 512), `MAX_CHARS` (16, the paper's) slots per token, questions once and distinct
 passage windows once: about 240 MB for the complete training set, against 1.4 GB per (question,
 window) pair at int32. The model keeps its own `max_chars` of them (`CharReaderModel`).
@@ -20,19 +18,16 @@ complete training set's windows at 160 tokens, stride 80); evaluation still read
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import ml_collections
 import numpy as np
 
-from dil_jax.data.features import Features, FeaturizationError
-from dil_jax.data.squad import SquadExample
+from dil_jax.data.characters import CHAR_DTYPE, squad_characters
+from dil_jax.data.features import FeaturizationError
 from dil_jax.errors import UsageError
-from dil_jax.model.qanet_inputs import MAX_CHARS, char_id, token_characters
+from dil_jax.model.qanet_inputs import MAX_CHARS, char_id
 from dil_jax.train import data as data_lib
 from dil_jax.train.reader_kinds import is_char_kind, model_kind
-
-CHAR_DTYPE = np.uint16  # character ids are < CHAR_VOCAB_SIZE = 512
 
 
 @dataclasses.dataclass
@@ -110,30 +105,6 @@ def windows_of(config: ml_collections.ConfigDict,
     return windows
 
 
-# ----------------------------------------------------------------------------- characters
-
-
-def squad_characters(examples: Sequence[SquadExample], features: Features, tokenizer
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q_chars [n_questions, Lq, MAX_CHARS], p_chars [n_passages, Lp, MAX_CHARS], p_source
-    [n_windows]) of featurized SQuAD examples, from the texts and the tokens' offsets."""
-    from dil_jax.tokenization import encode_questions
-
-    texts = [example.question for example in examples]
-    questions = encode_questions(tokenizer, texts, features.q_ids.shape[1])
-    if not np.array_equal(questions.ids, features.q_ids):
-        raise FeaturizationError("the questions encoded with offsets differ from the features' "
-                                 "q_ids (another tokenizer or question length?)")
-    q_chars = token_characters(texts, questions.offsets, questions.mask, MAX_CHARS)
-    # One row per distinct passage window (equal window_passage_index = equal tokens).
-    _, first, p_source = np.unique(features.window_passage_index, return_index=True,
-                                   return_inverse=True)
-    contexts = [examples[i].context for i in features.example_index[first]]
-    p_chars = token_characters(contexts, features.offsets[first], features.p_mask[first],
-                               MAX_CHARS)
-    return q_chars.astype(CHAR_DTYPE), p_chars.astype(CHAR_DTYPE), p_source.reshape(-1)
-
-
 def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
               max_question_len: int) -> CharFeatures:
     """`squad_data.featurize`'s windows of the split (no distractors or unlabelled questions:
@@ -149,7 +120,7 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
     features = featurize_examples(examples, tokenizer, max_question_len=max_question_len,
                                   max_passage_len=data_cfg.max_passage_len,
                                   doc_stride=data_cfg.doc_stride)
-    q_chars, p_chars, p_source = squad_characters(examples, features, tokenizer)
+    characters = squad_characters(examples, features, tokenizer)
     labels = {"start_positions": features.start_positions,
               "end_positions": features.end_positions}
     if split == "train" and data_cfg.get("answer_candidates_file", ""):
@@ -161,7 +132,8 @@ def featurize(data_cfg: ml_collections.ConfigDict, split: str, *,
                   "end_candidates": spans.end_candidates}
     return CharFeatures(q_ids=features.q_ids, q_mask=features.q_mask, p_ids=features.p_ids,
                         p_mask=features.p_mask, example_index=features.example_index,
-                        q_chars=q_chars, p_chars=p_chars, p_source=p_source, **labels)
+                        q_chars=characters.q_chars, p_chars=characters.p_chars,
+                        p_source=characters.p_source, **labels)
 
 
 def id_characters(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

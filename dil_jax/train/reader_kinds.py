@@ -110,10 +110,14 @@ def kind_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 def _reader_field_problems(config: ml_collections.ConfigDict, kind: str) -> list[str]:
     from dil_jax.config import ConfigError
-    from dil_jax.model.char_reader import reader_config
+    from dil_jax.model.char_reader import QUESTION_LEN_FIELD, reader_config
 
+    fields = reader_fields(config)
+    if QUESTION_LEN_FIELD in fields:
+        return [f"config.model.reader.{QUESTION_LEN_FIELD}: the question length is "
+                f"config.model.{QUESTION_LEN_FIELD} for every reader kind; remove it here"]
     try:
-        reader_config(kind, reader_fields(config))
+        reader_config(kind, fields)
     except (ConfigError, TypeError) as error:
         return [f"config.model.reader: {error}"]
     return []
@@ -155,25 +159,33 @@ def char_student(config: ml_collections.ConfigDict, rng):
     import jax
     import numpy as np
 
-    from dil_jax.checkpoints.char_readers import load_char_reader
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.checkpoints.readers import Reader, load_char_reader
     from dil_jax.errors import CheckpointError
-    from dil_jax.model.char_reader import CharReaderModel, config_fields, reader_config
+    from dil_jax.model.char_reader import (
+        QUESTION_LEN_FIELD,
+        CharReaderModel,
+        config_fields,
+        reader_config,
+    )
 
     kind = model_kind(config)
     fields = reader_fields(config)
+    question_len = int(config.model.max_question_len)
     if config.model.checkpoint:
         try:
-            model, variables = load_char_reader(config.model.checkpoint, kind)
+            loaded = load_char_reader(config.model.checkpoint, kind, question_len,
+                                      with_tokenizer=False)
         except CheckpointError as error:
             raise UsageError(f"config.model.checkpoint = {config.model.checkpoint!r}: "
                              f"{error}") from None
-        if fields and reader_config(kind, fields) != model.config:
+        model, variables = loaded.model, loaded.params
+        if fields and reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}
+                                    ) != model.config:
             raise UsageError(f"config.model.reader differs from the config of "
                              f"config.model.checkpoint = {config.model.checkpoint!r} "
                              f"({config_fields(model.config)}); unset one of them")
     else:
-        model = CharReaderModel(reader_config(kind, fields))
+        model = CharReaderModel(reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
         table = word_table(str(config.model.word_table), model.config.vocab_size,
                            model.config.word_dim)
         variables = model.init(rng, word_table=table)

@@ -118,7 +118,7 @@ def learnt_pointing(workdir, validation) -> dict:
     import json
     from pathlib import Path
 
-    from dil_jax.checkpoints.char_readers import load_char_reader
+    from dil_jax.checkpoints.readers import load_char_reader
     from dil_jax.train.char_data import char_windows
 
     rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").open()]
@@ -126,7 +126,8 @@ def learnt_pointing(workdir, validation) -> dict:
     val_loss = [row["val_loss"] for row in rows if row["split"] == "eval"][-1]
     assert losses[0] > 2.0, losses
     assert val_loss < 1.25, (losses, val_loss)
-    model, variables = load_char_reader(Path(workdir) / "params")
+    reader = load_char_reader(Path(workdir) / "params", with_tokenizer=False)
+    model, variables = reader.model, reader.params
     batch = char_windows(validation).batch(np.arange(len(validation.p_ids)))
     out = model(variables, batch["q_ids"], batch["q_chars"], batch["q_mask"], batch["p_ids"],
                 batch["p_chars"], batch["p_mask"])

@@ -22,13 +22,14 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import resolve_reader_checkpoint
-from dil_jax.checkpoints.char_readers import load_char_reader
+from dil_jax.checkpoints import load_reader, resolve_reader_checkpoint
+from dil_jax.checkpoints.readers import load_char_reader
+from dil_jax.data.characters import squad_characters
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import CheckpointError, UsageError
 from dil_jax.tokenization import load_tokenizer
-from dil_jax.train.char_data import char_windows, squad_characters
+from dil_jax.train.char_data import char_windows
 from dil_jax.train.config_files import load_config_file
 from dil_jax.train.config_rules import validate_config
 from dil_jax.train.loop import train
@@ -46,7 +47,8 @@ def test_characters_of_a_known_text_written_by_hand():
     tokenizer = load_tokenizer("default")
     features = featurize([example], tokenizer, max_question_len=6, max_passage_len=8,
                          doc_stride=4)
-    q_chars, p_chars, p_source = squad_characters([example], features, tokenizer)
+    characters = squad_characters([example], features, tokenizer)
+    q_chars, p_chars, p_source = characters.q_chars, characters.p_chars, characters.p_source
     assert q_chars.shape == (1, 6, 16) and p_chars.shape == (1, 8, 16)
     question = [[1], [91, 108, 115], [67], [1], [], []]  # [CLS] Who ? [SEP] pad pad
     passage = [[71, 101, 106, 237], [103, 115, 119, 120, 119], [308], [57], [50], [1], [],
@@ -110,7 +112,8 @@ def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_pat
     assert all(jax.tree.leaves(moved))
 
     # The export (its manifest names the kind) reads back to the trained state's outputs.
-    model, variables = load_char_reader(tmp_path / "run" / "params", kind="qanet")
+    reader = load_char_reader(tmp_path / "run" / "params", kind="qanet", with_tokenizer=False)
+    model, variables = reader.model, reader.params
     assert model.config == result.model.config
 
     def read(m, v):
@@ -120,8 +123,9 @@ def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_pat
     out, again = read(result.model, jax.device_get(trained)), read(model, variables)
     np.testing.assert_array_equal(np.asarray(out.start_logits), np.asarray(again.start_logits))
     np.testing.assert_array_equal(np.asarray(out.end_logits), np.asarray(again.end_logits))
-    with pytest.raises(CheckpointError, match="a qanet reader"):
-        resolve_reader_checkpoint(tmp_path / "run" / "params")  # predict does not read it yet
+    assert resolve_reader_checkpoint(tmp_path / "run" / "params").char_reader_kind == "qanet"
+    with pytest.raises(CheckpointError, match="a qanet reader .*predict. reads it"):
+        load_reader(tmp_path / "run" / "params")  # index, ask, bench and serve: not yet
     with pytest.raises(CheckpointError, match="a qanet reader, not a bidaf one"):
         load_char_reader(tmp_path / "run" / "params", kind="bidaf")
 
@@ -130,7 +134,6 @@ def test_the_evaluator_maps_windows_to_answer_text_with_the_official_metric(tmp_
     # Two paragraphs in windows of 11 tokens + [SEP], stride 6: a paragraph spans several
     # windows. A read that peaks (start and end) at the answer's token gives the gold text for
     # both questions (EM 100, F1 100); the same peak one token later gives other text (EM 0).
-    from dil_jax.model.span_reader import ReaderOutput
     from dil_jax.train.char_eval import scores, validation_set
 
     from tests.helpers.qanet import trainer_config
@@ -154,13 +157,9 @@ def test_the_evaluator_maps_windows_to_answer_text_with_the_official_metric(tmp_
     tokenizer = load_tokenizer("default")
     answer_ids = np.asarray(tokenizer.convert_tokens_to_ids(["paris", "nile"]))
 
-    def peaked(shift: int):
-        def read(_variables, batch):
-            hit = np.isin(batch["p_ids"], answer_ids)
-            logits = np.roll(np.where(hit, 10.0, 0.0), shift, axis=1)
-            null = np.zeros(len(logits))
-            return ReaderOutput(logits, logits, null, null)
-        return read
+    def peaked(shift: int) -> np.ndarray:
+        hit = np.isin(data.features.p_ids, answer_ids)
+        return np.roll(np.where(hit, 10.0, 0.0), shift, axis=1)
 
-    assert scores(peaked(0), None, data, batch_size=3) == {"exact": 100.0, "f1": 100.0}
-    assert scores(peaked(1), None, data, batch_size=3)["exact"] == 0.0
+    assert scores(peaked(0), peaked(0), data) == {"exact": 100.0, "f1": 100.0}
+    assert scores(peaked(1), peaked(1), data)["exact"] == 0.0

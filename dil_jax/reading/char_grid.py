@@ -1,0 +1,203 @@
+"""Reading a question x passage grid with QANet or BiDAF, on all devices.
+
+QANet and BiDAF are delayed-interaction readers by construction: question and passage go through
+the embedding (and QANet's embedding encoder, BiDAF's contextual BiLSTM) separately, and meet only
+at context-query attention. `CharPairGrid` reads them the way `PairGrid` reads a DilBERT: each
+question and each distinct passage once through `encode_lower`, every (question, passage) pair
+through `encode_upper`, in fixed-size chunks split over the devices of a 1-D mesh. A passage's
+state depends on the passage alone, so it is what a cache may hold.
+
+What `PairGrid` has and this has not: no `ReusePlan` (QANet's split is not "k of l blocks": no
+hoisted first-block projections, attention statistics or last-block rows), no k = 0 passage ids
+and no sentence prescreening. Chunks are cut to their real tokens (`trim_padding`) only where that
+is exact: not with LSH attention in QANet's model encoder, whose buckets depend on the length.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from dil_jax.defaults import default_pair_chunk_size
+from dil_jax.mesh import DATA_AXIS, data_mesh
+from dil_jax.model.char_reader import CharReaderModel
+from dil_jax.model.qanet import Variables
+from dil_jax.model.qanet_inputs import QANetSegment
+from dil_jax.model.span_reader import PADDED_LOGIT
+from dil_jax.reading.pairs import (
+    KEPT_BUCKET,
+    QUESTION_BUCKET,
+    SpanScores,
+    chunk_width,
+    real_lengths,
+)
+from dil_jax.rounding import round_up
+
+
+def trims_exactly(model: CharReaderModel) -> bool:
+    """Whether reading a chunk cut to its real tokens gives what the full width gives: not for
+    a QANet with LSH attention in its model encoder (the buckets follow the sequence length)."""
+    return "model" not in getattr(model.config, "lsh_encoders", ())
+
+
+class CharPairGrid:
+    """Encodes segments and reads pair grids with one QANet / BiDAF on one mesh.
+
+    Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
+    multiple of the device count so every device gets an equal slice. trim_padding (where
+    `trims_exactly`): each chunk reads only its longest real question and passage, rounded up
+    to QUESTION_BUCKET / KEPT_BUCKET tokens (a few compiled widths).
+    """
+
+    def __init__(self, model: CharReaderModel, mesh: Mesh | None = None, batch_size: int = 32,
+                 chunk_size: int | None = None, trim_padding: bool = True):
+        """chunk_size: pairs per step of the pair program; None = `default_pair_chunk_size`
+        for the platform of the mesh's devices."""
+        self.model = model
+        self.trim_padding = trim_padding and trims_exactly(model)
+        self.mesh = data_mesh() if mesh is None else mesh
+        num_devices = self.mesh.devices.size
+        if chunk_size is None:
+            chunk_size = default_pair_chunk_size(self.mesh.devices.flat[0].platform)
+        self.batch_size = round_up(batch_size, num_devices)
+        self.chunk_size = round_up(chunk_size, num_devices)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+
+    # --------------------------------------------------------------------- one segment
+
+    @functools.cached_property
+    def _lower_fn(self):
+        def lower(variables, ids, chars, mask):
+            segment = QANetSegment(ids, self.model.fit_chars(chars), mask)
+            return self.model.model.encode_lower(variables, segment)
+
+        return jax.jit(lower, in_shardings=(self.replicated, self.sharded, self.sharded,
+                                            self.sharded),
+                       out_shardings=self.sharded)
+
+    def encode_segments(self, variables: Variables, segment: QANetSegment) -> jax.Array:
+        """States of many segments (questions or passages: the same weights), in
+        device-sharded batches of `batch_size` (the last one padded).
+
+        segment: ids, mask [n, seq], chars [n, seq, slots] (any integer dtype; the model keeps
+        its `max_chars` of the slots) -> [n, seq, d_model], replicated for the pair phase.
+        """
+        ids = np.asarray(segment.ids, np.int32)
+        chars = np.asarray(segment.chars)
+        mask = np.asarray(segment.mask, np.int32)
+        n = ids.shape[0]
+        padded = round_up(max(n, 1), self.batch_size)
+
+        def pad(array):
+            return np.pad(array, [(0, padded - n)] + [(0, 0)] * (array.ndim - 1))
+
+        ids, chars, mask = pad(ids), pad(chars), pad(mask)
+        batches = [self._lower_fn(variables, *(jax.device_put(a[i:i + self.batch_size],
+                                                              self.sharded)
+                                               for a in (ids, chars, mask)))
+                   for i in range(0, padded, self.batch_size)]
+        return jax.device_put(jnp.concatenate(batches, axis=0)[:n], self.replicated)
+
+    encode_questions = encode_segments
+    encode_passages = encode_segments
+
+    # --------------------------------------------------------------------- pairs
+
+    def _read_chunk(self, variables, q_state, q_mask, p_state, p_mask, q_index, p_index,
+                    q_width=None, p_width=None):
+        """Span scores of one chunk of pairs (traced inside jit). q_width, p_width (static):
+        read only the first q_width question and p_width passage tokens of every segment; the
+        passage tokens cut off score PADDED_LOGIT, as padding does."""
+        p_len = p_mask.shape[1]
+        if q_width is not None:
+            q_state, q_mask = q_state[:, :q_width], q_mask[:, :q_width]
+        if p_width is not None:
+            p_state, p_mask = p_state[:, :p_width], p_mask[:, :p_width]
+        out = self.model.model.encode_upper(variables, q_state[q_index], q_mask[q_index],
+                                            p_state[p_index], p_mask[p_index])
+        start, end = out.start_logits, out.end_logits
+        if p_width is not None:
+            cut = ((0, 0), (0, p_len - p_width))
+            start = jnp.pad(start, cut, constant_values=PADDED_LOGIT)
+            end = jnp.pad(end, cut, constant_values=PADDED_LOGIT)
+        return start, end, out.null_start_logits, out.null_end_logits
+
+    @functools.cached_property
+    def _pair_fn(self):
+        # Only index vectors cross to the devices; each device gathers its own pairs from the
+        # replicated states.
+        rep, shard = self.replicated, self.sharded
+        return jax.jit(self._read_chunk, in_shardings=(rep, rep, rep, rep, rep, shard, shard),
+                       out_shardings=shard, static_argnums=(7, 8))
+
+    def iter_pair_chunks(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
+                         p_state: jax.Array, p_mask: np.ndarray, q_index: np.ndarray,
+                         p_index: np.ndarray
+                         ) -> Iterator[tuple[np.ndarray, tuple[jax.Array, ...]]]:
+        """Yields (indices into the pair list, device outputs) chunk by chunk.
+
+        q_state: [nq, q_len, d] and p_state: [np, p_len, d] (`encode_segments`); q_mask,
+        p_mask: [nq, q_len], [np, p_len]; q_index, p_index: [num_pairs] int. With trimming,
+        pairs are taken in order of passage length, so that each chunk is padded only to its
+        own longest. Outputs per chunk: start/end [chunk, p_len], null start/end [chunk]; the
+        first len(indices) rows are real.
+        """
+        num_pairs = len(q_index)
+        q_len, p_len = np.shape(q_mask)[1], np.shape(p_mask)[1]
+        if np.shape(q_state)[:2] != np.shape(q_mask) or np.shape(p_state)[:2] != np.shape(p_mask):
+            raise ValueError(f"states {np.shape(q_state)} / {np.shape(p_state)} do not match "
+                             f"their masks {np.shape(q_mask)} / {np.shape(p_mask)}")
+        q_mask_host = np.asarray(q_mask, np.int32)
+        p_mask_host = np.asarray(p_mask, np.int32)
+        q_mask = jax.device_put(q_mask_host, self.replicated)
+        p_mask = jax.device_put(p_mask_host, self.replicated)
+        q_index = np.asarray(q_index, np.int32)
+        p_index = np.asarray(p_index, np.int32)
+        if self.trim_padding:
+            q_real, p_real = real_lengths(q_mask_host), real_lengths(p_mask_host)
+            order = np.argsort(p_real[p_index], kind="stable")
+        else:
+            order = np.arange(num_pairs)
+        for begin in range(0, num_pairs, self.chunk_size):
+            pairs = order[begin:begin + self.chunk_size]
+            pad = self.chunk_size - len(pairs)
+            # Padding pairs repeat the chunk's first pair and are dropped by the caller.
+            chunk_q = np.pad(q_index[pairs], (0, pad), mode="edge")
+            chunk_p = np.pad(p_index[pairs], (0, pad), mode="edge")
+            q_width = p_width = None
+            if self.trim_padding:
+                q_width = chunk_width(q_real[chunk_q], QUESTION_BUCKET, q_len)
+                p_width = chunk_width(p_real[chunk_p], KEPT_BUCKET, p_len)
+            yield pairs, self._pair_fn(variables, q_state, q_mask, p_state, p_mask, chunk_q,
+                                       chunk_p, q_width, p_width)
+
+    def read_pairs(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
+                   p_state: jax.Array, p_mask: np.ndarray, q_index: np.ndarray,
+                   p_index: np.ndarray, on_chunk: Callable[[int], None] | None = None
+                   ) -> SpanScores:
+        """The span scores of every listed pair as numpy arrays: [num_pairs, p_len] and
+        [num_pairs], row i for pair i (inputs as `iter_pair_chunks`). on_chunk (optional):
+        called with the number of pairs of each chunk once it is read (a progress bar)."""
+        out = SpanScores.full(len(q_index), np.shape(p_mask)[1], np.nan, np.nan)
+        for pairs, outputs in self.iter_pair_chunks(variables, q_state, q_mask, p_state, p_mask,
+                                                    q_index, p_index):
+            out.set_rows(pairs, SpanScores(*(np.asarray(value)[:len(pairs)] for value in outputs)))
+            if on_chunk is not None:
+                on_chunk(len(pairs))
+        return out
+
+    def read_grid(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
+                  p_state: jax.Array, p_mask: np.ndarray) -> SpanScores:
+        """Every (question, passage) pair: scores [nq, np, p_len] / [nq, np]."""
+        nq, np_ = np.shape(q_mask)[0], np.shape(p_mask)[0]
+        q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
+                                                           indexing="ij"))
+        return self.read_pairs(variables, q_state, q_mask, p_state, p_mask, q_index,
+                               p_index).reshape(nq, np_)

@@ -1,0 +1,121 @@
+"""QANet / BiDAF exports through the prediction path: `predict_squad` and `dil-jax predict`.
+
+The reference is the whole reader run window by window (`QANetModel.__call__` on each window's
+question and passage, characters from `data.characters`), decoded by the same decoder; the path
+under test encodes questions in padded blocks and each distinct passage window once
+(`CharPairGrid`), as a cache would hold it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dil_jax.checkpoints import load_char_reader
+from dil_jax.checkpoints.char_readers import save_char_reader
+from dil_jax.data.characters import squad_characters
+from dil_jax.data.decoding import answers, decode_predictions
+from dil_jax.data.features import featurize
+from dil_jax.data.squad import load_squad
+from dil_jax.model.char_reader import CharReaderModel
+from dil_jax.model.qanet_inputs import QANetSegment
+from dil_jax.predict import char_window_logits
+
+from tests.helpers import V11, V20, run_cli, squad_file
+from tests.helpers.qanet import TINY, tiny_variables
+from tests.helpers.qanet import tiny_config as tiny_qanet_config
+
+Q_LEN, P_LEN, STRIDE = 16, 40, 16
+# A whole tiny reader against the same reader compiled at other batch shapes: float32 rounding
+# over a few hundred O(1) ops, far below this share of the largest logit.
+RTOL = 1e-4
+
+
+def tiny_config(tokenizer):
+    """The tiny QANet of the model tests over the real MiniLM vocabulary (a narrow table)."""
+    return tiny_qanet_config(vocab_size=tokenizer.vocab_size, word_dim=8,
+                             max_chars=TINY["max_chars"], max_question_len=Q_LEN)
+
+
+def reference_logits(model: CharReaderModel, variables, examples, features, tokenizer):
+    """Every window through the whole reader, with its own question: start, end [n_windows,
+    P_LEN]."""
+    characters = squad_characters(examples, features, tokenizer)
+    q = features.example_index
+    question = QANetSegment(features.q_ids[q], model.fit_chars(characters.q_chars[q]),
+                            features.q_mask[q])
+    passage = QANetSegment(features.p_ids,
+                           model.fit_chars(characters.p_chars[characters.p_source]),
+                           features.p_mask)
+    out = model.model(variables, question, passage)
+    return np.asarray(out.start_logits), np.asarray(out.end_logits)
+
+
+def test_char_window_logits_equal_the_whole_reader_on_each_window(tokenizer):
+    model = CharReaderModel(tiny_config(tokenizer))
+    variables = tiny_variables(model.config)
+    examples = load_squad(squad_file(V11)).examples[:7]  # two paragraphs, several windows each
+    f = featurize(examples, tokenizer, max_question_len=Q_LEN, max_passage_len=P_LEN,
+                  doc_stride=STRIDE)
+    assert len(np.unique(f.window_passage_index)) < f.num_windows  # windows are shared
+    characters = squad_characters(examples, f, tokenizer)
+    got = char_window_logits(model, variables, f, characters, batch_size=4, question_block=3,
+                             progress=False)
+    start, end = reference_logits(model, variables, examples, f, tokenizer)
+    real = f.p_mask > 0
+    scale = np.abs(start[real]).max()
+    np.testing.assert_allclose(got.start_logits[real], start[real], rtol=0, atol=RTOL * scale)
+    np.testing.assert_allclose(got.end_logits[real], end[real], rtol=0, atol=RTOL * scale)
+    assert (got.start_logits[~real] < -1e8).all()
+
+
+@pytest.fixture(scope="module")
+def qanet_export(tmp_path_factory, tokenizer):
+    """A tiny QANet saved as `dil-jax train` exports one (orbax variables + manifest)."""
+    config = tiny_config(tokenizer)
+    folder = tmp_path_factory.mktemp("qanet") / "params"
+    save_char_reader(folder, tiny_variables(config), config)
+    return folder
+
+
+def test_predict_cli_reads_a_qanet_export(qanet_export, tmp_path, tokenizer, capsys):
+    """`dil-jax predict --checkpoint QANET_EXPORT`: every question answered with the span the
+    whole reader, window by window, scores best."""
+    output = tmp_path / "predictions.json"
+    status, _, err = run_cli(["predict", "--checkpoint", str(qanet_export), "--data",
+                              str(squad_file(V11)), "--output", str(output), "--limit", "5",
+                              "--max-question-len", str(Q_LEN), "--max-passage-len", str(P_LEN),
+                              "--doc-stride", str(STRIDE), "--batch-size", "4",
+                              "--no-progress"], capsys)
+    assert status == 0, err
+    predictions = json.loads(output.read_text())
+    examples = load_squad(squad_file(V11)).examples[:5]
+    assert list(predictions) == [example.qid for example in examples]
+    reader = load_char_reader(qanet_export)
+    assert reader.config.max_question_len == Q_LEN  # recorded in the export
+    f = featurize(examples, tokenizer, max_question_len=Q_LEN, max_passage_len=P_LEN,
+                  doc_stride=STRIDE)
+    start, end = reference_logits(reader.model, reader.params, examples, f, tokenizer)
+    want = answers(decode_predictions(examples, f, start, end, n_best=20, max_answer_length=30))
+    assert predictions == want
+    for example in examples:
+        assert predictions[example.qid] and predictions[example.qid] in example.context
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--k", "2"], "--k: "),
+    (["--null-threshold", "0"], "--null-threshold: "),
+    (["--lsh-layers", "0"], "--lsh-layers: "),
+    (["--data-v2"], "a SQuAD 2.0 file"),
+])
+def test_predict_refuses_what_a_qanet_cannot_do(qanet_export, tmp_path, capsys, flags, named):
+    data = squad_file(V20) if flags == ["--data-v2"] else squad_file(V11)
+    flags = [] if flags == ["--data-v2"] else flags
+    output = tmp_path / "predictions.json"
+    status, _, err = run_cli(["predict", "--checkpoint", str(qanet_export), "--data", str(data),
+                              "--output", str(output), "--limit", "2", "--no-progress", *flags],
+                             capsys)
+    assert status != 0 and named in err and "qanet reader" in err
+    assert "Traceback" not in err and not output.exists()
