@@ -334,7 +334,18 @@ def checkpoint_for(args: argparse.Namespace, position: int) -> str:
 
 def load_reader_of(args: argparse.Namespace, k: int | None, position: int = 0) -> Reader:
     """The reader of the position-th --k: its checkpoint (`checkpoint_for`), split at k,
-    with --max-question-len and --tokenizer."""
-    from dil_jax.checkpoints import load_reader
+    with --max-question-len and --tokenizer. A QANet / BiDAF export (`load_char_reader`) has a
+    fixed split: k must be None or that split's (its cache's k), else UsageError."""
+    from dil_jax.checkpoints import load_char_reader, load_reader, resolve_reader_checkpoint
 
-    return load_reader(checkpoint_for(args, position), k, args.max_question_len, args.tokenizer)
+    checkpoint = resolve_reader_checkpoint(checkpoint_for(args, position))
+    if not checkpoint.is_char_reader:
+        return load_reader(checkpoint, k, args.max_question_len, args.tokenizer)
+    reader = load_char_reader(checkpoint, None, args.max_question_len, args.tokenizer)
+    fixed = reader.config.num_lower_layers
+    if k is not None and k != fixed:
+        side = "embedding encoder" if reader.model.kind == "qanet" else "contextual layer"
+        raise UsageError(f"--k {k} with --checkpoint {checkpoint.name}: a {reader.model.kind} "
+                         f"reader's split is fixed (its passages' cached side is its {side}, "
+                         f"k = {fixed}); pass --k {fixed}")
+    return reader

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.defaults import bundled_reader
     from dil_jax.errors import UsageError
     from dil_jax.open_domain.abstention import abstention_of
-    from dil_jax.open_domain.build import passage_encoder
+    from dil_jax.open_domain.cache.encoders import passage_encoder
     from dil_jax.open_domain.index.corpus import split_documents
     from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         # Shown only while a cache is being built (a bar made at its first count).
         with CountBar(f"passage cache of the {name} reader (k={k_value})",
                       index.settings["num_windows"], "window") as bar:
-            cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, 32),
+            cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, 32,
+                                                                      index.window_texts),
                                        storage=demo_storage(index, loaded, args.storage),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,

@@ -71,6 +71,16 @@ class BiDAFConfig:
         if self.char_kernel % 2 == 0:
             raise ConfigError(f"char_kernel must be odd, got {self.char_kernel}")
 
+    # What a passage cache records of a reader (as `QANetConfig`'s): BiDAF's fixed split is its
+    # contextual layer (one BiLSTM), its passage states 2 x hidden wide.
+    architecture = "bidaf"
+    num_lower_layers = 1
+    num_layers = 4  # the contextual, the two modelling and the output BiLSTMs
+
+    @property
+    def hidden_size(self) -> int:
+        return 2 * self.hidden
+
     def replace(self, **changes: Any) -> BiDAFConfig:
         return dataclasses.replace(self, **changes)
 

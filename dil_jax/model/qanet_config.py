@@ -98,6 +98,25 @@ class QANetConfig:
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
+    # What a passage cache records of a reader (`open_domain.cache.check.reader_cache_key`), under
+    # the BERT family's names: the architecture, the blocks each segment runs alone (QANet's
+    # fixed split: its embedding encoder) and the width of a cached passage state.
+    architecture = "qanet"
+
+    @property
+    def num_lower_layers(self) -> int:
+        return self.embedding_blocks
+
+    @property
+    def hidden_size(self) -> int:
+        return self.d_model
+
+    @property
+    def num_layers(self) -> int:
+        """Block applications per pair: the embedding encoder's (per segment, cached) and the
+        model encoder's, MODEL_PASSES times (the "k/l" of a results table)."""
+        return self.embedding_blocks + MODEL_PASSES * self.model_blocks
+
     def replace(self, **changes: Any) -> QANetConfig:
         return dataclasses.replace(self, **changes)
 

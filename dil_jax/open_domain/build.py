@@ -17,8 +17,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from dil_jax.checkpoints.fingerprint import params_fingerprint
 from dil_jax.open_domain.build_peers import (
     check_peer_settings,
@@ -27,10 +25,11 @@ from dil_jax.open_domain.build_peers import (
     write_run_record,
 )
 from dil_jax.open_domain.cache.check import tokenizer_fingerprint
-from dil_jax.open_domain.cache.reuse import local_grid, reuse_encoder
+from dil_jax.open_domain.cache.encoders import passage_encoder
+from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.shards import shard_ranges, wait_for
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
-from dil_jax.open_domain.cache.store import PassageCache, StatesEncoder
+from dil_jax.open_domain.cache.store import PassageCache
 from dil_jax.open_domain.index.corpus import iter_sources, split_documents
 from dil_jax.open_domain.index.files import (
     IndexBrokenError,
@@ -50,7 +49,6 @@ from dil_jax.open_domain.index.lock import clean_stale, index_lock
 from dil_jax.open_domain.index.sentences import build_sentence_store
 from dil_jax.open_domain.reader import check_read_lengths
 from dil_jax.open_domain.retrieval.engines import resolve_engine
-from dil_jax.reading.plan import ReusePlan
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
@@ -105,18 +103,6 @@ class BuildProcess:
     index: int = 0
     count: int = 1
     wait_timeout_s: float = 86400.0
-
-
-def passage_encoder(reader: Reader, batch_size: int = 32
-                    ) -> StatesEncoder | None:
-    """The `encode` of `build_reader_cache`: (ids, mask) [n, p_len] -> `reader`'s lower states
-    [n, p_len, hidden] as numpy, on this process's devices, batch_size rows per device
-    (`cache.reuse.local_grid`: the same per-device program whatever the device or process count);
-    None at k = 0 (`reads_passage_ids`: the cache then holds the tokens only)."""
-    if ReusePlan.of(reader.config).reads_passage_ids:
-        return None
-    grid = local_grid(reader.model, batch_size)
-    return lambda ids, mask: np.asarray(grid.encode_passages(reader.params, ids, mask))
 
 
 def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[Reader],
@@ -307,7 +293,8 @@ def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSetting
             log.info("k = %d: no first-upper-block arrays to store (they need 0 < k < l)",
                      reader.config.num_lower_layers)
     cache = build_reader_cache(index, reader,
-                               encode=passage_encoder(reader, settings.batch_size),
+                               encode=passage_encoder(reader, settings.batch_size,
+                                                      index.window_texts),
                                storage=settings.storage, reuse=reuse,
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),

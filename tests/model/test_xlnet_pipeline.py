@@ -152,7 +152,7 @@ def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_p
     from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import SquadExample
     from dil_jax.model.xlnet import XLNetUnsupportedError
-    from dil_jax.open_domain.build import passage_encoder
+    from dil_jax.open_domain.cache.encoders import passage_encoder
     from dil_jax.open_domain.cache.reuse import reuse_encoder
     from dil_jax.open_domain.index.corpus import Document, split_documents
     from dil_jax.open_domain.index.folder import build_index, build_reader_cache

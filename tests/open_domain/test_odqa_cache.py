@@ -19,6 +19,7 @@ from dil_jax.open_domain.cache.storage import Storage
 from dil_jax.open_domain.cache.store import (
     CacheMismatchError,
     PassageCache,
+    WindowBatch,
 )
 from dil_jax.reading.grid import PairGrid
 
@@ -41,7 +42,12 @@ def reader_parts(hf_folder_factory):
 
 def _encoder(config, params):
     reader = PairGrid(DelayedInteractionModel(config), batch_size=4)
-    return lambda ids, mask: np.asarray(reader.encode_passages(params, ids, mask))
+    return lambda windows: np.asarray(reader.encode_passages(params, windows.ids, windows.mask))
+
+
+def _all(ids, mask, offsets) -> WindowBatch:
+    """Every row as one WindowBatch."""
+    return WindowBatch.of(np.arange(len(ids)), ids, mask, offsets)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -52,7 +58,7 @@ def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
                                 chunk_passages=3)
     subset = [7, 2, 9]
-    expected = encode(ids, mask)[subset]
+    expected = encode(_all(ids, mask, offsets))[subset]
     if dtype == "bfloat16":
         expected = expected.astype(ml_dtypes.bfloat16).astype(np.float32)
     np.testing.assert_array_equal(cache.read_states(subset), expected)
@@ -90,11 +96,11 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
     encode = _encoder(config, params)
     calls = []
 
-    def failing(chunk_ids, chunk_mask):
+    def failing(windows):
         if len(calls) == 2:
             raise KeyboardInterrupt("simulated interruption")
-        calls.append(len(chunk_ids))
-        return encode(chunk_ids, chunk_mask)
+        calls.append(len(windows.ids))
+        return encode(windows)
 
     with pytest.raises(KeyboardInterrupt):
         build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, failing,
@@ -104,14 +110,14 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
 
     resumed = []
 
-    def counting(chunk_ids, chunk_mask):
-        resumed.append(len(chunk_ids))
-        return encode(chunk_ids, chunk_mask)
+    def counting(windows):
+        resumed.append(windows.rows.tolist())  # the index rows it is asked for
+        return encode(windows)
 
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, counting,
                                 chunk_passages=3)
-    assert calls == [3, 3] and resumed == [3, 1]  # 10 passages: chunks 3 3 | 3 1
-    np.testing.assert_array_equal(cache.read_states(range(10)), encode(ids, mask))
+    assert calls == [3, 3] and resumed == [[6, 7, 8], [9]]  # 10 passages: chunks 3 3 | 3 1
+    np.testing.assert_array_equal(cache.read_states(range(10)), encode(_all(ids, mask, offsets)))
     assert not list(tmp_path.glob(".cache.partial"))
 
 
@@ -150,6 +156,24 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
     build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
                         _encoder(config, params))
     assert (tmp_path / "cache" / "manifest.json").exists()
+
+
+def test_a_shard_encodes_its_own_index_rows(reader_parts, tmp_path):
+    """A shard's arrays start at its first row, but its encoder is told the index's rows (a
+    reader of characters finds each window's passage text by them)."""
+    config, params, ids, mask, offsets = reader_parts
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    encode = _encoder(config, params)
+    seen = []
+
+    def recording(windows):
+        seen.append(windows.rows.tolist())
+        np.testing.assert_array_equal(windows.ids, ids[windows.rows])
+        return encode(windows)
+
+    build_passage_cache(tmp_path / "shard", manifest, ids[6:], mask[6:], offsets[6:], recording,
+                        chunk_passages=3, shard=dict(index=1, count=2, start=6, stop=10))
+    assert seen == [[6, 7, 8], [9]]
 
 
 def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 
 from dil_jax.checkpoints import load_reader
 from dil_jax.data.squad import SquadExample
-from dil_jax.open_domain.build import passage_encoder
+from dil_jax.open_domain.cache.encoders import passage_encoder
 from dil_jax.open_domain.index.corpus import Document, split_documents
 from dil_jax.open_domain.index.folder import build_index, build_reader_cache
 from dil_jax.open_domain.reader import OpenDomainReader
@@ -170,8 +170,8 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
 
     loaded = minilm.with_config(num_lower_layers=4)
     grid = PairGrid(loaded.model, batch_size=4)
-    cache = build_reader_cache(index, loaded, encode=lambda ids, mask:
-                               np.asarray(grid.encode_passages(loaded.params, ids, mask)))
+    cache = build_reader_cache(index, loaded, encode=lambda windows: np.asarray(
+        grid.encode_passages(loaded.params, windows.ids, windows.mask)))
     rule = SentenceRule(top_m=1)
     reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages),
                               batch_size=4, chunk_size=8,

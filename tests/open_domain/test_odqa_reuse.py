@@ -19,8 +19,8 @@ import pytest
 from dil_jax.checkpoints import Reader, load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import PADDED_LOGIT
-from dil_jax.open_domain.build import passage_encoder
 from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.encoders import passage_encoder
 from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.storage import Storage
 from dil_jax.open_domain.cache.store import (
@@ -29,6 +29,7 @@ from dil_jax.open_domain.cache.store import (
     CacheBrokenError,
     CacheMismatchError,
     PassageCache,
+    WindowBatch,
     cache_bytes_per_token,
 )
 from dil_jax.open_domain.index.corpus import Document, split_documents
@@ -178,7 +179,8 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     storage, hidden, heads = Storage(dtype), base.config.hidden_size, base.config.num_heads
     # What was stored is the storage's round trip of a fresh computation (writer = reader).
     arrays = window_arrays(index)
-    fresh = passage_encoder(loaded, batch_size=4)(arrays["ids"], arrays["mask"])
+    fresh = passage_encoder(loaded, batch_size=4)(WindowBatch.of(
+        np.arange(len(arrays["ids"])), arrays["ids"], arrays["mask"], arrays["offsets"]))
     np.testing.assert_array_equal(cache.read_states(range(len(cache))),
                                   cache.states.round_trip(fresh))
     upper = reuse_encoder(loaded, batch_size=4)(fresh, arrays["mask"])
@@ -306,11 +308,11 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     whole = build_passage_cache(tmp_path / "whole", *args, encode, **options)
     calls = []
 
-    def failing(ids, mask):
+    def failing(windows):
         if len(calls) == 3:  # the PCA sample, then two chunks
             raise KeyboardInterrupt("simulated interruption")
-        calls.append(len(ids))
-        return encode(ids, mask)
+        calls.append(len(windows.ids))
+        return encode(windows)
 
     with pytest.raises(KeyboardInterrupt):
         build_passage_cache(tmp_path / "resumed", *args, failing, **options)

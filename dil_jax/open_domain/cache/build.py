@@ -44,6 +44,7 @@ from dil_jax.open_domain.cache.store import (
     PassageCache,
     ReuseEncoder,
     StatesEncoder,
+    WindowBatch,
 )
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
       key: what the encoder is (`cache.check.reader_cache_key`): weights, k, hidden size,
         tokenizer, lengths, the storage scheme (`dil_jax.open_domain.cache.storage.Storage`).
       ids, mask: [num_passages, passage_len]; offsets: [num_passages, passage_len, 2].
-      encode: (ids, mask) chunk -> [chunk, passage_len, hidden] lower states, or None for k = 0.
+      encode: a chunk's `WindowBatch` -> [chunk, passage_len, hidden] lower states, or None
+        for k = 0.
       progress: called with the number of passages finished after each chunk.
       reuse: (float32 lower states, mask) chunk -> the first-upper-block arrays to store beside
         them (`cache.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
@@ -102,6 +104,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
     rows encodes for them.
     """
     directory = Path(directory).absolute()
+    # The index row of this cache's row 0 (a shard's start): what encoders are told.
+    first_row = int(shard["start"]) if shard is not None else 0
     if reuse is not None and (encode is None or not num_heads):
         raise CacheMismatchError("the first-upper-block arrays need lower states (k > 0) and "
                                  "the number of heads")
@@ -121,7 +125,7 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
         f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} windows to write)")
     if done is None:
         if encode is not None and storage.pca_dim is not None and pca is None:
-            pca = fit_pca(pca_sample(ids, mask, encode), storage.pca_dim)
+            pca = fit_pca(pca_sample(ids, mask, offsets, encode, first_row), storage.pca_dim)
         _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, pca)
         done = 0
     elif done:
@@ -134,7 +138,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
             writers[REUSE_LSE_ARRAY] = _ArrayWriter(staging, REUSE_LSE_ARRAY, FLOAT32)
         for start in range(done, ids.shape[0], chunk_passages):
             stop = min(start + chunk_passages, ids.shape[0])
-            chunk = np.asarray(encode(ids[start:stop], mask[start:stop]), dtype=np.float32)
+            windows = WindowBatch.of(np.arange(start, stop), ids, mask, offsets, first_row)
+            chunk = np.asarray(encode(windows), dtype=np.float32)
             values = {"states": chunk}
             if reuse is not None:
                 # From the exact float32 states, not their stored round trip: each array then
@@ -275,13 +280,14 @@ def _save(path: Path, array: np.ndarray) -> None:
         np.save(path, array)
 
 
-def pca_sample(ids: np.ndarray, mask: np.ndarray,
-                encode: StatesEncoder) -> np.ndarray:
+def pca_sample(ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray, encode: StatesEncoder,
+               first_row: int = 0) -> np.ndarray:
     """[n, hidden] float32 real-token lower states of up to PCA_FIT_WINDOWS windows spread evenly
     over the corpus (up to PCA_FIT_TOKENS of them, evenly spaced): what a PCA basis is fitted on.
+    first_row: the index row of the arrays' row 0.
     """
     rows = np.unique(np.linspace(0, len(ids) - 1, min(len(ids), PCA_FIT_WINDOWS)).astype(int))
-    states = np.asarray(encode(ids[rows], mask[rows]), np.float32)
+    states = np.asarray(encode(WindowBatch.of(rows, ids, mask, offsets, first_row)), np.float32)
     tokens = states[np.asarray(mask[rows], bool)]
     step = max(1, -(-len(tokens) // PCA_FIT_TOKENS))
     return tokens[::step]

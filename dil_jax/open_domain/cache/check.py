@@ -24,6 +24,7 @@ from dil_jax.open_domain.cache.store import (
     PassageCache,
     ReuseEncoder,
     StatesEncoder,
+    WindowBatch,
 )
 
 # Rows compared by `check_states`: first and last are enough to catch another k or model (every
@@ -73,14 +74,17 @@ def check_states(cache: PassageCache,
     states and compared too; a mismatch names the file. A k = 0 cache holds no states: nothing
     to compare.
 
-    encode: (ids, mask) [rows, passage_len] -> [rows, passage_len, hidden] lower states.
+    encode: a `WindowBatch` of the sampled rows -> [rows, passage_len, hidden] lower states.
     reuse: (states, mask) -> the first-upper-block arrays (`dil_jax.open_domain.cache.reuse`).
     """
     if cache.states is None or not len(cache):
         return
     rows = sorted({0, len(cache) - 1})[:CHECKED_ROWS]
     mask = np.asarray(cache.mask[rows])
-    fresh = np.asarray(encode(np.asarray(cache.ids[rows]), mask), dtype=np.float32)
+    # A shard's own folder numbers its rows from its start in the index.
+    first_row = int((cache.manifest.shard or {}).get("start", 0))
+    windows = WindowBatch.of(np.asarray(rows), cache.ids, cache.mask, cache.offsets, first_row)
+    fresh = np.asarray(encode(windows), dtype=np.float32)
     difference = _mean_relative_difference(cache.read_states(rows),
                                            cache.states.round_trip(fresh), mask)
     if not difference <= _tolerance(cache.storage):

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dil_jax.model.attention import QKV, PassageAttentionStats
+from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.open_domain.cache.store import REUSE_LSE_ARRAY as LSE_ARRAY
 from dil_jax.open_domain.cache.store import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
 from dil_jax.open_domain.cache.store import ReuseEncoder
+from dil_jax.reading.char_grid import CharPairGrid
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.plan import ReusePlan
 
@@ -88,8 +90,10 @@ def pair_inputs(arrays: dict[str, np.ndarray], num_heads: int, compute_dtype
     return qkv, stats
 
 
-def local_grid(model: DelayedInteractionModel, batch_size: int) -> PairGrid:
-    """A PairGrid over this process's devices only, `batch_size` rows per device per step.
+def local_grid(model: DelayedInteractionModel | CharReaderModel, batch_size: int
+               ) -> PairGrid | CharPairGrid:
+    """A PairGrid (a CharPairGrid for QANet / BiDAF) over this process's devices only,
+    `batch_size` rows per device per step.
 
     What cache builds encode with: each process of a sharded build encodes its own rows with no
     collective, and every device runs the same [batch_size, ...] program whatever the number of
@@ -98,8 +102,9 @@ def local_grid(model: DelayedInteractionModel, batch_size: int) -> PairGrid:
 
     from dil_jax.mesh import data_mesh
 
-    return PairGrid(model, mesh=data_mesh(jax.local_devices()),
-                    batch_size=batch_size * jax.local_device_count())
+    grid_type = CharPairGrid if isinstance(model, CharReaderModel) else PairGrid
+    return grid_type(model, mesh=data_mesh(jax.local_devices()),
+                     batch_size=batch_size * jax.local_device_count())
 
 
 def reuse_encoder(reader: Reader, batch_size: int = 32) -> ReuseEncoder | None:
@@ -107,8 +112,9 @@ def reuse_encoder(reader: Reader, batch_size: int = 32) -> ReuseEncoder | None:
     program's own jitted steps (`PairGrid.project_segments`, `passage_attention_stats`) on this
     process's devices (`local_grid`: batch_size rows per device); None where there is nothing
     to store
-    (k = 0: no question-independent passage state; k = l: no upper block)."""
-    if not ReusePlan.of(reader.config).hoists_projections:
+    (k = 0: no question-independent passage state; k = l: no upper block; QANet / BiDAF:
+    no such block)."""
+    if reader.is_char_reader or not ReusePlan.of(reader.config).hoists_projections:
         return None
     grid = local_grid(reader.model, batch_size)
 

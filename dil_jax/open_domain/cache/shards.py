@@ -142,7 +142,7 @@ def _plan_note(staging: Path, top: CacheManifest) -> str:
 
 
 def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: np.ndarray,
-                     encode: StatesEncoder | None
+                     offsets: np.ndarray, encode: StatesEncoder | None
                      ) -> PcaBasis | None:
     """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
     and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
@@ -157,7 +157,7 @@ def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: n
     (staging / SHARDS_DIR).mkdir(parents=True)
     pca = None
     if has_basis:
-        pca = fit_pca(pca_sample(ids, mask, encode), pca_dim)
+        pca = fit_pca(pca_sample(ids, mask, offsets, encode), pca_dim)
         np.save(pca_files[0], pca.mean)
         np.save(pca_files[1], pca.basis)
     write_json_atomic(staging / PLAN_FILE, top.to_json())
@@ -228,7 +228,7 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
             return cache
         _check_whole_build_fits(staging, top, ids.shape, has_states=encode is not None,
                                 name=directory.name)
-        pca = _prepare_staging(staging, top, ids, mask, encode)
+        pca = _prepare_staging(staging, top, ids, mask, offsets, encode)
     else:
         ready = wait_for(lambda: _finished(directory, top) or (
                              True if _is_planned(staging, top) else None),

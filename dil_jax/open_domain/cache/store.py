@@ -52,6 +52,7 @@ another model, is refused, naming the file. A cache that fails these is `CacheBr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -105,9 +106,33 @@ REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
 # ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
 REUSE_LSE_ARRAY = "upper_logsumexp"
 
+
+@dataclasses.dataclass(frozen=True)
+class WindowBatch:
+    """Some windows of an index, as a cache encodes them.
+
+    rows: [n] the windows' rows in the index (global rows, whatever shard encodes them: a
+    reader that reads characters finds each window's passage text by them); ids, mask:
+    [n, p_len] int32; offsets: [n, p_len, 2] int32 character offsets into the passage text.
+    """
+
+    rows: np.ndarray
+    ids: np.ndarray
+    mask: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def of(cls, rows: np.ndarray, ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
+           first_row: int = 0) -> WindowBatch:
+        """The windows `rows` of arrays that start at index row `first_row` (a shard's)."""
+        rows = np.asarray(rows, np.int64)
+        return cls(rows + first_row, np.asarray(ids[rows]), np.asarray(mask[rows]),
+                   np.asarray(offsets[rows]))
+
+
 # What a cache's arrays are computed with, by its builder and again by the check on open:
-# (ids, mask) [rows, p_len] -> lower states [rows, p_len, hidden] ...
-StatesEncoder = Callable[[np.ndarray, np.ndarray], np.ndarray]
+# WindowBatch -> lower states [rows, p_len, hidden] ...
+StatesEncoder = Callable[[WindowBatch], np.ndarray]
 # ... and (float32 lower states, mask) -> the first-upper-block arrays by name
 # (`dil_jax.open_domain.cache.reuse.reuse_encoder`).
 ReuseEncoder = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]

@@ -135,26 +135,26 @@ class OpenDomainIndex:
         another k than its states hold, or whose arrays belong to another model, is refused
         instead of giving wrong answers.
         """
-        import jax
-
-        from dil_jax.model.span_reader import PASSAGE_SEGMENT
+        from dil_jax.open_domain.cache.encoders import passage_encoder
         from dil_jax.open_domain.cache.reuse import reuse_encoder
 
         if storage is None or reader.config.num_lower_layers == 0:
             storage = self.built_storage(reader)
         key = self.cache_key(reader, storage)
         cache = PassageCache.open(self.cache_dir(key), key, verify)
-        model = reader.model
-        # Jitted (params as an argument, not baked-in constants): op-by-op dispatch of the k
-        # blocks is slower than compiling them once.
-        encode = jax.jit(lambda weights, ids, mask: model.encode_lower(weights, ids, mask,
-                                                                       PASSAGE_SEGMENT))
+        # The cache builder's own encoder, at a batch of the rows it checks.
+        encode = passage_encoder(reader, CHECKED_ROWS, self.window_texts)
         reuse = reuse_encoder(reader, batch_size=CHECKED_ROWS) if cache.has_reuse else None
-        check_states(cache, lambda ids, mask: np.asarray(encode(reader.params, ids, mask)),
-                     reuse)
+        if encode is not None:
+            check_states(cache, encode, reuse)
         for warning in cache.digest_warnings():  # never silently unchecked
             log.warning("%s", warning)
         return cache
+
+    def window_texts(self, rows: np.ndarray) -> list[str]:
+        """The text of each window's passage (rows: [n] window rows), in order."""
+        passage_of_row = self.windows.passage_of_row
+        return [self.passages[int(passage_of_row[row])].text for row in np.asarray(rows)]
 
     def cache_key(self, reader: Reader, storage: Storage = FLOAT32) -> CacheKey:
         """What a cache of this index must have been built with to serve `reader`."""
