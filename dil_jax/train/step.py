@@ -121,6 +121,14 @@ def accumulate_gradients(student: DelayedInteractionModel,
     grad_fn = jax.value_and_grad(
         functools.partial(compute_losses, student, teacher, weights), has_aux=True)
     accum_steps = batch["start"].shape[0]
+    if accum_steps == 1:
+        # One micro-batch (the default): no loop. XLA:CPU runs a model's forward and backward
+        # inside a while loop (lax.scan) far slower than the same ops outside one (QANet's
+        # step: 8x; benchmarks/train_step_scan.py), and a loop of one iteration buys nothing.
+        micro = jax.tree.map(lambda values: values[0], batch)
+        (_, metrics), grads = grad_fn(params, teacher_params, micro,
+                                      jax.random.fold_in(step_rng, 0))
+        return grads, metrics
 
     def micro_step(carry, xs):
         grad_sum, metric_sum = carry
