@@ -215,6 +215,15 @@ def char_suite_lines(suite: dict[str, Any]) -> list[str]:
             + char_flop_table(suite) + [""])
 
 
+def _allowed(machine: dict[str, Any]) -> str:
+    """"; this process pinned to core(s) 0" where it ran on fewer cores than the machine has
+    (`taskset`); "" otherwise and for records written before `cpus_allowed`."""
+    allowed = machine.get("cpus_allowed")
+    if allowed is None or len(allowed) >= machine["cpu_count"]:
+        return ""
+    return f"; this process pinned to core(s) {', '.join(map(str, allowed))}"
+
+
 def compile_note(record: dict[str, Any]) -> str:
     """What the "compile s" column measured: XLA compiling, or (with JAX's persistent
     compilation cache on) possibly reading back a program an earlier run compiled."""
@@ -233,8 +242,8 @@ def render_markdown(record: dict[str, Any]) -> str:
         "",
         f"- command: `{record['command']}`",
         f"- when: {record['started']}; wall time {record['wall_s']:.0f} s",
-        (f"- machine: {m['cpu']} ({m['cpu_count']} cores), JAX platform {m['platform']} "
-        f"({m['device_kind']}, {m['num_devices']} device(s))"),
+        (f"- machine: {m['cpu']} ({m['cpu_count']} cores{_allowed(m)}), JAX platform "
+         f"{m['platform']} ({m['device_kind']}, {m['num_devices']} device(s))"),
         f"- load average (1, 5, 15 min) before {record['load_before']}, after "
         f"{record['load_after']}; other processes kept {record.get('others_cpu_cores')} "
         "cores busy on average during the run"
