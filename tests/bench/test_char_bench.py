@@ -192,3 +192,14 @@ def test_random_characters_are_shaped_as_the_readers_read_them():
     assert (words[..., 0] >= 4).all()
     real = words > 0
     assert (np.diff(real.astype(int), axis=-1) <= 0).all()  # real characters first
+
+
+def test_the_record_names_the_cores_it_ran_on(run_dir):
+    """A run pinned with `taskset -c 0` on a 2-core machine says so in its Markdown."""
+    machine = json.loads((run_dir / "qanet.json").read_text())["machine"]
+    assert machine["cpus_allowed"] and set(machine["cpus_allowed"]) <= set(
+        range(machine["cpu_count"]))
+    assert bench_report._allowed({"cpu_count": 2, "cpus_allowed": [0]}) == (
+        "; this process pinned to core(s) 0")
+    assert bench_report._allowed({"cpu_count": 2, "cpus_allowed": [0, 1]}) == ""
+    assert bench_report._allowed({"cpu_count": 2}) == ""  # records from before the field
