@@ -81,12 +81,23 @@ def default_pair_chunk_size(platform: str) -> int:
 # `dil-jax bench --suite` (dil_jax.bench.suites): here rather than in dil_jax.bench, which imports
 # jax, so that `dil-jax bench --help` can list them and their grids without it.
 BENCH_SUITES = ("minilm", "bert-base", "roberta-base", "electra-small", "electra-base",
-                "xlnet-base", "tiny")
+                "xlnet-base", "tiny", "qanet", "bidaf", "qanet-tiny", "bidaf-tiny")
+# The suites of QANet / BiDAF (dil_jax.bench.char_suites) and the reader kind of each: one fixed
+# split, variants "whole" and "delayed" instead of the BERT family's k.
+BENCH_CHAR_SUITES = {"qanet": "qanet", "bidaf": "bidaf", "qanet-tiny": "qanet",
+                     "bidaf-tiny": "bidaf"}
 # (questions, passages, chunk size, lower batch) that finish in a few minutes on 2 cores.
 BENCH_SUITE_GRIDS = {
     "minilm": (16, 8, 8, 8), "bert-base": (8, 4, 8, 4), "roberta-base": (8, 4, 8, 4),
     "electra-small": (16, 8, 8, 8), "electra-base": (8, 4, 8, 4), "xlnet-base": (8, 4, 8, 4),
-    "tiny": (4, 3, 4, 4)}
+    "tiny": (4, 3, 4, 4), "qanet": (16, 8, 8, 8), "bidaf": (16, 8, 8, 8),
+    "qanet-tiny": (4, 3, 4, 4), "bidaf-tiny": (4, 3, 4, 4)}
+# Padded (question, passage) lengths, `[CLS] q [SEP]` and `p [SEP]` tokens; suites not named
+# here read (64, 256). QANet and BiDAF: the trainer's windows (question 32, passage 160).
+_CHAR_LENGTHS = (CPU_MAX_QUESTION_LEN, CPU_MAX_PASSAGE_LEN)
+BENCH_SUITE_LENGTHS = {"tiny": (16, 48), "qanet": _CHAR_LENGTHS, "bidaf": _CHAR_LENGTHS,
+                       "qanet-tiny": (16, 48), "bidaf-tiny": (16, 48)}
+BENCH_DEFAULT_LENGTHS = (64, 256)
 
 # ----------------------------------------------------------------------------- data
 

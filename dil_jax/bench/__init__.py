@@ -10,12 +10,23 @@ each split k and by the Hugging Face PyTorch peer. Where each piece lives:
   peer.py      the PyTorch peer: its config, its model from our params, its device, its pass
   machine.py   versions, CPU, threads, load and the allocator setting of the machine
   suites.py    a suite (one model, one grid): run_suite, summarize, ratio_checks, the record
+  char_suites.py  QANet / BiDAF: the whole reader on every pair vs CharPairGrid (passages once,
+               cacheable), per phase, NI P's share, the online speedup, XLA's FLOPs
   report.py    Markdown tables and the PNG plot of a record
 
 `dil-jax bench` (dil_jax/commands/bench.py) and benchmarks/speed_grid.py run it; the names below
 are re-exported so that `from dil_jax import bench; bench.run_suite(...)` keeps working.
 """
 
+from dil_jax.bench.char_suites import (
+    CHAR_SUITES,
+    CharSuiteSpec,
+    WholeReaderGrid,
+    char_program_profile,
+    char_suite_model,
+    run_char_suite,
+    summarize_char,
+)
 from dil_jax.bench.flops import (
     block_flops,
     embedding_flops,
@@ -28,12 +39,16 @@ from dil_jax.bench.flops import (
     qa_head_flops,
 )
 from dil_jax.bench.grids import (
+    DELAYED,
     FULL,
     HF_PEER,
     PHASE_TITLES,
     PHASES,
+    WHOLE,
+    CharGridInputs,
     GridInputs,
     GridSpec,
+    random_char_grid,
     random_grid,
     variant_name,
 )
@@ -76,6 +91,8 @@ from dil_jax.bench.timing import normalized_times, projected_total, run_delayed_
 from dil_jax.config import EncoderConfig  # the type of every suite's config (tests build some)
 
 __all__ = [
+    "CHAR_SUITES",
+    "DELAYED",
     "FULL",
     "HF_PEER",
     "PHASES",
@@ -83,12 +100,18 @@ __all__ = [
     "SUITES",
     "SUITE_GRIDS",
     "TINY_LENGTHS",
+    "WHOLE",
+    "CharGridInputs",
+    "CharSuiteSpec",
     "EncoderConfig",
     "GridInputs",
     "GridSpec",
     "ProgramStats",
     "SuiteSpec",
+    "WholeReaderGrid",
     "block_flops",
+    "char_program_profile",
+    "char_suite_model",
     "cpu_snapshot",
     "default_ks",
     "embedding_flops",
@@ -113,14 +136,17 @@ __all__ = [
     "projected_total",
     "projection_flops",
     "qa_head_flops",
+    "random_char_grid",
     "random_grid",
     "ratio_checks",
     "retain_freed_memory",
+    "run_char_suite",
     "run_delayed_grid",
     "run_hf_grid",
     "run_suite",
     "suite_model",
     "summarize",
+    "summarize_char",
     "thread_counts",
     "variant_name",
     "write_json",

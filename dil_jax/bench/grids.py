@@ -17,6 +17,12 @@ embeddings only, it has no NI P: a passage's positions follow the question, so n
 question-independent, and I Q-P runs all l blocks on every pair), each split k, and the Hugging
 Face PyTorch peer (`HF_PEER`, every pair as `[CLS] q [SEP] p [SEP]`). Token ids are random: the
 cost of a dense transformer does not depend on which tokens it reads.
+
+QANet and BiDAF (`char_suites`) have one fixed split and two variants: `WHOLE`, every pair
+through the whole reader (both segments encoded per pair, as QANet normally runs: all its time is
+I Q-P), and `DELAYED`, `CharPairGrid` (NI Q: the questions' `encode_lower`; NI P: the passages',
+what a cache holds; I Q-P: `encode_upper` per pair). Their grids carry each token's characters
+too (`random_char_grid`), random as the ids: the character CNN reads a fixed number of slots.
 """
 
 from __future__ import annotations
@@ -30,8 +36,13 @@ PHASE_TITLES = {"ni_q": "NI Q", "ni_p": "NI P", "pairs": "I Q-P"}  # the paper's
 # Names of the variants, the keys of a suite's runs and results.
 FULL = "full (k=0)"
 HF_PEER = "HF PyTorch"
+WHOLE = "whole"  # QANet / BiDAF: every pair through the whole reader
+DELAYED = "delayed"  # QANet / BiDAF: CharPairGrid, segments encoded once
 CLS_ID, SEP_ID = 101, 102  # BERT uncased vocabulary; any ids < vocab_size would time the same
 FIRST_WORD_ID = 1000  # random "words" are drawn from [FIRST_WORD_ID, vocab_size)
+# Random characters are drawn from [FIRST_CHAR_ID, CHAR_VOCAB_SIZE): `qanet_inputs.char_id`'s
+# ids of real characters (0..3 pad a token, mark a special token or an empty span).
+FIRST_CHAR_ID = 4
 
 
 def variant_name(k: int) -> str:
@@ -91,3 +102,40 @@ def random_grid(spec: GridSpec, vocab_size: int, seed: int = 0) -> GridInputs:
     p_ids = words(spec.num_passages, spec.passage_len)
     p_ids[:, -1] = SEP_ID
     return GridInputs(q_ids, np.ones_like(q_ids), p_ids, np.ones_like(p_ids))
+
+
+@dataclasses.dataclass
+class CharGridInputs(GridInputs):
+    """A grid as QANet / BiDAF read it: `GridInputs` plus each token's characters.
+
+    q_chars: [num_questions, question_len, max_chars], p_chars: [num_passages, passage_len,
+    max_chars], uint16 (`data.characters.CHAR_DTYPE`, as the trainer and predict keep them).
+    """
+
+    q_chars: np.ndarray
+    p_chars: np.ndarray
+
+
+def random_char_grid(spec: GridSpec, vocab_size: int, max_chars: int, seed: int = 0
+                     ) -> CharGridInputs:
+    """`random_grid`'s ids and masks, and random characters: each word 1 to `max_chars` real
+    characters (ids of `qanet_inputs.char_id`'s range), `[CLS]` and `[SEP]` one CHAR_SPECIAL
+    each, as `token_characters` gives special tokens. The character CNN reads all `max_chars`
+    slots of every token whatever they hold, so the cost does not depend on them either."""
+    from dil_jax.data.characters import CHAR_DTYPE
+    from dil_jax.model.qanet_inputs import CHAR_PAD, CHAR_SPECIAL, CHAR_VOCAB_SIZE
+
+    grid = random_grid(spec, vocab_size, seed)
+    rng = np.random.default_rng([seed, 1])
+
+    def characters(ids: np.ndarray) -> np.ndarray:
+        chars = rng.integers(FIRST_CHAR_ID, CHAR_VOCAB_SIZE, size=(*ids.shape, max_chars))
+        counts = rng.integers(1, max_chars + 1, size=(*ids.shape, 1))
+        chars = np.where(np.arange(max_chars) < counts, chars, CHAR_PAD)
+        special = (ids == CLS_ID) | (ids == SEP_ID)
+        chars[special] = CHAR_PAD
+        chars[special, 0] = CHAR_SPECIAL
+        return chars.astype(CHAR_DTYPE)
+
+    return CharGridInputs(grid.q_ids, grid.q_mask, grid.p_ids, grid.p_mask,
+                          characters(grid.q_ids), characters(grid.p_ids))

@@ -18,7 +18,9 @@ def machine_record() -> dict[str, Any]:
               "torch": _dist_version("torch"), "transformers": _dist_version("transformers"),
               "platform": device.platform, "device_kind": device.device_kind,
               "num_devices": jax.device_count(), "cpu": _cpu_model(),
-              "cpu_count": os.cpu_count(), "python": platform.python_version()}
+              "cpu_count": os.cpu_count(), "python": platform.python_version(),
+              # The cores this process may run on (`taskset -c 0` gives [0]).
+              "cpus_allowed": sorted(os.sched_getaffinity(0))}
     return record
 
 

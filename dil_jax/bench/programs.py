@@ -8,6 +8,7 @@ The programs are lowered from shapes (`PairGrid.lowered`) and compiled, never ru
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +31,8 @@ class ProgramStats:
     """What XLA says of one compiled program (one call; bytes per device).
 
     flops: XLA's count, all ops (matmuls and elementwise), summed over the mesh's devices.
+    has_loop: the compiled program holds a while loop (`lax.map`, `lax.scan`), whose body
+      XLA's cost analysis counts once, not once per trip: `flops` is then a lower bound.
     peak_bytes: `peak_memory_in_bytes` as the backend reports it (0 where it reports none);
       argument + output + temp bytes is the footprint the buffer assignment allocates.
     """
@@ -41,6 +44,7 @@ class ProgramStats:
     temp_bytes: int
     peak_bytes: int
     compile_s: float
+    has_loop: bool = False
 
 
 def _cost_dict(compiled: Any) -> dict[str, float]:
@@ -64,7 +68,20 @@ def _one_program_stats(lowered: Any, num_devices: int) -> ProgramStats:
         argument_bytes=int(getattr(memory, "argument_size_in_bytes", 0)),
         output_bytes=int(getattr(memory, "output_size_in_bytes", 0)),
         temp_bytes=int(getattr(memory, "temp_size_in_bytes", 0)),
-        peak_bytes=int(peak or 0), compile_s=compile_s)
+        peak_bytes=int(peak or 0), compile_s=compile_s, has_loop=_has_loop(compiled))
+
+
+# A while instruction in HLO text: `%while.3 = (...) while(...)`.
+_WHILE = re.compile(r"\bwhile\(")
+
+
+def _has_loop(compiled: Any) -> bool:
+    """Whether the compiled program's HLO holds a while loop (False where no text is given)."""
+    try:
+        text = compiled.as_text()
+    except Exception:  # backends without HLO text: nothing to say
+        return False
+    return bool(text and _WHILE.search(text))
 
 
 def program_stats(lowered: Sequence[Any], num_devices: int = 1) -> ProgramStats:
@@ -78,7 +95,7 @@ def program_stats(lowered: Sequence[Any], num_devices: int = 1) -> ProgramStats:
         argument_bytes=max(s.argument_bytes for s in stats),
         output_bytes=max(s.output_bytes for s in stats),
         temp_bytes=max(s.temp_bytes for s in stats), peak_bytes=max(s.peak_bytes for s in stats),
-        compile_s=sum(s.compile_s for s in stats))
+        compile_s=sum(s.compile_s for s in stats), has_loop=any(s.has_loop for s in stats))
 
 
 def _spec(shape: Sequence[int], dtype: Any) -> jax.ShapeDtypeStruct:

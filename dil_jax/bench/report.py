@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.atomic import write_atomic
-from dil_jax.bench.grids import FULL, HF_PEER, PHASE_TITLES, PHASES
+from dil_jax.bench.grids import DELAYED, FULL, HF_PEER, PHASE_TITLES, PHASES, WHOLE
 from dil_jax.bench.suites import ratio_checks
 
 MIB = 2 ** 20
@@ -113,6 +113,117 @@ def checks_table(suite: dict[str, Any]) -> list[str]:
                    for name, check in ratio_checks(suite).items()])
 
 
+def is_char_suite(suite: dict[str, Any]) -> bool:
+    """A QANet / BiDAF suite's record (variants whole and delayed, no k)."""
+    return suite.get("kind") in ("qanet", "bidaf")
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+def char_heading(suite: dict[str, Any]) -> str:
+    cfg = suite["config"]
+    if suite["kind"] == "qanet":
+        shape = (f"QANet, d_model {cfg['d_model']}, {cfg['num_heads']} heads, embedding encoder "
+                 f"{cfg['embedding_blocks']} block(s), model encoder {cfg['model_blocks']} "
+                 "blocks x 3 passes")
+    else:
+        shape = f"BiDAF, hidden {cfg['hidden']}"
+    return (f"## {suite['name']}: {shape}, word table {cfg['vocab_size']} x {cfg['word_dim']}, "
+            f"{cfg['max_chars']} characters a token ({suite['weights']})")
+
+
+def char_timing_table(suite: dict[str, Any]) -> list[str]:
+    """Per variant: NI Q, NI P, I Q-P (ms per input), total, the online part (NI Q + I Q-P),
+    NI P's share, and the speedups over whole."""
+    grid, results = suite["grid"], suite["results"]
+    rows = []
+    for name in (WHOLE, DELAYED):
+        row = results[name]
+        sec, per = row["seconds"], row["per_input_ms"]
+        cells = ["—" if name == WHOLE and p != "pairs" else f"{sec[p]:.3f} ({per[p]:.2f})"
+                 for p in PHASES]
+        online = row.get("online_s", sec["total"])
+        rows.append([name, *cells, f"{sec['total']:.3f}", f"{online:.3f}",
+                     _pct(row["ni_p_share"]) if "ni_p_share" in row else "—",
+                     _times(row.get("speedup", 1.0)), _times(row.get("online_speedup", 1.0)),
+                     _times(row.get("pair_speedup", 1.0))])
+    lines = _table(["variant", "NI Q s (ms/question)", "NI P s (ms/passage)",
+                    "I Q-P s (ms/pair)", "total s", "online s (NI Q + I Q-P)",
+                    "NI P share of total", "speedup (total)", "online speedup",
+                    "I Q-P speedup"], rows)
+    one = results[DELAYED]["one_question"]
+    lines += ["", (f"Grid: q = {grid['num_questions']} questions × p = {grid['num_passages']} "
+              f"passages = {grid['num_questions'] * grid['num_passages']} pairs; question "
+              f"{grid['question_len']} + passage {grid['passage_len']} tokens; chunk "
+              f"{suite['chunk_size']} pairs, segment batch {suite['batch_size']}; median of "
+              f"{suite['repeats']} repeats, interleaved, warm-up excluded. whole: every pair "
+              "through the whole reader (both segments encoded in the pair), all its time is "
+              "I Q-P; delayed: questions and passages through `encode_lower` once each (NI Q, "
+              "NI P), pairs through `encode_upper` (I Q-P). Online = NI Q + I Q-P, the "
+              "passages' states read from a cache; speedups are whole's total over the "
+              "delayed figure (I Q-P speedup: whole's per-pair cost over `encode_upper`'s, "
+              "the many-questions-per-passage limit)."),
+              "", (f"One question per passage (projected from the per-input costs above, "
+                   f"SQuAD-style reading): NI P is {_pct(one['ni_p_share'])} of a pair's "
+                   f"delayed cost; delayed ×{one['speedup']:.2f}, online (passage cached) "
+                   f"×{one['online_speedup']:.2f} over whole."),
+              "", (f"Span scores: delayed vs whole, largest difference "
+                   f"{suite['max_logit_difference']:.2e} over the grid (largest real logit "
+                   f"{suite['largest_real_logit']:.3g})."),
+              f"Other processes kept {suite.get('others_cpu_cores')} cores busy on average "
+              "during this suite's timed passes."]
+    return lines
+
+
+def char_flop_table(suite: dict[str, Any]) -> list[str]:
+    """Per variant and phase: XLA's FLOPs of the compiled program (one call, per input, the
+    grid), memory and compile time; then the shares they give."""
+    rows = []
+    for name, phases in suite["programs"].items():
+        for phase, p in phases.items():
+            footprint = (p["argument_bytes"] + p["output_bytes"] + p["temp_bytes"]) / MIB
+            rows.append([name, PHASE_TITLES[phase], p["calls"], p["inputs_per_call"],
+                         f"{p['xla_flops_per_call'] / 1e9:.3f}",
+                         f"{p['xla_flops_per_input'] / 1e6:.1f}",
+                         f"{p['xla_flops'] / 1e9:.3f}",
+                         "yes" if p["counts_loop_body_once"] else "no",
+                         f"{p['temp_bytes'] / MIB:.1f}", f"{footprint:.1f}",
+                         f"{p['compile_s']:.2f}"])
+    lines = _table(["variant", "phase", "calls", "inputs/call", "XLA GFLOP/call",
+                    "XLA MFLOP/input", "XLA GFLOP (grid)", "loop body counted once",
+                    "temp MiB", "args+out+temp MiB", "compile s"], rows)
+    flops = suite["results"][DELAYED].get("flops")
+    if flops:
+        bound = (" **Lower bounds**: a program holds a while loop (BiDAF's LSTMs), whose body "
+                 "XLA counts once, not once per step." if flops["counts_loop_body_once"] else "")
+        lines += ["", (f"In XLA FLOPs: NI P is {_pct(flops['ni_p_share'])} of the delayed "
+                  f"grid; whole / delayed ×{flops['ratio']:.2f}, whole / online "
+                  f"×{flops['online_ratio']:.2f}. One question per passage: NI P "
+                  f"{_pct(flops['one_question_ni_p_share'])} of a pair, whole / online "
+                  f"×{flops['one_question_online_ratio']:.2f}. Whole's FLOPs per pair / "
+                  f"(NI Q + NI P + I Q-P per input): {flops['whole_per_pair_over_phases']:.4f} "
+                  "(the same work split in two)." + bound)]
+    return lines
+
+
+def char_suite_lines(suite: dict[str, Any]) -> list[str]:
+    """A QANet / BiDAF suite as Markdown: timing, then the compiled programs."""
+    return ([char_heading(suite), ""] + char_timing_table(suite)
+            + ["", "### XLA's cost analysis of the compiled phase programs", ""]
+            + char_flop_table(suite) + [""])
+
+
+def _allowed(machine: dict[str, Any]) -> str:
+    """"; this process pinned to core(s) 0" where it ran on fewer cores than the machine has
+    (`taskset`); "" otherwise and for records written before `cpus_allowed`."""
+    allowed = machine.get("cpus_allowed")
+    if allowed is None or len(allowed) >= machine["cpu_count"]:
+        return ""
+    return f"; this process pinned to core(s) {', '.join(map(str, allowed))}"
+
+
 def compile_note(record: dict[str, Any]) -> str:
     """What the "compile s" column measured: XLA compiling, or (with JAX's persistent
     compilation cache on) possibly reading back a program an earlier run compiled."""
@@ -131,8 +242,8 @@ def render_markdown(record: dict[str, Any]) -> str:
         "",
         f"- command: `{record['command']}`",
         f"- when: {record['started']}; wall time {record['wall_s']:.0f} s",
-        (f"- machine: {m['cpu']} ({m['cpu_count']} cores), JAX platform {m['platform']} "
-        f"({m['device_kind']}, {m['num_devices']} device(s))"),
+        (f"- machine: {m['cpu']} ({m['cpu_count']} cores{_allowed(m)}), JAX platform "
+         f"{m['platform']} ({m['device_kind']}, {m['num_devices']} device(s))"),
         f"- load average (1, 5, 15 min) before {record['load_before']}, after "
         f"{record['load_after']}; other processes kept {record.get('others_cpu_cores')} "
         "cores busy on average during the run"
@@ -145,10 +256,15 @@ def render_markdown(record: dict[str, Any]) -> str:
         f"{threads.get('torch_inter_op_threads')}); XLA_FLAGS=`{threads.get('xla_flags', '')}`"),
         f"- malloc: {record.get('malloc', 'as the process found it')}",
         f"- compile times: {compile_note(record)}",
-        "- token ids are random (a dense transformer's cost does not depend on them); float32",
+        "- token ids are random (a dense transformer's cost does not depend on them); float32"
+        + ("; QANet / BiDAF read random characters too (their character CNN reads every "
+           "slot whatever it holds)" if any(map(is_char_suite, record["suites"])) else ""),
         "",
     ]
     for suite in record["suites"]:
+        if is_char_suite(suite):
+            lines += char_suite_lines(suite)
+            continue
         cfg = suite["config"]
         lines += [(f"## {suite['name']}: l = {cfg['num_layers']} blocks, hidden "
                   f"{cfg['hidden_size']}, {cfg['num_heads']} heads, FFN "
@@ -175,8 +291,30 @@ def render_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_char_phases(ax: Any, suite: dict[str, Any]) -> None:
+    """A QANet / BiDAF panel: seconds per phase (medians) as stacked bars, whole, delayed, and
+    delayed online (NI P left out: the passages cached)."""
+    results = suite["results"]
+    bars = [(WHOLE, results[WHOLE]["seconds"], PHASES),
+            (DELAYED, results[DELAYED]["seconds"], PHASES),
+            ("online", results[DELAYED]["seconds"], ("ni_q", "pairs"))]
+    colors = {"ni_q": "tab:blue", "ni_p": "tab:orange", "pairs": "tab:green"}
+    for x, (_, seconds, phases) in enumerate(bars):
+        bottom = 0.0
+        for phase in phases:
+            ax.bar(x, seconds[phase], bottom=bottom, color=colors[phase],
+                   label=PHASE_TITLES[phase] if x == 1 else None)
+            bottom += seconds[phase]
+    ax.set_xticks(range(len(bars)), [name for name, _, _ in bars])
+    grid = suite["grid"]
+    ax.set_title(f"{suite['name']}, q={grid['num_questions']}, p={grid['num_passages']}")
+    ax.set_ylabel("seconds (median)")
+    ax.legend(fontsize=8)
+
+
 def plot_speedups(record: dict[str, Any], path: Path) -> Path:
-    """Speedup over the full model vs k, one panel per suite, with the l/(l−k) line."""
+    """Speedup over the full model vs k, one panel per suite, with the l/(l−k) line (a QANet /
+    BiDAF suite: its phases as stacked bars, `plot_char_phases`)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -186,6 +324,9 @@ def plot_speedups(record: dict[str, Any], path: Path) -> Path:
     suites = record["suites"]
     fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4.2), squeeze=False)
     for ax, suite in zip(axes[0], suites):
+        if is_char_suite(suite):
+            plot_char_phases(ax, suite)
+            continue
         l_ = suite["config"]["num_layers"]
         rows = [(r["k"], r) for n, r in suite["results"].items() if n != HF_PEER]
         rows.sort(key=lambda kr: kr[0])

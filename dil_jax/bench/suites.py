@@ -35,7 +35,7 @@ from dil_jax.bench.timing import (
 )
 from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
 from dil_jax.config import EncoderConfig
-from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
+from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITE_LENGTHS, BENCH_SUITES
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.reading.grid import PairGrid
@@ -82,7 +82,7 @@ _BASE_SHAPES = {
     "xlnet-base": dict(  # xlnet-base-cased: SentencePiece vocabulary, no token-type table
         architecture="xlnet", vocab_size=32000, type_vocab_size=0, pad_token_id=5),
 }
-TINY_LENGTHS = (16, 48)
+TINY_LENGTHS = BENCH_SUITE_LENGTHS["tiny"]
 
 
 def suite_model(name: str, question_len: int, seed: int = 0) -> tuple[Reader, str]:

@@ -1,5 +1,9 @@
 """`dil-jax bench`: time a question x passage grid (full model, delayed interaction, HF peer).
 
+QANet and BiDAF (`--suite qanet`, `bidaf`): the whole reader on every pair against the delayed
+one (questions and passages encoded once, passages cacheable), side by side; they have one
+fixed split, so --ks and --no-reuse do not apply to them.
+
 Writes `<name>.json` (the record), `<name>.md` (tables) and `<name>.png` (speedup vs k) to
 `--out`. `benchmarks/speed_grid.py` is the same command as a script.
 """
@@ -20,7 +24,13 @@ from dil_jax.commands.arguments import (
     non_negative_int,
     positive_int,
 )
-from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITES
+from dil_jax.defaults import (
+    BENCH_CHAR_SUITES,
+    BENCH_DEFAULT_LENGTHS,
+    BENCH_SUITE_GRIDS,
+    BENCH_SUITE_LENGTHS,
+    BENCH_SUITES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +59,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"p, passages in the grid (default per suite: {per_suite(1)})")
     parser.add_argument("--paper", action="store_true",
                         help="the paper's grid, q = p = 100 (hours on 2 CPU cores)")
+    def per_suite_len(index: int) -> str:
+        return ", ".join(f"{name} {lengths[index]}"
+                         for name, lengths in BENCH_SUITE_LENGTHS.items())
+
     parser.add_argument("--question-len", type=positive_int,
-                        help="padded `[CLS] q [SEP]` tokens (default 64; tiny 16)")
+                        help=f"padded `[CLS] q [SEP]` tokens (default {BENCH_DEFAULT_LENGTHS[0]};"
+                             f" {per_suite_len(0)})")
     parser.add_argument("--passage-len", type=positive_int,
-                        help="padded `p [SEP]` tokens (default 256; tiny 48)")
+                        help=f"padded `p [SEP]` tokens (default {BENCH_DEFAULT_LENGTHS[1]}; "
+                             f"{per_suite_len(1)})")
     parser.add_argument("--ks", type=int_list(non_negative_int),
                         help="splits k to time besides the full model, e.g. 8,10,11 "
-                             "(default l-2,l-1)")
+                             "(default l-2,l-1; not for the QANet / BiDAF suites)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed passes (median)")
     parser.add_argument("--chunk-size", type=positive_int,
                         help=f"pairs per program call (default per suite: {per_suite(2)})")
@@ -65,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-reuse", dest="reuse", action="store_false",
                         help="time the reference pair program: without the exact reuses (the "
                              "last block on every row, the first upper block's passage "
-                             "attention in every pair; docs/architecture.md)")
+                             "attention in every pair; docs/architecture.md; not for the "
+                             "QANet / BiDAF suites)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"),
                         help="output folder")
     parser.add_argument("--name", type=_stem, default="speed_grid", help="output file stem")
@@ -85,19 +102,51 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def check_suite_flags(args: argparse.Namespace) -> None:
+    """UsageError for a flag that no chosen suite takes: --ks and --no-reuse are the BERT
+    family's (QANet and BiDAF have one fixed split and no reuse plan); and for a question length
+    QANet / BiDAF refuse (their config's max_question_len). Before any model."""
+    from dil_jax.errors import UsageError
+    from dil_jax.options import OPTIONS
+
+    names = args.suites or DEFAULT_SUITES
+    wanted = OPTIONS["max_question_len"](args.question_len)
+    if args.question_len is not None and wanted and any(n in BENCH_CHAR_SUITES for n in names):
+        raise UsageError(f"--question-len {args.question_len}: QANet / BiDAF read "
+                         f"`[CLS] q [SEP]` segments of {wanted} tokens")
+    if all(name in BENCH_CHAR_SUITES for name in names):
+        chosen = ", ".join(names)
+        if args.ks is not None:
+            raise UsageError(f"--ks: suite {chosen} has no split k (QANet / BiDAF: one fixed "
+                             "split, timed as whole vs delayed); --ks is for the BERT-family "
+                             "suites")
+        if not args.reuse:
+            raise UsageError(f"--no-reuse: suite {chosen} has no pair-program reuses to turn "
+                             "off; --no-reuse is for the BERT-family suites")
+
+
 def build_suites(args: argparse.Namespace) -> list[Any]:
-    """SuiteSpecs from the flags, each suite's defaults filling what was not given."""
+    """SuiteSpecs (CharSuiteSpecs for QANet / BiDAF) from the flags, each suite's defaults
+    filling what was not given."""
     from dil_jax import bench
     from dil_jax.errors import UsageError
 
     suites = []
     for name in args.suites or DEFAULT_SUITES:
         questions, passages, chunk, batch = bench.SUITE_GRIDS[name]
-        q_len, p_len = bench.TINY_LENGTHS if name == "tiny" else (64, 256)
+        q_len, p_len = BENCH_SUITE_LENGTHS.get(name, BENCH_DEFAULT_LENGTHS)
         if args.paper:
             questions = passages = 100
         grid = bench.GridSpec(args.questions or questions, args.passages or passages,
                               args.question_len or q_len, args.passage_len or p_len)
+        if name in BENCH_CHAR_SUITES:
+            model, variables, weights = bench.char_suite_model(name, grid.question_len,
+                                                               args.seed)
+            suites.append(bench.CharSuiteSpec(
+                name=name, model=model, variables=variables, grid=grid, weights=weights,
+                repeats=args.repeats, batch_size=args.batch_size or batch,
+                chunk_size=args.chunk_size or chunk, seed=args.seed))
+            continue
         reader, weights = bench.suite_model(name, grid.question_len, args.seed)
         config = reader.config
         ks = args.ks or bench.default_ks(config.num_layers)
@@ -124,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:  # argparse checks it; benchmarks/speed_grid.py's callers may not
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    check_suite_flags(args)
     # Minutes to hours of timing must not end in an unwritable --out.
     check_output_folder(args.out, "--out",
                         files=[f"{args.name}{suffix}" for suffix in (".json", ".md", ".png")])
@@ -131,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     retained = args.retain_memory and bench.retain_freed_memory()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load_before, cpu_before, start = bench.load_average(), bench.cpu_snapshot(), time.time()
-    suites = [bench.run_suite(suite, log.info) for suite in build_suites(args)]
+    suites = [bench.run_char_suite(suite, log.info) if isinstance(suite, bench.CharSuiteSpec)
+              else bench.run_suite(suite, log.info) for suite in build_suites(args)]
     wall = time.time() - start
     others = bench.others_cpu_share(cpu_before, bench.cpu_snapshot(), wall)
     record = {

@@ -26,7 +26,8 @@ table is a separate collection so that an optimizer over "params" never sees it,
 forward pass stops its gradient too. Inputs are `QANetSegment`s (`qanet_inputs`): the repo's own
 `[CLS] q [SEP]` / `p [SEP]` token ids and masks, plus each token's characters.
 
-Not wired into `PairGrid`, `predict`, the open-domain index or `bench` yet (docs/qanet.md).
+Read by `predict`, the open-domain index, `ask`, `odqa-eval` and `bench` through
+`reading.char_grid.CharPairGrid` (docs/qanet.md, "Reading").
 """
 
 from __future__ import annotations

@@ -70,6 +70,17 @@ class CharPairGrid:
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
 
+    def lowered(self, program: str, *abstract_args) -> jax.stages.Lowered:
+        """One of this grid's jitted programs lowered for the given argument shapes, as
+        `PairGrid.lowered`: "lower" (variables, ids, chars, mask of one batch of segments) or
+        "pairs" (one chunk: the arguments of `_read_chunk`, the widths None = untrimmed).
+        Arguments may be `jax.ShapeDtypeStruct`s: nothing runs (dil_jax.bench reads the
+        compiled programs' cost)."""
+        programs = {"lower": self._lower_fn, "pairs": self._pair_fn}
+        if program not in programs:
+            raise ValueError(f"unknown program {program!r}; programs: {sorted(programs)}")
+        return programs[program].lower(*abstract_args)
+
     # --------------------------------------------------------------------- one segment
 
     @functools.cached_property
