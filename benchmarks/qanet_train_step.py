@@ -11,7 +11,8 @@ passage 160 tokens), random ids and characters: a step's cost does not depend on
 (as in benchmarks/train_step.py). `--minilm full` times the trainer's own MiniLM step of the
 same shapes in the same rounds (settings interleaved, so a change of load hits all alike).
 QANet variants: plain, lsh (LSH in both encoders, 2 hashes, bucket 64), reversible, chunked
-(feed-forward in chunks of 64 rows), reformer (all three). Writes STEM.json and STEM.md.
+(feed-forward in chunks of 64 rows), reformer (all three). `--scan` adds each QANet variant
+run inside a one-iteration `lax.scan`, side by side. Writes STEM.json and STEM.md.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def random_segment(rng: np.random.Generator, batch: int, length: int, max_chars:
 class QANetSetting:
     """One compiled QANet train step and its state, ready to time."""
 
-    def __init__(self, variant: str, batch: int, q_len: int, p_len: int, table, seed: int):
-        self.name = f"qanet {variant} q{q_len} p{p_len}"
+    def __init__(self, variant: str, batch: int, q_len: int, p_len: int, table, seed: int,
+                 in_scan: bool = False):
+        self.name = f"qanet {variant} q{q_len} p{p_len}" + (" in lax.scan(1)" if in_scan else "")
         self.windows = batch
         config = QANetConfig(**VARIANTS[variant])
         model = QANetModel(config)
@@ -86,7 +88,14 @@ class QANetSetting:
                             deterministic=False, rngs={"dropout": key, "lsh": key})
                 return span_cross_entropy(out, start, end)
 
-            loss, grads = jax.value_and_grad(loss_fn)(params)
+            if in_scan:  # as the trainer's gradient accumulation ran one micro-batch before
+                def body(carry, _):
+                    return carry, jax.value_and_grad(loss_fn)(params)
+
+                _, (loss, grads) = jax.lax.scan(body, 0, jnp.arange(1))
+                loss, grads = loss[0], jax.tree.map(lambda g: g[0], grads)
+            else:
+                loss, grads = jax.value_and_grad(loss_fn)(params)
             updates, opt_state = tx.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state, loss
 
@@ -108,11 +117,29 @@ class QANetSetting:
         return time.perf_counter() - started
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (a switch by its name alone, when on)."""
+    parts = ["python benchmarks/qanet_train_step.py"]
+    for key, value in vars(args).items():
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):
+            parts += [flag] if value else []
+        elif isinstance(value, list):
+            parts.append(" ".join([flag, *map(str, value)]))
+        else:
+            parts.append(f"{flag} {value}")
+    return " ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", nargs="+", default=["plain"], choices=list(VARIANTS))
     parser.add_argument("--minilm", nargs="*", default=["full"],
                         help="configs/minilm_squad.py variants timed beside (none: omit)")
+    parser.add_argument("--scan", action="store_true",
+                        help="also time each QANet variant with its forward and backward inside "
+                             "a one-iteration lax.scan (the trainer's accumulation loop before "
+                             "it skipped one micro-batch)")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
@@ -124,8 +151,9 @@ def main() -> None:
     batch, q_len = int(reference.batch_size), int(reference.model.max_question_len)
     p_len = int(reference.data.max_passage_len)
     table = minilm_word_table()
-    settings = [QANetSetting(variant, batch, q_len, p_len, table, args.seed)
-                for variant in args.variants]
+    settings = [QANetSetting(variant, batch, q_len, p_len, table, args.seed, in_scan)
+                for variant in args.variants for in_scan in ((False, True) if args.scan
+                                                             else (False,))]
     settings += [train_step.Setting(variant, "float32", p_len, args.seed)
                  for variant in args.minilm]
     seconds = {setting.name: [] for setting in settings}
@@ -138,10 +166,7 @@ def main() -> None:
         rows.append({"setting": setting.name, "windows": setting.windows,
                      "windows_per_s": setting.windows * args.steps / median_s,
                      "compile_s": setting.compile_s, "round_seconds": seconds[setting.name]})
-    record = {"command": "python benchmarks/qanet_train_step.py " + " ".join(
-                  f"--{key.replace('_', '-')} " + " ".join(map(str, value))
-                  if isinstance(value, list) else f"--{key.replace('_', '-')} {value}"
-                  for key, value in vars(args).items()),
+    record = {"command": command_line(args),
               "machine": machine_record(), "load_before": load_before,
               "load_after": load_average(), "rows": rows}
     lines = ["| setting | windows/s | compile s |", "| --- | --- | --- |"]

@@ -124,7 +124,8 @@ def accumulate_gradients(student: DelayedInteractionModel,
     if accum_steps == 1:
         # One micro-batch (the default): no loop. XLA:CPU runs a model's forward and backward
         # inside a while loop (lax.scan) far slower than the same ops outside one (QANet's
-        # step: 8x; benchmarks/train_step_scan.py), and a loop of one iteration buys nothing.
+        # step: 8x; `benchmarks/qanet_train_step.py --scan`), and a loop of one iteration buys
+        # nothing.
         micro = jax.tree.map(lambda values: values[0], batch)
         (_, metrics), grads = grad_fn(params, teacher_params, micro,
                                       jax.random.fold_in(step_rng, 0))
