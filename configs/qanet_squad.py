@@ -9,6 +9,8 @@ Variants (`configs/qanet_squad.py:VARIANT[,multi]`):
   qanet_lsh         the same with LSH attention in both encoders (the repo's defaults: 2 hashes,
                     buckets of 64 tokens; the seed's own settings are not known)
   qanet_reversible  the same with reversible encoder stacks
+  qanet_scratch     QANet with its word table trained from random rows (model.word_table
+                    "random", model.reader.train_word_table) instead of the frozen MiniLM table
   bidaf             BiDAFConfig(): the paper's 100 filters of width 5 over 8-d characters,
                     hidden 100, dropout 0.2
 Suffix `multi`: every occurrence of an ambiguous answer is a correct span
@@ -41,6 +43,8 @@ VARIANTS = {
     "qanet": ("qanet", {}),
     "qanet_lsh": ("qanet", {"lsh_encoders": "embedding,model"}),
     "qanet_reversible": ("qanet", {"reversible": True}),
+    # Word embeddings trained from scratch (the comparison with the frozen MiniLM table).
+    "qanet_scratch": ("qanet", {"train_word_table": True}),
     "bidaf": ("bidaf", {}),
 }
 MULTI_SUFFIX = "multi"
@@ -75,7 +79,7 @@ def get_config(spec: str = "qanet") -> ml_collections.ConfigDict:
     c.model.kind = kind
     c.model.reader = reader_fields(kind, fields)
     c.model.checkpoint = ""  # a fresh reader; its word table from model.word_table
-    c.model.word_table = "default"
+    c.model.word_table = "random" if fields.get("train_word_table") else "default"
     c.model.max_question_len = CPU_MAX_QUESTION_LEN
     c.data.featurizer = "dil_jax.train.char_data:featurize"
     c.data.tokenizer = "default"

@@ -46,7 +46,7 @@ from reader_pieces import (
 )
 
 CONFIG = "configs/qanet_squad.py"
-READERS = ("qanet", "qanet_lsh", "qanet_reversible", "bidaf")
+READERS = ("qanet", "qanet_lsh", "qanet_reversible", "qanet_scratch", "bidaf")
 PARAMS_MEMBER, MANIFEST_MEMBER = "params.npz", "dil_jax_manifest.json"
 
 
@@ -71,8 +71,8 @@ def reader_runs(args: argparse.Namespace) -> list[pool.Run]:
 
 def pack_char_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
     """A QANet / BiDAF params folder as `name.tar.xz.NN` pieces: its trainable params
-    (float32, flattened "a/b/kernel" keys), manifest and trained_from.json; not the frozen
-    word table."""
+    (float32, flattened "a/b/kernel" keys; a trained word table among them), manifest and
+    trained_from.json; not a frozen word table."""
     import jax
 
     from dil_jax.checkpoints.readers import load_char_reader
@@ -107,8 +107,12 @@ def unpack_char_reader(first_piece: Path, target: Path, base: str | None) -> Pat
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = arrays[key]
-    table = minilm_word_table(base).astype(ml_dtypes.bfloat16).astype(np.float32)
-    save_char_reader(target, {"params": params, "frozen": {"word_table": table}}, config)
+    if config.train_word_table:  # a trained table travels among the params
+        variables = {"params": params}
+    else:
+        table = minilm_word_table(base).astype(ml_dtypes.bfloat16).astype(np.float32)
+        variables = {"params": params, "frozen": {"word_table": table}}
+    save_char_reader(target, variables, config)
     return put_trained_from(members, target)
 
 

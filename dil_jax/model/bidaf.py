@@ -32,13 +32,14 @@ import jax.numpy as jnp
 
 from dil_jax.config import ConfigError
 from dil_jax.defaults import CPU_MAX_QUESTION_LEN
+from dil_jax.model import word_table as table_lib
 from dil_jax.model.delayed import InputError
 from dil_jax.model.lsh import MASK_BIAS
-from dil_jax.model.qanet import RANDOM_TABLE_STD, Variables
 from dil_jax.model.qanet_config import check_question_len
 from dil_jax.model.qanet_inputs import CHAR_VOCAB_SIZE, MAX_CHARS, QANetSegment
 from dil_jax.model.qanet_layers import CharacterCNN, Highway
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
+from dil_jax.model.word_table import Variables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +58,16 @@ class BiDAFConfig:
     dropout: float = 0.2
     char_dropout: float = 0.2
     max_question_len: int = CPU_MAX_QUESTION_LEN  # a reading setting, as QANetConfig's
+    train_word_table: bool = False  # as QANetConfig's (`model.word_table`)
 
     def __post_init__(self) -> None:
         check_question_len(self.max_question_len)
+        if not isinstance(self.train_word_table, bool):
+            raise ConfigError(f"train_word_table must be true or false, got "
+                              f"{self.train_word_table!r}")
         for field in dataclasses.fields(self):
+            if field.name == "train_word_table":
+                continue
             value = getattr(self, field.name)
             if field.name.endswith("dropout"):
                 if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
@@ -171,10 +178,7 @@ class BiDAFModule(nn.Module):
 
     def setup(self) -> None:
         cfg = self.config
-        self.word_table = self.variable(
-            "frozen", "word_table",
-            lambda: RANDOM_TABLE_STD * jax.random.normal(
-                self.make_rng("params"), (cfg.vocab_size, cfg.word_dim), jnp.float32))
+        self.word_table = table_lib.declare(self, cfg)
         self.char_cnn = CharacterCNN(cfg)
         self.highway = Highway(2, cfg.dropout)
         self.contextual = BiLSTM(cfg.hidden)
@@ -188,7 +192,7 @@ class BiDAFModule(nn.Module):
     def encode_lower(self, ids: jax.Array, chars: jax.Array, mask: jax.Array,
                      deterministic: bool = True) -> jax.Array:
         """Embeddings, highway, contextual BiLSTM of one segment -> [batch, seq, 2 hidden]."""
-        words = jax.lax.stop_gradient(jnp.take(self.word_table.value, ids, axis=0))
+        words = table_lib.look_up(self.word_table, ids, self.config)
         x = jnp.concatenate([words, self.char_cnn(chars, deterministic)], axis=-1)
         x = self.highway(x, deterministic)
         return self.contextual(self.dropout(x, deterministic=deterministic), mask)
@@ -232,14 +236,7 @@ class BiDAFModel:
         ids = jnp.ones((1, 4), jnp.int32)
         chars = jnp.ones((1, 4, cfg.max_chars), jnp.int32)
         variables = self.module.init(rng, ids, chars, ids, ids, chars, ids)
-        frozen = dict(variables["frozen"])
-        if word_table is not None:
-            table = jnp.asarray(word_table, jnp.float32)
-            if table.shape != (cfg.vocab_size, cfg.word_dim):
-                raise InputError(f"word_table shape {tuple(table.shape)} does not fit the config:"
-                                 f" want ({cfg.vocab_size}, {cfg.word_dim}) (vocab_size, word_dim)")
-            frozen["word_table"] = table
-        return {"params": variables["params"], "frozen": frozen}
+        return table_lib.with_table(variables, word_table, cfg)
 
     def _check_segment(self, segment: QANetSegment, what: str) -> None:
         if segment.ids.ndim != 2 or tuple(segment.mask.shape) != tuple(segment.ids.shape):

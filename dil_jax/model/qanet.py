@@ -38,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dil_jax.model import word_table as table_lib
 from dil_jax.model.delayed import InputError
 from dil_jax.model.qanet_config import MODEL_PASSES, QANetConfig
 from dil_jax.model.qanet_inputs import QANetSegment
@@ -48,11 +49,7 @@ from dil_jax.model.qanet_layers import (
     Highway,
 )
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
-
-Variables = dict[str, Any]  # {"params": ..., "frozen": {"word_table": ...}}
-# The standard deviation of a random word table (`QANetModel.init` without a table: tests and
-# runs from scratch); the projection after it is learnt, so the scale only sets its start.
-RANDOM_TABLE_STD = 1.0
+from dil_jax.model.word_table import Variables
 
 
 class QANetModule(nn.Module):
@@ -62,10 +59,7 @@ class QANetModule(nn.Module):
 
     def setup(self) -> None:
         cfg = self.config
-        self.word_table = self.variable(
-            "frozen", "word_table",
-            lambda: RANDOM_TABLE_STD * jax.random.normal(
-                self.make_rng("params"), (cfg.vocab_size, cfg.word_dim), jnp.float32))
+        self.word_table = table_lib.declare(self, cfg)
         self.word_dropout = nn.Dropout(cfg.word_dropout)
         self.char_cnn = CharacterCNN(cfg)
         self.projection = nn.Dense(cfg.d_model)
@@ -79,7 +73,7 @@ class QANetModule(nn.Module):
 
     def embed(self, ids: jax.Array, chars: jax.Array, deterministic: bool = True) -> jax.Array:
         """ids: [batch, seq]; chars: [batch, seq, max_chars] -> [batch, seq, d_model]."""
-        words = jax.lax.stop_gradient(jnp.take(self.word_table.value, ids, axis=0))
+        words = table_lib.look_up(self.word_table, ids, self.config)
         words = self.word_dropout(words, deterministic=deterministic)
         x = jnp.concatenate([words, self.char_cnn(chars, deterministic)], axis=-1)
         return self.highway(self.projection(x), deterministic)
@@ -136,14 +130,7 @@ class QANetModel:
         ids = jnp.ones((1, 4), jnp.int32)
         chars = jnp.ones((1, 4, cfg.max_chars), jnp.int32)
         variables = self.module.init(rng, ids, chars, ids, ids, chars, ids)
-        frozen = dict(variables["frozen"])
-        if word_table is not None:
-            table = jnp.asarray(word_table, jnp.float32)
-            if table.shape != (cfg.vocab_size, cfg.word_dim):
-                raise InputError(f"word_table shape {tuple(table.shape)} does not fit the config:"
-                                 f" want ({cfg.vocab_size}, {cfg.word_dim}) (vocab_size, word_dim)")
-            frozen["word_table"] = table
-        return {"params": variables["params"], "frozen": frozen}
+        return table_lib.with_table(variables, word_table, cfg)
 
     def _check_segment(self, segment: QANetSegment, what: str) -> None:
         ids, chars, mask = segment.ids, segment.chars, segment.mask

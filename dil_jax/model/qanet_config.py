@@ -54,6 +54,8 @@ class QANetConfig:
       reversible: the encoder stacks as reversible layers (needs even conv counts: the block's
         sublayers pair up as (conv, conv), ..., (attention, feed-forward)).
       ffn_chunk_size: 0 = off; else the feed-forward runs over this many rows at a time.
+      train_word_table: the word table is trained (a parameter) instead of frozen
+        (`model.word_table`).
       max_question_len: the padded length of a question segment `[CLS] q [SEP]` it reads (no
         position table limits it: the positional encoding is a formula); a reading setting,
         kept here as `EncoderConfig` keeps it, so an export records it.
@@ -88,6 +90,7 @@ class QANetConfig:
     reversible: bool = False
     ffn_chunk_size: int = 0
     max_question_len: int = CPU_MAX_QUESTION_LEN
+    train_word_table: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.lsh_encoders, list):  # from JSON
@@ -164,7 +167,7 @@ def validate_qanet_config(config: QANetConfig) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
             raise ConfigError(f"{name} must be a rate in [0, 1), got {value!r}")
     check_question_len(config.max_question_len)
-    for name in ("lsh_exclude_self", "reversible"):
+    for name in ("lsh_exclude_self", "reversible", "train_word_table"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")
     if config.d_model % config.num_heads:

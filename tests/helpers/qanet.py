@@ -36,8 +36,7 @@ def perturb(tree, seed: int, scale: float = 0.3):
 
 def tiny_variables(config: QANetConfig, seed: int = 0):
     variables = QANetModel(config).init(jax.random.key(seed))
-    return {"params": perturb(variables["params"], seed + 100),
-            "frozen": variables["frozen"]}
+    return {**variables, "params": perturb(variables["params"], seed + 100)}
 
 
 def segment(seed: int, batch: int, length: int, pads, config: QANetConfig) -> QANetSegment:

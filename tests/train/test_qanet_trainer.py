@@ -130,6 +130,37 @@ def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_pat
         load_char_reader(tmp_path / "run" / "params", kind="bidaf")
 
 
+@pytest.mark.parametrize("kind", ["qanet", "bidaf"])
+def test_a_trained_word_table_moves_and_its_export_reads_back(tmp_path, kind):
+    """`model.reader.train_word_table`: the table is a parameter (no "frozen" collection), the
+    looked-up rows get gradients and AdamW moves them, rows no batch looks up stay; the export
+    (a table among the params) reads back to the same outputs."""
+    config = trainer_config(kind, tmp_path / "run", steps=20,
+                            **{"model.reader.train_word_table": "true"})
+    initial = load_run_models(config, None).student.params
+    assert set(initial) == {"params"} and "word_table" in initial["params"]
+    train_features = pointing_features(0, 256)
+    result = train(config, train_features=train_features, val_features=pointing_features(1, 64))
+    before, after = (np.asarray(p["params"]["word_table"])
+                     for p in (initial, result.state.params))
+    seen = np.unique(np.concatenate([train_features.q_ids.ravel(),
+                                     train_features.p_ids.ravel()]))
+    unseen = np.setdiff1d(np.arange(len(before)), seen)
+    assert len(unseen) and np.any(after[seen] != before[seen])
+    # Weight decay (tiny config: 0.01) shrinks every row a little; the unseen rows get no
+    # gradient, so only that: a uniform factor of the initial row.
+    ratio = after[unseen] / before[unseen]
+    np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
+    reader = load_char_reader(tmp_path / "run" / "params", kind=kind, with_tokenizer=False)
+    assert reader.config.train_word_table and set(reader.params) == {"params"}
+    batch = char_windows(pointing_features(1, 8)).batch(np.arange(8))
+    outputs = [np.asarray(model(variables, batch["q_ids"], batch["q_chars"], batch["q_mask"],
+                                batch["p_ids"], batch["p_chars"], batch["p_mask"]).start_logits)
+               for model, variables in ((result.model, jax.device_get(result.state.params)),
+                                        (reader.model, reader.params))]
+    np.testing.assert_array_equal(*outputs)
+
+
 def test_the_evaluator_maps_windows_to_answer_text_with_the_official_metric(tmp_path):
     # Two paragraphs in windows of 11 tokens + [SEP], stride 6: a paragraph spans several
     # windows. A read that peaks (start and end) at the answer's token gives the gold text for
