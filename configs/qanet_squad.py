@@ -11,6 +11,7 @@ Variants (`configs/qanet_squad.py:VARIANT[,multi]`):
   qanet_reversible  the same with reversible encoder stacks
   qanet_scratch     QANet with its word table trained from random rows (model.word_table
                     "random", model.reader.train_word_table) instead of the frozen MiniLM table
+  qanet_sd          QANet with the paper's stochastic depth (model.reader.layer_dropout 0.1)
   bidaf             BiDAFConfig(): the paper's 100 filters of width 5 over 8-d characters,
                     hidden 100, dropout 0.2
 Suffix `multi`: every occurrence of an ambiguous answer is a correct span
@@ -45,6 +46,8 @@ VARIANTS = {
     "qanet_reversible": ("qanet", {"reversible": True}),
     # Word embeddings trained from scratch (the comparison with the frozen MiniLM table).
     "qanet_scratch": ("qanet", {"train_word_table": True}),
+    # The paper's stochastic depth (layer dropout 0.1 at each stack's last sublayer).
+    "qanet_sd": ("qanet", {"layer_dropout": 0.1}),
     "bidaf": ("bidaf", {}),
 }
 MULTI_SUFFIX = "multi"

@@ -18,7 +18,7 @@ TINY_READERS = {
               "char_filters": 10, "char_kernel": 3, "d_model": 16, "num_heads": 2, "ffn_dim": 20,
               "embedding_convs": 2, "embedding_kernel": 5, "model_blocks": 1, "model_convs": 2,
               "model_kernel": 3, "dropout": 0.05, "char_dropout": 0.05, "word_dropout": 0.05,
-              "lsh_encoders": "", "train_word_table": False},
+              "lsh_encoders": "", "train_word_table": False, "layer_dropout": 0.0},
     "bidaf": {"vocab_size": 128, "word_dim": 12, "max_chars": 4, "char_dim": 8,
               "char_filters": 10, "char_kernel": 3, "hidden": 16, "dropout": 0.05,
               "char_dropout": 0.05, "train_word_table": False},

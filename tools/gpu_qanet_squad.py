@@ -46,7 +46,7 @@ from reader_pieces import (
 )
 
 CONFIG = "configs/qanet_squad.py"
-READERS = ("qanet", "qanet_lsh", "qanet_reversible", "qanet_scratch", "bidaf")
+READERS = ("qanet", "qanet_lsh", "qanet_reversible", "qanet_scratch", "qanet_sd", "bidaf")
 PARAMS_MEMBER, MANIFEST_MEMBER = "params.npz", "dil_jax_manifest.json"
 
 

@@ -9,7 +9,7 @@ to 16 per word; a two-layer highway; dropout 0.1 between layers and 0.05 on char
 Where this differs from the paper (docs/qanet.md): the word vectors are the embedded MiniLM's
 frozen WordPiece table (384 wide), not GloVe (300); the feed-forward width is a field
 (`ffn_dim`, the paper does not give it; d_model by default, as common implementations use);
-no stochastic depth and no EMA of weights yet.
+stochastic depth is off by default (`layer_dropout`); no EMA of weights.
 
 The Reformer options (the "Inquisition" seed's variants) are all off by default:
 `lsh_encoders` (which encoders' self-attention is LSH attention, `model/lsh.py`), `reversible`
@@ -54,6 +54,9 @@ class QANetConfig:
       reversible: the encoder stacks as reversible layers (needs even conv counts: the block's
         sublayers pair up as (conv, conv), ..., (attention, feed-forward)).
       ffn_chunk_size: 0 = off; else the feed-forward runs over this many rows at a time.
+      layer_dropout: stochastic depth (the paper's "layer dropout"): in training, sublayer l of
+        an encoder stack's L skips its residual branch with probability (l / L) * layer_dropout
+        (the paper: 0.1 at the last, `layer_survival`); 0 = off. Plain stacks only.
       train_word_table: the word table is trained (a parameter) instead of frozen
         (`model.word_table`).
       max_question_len: the padded length of a question segment `[CLS] q [SEP]` it reads (no
@@ -91,6 +94,7 @@ class QANetConfig:
     ffn_chunk_size: int = 0
     max_question_len: int = CPU_MAX_QUESTION_LEN
     train_word_table: bool = False
+    layer_dropout: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.lsh_encoders, list):  # from JSON
@@ -142,7 +146,14 @@ _POSITIVE = ("vocab_size", "word_dim", "char_vocab_size", "max_chars", "char_dim
              "embedding_convs", "embedding_kernel", "model_blocks", "model_convs", "model_kernel",
              "lsh_num_hashes", "lsh_bucket_size")
 _NON_NEGATIVE = ("lsh_num_buckets", "lsh_seed", "ffn_chunk_size")
-_RATES = ("dropout", "char_dropout", "word_dropout")
+_RATES = ("dropout", "char_dropout", "word_dropout", "layer_dropout")
+
+
+def layer_survival(sublayer: int, num_sublayers: int, layer_dropout: float) -> float:
+    """The probability that sublayer `sublayer` (1-based) of a stack of `num_sublayers` keeps
+    its residual branch in training: p_l = 1 - (l / L) (1 - p_L), with p_L = 1 - layer_dropout
+    (Yu et al. 2018, section 2.2, after Huang et al. 2016)."""
+    return 1.0 - sublayer / num_sublayers * layer_dropout
 
 
 def check_question_len(value: Any) -> None:
@@ -186,6 +197,10 @@ def validate_qanet_config(config: QANetConfig) -> None:
     if buckets > 1 and buckets % 2:
         raise ConfigError(f"lsh_num_buckets must be 0 (derived from the length), 1 or even "
                           f"(angular LSH takes the argmax over [xR; -xR]), got {buckets}")
+    if config.reversible and config.layer_dropout:
+        raise ConfigError(f"layer_dropout {config.layer_dropout} with reversible stacks: not "
+                          "built (a reversible layer would have to skip F or G alike when its "
+                          "inputs are recomputed); set one of them to 0 / false")
     if config.reversible:
         odd = [name for name in ("embedding_convs", "model_convs") if getattr(config, name) % 2]
         if odd:

@@ -36,7 +36,7 @@ import numpy as np
 from dil_jax.model.attention import attention_bias
 from dil_jax.model.lsh import MASK_BIAS, lsh_attention
 from dil_jax.model.memory import map_row_chunks
-from dil_jax.model.qanet_config import ENCODERS, QANetConfig
+from dil_jax.model.qanet_config import ENCODERS, QANetConfig, layer_survival
 from dil_jax.model.qanet_inputs import CHAR_PAD
 from dil_jax.model.reversible import reversible_scan
 
@@ -245,11 +245,20 @@ def _sublayer_names(num_convs: int) -> list[str]:
 
 class EncoderBlock(nn.Module):
     """x + PE, then `num_convs` conv sublayers, self-attention, feed-forward, each as
-    x <- x + branch(x) (pre-LayerNorm residuals)."""
+    x <- x + branch(x) (pre-LayerNorm residuals).
+
+    Stochastic depth (`config.layer_dropout` > 0, training only): sublayer l of the stack
+    (`first_sublayer` + j of `stack_sublayers`) keeps its branch with probability
+    `layer_survival(l, L, layer_dropout)`, drawn per example from the "dropout" rng, and a kept
+    branch is scaled by 1 / p_l so that inference (every branch, unscaled) sees the training
+    expectation.
+    """
 
     config: QANetConfig
     num_convs: int
     kernel: int
+    first_sublayer: int = 1
+    stack_sublayers: int = 0
 
     def setup(self) -> None:
         cfg = self.config
@@ -271,9 +280,22 @@ class EncoderBlock(nn.Module):
                  lsh_rng: jax.Array | None = None) -> jax.Array:
         """x: [batch, seq, d_model]; mask: [batch, seq] -> [batch, seq, d_model]."""
         x = x + sinusoid_positions(x.shape[1], x.shape[2])
-        for name in _sublayer_names(self.num_convs):
-            x = x + self.branch(name, x, mask, deterministic, lsh_rng)
+        for j, name in enumerate(_sublayer_names(self.num_convs)):
+            branch = self.branch(name, x, mask, deterministic, lsh_rng)
+            x = x + self._stochastic_depth(branch, self.first_sublayer + j, deterministic)
         return x
+
+    def _stochastic_depth(self, branch: jax.Array, sublayer: int, deterministic: bool
+                          ) -> jax.Array:
+        """branch [batch, seq, d_model], kept per example with probability p_l and scaled by
+        1 / p_l in training; as it is otherwise."""
+        rate = self.config.layer_dropout
+        if deterministic or not rate or self.is_initializing():
+            return branch
+        survival = layer_survival(sublayer, self.stack_sublayers, rate)
+        keep = jax.random.bernoulli(self.make_rng("dropout"), survival,
+                                    (branch.shape[0], 1, 1))
+        return jnp.where(keep, branch / survival, 0.0)
 
 
 def _reversible_branch(config: QANetConfig, kernel: int, deterministic: bool, role: str,
@@ -325,7 +347,9 @@ class EncoderStack(nn.Module):
     def setup(self) -> None:
         cfg = self.config
         blocks, convs, kernel = self._shape()
-        self.blocks = [EncoderBlock(cfg, convs, kernel, name=f"block_{i}")
+        per_block = len(_sublayer_names(convs))
+        self.blocks = [EncoderBlock(cfg, convs, kernel, first_sublayer=1 + i * per_block,
+                                    stack_sublayers=blocks * per_block, name=f"block_{i}")
                        for i in range(blocks)]
 
     def _shape(self) -> tuple[int, int, int]:

@@ -100,3 +100,60 @@ def test_tiny_bidaf_learns_to_point():
     config = BiDAFConfig(vocab_size=40, word_dim=12, max_chars=6, char_dim=8, char_filters=10,
                          char_kernel=3, hidden=16, dropout=0.05, char_dropout=0.05)
     _train_and_check(BiDAFModel(config), config, 300)
+
+
+def test_layer_survival_is_the_papers_linear_rule():
+    from dil_jax.model.qanet_config import layer_survival
+
+    # p_l = 1 - (l / L)(1 - p_L), p_L = 0.9 (the paper): by hand for L = 6.
+    assert layer_survival(6, 6, 0.1) == 0.9
+    assert abs(layer_survival(1, 6, 0.1) - (1 - 0.1 / 6)) < 1e-12
+    assert abs(layer_survival(3, 6, 0.1) - 0.95) < 1e-12
+
+
+def test_stochastic_depth_keeps_each_example_with_its_survival_probability():
+    """One sublayer's residual branch (all ones, 20,000 examples): kept with probability p_l
+    and then scaled by 1 / p_l, else zero; untouched in inference and with layer_dropout 0."""
+    from dil_jax.model.qanet_config import layer_survival
+    from dil_jax.model.qanet_layers import EncoderBlock
+
+    config = tiny_config(layer_dropout=0.4)
+    block = EncoderBlock(config, num_convs=2, kernel=3, first_sublayer=1, stack_sublayers=8)
+    branch = jnp.ones((20_000, 1, 1))
+
+    def drop(sublayer, deterministic, cfg=config):
+        module = EncoderBlock(cfg, num_convs=2, kernel=3, first_sublayer=1, stack_sublayers=8)
+        return np.asarray(module.apply({}, branch, sublayer, deterministic,
+                                       method=EncoderBlock._stochastic_depth,
+                                       rngs={"dropout": jax.random.key(sublayer)}))[:, 0, 0]
+
+    assert block.stack_sublayers == 8
+    for sublayer in (1, 4, 8):
+        p = layer_survival(sublayer, 8, 0.4)
+        out = drop(sublayer, deterministic=False)
+        kept = out != 0
+        # Binomial(20,000, p): 5 standard deviations.
+        assert abs(kept.mean() - p) < 5 * np.sqrt(p * (1 - p) / len(out)), (sublayer, p)
+        np.testing.assert_allclose(out[kept], 1 / p, rtol=1e-6)
+        np.testing.assert_array_equal(drop(sublayer, deterministic=True), 1.0)
+    np.testing.assert_array_equal(drop(8, False, tiny_config()), 1.0)
+
+
+def test_stacks_number_their_sublayers_through_the_blocks():
+    """Sublayer l counts through the whole stack (the deepest gets the lowest survival)."""
+    config = tiny_config(layer_dropout=0.1)  # model encoder: 2 blocks of 2 convs + 2
+    model = QANetModel(config)
+    bound = model.module.bind(model.init(jax.random.key(0)))
+    blocks = bound.model_encoder.blocks
+    assert [(b.first_sublayer, b.stack_sublayers) for b in blocks] == [(1, 8), (5, 8)]
+    (embedding,) = bound.embedding_encoder.blocks
+    assert (embedding.first_sublayer, embedding.stack_sublayers) == (1, 6)
+
+
+def test_layer_dropout_with_reversible_stacks_is_refused():
+    import pytest
+
+    from dil_jax.config import ConfigError
+
+    with pytest.raises(ConfigError, match="layer_dropout 0.1 with reversible"):
+        tiny_config(layer_dropout=0.1, reversible=True)
