@@ -17,24 +17,24 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
-from dil_jax.defaults import default_pair_chunk_size
-from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_inputs import QANetSegment
-from dil_jax.model.span_reader import PADDED_LOGIT
+from dil_jax.reading.grid import MeshGrid, uncut_columns
 from dil_jax.reading.pairs import (
     KEPT_BUCKET,
     QUESTION_BUCKET,
     SpanScores,
     chunk_width,
+    collect_chunks,
+    every_pair,
     real_lengths,
 )
 from dil_jax.rounding import round_up
@@ -46,7 +46,7 @@ def trims_exactly(model: CharReaderModel) -> bool:
     return "model" not in getattr(model.config, "lsh_encoders", ())
 
 
-class CharPairGrid:
+class CharPairGrid(MeshGrid):
     """Encodes segments and reads pair grids with one QANet / BiDAF on one mesh.
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
@@ -61,25 +61,12 @@ class CharPairGrid:
         for the platform of the mesh's devices."""
         self.model = model
         self.trim_padding = trim_padding and trims_exactly(model)
-        self.mesh = data_mesh() if mesh is None else mesh
-        num_devices = self.mesh.devices.size
-        if chunk_size is None:
-            chunk_size = default_pair_chunk_size(self.mesh.devices.flat[0].platform)
-        self.batch_size = round_up(batch_size, num_devices)
-        self.chunk_size = round_up(chunk_size, num_devices)
-        self.replicated = NamedSharding(self.mesh, P())
-        self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+        super().__init__(mesh, batch_size, chunk_size)
 
-    def lowered(self, program: str, *abstract_args) -> jax.stages.Lowered:
-        """One of this grid's jitted programs lowered for the given argument shapes, as
-        `PairGrid.lowered`: "lower" (variables, ids, chars, mask of one batch of segments) or
-        "pairs" (one chunk: the arguments of `_read_chunk`, the widths None = untrimmed).
-        Arguments may be `jax.ShapeDtypeStruct`s: nothing runs (dil_jax.bench reads the
-        compiled programs' cost)."""
-        programs = {"lower": self._lower_fn, "pairs": self._pair_fn}
-        if program not in programs:
-            raise ValueError(f"unknown program {program!r}; programs: {sorted(programs)}")
-        return programs[program].lower(*abstract_args)
+    def programs(self) -> dict[str, Any]:
+        """"lower" (variables, ids, chars, mask of one batch of segments) and "pairs" (one
+        chunk: the arguments of `_read_chunk`, the widths None = untrimmed)."""
+        return {"lower": self._lower_fn, "pairs": self._pair_fn}
 
     # --------------------------------------------------------------------- one segment
 
@@ -135,9 +122,7 @@ class CharPairGrid:
                                             p_state[p_index], p_mask[p_index])
         start, end = out.start_logits, out.end_logits
         if p_width is not None:
-            cut = ((0, 0), (0, p_len - p_width))
-            start = jnp.pad(start, cut, constant_values=PADDED_LOGIT)
-            end = jnp.pad(end, cut, constant_values=PADDED_LOGIT)
+            start, end = uncut_columns(start, end, p_len)
         return start, end, out.null_start_logits, out.null_end_logits
 
     @functools.cached_property
@@ -196,19 +181,14 @@ class CharPairGrid:
         """The span scores of every listed pair as numpy arrays: [num_pairs, p_len] and
         [num_pairs], row i for pair i (inputs as `iter_pair_chunks`). on_chunk (optional):
         called with the number of pairs of each chunk once it is read (a progress bar)."""
-        out = SpanScores.full(len(q_index), np.shape(p_mask)[1], np.nan, np.nan)
-        for pairs, outputs in self.iter_pair_chunks(variables, q_state, q_mask, p_state, p_mask,
-                                                    q_index, p_index):
-            out.set_rows(pairs, SpanScores(*(np.asarray(value)[:len(pairs)] for value in outputs)))
-            if on_chunk is not None:
-                on_chunk(len(pairs))
-        return out
+        chunks = self.iter_pair_chunks(variables, q_state, q_mask, p_state, p_mask, q_index,
+                                       p_index)
+        return collect_chunks(chunks, len(q_index), np.shape(p_mask)[1], on_chunk)
 
     def read_grid(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
                   p_state: jax.Array, p_mask: np.ndarray) -> SpanScores:
         """Every (question, passage) pair: scores [nq, np, p_len] / [nq, np]."""
         nq, np_ = np.shape(q_mask)[0], np.shape(p_mask)[0]
-        q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
-                                                           indexing="ij"))
+        q_index, p_index = every_pair(nq, np_)
         return self.read_pairs(variables, q_state, q_mask, p_state, p_mask, q_index,
                                p_index).reshape(nq, np_)

@@ -41,6 +41,8 @@ from dil_jax.reading.pairs import (
     QUESTION_BUCKET,
     SpanScores,
     chunk_width,
+    collect_chunks,
+    every_pair,
     real_lengths,
 )
 from dil_jax.reading.plan import ReusePlan
@@ -48,7 +50,47 @@ from dil_jax.reading.upper import passage_attention_stats, project_upper, read_u
 from dil_jax.rounding import round_up
 
 
-class PairGrid:
+def uncut_columns(start: jax.Array, end: jax.Array, p_len: int) -> tuple[jax.Array, jax.Array]:
+    """Span scores of a chunk read at fewer passage columns ([chunk, width]) back to the
+    window's p_len: the cut tokens are padding, and score what the span head gives padding
+    (PADDED_LOGIT), as if they had been read."""
+    cut = ((0, 0), (0, p_len - start.shape[1]))
+    return (jnp.pad(start, cut, constant_values=PADDED_LOGIT),
+            jnp.pad(end, cut, constant_values=PADDED_LOGIT))
+
+
+class MeshGrid:
+    """What every grid shares: its 1-D mesh, batch and chunk sizes rounded up to a multiple of
+    the device count (every device gets an equal slice), the replicated and batch-sharded
+    placements, and lowering its jitted programs by name (`lowered`)."""
+
+    def __init__(self, mesh: Mesh | None, batch_size: int, chunk_size: int | None):
+        """chunk_size: pairs per step of the pair program; None = `default_pair_chunk_size`
+        for the platform of the mesh's devices."""
+        self.mesh = data_mesh() if mesh is None else mesh
+        num_devices = self.mesh.devices.size
+        if chunk_size is None:
+            chunk_size = default_pair_chunk_size(self.mesh.devices.flat[0].platform)
+        self.batch_size = round_up(batch_size, num_devices)
+        self.chunk_size = round_up(chunk_size, num_devices)
+        self.replicated = NamedSharding(self.mesh, P())
+        self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+
+    def programs(self) -> dict[str, Any]:
+        """The grid's jitted programs by name (each grid says which it has)."""
+        raise NotImplementedError
+
+    def lowered(self, program: str, *abstract_args: Any) -> jax.stages.Lowered:
+        """One of this grid's jitted programs (`programs`) lowered for the given argument
+        shapes. Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading the
+        compiled programs' cost and memory (dil_jax.bench)."""
+        programs = self.programs()
+        if program not in programs:
+            raise ValueError(f"unknown program {program!r}; programs: {sorted(programs)}")
+        return programs[program].lower(*abstract_args)
+
+
+class PairGrid(MeshGrid):
     """Encodes segments and reads pair grids with one model on one mesh.
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
@@ -68,29 +110,14 @@ class PairGrid:
         # they lead to are the plan's.
         self.reuse, self.trim_padding = reuse, trim_padding
         self.plan = ReusePlan.of(model.config, reuse=reuse, trim_padding=trim_padding)
-        self.mesh = data_mesh() if mesh is None else mesh
-        num_devices = self.mesh.devices.size
-        if chunk_size is None:
-            chunk_size = default_pair_chunk_size(self.mesh.devices.flat[0].platform)
-        self.batch_size = round_up(batch_size, num_devices)
-        self.chunk_size = round_up(chunk_size, num_devices)
-        self.replicated = NamedSharding(self.mesh, P())
-        self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+        super().__init__(mesh, batch_size, chunk_size)
 
-    def lowered(self, program: str, *abstract_args: Any) -> jax.stages.Lowered:
-        """One of this reader's jitted programs lowered for the given argument shapes.
-
-        program: "lower" (encode_lower: params, ids, mask, segment), "project" (project_upper:
+    def programs(self) -> dict[str, Any]:
+        """"lower" (encode_lower: params, ids, mask, segment), "project" (project_upper:
         params, lower states), "stats" (passage_attention_stats: the passages' query, key,
-        value, mask) or "pairs" (one chunk of pairs: the arguments of `_read_chunk`).
-        Arguments may be `jax.ShapeDtypeStruct`s: nothing runs. For reading
-        the compiled programs' cost and memory (dil_jax.bench.programs).
-        """
-        programs = {"lower": self._lower_fn, "project": self._project_fn,
-                    "stats": self._stats_fn, "pairs": self._pair_fn}
-        if program not in programs:
-            raise ValueError(f"unknown program {program!r}; programs: {sorted(programs)}")
-        return programs[program].lower(*abstract_args)
+        value, mask) and "pairs" (one chunk of pairs: the arguments of `_read_chunk`)."""
+        return {"lower": self._lower_fn, "project": self._project_fn, "stats": self._stats_fn,
+                "pairs": self._pair_fn}
 
     # --------------------------------------------------------------------- lower blocks
 
@@ -244,11 +271,7 @@ class PairGrid:
             start = blank.at[rows, positions].set(start, mode="drop")
             end = blank.at[rows, positions].set(end, mode="drop")
         if p_width is not None:
-            # Back to the window's p_len columns: the cut tokens are padding, and score what
-            # the span head gives padding (PADDED_LOGIT), as if they had been read.
-            cut = ((0, 0), (0, p_len - p_width))
-            start = jnp.pad(start, cut, constant_values=PADDED_LOGIT)
-            end = jnp.pad(end, cut, constant_values=PADDED_LOGIT)
+            start, end = uncut_columns(start, end, p_len)
         return start, end, out.null_start_logits, out.null_end_logits
 
     @functools.cached_property
@@ -350,17 +373,9 @@ class PairGrid:
         [num_pairs, p_len] and [num_pairs], row i for pair i. on_chunk (optional): called with
         the number of pairs of each chunk once it is read (a progress bar).
         """
-        num_pairs, p_len = len(q_index), np.shape(p_mask)[1]
-        # NaN until read: every pair is written below, so none may stay NaN.
-        out = SpanScores.full(num_pairs, p_len, np.nan, np.nan)
-        for pairs, outputs in self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask,
-                                                    q_index, p_index, positions, q_qkv, p_qkv,
-                                                    p_stats):
-            # Only the first len(pairs) rows are real: the rest pad the chunk.
-            out.set_rows(pairs, SpanScores(*(np.asarray(value)[:len(pairs)] for value in outputs)))
-            if on_chunk is not None:
-                on_chunk(len(pairs))
-        return out
+        chunks = self.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask, q_index,
+                                       p_index, positions, q_qkv, p_qkv, p_stats)
+        return collect_chunks(chunks, len(q_index), np.shape(p_mask)[1], on_chunk)
 
     def read_grid(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                   p_source: jax.Array | np.ndarray, p_mask: np.ndarray,
@@ -369,8 +384,7 @@ class PairGrid:
         """Every (question, passage) pair: scores [nq, np, p_len] / [nq, np]; see
         iter_pair_chunks for the inputs."""
         nq, np_ = q_mask.shape[0], p_mask.shape[0]
-        q_index, p_index = (a.ravel() for a in np.meshgrid(np.arange(nq), np.arange(np_),
-                                                           indexing="ij"))
+        q_index, p_index = every_pair(nq, np_)
         pairs = self.read_pairs(params, q_lower, q_mask, p_source, p_mask, q_index, p_index,
                                 q_qkv=q_qkv, p_qkv=p_qkv, p_stats=p_stats)
         return pairs.reshape(nq, np_)

@@ -10,6 +10,8 @@ reverse; callers that only select tokens or hold scores need not touch the grid.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +97,27 @@ class SpanScores:
                           self.end_logits.reshape(*lead, passage_len),
                           self.null_start_logits.reshape(lead),
                           self.null_end_logits.reshape(lead))
+
+
+def every_pair(num_questions: int, num_passages: int) -> tuple[np.ndarray, np.ndarray]:
+    """(q_index, p_index) [nq * np] of every (question, passage) pair, question-major: the
+    pair list a grid reads (`SpanScores.reshape(nq, np)` gives it back as a grid)."""
+    q_index, p_index = np.meshgrid(np.arange(num_questions), np.arange(num_passages),
+                                   indexing="ij")
+    return q_index.ravel(), p_index.ravel()
+
+
+def collect_chunks(chunks: Iterable[tuple[np.ndarray, Sequence[Any]]], num_pairs: int,
+                   passage_len: int, on_chunk: Callable[[int], None] | None = None
+                   ) -> SpanScores:
+    """The span scores of a pair list from a grid's chunks ((indices into the list, the
+    chunk's device outputs: start, end [chunk, p_len], null start, end [chunk]), the first
+    len(indices) rows real), copied off the devices. on_chunk: called with each chunk's
+    number of pairs once it is read (a progress bar)."""
+    # NaN until read: every pair is written, so none may stay NaN.
+    out = SpanScores.full(num_pairs, passage_len, np.nan, np.nan)
+    for pairs, outputs in chunks:
+        out.set_rows(pairs, SpanScores(*(np.asarray(value)[:len(pairs)] for value in outputs)))
+        if on_chunk is not None:
+            on_chunk(len(pairs))
+    return out
