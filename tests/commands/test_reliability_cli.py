@@ -29,6 +29,11 @@ class WorkStarted(AssertionError):
 @pytest.fixture
 def _no_work(monkeypatch):
     """Makes every heavy entry point fail loudly: the checks under test must come first."""
+    # Modules that bind a patched name at import (`from ... import build_index`) are imported
+    # first: imported for the first time inside a patched test, they would keep `refuse` for
+    # every later test of the session.
+    import dil_jax.open_domain.build
+    import dil_jax.open_domain.index.verify  # noqa: F401
     from dil_jax import bench, checkpoints
     from dil_jax.open_domain.index import folder as index
     from dil_jax.prescreening import prescreener
