@@ -9,7 +9,9 @@
     pairs.py   host-side parts: kept-token positions, chunk widths, `SpanScores` (the span and
                null scores of any set of pairs)
     grid.py    `PairGrid`: lower states once per question and per passage, pairs in fixed-size
-               chunks on all devices of a 1-D mesh (`read_pairs`, `read_grid`)
+               chunks on all devices of a 1-D mesh (`read_pairs`, `read_grid`); `MeshGrid`,
+               what every grid shares
+    char_grid.py  `CharPairGrid`: the same for QANet / BiDAF (their fixed split, characters)
 
-Dependencies run one way: dil_jax.model <- plan <- upper <- grid; pairs <- grid.
+Dependencies run one way: dil_jax.model <- plan <- upper <- grid <- char_grid; pairs <- grid.
 """
