@@ -12,6 +12,8 @@ Variants (`configs/qanet_squad.py:VARIANT[,multi]`):
   qanet_scratch     QANet with its word table trained from random rows (model.word_table
                     "random", model.reader.train_word_table) instead of the frozen MiniLM table
   qanet_sd          QANet with the paper's stochastic depth (model.reader.layer_dropout 0.1)
+  qanet_ema         QANet evaluated and exported with the paper's moving average of its weights
+                    (optim.ema_decay 0.9999)
   bidaf             BiDAFConfig(): the paper's 100 filters of width 5 over 8-d characters,
                     hidden 100, dropout 0.2
 Suffix `multi`: every occurrence of an ambiguous answer is a correct span
@@ -48,6 +50,8 @@ VARIANTS = {
     "qanet_scratch": ("qanet", {"train_word_table": True}),
     # The paper's stochastic depth (layer dropout 0.1 at each stack's last sublayer).
     "qanet_sd": ("qanet", {"layer_dropout": 0.1}),
+    # The paper's exponential moving average of the weights (decay 0.9999, optim.ema_decay).
+    "qanet_ema": ("qanet", {}),
     "bidaf": ("bidaf", {}),
 }
 MULTI_SUFFIX = "multi"
@@ -55,6 +59,7 @@ USAGE = f"configs/qanet_squad.py:VARIANT[,multi], VARIANT = {', '.join(VARIANTS)
 BATCH_SIZE = 32
 LEARNING_RATE = 1e-3
 WARMUP_STEPS = 1000
+EMA_DECAY = 0.9999  # the paper's
 
 
 def reader_fields(kind: str, changes: dict) -> ml_collections.ConfigDict:
@@ -98,6 +103,7 @@ def get_config(spec: str = "qanet") -> ml_collections.ConfigDict:
         c.optim.b1, c.optim.b2, c.optim.eps, c.optim.weight_decay = 0.8, 0.999, 1e-7, 3e-7
     else:
         c.optim.b1, c.optim.b2, c.optim.eps, c.optim.weight_decay = 0.9, 0.999, 1e-7, 0.0
+    c.optim.ema_decay = EMA_DECAY if variant == "qanet_ema" else 0.0
     c.eval.evaluator = "dil_jax.train.char_eval:evaluator"
     c.eval.use_validation_loss = False
     c.eval.batch_size = 64

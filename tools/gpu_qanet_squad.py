@@ -46,7 +46,8 @@ from reader_pieces import (
 )
 
 CONFIG = "configs/qanet_squad.py"
-READERS = ("qanet", "qanet_lsh", "qanet_reversible", "qanet_scratch", "qanet_sd", "bidaf")
+READERS = ("qanet", "qanet_lsh", "qanet_reversible", "qanet_scratch", "qanet_sd", "qanet_ema",
+           "bidaf")
 PARAMS_MEMBER, MANIFEST_MEMBER = "params.npz", "dil_jax_manifest.json"
 
 

@@ -113,6 +113,7 @@ RULES: dict[str, Rule] = {
     "optim.b2": number_in(0, 1, high_open=True),
     "optim.eps": RATE,
     "optim.frozen": text(),
+    "optim.ema_decay": number_in(0, 1, high_open=True),
     "data.featurizer": text(callable_spec=True),
     "data.squad_file": text(),
     "data.validation_file": text(),

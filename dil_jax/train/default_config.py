@@ -87,6 +87,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.optim.eps = 1e-6
     # Comma-separated param path prefixes kept fixed, e.g. "embeddings/word_embeddings".
     c.optim.frozen = ""
+    # > 0: an exponential moving average of the weights (QANet's 0.9999; `optim.ema_params`)
+    # is what evaluation reads and the export writes; 0: the weights themselves.
+    c.optim.ema_decay = 0.0
 
     c.data = ml_collections.ConfigDict()
     # "module:function" called as f(data_config, split, max_question_len=...) -> FeaturesLike

@@ -21,7 +21,7 @@ from dil_jax.train.checkpointing import (
     named_few,
     nonfinite_leaves,
 )
-from dil_jax.train.step import TrainState
+from dil_jax.train.step import TrainState, weights_of
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,9 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
         log.warning("multi-process run: not exporting %s (export from the checkpoint on one "
                     "host)", directory)
         return None
-    params = state.params
+    params = weights_of(state)
     if best_step is not None and best_step != int(state.step):
-        params = checkpointer.restore(best_step, abstract_like(state, sharding))[0].params
+        params = weights_of(checkpointer.restore(best_step, abstract_like(state, sharding))[0])
         # Its bytes may have changed on disk since it was saved: never export NaN params.
         nonfinite = nonfinite_leaves(params)
         if nonfinite:

@@ -57,7 +57,13 @@ from dil_jax.train.setup import (
     make_run_optimizer,
     metrics_dir,
 )
-from dil_jax.train.step import TrainState, init_train_state, make_eval_loss, make_train_step
+from dil_jax.train.step import (
+    TrainState,
+    init_train_state,
+    make_eval_loss,
+    make_train_step,
+    weights_of,
+)
 from dil_jax.train.teacher_logits import with_stored_teacher
 from dil_jax.train.workdir import CHECKPOINT_DIR, EXPORT_DIR, claim_workdir, record_config
 
@@ -291,7 +297,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                 # A checkpoint between evaluations is saved without metrics: it serves resuming
                 # (LatestN keeps it), never "best".
                 evaluated = step % eval_every == 0 or final or preempted
-                eval_metrics = evaluate_at(state.params, step) if evaluated else {}
+                eval_metrics = evaluate_at(weights_of(state), step) if evaluated else {}
                 checkpointer.save(step, state, checkpoint_meta(step, data, dropout_rng),
                                   metrics=eval_metrics or None, force=True)
                 stopped_early = not final and evaluated and patience_exhausted(

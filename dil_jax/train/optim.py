@@ -7,9 +7,10 @@ would only fight the normalization.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 
 # Leaf names that get weight decay; everything else (bias, LayerNorm scale) does not.
@@ -70,3 +71,47 @@ def make_optimizer(learning_rate: float, total_steps: int, warmup_steps: int,
     parts.append(optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                              mask=lambda p: weight_decay_mask(p, frozen)))
     return optax.chain(*parts), schedule
+
+
+class EmaParams(NamedTuple):
+    """The optimizer state of `ema_params`: updates seen (count) and the average (ema, a
+    pytree like the params)."""
+
+    count: jax.Array
+    ema: Any
+
+
+def ema_decay_at(decay: float, count: jax.Array) -> jax.Array:
+    """The decay of update number `count` (0-based): min(decay, (1 + count) / (10 + count)), the
+    rule of TensorFlow's ExponentialMovingAverage with `num_updates` (QANet's 0.9999): early
+    averages are not dominated by the initial weights."""
+    count = jnp.asarray(count, jnp.float32)
+    return jnp.minimum(decay, (1.0 + count) / (10.0 + count))
+
+
+def ema_params(decay: float) -> optax.GradientTransformation:
+    """Keeps an exponential moving average of the params AFTER each update (chain it last:
+    the updates it sees are the final ones); passes the updates through unchanged. The average
+    lives in the optimizer state (`EmaParams`), so checkpoints and resumes carry it; `averaged`
+    reads it. Yu et al. (2018): "exponential moving average is applied on all trainable
+    variables with a decay rate 0.9999"."""
+
+    def init(params):
+        return EmaParams(jnp.zeros((), jnp.int32), jax.tree.map(jnp.asarray, params))
+
+    def update(updates, state, params=None):
+        if params is None:
+            raise ValueError("ema_params needs the params (optax passes them to update)")
+        new = optax.apply_updates(params, updates)
+        rate = ema_decay_at(decay, state.count)
+        ema = jax.tree.map(lambda avg, value: rate * avg + (1.0 - rate) * value, state.ema, new)
+        return updates, EmaParams(state.count + 1, ema)
+
+    return optax.GradientTransformation(init, update)
+
+
+def averaged(opt_state: Any) -> Any | None:
+    """The params' moving average an optimizer state holds (`ema_params`), or None."""
+    found = [node for node in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
+        x, EmaParams)) if isinstance(node, EmaParams)]
+    return found[0].ema if found else None

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+import optax
 
 from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
 from dil_jax.config import EncoderConfig, lsh_layers_of
@@ -30,7 +31,7 @@ from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, un
 from dil_jax.train.char_data import windows_of
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.null_windows import sample_null_windows
-from dil_jax.train.optim import make_optimizer
+from dil_jax.train.optim import ema_params, make_optimizer
 from dil_jax.train.reader_kinds import char_student, is_char_kind, without_frozen
 
 log = logging.getLogger(__name__)
@@ -342,10 +343,13 @@ def _evaluator(config: ml_collections.ConfigDict, student: Reader,
 
 def make_run_optimizer(config: ml_collections.ConfigDict, total_steps: int):
     """(optax transformation, learning-rate schedule) per config.optim; a QANet / BiDAF's
-    frozen word table is left out of it (`reader_kinds.without_frozen`)."""
+    frozen word table is left out of it (`reader_kinds.without_frozen`); with
+    optim.ema_decay > 0 the weights' moving average is kept last (`optim.ema_params`)."""
     tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
         weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
         b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
         frozen=tuple(name for name in config.optim.frozen.split(",") if name))
-    return (without_frozen(tx) if is_char_kind(config) else tx), schedule
+    tx = without_frozen(tx) if is_char_kind(config) else tx
+    decay = float(config.optim.get("ema_decay", 0.0))
+    return (optax.chain(tx, ema_params(decay)) if decay else tx), schedule

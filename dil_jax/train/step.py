@@ -24,6 +24,7 @@ from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import losses, teacher_logits
+from dil_jax.train.optim import averaged
 from dil_jax.train.sharding import batch_sharding, replicated
 
 # q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp] (QANet / BiDAF: also q_chars [A, M, Lq, C],
@@ -45,6 +46,13 @@ class TrainState:
 
 def init_train_state(params: Params, tx: optax.GradientTransformation) -> TrainState:
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def weights_of(state: TrainState) -> Params:
+    """The weights a state is evaluated and exported with: the moving average its optimizer
+    keeps (`optim.ema_decay` > 0, `optim.ema_params`), else its params."""
+    averaged_params = averaged(state.opt_state)
+    return state.params if averaged_params is None else averaged_params
 
 
 def student_outputs(student: DelayedInteractionModel | CharReaderModel, params: Params,
