@@ -169,16 +169,24 @@ def main() -> None:
                         "how the memory grows with depth")
     parser.add_argument("--merge", type=Path, nargs="*", default=[],
                         help="earlier records (STEM.json) whose rows join this table and plot")
+    parser.add_argument("--word-table", type=Path, default=None,
+                        help="a MiniLM folder whose model.safetensors holds the word table "
+                        "(default: the embedded MiniLM's; a device without that package names "
+                        "the carried copy)")
     parser.add_argument("--out", type=Path, required=True, help="output stem")
     args = parser.parse_args()
     load_before = load_average()
-    table = minilm_word_table()
+    table = minilm_word_table(args.word_table)
     rows, timed = [], []
     for blocks in args.model_blocks:
         for p_len in args.lengths:
             for variant in args.variants:
-                step = CompiledStep(variant, args.batch, args.question_len, p_len, table,
-                                    args.seed, blocks)
+                try:
+                    step = CompiledStep(variant, args.batch, args.question_len, p_len, table,
+                                        args.seed, blocks)
+                except jax.errors.JaxRuntimeError as error:  # e.g. out of device memory
+                    print(f"{variant} at {p_len}: not compiled: {error}", flush=True)
+                    continue
                 rows.append({"variant": variant, "p_len": p_len, "windows": args.batch,
                              "model_blocks": blocks or QANetConfig().model_blocks,
                              "temp_mib": step.temp_bytes / MIB,
@@ -187,17 +195,27 @@ def main() -> None:
                              "compile_s": step.compile_s})
                 print(json.dumps(rows[-1]), flush=True)
                 if p_len in args.time_lengths:
-                    step.run(1)  # the first call's one-off costs
+                    try:
+                        step.run(1)  # the first call's one-off costs
+                    except jax.errors.JaxRuntimeError as error:  # e.g. out of device memory
+                        rows[-1]["step_error"] = str(error).splitlines()[0][:300]
+                        print(f"{variant} at {p_len}: {rows[-1]['step_error']}", flush=True)
                     timed.append((rows[-1], step))
                 else:
                     del step
     seconds: dict[int, list[float]] = {id(row): [] for row, _ in timed}
     for _ in range(args.rounds):
         for row, step in timed:
-            seconds[id(row)].append(step.run(args.steps))
+            if "step_error" not in row:
+                try:
+                    seconds[id(row)].append(step.run(args.steps))
+                except jax.errors.JaxRuntimeError as error:  # e.g. out of device memory
+                    row["step_error"] = str(error).splitlines()[0][:300]
+                    print(f"{row['variant']} at {row['p_len']}: {row['step_error']}", flush=True)
     for row, _ in timed:
-        row["step_s"] = statistics.median(seconds[id(row)]) / args.steps
-        row["round_seconds"] = seconds[id(row)]
+        if seconds[id(row)]:
+            row["step_s"] = statistics.median(seconds[id(row)]) / args.steps
+            row["round_seconds"] = seconds[id(row)]
     merged = [json.loads(path.read_text()) for path in args.merge]
     rows += [{**row, "record": str(path)} for path, old in zip(args.merge, merged, strict=True)
              for row in old["rows"] if "record" not in row]
@@ -214,7 +232,8 @@ def main() -> None:
              "| --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['variant']} | {r['p_len']} | {r.get('model_blocks', '–')} | "
               f"{r['temp_mib']:.1f} | {r['total_mib']:.1f} | "
-              + (f"{r['step_s']:.2f}" if "step_s" in r else "–") + " |" for r in rows]
+              + (f"{r['step_s']:.3f}" if "step_s" in r
+                 else "failed" if "step_error" in r else "–") + " |" for r in rows]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for suffix, text in ((".json", json.dumps(record, indent=2)),
                          (".md", "\n".join(lines) + "\n")):
@@ -222,7 +241,10 @@ def main() -> None:
         staging = path.with_name(path.name + ".new")
         staging.write_text(text)
         os.replace(staging, path)
-    write_plot(rows, args.out.with_suffix(".png"))
+    try:
+        write_plot(rows, args.out.with_suffix(".png"))
+    except ImportError as error:  # a device image without matplotlib: the table still stands
+        print(f"no plot: {error}")
     print("\n".join(lines))
     print(f"load average before {load_before}, after {record['load_after']}")
 
