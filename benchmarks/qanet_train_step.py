@@ -44,6 +44,7 @@ VARIANTS = {
     "chunked": {"ffn_chunk_size": 64},
     "reformer": {"lsh_encoders": ("embedding", "model"), "reversible": True,
                  "ffn_chunk_size": 64},
+    "scanned": {"scan_blocks": True},
 }
 
 

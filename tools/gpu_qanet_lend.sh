@@ -5,7 +5,7 @@
 # OUT (the device's), DEADLINE (training, s), LIMIT (the command's, s), ARGS (the tool's), BENCH
 # (the benchmark's lengths and variants). Smoke-tested on CPU with ARGS="... --smoke".
 export OUT="${OUT:?}"; SECONDS=0
-QANET=1 DEADLINE="${DEADLINE:-390}" ARGS="${ARGS:---readers qanet,qanet_lsh,bidaf,qanet_scratch --multi --epochs 2}" bash .devcarry/run.sh
+QANET=1 DEADLINE="${DEADLINE:-390}" ARGS="${ARGS:---readers qanet,qanet_lsh,bidaf --multi --epochs 2 --scan-blocks}" bash .devcarry/run.sh
 left=$(( ${LIMIT:-585} - SECONDS ))
 echo "training part: ${SECONDS} s; ${left} s left for the bench"
 if [ "$left" -gt 60 ]; then

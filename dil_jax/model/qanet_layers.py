@@ -372,11 +372,38 @@ class EncoderStack(nn.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array, deterministic: bool = True) -> jax.Array:
         """x: [batch, seq, d_model]; mask: [batch, seq] -> [batch, seq, d_model]."""
-        if not self.config.reversible:
-            for i, block in enumerate(self.blocks):
-                x = block(x, mask, deterministic, self._lsh_rng(i, deterministic))
-            return x
-        return self._reversible(x, mask, deterministic)
+        if self.config.reversible:
+            return self._reversible(x, mask, deterministic)
+        if self.config.scan_blocks and len(self.blocks) > 1 and not self.is_initializing():
+            return self._scanned(x, mask, deterministic)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, deterministic, self._lsh_rng(i, deterministic))
+        return x
+
+    def _scanned(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
+        """The plain stack as one `lax.scan` over the blocks (`config.scan_blocks`): each
+        block's params, LSH key and dropout key stacked [blocks, ...]; the same block function
+        as the loop above, so inference gives the loop's outputs (training draws other dropout
+        masks: one key per block instead of one per sublayer scope)."""
+        cfg = self.config
+        _, convs, kernel = self._shape()
+        count = len(self.blocks)
+        params = _stack_over_blocks([block.variables["params"] for block in self.blocks])
+        lsh = [self._lsh_rng(i, deterministic) for i in range(count)]
+        keys = (None if lsh[0] is None else jnp.stack(lsh),
+                None if deterministic else jnp.stack([self.make_rng("dropout")
+                                                      for _ in range(count)]))
+
+        def one_block(x: jax.Array, per_block: tuple[Any, ...]) -> tuple[jax.Array, None]:
+            block_params, lsh_rng, dropout_rng = per_block
+            rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+            # parent=None: an unbound module even when called from inside EncoderStack.
+            block = EncoderBlock(cfg, convs, kernel, parent=None)
+            return block.apply({"params": block_params}, x, mask, deterministic, lsh_rng,
+                               rngs=rngs), None
+
+        x, _ = jax.lax.scan(one_block, x, (params, *keys))
+        return x
 
     def _reversible(self, x: jax.Array, mask: jax.Array, deterministic: bool) -> jax.Array:
         cfg = self.config

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import dil_jax.model.qanet_layers as qanet_layers
+from dil_jax.config import ConfigError
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_layers import EncoderStack
 from dil_jax.model.reversible import reversible_scan, reversible_scan_forward
@@ -292,3 +293,46 @@ def test_compiled_reversible_chain_peaks_at_its_largest_part():
     chain, _ = _compiled_temp_bytes((("embedding", 1), ("model", 2), ("model", 2)), seq)
     crossing = 8 * seq * tiny_config().d_model * 4
     assert chain <= max(model, embedding) + crossing, (model, embedding, chain, crossing)
+
+
+# ----------------------------------------------------------------------------- scanned blocks
+
+@pytest.mark.parametrize("lsh", [(), ("embedding", "model")])
+def test_scanned_blocks_are_the_loop_of_blocks_and_its_gradients(lsh):
+    """`scan_blocks`: the same block function over params stacked per block, so the loop's
+    logits and gradients (the reference: the plain loop, itself checked against NumPy in
+    tests/model/test_qanet.py), with 2 embedding and 3 model blocks so that both stacks scan;
+    with LSH (buckets of 4: several chunks) each block keeps its own fixed hash rotations."""
+    config = tiny_config(embedding_blocks=2, model_blocks=3, lsh_encoders=lsh,
+                         lsh_bucket_size=4 if lsh else 64)
+    variables = tiny_variables(config)
+    question, passage = _pairs(config, p_len=24)
+    loop, scanned = QANetModel(config), QANetModel(config.replace(scan_blocks=True))
+    _assert_close_logits(scanned(variables, question, passage),
+                         loop(variables, question, passage), passage)
+    _assert_gradients_close(jax.grad(_loss(scanned, variables, question, passage))(
+        variables["params"]), jax.grad(_loss(loop, variables, question, passage))(
+        variables["params"]), 1e-5)
+    # It really scans: each stack's block is traced once, not once per block, so the program
+    # holds fewer matmuls (the loop's: 2 + 3 x 3 block applications per pair).
+    def matmuls(model):
+        program = jax.jit(lambda v: model(v, question, passage).start_logits).lower(variables)
+        return program.as_text().count("dot_general")
+
+    assert matmuls(scanned) < matmuls(loop)
+
+
+def test_scanned_blocks_train_with_dropout_and_refuse_stochastic_depth():
+    config = tiny_config(model_blocks=3, dropout=0.2, scan_blocks=True)
+    variables = tiny_variables(config)
+    question, passage = _pairs(config)
+    model = QANetModel(config)
+    one, two = (model(variables, question, passage, deterministic=False,
+                      rngs={"dropout": jax.random.key(seed)}) for seed in (0, 1))
+    # Dropout draws with the key: another key, other logits; the same key, the same logits.
+    assert np.abs(np.asarray(one.start_logits) - np.asarray(two.start_logits)).max() > 1e-3
+    again = model(variables, question, passage, deterministic=False,
+                  rngs={"dropout": jax.random.key(0)})
+    np.testing.assert_array_equal(np.asarray(again.start_logits), np.asarray(one.start_logits))
+    with pytest.raises(ConfigError, match="layer_dropout 0.1 with scan_blocks"):
+        tiny_config(scan_blocks=True, layer_dropout=0.1)
