@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gpu_squad_v11 as pool  # tools/ is not a package: imported from its folder
+import train_state_pieces
 from reader_pieces import (
     add_trained_from,
     flat_key,
@@ -73,6 +74,20 @@ def reader_runs(args: argparse.Namespace) -> list[pool.Run]:
     return [pool.Run(name + suffix, list(common) + (
         ["--config.model.reader.scan_blocks=true"] if args.scan_blocks and name in SCANNABLE
         else []), config=CONFIG) for name in names]
+
+
+def resume_states(runs: list[pool.Run], args: argparse.Namespace) -> None:
+    """Each --resume-state piece into the workdir of the run it names, before any run starts:
+    the trainer resumes from it (`train_state_pieces.unpack`, the table --base's)."""
+    by_workdir = {run.workdir_name: run for run in runs}
+    for first_piece in args.resume_state:
+        name = first_piece.name.rsplit(".tar.xz.", 1)[0]
+        if name not in by_workdir:
+            raise SystemExit(f"--resume-state {first_piece}: no run of --readers has the "
+                             f"workdir {name} (theirs: {', '.join(by_workdir)})")
+        step = train_state_pieces.unpack(first_piece.parent, name, Path(args.runs) / name,
+                                         args.base)
+        print(f"{name}: resumes from step {step}", flush=True)
 
 
 def pack_char_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
@@ -137,6 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scan-blocks", action="store_true", help="QANet's plain stacks as one "
                         f"lax.scan each ({', '.join(SCANNABLE)}): a third of the compile time "
                         "less, the same function (model.reader.scan_blocks)")
+    parser.add_argument("--resume-state", type=Path, nargs="*", default=[],
+                        help="NAME.tar.xz.00 of a run's state (tools/train_state_pieces.py pack), "
+                        "NAME = the run's workdir name (qanet_squad_qanet_multi): that run "
+                        "resumes from it (its schedule: --epochs must be the packed run's)")
+    parser.add_argument("--return-state", action="store_true",
+                        help="every run's newest checkpoint comes back too, as "
+                        "WORKDIR_NAME.tar.xz.NN (tools/train_state_pieces.py unpack), so that a "
+                        "run can go on elsewhere")
     parser.add_argument("--deadline-seconds", type=float, default=420.0)
     parser.add_argument("--epochs", type=float, default=3.0,
                         help="each run's schedule (lr decays to 0 over it); the deadline may "
@@ -159,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.runs).mkdir(parents=True, exist_ok=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     runs = reader_runs(args)
+    resume_states(runs, args)
     if not args.smoke:  # evaluations cost the shared GPU: every other checkpoint
         for run in runs:
             run.overrides.append(f"--config.eval.every_steps={2 * args.eval_steps}")
@@ -174,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         if params.is_dir():
             returned += [p.name for p in pack_char_reader(params, Path(args.out),
                                                           run.name.replace(",", "_"))]
+        if args.return_state and pool.last_checkpoint_step(Path(args.runs) / run.workdir_name):
+            returned += [p.name for p in train_state_pieces.pack(
+                Path(args.runs) / run.workdir_name, Path(args.out), run.workdir_name)]
     summary["returned"] = returned
     summary["elapsed_s"] = round(pool.elapsed(), 1)
     pool.pack_results(runs, args, summary)
