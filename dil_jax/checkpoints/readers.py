@@ -105,10 +105,12 @@ def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | Non
     """
     checkpoint = resolve_reader_checkpoint(checkpoint)
     if checkpoint.is_char_reader:
-        # Until index, ask, bench and serve read QANet / BiDAF too (docs/qanet.md).
+        # predict, index, ask, odqa-eval, bench and serve load it with `load_char_reader`
+        # (docs/qanet.md); what calls this loader reads the BERT family only (demo, prescreen,
+        # a training teacher).
         raise CheckpointError(f"{checkpoint.name}: a {checkpoint.char_reader_kind} reader (its "
-                              "manifest's model_kind); `dil-jax predict` reads it, index, ask, "
-                              "bench and serve read the BERT family only so far")
+                              "manifest's model_kind); predict, index, ask, odqa-eval, bench "
+                              "and serve read it, this reads the BERT family only")
     overrides = dict(config_overrides or {})
     if max_question_len is not None:
         overrides["max_question_len"] = max_question_len

@@ -334,18 +334,33 @@ def checkpoint_for(args: argparse.Namespace, position: int) -> str:
 
 def load_reader_of(args: argparse.Namespace, k: int | None, position: int = 0) -> Reader:
     """The reader of the position-th --k: its checkpoint (`checkpoint_for`), split at k,
-    with --max-question-len and --tokenizer. A QANet / BiDAF export (`load_char_reader`) has a
-    fixed split: k must be None or that split's (its cache's k), else UsageError."""
+    with --max-question-len and --tokenizer (`load_reader_at`)."""
+    return load_reader_at(checkpoint_for(args, position), k, args.max_question_len,
+                          args.tokenizer)
+
+
+def load_reader_at(checkpoint: str, k: int | None, max_question_len: int | None,
+                   tokenizer: str | None, *, checkpoint_flag: str = "--checkpoint",
+                   k_flag: str | None = "--k", fix: str | None = None) -> Reader:
+    """The reader of any checkpoint, split at k: the BERT family through `load_reader` (any
+    k), a QANet / BiDAF export through `load_char_reader`, told apart by
+    `resolve_reader_checkpoint` as every command tells them apart. A char reader's split is
+    fixed (its cache's k): k must be None or that split, else a UsageError naming the flags:
+    `k_flag` (None: k is implied by `checkpoint_flag`, as `serve`'s full reader is read at
+    k = 0) and `checkpoint_flag`; `fix` says what to do instead (default: pass k_flag with
+    the reader's k)."""
     from dil_jax.checkpoints import load_char_reader, load_reader, resolve_reader_checkpoint
 
-    checkpoint = resolve_reader_checkpoint(checkpoint_for(args, position))
-    if not checkpoint.is_char_reader:
-        return load_reader(checkpoint, k, args.max_question_len, args.tokenizer)
-    reader = load_char_reader(checkpoint, None, args.max_question_len, args.tokenizer)
+    resolved = resolve_reader_checkpoint(checkpoint)
+    if not resolved.is_char_reader:
+        return load_reader(resolved, k, max_question_len, tokenizer)
+    reader = load_char_reader(resolved, None, max_question_len, tokenizer)
     fixed = reader.config.num_lower_layers
     if k is not None and k != fixed:
         side = "embedding encoder" if reader.model.kind == "qanet" else "contextual layer"
-        raise UsageError(f"--k {k} with --checkpoint {checkpoint.name}: a {reader.model.kind} "
-                         f"reader's split is fixed (its passages' cached side is its {side}, "
-                         f"k = {fixed}); pass --k {fixed}")
+        asked = (f"{k_flag} {k} with {checkpoint_flag} {resolved.name}" if k_flag
+                 else f"{checkpoint_flag} {resolved.name}, read at k = {k}")
+        raise UsageError(f"{asked}: a {reader.model.kind} reader's split is fixed (its "
+                         f"passages' cached side is its {side}, k = {fixed}); "
+                         f"{fix or f'pass {k_flag} {fixed}'}")
     return reader

@@ -182,7 +182,8 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
 
     @route("/v1/info")
     async def info(request: Request) -> Response:
-        readers = {name: {"k": served.k, "layers": served.reader.reader.config.num_layers,
+        readers = {name: {"k": served.k, "kind": served.kind,
+                          "layers": served.reader.reader.config.num_layers,
                           "checkpoint": served.checkpoint,
                           "abstention": served.abstention is not None}
                    for name, served in engine.readers.items()}

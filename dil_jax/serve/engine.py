@@ -41,10 +41,33 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedContext:
-    """A `/v1/read` request and its context's windows (`window_contexts`), ready to read."""
+    """A `/v1/read` request and its context's windows (`window_contexts`), ready to read;
+    chars: each window token's characters [n_windows, p_len, max_chars] for a QANet / BiDAF
+    (`context_characters`), None for the BERT family."""
 
     request: ReadRequest
     windows: Any  # dil_jax.data.features.ContextWindows
+    chars: np.ndarray | None = None
+
+
+def context_characters(context: str, windows: Any, max_chars: int) -> np.ndarray:
+    """[n_windows, p_len, max_chars] characters of a context's windows, read from the context
+    through the tokens' offsets (`token_characters`): what the index's cache builder reads
+    from a passage's text (open_domain/cache/encoders.py) and `predict` from a SQuAD
+    context (data/characters.py), so a context reads as that passage would."""
+    from dil_jax.model.qanet_inputs import token_characters
+
+    count = windows.ids.shape[0]
+    return token_characters([context] * count, windows.offsets, windows.mask, max_chars)
+
+
+def no_null_score(reader_name: str, kind: str) -> RequestError:
+    """The refusal of handle_impossible_answer by a QANet / BiDAF, as `predict` refuses a
+    SQuAD 2.0 file and --null-threshold for one."""
+    return RequestError(422, "handle_impossible_answer",
+                        f"the {reader_name} reader is a {kind} reader, which has no no-answer "
+                        "score (trained on SQuAD v1.1: it always answers with a span); leave "
+                        "handle_impossible_answer false", True)
 
 
 def context_groups(prepared: Sequence[tuple[int, PreparedContext]], max_questions: int,
@@ -131,8 +154,10 @@ class Engine:
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
             shaped.read(list(CHECK_QUESTIONS[:count]))
+        # A QANet / BiDAF refuses handle_impossible_answer (`no_null_score`).
+        impossible = not served.reader.reader.is_char_reader
         self._read_context(served, ReadRequest(CHECK_QUESTIONS[1], CHECK_CONTEXT, name, 2, 15,
-                                               True))
+                                               impossible))
         if self.warm and CompileCounter.count != before:
             log.warning("the %s reader compiled %d more program(s) after its warm-up: a shape "
                         "the warm-up did not enumerate (dil_jax/serve/shapes.py)", name,
@@ -199,12 +224,17 @@ class Engine:
 
     @staticmethod
     def _prepare_context(served: ServedReader, request: ReadRequest) -> PreparedContext:
-        """`POST /v1/read`'s context cut into the index's windows; a RequestError naming the
-        context when it makes more windows than the server reads or has no token."""
+        """`POST /v1/read`'s context cut into the index's windows (with their characters for
+        a QANet / BiDAF); a RequestError naming the context when it makes more windows than
+        the server reads or has no token, or handle_impossible_answer for a reader without a
+        no-answer score."""
         from dil_jax.data.features import window_contexts
         from dil_jax.tokenization import encode_questions
 
-        tokenizer = served.reader.reader.tokenizer
+        reader = served.reader.reader
+        if reader.is_char_reader and request.handle_impossible_answer:
+            raise no_null_score(served.name, reader.model.kind)
+        tokenizer = reader.tokenizer
         # A question the tokenizer reads as nothing raises here, for this request alone
         # (its group's questions are encoded together later).
         encode_questions(tokenizer, [request.question],
@@ -221,7 +251,9 @@ class Engine:
         if not windows.length.any():
             raise RequestError(422, "context", "context has no token this reader knows",
                                request.context)
-        return PreparedContext(request, windows)
+        chars = (context_characters(request.context, windows, reader.config.max_chars)
+                 if reader.is_char_reader else None)
+        return PreparedContext(request, windows, chars)
 
     def _read_group(self, served: ServedReader, contexts: list[PreparedContext]
                     ) -> list[list[dict]]:
@@ -233,8 +265,10 @@ class Engine:
         reader = served.for_contexts(len(contexts), sum(counts))
         ids = np.concatenate([context.windows.ids for context in contexts])
         mask = np.concatenate([context.windows.mask for context in contexts])
+        chars = (np.concatenate([context.chars for context in contexts])
+                 if reader.reader.is_char_reader else None)
         q_lower, q_mask = reader._encode_question_batch([c.request.question for c in contexts])
-        p_source, p_mask = self._context_side(reader, ids, mask)
+        p_source, p_mask = self._context_side(reader, ids, mask, chars)
         scores = reader.grid.read_pairs(reader.reader.params, q_lower, q_mask, p_source, p_mask,
                                         np.repeat(np.arange(len(contexts)), counts),
                                         np.arange(sum(counts)))
@@ -271,11 +305,14 @@ class Engine:
                                 request.max_answer_len, request.handle_impossible_answer)
 
     @staticmethod
-    def _context_side(reader, ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _context_side(reader, ids: np.ndarray, mask: np.ndarray,
+                      chars: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(p_source, p_mask) of a context's windows, as `OpenDomainReader._passage_side`
         gives them for cache rows: the same dtypes, padded to the same `passage_rows`. k > 0:
         the lower states, encoded in the grid's fixed [batch, p_len] program and joined on
-        the host (device-side joins would compile one program per window count)."""
+        the host (device-side joins would compile one program per window count). chars: the
+        windows' characters, for a QANet / BiDAF (whose lower program reads them, as its
+        cache builder's does: ids, chars, mask in int32)."""
         import jax
 
         from dil_jax.model.span_reader import PASSAGE_SEGMENT
@@ -284,24 +321,25 @@ class Engine:
         rows = reader.passage_rows
         cached = reader.cache.passage_side(np.zeros(1, np.int64))
         mask = mask.astype(reader.cache.mask.dtype)
-        if ReusePlan.of(reader.reader.config).reads_passage_ids:
+        if chars is None and ReusePlan.of(reader.reader.config).reads_passage_ids:
             source = ids.astype(cached.dtype)
         else:
             grid = reader.grid
+            inputs, extra = (([ids, chars, mask.astype(np.int32)], ()) if chars is not None
+                             else ([ids, mask], (PASSAGE_SEGMENT,)))
             # A lone window is encoded alone rather than padded to the grid's batch (8x the
             # lower blocks' work for one window): two programs, [1, p_len] and [B, p_len].
             batch = 1 if len(ids) == 1 else grid.batch_size
             padded = -(-len(ids) // batch) * batch
-            ids_p = np.pad(ids, ((0, padded - len(ids)), (0, 0)))
-            mask_p = np.pad(mask, ((0, padded - len(mask)), (0, 0)))
+            inputs = [_pad_rows(array, padded) for array in inputs]
             parts = [np.asarray(grid._lower_fn(reader.reader.params,
-                                               jax.device_put(ids_p[i:i + batch], grid.sharded),
-                                               jax.device_put(mask_p[i:i + batch], grid.sharded),
-                                               PASSAGE_SEGMENT))
+                                               *(jax.device_put(array[i:i + batch], grid.sharded)
+                                                 for array in inputs), *extra))
                      for i in range(0, padded, batch)]
             source = np.concatenate(parts)[:len(ids)].astype(cached.dtype)
+        return _pad_rows(source, rows), _pad_rows(mask, rows)
 
-        def pad(array: np.ndarray) -> np.ndarray:
-            return np.pad(array, ((0, rows - len(array)),) + ((0, 0),) * (array.ndim - 1))
 
-        return pad(source), pad(mask)
+def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """array [n, ...] zero-padded to [rows, ...]."""
+    return np.pad(array, ((0, rows - len(array)),) + ((0, 0),) * (array.ndim - 1))

@@ -19,11 +19,19 @@ from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 
 @dataclasses.dataclass(frozen=True)
 class ReaderSpec:
-    """A reader to serve: its name in the API ("full", "delayed"), checkpoint and split."""
+    """A reader to serve: its name in the API ("full", "delayed"), checkpoint and split.
+
+    k_flag: the flag that gave k, named when a QANet / BiDAF refuses it (its split is fixed);
+    None: k is the reader's role's (the full reader is read at k = 0)."""
 
     name: str
     checkpoint: str
     k: int | None  # None: the checkpoint's own
+    k_flag: str | None = "--k"
+
+    @property
+    def checkpoint_flag(self) -> str:
+        return f"--{self.name}-checkpoint"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +79,14 @@ class ServedReader:
     def k(self) -> int:
         return self.reader.reader.config.num_lower_layers
 
+    @property
+    def kind(self) -> str:
+        """What the reader is: "encoder" (the BERT family) or "qanet" / "bidaf"."""
+        from dil_jax.model.char_reader import ENCODER_KIND
+
+        reader = self.reader.reader
+        return reader.model.kind if reader.is_char_reader else ENCODER_KIND
+
     def for_questions(self, count: int) -> Any:
         """The reader whose padding holds `count` questions: the smallest shape that does."""
         return next((self.shapes[n] for n in sorted(self.shapes) if n >= count), self.reader)
@@ -89,13 +105,27 @@ def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[
     from dil_jax.defaults import bundled_reader
 
     specs = []
-    for name, given, split in (("full", full, 0), ("delayed", delayed, k)):
+    for name, given, split, k_flag in (("full", full, 0, None), ("delayed", delayed, k, "--k")):
         checkpoint = given or bundled_reader(name)
         if checkpoint is None:
             raise UsageError(f"no bundled {name} reader in this install: give "
                              f"--{name}-checkpoint")
-        specs.append(ReaderSpec(name, str(checkpoint), split))
+        specs.append(ReaderSpec(name, str(checkpoint), split, k_flag))
     return specs
+
+
+def load_spec_reader(spec: ReaderSpec, settings: ReadSettings) -> Any:
+    """The Reader of a spec, of either family (`commands.arguments.load_reader_at`, the
+    loader `ask` and `index` use): a QANet / BiDAF export asked for another k than its fixed
+    split is a UsageError naming the spec's flags."""
+    from dil_jax.commands.arguments import load_reader_at
+
+    # A char reader's split is never 0 (its passages' side is encoded): not a full reader.
+    fix = ("the full reader is read at k = 0: serve it as --delayed-checkpoint"
+           if spec.k_flag is None else None)
+    return load_reader_at(spec.checkpoint, spec.k, settings.max_question_len,
+                          settings.tokenizer, checkpoint_flag=spec.checkpoint_flag,
+                          k_flag=spec.k_flag, fix=fix)
 
 
 def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings
@@ -103,7 +133,6 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     """Opens the index once and each reader over it, with its passage cache and abstention
     thresholds. Each reader pads every batch's passage side to the most windows one batch
     can read (`shapes.passage_rows`), so its programs have one passage shape."""
-    from dil_jax.checkpoints import load_reader
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.cache.missing import (
         THIS_READER,
@@ -123,8 +152,7 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     index = open_index(index_dir)
     served: dict[str, ServedReader] = {}
     for spec in specs:
-        loaded = load_reader(spec.checkpoint, spec.k, settings.max_question_len,
-                             settings.tokenizer)
+        loaded = load_spec_reader(spec, settings)
         try:
             cache = index.open_cache(loaded, settings.storage)
         except CacheMismatchError as error:

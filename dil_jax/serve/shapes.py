@@ -18,6 +18,11 @@ What decides a read's compiled programs (dil_jax/open_domain/reader.py, dil_jax/
   or read from the cache (`--cache-reuse` indexes; a context of `POST /v1/read` has none
   cached): `hoist_classes` lists the pair counts that reach each reachable combination.
 
+A QANet / BiDAF reads through `CharPairGrid` (dil_jax/reading/char_grid.py): the same question
+batch, passage rows and chunk widths, but nothing hoisted (one class), and its chunks are cut
+to their real tokens only where that is exact (`CharPairGrid.trim_padding`): otherwise every
+chunk reads the full widths, one program.
+
 The warm-up (`warm_up`) runs each combination through the reader's own helpers
 (`_encode_question_batch`, `_passage_side`, `_cached_reuse`) and the grid's chunk loop, so the
 arguments have exactly the types, shapes and shardings a real read gives them; one chunk per
@@ -135,16 +140,21 @@ def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
     """What `warm_up` compiles for this OpenDomainReader (its passage_rows must be set) when
     it reads at most `questions` questions at once (None: its grid's batch size)."""
     batch, rows = reader.grid.batch_size, reader.passage_rows
+    q_len, p_len = reader.reader.config.max_question_len, reader.cache.mask.shape[1]
+    if reader.reader.is_char_reader:
+        trims = reader.grid.trim_padding
+        return WarmUpPlan(passage_rows=rows, classes=[HoistClass(1, False, False)],
+                          question_widths=question_widths(q_len) if trims else [q_len],
+                          passage_widths=passage_widths(p_len) if trims else [p_len])
     plan = reader.grid.plan
     classes = hoist_classes(plan, reader.reads_cached_reuse, batch, rows,
                             max_pairs(reader.index.windows.count, questions or batch,
                                       reader.top_p))
     if reader.reads_cached_reuse:  # a context's windows (at most `rows` pairs) have no cache
         classes += hoist_classes(plan, False, batch, rows, rows)
-    return WarmUpPlan(
-        passage_rows=rows, classes=classes,
-        question_widths=question_widths(reader.reader.config.max_question_len),
-        passage_widths=passage_widths(reader.cache.mask.shape[1]))
+    return WarmUpPlan(passage_rows=rows, classes=classes,
+                      question_widths=question_widths(q_len),
+                      passage_widths=passage_widths(p_len))
 
 
 def warm_up(reader, progress: Callable[[int, int], None] | None = None,
@@ -172,13 +182,13 @@ def warm_up(reader, progress: Callable[[int, int], None] | None = None,
         # A program's shape depends on the width its chunk reads, not on the values: the
         # window's mask is made exactly p_width long (the index may hold no such window).
         p_mask[0] = np.arange(p_mask.shape[1]) < p_width
-        p_qkv = p_stats = None
+        # Handed in only when cached: a CharPairGrid takes no such arguments.
+        reuse = {}
         if hoist.cached_passages:
-            p_qkv, p_stats = reader._cached_reuse(rows)
+            reuse = dict(zip(("p_qkv", "p_stats"), reader._cached_reuse(rows)))
         index = np.zeros(hoist.pairs, np.int64)
         chunks = reader.grid.iter_pair_chunks(reader.reader.params, q_lower, q_mask, p_source,
-                                              p_mask, index, index, p_qkv=p_qkv,
-                                              p_stats=p_stats)
+                                              p_mask, index, index, **reuse)
         # Every chunk of these identical pairs has the same widths: the first compiles them.
         _, outputs = next(chunks)
         jax.block_until_ready(outputs)

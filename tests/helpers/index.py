@@ -9,16 +9,18 @@ from pathlib import Path
 from dil_jax.samples import SAMPLE_PASSAGES
 
 
-def build_sample_index(root: Path, *flags: str) -> tuple[Path, str]:
+def build_sample_index(root: Path, *flags: str, ks: tuple[str, ...] = ("0", "1")
+                       ) -> tuple[Path, str]:
     """(index folder, corpus source) of an index of the sample passages (one document each)
-    with caches for k = 0 and k = 1, built in `root` by `dil-jax index` with `flags`."""
+    with caches for each k of `ks` (default k = 0 and k = 1), built in `root` by `dil-jax
+    index` with `flags`."""
     from dil_jax.cli import main
 
     corpus = root / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
                               + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
     index = root / "index"
-    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "1",
+    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", *ks,
                  *flags]) == 0
     return index, f"jsonl:{corpus}"
 

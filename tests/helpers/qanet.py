@@ -24,6 +24,23 @@ def tiny_config(**changes) -> QANetConfig:
     return QANetConfig(**{**TINY, **changes})
 
 
+def tiny_qanet_index(root, tokenizer, q_len: int, p_len: int, stride: int):
+    """A tiny QANet export over MiniLM's vocabulary (random, perturbed weights) and an index
+    of the sample passages with its cache (`dil-jax index --k 1`, windows of p_len tokens):
+    (export folder, index folder, corpus source)."""
+    from dil_jax.checkpoints.char_readers import save_char_reader
+
+    from tests.helpers.index import build_sample_index
+
+    config = tiny_config(vocab_size=tokenizer.vocab_size, word_dim=8,
+                         max_chars=TINY["max_chars"], max_question_len=q_len)
+    export = save_char_reader(root / "qanet", tiny_variables(config), config)
+    index, source = build_sample_index(
+        root, "--checkpoint", str(export), "--max-passage-len", str(p_len), "--doc-stride",
+        str(stride), "--max-question-len", str(q_len), "--batch-size", "2", ks=("1",))
+    return export, index, source
+
+
 def perturb(tree, seed: int, scale: float = 0.3):
     """Every leaf plus N(0, scale^2) noise: Flax starts biases at 0 and LayerNorm scales at 1,
     which would hide a bias applied in the wrong place or a norm read from the wrong layer."""

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import load_char_reader
-from dil_jax.checkpoints.char_readers import save_char_reader
 from dil_jax.data.decoding import window_nbest
 from dil_jax.model.qanet_inputs import QANetSegment, token_characters
 from dil_jax.open_domain.index.folder import open_index, window_arrays
@@ -25,7 +24,7 @@ from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import encode_questions
 
 from tests.helpers import run_cli
-from tests.helpers.qanet import TINY, tiny_config, tiny_variables
+from tests.helpers.qanet import tiny_qanet_index
 
 Q_LEN, P_LEN, STRIDE = 16, 48, 24
 QUESTION = "Who wrote Pride and Prejudice?"
@@ -38,20 +37,8 @@ RTOL = 1e-4
 def qanet_index(tmp_path_factory, tokenizer):
     """A tiny QANet export over MiniLM's vocabulary and an index of the sample passages with
     its cache: (export folder, index folder, corpus source)."""
-    root = tmp_path_factory.mktemp("qanet_odqa")
-    config = tiny_config(vocab_size=tokenizer.vocab_size, word_dim=8,
-                         max_chars=TINY["max_chars"], max_question_len=Q_LEN)
-    export = save_char_reader(root / "qanet", tiny_variables(config), config)
-    corpus = root / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text}) + "\n"
-                              for i, text in enumerate(SAMPLE_PASSAGES)))
-    index = root / "index"
-    from dil_jax.cli import main
-
-    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--checkpoint",
-                 str(export), "--k", "1", "--max-passage-len", str(P_LEN), "--doc-stride",
-                 str(STRIDE), "--max-question-len", str(Q_LEN), "--batch-size", "2"]) == 0
-    return export, index, f"jsonl:{corpus}"
+    return tiny_qanet_index(tmp_path_factory.mktemp("qanet_odqa"), tokenizer, Q_LEN, P_LEN,
+                            STRIDE)
 
 
 def _reference_states(reader, index) -> np.ndarray:

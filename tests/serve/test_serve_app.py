@@ -342,7 +342,8 @@ def test_routes(client):
     assert read.json() == {"score": 0.5, "start": 0, "end": 6, "answer": "Austen"}
     assert client.get("/").status_code == 200 and "<form" in client.get("/").text
     assert "/v1/answer" in client.get("/openapi.json").json()["paths"]
-    assert client.get("/v1/info").json()["readers"]["delayed"]["k"] == 4
+    info = client.get("/v1/info").json()["readers"]["delayed"]
+    assert (info["k"], info["kind"]) == (4, "encoder")
 
 
 @pytest.mark.parametrize("kwargs,status,field,words", [
