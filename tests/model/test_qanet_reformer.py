@@ -297,14 +297,14 @@ def test_compiled_reversible_chain_peaks_at_its_largest_part():
 
 # ----------------------------------------------------------------------------- scanned blocks
 
-@pytest.mark.parametrize("lsh", [(), ("embedding", "model")])
-def test_scanned_blocks_are_the_loop_of_blocks_and_its_gradients(lsh):
+def test_scanned_blocks_are_the_loop_of_blocks_and_its_gradients():
     """`scan_blocks`: the same block function over params stacked per block, so the loop's
     logits and gradients (the reference: the plain loop, itself checked against NumPy in
     tests/model/test_qanet.py), with 2 embedding and 3 model blocks so that both stacks scan;
-    with LSH (buckets of 4: several chunks) each block keeps its own fixed hash rotations."""
-    config = tiny_config(embedding_blocks=2, model_blocks=3, lsh_encoders=lsh,
-                         lsh_bucket_size=4 if lsh else 64)
+    with LSH in both (buckets of 4: several chunks), so each block must also keep its own fixed
+    hash rotations (a plain stack is the same scan without them)."""
+    config = tiny_config(embedding_blocks=2, model_blocks=3, lsh_encoders=("embedding", "model"),
+                         lsh_bucket_size=4)
     variables = tiny_variables(config)
     question, passage = _pairs(config, p_len=24)
     loop, scanned = QANetModel(config), QANetModel(config.replace(scan_blocks=True))
