@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,19 @@ log = logging.getLogger(__name__)
 CHECK_QUESTIONS = ("Who wrote Pride and Prejudice?", "What is the capital of France?")
 CHECK_CONTEXT = ("Pride and Prejudice is an 1813 novel of manners written by Jane Austen. It "
                  "follows Elizabeth Bennet as she deals with matters of upbringing.")
+
+
+def several_window_context(window_count: Callable[[str], int], rows: int,
+                           most: int = 8) -> str | None:
+    """The warm-up's context of several windows: CHECK_CONTEXT repeated the most times (at most
+    `most`) whose windows, counted by `window_count`, fit the `rows` passage rows a request may
+    fill; None when no repetition fits (a request then holds one window at most)."""
+    for repeats in range(most, 1, -1):
+        context = " ".join([CHECK_CONTEXT] * repeats)
+        count = window_count(context)
+        if 2 <= count <= rows:
+            return context
+    return None
 
 
 @dataclasses.dataclass
@@ -145,11 +158,15 @@ class Engine:
         program the enumeration missed (a question or context after this must compile
         nothing)."""
         # Contexts of 1 and of 2+ windows, alone and two together: the context encoder's
-        # [1, p_len] and [batch, p_len] programs of each shape a group can take.
-        one, several = (ReadRequest(CHECK_QUESTIONS[0], context, name, 1, 15, False)
-                        for context in (CHECK_CONTEXT, " ".join([CHECK_CONTEXT] * 8)))
-        together = [[one, several]] if served.reader.grid.batch_size > 1 else []
-        for group in [[one], [several], *together]:
+        # [1, p_len] and [batch, p_len] programs of each shape a group can take. The longer
+        # one as long as a request may be (a small index's batches hold few passage rows);
+        # none where a request may hold one window only.
+        long_context = several_window_context(
+            lambda text: self._window_count(served, text), served.reader.passage_rows)
+        one, *several = (ReadRequest(CHECK_QUESTIONS[0], context, name, 1, 15, False)
+                         for context in (CHECK_CONTEXT, *filter(None, [long_context])))
+        together = [[one, *several]] if several and served.reader.grid.batch_size > 1 else []
+        for group in [[one], *([request] for request in several), *together]:
             self._read_group(served, [self._prepare_context(served, r) for r in group])
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
@@ -162,6 +179,16 @@ class Engine:
             log.warning("the %s reader compiled %d more program(s) after its warm-up: a shape "
                         "the warm-up did not enumerate (dil_jax/serve/shapes.py)", name,
                         CompileCounter.count - before)
+
+    def _window_count(self, served: ServedReader, context: str) -> int:
+        """How many windows `context` makes for `served` (as `_prepare_context` cuts it)."""
+        from dil_jax.data.features import window_contexts
+
+        p_len = served.reader.cache.mask.shape[1]
+        windows = window_contexts(served.reader.reader.tokenizer, [context],
+                                  max_passage_len=p_len,
+                                  doc_stride=int(served.reader.index.settings["doc_stride"]))
+        return int(windows.ids.shape[0])
 
     # ------------------------------------------------------------------ jobs
 

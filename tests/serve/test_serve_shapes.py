@@ -77,3 +77,19 @@ def test_contexts_are_grouped_by_questions_and_windows(counts, max_questions, ma
                                                        groups):
     got = context_groups(_contexts(*counts), max_questions, max_windows)
     assert [[position for position, _ in group] for group in got] == groups
+
+
+def test_the_warm_up_context_of_several_windows_fits_the_rows_a_request_may_fill():
+    """A small index's batches hold few passage rows: the warm-up's long context is cut to the
+    most repetitions that fit (here each repetition adds one window to a first one), and left
+    out where none does (a server over six one-window passages with batches of 2 has 6 rows;
+    8 repetitions make 9 windows)."""
+    from dil_jax.serve.engine import CHECK_CONTEXT, several_window_context
+
+    def windows(text: str) -> int:
+        return text.count(CHECK_CONTEXT) + 1
+
+    assert several_window_context(windows, rows=6) == " ".join([CHECK_CONTEXT] * 5)
+    assert several_window_context(windows, rows=40) == " ".join([CHECK_CONTEXT] * 8)
+    assert several_window_context(windows, rows=2) is None
+    assert several_window_context(lambda text: 1, rows=40) is None  # never several windows
