@@ -91,6 +91,10 @@ def pack(workdir: Path, out: Path, name: str, step: int | None = None) -> list[P
 
     step = newest_step(workdir) if step is None else step
     folder = (workdir / CHECKPOINT_DIR / str(step)).resolve()
+    if not (folder / "commit_success.txt").is_file():
+        raise SystemExit(f"--step {step}: no finished checkpoint {folder}")
+    if not (workdir / "config.json").is_file():
+        raise SystemExit(f"--workdir {workdir}: no config.json (not a dil-jax train workdir)")
     arrays, skeleton = flatten_state(ocp.StandardCheckpointer().restore(folder / STATE_ITEM))
     if arrays.pop(TABLE_KEY, None) is None:
         raise SystemExit(f"{folder}: no {TABLE_KEY} in the state: not a character reader's "
@@ -117,6 +121,10 @@ def unpack(pieces: Path, name: str, workdir: Path, base: str | None) -> int:
     arrays[TABLE_KEY] = minilm_word_table(base).astype(np.float32)
     meta = json.loads(members[META_MEMBER])
     step = int(meta["step"])
+    if (workdir / CHECKPOINT_DIR / str(step)).exists():
+        # Never written over: the workdir's own checkpoint of that step stays as it is.
+        raise SystemExit(f"--workdir {workdir}: {CHECKPOINT_DIR}/{step} exists already; "
+                         "unpack into another workdir or set that checkpoint aside")
     checkpointer = TrainCheckpointer(workdir / CHECKPOINT_DIR, every_steps=1, async_save=False)
     skeleton = json.loads(members[SKELETON_MEMBER])
     checkpointer.save(step, unflatten_state(arrays, skeleton), meta, force=True)

@@ -61,6 +61,10 @@ def test_a_training_state_round_trips_without_its_word_table(tmp_path):
     save_file({WORD_TABLE_TENSOR: TABLE}, str(base / "model.safetensors"))
     assert tool.unpack(tmp_path / "out", "run", tmp_path / "there", str(base)) == 3
 
+    # A second unpack over the same step is refused, the checkpoint left as it was.
+    with pytest.raises(SystemExit, match="checkpoints/3 exists already"):
+        tool.unpack(tmp_path / "out", "run", tmp_path / "there", str(base))
+
     loader = TrainCheckpointer(tmp_path / "there" / "checkpoints", every_steps=1)
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     restored, restored_meta = loader.restore(3, abstract_like(state, sharding))
