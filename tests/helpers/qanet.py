@@ -24,17 +24,37 @@ def tiny_config(**changes) -> QANetConfig:
     return QANetConfig(**{**TINY, **changes})
 
 
-def tiny_qanet_index(root, tokenizer, q_len: int, p_len: int, stride: int):
-    """A tiny QANet export over MiniLM's vocabulary (random, perturbed weights) and an index
-    of the sample passages with its cache (`dil-jax index --k 1`, windows of p_len tokens):
-    (export folder, index folder, corpus source)."""
+def tiny_bidaf_variables(config, seed: int = 0):
+    """A tiny BiDAF's variables: its params perturbed as `tiny_variables`'s, its frozen word
+    table as initialised."""
+    from dil_jax.model.bidaf import BiDAFModel
+
+    variables = BiDAFModel(config).init(jax.random.key(seed))
+    return {"params": perturb(variables["params"], seed + 100), "frozen": variables["frozen"]}
+
+
+def tiny_char_index(root, tokenizer, q_len: int, p_len: int, stride: int, kind: str = "qanet"):
+    """A tiny QANet or BiDAF export (`kind`) over MiniLM's vocabulary (random, perturbed
+    weights) and an index of the sample passages with its cache (`dil-jax index --k 1`,
+    windows of p_len tokens): (export folder, index folder, corpus source)."""
     from dil_jax.checkpoints.char_readers import save_char_reader
+    from dil_jax.model.bidaf import BiDAFConfig
 
     from tests.helpers.index import build_sample_index
 
-    config = tiny_config(vocab_size=tokenizer.vocab_size, word_dim=8,
-                         max_chars=TINY["max_chars"], max_question_len=q_len)
-    export = save_char_reader(root / "qanet", tiny_variables(config), config)
+    if kind == "qanet":
+        config = tiny_config(vocab_size=tokenizer.vocab_size, word_dim=8,
+                             max_chars=TINY["max_chars"], max_question_len=q_len)
+        variables = tiny_variables(config)
+    elif kind == "bidaf":
+        config = BiDAFConfig(vocab_size=tokenizer.vocab_size, word_dim=8,
+                             max_chars=TINY["max_chars"], char_dim=4, char_filters=6,
+                             char_kernel=3, hidden=8, dropout=0.0, char_dropout=0.0,
+                             max_question_len=q_len)
+        variables = tiny_bidaf_variables(config)
+    else:
+        raise ValueError(f"kind {kind!r}: qanet or bidaf")
+    export = save_char_reader(root / kind, variables, config)
     index, source = build_sample_index(
         root, "--checkpoint", str(export), "--max-passage-len", str(p_len), "--doc-stride",
         str(stride), "--max-question-len", str(q_len), "--batch-size", "2", ks=("1",))

@@ -24,7 +24,7 @@ from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import encode_questions
 
 from tests.helpers import run_cli
-from tests.helpers.qanet import tiny_qanet_index
+from tests.helpers.qanet import tiny_char_index
 
 Q_LEN, P_LEN, STRIDE = 16, 48, 24
 QUESTION = "Who wrote Pride and Prejudice?"
@@ -37,7 +37,7 @@ RTOL = 1e-4
 def qanet_index(tmp_path_factory, tokenizer):
     """A tiny QANet export over MiniLM's vocabulary and an index of the sample passages with
     its cache: (export folder, index folder, corpus source)."""
-    return tiny_qanet_index(tmp_path_factory.mktemp("qanet_odqa"), tokenizer, Q_LEN, P_LEN,
+    return tiny_char_index(tmp_path_factory.mktemp("qanet_odqa"), tokenizer, Q_LEN, P_LEN,
                             STRIDE)
 
 

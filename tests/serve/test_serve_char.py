@@ -1,10 +1,10 @@
-"""`dil-jax serve` with a QANet export (a character-level reader, `CharPairGrid`): a tiny
-random-init QANet over a tiny index of the sample passages (its cache built by
-`dil-jax index --k 1`), served by uvicorn on loopback.
+"""`dil-jax serve` with a QANet or a BiDAF export (the character-level readers,
+`CharPairGrid`; every test runs for both): a tiny random-init reader over a tiny index of the
+sample passages (its cache built by `dil-jax index --k 1`), served by uvicorn on loopback.
 
 References, each an independent path: `/v1/answer` against what `dil-jax ask` prints for
 the same question and index (a local ask loads its own reader, no serve code); `/v1/read`
-against the whole QANet's plain call on `predict`'s inputs (`featurize` windows,
+against the whole reader's plain call on `predict`'s inputs (`featurize` windows,
 `squad_characters`), scored by the pipeline rule; no program compiled after `/readyz`,
 counted by the `jax.monitoring` listener as tests/serve/test_serve.py counts them.
 """
@@ -24,7 +24,7 @@ from dil_jax.serve.loading import ReaderSpec, ReadSettings, default_specs, load_
 from dil_jax.serve.metrics import CompileCounter
 
 from tests.helpers import run_cli
-from tests.helpers.qanet import tiny_qanet_index
+from tests.helpers.qanet import tiny_char_index
 
 Q_LEN, P_LEN, STRIDE = 16, 48, 24
 # Batches of 4 questions: their passage rows (12) hold the warm-up's context of several
@@ -36,17 +36,22 @@ QUESTIONS = ("Who wrote Pride and Prejudice?", "What is the capital of France?",
 LONG_CONTEXT = " ".join(SAMPLE_PASSAGES[:3])  # several 48-token windows
 
 
+@pytest.fixture(scope="module", params=["qanet", "bidaf"])
+def kind(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def qanet(tmp_path_factory, tokenizer):
-    """(export folder, index folder) of a tiny QANet and its index."""
-    export, index, _ = tiny_qanet_index(tmp_path_factory.mktemp("serve_qanet"), tokenizer,
-                                        Q_LEN, P_LEN, STRIDE)
+def char_reader(tmp_path_factory, tokenizer, kind):
+    """(export folder, index folder) of a tiny reader of this kind and its index."""
+    export, index, _ = tiny_char_index(tmp_path_factory.mktemp(f"serve_{kind}"), tokenizer,
+                                       Q_LEN, P_LEN, STRIDE, kind)
     return export, index
 
 
 @pytest.fixture(scope="module")
-def server(qanet):
-    """The QANet served as the delayed reader (alone: a full reader's warm-up would cost
+def server(char_reader):
+    """The reader served as the delayed reader (alone: a full reader's warm-up would cost
     ~30 s more): (client, engine)."""
     from dil_jax.serve.engine import Engine
     from dil_jax.serve.metrics import ServeMetrics
@@ -54,7 +59,7 @@ def server(qanet):
 
     from tests.helpers.serving import serving
 
-    export, index = qanet
+    export, index = char_reader
     readers = load_served_readers(str(index), [ReaderSpec("delayed", str(export), None)],
                                   SETTINGS)
     # A long gathering deadline, so that concurrent requests meet in one batch.
@@ -72,12 +77,12 @@ def _without_time(text: str) -> list[str]:
     return [line for line in text.splitlines() if not line.startswith("   time:")]
 
 
-def test_answers_are_what_a_local_ask_prints(server, qanet, capsys):
+def test_answers_are_what_a_local_ask_prints(server, char_reader, capsys):
     """`ask --server` (the reference client) prints, but for the time line, what `ask` prints
     reading the same index with the same export in this process; the JSON has the documented
     fields."""
     client, _ = server
-    export, index = qanet
+    export, index = char_reader
     for question in QUESTIONS[:2]:
         payload = client.answer(question, reader="delayed", top_k=2)
         assert {"question", "reader", "k", "p", "span_score", "use_ir", "mu", "no_answer",
@@ -101,10 +106,10 @@ def test_answers_are_what_a_local_ask_prints(server, qanet, capsys):
         assert f"A: {payload['answers'][0]['text']}" in local.splitlines()
 
 
-def test_info_names_the_kind(server):
+def test_info_names_the_kind(server, kind):
     client, _ = server
     info = client.info()["readers"]["delayed"]
-    assert (info["kind"], info["k"]) == ("qanet", 1)
+    assert (info["kind"], info["k"]) == (kind, 1)
 
 
 def test_warm_up_enumerates_the_char_grids_programs(server):
@@ -138,9 +143,9 @@ def test_nothing_compiles_after_ready(server):
     assert CompileCounter.count == before, "a request compiled a program after /readyz"
 
 
-def test_read_route_is_the_whole_qanet_on_predicts_inputs(server, tokenizer):
+def test_read_route_is_the_whole_reader_on_predicts_inputs(server, tokenizer):
     """/v1/read (windows padded to the server's rows, chunks trimmed, passage states from the
-    grid's lower program) against the whole QANet's plain call on each window of `predict`'s
+    grid's lower program) against the whole reader's plain call on each window of `predict`'s
     featurization and characters, scored by the same pipeline rule."""
     import jax
 
@@ -175,20 +180,20 @@ def test_read_route_is_the_whole_qanet_on_predicts_inputs(server, tokenizer):
     assert served["end"] >= features.offsets[window, end, 1]
 
 
-def test_handle_impossible_answer_is_refused_by_name(server):
-    """A QANet has no no-answer score: a 422 naming the field, the reader and why (as
+def test_handle_impossible_answer_is_refused_by_name(server, kind):
+    """A QANet or a BiDAF has no no-answer score: a 422 naming the field, the reader and why (as
     `predict` refuses --null-threshold for one), never a 500."""
     client, _ = server
     with pytest.raises(ServiceError) as refused:
         client.read("Who wrote it?", "Jane Austen wrote it.", handle_impossible_answer=True)
     error = refused.value
     assert (error.status, error.field) == (422, "handle_impossible_answer")
-    assert "delayed reader is a qanet reader" in error.message
+    assert f"delayed reader is a {kind} reader" in error.message
     assert "no no-answer score" in error.message
 
 
-def test_a_k_other_than_the_fixed_split_is_refused(qanet, capsys):
-    export, index = qanet
+def test_a_k_other_than_the_fixed_split_is_refused(char_reader, capsys):
+    export, index = char_reader
     with pytest.raises(UsageError) as refused:
         load_served_readers(str(index), [ReaderSpec("delayed", str(export), 2)], SETTINGS)
     message = str(refused.value)
@@ -204,10 +209,11 @@ def test_a_k_other_than_the_fixed_split_is_refused(qanet, capsys):
     assert (full.k_flag, delayed.k_flag) == (None, "--k")
 
 
-def test_serve_loads_a_full_reader_beside_a_qanet(qanet, tmp_path, monkeypatch, capsys):
-    """`dil-jax serve --full-checkpoint BUNDLED --delayed-checkpoint QANET` over an index with
-    both caches loads both (the server itself is not started: `serve` is replaced), and
-    refuses `--k 2` for the QANet."""
+def test_serve_loads_a_full_reader_beside_a_char_reader(char_reader, kind, tmp_path,
+                                                        monkeypatch, capsys):
+    """`dil-jax serve --full-checkpoint BUNDLED --delayed-checkpoint READER` (a QANet or a
+    BiDAF) over an index with both caches loads both (the server itself is not started:
+    `serve` is replaced), and refuses `--k 2` for it."""
     from dil_jax.commands import serve as serve_command
     from dil_jax.defaults import bundled_reader
 
@@ -216,7 +222,7 @@ def test_serve_loads_a_full_reader_beside_a_qanet(qanet, tmp_path, monkeypatch, 
     full = bundled_reader("full")
     if full is None:
         pytest.skip("needs the bundled full reader")
-    export, _ = qanet
+    export, _ = char_reader
     index, _ = build_sample_index(tmp_path, "--checkpoint", str(full), str(export),
                                   "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
                                   "--max-question-len", str(Q_LEN), ks=("0", "1"))
@@ -233,6 +239,6 @@ def test_serve_loads_a_full_reader_beside_a_qanet(qanet, tmp_path, monkeypatch, 
     status, _, err = run_cli(common, capsys)
     assert status == 0, err
     assert [(name, r.kind, r.k) for name, r in loaded.items()] == [("full", "encoder", 0),
-                                                                   ("delayed", "qanet", 1)]
+                                                                   ("delayed", kind, 1)]
     status, _, err = run_cli([*common, "--k", "2"], capsys)
     assert status != 0 and "--k 2 with --delayed-checkpoint" in err and "pass --k 1" in err
