@@ -35,7 +35,7 @@ from dil_jax.defaults import CPU_MAX_QUESTION_LEN
 from dil_jax.model import word_table as table_lib
 from dil_jax.model.delayed import InputError
 from dil_jax.model.lsh import MASK_BIAS
-from dil_jax.model.qanet_config import check_question_len
+from dil_jax.model.qanet_config import check_question_len, check_word_scale
 from dil_jax.model.qanet_inputs import CHAR_VOCAB_SIZE, MAX_CHARS, QANetSegment
 from dil_jax.model.qanet_layers import CharacterCNN, Highway
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
@@ -59,14 +59,16 @@ class BiDAFConfig:
     char_dropout: float = 0.2
     max_question_len: int = CPU_MAX_QUESTION_LEN  # a reading setting, as QANetConfig's
     train_word_table: bool = False  # as QANetConfig's (`model.word_table`)
+    word_scale: float = 1.0  # as QANetConfig's
 
     def __post_init__(self) -> None:
         check_question_len(self.max_question_len)
+        check_word_scale(self.word_scale)
         if not isinstance(self.train_word_table, bool):
             raise ConfigError(f"train_word_table must be true or false, got "
                               f"{self.train_word_table!r}")
         for field in dataclasses.fields(self):
-            if field.name == "train_word_table":
+            if field.name in ("train_word_table", "word_scale"):
                 continue
             value = getattr(self, field.name)
             if field.name.endswith("dropout"):

@@ -20,6 +20,7 @@ feed-forward over rows in chunks, `model/memory.py`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -59,6 +60,9 @@ class QANetConfig:
         (the paper: 0.1 at the last, `layer_survival`); 0 = off. Plain stacks only.
       train_word_table: the word table is trained (a parameter) instead of frozen
         (`model.word_table`).
+      word_scale: every looked-up word vector is multiplied by it (`word_table.look_up`), so
+        that a frozen table of small entries (MiniLM's: std 0.056, against the character CNN's
+        O(1) features) enters the projection at the scale of its other inputs; 1 = as stored.
       scan_blocks: a plain stack's blocks run as one `lax.scan` over their params stacked
         [blocks, ...] (the params keep their per-block layout, so an export reads either way):
         the same function, traced and compiled once per stack instead of once per block,
@@ -103,6 +107,7 @@ class QANetConfig:
     train_word_table: bool = False
     layer_dropout: float = 0.0
     scan_blocks: bool = False
+    word_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.lsh_encoders, list):  # from JSON
@@ -173,6 +178,13 @@ def check_question_len(value: Any) -> None:
         raise ConfigError(f"max_question_len must be {bound.wanted}, got {value!r}")
 
 
+def check_word_scale(value: Any) -> None:
+    """ConfigError unless `value` is a finite positive number (QANet's and BiDAF's word_scale)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            0 < value < math.inf):
+        raise ConfigError(f"word_scale must be a positive number, got {value!r}")
+
+
 def validate_qanet_config(config: QANetConfig) -> None:
     """Raises ConfigError naming the first invalid field."""
     for name in _POSITIVE + _NON_NEGATIVE:
@@ -186,6 +198,7 @@ def validate_qanet_config(config: QANetConfig) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
             raise ConfigError(f"{name} must be a rate in [0, 1), got {value!r}")
     check_question_len(config.max_question_len)
+    check_word_scale(config.word_scale)
     for name in ("lsh_exclude_self", "reversible", "train_word_table", "scan_blocks"):
         if not isinstance(getattr(config, name), bool):
             raise ConfigError(f"{name} must be true or false, got {getattr(config, name)!r}")

@@ -41,10 +41,13 @@ def declare(module: nn.Module, config: Any) -> nn.Variable:
 
 
 def look_up(table: nn.Variable, ids: jax.Array, config: Any) -> jax.Array:
-    """ids [batch, seq] -> word vectors [batch, seq, word_dim]; no gradient into a frozen
-    table."""
+    """ids [batch, seq] -> word vectors [batch, seq, word_dim], times config.word_scale; no
+    gradient into a frozen table."""
     words = jnp.take(table.value, ids, axis=0)
-    return words if config.train_word_table else jax.lax.stop_gradient(words)
+    if not config.train_word_table:
+        words = jax.lax.stop_gradient(words)
+    # A scale of 1 adds no op: the programs (and results) of readers without one stay as they were.
+    return words if config.word_scale == 1.0 else words * config.word_scale
 
 
 def with_table(variables: Variables, word_table: Any, config: Any) -> Variables:

@@ -266,6 +266,42 @@ def test_word_table_is_frozen_and_checked():
         model.init(jax.random.key(0), word_table=table[:, :5])
 
 
+@pytest.mark.parametrize("kind", ["qanet", "bidaf"])
+def test_word_scale_reads_the_table_times_the_scale(kind):
+    """A reader with word_scale s reads what the same reader with s = 1 reads over the table
+    multiplied by s (the independent reference: the scaled table itself); the stored table stays
+    as given, and gets no gradient."""
+    from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
+
+    if kind == "qanet":
+        config, model_type = tiny_config(), QANetModel
+    else:
+        config, model_type = BiDAFConfig(vocab_size=40, word_dim=12, max_chars=6, char_dim=4,
+                                         char_filters=6, char_kernel=3, hidden=8, dropout=0.0,
+                                         char_dropout=0.0), BiDAFModel
+    table = np.random.default_rng(6).normal(scale=0.05, size=(config.vocab_size,
+                                                              config.word_dim))
+    scale = 16.0  # a power of two: table * scale is exact, so the two paths compute the same
+    scaled = model_type(config.replace(word_scale=scale))
+    variables = scaled.init(jax.random.key(0), word_table=table)
+    np.testing.assert_array_equal(np.asarray(variables["frozen"]["word_table"]),
+                                  table.astype(np.float32))
+    reference_variables = {**variables, "frozen": {"word_table": table.astype(np.float32)
+                                                   * np.float32(scale)}}
+    question, passage = _pairs(config)
+    got = scaled(variables, question, passage)
+    want = model_type(config)(reference_variables, question, passage)
+    np.testing.assert_array_equal(np.asarray(got.start_logits), np.asarray(want.start_logits))
+    np.testing.assert_array_equal(np.asarray(got.end_logits), np.asarray(want.end_logits))
+    unscaled = model_type(config)(variables, question, passage)
+    assert not np.array_equal(np.asarray(unscaled.start_logits), np.asarray(got.start_logits))
+    grads = jax.grad(lambda v: jnp.sum(scaled(v, question, passage).start_logits[:, :4]))(
+        variables)
+    assert np.all(np.asarray(grads["frozen"]["word_table"]) == 0)
+    with pytest.raises(ConfigError, match="word_scale must be a positive number, got -1.0"):
+        config.replace(word_scale=-1.0)
+
+
 def test_inputs_are_checked_by_name():
     config = tiny_config()
     model = QANetModel(config)
@@ -288,6 +324,9 @@ def test_inputs_are_checked_by_name():
     (dict(reversible=True, model_convs=3), "model_convs"),
     (dict(dropout=1.0), "dropout"),
     (dict(model_blocks=0), "model_blocks"),
+    (dict(word_scale=0.0), "word_scale"),
+    (dict(word_scale=float("nan")), "word_scale"),
+    (dict(word_scale=True), "word_scale"),
 ])
 def test_invalid_configs_are_refused_by_name(changes, named):
     with pytest.raises(ConfigError, match=named):
