@@ -71,9 +71,30 @@ def reader_runs(args: argparse.Namespace) -> list[pool.Run]:
     if unknown:
         raise SystemExit(f"--readers: unknown {unknown}; known: {', '.join(READERS)}")
     suffix = ",multi" if args.multi else ""
+    settings = config_settings(args.set, names)
     return [pool.Run(name + suffix, list(common) + (
         ["--config.model.reader.scan_blocks=true"] if args.scan_blocks and name in SCANNABLE
-        else []), config=CONFIG) for name in names]
+        else []) + settings[name], config=CONFIG) for name in names]
+
+
+def config_settings(values: list[str], names: list[str]) -> dict[str, list[str]]:
+    """--set's [READER:]KEY=VALUE entries as each reader's --config.KEY=VALUE overrides (no
+    READER: every reader), in the order given; SystemExit naming a malformed entry or a reader
+    not in --readers."""
+    settings: dict[str, list[str]] = {name: [] for name in names}
+    for value in values:
+        left, equals, right = value.partition("=")
+        target, _, key = left.rpartition(":")  # no ":" before "=": every reader
+        assignment = f"{key}={right}"
+        if not equals or not key or key.startswith("-"):
+            raise SystemExit(f"--set {value!r}: want [READER:]KEY=VALUE, e.g. "
+                             "qanet:model.reader.word_scale=18")
+        if target and target not in settings:
+            raise SystemExit(f"--set {value!r}: {target} is not one of --readers "
+                             f"({', '.join(names)})")
+        for name in [target] if target else names:
+            settings[name].append(f"--config.{assignment}")
+    return settings
 
 
 def resume_states(runs: list[pool.Run], args: argparse.Namespace) -> None:
@@ -160,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="every run's newest checkpoint comes back too, as "
                         "WORKDIR_NAME.tar.xz.NN (tools/train_state_pieces.py unpack), so that a "
                         "run can go on elsewhere")
+    parser.add_argument("--set", action="append", default=[], metavar="[READER:]KEY=VALUE",
+                        help="a config override of one reader of --readers (READER:) or of "
+                        "all, as --config.KEY=VALUE (e.g. qanet:model.reader.word_scale=18); "
+                        "repeatable")
     parser.add_argument("--deadline-seconds", type=float, default=420.0)
     parser.add_argument("--epochs", type=float, default=3.0,
                         help="each run's schedule (lr decays to 0 over it); the deadline may "
