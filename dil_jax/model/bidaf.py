@@ -90,6 +90,10 @@ class BiDAFConfig:
     def hidden_size(self) -> int:
         return 2 * self.hidden
 
+    def cached_state_settings(self) -> dict[str, Any]:
+        """As `QANetConfig.cached_state_settings`: the word scale, when not 1."""
+        return {"word_scale": self.word_scale} if self.word_scale != 1.0 else {}
+
     def replace(self, **changes: Any) -> BiDAFConfig:
         return dataclasses.replace(self, **changes)
 

@@ -137,6 +137,19 @@ class QANetConfig:
         model encoder's, MODEL_PASSES times (the "k/l" of a results table)."""
         return self.embedding_blocks + MODEL_PASSES * self.model_blocks
 
+    def cached_state_settings(self) -> dict[str, Any]:
+        """The settings besides the params that change a passage's cached state
+        (`encode_lower`), those away from their defaults: the word scale, and the LSH settings
+        when the embedding encoder uses LSH (part of an open-domain cache's key)."""
+        settings: dict[str, Any] = {}
+        if self.word_scale != 1.0:
+            settings["word_scale"] = self.word_scale
+        if "embedding" in self.lsh_encoders:
+            settings.update({name: getattr(self, name) for name in (
+                "lsh_num_hashes", "lsh_bucket_size", "lsh_num_buckets", "lsh_exclude_self",
+                "lsh_seed")}, lsh_encoders="embedding")
+        return settings
+
     def replace(self, **changes: Any) -> QANetConfig:
         return dataclasses.replace(self, **changes)
 

@@ -213,3 +213,29 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
         build()
     assert (tmp_path / ".cache.partial" / "shards" / "shard-00000-of-00002" /
             "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("kind", ["qanet", "bidaf"])
+def test_a_char_readers_key_names_the_settings_that_change_its_passage_states(kind):
+    """The same weights with another word scale (or, for QANet, LSH in its embedding encoder)
+    compute other passage states, so they need another cache: the key's model differs. At the
+    defaults, and with LSH only in QANet's model encoder (after the cached side), the key is the
+    params' fingerprint alone, as caches built before these settings existed recorded it."""
+    from dil_jax.checkpoints.fingerprint import params_fingerprint
+    from dil_jax.model.bidaf import BiDAFConfig
+    from dil_jax.model.qanet_config import QANetConfig
+
+    params = {"w": np.arange(6, dtype=np.float32)}
+    base = QANetConfig() if kind == "qanet" else BiDAFConfig()
+
+    def model(config):
+        return reader_cache_key(config, params, "tok", P_LEN, "passages-v1").model
+
+    assert model(base) == params_fingerprint(params)
+    others = [base.replace(word_scale=18.0), base.replace(word_scale=2.0)]
+    if kind == "qanet":
+        assert model(base.replace(lsh_encoders=("model",))) == model(base)
+        others += [base.replace(lsh_encoders=("embedding",)),
+                   base.replace(lsh_encoders=("embedding",), lsh_bucket_size=32)]
+    keys = [model(config) for config in others]
+    assert len(set(keys)) == len(keys) and model(base) not in keys

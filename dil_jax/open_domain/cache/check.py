@@ -115,7 +115,14 @@ def reader_cache_key(config, params: Any, tokenizer_id: str, max_passage_len: in
     storage: the scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>); a PCA wider than
     the hidden size is CacheStorageError.
     """
-    return CacheKey(model=params_fingerprint(params), architecture=config.architecture,
+    model = params_fingerprint(params)
+    # Settings outside the params that change a passage's state (QANet's / BiDAF's word scale,
+    # LSH in QANet's embedding encoder): the same weights read otherwise need another cache.
+    # Only settings away from their defaults count, so existing caches keep their keys.
+    settings = config.cached_state_settings() if hasattr(config, "cached_state_settings") else {}
+    if settings:
+        model += "+" + short_sha256([json.dumps(settings, sort_keys=True).encode()])
+    return CacheKey(model=model, architecture=config.architecture,
                     num_lower_layers=config.num_lower_layers, hidden_size=config.hidden_size,
                     tokenizer=tokenizer_id, max_passage_len=max_passage_len,
                     storage=storage.check_width(config.hidden_size), passages=passages_id)
