@@ -23,7 +23,7 @@ Words are MiniLM's frozen input embedding table (`config.model.word_table = "def
 characters come from the texts (dil_jax.train.char_data); only windows that hold their answer
 train (these readers have no no-answer score). Optimizer: the paper's Adam (b1 0.8, b2 0.999,
 eps 1e-7) with 1,000 warm-up steps to lr 1e-3, then the project's linear decay (the paper keeps
-lr constant and averages the weights, EMA 0.9999: not built), gradients clipped at norm 5 (as
+lr constant and averages the weights, EMA 0.9999: the qanet_ema variant), gradients clipped at norm 5 (as
 common QANet implementations do), weight decay 3e-7 (the paper's L2). Batch 32 (the paper's).
 BiDAF: Adam at lr 1e-3 instead of the paper's AdaDelta (0.5), b1 0.9.
 
@@ -38,8 +38,8 @@ import ml_collections
 
 from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 from dil_jax.errors import UsageError
-from dil_jax.model.char_reader import QUESTION_LEN_FIELD, config_fields, reader_config
 from dil_jax.train.default_config import base_config
+from dil_jax.train.reader_kinds import reader_section
 from dil_jax.train.recipes import complete_squad_v11
 
 VARIANTS = {
@@ -62,17 +62,6 @@ WARMUP_STEPS = 1000
 EMA_DECAY = 0.9999  # the paper's
 
 
-def reader_fields(kind: str, changes: dict) -> ml_collections.ConfigDict:
-    """Every field of the reader's config (so each is a --config.model.reader.NAME override),
-    the LSH encoders as one comma-separated string ("" = none); but the question length, which
-    is config.model.max_question_len here as for every reader."""
-    fields = config_fields(reader_config(kind, changes))
-    del fields[QUESTION_LEN_FIELD]
-    if "lsh_encoders" in fields:
-        fields["lsh_encoders"] = ",".join(fields["lsh_encoders"])
-    return ml_collections.ConfigDict(fields)
-
-
 def get_config(spec: str = "qanet") -> ml_collections.ConfigDict:
     variant, *suffixes = spec.split(",")
     if variant not in VARIANTS:
@@ -85,7 +74,7 @@ def get_config(spec: str = "qanet") -> ml_collections.ConfigDict:
     c = base_config()
     c.workdir = f"runs/qanet_squad_{variant}" + "".join(f"_{s}" for s in suffixes)
     c.model.kind = kind
-    c.model.reader = reader_fields(kind, fields)
+    c.model.reader = reader_section(kind, fields)
     c.model.checkpoint = ""  # a fresh reader; its word table from model.word_table
     c.model.word_table = "random" if fields.get("train_word_table") else "default"
     c.model.max_question_len = CPU_MAX_QUESTION_LEN

@@ -11,17 +11,18 @@ that hold their answer train (these readers have no no-answer score).
 import ml_collections
 
 from dil_jax.train.default_config import base_config
+from dil_jax.train.reader_kinds import reader_section
 
-# Every stage of each reader present, each small (one model block: half QANet's compile time).
+# Every stage of each reader present, each small (one model block: half QANet's compile time);
+# the other fields (config.model.reader has every one: `reader_section`) keep their defaults.
 TINY_READERS = {
     "qanet": {"vocab_size": 128, "word_dim": 12, "max_chars": 4, "char_dim": 8,
               "char_filters": 10, "char_kernel": 3, "d_model": 16, "num_heads": 2, "ffn_dim": 20,
               "embedding_convs": 2, "embedding_kernel": 5, "model_blocks": 1, "model_convs": 2,
-              "model_kernel": 3, "dropout": 0.05, "char_dropout": 0.05, "word_dropout": 0.05,
-              "lsh_encoders": "", "train_word_table": False, "layer_dropout": 0.0},
+              "model_kernel": 3, "dropout": 0.05, "char_dropout": 0.05, "word_dropout": 0.05},
     "bidaf": {"vocab_size": 128, "word_dim": 12, "max_chars": 4, "char_dim": 8,
               "char_filters": 10, "char_kernel": 3, "hidden": 16, "dropout": 0.05,
-              "char_dropout": 0.05, "train_word_table": False},
+              "char_dropout": 0.05},
 }
 
 
@@ -53,7 +54,7 @@ def get_config(kind: str = "encoder") -> ml_collections.ConfigDict:
         c.model.kind = kind
         c.model.encoder = None
         c.model.num_lower_layers = 0
-        c.model.reader = ml_collections.ConfigDict(TINY_READERS[kind])
+        c.model.reader = reader_section(kind, TINY_READERS[kind])
         c.model.word_table = "random"
         c.data.featurizer = "dil_jax.train.char_data:synthetic"
     return c

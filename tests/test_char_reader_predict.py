@@ -9,6 +9,7 @@ under test encodes questions in padded blocks and each distinct passage window o
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -107,7 +108,7 @@ def test_predict_cli_reads_a_qanet_export(qanet_export, tmp_path, tokenizer, cap
 @pytest.mark.parametrize("flags, named", [
     (["--k", "2"], "--k: "),
     (["--null-threshold", "0"], "--null-threshold: "),
-    (["--lsh-layers", "0"], "--lsh-layers: "),
+    (["--lsh-layers", "0"], "--lsh-layers 0: "),
     (["--data-v2"], "a SQuAD 2.0 file"),
 ])
 def test_predict_refuses_what_a_qanet_cannot_do(qanet_export, tmp_path, capsys, flags, named):
@@ -119,3 +120,41 @@ def test_predict_refuses_what_a_qanet_cannot_do(qanet_export, tmp_path, capsys, 
                              capsys)
     assert status != 0 and named in err and "qanet reader" in err
     assert "Traceback" not in err and not output.exists()
+
+
+def test_predict_reads_a_qanet_with_lsh_attention_in_its_encoders(qanet_export, tmp_path,
+                                                                  capsys, caplog):
+    """`--lsh-layers embedding,model` swaps LSH attention into a QANet's encoders (the same
+    params). With buckets of 64 >= every segment (16 + 40 tokens) one chunk holds every token:
+    exactly full attention (model/lsh.py, rule 3), so the answers are the plain reader's; the
+    log names the encoders. A BERT-family layer list is refused by name."""
+    caplog.set_level(logging.INFO)
+    runs = {}
+    for name, flags in (("plain", []), ("lsh", ["--lsh-layers", "embedding,model",
+                                                 "--lsh-bucket-size", "64"])):
+        output = tmp_path / f"{name}.json"
+        status, _, err = run_cli(["predict", "--checkpoint", str(qanet_export), "--data",
+                                  str(squad_file(V11)), "--output", str(output), "--limit", "5",
+                                  "--max-question-len", str(Q_LEN), "--max-passage-len",
+                                  str(P_LEN), "--doc-stride", str(STRIDE), "--no-progress",
+                                  *flags], capsys)
+        assert status == 0, err
+        runs[name] = json.loads(output.read_text())
+    assert runs["lsh"] == runs["plain"]
+    assert "LSH attention in the embedding and model encoder(s)" in caplog.text
+
+
+def test_predict_refuses_lsh_for_a_bidaf_and_encoder_names_for_a_bert(tmp_path, capsys,
+                                                                      tokenizer):
+    from tests.helpers.qanet import tiny_bidaf_config, tiny_bidaf_variables
+
+    config = tiny_bidaf_config(tokenizer, Q_LEN)
+    bidaf = save_char_reader(tmp_path / "bidaf", tiny_bidaf_variables(config), config)
+    for checkpoint, named, more in ((bidaf, "no self-attention", []),
+                                    ("default", "encoder names are", ["--allow-untrained-head"])):
+        status, _, err = run_cli(["predict", "--checkpoint", str(checkpoint), "--data",
+                                  str(squad_file(V11)), "--output", str(tmp_path / "p.json"),
+                                  "--limit", "2", "--no-progress", "--lsh-layers", "model",
+                                  *more], capsys)
+        assert status != 0 and "--lsh-layers" in err and named in err, err
+        assert "Traceback" not in err and not (tmp_path / "p.json").exists()

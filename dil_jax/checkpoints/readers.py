@@ -33,7 +33,7 @@ from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_chec
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
-from dil_jax.model.char_reader import CharReaderConfig, CharReaderModel
+from dil_jax.model.char_reader import CharReaderConfig, CharReaderModel, switched_config
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
@@ -71,9 +71,13 @@ class Reader:
         return isinstance(self.model, CharReaderModel)
 
     def with_config(self, **changes: Any) -> Reader:
-        """The same params and tokenizer read with other EncoderConfig fields (another k, LSH
-        attention): params do not depend on them."""
-        model = DelayedInteractionModel(self.config.replace(**changes))
+        """The same params and tokenizer read with other config fields: EncoderConfig's (another
+        k, LSH attention), or a QANet / BiDAF's run settings (`char_reader.switched_config`,
+        ConfigError for a field its params depend on)."""
+        if self.is_char_reader:
+            model = CharReaderModel(switched_config(self.config, changes))
+        else:
+            model = DelayedInteractionModel(self.config.replace(**changes))
         return dataclasses.replace(self, model=model)
 
     def with_params(self, params: Params) -> Reader:

@@ -72,8 +72,10 @@ def register(subparsers) -> None:
     parser.add_argument("--lsh-layers", type=lsh_layers, default=None,
                         help="read with Reformer LSH attention in these blocks: 'lower' (the "
                              "passage's lower blocks, 0..k-1) or comma-separated 0-based "
-                             "layers (docs/architecture.md, 'Long passages'); default: full "
-                             "attention everywhere")
+                             "layers (docs/architecture.md, 'Long passages'); a QANet: its "
+                             "encoders by name, 'embedding' and/or 'model' (docs/qanet.md); "
+                             "default: the reader's own attention (full, or a QANet's as "
+                             "trained)")
     parser.add_argument("--lsh-num-hashes", type=option_type("lsh_num_hashes"), default=None,
                         help="hash rounds of --lsh-layers (default 2)")
     parser.add_argument("--lsh-bucket-size", type=option_type("lsh_bucket_size"), default=None,
@@ -83,14 +85,20 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def lsh_layers(text: str) -> str | tuple[int, ...]:
-    """--lsh-layers: 'lower' or comma-separated layer indices."""
+def lsh_layers(text: str) -> str | tuple[int, ...] | tuple[str, ...]:
+    """--lsh-layers: 'lower', comma-separated layer indices, or a QANet's encoder names."""
     from dil_jax.config import LOWER_BLOCKS
+    from dil_jax.model.qanet_config import ENCODERS
 
-    return LOWER_BLOCKS if text.strip() == LOWER_BLOCKS else int_list(non_negative_int)(text)
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if text.strip() == LOWER_BLOCKS:
+        return LOWER_BLOCKS
+    if names and all(name in ENCODERS for name in names):
+        return names
+    return int_list(non_negative_int)(text)
 
 
-lsh_layers.__name__ = "'lower' or comma-separated layers"
+lsh_layers.__name__ = "'lower', comma-separated layers or QANet encoders"
 
 
 def check_lsh_flags(args: argparse.Namespace) -> None:
@@ -104,13 +112,24 @@ def check_lsh_flags(args: argparse.Namespace) -> None:
 
 
 def with_lsh_flags(reader, args: argparse.Namespace):
-    """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is."""
+    """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is: layers
+    of the BERT family, encoders of a QANet."""
     from dil_jax.config import lsh_layers_of
+    from dil_jax.errors import UsageError
 
     if args.lsh_layers is None:
         return reader
-    layers = lsh_layers_of(args.lsh_layers, reader.config.num_lower_layers, "--lsh-layers")
-    changes = {"lsh_attention_layers": layers}
+    named = isinstance(args.lsh_layers, tuple) and all(
+        isinstance(name, str) for name in args.lsh_layers)
+    if reader.is_char_reader != named:
+        wanted = (f"is a {reader.model.kind} reader: it takes its encoders by name "
+                  "('embedding', 'model')" if reader.is_char_reader
+                  else "takes 'lower' or layer indices (encoder names are a QANet's)")
+        raise UsageError(f"--lsh-layers {','.join(map(str, args.lsh_layers))}: "
+                         f"{args.checkpoint} {wanted}")
+    changes: dict = ({"lsh_encoders": args.lsh_layers} if named else {
+        "lsh_attention_layers": lsh_layers_of(args.lsh_layers, reader.config.num_lower_layers,
+                                              "--lsh-layers")})
     if args.lsh_num_hashes is not None:
         changes["lsh_num_hashes"] = args.lsh_num_hashes
     if args.lsh_bucket_size is not None:
@@ -120,14 +139,14 @@ def with_lsh_flags(reader, args: argparse.Namespace):
 
 def check_char_reader_flags(args: argparse.Namespace, kind: str, version: str) -> None:
     """UsageError naming the first flag (or a SQuAD 2.0 --data) a QANet / BiDAF cannot honour:
-    it has no k (its split is fixed), no BERT-layer LSH option, no prescreening and no
-    no-answer score."""
+    it has no k (its split is fixed), no prescreening and no no-answer score; a BiDAF no
+    self-attention for --lsh-layers (a QANet's encoders take it: `with_lsh_flags`)."""
     from dil_jax.errors import UsageError
 
     refused = {"--k": args.k is not None and "its split is fixed (the embedding encoder per "
                "segment, the rest per pair)",
-               "--lsh-layers": args.lsh_layers is not None and "its LSH attention is its "
-               "config's lsh_encoders, set in training",
+               "--lsh-layers": args.lsh_layers is not None and kind == "bidaf" and "it has no "
+               "self-attention",
                "--prescreen": getattr(args, "prescreen", None) is not None and
                "prescreening reads BERT-family readers only",
                "--null-threshold": args.null_threshold is not None and "it has no no-answer "
@@ -147,15 +166,18 @@ def run_char_reader(args: argparse.Namespace, checkpoint, version: str, examples
     from dil_jax.predict import predict_squad
 
     check_char_reader_flags(args, checkpoint.char_reader_kind, version)
-    reader = load_char_reader(checkpoint, None, args.max_question_len, args.tokenizer)
+    reader = with_lsh_flags(load_char_reader(checkpoint, None, args.max_question_len,
+                                             args.tokenizer), args)
     started = time.perf_counter()
     predictions = predict_squad(
         reader, examples, max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
         batch_size=args.batch_size, max_answer_length=args.max_answer_length,
         n_best=args.n_best, progress=not args.no_progress, cache_dir=args.cache_dir)
     output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
-    log.info("%d predictions (%s) in %.1f s -> %s", len(predictions), reader.model.kind,
-             time.perf_counter() - started, output)
+    lsh_encoders = getattr(reader.config, "lsh_encoders", ())
+    log.info("%d predictions (%s%s) in %.1f s -> %s", len(predictions), reader.model.kind,
+             f", LSH attention in the {' and '.join(lsh_encoders)} encoder(s)"
+             if lsh_encoders else "", time.perf_counter() - started, output)
     return 0
 
 

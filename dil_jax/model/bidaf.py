@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
@@ -60,6 +60,10 @@ class BiDAFConfig:
     max_question_len: int = CPU_MAX_QUESTION_LEN  # a reading setting, as QANetConfig's
     train_word_table: bool = False  # as QANetConfig's (`model.word_table`)
     word_scale: float = 1.0  # as QANetConfig's
+
+    # As `QANetConfig.RUN_SETTINGS`: what a trained BiDAF may be read or trained further with.
+    RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset({"dropout", "char_dropout",
+                                                        "max_question_len"})
 
     def __post_init__(self) -> None:
         check_question_len(self.max_question_len)

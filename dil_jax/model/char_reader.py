@@ -64,6 +64,28 @@ def reader_config(kind: str, fields: dict[str, Any] | None) -> CharReaderConfig:
     return config_type(**values)
 
 
+def changed_fields(trained: CharReaderConfig, wanted: CharReaderConfig) -> dict[str, Any]:
+    """{field: wanted value} for each field where `wanted` differs from `trained` (same kind)."""
+    return {field.name: getattr(wanted, field.name) for field in dataclasses.fields(trained)
+            if getattr(wanted, field.name) != getattr(trained, field.name)}
+
+
+def switched_config(trained: CharReaderConfig, changes: dict[str, Any]) -> CharReaderConfig:
+    """A trained reader's config with other run settings (`RUN_SETTINGS` of its config type:
+    LSH / reversible / chunked / scanned computation, dropout, question length): the same
+    params read or trained further another way. ConfigError naming each other field changed
+    (its value and the trained one): those give the params their meaning."""
+    fixed = sorted(set(changes) - trained.RUN_SETTINGS)
+    if fixed:
+        named = ", ".join(f"{name} = {changes[name]!r} (trained with "
+                          f"{getattr(trained, name, None)!r})" for name in fixed)
+        raise ConfigError(f"{named}: a trained {kind_of(trained)} keeps these as trained; only "
+                          f"{sorted(trained.RUN_SETTINGS)} can change")
+    values = config_fields(trained)
+    values.update(changes)
+    return reader_config(kind_of(trained), values)
+
+
 def config_fields(config: CharReaderConfig) -> dict[str, Any]:
     """The config as JSON-able fields (`reader_config` reads them back)."""
     values = dataclasses.asdict(config)

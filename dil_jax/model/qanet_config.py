@@ -9,7 +9,8 @@ to 16 per word; a two-layer highway; dropout 0.1 between layers and 0.05 on char
 Where this differs from the paper (docs/qanet.md): the word vectors are the embedded MiniLM's
 frozen WordPiece table (384 wide), not GloVe (300); the feed-forward width is a field
 (`ffn_dim`, the paper does not give it; d_model by default, as common implementations use);
-stochastic depth is off by default (`layer_dropout`); no EMA of weights.
+stochastic depth is off by default (`layer_dropout`); the paper's moving average of the weights is
+the trainer's (`optim.ema_decay`, configs/qanet_squad.py:qanet_ema), not the model's.
 
 The Reformer options (the "Inquisition" seed's variants) are all off by default:
 `lsh_encoders` (which encoders' self-attention is LSH attention, `model/lsh.py`), `reversible`
@@ -22,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 from dil_jax.config import ConfigError
 from dil_jax.defaults import CPU_MAX_QUESTION_LEN
@@ -108,6 +109,16 @@ class QANetConfig:
     layer_dropout: float = 0.0
     scan_blocks: bool = False
     word_scale: float = 1.0
+
+    # The fields a trained QANet may be read or trained further with other values of
+    # (`char_reader.switched_config`): how its attention and feed-forward are computed (LSH,
+    # reversible, chunked, scanned: the same params, checked at warm start), its dropout and the
+    # question length it reads. Every other field gives the params their meaning (shapes, the
+    # word table's scale) and stays as trained.
+    RUN_SETTINGS: ClassVar[frozenset[str]] = frozenset({
+        "lsh_encoders", "lsh_num_hashes", "lsh_bucket_size", "lsh_num_buckets",
+        "lsh_exclude_self", "lsh_seed", "reversible", "ffn_chunk_size", "scan_blocks",
+        "dropout", "char_dropout", "word_dropout", "layer_dropout", "max_question_len"})
 
     def __post_init__(self) -> None:
         if isinstance(self.lsh_encoders, list):  # from JSON

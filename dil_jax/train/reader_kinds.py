@@ -19,11 +19,14 @@ decay and no Adam moments (2 x 47 MB less per checkpoint than masking inside Ada
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import ml_collections
 
 from dil_jax.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 ENCODER_KIND = "encoder"
 CHAR_READER_KINDS = ("qanet", "bidaf")  # as dil_jax.model.char_reader (kept light: no jax here)
@@ -131,6 +134,20 @@ def reader_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return fields.to_dict() if isinstance(fields, ml_collections.ConfigDict) else dict(fields)
 
 
+def reader_section(kind: str, changes: dict[str, Any]) -> ml_collections.ConfigDict:
+    """config.model.reader for a config file: every field of `kind`'s config with `changes`
+    applied (so each is a --config.model.reader.NAME override), the LSH encoders as one
+    comma-separated string ("" = none); but the question length, which is
+    config.model.max_question_len for every reader kind."""
+    from dil_jax.model.char_reader import QUESTION_LEN_FIELD, config_fields, reader_config
+
+    fields = config_fields(reader_config(kind, changes))
+    del fields[QUESTION_LEN_FIELD]
+    if "lsh_encoders" in fields:
+        fields["lsh_encoders"] = ",".join(fields["lsh_encoders"])
+    return ml_collections.ConfigDict(fields)
+
+
 def word_table(spec: str, vocab_size: int, word_dim: int):
     """The frozen word table of config.model.word_table: None for random rows (the model draws
     them), else the table read from the embedded MiniLM ("default") or a folder, checked
@@ -154,42 +171,65 @@ def word_table(spec: str, vocab_size: int, word_dim: int):
 def char_student(config: ml_collections.ConfigDict, rng):
     """The QANet / BiDAF student as a `Reader` (model: CharReaderModel, params: its variables
     as host arrays): a fresh one from config.model.reader and config.model.word_table, or the
-    export folder config.model.checkpoint names (its own config; model.reader must then be
-    unset or equal)."""
+    export folder config.model.checkpoint names, warm-started: its own config, but for the run
+    settings config.model.reader changes (`char_reader.switched_config`: e.g. LSH attention or
+    dropout on a trained QANet's params; any other field must be unset or as trained)."""
     import jax
     import numpy as np
 
     from dil_jax.checkpoints.readers import Reader, load_char_reader
+    from dil_jax.config import ConfigError
     from dil_jax.errors import CheckpointError
     from dil_jax.model.char_reader import (
         QUESTION_LEN_FIELD,
         CharReaderModel,
-        config_fields,
+        changed_fields,
         reader_config,
+        switched_config,
     )
 
     kind = model_kind(config)
     fields = reader_fields(config)
     question_len = int(config.model.max_question_len)
     if config.model.checkpoint:
+        source = f"config.model.checkpoint = {config.model.checkpoint!r}"
         try:
             loaded = load_char_reader(config.model.checkpoint, kind, question_len,
                                       with_tokenizer=False)
         except CheckpointError as error:
-            raise UsageError(f"config.model.checkpoint = {config.model.checkpoint!r}: "
-                             f"{error}") from None
-        model, variables = loaded.model, loaded.params
-        if fields and reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}
-                                    ) != model.config:
-            raise UsageError(f"config.model.reader differs from the config of "
-                             f"config.model.checkpoint = {config.model.checkpoint!r} "
-                             f"({config_fields(model.config)}); unset one of them")
+            raise UsageError(f"{source}: {error}") from None
+        changes = {} if not fields else changed_fields(
+            loaded.model.config, reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
+        try:
+            model = CharReaderModel(switched_config(loaded.model.config, changes))
+        except ConfigError as error:
+            raise UsageError(f"config.model.reader against {source}: {error}; set those "
+                             "fields as trained or unset config.model.reader") from None
+        if changes:
+            log.info("warm start from %s with %s", config.model.checkpoint,
+                     ", ".join(f"{name} = {value!r}" for name, value in changes.items()))
+        _check_same_variables(model, loaded.params, source)
+        variables = loaded.params
     else:
         model = CharReaderModel(reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
         table = word_table(str(config.model.word_table), model.config.vocab_size,
                            model.config.word_dim)
         variables = model.init(rng, word_table=table)
     return Reader(model, jax.tree.map(np.asarray, variables))
+
+
+def _check_same_variables(model, variables, source: str) -> None:
+    """UsageError unless `model`'s params have the shapes of the checkpoint's (the run
+    settings never change them: this guards that rule)."""
+    import jax
+
+    from dil_jax.train.checkpointing import leaf_shapes, shape_mismatch
+
+    mismatch = shape_mismatch(leaf_shapes(variables),
+                              leaf_shapes(jax.eval_shape(model.init, jax.random.key(0))))
+    if mismatch:
+        raise UsageError(f"{source}: its params do not fit the reader config.model.reader "
+                         f"makes of it: {mismatch}")
 
 
 def without_frozen(tx):

@@ -24,6 +24,15 @@ def tiny_config(**changes) -> QANetConfig:
     return QANetConfig(**{**TINY, **changes})
 
 
+def tiny_bidaf_config(tokenizer, max_question_len: int):
+    """A tiny BiDAF over the tokenizer's vocabulary (a narrow table), no dropout."""
+    from dil_jax.model.bidaf import BiDAFConfig
+
+    return BiDAFConfig(vocab_size=tokenizer.vocab_size, word_dim=8, max_chars=TINY["max_chars"],
+                       char_dim=4, char_filters=6, char_kernel=3, hidden=8, dropout=0.0,
+                       char_dropout=0.0, max_question_len=max_question_len)
+
+
 def tiny_bidaf_variables(config, seed: int = 0):
     """A tiny BiDAF's variables: its params perturbed as `tiny_variables`'s, its frozen word
     table as initialised."""
@@ -38,7 +47,6 @@ def tiny_char_index(root, tokenizer, q_len: int, p_len: int, stride: int, kind: 
     weights) and an index of the sample passages with its cache (`dil-jax index --k 1`,
     windows of p_len tokens): (export folder, index folder, corpus source)."""
     from dil_jax.checkpoints.char_readers import save_char_reader
-    from dil_jax.model.bidaf import BiDAFConfig
 
     from tests.helpers.index import build_sample_index
 
@@ -47,10 +55,7 @@ def tiny_char_index(root, tokenizer, q_len: int, p_len: int, stride: int, kind: 
                              max_chars=TINY["max_chars"], max_question_len=q_len)
         variables = tiny_variables(config)
     elif kind == "bidaf":
-        config = BiDAFConfig(vocab_size=tokenizer.vocab_size, word_dim=8,
-                             max_chars=TINY["max_chars"], char_dim=4, char_filters=6,
-                             char_kernel=3, hidden=8, dropout=0.0, char_dropout=0.0,
-                             max_question_len=q_len)
+        config = tiny_bidaf_config(tokenizer, q_len)
         variables = tiny_bidaf_variables(config)
     else:
         raise ValueError(f"kind {kind!r}: qanet or bidaf")
