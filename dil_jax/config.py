@@ -204,6 +204,18 @@ class EncoderConfig:
     def uses_lsh(self) -> bool:
         return bool(self.lsh_attention_layers)
 
+    def cached_state_settings(self) -> dict[str, Any]:
+        """The settings besides the params that change a passage's cached lower state (part of
+        an open-domain cache's key, as `QANetConfig.cached_state_settings`): the LSH settings
+        when a lower block (0..k-1) uses LSH attention, else none (so existing caches keep
+        their keys)."""
+        lower = [layer for layer in self.lsh_attention_layers if layer < self.num_lower_layers]
+        if not lower:
+            return {}
+        return {"lsh_attention_layers": lower, **{name: getattr(self, name) for name in (
+            "lsh_num_hashes", "lsh_bucket_size", "lsh_num_buckets", "lsh_exclude_self",
+            "lsh_seed")}}
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EncoderConfig:
         if not isinstance(values, dict):

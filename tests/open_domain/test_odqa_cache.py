@@ -215,24 +215,33 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
             "manifest.json").is_file()
 
 
-@pytest.mark.parametrize("kind", ["qanet", "bidaf"])
-def test_a_char_readers_key_names_the_settings_that_change_its_passage_states(kind):
-    """The same weights with another word scale (or, for QANet, LSH in its embedding encoder)
-    compute other passage states, so they need another cache: the key's model differs. At the
-    defaults, and with LSH only in QANet's model encoder (after the cached side), the key is the
-    params' fingerprint alone, as caches built before these settings existed recorded it."""
+@pytest.mark.parametrize("kind", ["qanet", "bidaf", "encoder"])
+def test_a_readers_key_names_the_settings_that_change_its_passage_states(kind):
+    """The same weights with another word scale (or LSH in QANet's embedding encoder, in a BERT
+    reader's lower blocks) compute other passage states, so they need another cache: the key's
+    model differs. At the defaults, and with LSH only after the cached side (QANet's model
+    encoder, a BERT reader's upper blocks), the key is the params' fingerprint alone, as caches
+    built before these settings existed recorded it."""
     from dil_jax.checkpoints.fingerprint import params_fingerprint
+    from dil_jax.config import EncoderConfig
     from dil_jax.model.bidaf import BiDAFConfig
     from dil_jax.model.qanet_config import QANetConfig
 
     params = {"w": np.arange(6, dtype=np.float32)}
-    base = QANetConfig() if kind == "qanet" else BiDAFConfig()
+    base = {"qanet": QANetConfig(), "bidaf": BiDAFConfig(),
+            "encoder": EncoderConfig(num_layers=4, num_lower_layers=2)}[kind]
 
     def model(config):
         return reader_cache_key(config, params, "tok", P_LEN, "passages-v1").model
 
     assert model(base) == params_fingerprint(params)
-    others = [base.replace(word_scale=18.0), base.replace(word_scale=2.0)]
+    if kind == "encoder":
+        assert model(base.replace(lsh_attention_layers=(2, 3))) == model(base)
+        others = [base.replace(lsh_attention_layers=(0, 1)),
+                  base.replace(lsh_attention_layers=(1, 3)),
+                  base.replace(lsh_attention_layers=(0, 1), lsh_num_hashes=4)]
+    else:
+        others = [base.replace(word_scale=18.0), base.replace(word_scale=2.0)]
     if kind == "qanet":
         assert model(base.replace(lsh_encoders=("model",))) == model(base)
         others += [base.replace(lsh_encoders=("embedding",)),

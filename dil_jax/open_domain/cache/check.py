@@ -117,9 +117,9 @@ def reader_cache_key(config, params: Any, tokenizer_id: str, max_passage_len: in
     """
     model = params_fingerprint(params)
     # Settings outside the params that change a passage's state (QANet's / BiDAF's word scale,
-    # LSH in QANet's embedding encoder): the same weights read otherwise need another cache.
-    # Only settings away from their defaults count, so existing caches keep their keys.
-    settings = config.cached_state_settings() if hasattr(config, "cached_state_settings") else {}
+    # LSH in a lower block): the same weights read otherwise need another cache. Only settings
+    # away from their defaults count, so existing caches keep their keys.
+    settings = config.cached_state_settings()
     if settings:
         model += "+" + short_sha256([json.dumps(settings, sort_keys=True).encode()])
     return CacheKey(model=model, architecture=config.architecture,
