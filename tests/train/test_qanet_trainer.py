@@ -93,6 +93,21 @@ def test_the_squad_config_refuses_kd_and_the_minilm_checkpoint():
     assert "config.model.checkpoint = 'default'" in str(error.value)
 
 
+def test_the_squad_configs_word_scale_is_one_over_the_tables_spread():
+    """configs/qanet_squad.py's QANets read the frozen MiniLM rows times 1 / their standard
+    deviation (docs/qanet.md, "The word table's scale"), computed here from the table itself;
+    the table trained from N(0, 1) rows and BiDAF keep 1."""
+    from dil_jax.model.qanet_inputs import minilm_word_table
+
+    spread = float(np.std(minilm_word_table(None).astype(np.float64)))
+    for variant in ("qanet", "qanet_lsh", "qanet_reversible", "qanet_sd", "qanet_ema"):
+        reader = load_config_file(f"{REPO}/configs/qanet_squad.py:{variant}").model.reader
+        assert abs(reader.word_scale * spread - 1) < 0.02, (variant, reader.word_scale, spread)
+    for variant in ("qanet_scratch", "bidaf"):
+        config = load_config_file(f"{REPO}/configs/qanet_squad.py:{variant}")
+        assert config.model.reader.word_scale == 1.0
+
+
 def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_path):
     # 300 steps at lr 1e-2 (warm-up 10, linear decay): QANet's loss sits near chance for its
     # first ~150 steps, then falls (measured on this task: val loss 0.75, accuracy 0.75).
