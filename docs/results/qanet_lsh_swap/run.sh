@@ -5,11 +5,12 @@
 # (question 32, window 160, stride 80), plain and with --lsh-layers embedding,model (the repo's LSH defaults:
 # 2 hashes, buckets of 64), each scored by the official metric. Core 0 of the 2-core AMD EPYC (core 1 trains).
 #   bash docs/results/qanet_lsh_swap/run.sh STEP [OUT_DIR]
+#   EXPORT=FOLDER bash docs/results/qanet_lsh_swap/run.sh NAME OUT_DIR     # an export already written
 set -euo pipefail
 STEP=$1
 OUT=${2:-docs/results/qanet_lsh_swap/step$STEP}
 DEV=../shared/data/squad/dev-v1.1.35-articles.json
-EXPORT=/work/exports/qanet_s18_step$STEP
+EXPORT=${EXPORT:-/work/exports/qanet_s18_step$STEP}
 WINDOWS="--max-passage-len 160 --doc-stride 80 --max-question-len 32 --no-progress"
 mkdir -p "$OUT"
 [ -d "$EXPORT" ] || nice -n 5 taskset -c 0 python3 tools/export_train_step.py \
