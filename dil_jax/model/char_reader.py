@@ -75,10 +75,15 @@ def switched_config(trained: CharReaderConfig, changes: dict[str, Any]) -> CharR
     LSH / reversible / chunked / scanned computation, dropout, question length): the same
     params read or trained further another way. ConfigError naming each other field changed
     (its value and the trained one): those give the params their meaning."""
+    known = {field.name for field in dataclasses.fields(trained)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ConfigError(f"unknown {type(trained).__name__} field(s) {unknown}; known: "
+                          f"{sorted(known)}")
     fixed = sorted(set(changes) - trained.RUN_SETTINGS)
     if fixed:
         named = ", ".join(f"{name} = {changes[name]!r} (trained with "
-                          f"{getattr(trained, name, None)!r})" for name in fixed)
+                          f"{getattr(trained, name)!r})" for name in fixed)
         raise ConfigError(f"{named}: a trained {kind_of(trained)} keeps these as trained; only "
                           f"{sorted(trained.RUN_SETTINGS)} can change")
     values = config_fields(trained)

@@ -67,6 +67,12 @@ def test_a_field_the_params_depend_on_is_refused_by_name(tiny_export, kind, chan
         reader.with_config(**{change: value})
 
 
+def test_an_unknown_field_is_named_as_unknown(tiny_export):
+    reader = load_char_reader(tiny_export["qanet"], with_tokenizer=False)
+    with pytest.raises(ConfigError, match=r"unknown QANetConfig field\(s\) \['lsh_layers'\]"):
+        reader.with_config(lsh_layers=(0,))
+
+
 def test_the_trainer_warm_starts_a_trained_qanet_with_lsh_attention(tiny_export, tmp_path):
     config = trainer_config("qanet", tmp_path / "run", steps=1,
                             **{"model.checkpoint": str(tiny_export["qanet"]),
