@@ -71,6 +71,7 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
 
     from dil_jax.checkpoints import TRAINED_FROM_FILE
     from dil_jax.checkpoints.char_readers import save_reader_params
+    from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
     from dil_jax.config import ConfigError
     from dil_jax.mesh import data_mesh
     from dil_jax.train.checkpointing import STATE_ITEM, abstract_like, nonfinite_leaves
@@ -109,6 +110,9 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     save_reader_params(staging, params, student.config)
     record = {"step": step, "workdir": str(workdir.resolve()),
               "exported_by": TOOL, "reader_changes": reader_changes or {}}
+    windows = TrainedWindows.of_training_config(config)
+    if windows is not None:  # what `dil-jax predict` reads with by default
+        record[WINDOWS_FIELD] = windows.to_json()
     (staging / TRAINED_FROM_FILE).write_text(json.dumps(record, indent=2))
     os.replace(staging, out)
     return out

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from dil_jax.checkpoints.char_readers import char_reader_kind
 from dil_jax.checkpoints.files import read_json
-from dil_jax.checkpoints.manifest import ExportManifest
+from dil_jax.checkpoints.manifest import MANIFEST_FILE, ExportManifest
 from dil_jax.checkpoints.orbax_io import ENCODER_CONFIG_FILE, TRAINED_FROM_FILE
+from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 
@@ -67,6 +68,27 @@ class ResolvedCheckpoint:
         stored = read_json(self.folder / ENCODER_CONFIG_FILE, "dil_jax encoder config")
         trained = stored.get("num_lower_layers") if isinstance(stored, dict) else None
         return trained if isinstance(trained, int) and not isinstance(trained, bool) else None
+
+    @functools.cached_property
+    def trained_windows(self) -> TrainedWindows | None:
+        """The passage windows the reader was trained on, as recorded: `trained_from.json`'s
+        "windows" (a `dil-jax train` export), else the manifest's training config (a Hugging
+        Face export: the bundled readers); None when neither records them (a plain Hugging Face
+        checkpoint, an export written before the record existed). A malformed record is a
+        CheckpointError naming its file and field."""
+        path = self.folder / TRAINED_FROM_FILE
+        record = read_json(path, "training record") if path.is_file() else None
+        if isinstance(record, dict) and WINDOWS_FIELD in record:
+            windows = record[WINDOWS_FIELD]
+            if not isinstance(windows, dict):
+                raise CheckpointError(f"{path}: '{WINDOWS_FIELD}' must be an object, got "
+                                      f"{windows!r}; fix or remove it")
+            return TrainedWindows.from_record(windows, f"{path} '{WINDOWS_FIELD}'")
+        data = self.manifest.training_config.get("data")
+        if isinstance(data, dict) and ("max_passage_len" in data or "doc_stride" in data):
+            return TrainedWindows.from_record(
+                data, f"{self.folder / MANIFEST_FILE} training_config.data")
+        return None
 
     def recorded_null_threshold(self) -> float | None:
         """The SQuAD v2.0 null threshold a trained reader's export records (`trained_from.json`

@@ -42,18 +42,19 @@ def register(subparsers) -> None:
                         help="split point: blocks run on question and passage separately "
                              "(default: the checkpoint's; 0 for a Hugging Face one)")
     parser.add_argument("--max-question-len", type=option_type("max_question_len"),
-                        default=MAX_QUESTION_LEN,
+                        default=None,
                         help="tokens of `[CLS] question [SEP]`, padded; longer questions are "
-                             "cut. SQuAD's 64 (BERT's recipe); the open-domain commands use "
-                             "32, the bundled readers' training length")
-    parser.add_argument("--max-passage-len", type=window_len,
-                        default=PREDICT_MAX_PASSAGE_LEN,
-                        help="tokens of `passage [SEP]` per window (the paper's 384; index and "
-                             "demo cache 192-token windows, half the disk); longer passages are "
-                             "read in "
-                             "several windows")
-    parser.add_argument("--doc-stride", type=option_type("doc_stride"), default=DOC_STRIDE,
-                        help="tokens between window starts (< --max-passage-len)")
+                             "cut (default: the reader's own, the length it was trained with; "
+                             f"{MAX_QUESTION_LEN} for a Hugging Face checkpoint without a "
+                             "record)")
+    parser.add_argument("--max-passage-len", type=window_len, default=None,
+                        help="tokens of `passage [SEP]` per window; longer passages are read in "
+                             "several windows (default: the windows the reader was trained on, "
+                             "as its export records them: the bundled readers' 160; else "
+                             f"BERT's {PREDICT_MAX_PASSAGE_LEN})")
+    parser.add_argument("--doc-stride", type=option_type("doc_stride"), default=None,
+                        help="tokens between window starts, < --max-passage-len (default: the "
+                             f"reader's trained stride, else {DOC_STRIDE})")
     parser.add_argument("--batch-size", type=positive_int, default=READ_BATCH_SIZE,
                         help="windows per forward pass")
     parser.add_argument("--max-answer-length", type=positive_int, default=30, help="in tokens")
@@ -181,6 +182,34 @@ def run_char_reader(args: argparse.Namespace, checkpoint, version: str, examples
     return 0
 
 
+def reading_windows(args: argparse.Namespace, checkpoint) -> tuple[int, int]:
+    """(max_passage_len, doc_stride) to read with: each flag as given, else what the reader
+    records it was trained on (`ResolvedCheckpoint.trained_windows`), else BERT's 384 / 128.
+    Logged with where each comes from; UsageError when the two do not make windows."""
+    from dil_jax.commands.arguments import check_window_flags
+    from dil_jax.errors import UsageError
+
+    recorded = checkpoint.trained_windows
+    source = "the reader's training windows" if recorded is not None else "the default"
+    length = (args.max_passage_len if args.max_passage_len is not None
+              else recorded.max_passage_len if recorded is not None else PREDICT_MAX_PASSAGE_LEN)
+    stride = (args.doc_stride if args.doc_stride is not None
+              else recorded.doc_stride if recorded is not None else DOC_STRIDE)
+    if args.max_passage_len is not None and args.doc_stride is not None:
+        check_window_flags(length, stride)
+    elif stride >= length:
+        unset = "--doc-stride" if args.doc_stride is None else "--max-passage-len"
+        raise UsageError(f"--max-passage-len {length} with --doc-stride {stride}: {unset} is "
+                         f"unset and comes from {source}, and windows need a stride smaller "
+                         "than their length; pass both flags")
+    if args.max_passage_len is None or args.doc_stride is None:
+        log.info("passage windows of %d tokens every %d (%s; --max-passage-len and "
+                 "--doc-stride set them)", length, stride,
+                 source if args.max_passage_len is None and args.doc_stride is None
+                 else f"the unset one from {source}")
+    return length, stride
+
+
 def _local(path: str | None) -> str | None:
     """A path flag's value, or None for 'default' (a bundled file, not one in the cwd)."""
     return None if path == "default" else path
@@ -208,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.predict import predict_squad
 
     # Everything a flag can get wrong is refused here, before the model is loaded.
-    check_window_flags(args.max_passage_len, args.doc_stride)
+    if args.max_passage_len is not None and args.doc_stride is not None:
+        check_window_flags(args.max_passage_len, args.doc_stride)
     check_lsh_flags(args)
     require_file(args.data, "--data", "SQuAD file")
     check_output_path(args.output, "--output",
@@ -220,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
     if not examples:
         raise InputFileError(f"--data {args.data}: no questions to answer")
     checkpoint = resolve_reader_checkpoint(args.checkpoint)
+    args.max_passage_len, args.doc_stride = reading_windows(args, checkpoint)
     if checkpoint.is_char_reader:
         return run_char_reader(args, checkpoint, dataset.version, examples)
     recorded = checkpoint.recorded_null_threshold() if dataset.version == "2.0" else None

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
+from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
 from dil_jax.config import EncoderConfig
 from dil_jax.train.checkpointing import (
     TrainCheckpointer,
@@ -28,10 +29,12 @@ log = logging.getLogger(__name__)
 
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
                   sharding, directory: Path, config: EncoderConfig,
-                  metrics: dict[str, float] | None = None) -> Path | None:
+                  metrics: dict[str, float] | None = None,
+                  windows: TrainedWindows | None = None) -> Path | None:
     """Writes the best (else final) params with `save_params`, the format readers load, and
-    `trained_from.json`: the steps, and the null threshold when `metrics` (the exported step's
-    evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
+    `trained_from.json`: the steps, the passage windows the run trained on (`windows`:
+    `dil-jax predict` reads with them by default), and the null threshold when `metrics` (the
+    exported step's evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
 
     Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
     run's readers restore from its checkpoints/ instead (or export on one host afterwards).
@@ -57,6 +60,8 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     save_reader_params(staging, jax.device_get(params), config)
     record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
                               "best_step": best_step, "final_step": int(state.step)}
+    if windows is not None:
+        record[WINDOWS_FIELD] = windows.to_json()
     if metrics and "null_threshold" in metrics:
         record["null_threshold"] = float(metrics["null_threshold"])
     # Staged with the params, so no reader sees params without their threshold.

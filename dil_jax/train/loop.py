@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 
 from dil_jax.checkpoints import CheckpointError
+from dil_jax.checkpoints.windows import TrainedWindows
 from dil_jax.mesh import DistributedSettings, data_mesh, maybe_initialize_distributed
 from dil_jax.model.delayed import DelayedInteractionModel, Params
 from dil_jax.rounding import round_up
@@ -384,7 +385,10 @@ def train(config: ml_collections.ConfigDict, *,
     if config.checkpoint.export_params and finished and not is_remote(workdir):
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
                       models.student.config,
-                      exported_metrics(checkpointer, best_step, outcome))
+                      exported_metrics(checkpointer, best_step, outcome),
+                      # Features handed in were windowed by their maker, as the config may not say.
+                      TrainedWindows.of_training_config(config) if train_features is None
+                      else None)
     return TrainResult(state=outcome.state, model=models.student.model,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,

@@ -51,6 +51,10 @@ def test_the_export_holds_the_steps_weights_bit_for_bit(run, tmp_path):
     assert reader.config == result.model.config
     record = json.loads((out / "trained_from.json").read_text())
     assert record["step"] == 4 and record["workdir"] == str(workdir.resolve())
+    # The run config's windows, which `dil-jax predict` reads with by default.
+    run_data = json.loads((workdir / "config.json").read_text())["data"]
+    assert record["windows"] == {"max_passage_len": run_data["max_passage_len"],
+                                 "doc_stride": run_data["doc_stride"]}
     earlier = load_char_reader(export_train_step.export_step(workdir, tmp_path / "step2", 2),
                                with_tokenizer=False)
     assert not np.array_equal(earlier.params["params"]["projection"]["kernel"],

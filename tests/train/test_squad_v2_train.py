@@ -236,3 +236,15 @@ def test_v2_run_records_its_threshold_and_predict_uses_it(tmp_path, hf_folder_fa
                                   "--doc-stride", "8", "--no-progress"], capsys)
     assert status == 0, err
     assert "null threshold 0 (the default: the reader records none)" in caplog.text
+    # The export records the windows the run featurized (16 / 8), and `predict` without window
+    # flags reads with them: the answers of the same call with the flags given.
+    assert record["windows"] == {"max_passage_len": 16, "doc_stride": 8}
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dil_jax.commands.predict"):
+        status, _, err = run_cli(["predict", "--checkpoint", str(params), "--tokenizer",
+                                  "default", "--data", str(data), "--output",
+                                  str(tmp_path / "recorded.json"), "--no-progress"], capsys)
+    assert status == 0, err
+    assert "passage windows of 16 tokens every 8 (the reader's training windows" in caplog.text
+    assert (json.loads((tmp_path / "recorded.json").read_text())
+            == json.loads((tmp_path / "none.json").read_text()))
