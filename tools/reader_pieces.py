@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import lzma
+import os
 import tarfile
 from pathlib import Path
 
@@ -39,8 +40,11 @@ def put_trained_from(members: dict[str, bytes], params_dir: Path) -> Path:
 
 
 def write_pieces(members: dict[str, bytes], out: Path, name: str) -> list[Path]:
-    """`members` (file name -> bytes) as one tar, xz-compressed, written to `out` as
-    `name.tar.xz.00`, `.01`, ... of at most PIECE_BYTES each; returns the pieces."""
+    """`members` (file name -> bytes) as one tar, xz-compressed, written to `out` (made if
+    missing) as `name.tar.xz.00`, `.01`, ... of at most PIECE_BYTES each; returns the pieces.
+
+    The pieces are written beside, then renamed in; an earlier pack of the same name is
+    replaced whole (its surplus pieces too: `read_pieces` would join them into the new ones)."""
     tar_bytes = io.BytesIO()
     with tarfile.open(fileobj=tar_bytes, mode="w") as tar:
         for member, data in members.items():
@@ -48,11 +52,19 @@ def write_pieces(members: dict[str, bytes], out: Path, name: str) -> list[Path]:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     packed = lzma.compress(tar_bytes.getvalue(), preset=3)
-    pieces = []
+    out.mkdir(parents=True, exist_ok=True)
+    staged = []
     for index in range(0, len(packed), PIECE_BYTES):
-        piece = out / f"{name}.tar.xz.{index // PIECE_BYTES:02d}"
+        piece = out / f".{name}.tar.xz.{index // PIECE_BYTES:02d}.new"
         piece.write_bytes(packed[index:index + PIECE_BYTES])
-        pieces.append(piece)
+        staged.append(piece)
+    for old in out.glob(f"{name}.tar.xz.[0-9][0-9]"):
+        old.unlink()
+    pieces = []
+    for piece in staged:
+        final = piece.with_name(piece.name[1:-len(".new")])
+        os.replace(piece, final)
+        pieces.append(final)
     return pieces
 
 
