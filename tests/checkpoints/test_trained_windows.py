@@ -55,3 +55,24 @@ def test_a_malformed_record_is_named(export_folder, windows, named):
     with pytest.raises(CheckpointError, match=named) as error:
         _ = resolve_reader_checkpoint(export_folder).trained_windows
     assert "trained_from.json" in str(error.value)
+
+
+def test_predict_takes_each_unset_window_flag_from_the_record_and_names_a_bad_pair():
+    import argparse
+    import types
+
+    from dil_jax.commands.predict import reading_windows
+    from dil_jax.errors import UsageError
+
+    recorded = types.SimpleNamespace(trained_windows=TrainedWindows(160, 80))
+    unrecorded = types.SimpleNamespace(trained_windows=None)
+
+    def flags(length=None, stride=None):
+        return argparse.Namespace(max_passage_len=length, doc_stride=stride)
+
+    assert reading_windows(flags(), recorded) == (160, 80)
+    assert reading_windows(flags(320), recorded) == (320, 80)
+    assert reading_windows(flags(None, 40), recorded) == (160, 40)
+    assert reading_windows(flags(), unrecorded) == (384, 128)  # BERT's
+    with pytest.raises(UsageError, match="--doc-stride is unset and comes from the reader's"):
+        reading_windows(flags(64), recorded)
