@@ -1,7 +1,7 @@
 """A QANet / BiDAF training run's checkpoint at one step as a reader export, while the run goes on.
 
     python3 tools/export_train_step.py --workdir RUN [--step N] --out DIR \\
-        [--reader FIELD=VALUE ...]
+        [--reader FIELD=VALUE ...] [--weights average|trained]
 
 `dil-jax train` exports its best (else final) step when its schedule ends; a run of many
 sessions has nothing to read before that. This writes step N's weights (the moving average with
@@ -11,6 +11,10 @@ recorded (its config.json). `--reader FIELD=VALUE` corrects that config where th
 read a setting from elsewhere (the word-scale experiment's branch read it from the environment:
 `--reader word_scale=18`). It only reads the workdir (no checkpoint manager, which would tidy the
 live run's folders), and writes DIR complete or not at all; DIR must not exist.
+
+`--weights trained` exports the params themselves where the run keeps a moving average (the
+default, `average`, is what the trainer evaluates and exports): the two read side by side are
+what the average is worth at that step. `trained_from.json` records which.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TOOL = "tools/export_train_step.py"
+WEIGHTS = ("average", "trained")  # export_step's `weights`: weights_of(state), or state.params
 
 
 def finished_steps(workdir: Path) -> list[int]:
@@ -63,8 +68,10 @@ def run_config(workdir: Path, reader_changes: dict[str, str]):
 
 
 def export_step(workdir: Path, out: Path, step: int | None = None,
-                reader_changes: dict[str, str] | None = None) -> Path:
-    """Step `step` (default: the newest finished) of `workdir` as a reader folder `out`."""
+                reader_changes: dict[str, str] | None = None, weights: str = "average") -> Path:
+    """Step `step` (default: the newest finished) of `workdir` as a reader folder `out`, with
+    the weights the trainer exports (`average`: the moving average where the run keeps one) or
+    the params themselves (`trained`; refused by name for a run without an average)."""
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
@@ -81,6 +88,8 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     from dil_jax.train.step import init_train_state, weights_of
     from dil_jax.train.workdir import CHECKPOINT_DIR
 
+    if weights not in WEIGHTS:
+        raise SystemExit(f"--weights {weights!r}: expected one of {', '.join(WEIGHTS)}")
     if out.exists():
         raise SystemExit(f"--out {out}: exists; name a new folder (nothing is written over)")
     steps = finished_steps(workdir)
@@ -92,6 +101,9 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
                          f"(finished: {steps})")
     config = run_config(workdir, reader_changes or {})
     config.model.checkpoint = ""  # the step's params replace the fresh ones
+    if weights == "trained" and not float(config.optim.get("ema_decay", 0.0)) > 0:
+        raise SystemExit(f"--weights trained: the run {workdir} keeps no moving average "
+                         "(optim.ema_decay 0): its export already holds its params")
     try:
         student = char_student(config, jax.random.key(0))
     except ConfigError as error:
@@ -101,7 +113,8 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
                              replicated(data_mesh()))
     folder = workdir / CHECKPOINT_DIR / str(step) / STATE_ITEM
     state = ocp.StandardCheckpointer().restore(folder.resolve(), abstract)
-    params = jax.tree.map(np.asarray, jax.device_get(weights_of(state)))
+    chosen = state.params if weights == "trained" else weights_of(state)
+    params = jax.tree.map(np.asarray, jax.device_get(chosen))
     nonfinite = nonfinite_leaves(params)
     if nonfinite:
         raise SystemExit(f"{folder}: non-finite values in {nonfinite[:3]}: not exporting it")
@@ -109,7 +122,7 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     shutil.rmtree(staging, ignore_errors=True)
     save_reader_params(staging, params, student.config)
     record = {"step": step, "workdir": str(workdir.resolve()),
-              "exported_by": TOOL, "reader_changes": reader_changes or {}}
+              "exported_by": TOOL, "reader_changes": reader_changes or {}, "weights": weights}
     windows = TrainedWindows.of_training_config(config)
     if windows is not None:  # what `dil-jax predict` reads with by default
         record[WINDOWS_FIELD] = windows.to_json()
@@ -134,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader", type=reader_change, action="append", default=[],
                         metavar="FIELD=VALUE",
                         help="a config.model.reader field the recorded config has wrong")
+    parser.add_argument("--weights", choices=WEIGHTS, default="average",
+                        help="average: what the trainer exports (the moving average where the "
+                             "run keeps one); trained: the params themselves")
     args = parser.parse_args(argv)
-    out = export_step(args.workdir, args.out, args.step, dict(args.reader))
+    out = export_step(args.workdir, args.out, args.step, dict(args.reader), args.weights)
     print(out)
     return 0
 

@@ -61,6 +61,27 @@ def test_the_export_holds_the_steps_weights_bit_for_bit(run, tmp_path):
                               reader.params["params"]["projection"]["kernel"])
 
 
+def test_trained_weights_are_the_params_not_the_average(run, tmp_path):
+    workdir, result = run
+    out = export_train_step.export_step(workdir, tmp_path / "trained", 4, weights="trained")
+    reader = load_char_reader(out, kind="qanet", with_tokenizer=False)
+    jax.tree.map(np.testing.assert_array_equal, reader.params,
+                 jax.device_get(result.state.params))
+    assert json.loads((out / "trained_from.json").read_text())["weights"] == "trained"
+
+
+def test_trained_weights_of_a_run_without_an_average_are_refused(tmp_path):
+    workdir = tmp_path / "plain"
+    (workdir).mkdir()
+    config = trainer_config("qanet", workdir, steps=2)
+    (workdir / "config.json").write_text(config.to_json())
+    (workdir / "checkpoints" / "2").mkdir(parents=True)
+    (workdir / "checkpoints" / "2" / "commit_success.txt").write_text("")
+    with pytest.raises(SystemExit, match="--weights trained: the run .* keeps no moving average"):
+        export_train_step.export_step(workdir, tmp_path / "out", 2, weights="trained")
+    assert not (tmp_path / "out").exists()
+
+
 def test_reader_changes_go_into_the_exported_config(run, tmp_path):
     workdir, result = run
     out = export_train_step.export_step(workdir, tmp_path / "scaled", 4, {"word_scale": "18"})

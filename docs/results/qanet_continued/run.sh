@@ -10,7 +10,8 @@
 # Code: worktree /work/exp-continue (branch exp-qanet-continue at ed993ec), CPU core 1.
 #   python3 tools/gpu_qanet_squad.py --unpack docs/results/qanet_decay2400/qanet_decay2400.tar.xz.00 \
 #       --to /work/exports/qanet_decay2400
-# Its state travels between sessions as pieces (tools/train_state_pieces.py pack / unpack).
+# Its state travelled between sessions as pieces (tools/train_state_pieces.py pack / unpack); a lent H100
+# finished it (schedule stretched to 10,000 steps): docs/results/qanet_gpu_lend2, docs/qanet.md.
 cd /work/exp-continue
 export PYTHONPATH=/work/exp-continue
 exec nice -n 5 taskset -c 1 python3 -m dil_jax.commands.train --config configs/qanet_squad.py:qanet,multi \
