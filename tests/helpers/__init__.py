@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -82,6 +83,34 @@ def edit_json(path: Path, **changes) -> None:
     values = json.loads(path.read_text())
     values.update(changes)
     path.write_text(json.dumps(values))
+
+
+# XLA flags (XLA_FLAGS is a space-separated list of --name=value).
+BACKEND_OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _flag_name(flag: str) -> str:
+    return flag.split("=", 1)[0]
+
+
+def suite_xla_flags(flags: str) -> str:
+    """XLA_FLAGS of the test processes (tests/conftest.py): `flags` plus LLVM at -O0, unless
+    `flags` already chooses a backend optimization level."""
+    if any(_flag_name(flag) == BACKEND_OPT_LEVEL_FLAG for flag in flags.split()):
+        return flags
+    return " ".join([*flags.split(), f"{BACKEND_OPT_LEVEL_FLAG}=0"])
+
+
+def subprocess_env(devices: int | None = None, **extra: str) -> dict[str, str]:
+    """os.environ for a test's subprocess on the CPU: the suite's XLA flags kept but its forced
+    device count, replaced by `devices` forced host devices (None: the platform's one device);
+    JAX_PLATFORMS=cpu and `extra` set."""
+    flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+             if _flag_name(flag) != DEVICE_COUNT_FLAG]
+    if devices is not None:
+        flags.append(f"{DEVICE_COUNT_FLAG}={devices}")
+    return {**os.environ, "XLA_FLAGS": " ".join(flags), "JAX_PLATFORMS": "cpu", **extra}
 
 
 def free_port(host: str = "127.0.0.1") -> int:

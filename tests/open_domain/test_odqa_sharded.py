@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import sys
 
@@ -25,7 +24,7 @@ from dil_jax.open_domain.cache.row_arrays import RowArray
 from dil_jax.open_domain.cache.shards import shard_ranges
 from dil_jax.samples import SAMPLE_PASSAGES
 
-from tests.helpers import REPO, free_port, run_all, run_cli
+from tests.helpers import REPO, free_port, run_all, run_cli, subprocess_env
 
 # --checkpoint default: the raw embedded MiniLM (what these tests were written for), not the
 # bundled fine-tuned readers that index/ask/odqa-eval read without --checkpoint.
@@ -67,8 +66,7 @@ def _run_processes(argvs: list[list[str]], killed: tuple[bool, ...] | None = Non
                    ) -> list[tuple[int, str]]:
     """`python -m dil_jax ARGV` for each argv at once (where `killed` says so, the index run
     that exits after its first chunk) -> [(exit status, output)]."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env(PYTHONPATH=str(REPO))
     killed = killed or (False,) * len(argvs)
     return run_all([[sys.executable, *(["-c", KILLED_AFTER_FIRST_CHUNK] if kill else
                                        ["-m", "dil_jax"]), *argv]

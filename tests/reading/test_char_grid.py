@@ -9,7 +9,6 @@ model tests' float32 bound for a whole reader, relative to the largest real logi
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.qanet_inputs import QANetSegment
 from dil_jax.reading.char_grid import CharPairGrid
 
-from tests.helpers import REPO
+from tests.helpers import REPO, subprocess_env
 from tests.helpers.qanet import perturb, segment, tiny_config, tiny_variables
 
 # A whole tiny reader's logits against the same reader compiled at another shape: float32
@@ -151,8 +150,7 @@ def test_the_grid_splits_chunks_over_every_device(tmp_path: Path):
     results = {}
     for devices in (1, 4):
         out = tmp_path / f"grid-{devices}.npz"
-        env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-                   JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+        env = subprocess_env(devices, PYTHONPATH=str(REPO))
         subprocess.run([sys.executable, str(script), str(out)], check=True, env=env, cwd=REPO)
         with np.load(out) as arrays:
             results[devices] = dict(arrays)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, subprocess_env
 
 # A 3-block encoder, small enough for a subprocess per device count.
 TINY_ENCODER = dict(vocab_size=50, hidden_size=32, num_layers=3, num_heads=4,
@@ -71,8 +70,7 @@ def _run(tmp_path: Path, k: int, devices: int) -> dict[str, np.ndarray]:
     script = tmp_path / "grid.py"
     script.write_text(GRID_SCRIPT)
     out = tmp_path / f"grid-{k}-{devices}.npz"
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_PLATFORMS="cpu")
+    env = subprocess_env(devices)
     subprocess.run([sys.executable, str(script), str(k), str(out),
                     json.dumps(TINY_ENCODER)], check=True, env=env,
                    cwd=REPO)

@@ -4,14 +4,13 @@ They train the tiny config for 2 steps, stop with a checkpoint, restore it in a 
 call, run to step 4, and must agree with one process running 4 steps on 1 device.
 """
 
-import os
 import sys
 
 import numpy as np
 
 from dil_jax.train.loop import train
 
-from tests.helpers import REPO, free_port, run_all
+from tests.helpers import REPO, free_port, run_all, subprocess_env
 from tests.helpers.training import assert_same_training, flat_params, tiny_config
 
 # jaxlib's gloo waits a fixed 30 s (not configurable from Python) for the peer to join each new
@@ -25,8 +24,7 @@ GLOO_RENDEZVOUS_TIMEOUT = "Gloo context initialization failed"
 def _run_two_processes(workdir, out) -> list[tuple[int, str]]:
     """Starts the two training processes, waits for both -> [(return code, log)] per process."""
     port = free_port("localhost")
-    env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
+    env = subprocess_env(PYTHONPATH=str(REPO))
     return run_all([[sys.executable, "-m", "tests.helpers.training", "multiprocess",
                      str(out), str(workdir), str(port), str(pid)] for pid in (0, 1)],
                    [env, env])

@@ -1,7 +1,6 @@
 """The jitted train step: it learns, accumulation is exact, and device count does not matter."""
 
 import functools
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ from dil_jax.train.optim import make_optimizer
 from dil_jax.train.sharding import process_rows, put_process_batch, replicate
 from dil_jax.train.step import accumulate_gradients, init_train_state, make_train_step
 
-from tests.helpers import REPO, SUBPROCESS_TIMEOUT_S
+from tests.helpers import REPO, SUBPROCESS_TIMEOUT_S, subprocess_env
 from tests.helpers.training import (
     assert_same_training,
     flat_params,
@@ -122,8 +121,7 @@ def test_one_device_equals_eight_forced_host_devices(tmp_path):
     there = 8 if here == 1 else 1
     local = one_step_params(num_train_steps=2)
     out = tmp_path / "other.npz"
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={there}",
-               PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+    env = subprocess_env(there, PYTHONPATH=str(REPO))
     subprocess.run([sys.executable, "-m", "tests.helpers.training", "one_step",
                     str(out), "2", str(there)], check=True, env=env, cwd=REPO,
                    timeout=SUBPROCESS_TIMEOUT_S)
