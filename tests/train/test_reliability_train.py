@@ -105,8 +105,10 @@ def test_metrics_have_each_step_once_after_an_interrupted_run_resumes(tmp_path):
 
 def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path):
     workdir = tmp_path / "run"
+    # A validation loss, so an evaluation would write a row.
     argv = train_argv(workdir, "--config.num_train_steps=100000", "--config.log.every_steps=1",
-                      "--config.checkpoint.every_steps=100000")
+                      "--config.checkpoint.every_steps=100000",
+                      "--config.eval.use_validation_loss=true")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-m", "dil_jax", *argv], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -130,6 +132,9 @@ def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path):
     assert f"dil-jax train: error: interrupted at step {step} of 100000 (SIGTERM)" in err
     # The interruption point was saved: re-running resumes there.
     assert TrainCheckpointer(workdir / "checkpoints", every_steps=1).latest_step() == step
+    # At once, without evaluating first (a preempted machine's grace period is short).
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row for row in rows if row["split"] == "eval"] == []
 
 
 def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path, capsys):
