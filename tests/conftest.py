@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import SHARED_DATA, V11, squad_file, suite_xla_flags
+from tests.helpers import SHARED_DATA, V11, squad_file
 from tests.helpers.hf import build_hf_qa_model
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -31,12 +31,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/dil_jax_test_jax_cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# Most of the suite's time is XLA:CPU compiling tiny programs that then run for milliseconds; LLVM
-# at -O0 compiles them about twice as fast (docs/results/suite/compile_flags.md). It changes only
-# how the same HLO becomes machine code, not the arithmetic (no fast-math either way), so every
-# tolerance's float32 argument holds. Set before JAX reads XLA_FLAGS (its first backend use);
-# a level the caller chose is kept.
-os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 
 def _orbax_reads_after_a_failed_restore(unraisable) -> bool:

@@ -85,8 +85,7 @@ def edit_json(path: Path, **changes) -> None:
     path.write_text(json.dumps(values))
 
 
-# XLA flags (XLA_FLAGS is a space-separated list of --name=value).
-BACKEND_OPT_LEVEL_FLAG = "--xla_backend_optimization_level"
+# XLA_FLAGS is a space-separated list of --name=value.
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -94,16 +93,8 @@ def _flag_name(flag: str) -> str:
     return flag.split("=", 1)[0]
 
 
-def suite_xla_flags(flags: str) -> str:
-    """XLA_FLAGS of the test processes (tests/conftest.py): `flags` plus LLVM at -O0, unless
-    `flags` already chooses a backend optimization level."""
-    if any(_flag_name(flag) == BACKEND_OPT_LEVEL_FLAG for flag in flags.split()):
-        return flags
-    return " ".join([*flags.split(), f"{BACKEND_OPT_LEVEL_FLAG}=0"])
-
-
 def subprocess_env(devices: int | None = None, **extra: str) -> dict[str, str]:
-    """os.environ for a test's subprocess on the CPU: the suite's XLA flags kept but its forced
+    """os.environ for a test's subprocess on the CPU: the caller's XLA flags kept but a forced
     device count, replaced by `devices` forced host devices (None: the platform's one device);
     JAX_PLATFORMS=cpu and `extra` set."""
     flags = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
