@@ -76,6 +76,9 @@ def common_overrides(args: argparse.Namespace, steps_per_eval: int) -> list[str]
         "log.tensorboard": "false",
         "log.progress": "false",
         "checkpoint.every_steps": steps_per_eval,
+        # The deadline's SIGTERM is the pool's own (with time left): evaluate the last state, so
+        # the export can be it.
+        "checkpoint.evaluate_on_signal": "true",
     }
     if args.smoke:
         values.update({"data.max_questions": 64, "data.max_validation_questions": 24,

@@ -146,6 +146,7 @@ RULES: dict[str, Rule] = {
     "checkpoint.keep": POSITIVE,
     "checkpoint.best_metric": text(),
     "checkpoint.best_mode": one_of("max", "min"),
+    "checkpoint.evaluate_on_signal": boolean,
     "log.every_steps": POSITIVE,
     "distributed.num_cpu_devices": int_at_least(0),
     "distributed.num_processes": optional_int_at_least(1),

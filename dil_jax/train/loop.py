@@ -256,7 +256,8 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
               stop_after_step: int | None) -> LoopOutcome:
     """Steps from `start_step` until total_steps, a signal/preemption or stop_after_step; logs
     every config.log.every_steps, checkpoints every config.checkpoint.every_steps and evaluates
-    every eval.every_steps (0: at every checkpoint; always at the last step, never on a signal);
+    every eval.every_steps (0: at every checkpoint; always at the last step; on a signal only
+    with checkpoint.evaluate_on_signal);
     stops early per config.eval.patience (counted in evaluations)."""
     rows_of_process = sharding_lib.process_rows(mesh, data.accum, data.micro)
     last_metrics: dict[str, float] = {}
@@ -264,6 +265,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
     step = start_step
     interrupted_by: str | None = None
     every_steps, patience = int(config.checkpoint.every_steps), int(config.eval.get("patience", -1))
+    evaluate_on_signal = bool(config.checkpoint.get("evaluate_on_signal", False))
     eval_every = evaluation_interval(config)
     # A rerun of an early-stopped run trains no further (its checkpoints say it stopped).
     stopped_early = start_step > 0 and patience_exhausted(checkpointer, start_step, eval_every,
@@ -297,9 +299,11 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                 check_finite(first_nonfinite, checkpointer, config)  # never save a NaN state
                 # A checkpoint between evaluations is saved without metrics: it serves resuming
                 # (LatestN keeps it), never "best". So is one on a signal or a preemption, at
-                # once: a preempted machine's grace period (~30 s on a TPU VM) is far shorter than
-                # an evaluation (minutes on the full validation set), which would lose the state.
-                evaluated = (step % eval_every == 0 or final) and not preempted
+                # once (config.checkpoint.evaluate_on_signal says why), unless asked otherwise.
+                if preempted and not final:
+                    evaluated = evaluate_on_signal
+                else:
+                    evaluated = step % eval_every == 0 or final
                 eval_metrics = evaluate_at(weights_of(state), step) if evaluated else {}
                 checkpointer.save(step, state, checkpoint_meta(step, data, dropout_rng),
                                   metrics=eval_metrics or None, force=True)

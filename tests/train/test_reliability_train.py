@@ -103,12 +103,15 @@ def test_metrics_have_each_step_once_after_an_interrupted_run_resumes(tmp_path):
     assert steps == [1, 2, 3, 4, 5]
 
 
-def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path):
+@pytest.mark.parametrize("evaluate_on_signal", [False, True])
+def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path,
+                                                                     evaluate_on_signal):
     workdir = tmp_path / "run"
-    # A validation loss, so an evaluation would write a row.
+    # A validation loss, so an evaluation writes a row.
     argv = train_argv(workdir, "--config.num_train_steps=100000", "--config.log.every_steps=1",
                       "--config.checkpoint.every_steps=100000",
-                      "--config.eval.use_validation_loss=true")
+                      "--config.eval.use_validation_loss=true",
+                      f"--config.checkpoint.evaluate_on_signal={evaluate_on_signal}")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-m", "dil_jax", *argv], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -132,9 +135,11 @@ def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path):
     assert f"dil-jax train: error: interrupted at step {step} of 100000 (SIGTERM)" in err
     # The interruption point was saved: re-running resumes there.
     assert TrainCheckpointer(workdir / "checkpoints", every_steps=1).latest_step() == step
-    # At once, without evaluating first (a preempted machine's grace period is short).
+    # By default at once, without evaluating first (a preempted machine's grace period is
+    # short); evaluated first when asked (a deadline of the caller's own).
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [row for row in rows if row["split"] == "eval"] == []
+    evaluated = [row["step"] for row in rows if row["split"] == "eval"]
+    assert evaluated == ([step] if evaluate_on_signal else [])
 
 
 def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path, capsys):
