@@ -1,4 +1,7 @@
-cd /work/main
+#!/usr/bin/env bash
+# docs/results/suite/compile_flags.md: three compile-heavy tests under three XLA settings, one
+# pytest process on core 0, a fresh compilation cache for each setting.
+cd "$(dirname "$0")/../../.."
 T="tests/train/test_train_curves.py::test_train_redraws_curves_png_at_each_evaluation tests/model/test_qanet_reformer.py::test_reversible_gradients_equal_plain_autodiff[False] tests/model/test_backbones.py::test_check_and_predict_commands[roberta]"
 for setting in base opt0 effort; do
   rm -rf /tmp/flagcache
