@@ -27,6 +27,7 @@ import json
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,22 @@ class LoopOutcome:
     stopped_early: bool = False
 
 
+# Asynchronous dispatch lets the host queue steps far ahead of the device (up to the next sync,
+# a whole log window). A signal is seen by the host, so a SIGTERM would then wait for every queued
+# step to run before the save (minutes of a preempted machine's ~30 s): the host keeps at most
+# this many steps queued, which still overlaps the next batch's preparation with a running step.
+MAX_STEPS_IN_FLIGHT = 2
+
+
+def wait_for_steps_in_flight(in_flight: deque, metrics: Any,
+                             limit: int = MAX_STEPS_IN_FLIGHT) -> None:
+    """Records the step just dispatched (its `metrics`, device values) and blocks until all but
+    the newest `limit` dispatched steps have run."""
+    in_flight.append(metrics)
+    while len(in_flight) > limit:
+        jax.block_until_ready(in_flight.popleft())
+
+
 def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainState, *,
               step_fn, teacher_params: Params | None, dropout_rng: jax.Array, mesh,
               start_step: int, checkpointer: TrainCheckpointer, writer: MetricWriter,
@@ -274,6 +291,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
     tracked_step = tracking_nonfinite(step_fn, mesh)
     first_nonfinite = jax.jit(lambda: jnp.asarray(NO_STEP, jnp.int32),
                               out_shardings=sharding_lib.replicated(mesh))()
+    in_flight: deque = deque()  # metrics of the steps dispatched and maybe not yet run
     with stop_on_signals() as stop:
         while step < data.total_steps and not stopped_early:
             local = data.step_batch(step, rows_of_process)
@@ -281,6 +299,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
             state, metrics, first_nonfinite = tracked_step(state, teacher_params, batch,
                                                            dropout_rng, first_nonfinite)
             step += 1
+            wait_for_steps_in_flight(in_flight, metrics)
             window_steps += 1
             final = step == data.total_steps
             preempted = stop.set or checkpointer.reached_preemption(step)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,39 @@ def test_sigterm_ends_with_an_error_status_and_says_where_it_stopped(tmp_path,
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     evaluated = [row["step"] for row in rows if row["split"] == "eval"]
     assert evaluated == ([step] if evaluate_on_signal else [])
+
+
+def test_the_host_keeps_at_most_two_steps_queued_ahead_of_the_device():
+    """A signal is handled on the host: with asynchronous dispatch unbounded, a SIGTERM would
+    wait for every queued step (up to a log window) before the save."""
+    import jax
+    import jax.numpy as jnp
+
+    from dil_jax.train.loop import MAX_STEPS_IN_FLIGHT, wait_for_steps_in_flight
+
+    @jax.jit
+    def slow_step(x):  # ~tens of milliseconds on a CPU core: slower than its dispatch
+        return jax.lax.fori_loop(0, 64, lambda _, y: jnp.tanh(y @ y), x)
+
+    x = jnp.eye(192) * 0.5
+    jax.block_until_ready(slow_step(x))  # compiled before the dispatches counted
+    in_flight, outputs = deque(), []
+    for _ in range(8):
+        outputs.append(slow_step(x + len(outputs)))
+        wait_for_steps_in_flight(in_flight, outputs[-1])
+        assert sum(not out.is_ready() for out in outputs) <= MAX_STEPS_IN_FLIGHT == 2
+    assert len(in_flight) == MAX_STEPS_IN_FLIGHT
+
+
+def test_the_loop_bounds_its_queue_at_every_step(tmp_path, monkeypatch):
+    import dil_jax.train.loop as loop
+
+    calls = []
+    bounded = loop.wait_for_steps_in_flight
+    monkeypatch.setattr(loop, "wait_for_steps_in_flight",
+                        lambda in_flight, metrics: calls.append(bounded(in_flight, metrics)))
+    train(tiny_config(tmp_path, {"num_train_steps": 3, "checkpoint.every_steps": 3, **QUICK}))
+    assert len(calls) == 3
 
 
 def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path, capsys):
