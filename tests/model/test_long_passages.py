@@ -241,7 +241,9 @@ def _plain_autodiff(monkeypatch):
                         lambda f, g, *args: reversible_forward(f, g, *args))
 
 
-@pytest.mark.parametrize("lsh", [False, True])
+# Without LSH: slow (not in CI), since the LSH case runs every other layer reversible without
+# LSH too.
+@pytest.mark.parametrize("lsh", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_reversible_gradients_equal_plain_autodiff(monkeypatch, lsh):
     """With dropout and (optionally) an LSH layer, so the recomputation must replay the same
     random masks and buckets. Tolerance: the backward pass recovers each layer's inputs as

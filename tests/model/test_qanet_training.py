@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
 from dil_jax.model.qanet import QANetModel
@@ -89,6 +90,9 @@ def _train_and_check(model, config, steps: int) -> None:
     assert accuracy > 0.8, (accuracy, first, last)  # chance: 1 in 14
 
 
+# Slow (not in CI): tests/train/test_qanet_trainer.py's tiny run learns the same task
+# through the trainer (held-out pointing checked), the reader CI keeps.
+@pytest.mark.slow
 def test_tiny_qanet_learns_to_point():
     # One model block and two convs in the embedding block: every stage, half the compile time.
     config = tiny_config(model_blocks=1, embedding_convs=2, dropout=0.05, char_dropout=0.05,
@@ -96,6 +100,9 @@ def test_tiny_qanet_learns_to_point():
     _train_and_check(QANetModel(config), config, 400)
 
 
+# Slow (not in CI): tests/train/test_bidaf_trainer.py's tiny run learns the same task
+# through the trainer (held-out pointing checked), the reader CI keeps.
+@pytest.mark.slow
 def test_tiny_bidaf_learns_to_point():
     config = BiDAFConfig(vocab_size=40, word_dim=12, max_chars=6, char_dim=8, char_filters=10,
                          char_kernel=3, hidden=16, dropout=0.05, char_dropout=0.05)
