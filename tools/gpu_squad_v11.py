@@ -239,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs-of", action="append", default=[], metavar="STUDENT=EPOCHS",
                         help="one student's own --student-epochs (repeatable), e.g. "
                         "k4_distill=1: a recipe compared at the budget an earlier run had")
+    parser.add_argument("--init-of", action="append", default=[], metavar="STUDENT=PARAMS",
+                        help="one student's own warm start (repeatable; the teacher stays its "
+                        "teacher), e.g. k5_warm=/tmp/k4: a k = 5 student from a trained k = 4 "
+                        "one, whose lower blocks already read separately")
     parser.add_argument("--full-epochs", type=float, default=2.0)
     parser.add_argument("--full-runs", default="full,multi",
                         help="phase 1's full readers, ';'-separated, of 'full', 'full,multi' and "
@@ -301,14 +305,25 @@ def main(argv: list[str] | None = None) -> int:
             epochs_of[name] = float(epochs)
         except ValueError:
             parser.error(f"--epochs-of {item!r}: expected STUDENT=EPOCHS, e.g. k4_distill=1")
-    strangers = set(epochs_of) - set(args.students.split(","))
-    if strangers:
-        parser.error(f"--epochs-of names {sorted(strangers)}, not in --students {args.students!r}")
+    init_of = {}
+    for item in args.init_of:
+        name, _, params = item.partition("=")
+        if not params:
+            parser.error(f"--init-of {item!r}: expected STUDENT=PARAMS, e.g. k5_warm=/tmp/k4")
+        if not Path(params).is_dir():
+            parser.error(f"--init-of {item!r}: {params} is not a params folder")
+        init_of[name] = params
+    summary["init_of"] = init_of
+    for flag, named in (("--epochs-of", epochs_of), ("--init-of", init_of)):
+        strangers = set(named) - set(args.students.split(","))
+        if strangers:
+            parser.error(f"{flag} names {sorted(strangers)}, not in --students "
+                         f"{args.students!r}")
 
     def students(teacher: Path, multi: list[str]) -> list[Run]:
         runs = []
         for name in filter(None, args.students.split(",")):
-            init = args.base if name.endswith("_distill") else teacher
+            init = init_of.get(name, args.base if name.endswith("_distill") else teacher)
             runs.append(Run(name, [*base, f"--config.model.checkpoint={init}",
                                    f"--config.teacher.checkpoint={teacher}", *multi,
                                    *schedule(epochs_of.get(name, args.student_epochs),
