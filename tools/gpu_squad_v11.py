@@ -224,6 +224,33 @@ def device_description() -> str:
         return f"unknown ({error})"
 
 
+def student_options(parser: argparse.ArgumentParser,
+                    args: argparse.Namespace) -> tuple[dict[str, float], dict[str, str]]:
+    """--epochs-of and --init-of as {student: epochs} and {student: params folder}, each entry
+    checked (its form, the folder, the student among --students) before anything is written."""
+    epochs_of: dict[str, float] = {}
+    for item in args.epochs_of:
+        name, _, epochs = item.partition("=")
+        try:
+            epochs_of[name] = float(epochs)
+        except ValueError:
+            parser.error(f"--epochs-of {item!r}: expected STUDENT=EPOCHS, e.g. k4_distill=1")
+    init_of: dict[str, str] = {}
+    for item in args.init_of:
+        name, _, params = item.partition("=")
+        if not params:
+            parser.error(f"--init-of {item!r}: expected STUDENT=PARAMS, e.g. k5_warm=/tmp/k4")
+        if not Path(params).is_dir():
+            parser.error(f"--init-of {item!r}: {params} is not a params folder")
+        init_of[name] = params
+    for flag, named in (("--epochs-of", epochs_of), ("--init-of", init_of)):
+        strangers = set(named) - set(args.students.split(","))
+        if strangers:
+            parser.error(f"{flag} names {sorted(strangers)}, not in --students "
+                         f"{args.students!r}")
+    return epochs_of, init_of
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -265,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke-steps", type=int, default=6,
                         help="--smoke: the full readers' steps (the students get 2/3)")
     args = parser.parse_args(argv)
+    epochs_of, init_of = student_options(parser, args)
     Path(args.runs).mkdir(parents=True, exist_ok=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     data = Path(args.data)
@@ -298,27 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict = {"device": device_description(), "started": time.strftime("%F %T %Z"),
                      "git_commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
                                                   capture_output=True, text=True).stdout.strip()}
-    epochs_of = {}
-    for item in args.epochs_of:
-        name, _, epochs = item.partition("=")
-        try:
-            epochs_of[name] = float(epochs)
-        except ValueError:
-            parser.error(f"--epochs-of {item!r}: expected STUDENT=EPOCHS, e.g. k4_distill=1")
-    init_of = {}
-    for item in args.init_of:
-        name, _, params = item.partition("=")
-        if not params:
-            parser.error(f"--init-of {item!r}: expected STUDENT=PARAMS, e.g. k5_warm=/tmp/k4")
-        if not Path(params).is_dir():
-            parser.error(f"--init-of {item!r}: {params} is not a params folder")
-        init_of[name] = params
     summary["init_of"] = init_of
-    for flag, named in (("--epochs-of", epochs_of), ("--init-of", init_of)):
-        strangers = set(named) - set(args.students.split(","))
-        if strangers:
-            parser.error(f"{flag} names {sorted(strangers)}, not in --students "
-                         f"{args.students!r}")
 
     def students(teacher: Path, multi: list[str]) -> list[Run]:
         runs = []
