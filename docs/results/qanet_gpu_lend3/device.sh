@@ -3,6 +3,9 @@
 # second cycle's average at step 661 (69.41 F1), scanned stacks, alone on the card.
 # Environment: OUT (the device's), DEADLINE (training, s), STEPS (the schedule), EXTRA (more of
 # tools/gpu_qanet_squad.py's options, e.g. --smoke on CPU).
+# It ran as .devcarry/lend3.sh (its `cd` goes to the repo root from there): to rerun, copy it to
+# .devcarry/ after tools/gpu_squad_v11_carry.sh, with the warm start packed into .devcarry/warm/
+# (docs/qanet.md, "The fifth lend").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .devcarry/whl/*.whl || exit 3
