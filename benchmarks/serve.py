@@ -17,8 +17,10 @@ early at --time-limit seconds. Items: the questions of the validation articles 2
 shared SQuAD dev file in file order (with --route read, each with its paragraph as the
 context). Reported per level: answered / sent, questions per second, latency p50/p95/p99, the
 worker's batch sizes (the mean from /metrics' `dil_jax_batch_size`, the largest from the
-responses), each status's count and how many 503s carried Retry-After (0 errors expected below
-the queue limit; only 503s above it). A refused item is not sent again: what was sent is
+responses), the worker's seconds in each phase of a read (from /metrics'
+`dil_jax_phase_seconds`, queue wait excluded) and the pair phase's share of them, each
+status's count and how many 503s carried Retry-After (0 errors expected below the queue limit;
+only 503s above it). A refused item is not sent again: what was sent is
 answered or refused, nothing else.
 
 --peer PYTHON runs benchmarks/serve_peer.py under that interpreter (a venv with transformers
@@ -92,21 +94,57 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def batch_totals(url: str, kind: str) -> tuple[float, float]:
-    """(sum, count) of `dil_jax_batch_size{kind=...}` over the readers, from /metrics."""
-    import httpx
+@dataclasses.dataclass(frozen=True)
+class MetricTotals:
+    """Running totals of one server's /metrics, read before and after a level: their
+    difference is that level's share."""
+
+    batch_sums: dict[str, float]                  # kind ("answer", "read") -> sum of batch sizes
+    batch_counts: dict[str, float]                # kind -> batches
+    phase_seconds: dict[tuple[str, str], float]   # (reader, phase) -> seconds
+
+
+def metric_totals(text: str) -> MetricTotals:
+    """The batch-size and phase totals of a Prometheus text page (`dil-jax serve`'s /metrics)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url + "/metrics", timeout=30).text
-    totals = {"_sum": 0.0, "_count": 0.0}
+    sums: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, float] = collections.defaultdict(float)
+    phases: dict[tuple[str, str], float] = collections.defaultdict(float)
     for family in text_string_to_metric_families(text):
-        if family.name != "dil_jax_batch_size":
-            continue
         for sample in family.samples:
-            for suffix in totals:
-                if sample.name.endswith(suffix) and sample.labels.get("kind") == kind:
-                    totals[suffix] += sample.value
-    return totals["_sum"], totals["_count"]
+            if family.name == "dil_jax_batch_size" and sample.name.endswith("_sum"):
+                sums[sample.labels["kind"]] += sample.value
+            elif family.name == "dil_jax_batch_size" and sample.name.endswith("_count"):
+                counts[sample.labels["kind"]] += sample.value
+            elif family.name == "dil_jax_phase_seconds" and sample.name.endswith("_sum"):
+                phases[sample.labels["reader"], sample.labels["phase"]] += sample.value
+    return MetricTotals(dict(sums), dict(counts), dict(phases))
+
+
+def fetch_totals(url: str) -> MetricTotals:
+    import httpx
+
+    return metric_totals(httpx.get(url + "/metrics", timeout=30).text)
+
+
+def level_work(before: MetricTotals, after: MetricTotals, reader: str | None) -> dict[str, float]:
+    """Seconds the worker spent in each phase of a read during a level (every phase but the
+    queue wait, which is not work), for `reader` (None: every reader). The phases are observed
+    once per batch, so with batching on a batch's work is counted once, not per question."""
+    work: dict[str, float] = collections.defaultdict(float)
+    for (name, phase), seconds in after.phase_seconds.items():
+        if phase != "queue" and (reader is None or name == reader):
+            work[phase] += seconds - before.phase_seconds.get((name, phase), 0.0)
+    return dict(sorted(work.items()))
+
+
+def batch_mean(before: MetricTotals, after: MetricTotals, kind: str) -> float | None:
+    """Mean batch size of the batches of `kind` read during a level (None: no batch)."""
+    batches = after.batch_counts.get(kind, 0.0) - before.batch_counts.get(kind, 0.0)
+    if batches <= 0:
+        return None
+    return (after.batch_sums.get(kind, 0.0) - before.batch_sums.get(kind, 0.0)) / batches
 
 
 def body_of(route: str, item: Item, extra: dict) -> dict:
@@ -140,7 +178,7 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
     retry_after = crossed = 0
     deadline = time.monotonic() + time_limit
     kind = "read" if route == "read" else "answer"
-    batch_sum, batch_count = batch_totals(server.url, kind)
+    totals_before = fetch_totals(server.url)
 
     def client_loop() -> None:
         nonlocal retry_after, crossed
@@ -172,15 +210,16 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
-    after_sum, after_count = batch_totals(server.url, kind)
+    totals_after = fetch_totals(server.url)
+    work = level_work(totals_before, totals_after, extra.get("reader"))
     return {"server": server.name, "url": server.url, "reader": extra.get("reader"),
             "clients": clients,
             "sent": sum(statuses.values()), "answered": len(latencies), "wall_s": wall,
             "questions_per_s": len(latencies) / wall if wall else 0.0,
             "p50_s": percentile(latencies, 0.5), "p95_s": percentile(latencies, 0.95),
             "p99_s": percentile(latencies, 0.99),
-            "batch_mean": ((after_sum - batch_sum) / (after_count - batch_count)
-                           if after_count > batch_count else None),
+            "batch_mean": batch_mean(totals_before, totals_after, kind),
+            "work_s": work,
             "batch_max": max(batches) if batches else None,
             "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "retry_after": retry_after, "crossed": crossed,
@@ -241,10 +280,22 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def pair_share(work: dict[str, float]) -> float | None:
+    """The pair phase's share of a level's worker time (None: no work recorded)."""
+    total = sum(work.values())
+    return work.get("pair_upper", 0.0) / total if total > 0 else None
+
+
+def _work(work: dict[str, float] | None) -> str:
+    share = pair_share(work) if work else None
+    return "-" if share is None else f"{sum(work.values()):.1f} ({share:.0%})"
+
+
 def markdown(record: dict) -> str:
     rows = ["| server | reader | clients | answered / sent | q/s | p50 (s) | p95 (s) | "
-            "p99 (s) | batch mean / max | statuses | 503 with Retry-After | crossed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "p99 (s) | batch mean / max | worker s (pair share) | statuses | "
+            "503 with Retry-After | crossed |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["levels"]:
         batch = "-" if r["batch_mean"] is None else f"{r['batch_mean']:.2f}"
         rows.append(f"| {r['server']} | {r['reader'] or '-'} | {r['clients']} | "
@@ -252,7 +303,8 @@ def markdown(record: dict) -> str:
                     f"{r['questions_per_s']:.2f} | {_seconds(r['p50_s'])} | "
                     f"{_seconds(r['p95_s'])} | {_seconds(r['p99_s'])} | {batch} / "
                     f"{r['batch_max'] if r['batch_max'] is not None else '-'} | "
-                    f"{r['statuses']} | {r['retry_after']} | {r.get('crossed', '-')} |")
+                    f"{_work(r.get('work_s'))} | {r['statuses']} | {r['retry_after']} | "
+                    f"{r.get('crossed', '-')} |")
     peer = record.get("peer")
     if peer:
         versions = ", ".join(f"{k} {v}" for k, v in peer["versions"].items())

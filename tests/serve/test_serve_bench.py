@@ -77,3 +77,36 @@ def test_a_level_past_the_queue_limit_counts_only_refusals_with_retry_after():
     assert level["retry_after"] == level["statuses"]["503"] >= 1 and level["crossed"] == 0
     # Each answered item got its own answer (the fake upper-cases the question).
     assert all(answer["answer"] == f"Q{key}?" for key, answer in level["answers"].items())
+
+
+def test_level_work_and_batch_mean_come_from_the_metrics_page_difference():
+    from dil_jax.serve.metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+
+    def page():
+        return bench.metric_totals(metrics.text().decode())
+
+    metrics.phases.labels("delayed", "pair_upper").observe(2.0)
+    metrics.batch_size.labels("answer", "delayed").observe(1)
+    before = page()
+    # The level: two batches of the delayed reader (3 and 1 questions), a full-reader batch
+    # (another level's reader) and queue waits (not work).
+    for pairs_s, question_s in ((1.5, 0.25), (0.5, 0.25)):
+        metrics.phases.labels("delayed", "pair_upper").observe(pairs_s)
+        metrics.phases.labels("delayed", "question_lower").observe(question_s)
+    metrics.phases.labels("delayed", "queue").observe(7.0)
+    metrics.phases.labels("full", "pair_upper").observe(4.0)
+    metrics.batch_size.labels("answer", "delayed").observe(3)
+    metrics.batch_size.labels("answer", "delayed").observe(1)
+    metrics.batch_size.labels("read", "delayed").observe(8)
+    after = page()
+    work = bench.level_work(before, after, "delayed")
+    assert work == pytest.approx({"pair_upper": 2.0, "question_lower": 0.5})
+    assert bench.pair_share(work) == pytest.approx(0.8)
+    assert bench.level_work(before, after, None) == pytest.approx(
+        {"pair_upper": 6.0, "question_lower": 0.5})
+    assert bench.batch_mean(before, after, "answer") == pytest.approx(2.0)
+    assert bench.batch_mean(before, after, "read") == pytest.approx(8.0)
+    assert bench.batch_mean(after, after, "answer") is None
+    assert bench.pair_share({}) is None
