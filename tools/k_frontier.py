@@ -16,6 +16,10 @@ from a `dil-jax bench` record timed at the readers' own lengths, e.g.
 
 writes `k_frontier.md` (table) and `k_frontier.png` (F1 relative to the full reader vs pair-phase
 speedup). A run without an export, or a k the record did not time, is refused by name.
+
+`--recorded TABLE:K[,K...]` takes the rows of those k from an earlier table this tool wrote,
+for readers whose run folders are no longer on this machine (a lent GPU's runs); the new table
+names the table each such row comes from.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class RunScore:
     step: int
     exact: float
     f1: float
+    recorded_in: Path | None = None  # the earlier table the row was taken from (--recorded)
 
 
 def fail(message: str) -> None:
@@ -82,6 +87,33 @@ def run_score(workdir: Path) -> RunScore:
     return RunScore(workdir, k, step, float(last["exact"]), float(last["f1"]))
 
 
+def recorded_scores(spec: str) -> list[RunScore]:
+    """The rows of the k listed in `TABLE:K[,K...]`, from a table `frontier_table` wrote."""
+    table, _, ks_text = spec.rpartition(":")
+    try:
+        ks = [int(k) for k in ks_text.split(",")]
+    except ValueError:
+        ks = []
+    if not table or not ks:
+        fail(f"--recorded {spec!r}: expected TABLE:K[,K...], e.g. "
+             "docs/results/k_frontier_squad_v11.md:3,5")
+    path = Path(table)
+    if not path.is_file():
+        fail(f"--recorded {spec!r}: no such file {path}")
+    rows = {}
+    for line in path.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0].isdigit():
+            # k | run | exported step | EM | F1 | F1 / full | speedup
+            run = cells[1].split("`")[1] if "`" in cells[1] else cells[1]
+            rows[int(cells[0])] = RunScore(Path(run), int(cells[0]), int(cells[2]),
+                                           float(cells[3]), float(cells[4]), path)
+    missing = [k for k in ks if k not in rows]
+    if missing:
+        fail(f"--recorded {spec!r}: {path} has no row of k = {missing} (rows: {sorted(rows)})")
+    return [rows[k] for k in ks]
+
+
 def pair_speedups(bench_file: Path) -> tuple[dict[int, float], dict]:
     """k -> the measured pair-phase speedup over the full model, from a `dil-jax bench` record
     (its first suite), and the record's grid/machine for the table's caption."""
@@ -115,7 +147,9 @@ def frontier_table(scores: list[RunScore], speedups: dict[int, float], caption: 
         if score.k not in speedups:
             fail(f"{score.workdir}: k = {score.k} was not timed in the bench record "
                  f"(timed: {sorted(speedups)})")
-        lines.append(f"| {score.k} | `{score.workdir}` | {score.step} | {score.exact:.2f} | "
+        run = f"`{score.workdir}`" + (f" (as recorded in `{score.recorded_in}`)"
+                                      if score.recorded_in else "")
+        lines.append(f"| {score.k} | {run} | {score.step} | {score.exact:.2f} | "
                      f"{score.f1:.2f} | {100 * score.f1 / full_f1:.1f}% | "
                      f"{speedups[score.k]:.2f}x |")
     return "\n".join(lines) + "\n"
@@ -149,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=Path, nargs="+", required=True,
                         help="finished run folders, one of them the full reader (k = 0)")
+    parser.add_argument("--recorded", action="append", default=[], metavar="TABLE:K[,K...]",
+                        help="rows of these k from an earlier table of this tool (runs no "
+                             "longer on this machine)")
     parser.add_argument("--bench", type=Path, required=True, help="a `dil-jax bench` record")
     parser.add_argument("--out", type=Path, required=True,
                         help="output stem: writes STEM.md and STEM.png")
@@ -156,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.bench.is_file():
         fail(f"--bench {args.bench}: no such file")
     scores = [run_score(workdir) for workdir in args.runs]
+    scores += [score for spec in args.recorded for score in recorded_scores(spec)]
     speedups, caption = pair_speedups(args.bench)
     table = frontier_table(scores, speedups, caption)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -104,3 +104,32 @@ def test_a_bundled_reader_whose_evaluation_is_not_of_its_export_is_refused(tmp_p
         k_frontier.main(["--runs", str(stale), "--bench", str(bench),
                          "--out", str(tmp_path / "out")])
     assert "final_eval is of step 1250, not of the exported step 1464" in capsys.readouterr().err
+
+
+def test_recorded_rows_are_read_back_from_an_earlier_table(tmp_path, capsys):
+    # A table as frontier_table writes it, by hand: the k = 3 and k = 5 runs are gone.
+    table = tmp_path / "earlier.md"
+    table.write_text(
+        "Pair-phase speedup: `dil-jax bench` (cpu, 2 cores; grid 16 x 8).\n\n"
+        "| k | run | exported step | validation EM | validation F1 | F1 / full F1 "
+        "| pair-phase speedup |\n| --- | --- | --- | --- | --- | --- | --- |\n"
+        "| 0 | `full` | 8308 | 74.04 | 83.57 | 100.0% | 1.00x |\n"
+        "| 3 | `/gone/k3_warm` | 4154 | 71.63 | 81.42 | 97.4% | 2.18x |\n"
+        "| 5 | `/gone/k5_warm` | 8308 | 54.86 | 65.98 | 79.0% | 8.93x |\n")
+    k3, k5 = k_frontier.recorded_scores(f"{table}:3,5")
+    assert (k3.k, str(k3.workdir), k3.step, k3.exact, k3.f1) == (3, "/gone/k3_warm", 4154,
+                                                                 71.63, 81.42)
+    assert (k5.k, k5.step, k5.f1, k5.recorded_in) == (5, 8308, 65.98, table)
+    full = _run(tmp_path / "full", 0, 10, {10: (70.0, 80.0)})
+    bench = _bench(tmp_path / "bench.json", {0: 1.0, 3: 2.0, 5: 8.0})
+    k_frontier.main(["--runs", str(full), "--recorded", f"{table}:3,5", "--bench", str(bench),
+                     "--out", str(tmp_path / "out")])
+    written = (tmp_path / "out.md").read_text()
+    # 81.42 / 80.0 of the new full reader: 101.8%; the row names the table it came from.
+    assert f"| 3 | `/gone/k3_warm` (as recorded in `{table}`) | 4154 | 71.63 | 81.42 | 101.8% " \
+           "| 2.00x |" in written
+    for spec, problem in ((f"{table}:4", "no row of k = [4]"), (f"{table}", "expected TABLE:K"),
+                          (f"{tmp_path / 'none.md'}:3", "no such file")):
+        with pytest.raises(SystemExit):
+            k_frontier.recorded_scores(spec)
+        assert problem in capsys.readouterr().err
