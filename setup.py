@@ -35,8 +35,10 @@ setup(
         # torch is pinned: an unpinned torch pulls a multi-GB CUDA build.
         "torch": ["torch==2.13.0"],
         # psutil: tools/peak_memory.py (the suite's peak memory in README); pytest-xdist: the
-        # suite runs in two processes (README's test command), its tests mostly compiling.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6", "psutil>=5.9"],
+        # suite runs in two processes (README's test command), its tests mostly compiling;
+        # selenium drives the page's browser test (Debian's chromium, tools/setup.sh).
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "ruff>=0.6", "psutil>=5.9",
+                 "selenium>=4.20,<4.52"],
         "tfds": ["tensorflow-datasets>=4.9", "importlib_resources"],
         # tensorboardX writes the event files; matplotlib draws curves.png (dil-jax plot).
         "train": ["tensorboardX>=2.6", "matplotlib>=3.8"],

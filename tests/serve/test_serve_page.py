@@ -1,9 +1,10 @@
 """The page at `/` in a real browser: headless Chromium driven by Selenium types a question,
 submits it, and reads both readers' rendered answers, highlighted in their passages.
 
-Needs what CI does not install: Debian's `chromium` and `chromium-driver` and the `selenium`
-package (`apt-get install chromium chromium-driver && pip install 'selenium<4.52'`); without
-them the test is skipped. Run it with `python3 -m pytest -m browser tests/serve/test_serve_page.py`.
+Needs Debian's `chromium` and `chromium-driver` and the `selenium` package, which
+tools/setup.sh installs (apt as root on a Debian machine; selenium is in the `test` extra); where
+they are missing the test is skipped, and README's test command (`-rs`) prints the reason. Alone:
+`python3 -m pytest -m browser tests/serve/test_serve_page.py`.
 The server behind the page is the fake engine of tests/helpers/serving.py (the page is what is
 tested; tests/serve/test_serve.py reads with the real readers), and the screenshot goes to the
 test's temporary folder (or SERVE_PAGE_SCREENSHOT when set).
