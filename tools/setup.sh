@@ -26,6 +26,8 @@ fi
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     if grep -qx 'ID=debian' /etc/os-release 2>/dev/null && [ "$(id -u)" = 0 ] \
             && command -v apt-get >/dev/null; then
+        echo "tools/setup.sh: installing Debian's chromium and chromium-driver with apt" \
+             "(the web page's browser test)"
         export DEBIAN_FRONTEND=noninteractive
         APT_INSTALL=(timeout 900 apt-get install -y -qq --no-install-recommends chromium chromium-driver)
         if ! "${APT_INSTALL[@]}" >/dev/null 2>&1; then
