@@ -167,9 +167,11 @@ def frontier_plot(scores: list[RunScore], speedups: dict[int, float], path: Path
     axes.plot([speedups[score.k] for score in ordered],
               [100 * score.f1 / full_f1 for score in ordered], "o-")
     for position, score in enumerate(ordered):
-        # alternate above / below the line: neighbouring k sit close together at small speedups
+        # Neighbouring k sit close together at small speedups, on a line falling to the right:
+        # alternate above-right / below the point (both off the line), the first above.
+        offset = (-8, 8) if position == 0 else (6, 6) if position % 2 else (-10, -16)
         axes.annotate(f"k={score.k}", (speedups[score.k], 100 * score.f1 / full_f1),
-                      textcoords="offset points", xytext=(5, 6 if position % 2 else -12))
+                      textcoords="offset points", xytext=offset)
     axes.set_xlabel("measured pair-phase speedup over the full reader")
     axes.set_ylabel("validation F1, % of the full reader")
     axes.grid(alpha=0.3)
