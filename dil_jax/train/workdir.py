@@ -39,10 +39,19 @@ WORKDIR_ENTRIES = frozenset({
     TENSORBOARD_DIR, EXPORT_DIR, EXPORT_DIR + ".new", CURVES_FILE})
 
 
+def holds_checkpoint_steps(folder: Path) -> bool:
+    """Whether `folder` holds at least one checkpoint step (orbax names a step's folder by its
+    number). An empty or foreign checkpoints/ is no sign of a train workdir: a Hugging Face
+    reader folder with an empty checkpoints/ beside its config.json was taken for one, and
+    train overwrote that config.json."""
+    return folder.is_dir() and any(entry.is_dir() and entry.name.isdigit()
+                                   for entry in folder.iterdir())
+
+
 def workdir_problem(workdir: str | Path) -> str | None:
     """Why train must not write into the local `workdir`, or None when it may: it is new, empty,
-    or a train workdir (the mark, or one written by older code: checkpoints/, or nothing but
-    train's own files beside metrics.jsonl). The rule of `dil-jax index --out`: never write
+    or a train workdir (the mark, or one written by older code: checkpoints/ holding a step, or
+    nothing but train's own files beside metrics.jsonl). The rule of `dil-jax index --out`: never write
     into a folder another tool filled (config.json would overwrite a Hugging Face model's)."""
     if not str(workdir).strip():
         return ("--config.workdir is empty: train would write checkpoints/, config.json and "
@@ -50,7 +59,7 @@ def workdir_problem(workdir: str | Path) -> str | None:
     folder = Path(workdir)
     if not folder.is_dir() or (folder / WORKDIR_MARK).is_file():
         return None  # a file is refused by check_output_folder, naming it
-    if (folder / CHECKPOINT_DIR).is_dir():
+    if holds_checkpoint_steps(folder / CHECKPOINT_DIR):
         return None  # an older train workdir: resuming it keeps working
     foreign = sorted(entry.name for entry in folder.iterdir()
                      if entry.name not in WORKDIR_ENTRIES and not entry.name.startswith("."))
@@ -60,7 +69,8 @@ def workdir_problem(workdir: str | Path) -> str | None:
     held = named_few(sorted(e.name for e in folder.iterdir() if not e.name.startswith(".")),
                      limit=4)
     return (f"--config.workdir {folder} is a folder that train did not write (it holds {held}; "
-            f"no {WORKDIR_MARK} or {CHECKPOINT_DIR}/ marks it as a train workdir): training "
+            f"no {WORKDIR_MARK} or checkpoint step in {CHECKPOINT_DIR}/ marks it as a train "
+            f"workdir): training "
             f"would write {CONFIG_FILE}, {CHECKPOINT_DIR}/ and {EXPORT_DIR}/ among its files; "
             "choose a new or empty folder")
 

@@ -218,6 +218,26 @@ def test_train_refuses_a_hugging_face_folder_as_workdir(tmp_path, capsys):
         train(tiny_config(folder, QUICK))
 
 
+def test_a_reader_folder_with_an_empty_checkpoints_folder_is_not_a_workdir(tmp_path, capsys):
+    """An empty checkpoints/ was taken for an older train workdir: train overwrote the bundled
+    reader's config.json (it no longer loaded) and wrote params/ and metrics.jsonl beside it."""
+    import shutil
+
+    from dil_jax.defaults import bundled_reader
+
+    folder = tmp_path / "reader"
+    shutil.copytree(bundled_reader("full"), folder)
+    (folder / "checkpoints").mkdir()
+    before = {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+    status, _, err = run_cli(train_argv(folder), capsys)
+    assert status == 1, err
+    line = err.strip().splitlines()[-1]
+    assert "train did not write" in line and "model.safetensors" in line, err
+    assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*before, "checkpoints"])
+    assert not any((folder / "checkpoints").iterdir())
+
+
 def test_train_refuses_an_empty_workdir_instead_of_writing_into_the_current_folder(
         tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
