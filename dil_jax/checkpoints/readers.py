@@ -26,7 +26,11 @@ import jax
 import numpy as np
 
 from dil_jax.checkpoints.hf_import import load_hf_folder
-from dil_jax.checkpoints.integrity import check_finite_params, check_tokenizer_record
+from dil_jax.checkpoints.integrity import (
+    check_finite_params,
+    check_tokenizer_record,
+    tokenizer_record,
+)
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.orbax_io import load_params
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_checkpoint
@@ -217,12 +221,31 @@ def _reader_tokenizer(checkpoint: ResolvedCheckpoint, config: EncoderConfig,
     folder = checkpoint.folder if tokenizer is None else resolve_checkpoint(tokenizer)
     loaded = load_tokenizer(folder, vocab_size=config.vocab_size,
                             architecture=config.architecture)
-    recorded = checkpoint.manifest.tokenizer
+    recorded, record_path = checkpoint.manifest.tokenizer, checkpoint.folder / MANIFEST_FILE
+    if not recorded and tokenizer is not None:
+        recorded, record_path = _own_tokenizer_record(checkpoint, config)
     if recorded:
-        check_tokenizer_record(loaded, recorded, checkpoint.folder / MANIFEST_FILE,
+        check_tokenizer_record(loaded, recorded, record_path,
                                str(tokenizer or checkpoint.folder), given=tokenizer is not None,
                                folder=folder)
     return loaded
+
+
+def _own_tokenizer_record(checkpoint: ResolvedCheckpoint, config: EncoderConfig
+                          ) -> tuple[dict[str, Any], Path | None]:
+    """(record, path) of the tokenizer files a reader folder holds, for a manifest without a
+    tokenizer record (older exports, Hugging Face folders): a tokenizer given in their place
+    must be the same (a permuted vocabulary read a reader at EM 7 with no word of warning).
+    ({}, None) when the folder holds no tokenizer files: nothing to compare with."""
+    own = next((checkpoint.folder / name for name in TOKENIZER_FILES
+                if (checkpoint.folder / name).is_file()), None)
+    if own is None:
+        log.warning("%s records no tokenizer and holds none: the tokenizer given cannot be "
+                    "checked against the one it was trained with", checkpoint.folder)
+        return {}, None
+    own_tokenizer = load_tokenizer(checkpoint.folder, vocab_size=config.vocab_size,
+                                   architecture=config.architecture)
+    return tokenizer_record(own_tokenizer, checkpoint.folder), own
 
 
 class UntrainedHeadError(CheckpointError):
