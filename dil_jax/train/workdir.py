@@ -51,8 +51,9 @@ def holds_checkpoint_steps(folder: Path) -> bool:
 def workdir_problem(workdir: str | Path) -> str | None:
     """Why train must not write into the local `workdir`, or None when it may: it is new, empty,
     or a train workdir (the mark, or one written by older code: checkpoints/ holding a step, or
-    nothing but train's own files beside metrics.jsonl). The rule of `dil-jax index --out`: never write
-    into a folder another tool filled (config.json would overwrite a Hugging Face model's)."""
+    nothing but train's own files beside metrics.jsonl). The rule of `dil-jax index --out`:
+    never write into a folder another tool filled (config.json would overwrite a Hugging Face
+    model's)."""
     if not str(workdir).strip():
         return ("--config.workdir is empty: train would write checkpoints/, config.json and "
                 "params/ into the current folder; give a folder path, e.g. runs/NAME")
