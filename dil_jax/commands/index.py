@@ -91,7 +91,7 @@ def _build_process(args: argparse.Namespace):
 def _check_index_flags(args: argparse.Namespace) -> None:
     from dil_jax.atomic import check_output_folder
     from dil_jax.commands.arguments import check_window_flags
-    from dil_jax.open_domain.index.corpus import parse_source
+    from dil_jax.open_domain.index.corpus import expand_presets, parse_source
     from dil_jax.open_domain.retrieval.engines import check_engine_available
 
     if args.verify:
@@ -102,15 +102,14 @@ def _check_index_flags(args: argparse.Namespace) -> None:
     if not args.corpus:
         raise UsageError("--corpus is required to build an index (or give --verify to check "
                          "the one in --out)")
-    for spec in args.corpus:  # an unknown source type is named now, not after the models load
-        parse_source(spec)
+    # An unknown source type or a preset's missing file is named now, not after the models load.
+    corpus = expand_presets(args.corpus)
     if args.retriever not in (None, "auto"):  # a missing engine or Java: now, not mid-build
         check_engine_available(args.retriever)
     _check_process_flags(args)
     check_window_flags(args.max_passage_len, args.doc_stride)
     check_checkpoint_count(args)
-    corpus_files = [spec.split(":", 1)[1] for spec in args.corpus
-                    if spec.split(":", 1)[0] in ("squad", "jsonl") and ":" in spec]
+    corpus_files = [path for kind, path in map(parse_source, corpus) if path]
     # The index is built in place under its lock (dil_jax.open_domain.index.lock), which refuses a
     # folder holding anything an index build did not write; here only what needs no model: the
     # folder can be written and is none of the inputs.
@@ -127,8 +126,10 @@ def register(subparsers) -> None:
                     "cache of passage lower states (resumable; rerun to continue).")
     index.add_argument("--out", required=True, help="index folder")
     index.add_argument("--corpus", action="append", default=None,
-                       help="source (repeatable): wikipedia, squad:PATH or jsonl:PATH "
-                            "(required unless --verify; default: none)")
+                       help="source (repeatable): wikipedia, squad:PATH, jsonl:PATH, or the "
+                            "preset squad-open[:DIR] (SQuAD v1.1 train + dev paragraphs + the "
+                            "Wikipedia leads; DIR default ../shared/data/squad) (required "
+                            "unless --verify; default: none)")
     index.add_argument("--verify", action="store_true",
                        help="build nothing: check every byte of the index in --out and of its "
                             "passage caches against the digests recorded at build time, "

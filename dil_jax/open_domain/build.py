@@ -30,7 +30,7 @@ from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.shards import shard_ranges, wait_for
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 from dil_jax.open_domain.cache.store import PassageCache
-from dil_jax.open_domain.index.corpus import iter_sources, split_documents
+from dil_jax.open_domain.index.corpus import expand_presets, iter_sources, split_documents
 from dil_jax.open_domain.index.files import (
     IndexBrokenError,
     OpenDomainIndexError,
@@ -222,7 +222,7 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
     """The index of the corpus's passages: reused when its settings match, else (re)built."""
     started = time.perf_counter()
     documents = []
-    for spec in corpus:
+    for spec in expand_presets(corpus):  # --corpus-limit applies to each source of a preset
         source = list(iter_sources([spec]))
         documents += source[:settings.corpus_limit] if settings.corpus_limit else source
     passages = split_documents(documents, settings.split)

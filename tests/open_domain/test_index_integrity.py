@@ -270,6 +270,15 @@ def test_an_unknown_corpus_source_type_is_named(tmp_path, capsys, spec):
     assert not (tmp_path / "index").exists()
 
 
+def test_a_corpus_preset_with_a_missing_file_is_named_before_any_model_loads(tmp_path, capsys):
+    status, _, err = run_cli(["index", "--out", str(tmp_path / "index"), "--corpus",
+                              f"squad-open:{tmp_path}", *SETTINGS, *COMMON], capsys)
+    assert status == 1
+    line = _one_line_error(err)
+    assert f"--corpus squad-open:{tmp_path}: {tmp_path / 'train-v1.1.json'} not found" in line
+    assert not (tmp_path / "index").exists()
+
+
 def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypatch):
     """An 11 MiB cache and 40 MiB free: it fits (the spare is 5% of the cache, at least 16
     MiB: 27 MiB in all); with 20 MiB free it does not, and the message says MiB, not

