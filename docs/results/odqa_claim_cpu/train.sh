@@ -1,0 +1,36 @@
+#!/bin/bash
+# Issue 61's CPU runs, one after another, each resumed where a killed one stopped (the trainer
+# resumes from its last checkpoint; a finished run, one with trained_from.json, is skipped):
+#   1. k2_stage: the bundled k = 2 reader + the open-domain stage (2 BM25 distractors a question,
+#      one softmax over its 4 windows), 400 steps of 32 windows, KD + LRS from the full reader;
+#   2. full_stage: the fair baseline, the bundled full reader given the same stage (k = 0,
+#      the kN_warm recipe: `full_warm,shared`);
+#   3. k3: a complete-set k = 3 student from the bundled full reader (`k3_warm,multi`, KD + LRS,
+#      1,000 steps, as the k = 2 one had 700);
+#   4. k3_stage: that student + the open-domain stage.
+# Pinned code: a worktree at the commit named in PIN (git worktree add $CODE $PIN); workdirs
+# under $RUNS, outside any work tree; idle CPU priority so that other work comes first.
+#   bash docs/results/odqa_claim_cpu/train.sh [CODE] [RUNS]
+set -euo pipefail
+PIN=eed7992
+CODE=${1:-/work/exp-od}
+RUNS=${2:-/work/runs/cpu}
+cd "$CODE"
+[ "$(git rev-parse --short=7 HEAD)" = "$PIN" ] || { echo "$CODE is not at $PIN" >&2; exit 2; }
+ASSETS=$CODE/dil_jax/assets
+FULL=$ASSETS/minilm-squad-full
+train() {  # NAME SPEC INIT STEPS
+    local wd=$RUNS/minilm_squad_v11_$1
+    if [ -f "$wd/trained_from.json" ]; then echo "$1: finished ($wd)"; return; fi
+    echo "$1: $(date -u +%FT%TZ) training into $wd"
+    env PYTHONPATH="$CODE" chrt -i 0 python3 -m dil_jax.cli train \
+        --config "configs/minilm_squad_v11.py:$2" --config.workdir="$wd" \
+        --config.model.checkpoint="$3" --config.teacher.checkpoint="$FULL" \
+        --config.num_train_steps="$4" --config.optim.warmup_fraction=0.05 \
+        --config.checkpoint.every_steps=50 --config.eval.every_steps="$4" \
+        --config.log.every_steps=10
+}
+train k2_stage k2_warm,shared "$ASSETS/minilm-squad-k2" 400
+train full_stage full_warm,shared "$FULL" 400
+train k3 k3_warm,multi "$FULL" 1000
+train k3_stage k3_warm,shared "$RUNS/minilm_squad_v11_k3/params" 400
