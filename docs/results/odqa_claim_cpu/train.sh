@@ -9,7 +9,7 @@
 #      1,000 steps, as the k = 2 one had 700);
 #   4. k3_stage: that student + the open-domain stage.
 # Pinned code: a worktree at the commit named in PIN (git worktree add $CODE $PIN); workdirs
-# under $RUNS, outside any work tree; idle CPU priority so that other work comes first.
+# under $RUNS, outside any work tree; normal CPU priority (tests and helpers beside it run niced).
 #   bash docs/results/odqa_claim_cpu/train.sh [CODE] [RUNS]
 set -euo pipefail
 PIN=eed7992
@@ -23,7 +23,7 @@ train() {  # NAME SPEC INIT STEPS
     local wd=$RUNS/minilm_squad_v11_$1
     if [ -f "$wd/trained_from.json" ]; then echo "$1: finished ($wd)"; return; fi
     echo "$1: $(date -u +%FT%TZ) training into $wd"
-    env PYTHONPATH="$CODE" chrt -i 0 python3 -m dil_jax.cli train \
+    env PYTHONPATH="$CODE" python3 -m dil_jax.cli train \
         --config "configs/minilm_squad_v11.py:$2" --config.workdir="$wd" \
         --config.model.checkpoint="$3" --config.teacher.checkpoint="$FULL" \
         --config.num_train_steps="$4" --config.optim.warmup_fraction=0.05 \
