@@ -30,7 +30,12 @@ from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.shards import shard_ranges, wait_for
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 from dil_jax.open_domain.cache.store import PassageCache
-from dil_jax.open_domain.index.corpus import expand_presets, iter_sources, split_documents
+from dil_jax.open_domain.index.corpus import (
+    MIN_PASSAGE_CHARS,
+    expand_presets,
+    iter_sources,
+    split_documents,
+)
 from dil_jax.open_domain.index.files import (
     IndexBrokenError,
     OpenDomainIndexError,
@@ -217,6 +222,19 @@ def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSett
                     peer_check=peer_check)
 
 
+def _no_passages_reason(corpus: Sequence[str], num_documents: int, split: str) -> str:
+    """Why a corpus gave no passage: it holds no documents, or every one is too short for the
+    split (a lone short document read as "is it empty?")."""
+    sources = " ".join(f"--corpus {spec}" for spec in corpus)
+    if not num_documents:
+        return f"no passages: {sources} holds no documents"
+    if split == "paragraphs":
+        return (f"no passages: the {num_documents} document(s) of {sources} hold no paragraph "
+                f"of at least {MIN_PASSAGE_CHARS} characters (shorter pieces are dropped by "
+                "--split paragraphs); give longer texts")
+    return f"no passages: the {num_documents} document(s) of {sources} hold no words"
+
+
 def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSettings,
                      report: Callable[[BuildStep], None]) -> OpenDomainIndex:
     """The index of the corpus's passages: reused when its settings match, else (re)built."""
@@ -261,8 +279,8 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
                     index = None
     if index is None:
         if not passages:
-            raise OpenDomainIndexError(f"no passages in --corpus {' '.join(corpus)} (is it "
-                                       "empty?)")
+            raise OpenDomainIndexError(_no_passages_reason(corpus, len(documents),
+                                                           settings.split))
         index = build_index(out, passages, tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record,
                             retriever=engine)

@@ -279,6 +279,21 @@ def test_a_corpus_preset_with_a_missing_file_is_named_before_any_model_loads(tmp
     assert not (tmp_path / "index").exists()
 
 
+@pytest.mark.parametrize("lines, expected", [
+    ('{"id": "a", "text": "Too short."}\n',
+     "the 1 document(s) of --corpus {corpus} hold no paragraph of at least 30 characters"),
+    ("", "--corpus {corpus} holds no documents")])
+def test_a_corpus_without_passages_says_why(tmp_path, capsys, lines, expected):
+    """A lone short document was told "(is it empty?)"."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(lines)
+    status, _, err = run_cli(["index", "--out", str(tmp_path / "index"), "--corpus",
+                              str(corpus), *SETTINGS, *COMMON], capsys)
+    assert status == 1
+    line = _one_line_error(err)
+    assert expected.format(corpus=corpus) in line and "empty?" not in line
+
+
 def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypatch):
     """An 11 MiB cache and 40 MiB free: it fits (the spare is 5% of the cache, at least 16
     MiB: 27 MiB in all); with 20 MiB free it does not, and the message says MiB, not

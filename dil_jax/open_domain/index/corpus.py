@@ -33,6 +33,8 @@ _WORD = re.compile(r"\S+")
 # Longer paragraphs become windows (bound_paragraphs); SQuAD and Wikipedia-lead paragraphs are
 # all shorter (the leads' longest is 311 words), so those corpora split as before.
 MAX_PARAGRAPH_WORDS = 1000
+# Blank-line pieces shorter than this are dropped (headings, stray lines), not indexed.
+MIN_PASSAGE_CHARS = 30
 
 
 class CorpusError(DilJaxError, ValueError):
@@ -61,7 +63,7 @@ class Passage:
 # ----------------------------------------------------------------------------- splitting
 
 
-def split_paragraphs(text: str, min_chars: int = 30) -> list[tuple[int, int]]:
+def split_paragraphs(text: str, min_chars: int = MIN_PASSAGE_CHARS) -> list[tuple[int, int]]:
     """Character spans of blank-line-separated paragraphs, stripped, at least min_chars long."""
     spans, start = [], 0
     for match in [*_PARAGRAPH_BREAK.finditer(text), None]:
@@ -117,7 +119,7 @@ def bound_paragraphs(text: str, spans: list[tuple[int, int]], max_words: int, si
 
 
 def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
-                    min_chars: int = 30, window_size: int = 100,
+                    min_chars: int = MIN_PASSAGE_CHARS, window_size: int = 100,
                     window_stride: int = 50,
                     max_paragraph_words: int = MAX_PARAGRAPH_WORDS) -> list[Passage]:
     """Splits documents into passages; passage ids are `{doc_id}#{n}`. A paragraph over
