@@ -13,8 +13,9 @@ In a multi-process run every process calls save/restore; orbax writes each array
 owner and the metadata from the primary process only.
 
 Resuming (`restore_latest`) takes the newest step that restores; a step whose files are damaged
-(cut or removed after the save completed) or whose state holds NaN/Inf values (bytes changed on
-disk, or a diverged run saved by older code) is logged, set aside and the previous one is tried.
+(cut, removed or changed after the save completed: each step records its files' sha256 once
+final, `checkpoint_digests`) or whose state holds NaN/Inf values (a diverged run saved by older
+code) is logged, set aside and the previous one is tried.
 A step written by another model shape is not "damaged": that is refused with the differing
 parameters named, since falling back would silently train another model.
 
@@ -40,6 +41,7 @@ import orbax.checkpoint as ocp
 
 from dil_jax.checkpoints import CheckpointError
 from dil_jax.errors import UsageError
+from dil_jax.train.checkpoint_digests import record_step_digests, step_digest_problem
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ class TrainCheckpointer:
         # The last asynchronous save started, which may still be in flight (its failure shows at
         # the next save or at close); None with synchronous saves, which finish in save().
         self._saving_step: int | None = None
+        # A step orbax may still be writing, whose files' digests are recorded once it is final.
+        self._undigested: int | None = None
         self._async = async_save
         if best_mode not in ("max", "min"):
             raise UsageError(f"config.checkpoint.best_mode must be 'max' or 'min', "
@@ -131,6 +135,8 @@ class TrainCheckpointer:
                             "become the best", step, self.best_metric, value)
             if value is None or not math.isfinite(float(value)):
                 metrics = None  # the step counts as "without metrics"
+        if self._undigested is not None:  # orbax would wait for it before this save anyway
+            self.wait_until_finished()
         try:
             saved = self.manager.save(
                 step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(state),
@@ -138,9 +144,26 @@ class TrainCheckpointer:
                 metrics=metrics, force=force)
         except Exception as error:  # orbax/tensorstore raise many kinds; a full disk is named
             raise self._write_error(error, step) or error from error
-        if saved and self._async:
-            self._saving_step = step
+        if saved:
+            self._undigested = step
+            if self._async:
+                self._saving_step = step
+            else:
+                self._record_digests()
         return saved
+
+    def _record_digests(self) -> None:
+        """Records the digests of the last step saved, now final (local folders, process 0;
+        a step retention already removed has none to record)."""
+        step, self._undigested = self._undigested, None
+        if step is None or "://" in self.directory or jax.process_index() != 0:
+            return
+        step_dir = Path(self.directory) / str(step)
+        if step_dir.is_dir():
+            try:
+                record_step_digests(step_dir)
+            except OSError as error:
+                raise self._write_error(error, step) or error from error
 
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """(state, meta) of `step`; `abstract_state` carries shapes, dtypes and shardings."""
@@ -175,6 +198,13 @@ class TrainCheckpointer:
                         f"builds ({mismatch}); resume with the model settings that wrote it "
                         "(model.checkpoint, model.encoder: see config.json beside it) or use a "
                         "new workdir (config.workdir)")
+            changed = (None if "://" in self.directory
+                       else step_digest_problem(Path(self.directory) / str(step)))
+            if changed:
+                log.warning("checkpoint step %d in %s: %s; trying the previous one", step,
+                            self.directory, changed)
+                broken.append((step, changed))
+                continue
             try:
                 restored = self.restore(step, abstract_state)
             except Exception as error:  # orbax/tensorstore raise many kinds
@@ -228,8 +258,13 @@ class TrainCheckpointer:
         return jax.process_count() > 1 and self.manager.reached_preemption(step)
 
     def wait_until_finished(self) -> None:
-        """Returns once an in-flight async save has completed (or failed)."""
-        self.manager.wait_until_finished()
+        """Returns once an in-flight async save has completed (or failed), its digests
+        recorded."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:
+            raise self._write_error(error, None) or error from error
+        self._record_digests()
 
     def _write_error(self, error: BaseException, step: int | None) -> CheckpointError | None:
         """A one-line CheckpointError when `error` is the disk refusing the write (full,
@@ -251,6 +286,7 @@ class TrainCheckpointer:
 
     def close(self) -> None:
         """Waits for an in-flight asynchronous save; a disk that refused it is named."""
+        self.wait_until_finished()
         try:
             self.manager.close()
         except Exception as error:
