@@ -115,8 +115,8 @@ def complete_manifest(checkpoint: ResolvedCheckpoint) -> dict[str, Any]:
 
 
 def complete_export(checkpoint: str | os.PathLike | ResolvedCheckpoint,
-                    directory: str | os.PathLike, *, allow_untrained_head: bool = False
-                    ) -> Reader:
+                    directory: str | os.PathLike, *, tokenizer: str | None = None,
+                    allow_untrained_head: bool = False) -> Reader:
     """Writes the reader `checkpoint` (anything `load_reader` reads: a bundled reader, a Hugging
     Face folder, a `dil-jax train` export) as a complete Hugging Face folder: every tensor,
     those a partial export leaves to its base included, in float32 (a bfloat16 file is upcast
@@ -124,10 +124,13 @@ def complete_export(checkpoint: str | os.PathLike | ResolvedCheckpoint,
     the reader's k. `transformers.AutoModelForQuestionAnswering.from_pretrained` reads it with
     no missing tensor; dil_jax reads it as the same reader. Returns the reader exported.
 
-    allow_untrained_head: export a checkpoint without a QA head (its head initialised at
+    tokenizer: a tokenizer folder or name to write beside the weights instead of the
+    checkpoint's own files (a `dil-jax train` export holds none), checked as every load checks
+    it; allow_untrained_head: export a checkpoint without a QA head (its head initialised at
     random) instead of refusing it (UntrainedHeadError).
     """
-    reader = load_reader(checkpoint, require_qa_head=not allow_untrained_head)
+    reader = load_reader(checkpoint, tokenizer=tokenizer,
+                         require_qa_head=not allow_untrained_head)
     export_hf_checkpoint(directory, reader.params, reader.config, tokenizer=reader.tokenizer,
                          dtype="float32", manifest=complete_manifest(reader.checkpoint))
     return reader

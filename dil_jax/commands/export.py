@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "`dil-jax train` (its params/)")
     parser.add_argument("--out", required=True,
                         help="the folder to write: new or empty, not inside the reader's")
+    parser.add_argument("--tokenizer", default=None,
+                        help="tokenizer folder or name to write beside the weights (default: "
+                             "the checkpoint's own files; a `dil-jax train` export holds none: "
+                             "give the one it was trained with, e.g. 'default')")
     parser.add_argument("--allow-untrained-head", action="store_true",
                         help="export a checkpoint that has no QA head (e.g. 'default'), its "
                              "head initialised at random; without it such a checkpoint is "
@@ -85,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     problem = export_folder_problem(out, checkpoint.folder)
     if problem:
         raise OutputPathError(problem)
-    reader = complete_export(checkpoint, out, allow_untrained_head=args.allow_untrained_head)
+    reader = complete_export(checkpoint, out, tokenizer=args.tokenizer,
+                             allow_untrained_head=args.allow_untrained_head)
     config = reader.config
     if config.num_lower_layers:
         log.warning("%s is a delayed reader (k = %d of %d): transformers runs every block on the "

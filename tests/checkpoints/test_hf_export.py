@@ -25,7 +25,7 @@ from dil_jax.checkpoints import (
     load_reader,
 )
 from dil_jax.commands.check import parity_tolerance
-from dil_jax.tokenization import encode_passages, encode_questions
+from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 
 from tests.helpers import ASSETS, V11, run_cli, squad_file
 
@@ -142,6 +142,37 @@ def _leaves(a, b):
     import jax
 
     return zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+
+
+def test_a_training_export_exports_with_the_tokenizer_given(hf_folder_factory, tmp_path,
+                                                           capsys):
+    """A `dil-jax train` export (orbax params/, no tokenizer files) needs --tokenizer; with it,
+    the folder transformers loads holds every tensor and reads back in dil_jax as the same
+    reader (k = 1)."""
+    from transformers import AutoModelForQuestionAnswering
+
+    from dil_jax.checkpoints import load_hf_checkpoint, save_params
+
+    from tests.helpers.hf import save_fast_tokenizer
+
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0], max_question_len=8,
+                                           num_lower_layers=1)
+    params_dir = save_params(tmp_path / "run" / "params", params, config)
+    texts = ["the tower was built in paris in 1889", "who built the tower and when"] * 20
+    save_fast_tokenizer("electra", texts, 99, tmp_path / "tok")
+    status, _, err = _export(params_dir, tmp_path / "no-tok", capsys)
+    assert status == 1 and "without tokenizer files" in err and "--tokenizer" in err, err
+    assert not (tmp_path / "no-tok").exists()
+    out = tmp_path / "hf"
+    status, _, err = _export(params_dir, out, capsys, "--tokenizer", str(tmp_path / "tok"))
+    assert status == 0, err
+    _, info = AutoModelForQuestionAnswering.from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    exported = load_reader(out)
+    given = load_tokenizer(tmp_path / "tok")
+    assert exported.config == config and exported.tokenizer.get_vocab() == given.get_vocab()
+    for a, b in _leaves(exported.params, params):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_export_refuses_outputs_that_would_destroy_something(tmp_path, capsys):
