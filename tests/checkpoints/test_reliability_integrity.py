@@ -14,7 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import CheckpointError, load_hf_checkpoint, load_reader
+from dil_jax.checkpoints import (
+    PARTIAL_SAFETENSORS_FILE,
+    SAFETENSORS_FILE,
+    CheckpointError,
+    load_hf_checkpoint,
+    load_reader,
+)
 from dil_jax.errors import DilJaxError
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
@@ -54,12 +60,12 @@ def _safetensors_header_end(path: Path) -> int:
 
 
 def test_a_bundled_reader_with_4_kib_of_flipped_weights_is_refused(tmp_path, capsys):
-    """The issue's probe: 4 KiB of model.safetensors overwritten, header intact, predicted with
+    """The issue's probe: 4 KiB of the weights overwritten, header intact, predicted with
     exit 0 and F1 9 instead of 92. Now the digest the manifest records refuses it."""
     folder = tmp_path / "reader"
     shutil.copytree(FULL, folder)
-    weights = folder / "model.safetensors"
-    expected = _sha256(FULL / "model.safetensors")  # the committed file's, computed here
+    weights = folder / PARTIAL_SAFETENSORS_FILE  # a bundled reader's: its base fills the rest
+    expected = _sha256(FULL / PARTIAL_SAFETENSORS_FILE)  # the committed file's, computed here
     middle = weights.stat().st_size // 2
     assert middle > _safetensors_header_end(weights)  # the header stays intact
     _overwrite(weights, middle, np.random.default_rng(0).bytes(4096))
@@ -73,18 +79,18 @@ def test_a_bundled_reader_with_4_kib_of_flipped_weights_is_refused(tmp_path, cap
 
 def test_bundled_manifests_record_the_digests_of_their_weights():
     """The digests were computed from the committed files; a re-bundle must keep them true."""
-    for name in ("minilm-squad-full", "minilm-squad-k2"):
-        weights = ASSETS / name / "model.safetensors"
+    for name in ("minilm-squad-full", "minilm-squad-k2", "minilm-squad-k4"):
+        weights = ASSETS / name / PARTIAL_SAFETENSORS_FILE
         recorded = json.loads((ASSETS / name / MANIFEST).read_text())["weights"]
-        assert recorded == {"model.safetensors": {"bytes": weights.stat().st_size,
-                                                  "sha256": _sha256(weights)}}
+        assert recorded == {PARTIAL_SAFETENSORS_FILE: {"bytes": weights.stat().st_size,
+                                                       "sha256": _sha256(weights)}}
 
 
 def _with_tensor_value(folder: Path, name: str, value: float) -> None:
     """Rewrites the folder's model.safetensors with one element of tensor `name` set."""
     from safetensors.numpy import load_file, save_file
 
-    weights = folder / "model.safetensors"
+    weights = folder / SAFETENSORS_FILE
     state = dict(load_file(str(weights)))
     tensor = state[name].copy()
     tensor.flat[3] = value
@@ -112,7 +118,7 @@ def test_an_older_export_without_a_digest_gets_the_finite_scan(tmp_path):
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest.pop("weights", None)  # as exported before manifests recorded digests
     (folder / MANIFEST).write_text(json.dumps(manifest))
-    weights = folder / "model.safetensors"
+    weights = folder / PARTIAL_SAFETENSORS_FILE
     _overwrite(weights, weights.stat().st_size // 2, b"\xff" * 4096)
     with pytest.raises(CheckpointError, match=r"tensor '[^']+' has 2048 NaN or infinite "):
         load_reader(str(folder), None, 16)
@@ -137,9 +143,9 @@ def test_export_records_its_weights_digest_and_tokenizer(hf_folder_factory, tmp_
 
     folder = _exported_reader(hf_folder_factory, tmp_path)
     manifest = json.loads((folder / MANIFEST).read_text())
-    weights = folder / "model.safetensors"
-    assert manifest["weights"] == {"model.safetensors": {"bytes": weights.stat().st_size,
-                                                         "sha256": _sha256(weights)}}
+    weights = folder / SAFETENSORS_FILE
+    assert manifest["weights"] == {SAFETENSORS_FILE: {"bytes": weights.stat().st_size,
+                                                      "sha256": _sha256(weights)}}
     tokenizer = load_tokenizer(folder)
     recorded = manifest["tokenizer"]
     # The WordPiece trainer numbers its special tokens first, in the order given.

@@ -72,3 +72,21 @@ def test_a_reader_of_the_wrong_k_for_its_role_is_refused_before_anything_is_writ
         assert "num_lower_layers" in err and "encoder_config.json" in err, err
     assert written == []
     assert bundle_readers.trained_k(full) == 0 and bundle_readers.trained_k(k4) == 4
+
+
+def test_record_integrity_of_a_bundled_reader_records_what_its_manifest_holds(tmp_path):
+    """`--record-integrity` finds a bundled reader's weights under the partial export's name
+    (not model.safetensors, which transformers would load without the word embeddings): the
+    digest it records is the committed one, the manifest otherwise unchanged."""
+    import shutil
+
+    from dil_jax.checkpoints import MANIFEST_FILE, PARTIAL_SAFETENSORS_FILE
+
+    from tests.helpers import ASSETS
+
+    folder = tmp_path / "reader"
+    shutil.copytree(ASSETS / "minilm-squad-k2", folder)
+    before = json.loads((folder / MANIFEST_FILE).read_text())
+    record = bundle_readers.record_integrity(folder)
+    assert list(record["weights"]) == [PARTIAL_SAFETENSORS_FILE]
+    assert json.loads((folder / MANIFEST_FILE).read_text()) == before

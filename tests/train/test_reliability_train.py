@@ -265,7 +265,7 @@ def test_a_reader_folder_with_an_empty_checkpoints_folder_is_not_a_workdir(tmp_p
     status, _, err = run_cli(train_argv(folder), capsys)
     assert status == 1, err
     line = err.strip().splitlines()[-1]
-    assert "train did not write" in line and "model.safetensors" in line, err
+    assert "train did not write" in line and "dil_jax_partial.safetensors" in line, err
     assert {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()} == before
     assert sorted(p.name for p in folder.iterdir()) == sorted([*before, "checkpoints"])
     assert not any((folder / "checkpoints").iterdir())
