@@ -1,0 +1,88 @@
+"""The service's edges (issue 59): hostile bodies, the error path, abandoned requests, slow
+and cross-origin clients, and the start-up checks (port, abstention thresholds).
+
+The reader is the fake of tests/helpers/serving.py; the slow-client tests talk raw sockets to a
+real uvicorn on loopback (Starlette's TestClient has no socket to stall), each in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dil_jax.errors import CheckpointError
+from dil_jax.open_domain.abstention import Abstention, abstention_of
+
+from tests.helpers import ASSETS, free_port, run_cli
+
+# ----------------------------------------------------------------------------- start-up
+
+def _reader_with_abstention(folder: Path, **threshold) -> Path:
+    """A copy of the bundled k = 4 reader's manifest whose logits thresholds are changed
+    (`threshold` and `threshold_ir`; a value None removes the key)."""
+    folder.mkdir(parents=True)
+    manifest = json.loads((ASSETS / "minilm-squad-k4" / "dil_jax_manifest.json").read_text())
+    rule = manifest["abstention"]["by_rule"]["logits"]
+    for key, value in threshold.items():
+        if value is None:
+            rule.pop(key)
+        else:
+            rule[key] = value
+    # json.dumps writes NaN / Infinity as Python's json module reads them back.
+    (folder / "dil_jax_manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+BAD_THRESHOLDS = [
+    ({"threshold": "abc"}, "abstention.by_rule.logits.threshold", "'abc'"),
+    ({"threshold_ir": None}, "abstention.by_rule.logits.threshold_ir", "missing"),
+    ({"threshold": math.nan}, "abstention.by_rule.logits.threshold", "nan"),
+    ({"threshold_ir": math.inf}, "abstention.by_rule.logits.threshold_ir", "inf"),
+    ({"threshold": True}, "abstention.by_rule.logits.threshold", "True"),
+]
+
+
+@pytest.mark.parametrize("change,field,shown", BAD_THRESHOLDS)
+def test_a_bad_abstention_threshold_is_named_with_its_file(tmp_path, change, field, shown):
+    folder = _reader_with_abstention(tmp_path / "reader", **change)
+    with pytest.raises(CheckpointError) as caught:
+        abstention_of(str(folder))
+    message = str(caught.value)
+    assert str(folder / "dil_jax_manifest.json") in message and field in message, message
+    assert shown in message, message
+
+
+def test_abstention_records_that_are_not_objects_are_named(tmp_path):
+    path = tmp_path / "dil_jax_manifest.json"
+    for record, field in (({"by_rule": []}, "abstention.by_rule"), ([1], "abstention"),
+                          ({"by_rule": {"logits": 5.0}}, "abstention.by_rule.logits")):
+        with pytest.raises(CheckpointError, match=field.replace(".", r"\.")):
+            Abstention.from_manifest({"abstention": record}, path)
+    good = Abstention.from_manifest({"abstention": {"by_rule": {
+        "logits": {"threshold": 4, "threshold_ir": 3.5}}}}, path)
+    assert good.threshold("logits", fused=False) == 4.0
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_serve_and_demo_refuse_a_bad_threshold_in_one_line_before_loading(
+        capsys, tmp_path, command):
+    folder = _reader_with_abstention(tmp_path / "reader", threshold=math.nan)
+    argv = [command, "--index", str(tmp_path / "index"), "--delayed-checkpoint", str(folder)]
+    if command == "serve":
+        argv += ["--port", str(free_port())]
+    started = time.monotonic()
+    status, _, err = run_cli(argv, capsys)
+    assert status == 1, err
+    lines = [line for line in err.splitlines() if line.startswith(f"dil-jax {command}: error")]
+    assert len(lines) == 1, err
+    assert str(folder / "dil_jax_manifest.json") in lines[0]
+    assert "abstention.by_rule.logits.threshold" in lines[0]
+    assert "Traceback" not in err
+    # Nothing loaded (the folder has no weights, so loading would fail on those first).
+    assert "safetensors" not in err and time.monotonic() - started < 60
+    shutil.rmtree(folder)
