@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +20,44 @@ from dil_jax.errors import CheckpointError
 from dil_jax.open_domain.abstention import Abstention, abstention_of
 
 from tests.helpers import ASSETS, free_port, run_cli
+
+# ----------------------------------------------------------------------------- sockets
+
+def _wait_for(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_cancelled_job_leaves_the_queue_and_is_never_read():
+    from dil_jax.serve.worker import Worker
+
+    gate, read = threading.Event(), []
+
+    def handler(reader, payloads):
+        gate.wait(10)
+        read.extend(payloads)
+        return list(payloads)
+
+    worker = Worker({"echo": handler}, max_batch=1, max_wait_s=0.0, max_queue=3)
+    worker.start()
+    assert worker.ready.wait(10)
+    first = worker.submit("echo", "r", "first")
+    assert _wait_for(lambda: worker.depth == 0, 5)  # taken, held by the gate
+    queued = [worker.submit("echo", "r", f"gone {i}") for i in range(3)]
+    assert worker.depth == 3
+    for future in queued:
+        assert future.cancel()
+    # Before: cancelled jobs kept their places (a full queue refused new ones) until read.
+    assert worker.depth == 0
+    kept = worker.submit("echo", "r", "kept")
+    gate.set()
+    assert kept.result(10).value == "kept" and first.result(10).value == "first"
+    assert worker.stop(10) and read == ["first", "kept"]
+
 
 # ----------------------------------------------------------------------------- start-up
 
