@@ -15,11 +15,57 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
 
 from dil_jax.errors import CheckpointError
 from dil_jax.open_domain.abstention import Abstention, abstention_of
+from dil_jax.serve.app import AppSettings, create_app
+from dil_jax.serve.schemas import Limits
 
 from tests.helpers import ASSETS, free_port, run_cli
+from tests.helpers.serving import FakeEngine
+
+LIMITS = Limits(max_question_chars=50, max_context_chars=200, max_top_k=4, max_p=5)
+JSON = {"Content-Type": "application/json"}
+
+
+def _requests_by_status(text: str) -> dict[tuple[str, str], float]:
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    return {(s.labels["route"], s.labels["status"]): s.value
+            for s in families["dil_jax_requests"].samples if s.name.endswith("_total")}
+
+
+@pytest.fixture
+def client():
+    engine = FakeEngine(LIMITS)
+    with TestClient(create_app(engine, AppSettings(request_timeout_s=5))) as test_client:
+        test_client.engine = engine
+        yield test_client
+
+
+# ----------------------------------------------------------------------------- bodies
+
+@pytest.mark.parametrize("raw,status,field,words", [
+    (b'{"question": "q", "top_k": NaN}', 422, "top_k", "must be an integer"),
+    (b'{"question": "q", "top_k": 1e400}', 422, "top_k", "must be an integer"),
+    (b'{"question": "q", "top_k": -Infinity}', 422, "top_k", "must be an integer"),
+    (b'{"question": "q", "top_k": ' + b"9" * 5000 + b"}", 422, "top_k", "5000 digits"),
+    (b'{"question": NaN}', 422, "question", "must be a string"),
+    (b"[" * 30000 + b"]" * 30000, 400, "body", "nested"),
+    (b'{"question": ' + b"[" * 30000 + b"]" * 30000 + b"}", 400, "body", "nested"),
+], ids=["nan", "1e400", "-infinity", "5000-digits", "nan-question", "30000-arrays",
+        "30000-arrays-in-a-field"])
+def test_hostile_json_gets_4xx_naming_the_field_and_is_counted(client, raw, status, field,
+                                                               words):
+    # Before: a plain-text 500 (NaN and inf do not serialize back, a 5,000-digit integer
+    # exceeds Python's int conversion limit, 30,000 nested arrays exhaust the recursion).
+    response = client.post("/v1/answer", content=raw, headers=JSON)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["field"] == field and words in error["message"], error
+    assert _requests_by_status(client.get("/metrics").text)[("/v1/answer", str(status))] == 1
+
 
 # ----------------------------------------------------------------------------- sockets
 
