@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,11 @@ from starlette.testclient import TestClient
 
 from dil_jax.errors import CheckpointError
 from dil_jax.open_domain.abstention import Abstention, abstention_of
-from dil_jax.serve.app import AppSettings, create_app
+from dil_jax.serve.app import AppSettings, create_app, shown_checkpoint
 from dil_jax.serve.schemas import Limits
 
-from tests.helpers import ASSETS, free_port, run_cli
-from tests.helpers.serving import FakeEngine
+from tests.helpers import ASSETS, REPO, free_port, run_cli
+from tests.helpers.serving import FakeEngine, serving
 
 LIMITS = Limits(max_question_chars=50, max_context_chars=200, max_top_k=4, max_p=5)
 JSON = {"Content-Type": "application/json"}
@@ -67,7 +69,80 @@ def test_hostile_json_gets_4xx_naming_the_field_and_is_counted(client, raw, stat
     assert _requests_by_status(client.get("/metrics").text)[("/v1/answer", str(status))] == 1
 
 
+def test_an_unexpected_error_is_a_json_500_naming_the_cause_and_counted(client, monkeypatch):
+    import dil_jax.serve.app as app_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(app_module, "answer_payload", broken)
+    response = client.post("/v1/answer", json={"question": "who?"})
+    assert response.status_code == 500
+    assert response.json()["error"]["field"] == "server"
+    assert "KeyError" in response.json()["error"]["message"]
+    assert client.post("/v1/read", json={"question": "q", "context": "c d"}).status_code == 200
+    assert _requests_by_status(client.get("/metrics").text)[("/v1/answer", "500")] == 1
+
+
+def test_unknown_routes_and_methods_are_json_and_counted(client):
+    missing = client.get("/v2/answer")
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "path"
+    assert "/v2/answer" in missing.json()["error"]["message"]
+    wrong = client.get("/v1/answer")
+    assert wrong.status_code == 405 and wrong.json()["error"]["field"] == "method"
+    assert "POST" in wrong.json()["error"]["message"]
+    counted = _requests_by_status(client.get("/metrics").text)
+    assert counted[("other", "404")] == 1 and counted[("/v1/answer", "405")] == 1
+
+
+@pytest.mark.parametrize("content_type", [
+    "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "text/plain", None])
+def test_a_body_not_sent_as_json_is_refused_with_415(client, content_type):
+    # A cross-origin page may POST these without a CORS preflight ("simple requests").
+    headers = {"Origin": "http://elsewhere.example"}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    for route, body in (("/v1/answer", {"question": "who?"}),
+                        ("/v1/read", {"question": "who?", "context": "Austen wrote"})):
+        response = client.post(route, content=json.dumps(body).encode(), headers=headers)
+        assert response.status_code == 415, response.text
+        assert response.json()["error"]["field"] == "content-type"
+    assert client.engine.batches == []  # nothing was read
+    ok = client.post("/v1/answer", content=b'{"question": "who?"}',
+                     headers={"Content-Type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200
+
+
+# ----------------------------------------------------------------------------- /v1/info
+
+def test_info_needs_the_key_and_shows_no_absolute_path():
+    engine = FakeEngine(LIMITS)
+    with TestClient(create_app(engine, AppSettings(api_key="s3cret"))) as client:
+        assert client.get("/v1/info").status_code == 401
+        info = client.get("/v1/info", headers={"X-API-Key": "s3cret"}).json()
+    for reader in info["readers"].values():
+        assert not Path(reader["checkpoint"]).is_absolute(), reader
+    # The page still learns it needs a key (it reads /v1/info with the key it is given).
+    with TestClient(create_app(engine, AppSettings(api_key="s3cret"))) as client:
+        assert "api-key" in client.get("/").text
+
+
+def test_shown_checkpoint_names_bundled_readers_and_paths_under_the_repo(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.chdir(REPO)
+    assert shown_checkpoint(str(ASSETS / "minilm-squad-k4")) == "minilm-squad-k4 (bundled)"
+    assert shown_checkpoint(str(REPO / "runs" / "reader")) == "runs/reader"
+    assert shown_checkpoint("runs/reader") == "runs/reader"
+    assert shown_checkpoint(str(tmp_path / "my-reader")) == "my-reader"
+    assert shown_checkpoint("user/model-on-the-hub") == "user/model-on-the-hub"
+
+
 # ----------------------------------------------------------------------------- sockets
+
+def _raw_request(path: str, body: bytes) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
 
 def _wait_for(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
@@ -105,7 +180,110 @@ def test_a_cancelled_job_leaves_the_queue_and_is_never_read():
     assert worker.stop(10) and read == ["first", "kept"]
 
 
+def test_requests_whose_client_left_are_not_read():
+    import httpx
+
+    engine = FakeEngine(LIMITS, max_batch=1, max_wait_s=0.0, max_queue=64)
+    engine.gate = threading.Event()
+    with serving(engine) as url, ThreadPoolExecutor(2) as pool:
+        host, port = url.removeprefix("http://").split(":")
+        first = pool.submit(httpx.post, url + "/v1/answer", json={"question": "first"},
+                            timeout=30)
+        assert engine.entered.wait(10)  # "first" is in the worker, held by the gate
+        gone = []
+        for i in range(20):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(_raw_request("/v1/answer", json.dumps({"question": f"gone {i}"})
+                                      .encode()))
+            gone.append(sock)
+        assert _wait_for(lambda: engine.worker.depth == 20, 10), engine.worker.depth
+        for sock in gone:
+            sock.close()
+        # Before: the abandoned jobs stayed queued (and were all read, one batch each).
+        assert _wait_for(lambda: engine.worker.depth == 0, 5), engine.worker.depth
+        engine.gate.set()
+        assert first.result(10).status_code == 200
+        following = httpx.post(url + "/v1/answer", json={"question": "next"}, timeout=10)
+        assert following.status_code == 200
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+    assert [questions for _, questions in engine.batches] == [["first"], ["next"]]
+    assert _requests_by_status(metrics)[("/v1/answer", "499")] == 20
+
+
+def test_a_truncated_body_gets_408_within_the_read_timeout():
+    engine = FakeEngine(LIMITS)
+    with serving(engine, AppSettings(read_timeout_s=1.0)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/answer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"question"')
+            sock.settimeout(10)  # before: no answer at all, the socket waits forever
+            started = time.monotonic()
+            reply = b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+            waited = time.monotonic() - started
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), reply
+    assert json.loads(body)["error"]["field"] == "body"
+    assert 0.8 < waited < 5
+
+
+def test_slow_header_sockets_are_closed():
+    import httpx
+
+    engine = FakeEngine(LIMITS)
+    with serving(engine, AppSettings(read_timeout_s=1.0)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        sockets = []
+        for i in range(30):
+            sock = socket.create_connection((host, int(port)))
+            if i == 0:  # a kept-alive connection: one whole request, then a slow one
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            sock.setblocking(False)
+            sockets.append(sock)
+        closed: dict[int, bytes] = {}
+        deadline = time.monotonic() + 6
+        # Slowloris: a header line now and then, never the blank line that ends them.
+        while len(closed) < len(sockets) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            for i, sock in enumerate(sockets):
+                if i in closed:
+                    continue
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n")
+                    data = sock.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                closed[i] = data
+        for sock in sockets:
+            sock.close()
+        assert len(closed) == len(sockets), f"{len(sockets) - len(closed)} sockets still open"
+        assert httpx.get(url + "/healthz", timeout=5).status_code == 200
+        metrics = httpx.get(url + "/metrics", timeout=5).text
+    assert any(data.startswith(b"HTTP/1.1 408") for data in closed.values()), closed
+    assert _requests_by_status(metrics)[("other", "408")] >= 1
+
+
 # ----------------------------------------------------------------------------- start-up
+
+def test_serve_on_a_port_in_use_says_so_before_loading(capsys, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, _, err = run_cli(["serve", "--port", str(port), "--index",
+                                  str(tmp_path / "no-index")], capsys)
+    # Before: "serving on ...", the whole warm-up, then uvicorn's bind error and exit 3.
+    assert status == 1, err
+    lines = [line for line in err.splitlines() if line.startswith("dil-jax serve: error")]
+    assert len(lines) == 1 and "--port" in lines[0] and str(port) in lines[0], err
+    assert "serving" not in err and "Traceback" not in err
+
 
 def _reader_with_abstention(folder: Path, **threshold) -> Path:
     """A copy of the bundled k = 4 reader's manifest whose logits thresholds are changed
