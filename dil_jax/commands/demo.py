@@ -157,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
                         replaced_unless="index.json")
     full_ckpt = args.full_checkpoint or bundled_reader("full")
     delayed_ckpt = args.delayed_checkpoint or bundled_reader("delayed")
+    # Read before loading and compiling: a manifest's bad threshold is named at once.
+    abstentions = {"full": abstention_of(full_ckpt and str(full_ckpt)),
+                   "delayed": abstention_of(delayed_ckpt and str(delayed_ckpt))}
     untrained = [c for c in (full_ckpt, delayed_ckpt) if c is None]
     if untrained:
         log.warning("no fine-tuned reader bundled or given: using the raw embedded MiniLM, "
@@ -204,8 +207,6 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
         reader.read(questions[:1])
         print(f"{time.perf_counter() - compiling:.1f} s", file=sys.stderr, flush=True)
-    abstentions = {"full": abstention_of(full_ckpt and str(full_ckpt)),
-                   "delayed": abstention_of(delayed_ckpt and str(delayed_ckpt))}
     totals = {name: 0.0 for name in readers}
     for question in questions:
         print()

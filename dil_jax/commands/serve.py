@@ -2,7 +2,8 @@
 
     dil-jax demo                      # builds runs/demo-index once
     dil-jax serve                     # http://127.0.0.1:8000/ : the page; /v1/answer, /v1/read
-    curl -s localhost:8000/v1/answer -d '{"question": "Who wrote Hamlet?"}'
+    curl -s localhost:8000/v1/answer -H 'Content-Type: application/json' \
+         -d '{"question": "Who wrote Hamlet?"}'
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def register(subparsers) -> None:
                         metavar="SECONDS", help="a request not answered by then gets 504")
     parser.add_argument("--max-body-bytes", type=positive_int, default=64 * 1024,
                         help="larger request bodies get 413")
+    parser.add_argument("--read-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                        help="a request's headers, then its body, must arrive within this "
+                             "time: a connection still sending its headers is answered 408 "
+                             "and closed, a body still arriving gets 408")
     parser.add_argument("--max-question-chars", type=positive_int, default=1000,
                         help="longer questions get 422")
     parser.add_argument("--max-context-chars", type=positive_int, default=20000,
@@ -111,6 +116,7 @@ def _port(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dil_jax.serve.app import bind_sockets
     from dil_jax.serve.loading import ReadSettings, default_specs, load_served_readers
     from dil_jax.serve.schemas import Limits
 
@@ -132,13 +138,21 @@ def run(args: argparse.Namespace) -> int:
     limits = Limits(max_question_chars=args.max_question_chars,
                     max_context_chars=args.max_context_chars, max_top_k=args.max_top_k,
                     max_p=args.top_p, max_body_bytes=args.max_body_bytes)
-    readers = load_served_readers(args.index, specs, settings)
-    return serve(readers, limits, args, api_key)
+    # The port first: one in use is said now, not after loading and the warm-up.
+    sockets = bind_sockets(args.host, args.port)
+    try:
+        readers = load_served_readers(args.index, specs, settings)
+        return serve(readers, limits, args, api_key, sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
-def serve(readers, limits, args: argparse.Namespace, api_key: str | None) -> int:
+def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
+          sockets: list | None = None) -> int:
     """Runs uvicorn until SIGTERM / Ctrl-C: in-flight requests are answered first (uvicorn's
-    graceful shutdown, then the app's lifespan stops the worker), then exit status 0."""
+    graceful shutdown, then the app's lifespan stops the worker), then exit status 0.
+    sockets: listening already (`bind_sockets`), else uvicorn binds --host / --port."""
     from dil_jax.serve.app import AppSettings, create_app, run_server
     from dil_jax.serve.engine import Engine
     from dil_jax.serve.metrics import ServeMetrics
@@ -148,10 +162,12 @@ def serve(readers, limits, args: argparse.Namespace, api_key: str | None) -> int
                     warm=not args.no_warm_up)
     app = create_app(engine, AppSettings(api_key=api_key,
                                          request_timeout_s=args.request_timeout,
-                                         span_score=args.span_score))
+                                         span_score=args.span_score,
+                                         read_timeout_s=args.read_timeout))
     print(f"serving {', '.join(readers)} over {args.index} on http://{args.host}:{args.port}/ "
           "(compiling first: GET /readyz says when ready)", file=sys.stderr, flush=True)
-    run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5)
+    run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5,
+               sockets=sockets)
     if engine.worker.failure is not None:
         raise UsageError(f"the server could not start: {engine.worker.failure}")
     return 0

@@ -20,14 +20,44 @@ and it is the score of the answer picked with or without fusion.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dil_jax.defaults import SPAN_SCORES
+from dil_jax.errors import CheckpointError
 
 MANIFEST_KEY = "abstention"
+_FIX = ("re-run tools/abstention.py calibrate --record, or remove the 'abstention' record to "
+        "serve every answer as an answer")
+
+
+def _record_problem(record: Any) -> str | None:
+    """What is wrong with a manifest's `abstention` record (the field path and value), or
+    None. A threshold is a finite JSON number: NaN refuses nothing and compares false with
+    every score, an infinity refuses all or nothing, and neither is JSON a service can send."""
+    if not isinstance(record, Mapping):
+        return f"'{MANIFEST_KEY}' must be an object, got {record!r:.80}"
+    by_rule = record.get("by_rule")
+    if not isinstance(by_rule, Mapping):
+        return (f"'{MANIFEST_KEY}.by_rule' must be an object of span score rule -> "
+                f"thresholds, got {by_rule!r:.80}")
+    for rule, value in by_rule.items():
+        where = f"{MANIFEST_KEY}.by_rule.{rule}"
+        if not isinstance(value, Mapping):
+            return f"'{where}' must be an object with threshold and threshold_ir, got " \
+                   f"{value!r:.80}"
+        for key in ("threshold", "threshold_ir"):
+            if key not in value:
+                return f"'{where}.{key}' is missing"
+            number = value[key]
+            if isinstance(number, bool) or not isinstance(number, (int, float)) \
+                    or not math.isfinite(number):
+                return f"'{where}.{key}' must be a finite number, got {number!r:.80}"
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,11 +115,17 @@ class Abstention:
     chosen_on: str = ""  # what the thresholds were chosen on (the calibration's description)
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, Any] | None) -> Abstention | None:
-        """The manifest's `abstention` record, or None when the reader has none."""
+    def from_manifest(cls, manifest: Mapping[str, Any] | None,
+                      path: Path | str = "dil_jax_manifest.json") -> Abstention | None:
+        """The manifest's `abstention` record, or None when the reader has none; a record
+        that cannot be read is a CheckpointError naming `path` (the manifest file), the field
+        and its value."""
         record = (manifest or {}).get(MANIFEST_KEY)
-        if not record:
+        if record is None or (isinstance(record, Mapping) and not record):
             return None
+        problem = _record_problem(record)
+        if problem:
+            raise CheckpointError(f"{path}: {problem}; {_FIX}")
         thresholds = {rule: (float(value["threshold"]), float(value["threshold_ir"]))
                       for rule, value in record["by_rule"].items() if rule in SPAN_SCORES}
         return cls(thresholds, str(record.get("chosen_on", "")))
@@ -120,11 +156,11 @@ def exclude_titles(hits: Sequence, passage_titles: Sequence[str], excluded: set[
 
 def abstention_of(checkpoint: str | None) -> Abstention | None:
     """The abstention thresholds recorded in a reader folder's manifest (None: not a folder,
-    no manifest, or no record: every answer is shown as an answer)."""
-    from pathlib import Path
-
+    no manifest, or no record: every answer is shown as an answer); CheckpointError naming
+    the manifest and the field when the record cannot be read."""
     from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
 
     if not checkpoint or not (Path(checkpoint) / MANIFEST_FILE).is_file():
         return None
-    return Abstention.from_manifest(ExportManifest.read(checkpoint).to_json())
+    return Abstention.from_manifest(ExportManifest.read(checkpoint).to_json(),
+                                    Path(checkpoint) / MANIFEST_FILE)

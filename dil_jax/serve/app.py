@@ -6,9 +6,15 @@ error, tested alone), so FastAPI's pydantic layer would check them a second time
 its own 422 format; the OpenAPI document is written out here instead (`openapi`), and /docs
 renders it without the CDN-hosted Swagger UI FastAPI's /docs loads.
 
-Every route runs through `_route`: the API key (when set, on /v1/*), the body limit, errors
-as `{"error": {"field", "message", "value"}}` with their status, and the request metrics.
-Requests only parse and wait: reading happens in the engine's worker thread.
+Every route runs through `route`: the API key (when set, on /v1/*), the content type and the
+body limit and read timeout of the POST routes, and the request metrics. The error path is one
+place: every 4xx / 5xx this service answers is `{"error": {"field", "message", "value"?}}`,
+counted in /metrics by route and status: a `RequestError` or `_Refused` of a route, an
+unexpected exception of one (500, logged with its traceback), Starlette's 404 / 405
+(`http_error`, route "other" when no route matched), and a connection whose headers did not
+arrive in time (408, `header_timeout_protocol`, route "other"). Requests only parse and wait:
+reading happens in the engine's worker thread; a request whose client leaves before its answer
+cancels its job (`wait`), so the worker skips it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,14 +31,15 @@ from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from dil_jax.errors import DilJaxError
 from dil_jax.serve.answers import answer_payload, phase_ms
 from dil_jax.serve.engine import Engine
-from dil_jax.serve.metrics import CONTENT_TYPE
+from dil_jax.serve.metrics import CONTENT_TYPE, ServeMetrics
 from dil_jax.serve.schemas import (
     ANSWER_FIELDS,
     READ_FIELDS,
@@ -52,6 +60,18 @@ class AppSettings:
     api_key: str | None = None
     request_timeout_s: float = 60.0
     span_score: str = "logits"  # /v1/answer's default rule
+    # A request's headers, then its body, must arrive within this many seconds (slow clients
+    # would otherwise hold their sockets, and a truncated body its request, for ever).
+    read_timeout_s: float = 10.0
+
+
+ROUTE_PATHS = ("/v1/answer", "/v1/read", "/v1/info", "/healthz", "/readyz", "/metrics", "/",
+               "/openapi.json", "/docs")
+# The route label of a request no route matched (404) or whose headers never came (408): one
+# label, so that scanning for paths cannot grow /metrics without bound.
+OTHER_ROUTE = "other"
+# What nginx logs for a request whose client closed the connection before the answer.
+CLIENT_GONE = 499
 
 
 class _Refused(Exception):
@@ -63,6 +83,34 @@ class _Refused(Exception):
 
 def _error(field: str, message: str) -> dict:
     return {"error": {"field": field, "message": message}}
+
+
+def is_json_content_type(header: str | None) -> bool:
+    """Content-Type application/json (parameters such as charset allowed) or application/*+json.
+    Anything else is refused: a page of another origin can POST a form or text/plain without
+    a CORS preflight, but not application/json."""
+    media = (header or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                           and media.endswith("+json"))
+
+
+def shown_checkpoint(checkpoint: str) -> str:
+    """A reader's checkpoint as /v1/info shows it, without the machine's absolute paths: a
+    bundled reader's folder name, a path under the working directory relative to it, a
+    relative path or a hub name as given, any other path by its folder name."""
+    from pathlib import Path
+
+    path = Path(checkpoint)
+    assets = (Path(__file__).resolve().parents[1] / "assets")
+    resolved = path.resolve()
+    if resolved.parent == assets:
+        return f"{path.name} (bundled)"
+    if not path.is_absolute():
+        return checkpoint
+    try:
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
 
 
 def key_matches(given: str | None, expected: str) -> bool:
@@ -79,31 +127,61 @@ def presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The body, refused with 413 past `limit` bytes: by its Content-Length before reading,
-    and while reading (a chunked body has none)."""
+    and while reading (a chunked body has none); with 408 when it has not all arrived within
+    `timeout_s` seconds (a client that stalls mid-body would hold its request for ever); 499
+    when the client left while sending it."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
-            raise RequestError(400, "content-length", f"Content-Length {declared!r} is not a "
-                                                      "number of bytes")
+        if not declared.isdigit() or len(declared) > 20:
+            raise RequestError(400, "content-length", f"Content-Length {declared[:40]!r} is "
+                                                      "not a number of bytes")
         if int(declared) > limit:
             raise RequestError(413, "body", f"the body has {declared} bytes, more than the "
                                             f"{limit} this server takes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, "body", f"the body has more than the {limit} bytes this "
-                                            "server takes")
-    return bytes(body)
+
+    async def collect() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, "body", f"the body has more than the {limit} bytes "
+                                                "this server takes")
+        return bytes(body)
+
+    try:
+        return await asyncio.wait_for(collect(), timeout_s)
+    except asyncio.TimeoutError:
+        # Connection: close: the rest of the body may still come, and is not a next request.
+        raise _Refused(408, _error("body", f"the body did not arrive within {timeout_s:g} s "
+                                           "(the server's --read-timeout)"),
+                       {"Connection": "close"}) from None
+    except ClientDisconnect:
+        raise _Refused(CLIENT_GONE, _error("client", "the client closed the connection while "
+                                                     "sending the body")) from None
+
+
+async def client_left(request: Request) -> None:
+    """Returns once the client has closed the connection. After the body, the server's next
+    message is http.disconnect: when the client goes, or once the response is sent."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def unexpected_error(error: BaseException) -> dict:
+    """The JSON of a bug: its type and message (the traceback goes to the server's log)."""
+    text = str(error)
+    text = text if len(text) <= 200 else text[:200] + "..."
+    return _error("server", f"internal error: {type(error).__name__}: {text} (the server's "
+                            "log has the traceback)")
 
 
 def create_app(engine: Engine, settings: AppSettings) -> Starlette:
     metrics = engine.metrics
     limits = engine.limits
 
-    def route(name: str, protected: bool = False):
+    def route(name: str, protected: bool = False, json_body: bool = False):
         def wrap(handler: Callable[[Request], Awaitable[Response]]):
             async def endpoint(request: Request) -> Response:
                 started = time.perf_counter()
@@ -113,11 +191,19 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
                         raise _Refused(401, _error("api_key", "a valid API key is required "
                                                    "(Authorization: Bearer KEY or X-API-Key)"),
                                        {"WWW-Authenticate": "Bearer"})
+                    if json_body and not is_json_content_type(
+                            request.headers.get("content-type")):
+                        shown = request.headers.get("content-type", "none")[:80]
+                        raise _Refused(415, _error("content-type", f"Content-Type {shown!r}: "
+                                                   "send the body as application/json"))
                     response = await handler(request)
                 except RequestError as error:
                     response = JSONResponse(error.payload(), error.status)
                 except _Refused as refused:
                     response = JSONResponse(refused.payload, refused.status, refused.headers)
+                except Exception as error:  # a bug: answered as JSON, counted, logged
+                    log.exception("%s %s failed", request.method, name)
+                    response = JSONResponse(unexpected_error(error), 500)
                 metrics.observe_request(name, response.status_code,
                                         time.perf_counter() - started)
                 return response
@@ -136,16 +222,29 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
             headers = {} if engine.worker.failure else {"Retry-After": "5"}
             raise _Refused(503, _error("server", str(error)), headers) from error
 
-    async def wait(future):
-        """The worker's Done, or a refusal: timeout 504, a bad input 422, a failure 500."""
+    async def wait(request: Request, future):
+        """The worker's Done, or a refusal: timeout 504, the client gone 499, a bad input 422,
+        a failure 500. Uvicorn does not cancel a request whose client left, so the job would
+        be read for no one: the client's disconnect is watched beside the answer, and the
+        job is cancelled (skipped by the worker if still queued) on either refusal."""
+        answer = asyncio.wrap_future(future)
+        gone = asyncio.ensure_future(client_left(request))
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future),
-                                          settings.request_timeout_s)
-        except asyncio.TimeoutError:
-            future.cancel()  # still queued: the worker skips it
+            done, _ = await asyncio.wait({answer, gone}, timeout=settings.request_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not answer.done():
+                answer.cancel()  # cancels `future` too
+        if answer not in done:
+            if gone in done:
+                raise _Refused(CLIENT_GONE, _error("client", "the client closed the connection "
+                                                             "before its answer"))
             raise _Refused(504, _error("timeout", f"no answer within "
                                        f"{settings.request_timeout_s:g} s (the server's "
-                                       "--request-timeout)")) from None
+                                       "--request-timeout)"))
+        try:
+            return answer.result()
         except RequestError:
             raise
         except DilJaxError as error:
@@ -155,11 +254,15 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
             raise _Refused(500, _error("server", f"the read failed: {type(error).__name__}: "
                                                  f"{error}")) from error
 
-    @route("/v1/answer", protected=True)
+    async def body_of(request: Request) -> dict:
+        return parse_json_body(await read_body(request, limits.max_body_bytes,
+                                               settings.read_timeout_s))
+
+    @route("/v1/answer", protected=True, json_body=True)
     async def answer(request: Request) -> Response:
-        data = parse_json_body(await read_body(request, limits.max_body_bytes))
+        data = await body_of(request)
         parsed = parse_answer_request(data, limits, engine.names, settings.span_score)
-        done = await wait(submit("answer", parsed.reader, parsed.question))
+        done = await wait(request, submit("answer", parsed.reader, parsed.question))
         clock = time.perf_counter()
         served = engine.readers[parsed.reader]
         outcome = done.value
@@ -171,20 +274,20 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
         metrics.phases.labels(parsed.reader, "queue").observe(done.queue_s)
         return JSONResponse(payload)
 
-    @route("/v1/read", protected=True)
+    @route("/v1/read", protected=True, json_body=True)
     async def read(request: Request) -> Response:
-        data = parse_json_body(await read_body(request, limits.max_body_bytes))
+        data = await body_of(request)
         parsed = parse_read_request(data, limits, engine.names)
-        done = await wait(submit("read", parsed.reader, parsed))
+        done = await wait(request, submit("read", parsed.reader, parsed))
         answers = done.value
         # Hugging Face's pipeline returns the answer itself when there is exactly one.
         return JSONResponse(answers[0] if len(answers) == 1 else answers)
 
-    @route("/v1/info")
+    @route("/v1/info", protected=True)
     async def info(request: Request) -> Response:
         readers = {name: {"k": served.k, "kind": served.kind,
                           "layers": served.reader.reader.config.num_layers,
-                          "checkpoint": served.checkpoint,
+                          "checkpoint": shown_checkpoint(served.checkpoint),
                           "abstention": served.abstention is not None}
                    for name, served in engine.readers.items()}
         first = next(iter(engine.readers.values())).reader
@@ -228,19 +331,157 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
         # the worker finishes what is queued and stops.
         await asyncio.get_running_loop().run_in_executor(None, engine.worker.stop, 60.0)
 
+    async def http_error(request: Request, error: Exception) -> Response:
+        """Starlette's own refusals (404 no route, 405 another method) and anything raised
+        outside a route (500), in the routes' JSON and counted."""
+        path = request.url.path
+        name = path if path in ROUTE_PATHS else OTHER_ROUTE
+        if isinstance(error, HTTPException) and error.status_code == 404:
+            response = JSONResponse(_error("path", f"no route {path[:200]!r}: the routes are "
+                                                   f"{list(ROUTE_PATHS)}"), 404)
+        elif isinstance(error, HTTPException) and error.status_code == 405:
+            allowed = (error.headers or {}).get("Allow", "")
+            response = JSONResponse(_error("method", f"{path} takes {allowed}, not "
+                                                     f"{request.method[:20]}"),
+                                    405, error.headers)
+        elif isinstance(error, HTTPException):
+            response = JSONResponse(_error("request", str(error.detail)), error.status_code,
+                                    error.headers)
+        else:
+            response = JSONResponse(unexpected_error(error), 500)
+        metrics.observe_request(name, response.status_code)
+        return response
+
     routes = [Route("/v1/answer", answer, methods=["POST"]),
               Route("/v1/read", read, methods=["POST"]),
               Route("/v1/info", info), Route("/healthz", healthz), Route("/readyz", readyz),
               Route("/metrics", metrics_text), Route("/", page),
               Route("/openapi.json", openapi_json), Route("/docs", docs)]
-    return Starlette(routes=routes, lifespan=lifespan)
+    assert [r.path for r in routes] == list(ROUTE_PATHS)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: http_error})
+    # What the server around the app needs (`server_config`): the header timeout and where
+    # to count the connections it closes.
+    app.state.settings, app.state.metrics = settings, metrics
+    return app
 
 
-def run_server(app: Starlette, host: str, port: int, graceful_s: float) -> None:
+HEADER_TIMEOUT_BODY = json.dumps(_error(
+    "headers", "the request's headers did not arrive in time (the server's --read-timeout)"))
+
+
+def header_timeout_protocol(seconds: float, on_timeout: Callable[[], None]) -> type:
+    """Uvicorn's h11 protocol with a deadline for a request's headers: `seconds` from the
+    connection's opening, or on a kept-alive connection from the next request's first byte
+    (idle time between requests is uvicorn's keep-alive timeout's). Past it the connection
+    gets a 408 and is closed. Uvicorn has none (its keep-alive timeout stops at a request's
+    first byte), so a client sending a header line now and then (slowloris) held its socket
+    for ever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    body = HEADER_TIMEOUT_BODY.encode()
+    reply = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+             b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
+             + body)
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(seconds, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing() or (self.cycle is not None
+                                               and not self.cycle.response_complete):
+                return
+            # Written past h11: it sends no response before a request's headers.
+            self.transport.write(reply)
+            self.transport.close()
+            on_timeout()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and (self.cycle is None
+                                               or self.cycle.response_complete):
+                self._arm()  # the first bytes of a kept-alive connection's next request
+            super().data_received(data)
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request's headers arrived
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+def server_config(app: Starlette, host: str, port: int, graceful_s: float = 30.0):
+    """Uvicorn's config for `app` (made by `create_app`): its h11 protocol with the header
+    deadline of the app's `read_timeout_s`, each timed-out connection counted as a 408."""
+    import uvicorn
+
+    settings: AppSettings = app.state.settings
+    metrics: ServeMetrics = app.state.metrics
+    protocol = header_timeout_protocol(
+        settings.read_timeout_s, lambda: metrics.observe_request(OTHER_ROUTE, 408))
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", http=protocol,
+                          timeout_graceful_shutdown=max(1, round(graceful_s)))
+
+
+def bind_sockets(host: str, port: int) -> list:
+    """Listening sockets on every address of `host` at `port` (as uvicorn binds them), taken
+    before the warm-up so that a port in use is said at once, not after minutes of
+    compiling; a UsageError naming --host and --port when one cannot be bound."""
+    import socket
+
+    from dil_jax.errors import UsageError
+
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+    except socket.gaierror as error:
+        raise UsageError(f"--host {host!r}: not an address of this machine "
+                         f"({error.strerror})") from error
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(addresses):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(2048)
+    except OSError as error:
+        for sock in sockets:
+            sock.close()
+        raise UsageError(f"--host {host} --port {port}: cannot listen there "
+                         f"({error.strerror or error}); is another server on that port? Give "
+                         "another --port") from error
+    return sockets
+
+
+def run_server(app: Starlette, host: str, port: int, graceful_s: float,
+               sockets: list | None = None) -> None:
     """Serves `app` with uvicorn until SIGTERM or Ctrl-C, answering the requests in flight
     first (uvicorn's graceful shutdown, at most graceful_s seconds, then the lifespan stops
     the worker). Returns normally: uvicorn itself re-raises the signal it drained on once it
-    is done, so the process would die of it (status -15); a drained stop is a clean one."""
+    is done, so the process would die of it (status -15); a drained stop is a clean one.
+    sockets: already listening (`bind_sockets`), else uvicorn binds host:port."""
     import signal
     import threading
 
@@ -260,9 +501,7 @@ def run_server(app: Starlette, host: str, port: int, graceful_s: float) -> None:
                 for sig, handler in original.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=max(1, round(graceful_s)))
-    Server(config).run()
+    Server(server_config(app, host, port, graceful_s)).run(sockets=sockets)
 
 
 def openapi(readers: list[str], limits) -> dict:
@@ -300,14 +539,16 @@ def openapi(readers: list[str], limits) -> dict:
         return {"post": {"summary": summary,
                          "requestBody": {"required": True, "content": {
                              "application/json": {"schema": body}}},
-                         "responses": {"200": {"description": "answers"}, "400": error,
-                                       "401": error, "413": error, "422": error,
+                         "responses": {"200": {"description": "answers"},
+                                       **{status: error for status in (
+                                           "400", "401", "408", "413", "415", "422", "499",
+                                           "500", "504")},
                                        "503": {"description": "queue full or not ready "
-                                                              "(Retry-After)"},
-                                       "504": error}}}
+                                                              "(Retry-After)"}}}}
 
-    def get(summary: str) -> dict:
-        return {"get": {"summary": summary, "responses": {"200": {"description": "ok"}}}}
+    def get(summary: str, protected: bool = False) -> dict:
+        responses = {"200": {"description": "ok"}, **({"401": error} if protected else {})}
+        return {"get": {"summary": summary, "responses": responses}}
 
     return {"openapi": "3.1.0",
             "info": {"title": "dil-jax serve", "version": "1"},
@@ -315,7 +556,7 @@ def openapi(readers: list[str], limits) -> dict:
                 "/v1/answer": post("open-domain answers: retrieve, read, fuse", answer_body),
                 "/v1/read": post("extractive QA on a given context, Hugging Face pipeline "
                                  "output", read_body_schema),
-                "/v1/info": get("the readers and limits"),
+                "/v1/info": get("the readers and limits", protected=True),
                 "/healthz": get("alive"),
                 "/readyz": get("index open and every program compiled (503 until then)"),
                 "/metrics": get("Prometheus text format")}}

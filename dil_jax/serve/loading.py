@@ -146,6 +146,8 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     from dil_jax.open_domain.reader import OpenDomainReader
     from dil_jax.serve.shapes import passage_rows
 
+    # Thresholds first: a manifest's bad record is named before anything is loaded.
+    abstentions = {spec.name: abstention_of(spec.checkpoint) for spec in specs}
     if not (Path(index_dir) / "index.json").is_file():
         raise UsageError(f"--index {index_dir}: no index there (build one with `dil-jax demo`, "
                          "which writes runs/demo-index, or `dil-jax index --out DIR ...`)")
@@ -180,7 +182,7 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
                                     span_score=settings.span_score)
 
         served[spec.name] = ServedReader(spec.name, spec.checkpoint, reader,
-                                         abstention_of(spec.checkpoint),
+                                         abstentions[spec.name],
                                          shaped_readers(reader, settings.shape_counts(),
                                                         smaller))
     return served

@@ -112,9 +112,12 @@ class ServeMetrics:
         self._ready_count[0] = CompileCounter.count
         self.ready.set(1)
 
-    def observe_request(self, route: str, status: int, seconds: float) -> None:
+    def observe_request(self, route: str, status: int, seconds: float | None = None) -> None:
+        """Counts a request by route and status; its latency too when it has one (a refusal
+        made outside a route, such as a 404, has none worth a histogram's bucket)."""
         self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        if seconds is not None:
+            self.latency.labels(route).observe(seconds)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

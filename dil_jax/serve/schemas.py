@@ -75,12 +75,43 @@ READ_FIELDS = ("question", "context", "reader", "top_k", "max_answer_len",
 PIPELINE_MAX_ANSWER_LEN = 15
 
 
+# Digits an integer of a request may have: a count here has a few, and Python refuses to convert
+# strings of more than 4,300 digits (sys.get_int_max_str_digits) with a ValueError.
+MAX_INT_DIGITS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class LongNumber:
+    """A JSON integer of more than MAX_INT_DIGITS digits, kept as its digit count: no field
+    takes one, and each field's check names it as a number of that many digits."""
+
+    digits: int
+
+    def __repr__(self) -> str:
+        return f"<a number of {self.digits} digits>"
+
+
+def _json_int(text: str) -> int | LongNumber:
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_INT_DIGITS else LongNumber(digits)
+
+
+def type_name(value: Any) -> str:
+    """A JSON value's type as an error message names it."""
+    return "number" if isinstance(value, LongNumber) else type(value).__name__
+
+
 def _shown(value: Any, limit: int = 80) -> Any:
-    """A value as an error message may show it: long strings cut, containers summarised."""
+    """A value as an error message may show it, and JSON can carry it: long strings cut,
+    containers summarised, NaN / infinities and oversized numbers as text."""
     if isinstance(value, str):
         return value if len(value) <= limit else value[:limit] + f"... ({len(value)} chars)"
     if isinstance(value, (list, dict)):
         return f"<{type(value).__name__} of {len(value)}>"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, LongNumber):
+        return repr(value)
     return value
 
 
@@ -96,10 +127,15 @@ def parse_json_body(raw: bytes) -> dict[str, Any]:
         raise RequestError(400, "body", f"the body is not UTF-8 text ({error.reason} at byte "
                                         f"{error.start})") from error
     try:
-        data = json.loads(text)
+        # NaN, Infinity and 1e400 (a float overflowing to inf) are kept as floats and a long
+        # integer as a LongNumber: each field's check then names the field and the value.
+        data = json.loads(text, parse_int=_json_int)
     except json.JSONDecodeError as error:
         raise RequestError(400, "body", f"the body is not valid JSON: {error.msg} at line "
                                         f"{error.lineno} column {error.colno}") from error
+    except RecursionError as error:  # the C scanner recurses once per nested array / object
+        raise RequestError(400, "body", "the body's arrays or objects are nested deeper than "
+                                        "this server reads") from error
     if not isinstance(data, dict):
         raise RequestError(400, "body", f"the body must be a JSON object, got "
                                         f"{type(data).__name__}", _shown(data))
@@ -120,7 +156,7 @@ def text_field(data: Mapping[str, Any], field: str, max_chars: int) -> str:
     value = data[field]
     if not isinstance(value, str):
         raise RequestError(422, field, f"{field} must be a string, got "
-                                       f"{type(value).__name__} {_shown(value)!r}", value)
+                                       f"{type_name(value)} {_shown(value)!r}", value)
     if not value.strip():
         raise RequestError(422, field, f"{field} is empty: {value!r}", value)
     if len(value) > max_chars:
@@ -139,7 +175,7 @@ def int_field(data: Mapping[str, Any], field: str, default: int, low: int, high:
         value = default
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(422, field, f"{field} must be an integer from {low} to {high}, got "
-                                       f"{type(value).__name__} {_shown(value)!r}", value)
+                                       f"{type_name(value)} {_shown(value)!r}", value)
     if not low <= value <= high:
         raise RequestError(422, field, f"{field} {value} is out of range: must be from {low} "
                                        f"to {high}", value)
@@ -152,7 +188,7 @@ def bool_field(data: Mapping[str, Any], field: str, default: bool) -> bool:
         return default
     if not isinstance(value, bool):
         raise RequestError(422, field, f"{field} must be true or false, got "
-                                       f"{type(value).__name__} {_shown(value)!r}", value)
+                                       f"{type_name(value)} {_shown(value)!r}", value)
     return value
 
 

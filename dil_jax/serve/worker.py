@@ -47,7 +47,7 @@ class NotAccepting(Exception):
     """The worker is not taking jobs: still starting, stopping, or failed to start."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # a job is itself: the queue removes it by identity
 class Job:
     kind: str
     reader: str
@@ -125,7 +125,20 @@ class Worker:
             self._queue.append(job)
             self._depth_changed()
             self._cond.notify_all()
+        job.future.add_done_callback(lambda _, job=job: self._drop_if_cancelled(job))
         return job.future
+
+    def _drop_if_cancelled(self, job: Job) -> None:
+        """A job cancelled while queued (its request timed out or its client left) leaves the
+        queue at once: it holds no place a new request could take, and is never read."""
+        if not job.future.cancelled():
+            return
+        with self._cond:
+            try:
+                self._queue.remove(job)
+            except ValueError:  # the worker took it already (and skips it)
+                return
+            self._depth_changed()
 
     @property
     def state(self) -> str:

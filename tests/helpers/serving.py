@@ -6,7 +6,8 @@ engine's app on a loopback port (tests/serve/test_serve_ask.py, tests/serve/test
 Its "answer" jobs answer each question with its own text upper-cased (so a test sees whose
 answer came back), after `delay_s`; a question "fail" makes the handler raise; the "read" jobs
 answer the first word of the context. `gate` (a threading.Event), when set up, holds every
-job until the test opens it: the queue then fills deterministically.
+job until the test opens it: the queue then fills deterministically; `entered` is set once a
+batch reached the handler.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import time
 from types import SimpleNamespace
 
 from dil_jax.open_domain.scoring import Candidate
-from dil_jax.serve.app import AppSettings, create_app, run_server
+from dil_jax.serve.app import (
+    AppSettings,
+    bind_sockets,
+    create_app,
+    run_server,
+    server_config,
+)
 from dil_jax.serve.engine import Engine, Outcome
 from dil_jax.serve.loading import ServedReader
 from dil_jax.serve.metrics import ServeMetrics
@@ -41,6 +48,7 @@ class FakeEngine(Engine):
                    for name, k in (("full", 0), ("delayed", 4))}
         self.delay_s = delay_s
         self.gate: threading.Event | None = None
+        self.entered = threading.Event()
         self.setup_gate: threading.Event | None = None  # holds the "warm-up" until set
         self.batches: list[tuple[str, list[str]]] = []
         super().__init__(readers, limits or Limits(max_p=5), ServeMetrics(), **worker_args)
@@ -52,6 +60,7 @@ class FakeEngine(Engine):
         self.progress = {"stage": "ready", "done": 0, "total": 0}
 
     def _hold(self) -> None:
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait(30)
         time.sleep(self.delay_s)
@@ -79,12 +88,13 @@ class FakeEngine(Engine):
 
 @contextlib.contextmanager
 def serving(engine: FakeEngine, settings: AppSettings | None = None):
-    """The app of `engine` on a free loopback port; yields its URL."""
+    """The app of `engine` on a free loopback port, as `dil-jax serve` configures uvicorn
+    (`server_config`); yields its URL."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, settings or AppSettings()),
-                                           host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(server_config(create_app(engine, settings or AppSettings()),
+                                          "127.0.0.1", port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -99,9 +109,12 @@ def serving(engine: FakeEngine, settings: AppSettings | None = None):
 
 
 def main() -> int:
-    """Serves a FakeEngine whose jobs take 2 s on 127.0.0.1:PORT (the SIGTERM test)."""
+    """Serves a FakeEngine whose jobs take 2 s on 127.0.0.1:PORT (the SIGTERM test), on a
+    socket bound first, as `dil-jax serve` binds it (`bind_sockets`)."""
     engine = FakeEngine(delay_s=float(sys.argv[2]) if len(sys.argv) > 2 else 2.0)
-    run_server(create_app(engine, AppSettings()), "127.0.0.1", int(sys.argv[1]), graceful_s=30)
+    port = int(sys.argv[1])
+    run_server(create_app(engine, AppSettings()), "127.0.0.1", port, graceful_s=30,
+               sockets=bind_sockets("127.0.0.1", port))
     print("exited cleanly", flush=True)
     return 0
 

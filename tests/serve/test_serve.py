@@ -39,7 +39,7 @@ LONG_CONTEXT = " ".join(SAMPLE_PASSAGES[:4])  # ~120 tokens: several 48-token wi
 def server(tmp_path_factory):
     import uvicorn
 
-    from dil_jax.serve.app import AppSettings, create_app
+    from dil_jax.serve.app import AppSettings, create_app, server_config
     from dil_jax.serve.engine import Engine
     from dil_jax.serve.loading import ReadSettings, default_specs, load_served_readers
     from dil_jax.serve.metrics import ServeMetrics
@@ -61,8 +61,7 @@ def server(tmp_path_factory):
     engine = Engine(readers, Limits(max_p=3), ServeMetrics(), max_batch=4, max_wait_s=0.3)
     app = create_app(engine, AppSettings(request_timeout_s=120))
     port = free_port()
-    uvicorn_server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                   log_level="warning"))
+    uvicorn_server = uvicorn.Server(server_config(app, "127.0.0.1", port))
     thread = threading.Thread(target=uvicorn_server.run, daemon=True)
     thread.start()
     client = Client(f"http://127.0.0.1:{port}", timeout=120)

@@ -355,7 +355,8 @@ def test_routes(client):
     (dict(json={"question": "q", "p": 0}), 422, "p", "p 0"),
 ])
 def test_bad_requests_get_4xx_naming_the_field(client, kwargs, status, field, words):
-    response = client.post("/v1/answer", **kwargs)
+    response = client.post("/v1/answer", headers={"Content-Type": "application/json"},
+                           **kwargs)
     assert response.status_code == status, response.text
     assert _error_of(response)["field"] == field and words in _error_of(response)["message"]
 
@@ -363,7 +364,8 @@ def test_bad_requests_get_4xx_naming_the_field(client, kwargs, status, field, wo
 def test_a_chunked_body_past_the_limit_is_refused():
     engine = FakeEngine(LIMITS)
     with TestClient(create_app(engine, AppSettings())) as client:
-        response = client.post("/v1/answer", content=iter([b"{" + b" " * 600, b" " * 600]))
+        response = client.post("/v1/answer", content=iter([b"{" + b" " * 600, b" " * 600]),
+                               headers={"Content-Type": "application/json"})
         assert response.status_code == 413 and "more than the 1000 bytes" in response.text
 
 
@@ -387,8 +389,13 @@ def test_a_full_queue_gives_503_with_retry_after():
     engine.gate = threading.Event()
     with TestClient(create_app(engine, AppSettings(request_timeout_s=20))) as client, \
             ThreadPoolExecutor(8) as pool:
-        held = [pool.submit(client.post, "/v1/answer", json={"question": f"q{i}"})
-                for i in range(5)]  # 1 taken by the worker (held) + 4 queued = full
+        # 1 taken by the worker (held) + 4 queued = full. The first is in the worker before
+        # the others are sent: sent together, the worker thread sometimes took none before
+        # all five reached the queue, and the fifth was refused instead of "one too many".
+        held = [pool.submit(client.post, "/v1/answer", json={"question": "q0"})]
+        assert engine.entered.wait(10)
+        held += [pool.submit(client.post, "/v1/answer", json={"question": f"q{i}"})
+                 for i in range(1, 5)]
         deadline = time.monotonic() + 10
         while engine.worker.depth < 4 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -23,7 +23,7 @@ from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.serve.loading import ReaderSpec, ReadSettings, default_specs, load_served_readers
 from dil_jax.serve.metrics import CompileCounter
 
-from tests.helpers import run_cli
+from tests.helpers import free_port, run_cli
 from tests.helpers.qanet import tiny_char_index
 
 Q_LEN, P_LEN, STRIDE = 16, 48, 24
@@ -201,7 +201,8 @@ def test_a_k_other_than_the_fixed_split_is_refused(char_reader, capsys):
     assert "split is fixed" in message and "pass --k 1" in message
     # As the full reader (read at k = 0), through the command line: one line, no trace.
     status, _, err = run_cli(["serve", "--index", str(index), "--full-checkpoint", str(export),
-                              "--delayed-checkpoint", str(export)], capsys)
+                              "--delayed-checkpoint", str(export), "--port", str(free_port())],
+                             capsys)
     assert status != 0 and "Traceback" not in err
     assert f"--full-checkpoint {export}, read at k = 0" in err
     assert "serve it as --delayed-checkpoint" in err
@@ -228,14 +229,14 @@ def test_serve_loads_a_full_reader_beside_a_char_reader(char_reader, kind, tmp_p
                                   "--max-question-len", str(Q_LEN), ks=("0", "1"))
     loaded = {}
 
-    def capture(readers, limits, args, api_key) -> int:
+    def capture(readers, limits, args, api_key, sockets=None) -> int:
         loaded.update(readers)
         return 0
 
     monkeypatch.setattr(serve_command, "serve", capture)
     common = ["serve", "--index", str(index), "--full-checkpoint", str(full),
               "--delayed-checkpoint", str(export), "--max-question-len", str(Q_LEN),
-              "--top-p", "3"]
+              "--top-p", "3", "--port", str(free_port())]
     status, _, err = run_cli(common, capsys)
     assert status == 0, err
     assert [(name, r.kind, r.k) for name, r in loaded.items()] == [("full", "encoder", 0),

@@ -101,3 +101,30 @@ def test_the_page_shows_both_readers_answers_highlighted(page_url, browser, tmp_
     assert resources and all(name.startswith(page_url) for name in resources), resources
     shot = Path(os.environ.get("SERVE_PAGE_SCREENSHOT", tmp_path / "page.png"))
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def test_the_page_asks_for_the_key_when_the_server_has_one(browser):
+    """/v1/info needs the key (issue 59): the page shows the key box on its 401, reads the
+    readers once a key is typed, and answers with it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ready
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from dil_jax.serve.app import AppSettings
+
+    from tests.helpers.serving import FakeEngine, serving
+
+    with serving(FakeEngine(), AppSettings(api_key="s3cret")) as url:
+        browser.get(url + "/")
+        wait = WebDriverWait(browser, 30)
+        wait.until(ready.visibility_of_element_located((By.ID, "api-key")))
+        assert "needs an API key" in browser.find_element(By.ID, "columns").text
+        browser.find_element(By.ID, "api-key").send_keys("s3cret")
+        browser.find_element(By.ID, "question").click()  # the key box's change event
+        wait.until(ready.presence_of_element_located((By.ID, "reader-delayed")))
+        browser.find_element(By.ID, "question").send_keys("who wrote it?")
+        browser.find_element(By.ID, "submit").click()
+        wait.until(lambda driver: driver.find_element(By.TAG_NAME, "body")
+                   .get_attribute("data-answered") == "1")
+        answers = browser.find_elements(By.CLASS_NAME, "answer")
+        assert [a.text for a in answers] == ["WHO WROTE IT?"] * 2
