@@ -45,6 +45,7 @@ def get_config(kind: str = "encoder") -> ml_collections.ConfigDict:
     c.data.featurizer = "dil_jax.train.data:synthetic"
     c.eval.evaluator = ""  # synthetic data has no answer texts: validation loss only
     c.data.max_passage_len = 16
+    c.data.doc_stride = 8  # a window every 8 tokens, as any reader of these lengths would read
     c.eval.batch_size = 16
     c.checkpoint.every_steps = 10
     c.checkpoint.best_metric = "val_loss"

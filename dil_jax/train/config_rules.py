@@ -214,9 +214,25 @@ def config_problems(config: ml_collections.ConfigDict) -> list[str]:
     from dil_jax.train.reader_kinds import kind_problems  # model.kind: QANet / BiDAF rules
     from dil_jax.train.teacher_logits import logits_file_problems
     for check in (_shared_norm_problems, _distill_file_problems, _evaluation_interval_problems,
-                  _article_overlap_problems, logits_file_problems, kind_problems):
+                  _article_overlap_problems, _window_problems, logits_file_problems,
+                  kind_problems):
         problems += check(config)
     return problems
+
+
+def _window_problems(config: ml_collections.ConfigDict) -> list[str]:
+    """A text featurizer's windows must overlap: a stride of a window or more skips passage
+    text, and the export would record windows no reader can read with."""
+    from dil_jax.train.data import featurizes_text
+
+    (_, length), (_, stride) = (_lookup(config, "data.max_passage_len"),
+                                _lookup(config, "data.doc_stride"))
+    if not featurizes_text(config) or not isinstance(length, int) \
+            or not isinstance(stride, int) or stride < length:
+        return []
+    return [f"config.data.doc_stride = {stride} must be smaller than config.data.max_passage_len"
+            f" = {length} (a window holds max_passage_len - 1 passage tokens and moves by "
+            "doc_stride)"]
 
 
 def _evaluation_interval_problems(config: ml_collections.ConfigDict) -> list[str]:

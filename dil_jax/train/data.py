@@ -370,6 +370,13 @@ def global_batch_rows(step: int, num_units: int, units_per_batch: int, seed: int
 # ----------------------------------------------------------------------------- synthetic
 
 
+def featurizes_text(config: ml_collections.ConfigDict) -> bool:
+    """Whether the run's featurizer windows real text with `config.data.tokenizer` (SQuAD), as
+    opposed to the synthetic windows of tests and smoke runs (`:synthetic` featurizers), which
+    have neither a tokenizer nor passage windows to record."""
+    return not str(config.data.featurizer).endswith(":synthetic")
+
+
 def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,
                        question_len: int = 8, passage_len: int = 16, vocab_size: int = 100,
                        seed: int = 0, null_fraction: float = 0.25) -> TrainingFeatures:

@@ -30,11 +30,15 @@ log = logging.getLogger(__name__)
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
                   sharding, directory: Path, config: EncoderConfig,
                   metrics: dict[str, float] | None = None,
-                  windows: TrainedWindows | None = None) -> Path | None:
+                  windows: TrainedWindows | None = None,
+                  tokenizer: str | None = None) -> Path | None:
     """Writes the best (else final) params with `save_params`, the format readers load, and
     `trained_from.json`: the steps, the passage windows the run trained on (`windows`:
     `dil-jax predict` reads with them by default), and the null threshold when `metrics` (the
     exported step's evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
+    tokenizer: the run's `data.tokenizer` (a folder or "default"), whose files are copied in:
+    the export reads as it was trained without a --tokenizer (it used to need
+    `--tokenizer default`, which nothing told the user).
 
     Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
     run's readers restore from its checkpoints/ instead (or export on one host afterwards).
@@ -66,6 +70,8 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
         record["null_threshold"] = float(metrics["null_threshold"])
     # Staged with the params, so no reader sees params without their threshold.
     (staging / TRAINED_FROM_FILE).write_text(json.dumps(record, indent=2))
+    if tokenizer is not None:
+        copy_tokenizer_files(tokenizer, staging)
     # Swap in the new export; the old one survives until the new one is complete.
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(staging, directory)
@@ -73,3 +79,16 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
              f", null threshold {record['null_threshold']:g}" if "null_threshold" in record
              else "", directory)
     return directory
+
+
+def copy_tokenizer_files(tokenizer: str, directory: Path) -> list[str]:
+    """Copies the tokenizer files of `tokenizer` (a folder or name `resolve_checkpoint` knows)
+    into `directory`; returns their names."""
+    from dil_jax.checkpoints.integrity import TOKENIZER_RECORD_FILES
+    from dil_jax.hub import resolve_checkpoint
+
+    source = Path(resolve_checkpoint(tokenizer))
+    names = [name for name in TOKENIZER_RECORD_FILES if (source / name).is_file()]
+    for name in names:
+        shutil.copyfile(source / name, directory / name)
+    return names

@@ -323,9 +323,14 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                     evaluated = evaluate_on_signal
                 else:
                     evaluated = step % eval_every == 0 or final
+                paused = time.perf_counter()
                 eval_metrics = evaluate_at(weights_of(state), step) if evaluated else {}
                 checkpointer.save(step, state, checkpoint_meta(step, data, dropout_rng),
                                   metrics=eval_metrics or None, force=True)
+                # examples/s measures training steps: evaluations and saves are left out.
+                paused = time.perf_counter() - paused
+                window_start += paused
+                progress.exclude(paused)
                 stopped_early = not final and evaluated and patience_exhausted(
                     checkpointer, step, eval_every, patience)
                 if stopped_early:
@@ -408,12 +413,14 @@ def train(config: ml_collections.ConfigDict, *,
     best_step = checkpointer.best_step()
     finished = outcome.step == data.total_steps or outcome.stopped_early
     if config.checkpoint.export_params and finished and not is_remote(workdir):
+        reads_text = train_features is None and data_lib.featurizes_text(config)
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
                       models.student.config,
                       exported_metrics(checkpointer, best_step, outcome),
-                      # Features handed in were windowed by their maker, as the config may not say.
-                      TrainedWindows.of_training_config(config) if train_features is None
-                      else None)
+                      # Features handed in were windowed by their maker, as the config may not
+                      # say; synthetic ones have no windows or tokenizer to record.
+                      TrainedWindows.of_training_config(config) if reads_text else None,
+                      str(config.data.tokenizer) if reads_text else None)
     return TrainResult(state=outcome.state, model=models.student.model,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,

@@ -218,6 +218,11 @@ def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path,
         (["--config.data.featurizer=dil_jax.train.squad_data:featurize",
           f"--config.data.squad_file={tmp_path / 'missing.json'}"],
          f"config.data.squad_file = '{tmp_path / 'missing.json'}'"),
+        # Windows that skip text: refused before training, not recorded in the export for
+        # predict to refuse ("'doc_stride' 128 must be smaller than 'max_passage_len' 16").
+        (["--config.data.featurizer=dil_jax.train.squad_data:featurize",
+          "--config.data.doc_stride=16"],
+         "config.data.doc_stride = 16 must be smaller than config.data.max_passage_len = 16"),
     ]
     for extra, named in cases:
         status, _, err = run_cli(train_argv(tmp_path / "run", *extra), capsys)

@@ -248,3 +248,12 @@ def test_v2_run_records_its_threshold_and_predict_uses_it(tmp_path, hf_folder_fa
     assert "passage windows of 16 tokens every 8 (the reader's training windows" in caplog.text
     assert (json.loads((tmp_path / "recorded.json").read_text())
             == json.loads((tmp_path / "none.json").read_text()))
+    # The export holds the run's tokenizer files (data.tokenizer "default"): read without
+    # --tokenizer, the same answers (a training export used to need `--tokenizer default`,
+    # which nothing told the user).
+    assert (params / "tokenizer.json").is_file()
+    status, _, err = run_cli(["predict", "--checkpoint", str(params), "--data", str(data),
+                              "--output", str(tmp_path / "own.json"), "--no-progress"], capsys)
+    assert status == 0, err
+    assert (json.loads((tmp_path / "own.json").read_text())
+            == json.loads((tmp_path / "none.json").read_text()))
