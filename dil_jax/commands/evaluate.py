@@ -17,6 +17,10 @@ def register(subparsers) -> None:
                     "({question id: answer}) as JSON.")
     parser.add_argument("--data", required=True, help="SQuAD JSON file (v1.1 or v2.0)")
     parser.add_argument("--predictions", required=True, help="predictions JSON file")
+    parser.add_argument("--only-predicted", action="store_true",
+                        help="score only the questions the file predicts (e.g. predictions of "
+                             "`predict --limit N`) instead of every question of --data, where "
+                             "a missing prediction scores 0 as in the official script")
     parser.set_defaults(func=run)
 
 
@@ -56,10 +60,19 @@ def run(args: argparse.Namespace) -> int:
     # Answer spans are not needed to score, and the official scripts do not check them.
     dataset = load_squad(args.data, check_spans=False)
     predictions = load_predictions(args.predictions)
-    scores = squad_scores(dataset.gold_answers, predictions, dataset.version)
+    gold = dataset.gold_answers
+    if args.only_predicted:
+        gold = {qid: answers for qid, answers in gold.items() if qid in predictions}
+        if not gold:
+            from dil_jax.errors import InputFileError
+
+            raise InputFileError(f"{args.predictions}: no prediction is for a question of "
+                                 f"{args.data}: nothing to score with --only-predicted")
+    scores = squad_scores(gold, predictions, dataset.version)
     if scores.get("missing"):
-        log.warning("%d question(s) of %s have no prediction; they score 0", scores["missing"],
-                    args.data)
+        log.warning("%d question(s) of %s have no prediction; they score 0 (--only-predicted "
+                    "scores only the %d predicted ones)", scores["missing"], args.data,
+                    len(gold) - scores["missing"])
     unknown = len(set(predictions) - {example.qid for example in dataset.examples})
     if unknown:
         log.warning("%d prediction(s) are for question ids not in %s", unknown, args.data)

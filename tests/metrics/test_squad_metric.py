@@ -53,6 +53,31 @@ def test_evaluate_cli_prints_reference_numbers(monkeypatch, capsys):
     assert json.loads(out)["total"] == 6013
 
 
+def test_evaluate_only_predicted_scores_a_limit_subset(tmp_path, monkeypatch, capsys):
+    """Predictions of `predict --limit 100` scored EM 1.06 against all 6,013 questions, with
+    only a warning; --only-predicted scores those 100: the leaderboard file's own answers for
+    them, scored question by question here with the official per-question metric."""
+    from dil_jax import cli
+    from dil_jax.metrics.squad_metric import question_scores
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.evaluate",))
+    dataset = load_squad(squad_file(V11), check_spans=False)
+    full = json.loads(squad_file("predictions-bert-large-ensemble.35-articles.json").read_text())
+    first = [example.qid for example in dataset.examples[:100]]
+    subset = tmp_path / "subset.json"
+    subset.write_text(json.dumps({qid: full[qid] for qid in first}))
+    expected = [question_scores(dataset.gold_answers[qid], full[qid], "1.1") for qid in first]
+    argv = ["evaluate", "--data", str(squad_file(V11)), "--predictions", str(subset)]
+    assert cli.main(argv) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert every["total"] == 6013 and every["missing"] == 5913
+    assert cli.main([*argv, "--only-predicted"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["total"] == 100 and "missing" not in scored
+    assert scored["exact"] == pytest.approx(100 * sum(e for e, _ in expected) / 100)
+    assert scored["f1"] == pytest.approx(100 * sum(f for _, f in expected) / 100)
+
+
 def test_evaluate_cli_rejects_bad_predictions_file(tmp_path, monkeypatch, capsys):
     from dil_jax import cli
 
