@@ -48,6 +48,23 @@ def test_the_rate_is_averaged_over_the_last_window_of_intervals():
     assert rate.update(6) == pytest.approx(2 / 20)  # the fast one has left the window
 
 
+def test_time_spent_saving_or_evaluating_is_left_out_of_the_rate():
+    """Steps at 10 a second with a 30 s save after every second interval: the shown rate stays
+    80 ex/s (it jumped 3.0 -> 1325.8 -> 27.5 -> 69.2 with the pauses counted)."""
+    clock = FakeClock()
+    rate = WindowedRate(units_per_step=8, start_step=0, window=3, clock=clock)
+    clock.now = 100.0
+    rate.update(10)  # the compilation
+    shown = []
+    for n in range(2, 8):
+        clock.now += 1.0  # 10 steps in 1 s
+        shown.append(rate.update(10 * n))
+        if n % 2:
+            clock.now += 30.0  # a checkpoint save
+            rate.exclude(30.0)
+    assert shown == pytest.approx([80.0] * 6)
+
+
 def test_a_window_of_one_is_the_last_interval_and_zero_is_refused():
     clock = FakeClock()
     rate = WindowedRate(units_per_step=2, start_step=5, window=1, clock=clock)

@@ -150,5 +150,9 @@ class Progress:
         self._last_step = step
         return rate
 
+    def exclude(self, seconds: float) -> None:
+        """Leaves `seconds` of non-training work out of the examples/s shown."""
+        self.rate.exclude(seconds)
+
     def close(self) -> None:
         self.bar.close()
