@@ -21,6 +21,7 @@ label mapping are numpy array operations.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import itertools
 import json
@@ -33,7 +34,7 @@ import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.data.squad import SquadExample
-from dil_jax.errors import DilJaxError
+from dil_jax.errors import DilJaxError, OutputPathError
 from dil_jax.rounding import ceil_div
 from dil_jax.tokenization import NO_OFFSET, encode_questions
 
@@ -425,6 +426,17 @@ def _load_cached(path: Path) -> Features | None:
 
 
 def _save_atomically(path: Path, features: Features) -> None:
-    """np.savez to a temporary file in the same folder, then rename: readers never see half."""
-    write_atomic(path, lambda out: np.savez(out, **features.arrays()))
+    """np.savez to a temporary file in the same folder, then rename: readers never see half.
+    A folder that cannot take it (read-only, full, a file-size limit) is a WARNING naming it,
+    not the end of the run: the cache only saves the next run's featurization."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda out: np.savez(out, **features.arrays()))
+    except (OSError, OutputPathError) as error:
+        cause = error if isinstance(error, OSError) else error.__cause__
+        reason = (f"{cause.strerror}, {errno.errorcode.get(cause.errno or 0, cause.errno)}"
+                  if isinstance(cause, OSError) else str(error))
+        log.warning("features not cached: cannot write %s (%s); the next run featurizes again "
+                    "(give a writable --cache-dir, or none)", path, reason)
+        return
     log.info("features cached in %s", path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import time
 
 import numpy as np
@@ -202,6 +203,28 @@ def test_cache_is_reused_atomic_and_keyed(tokenizer, v11, tmp_path, monkeypatch)
     (tmp_path / files[0]).write_bytes(b"not an npz")
     again = featurize(examples, tokenizer, max_passage_len=64, doc_stride=32, cache_dir=tmp_path)
     np.testing.assert_array_equal(again.p_ids, first.p_ids)
+
+
+@pytest.mark.parametrize("number", [errno.EROFS, errno.EFBIG, errno.ENOSPC])
+def test_a_cache_folder_that_refuses_the_write_is_a_warning(tokenizer, v11, tmp_path,
+                                                            monkeypatch, caplog, number):
+    """A read-only --cache-dir, a file-size limit (ulimit -f) or a full disk ended predict in
+    an OSError traceback; the cache only saves the next run's work, so the run goes on."""
+    import logging
+    import os
+
+    def refuse(path, data):
+        raise OSError(number, os.strerror(number), str(path))
+
+    monkeypatch.setattr(features_module, "write_atomic", refuse)
+    examples = v11.examples[:5]
+    with caplog.at_level(logging.WARNING, logger="dil_jax.data.features"):
+        cached = featurize(examples, tokenizer, max_passage_len=64, doc_stride=32,
+                           cache_dir=tmp_path)
+    plain = featurize(examples, tokenizer, max_passage_len=64, doc_stride=32)
+    np.testing.assert_array_equal(cached.p_ids, plain.p_ids)
+    assert f"features not cached: cannot write {tmp_path}" in caplog.text
+    assert f"({os.strerror(number)}, {errno.errorcode[number]})" in caplog.text
 
 
 def test_cache_key_ignores_the_tokenizers_call_state(tokenizer, v11):
