@@ -13,6 +13,9 @@ included), its resident memory before the step, the seconds the step took, the p
 their bytes of text, and the build's peak per byte of text above the memory before it (what
 `retrieval.engines.BUILD_BYTES_PER_TEXT_BYTE` states for rank-bm25 and bm25s).
 
+With --append, the rows go after those of an existing OUT.json (its command kept beside this
+one), so that the largest size can run apart.
+
 Engines: pyserini, rank-bm25 and bm25s as `dil-jax index --retriever` builds them, and
 `pyserini-list`: Lucene fed as `dil-jax index` fed it before it streamed (every passage, its
 text and its tokens in Python lists first), for comparison. A child that fails (over
@@ -50,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "recorded as such instead of swapping the machine)")
     parser.add_argument("--out", required=True,
                         help="output path without extension (OUT.json, OUT.md)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of an existing OUT.json and add these after them "
+                             "(sizes measured in separate runs)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -161,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                   memory_gib=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
                   date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
     rows = []
+    if args.append and Path(f"{args.out}.json").is_file():
+        earlier = json.loads(Path(f"{args.out}.json").read_text())
+        rows = earlier["rows"]
+        header["command"] = f"{earlier['command']}; {header['command']}"
     for corpus in args.corpus:
         for engine in args.engines:
             rows.append(measure(corpus, engine, args.memory_limit_gib))
