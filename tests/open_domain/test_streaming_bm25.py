@@ -208,3 +208,39 @@ def test_an_index_keeps_its_passages_on_disk_and_opens_without_offsets(tmp_path,
     (folder / "index.json").write_text(json.dumps(settings))
     with pytest.raises(IndexBrokenError, match=OFFSETS_FILE.replace(".", r"\.")):
         open_index(folder)
+
+
+def test_the_java_heap_cap_is_a_java_size(monkeypatch):
+    from dil_jax.open_domain.retrieval.lucene import JAVA_HEAP, java_heap
+
+    monkeypatch.delenv("DIL_JAX_JAVA_HEAP", raising=False)
+    assert java_heap() == JAVA_HEAP
+    monkeypatch.setenv("DIL_JAX_JAVA_HEAP", "1536m")
+    assert java_heap() == "1536m"
+    monkeypatch.setenv("DIL_JAX_JAVA_HEAP", "lots")
+    with pytest.raises(RetrievalError, match=r"DIL_JAX_JAVA_HEAP='lots': expected a Java heap"):
+        java_heap()
+
+
+def test_index_refuses_an_engine_that_would_not_fit_before_building(tmp_path, capsys,
+                                                                     monkeypatch):
+    """`dil-jax index --retriever bm25s` over a corpus whose estimate exceeds the memory
+    available: one line naming the flag, the numbers and --retriever pyserini, exit status 1,
+    no index written."""
+    from dil_jax.open_domain.retrieval import engines
+
+    from tests.helpers import run_cli
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Passage {i} is long "
+                                          "enough to be one."}) + "\n" for i in range(30)))
+    monkeypatch.setattr(engines, "available_memory", lambda: 1000)
+    out = tmp_path / "index"
+    status, _, err = run_cli(["index", "--out", str(out), "--corpus", f"jsonl:{corpus}",
+                              "--k", "0", "--retriever", "bm25s", "--max-passage-len", "32",
+                              "--doc-stride", "16", "--max-question-len", "16"], capsys)
+    assert status == 1 and "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if ": error: " in line]
+    assert "--retriever bm25s: building it over 30 passages" in line
+    assert "--retriever pyserini" in line
+    assert not (out / "index.json").exists() and not (out / "passages.jsonl").exists()

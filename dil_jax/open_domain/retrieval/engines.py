@@ -261,7 +261,7 @@ def build_retriever(texts: Iterable[str], engine: str) -> Retriever:
 # included: measured by benchmarks/bm25_build_memory.py over tools/make_scale_corpus.py's
 # 100-word passages (docs/open_domain.md, "Retrievers": the record and its machine). Both build
 # from every passage's tokens in Python lists, so their memory grows with the corpus.
-BUILD_BYTES_PER_TEXT_BYTE = {"rank-bm25": 17.0, "bm25s": 10.0}
+BUILD_BYTES_PER_TEXT_BYTE = {"rank-bm25": 20.0, "bm25s": 12.5}
 
 
 def available_memory() -> int:

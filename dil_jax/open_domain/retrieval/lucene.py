@@ -79,13 +79,13 @@ def _anserini_jar() -> Path:
     return jars[-1]
 
 
-# Postings Lucene buffers before writing a segment (its default is 16): fewer, larger
-# segments to merge; with JAVA_HEAP it bounds the build's memory.
-RAM_BUFFER_MB = 256.0
+# Postings Lucene buffers before writing a segment (its default is 16): filled early in a
+# build (so the build's memory is reached early and stays there), few segments to merge.
+RAM_BUFFER_MB = 64.0
 # The JVM's heap cap (-Xmx) when this process starts it; DIL_JAX_JAVA_HEAP overrides it. Java's
 # own default (a quarter of the machine's memory) lets the heap grow far past what indexing
 # needs before collecting; searching reads the memory-mapped index outside the heap.
-JAVA_HEAP = "1g"
+JAVA_HEAP = "512m"
 _HEAP = re.compile(r"\d+[kKmMgG]?")
 
 
@@ -178,6 +178,7 @@ def lucene() -> SimpleNamespace:
                              f"{INSTALL_HINT}") from error
     names = dict(
         File="java.io.File", FSDirectory="org.apache.lucene.store.FSDirectory",
+        NIOFSDirectory="org.apache.lucene.store.NIOFSDirectory",
         IndexWriter="org.apache.lucene.index.IndexWriter",
         IndexWriterConfig="org.apache.lucene.index.IndexWriterConfig",
         OpenMode="org.apache.lucene.index.IndexWriterConfig$OpenMode",
@@ -207,7 +208,15 @@ def lucene() -> SimpleNamespace:
 
 
 def _directory(path: Path):
+    """The index folder as Lucene reads it: memory-mapped (searching)."""
     return lucene().FSDirectory.open(lucene().File(str(path)).toPath())
+
+
+def _write_directory(path: Path):
+    """The index folder as the build writes it: read through file reads, not a memory map, so
+    the segments a merge reads stay in the page cache and out of the process's resident
+    memory (mapped, a merge of a large index would show up there in full)."""
+    return lucene().NIOFSDirectory(lucene().File(str(path)).toPath())
 
 
 def _writer_config(k1: float, b: float, sorted_by_passage: bool):
@@ -273,7 +282,7 @@ def write_lucene_index(tokenized: Iterable[list[str]], path: Path, k1: float, b:
     """
     if threads < 1:
         raise RetrievalError(f"Lucene indexing threads must be >= 1, got {threads}")
-    writer = lucene().IndexWriter(_directory(path), _writer_config(k1, b, threads > 1))
+    writer = lucene().IndexWriter(_write_directory(path), _writer_config(k1, b, threads > 1))
     count = 0
     try:
         if threads == 1:
