@@ -82,15 +82,17 @@ def _anserini_jar() -> Path:
 # Postings Lucene buffers before writing a segment (its default is 16): filled early in a
 # build (so the build's memory is reached early and stays there), few segments to merge.
 RAM_BUFFER_MB = 64.0
-# The JVM's heap cap (-Xmx) when this process starts it; DIL_JAX_JAVA_HEAP overrides it. Java's
-# own default (a quarter of the machine's memory) lets the heap grow far past what indexing
-# needs before collecting; searching reads the memory-mapped index outside the heap.
-JAVA_HEAP = "512m"
+# The JVM's heap, fixed (-Xms = -Xmx), when this process starts it; DIL_JAX_JAVA_HEAP overrides
+# it. A heap free to grow (Java's default cap is a quarter of the machine's memory) grows with
+# the length of a build, so the build's peak grew with the corpus (docs/open_domain.md); a fixed
+# one is cycled through early and stays. Indexing needs RAM_BUFFER_MB and little more; searching
+# reads the memory-mapped index outside the heap.
+JAVA_HEAP = "256m"
 _HEAP = re.compile(r"\d+[kKmMgG]?")
 
 
 def java_heap() -> str:
-    """The -Xmx value the JVM starts with: DIL_JAX_JAVA_HEAP (e.g. 2g) or JAVA_HEAP;
+    """The heap size the JVM starts with: DIL_JAX_JAVA_HEAP (e.g. 2g) or JAVA_HEAP;
     RetrievalError naming the variable when it is not a Java size."""
     heap = os.environ.get("DIL_JAX_JAVA_HEAP", JAVA_HEAP)
     if not _HEAP.fullmatch(heap):
@@ -170,7 +172,8 @@ def lucene() -> SimpleNamespace:
 
         if not jnius_config.vm_running:
             jnius_config.add_classpath(str(jar))
-            jnius_config.add_options(f"-Xmx{java_heap()}")
+            heap = java_heap()
+            jnius_config.add_options(f"-Xms{heap}", f"-Xmx{heap}")
         from jnius import autoclass
     # pyjnius raises RuntimeError when it finds no libjvm.so.
     except (ImportError, SystemError, OSError, KeyError, RuntimeError) as error:
