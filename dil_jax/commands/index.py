@@ -157,7 +157,9 @@ def register(subparsers) -> None:
                             "states' disk (pca<d>: these are int8; docs/open_domain.md)")
     index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default=None,
                        help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
-                            "large corpora), pyserini (Lucene, the paper's; needs Java), "
+                            "up to ~1M passages), pyserini (Lucene, the paper's; needs Java; "
+                            "streams the corpus: any size; rank-bm25 and bm25s are refused "
+                            "where they would not fit in memory), "
                             f"auto = bm25s from {AUTO_BM25S_FROM:,} passages, else rank-bm25 "
                             "(docs/open_domain.md, \"Retrievers\"); default: the engine of "
                             "the index in --out, else auto")

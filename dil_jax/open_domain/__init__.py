@@ -7,6 +7,7 @@ Three sub-packages hold what an index is made of, and the modules here use them:
       scale_corpus.py a synthetic corpus of any size with realistic term statistics
       folder.py       the index folder: passages, BM25, tokenized windows (`build_index`,
                       `open_index`, `OpenDomainIndex`)
+      store.py        the passage store: passages.jsonl + its line offsets, read by offset
       files.py        index.json: settings, file fingerprints and their check on open
       lock.py         the folder's build lock, and cleanup of what killed builds left
       sentences.py    sentence embeddings of every passage (for prescreening)

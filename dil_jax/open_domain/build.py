@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +32,10 @@ from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 from dil_jax.open_domain.cache.store import PassageCache
 from dil_jax.open_domain.index.corpus import (
     MIN_PASSAGE_CHARS,
-    expand_presets,
+    Document,
+    iter_passages,
     iter_sources,
-    split_documents,
+    iter_split,
 )
 from dil_jax.open_domain.index.files import (
     IndexBrokenError,
@@ -52,8 +53,9 @@ from dil_jax.open_domain.index.folder import (
 )
 from dil_jax.open_domain.index.lock import clean_stale, index_lock
 from dil_jax.open_domain.index.sentences import build_sentence_store
+from dil_jax.open_domain.index.store import summarize_passages
 from dil_jax.open_domain.reader import check_read_lengths
-from dil_jax.open_domain.retrieval.engines import resolve_engine
+from dil_jax.open_domain.retrieval.engines import check_engine_fits, resolve_engine
 
 if TYPE_CHECKING:
     from dil_jax.checkpoints.readers import Reader
@@ -239,15 +241,14 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
                      report: Callable[[BuildStep], None]) -> OpenDomainIndex:
     """The index of the corpus's passages: reused when its settings match, else (re)built."""
     started = time.perf_counter()
-    documents = []
-    for spec in expand_presets(corpus):  # --corpus-limit applies to each source of a preset
-        source = list(iter_sources([spec]))
-        documents += source[:settings.corpus_limit] if settings.corpus_limit else source
-    passages = split_documents(documents, settings.split)
+    # A first pass over the corpus, keeping nothing: whether the index there is these passages.
+    # (--corpus-limit applies to each source, each of a preset's too.)
+    documents = _Counted(iter_sources(corpus, settings.corpus_limit))
+    summary = summarize_passages(iter_split(documents, settings.split))
     split_record = _split_record(corpus, settings)
-    wanted = index_settings(passages, tokenizer, max_passage_len=settings.max_passage_len,
+    wanted = index_settings(summary, tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record)
-    engine, note = choose_engine(settings.retriever, stored_settings(Path(out)), len(passages))
+    engine, note = choose_engine(settings.retriever, stored_settings(Path(out)), summary.count)
     if note:
         log.info("%s: %s", out, note)
     index = None
@@ -278,19 +279,36 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
                              "index files (the caches are kept)", out, built_with, engine)
                     index = None
     if index is None:
-        if not passages:
-            raise OpenDomainIndexError(_no_passages_reason(corpus, len(documents),
+        if not summary.count:
+            raise OpenDomainIndexError(_no_passages_reason(corpus, documents.count,
                                                            settings.split))
-        index = build_index(out, passages, tokenizer, max_passage_len=settings.max_passage_len,
+        check_engine_fits(engine, summary.count, summary.text_bytes)  # before the caches go
+        # The second pass: the passages streamed into the index's store (`index.store`).
+        index = build_index(out, iter_passages(corpus, settings.split, settings.corpus_limit),
+                            tokenizer, max_passage_len=settings.max_passage_len,
                             doc_stride=settings.doc_stride, split=split_record,
                             retriever=engine)
-        report(BuildStep("index", note=f"index: {len(documents)} documents -> {len(passages)} "
+        report(BuildStep("index", note=f"index: {documents.count} documents -> "
+                                       f"{len(index.passages)} "
                                        f"passages -> {index.settings['num_windows']} windows, "
                                        f"BM25 ({engine}) built in "
                                        f"{time.perf_counter() - started:.1f} s"))
     for note in clean_stale(out, index.settings["passages"]):
         log.info("%s", note)
     return index
+
+
+class _Counted(Iterator[Document]):
+    """An iterator of documents that counts those it has given."""
+
+    def __init__(self, documents: Iterator[Document]):
+        self._documents = documents
+        self.count = 0
+
+    def __next__(self) -> Document:
+        document = next(self._documents)
+        self.count += 1
+        return document
 
 
 def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSettings,

@@ -14,14 +14,19 @@ answers map back to the source.
 
 from __future__ import annotations
 
+import array
 import dataclasses
+import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+import numpy as np
 
 from dil_jax.errors import DilJaxError
 
@@ -124,9 +129,16 @@ def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
                     max_paragraph_words: int = MAX_PARAGRAPH_WORDS) -> list[Passage]:
     """Splits documents into passages; passage ids are `{doc_id}#{n}`. A paragraph over
     `max_paragraph_words` words is split further into windows (`bound_paragraphs`, logged)."""
+    return list(iter_split(documents, strategy, min_chars, window_size, window_stride,
+                           max_paragraph_words))
+
+
+def iter_split(documents: Iterable[Document], strategy: str = "paragraphs",
+               min_chars: int = 30, window_size: int = 100, window_stride: int = 50,
+               max_paragraph_words: int = MAX_PARAGRAPH_WORDS) -> Iterator[Passage]:
+    """`split_documents`, one document at a time (the passages in the same order)."""
     if strategy not in ("paragraphs", "windows"):
         raise CorpusError(f"unknown split strategy {strategy!r}; use 'paragraphs' or 'windows'")
-    passages = []
     for document in documents:
         if strategy == "paragraphs":
             spans = split_paragraphs(document.text, min_chars)
@@ -139,9 +151,8 @@ def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
         else:
             spans = split_windows(document.text, window_size, window_stride)
         for n, (start, end) in enumerate(spans):
-            passages.append(Passage(f"{document.doc_id}#{n}", document.doc_id, document.title,
-                                    document.text[start:end], start, end))
-    return passages
+            yield Passage(f"{document.doc_id}#{n}", document.doc_id, document.title,
+                          document.text[start:end], start, end)
 
 
 # ----------------------------------------------------------------------------- sources
@@ -149,33 +160,82 @@ def split_documents(documents: Iterable[Document], strategy: str = "paragraphs",
 
 def read_jsonl(path: str | os.PathLike) -> list[Document]:
     """Documents from a JSONL file of `{"id": str, "title": str, "text": str}` objects."""
+    return list(iter_jsonl(path))
+
+
+def _jsonl_document(path: Path, number: int, line: bytes) -> Document | None:
+    """The document of line `number` of a JSONL corpus (None for a blank line); CorpusError
+    naming the file, the line and the field."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CorpusError(f"{path}: cannot be read as UTF-8 text (line {number}: {error})"
+                          ) from error
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
+    if not isinstance(record, dict):
+        raise CorpusError(f"{path}:{number}: expected an object, got {type(record).__name__}")
+    for field in ("id", "text"):
+        if not isinstance(record.get(field), str):
+            raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
+    return Document(record["id"], str(record.get("title", "")), record["text"])
+
+
+def _id_hash(doc_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest(),
+                          "little", signed=True)
+
+
+def iter_jsonl(path: str | os.PathLike, limit: int | None = None) -> Iterator[Document]:
+    """The documents of a JSONL corpus (`read_jsonl`), read one line at a time: the first
+    `limit` (all when None).
+
+    Duplicate ids are refused (CorpusError naming the line of the second one) once the
+    documents are read: an 8-byte hash of every id is kept meanwhile (8 bytes a document, not
+    the ids), and only when two hashes agree is the file read again to find the ids.
+    """
     path = Path(path)
     if not path.is_file():
         raise CorpusError(f"{path}: no such corpus file")
-    documents, seen = [], set()
+    hashes = array.array("q")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise CorpusError(f"{path}: cannot be read as UTF-8 text ({error})") from error
-    # Lines as a file yields them (\n only: str.splitlines would also split on U+2028).
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise CorpusError(f"{path}:{number}: not valid JSON ({error})") from error
-        if not isinstance(record, dict):
-            raise CorpusError(f"{path}:{number}: expected an object, got "
-                              f"{type(record).__name__}")
-        for field in ("id", "text"):
-            if not isinstance(record.get(field), str):
-                raise CorpusError(f"{path}:{number}: field {field!r} missing or not a string")
-        if record["id"] in seen:
-            raise CorpusError(f"{path}:{number}: duplicate id {record['id']!r}")
-        seen.add(record["id"])
-        documents.append(Document(record["id"], str(record.get("title", "")), record["text"]))
-    return documents
+        stream = path.open("rb")
+    except OSError as error:
+        raise CorpusError(f"{path}: cannot be read ({error.strerror})") from error
+    with stream:
+        # Lines as a file yields them (\n only: str.splitlines would also split on U+2028).
+        for number, line in enumerate(stream, start=1):
+            if limit is not None and len(hashes) >= limit:
+                break
+            document = _jsonl_document(path, number, line)
+            if document is None:
+                continue
+            hashes.append(_id_hash(document.doc_id))
+            yield document
+    _refuse_duplicate_ids(path, np.frombuffer(hashes, np.int64), limit)
+
+
+def _refuse_duplicate_ids(path: Path, hashes: np.ndarray, limit: int | None) -> None:
+    """CorpusError naming the first line whose id an earlier line of the file has, when two of
+    the documents' id `hashes` agree (a hash collision of distinct ids passes)."""
+    unique = np.unique(hashes)
+    if len(unique) == len(hashes):
+        return
+    seen: set[str] = set()
+    with path.open("rb") as stream:
+        for number, line in enumerate(stream, start=1):
+            document = _jsonl_document(path, number, line)
+            if document is None:
+                continue
+            if limit is not None and len(seen) >= limit:
+                return
+            if document.doc_id in seen:
+                raise CorpusError(f"{path}:{number}: duplicate id {document.doc_id!r}")
+            seen.add(document.doc_id)
 
 
 def read_squad_paragraphs(path: str | os.PathLike) -> list[Document]:
@@ -307,12 +367,23 @@ def parse_source(spec: str) -> tuple[str, str]:
                       f"in .json or .jsonl); accepted: {ACCEPTED_SOURCES}")
 
 
-def iter_sources(specs: Iterable[str]) -> Iterator[Document]:
+def iter_sources(specs: Iterable[str], limit: int | None = None) -> Iterator[Document]:
     """Documents from source specs: `squad:PATH`, `jsonl:PATH`, `wikipedia` (or a bare path,
     read by extension: .jsonl or .json = SQuAD), or the preset `squad-open[:DIR]` (its
-    sources in order: `open_squad_sources`); `parse_source` refuses any other."""
-    readers = {"wikipedia": lambda _: read_wikipedia_leads(), "squad": read_squad_paragraphs,
-               "jsonl": read_jsonl}
+    sources in order: `open_squad_sources`); `parse_source` refuses any other. limit: only the
+    first `limit` documents of each source (each of a preset's). A JSONL file is read a line at
+    a time (`iter_jsonl`); the other two are JSON files read whole."""
+    readers = {"wikipedia": lambda _: read_wikipedia_leads(), "squad": read_squad_paragraphs}
     for spec in expand_presets(specs):
         kind, value = parse_source(spec)
-        yield from readers[kind](value)
+        if kind == "jsonl":
+            yield from iter_jsonl(value, limit)
+        else:
+            yield from itertools.islice(readers[kind](value), limit)
+
+
+def iter_passages(specs: Iterable[str], strategy: str = "paragraphs",
+                  limit: int | None = None) -> Iterator[Passage]:
+    """The passages `dil-jax index` indexes: the documents of `specs` (the first `limit` of
+    each source) split by `strategy`, one at a time, in order."""
+    return iter_split(iter_sources(specs, limit), strategy)

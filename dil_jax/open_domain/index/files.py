@@ -22,7 +22,7 @@ from dil_jax.errors import DilJaxError
 INDEX_FORMAT = "dil_jax.odqa_index/1"
 # Files whose size and sha256 index.json records, besides the BM25 engine's (`bm25/...`,
 # `retrieval.engines.index_files`); the caches check themselves.
-CHECKED_FILES = ("passages.jsonl", "windows.npz")
+CHECKED_FILES = ("passages.jsonl", "passages.offsets.npy", "windows.npz")
 # Settings that decide the passages and windows: an index (and its caches) is reused only when
 # all of them agree.
 CORE_SETTINGS = ("format", "split", "max_passage_len", "doc_stride", "tokenizer", "passages",

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,6 @@ from dil_jax.open_domain.cache.check import (
     CHECKED_ROWS,
     check_states,
     reader_cache_key,
-    texts_fingerprint,
     tokenizer_fingerprint,
 )
 from dil_jax.open_domain.cache.disk import write_errors
@@ -62,11 +61,20 @@ from dil_jax.open_domain.index.files import (
     stored_settings,
 )
 from dil_jax.open_domain.index.lock import index_lock, remove_entry
+from dil_jax.open_domain.index.store import (
+    OFFSETS_FILE,
+    PASSAGES_FILE,
+    PassageStore,
+    StoreSummary,
+    TextsFingerprint,
+    write_passage_store,
+)
 from dil_jax.open_domain.retrieval.engines import (
     RetrievalError,
     Retriever,
     build_retriever,
     check_engine_available,
+    check_engine_fits,
     index_files,
     load_retriever,
 )
@@ -101,7 +109,7 @@ class PassageWindows:
 class OpenDomainIndex:
     directory: Path
     settings: dict[str, Any]
-    passages: list[Passage]
+    passages: Sequence[Passage]  # a PassageStore: read from disk by offset, not held
     retriever: Retriever
     windows: PassageWindows
 
@@ -168,22 +176,25 @@ class OpenDomainIndex:
                                storage)
 
 
-def index_settings(passages: Sequence[Passage], tokenizer, *, max_passage_len: int,
+def index_settings(summary: StoreSummary, tokenizer, *, max_passage_len: int,
                    doc_stride: int, split: dict[str, Any]) -> dict[str, Any]:
-    """The index.json settings of these passages, before any tokenizing (cheap: a hash)."""
+    """The index.json settings of passages of this `summary` (`store.summarize_passages`),
+    before any tokenizing (cheap: a hash)."""
     return dict(format=INDEX_FORMAT, split=split, max_passage_len=max_passage_len,
                 doc_stride=doc_stride, tokenizer=tokenizer_fingerprint(tokenizer),
-                passages=texts_fingerprint([p.text for p in passages]),
-                num_passages=len(passages))
+                passages=summary.fingerprint, num_passages=summary.count)
 
 
-def build_index(directory: str | os.PathLike, passages: Sequence[Passage], tokenizer, *,
+def build_index(directory: str | os.PathLike, passages: Iterable[Passage], tokenizer, *,
                 max_passage_len: int, doc_stride: int, split: dict[str, Any],
                 retriever: str = "rank-bm25") -> OpenDomainIndex:
-    """Writes passages, windows and BM25 into `directory` under its lock; index.json last.
+    """Writes passages, BM25 and windows into `directory` under its lock; index.json last.
 
-    retriever: the BM25 engine (`dil_jax.defaults.RETRIEVER_ENGINES`), recorded in
-    index.json; the index is rebuilt with it (its caches kept when the passages agree).
+    passages: iterated once, one at a time (a list, or `corpus.iter_passages`): they are
+    written to the passage store (`index.store`) as they come, and BM25 and the windows are
+    built from it. retriever: the BM25 engine (`dil_jax.defaults.RETRIEVER_ENGINES`),
+    recorded in index.json; the index is rebuilt with it (its caches kept when the passages
+    agree).
 
     Everything that can fail is done before the folder is touched: the engine's environment is
     checked (`check_engine_available`: a missing Java names the install), and the new files are
@@ -197,24 +208,22 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
     holds anything but an index, rather than writing into it.
     """
     directory = Path(directory).absolute()
-    if not passages:
-        raise OpenDomainIndexError("no passages to index (is the corpus empty?)")
     check_engine_available(retriever)
-    texts = [p.text for p in passages]
-    windows = window_contexts(tokenizer, texts, max_passage_len=max_passage_len,
-                              doc_stride=doc_stride)
-    settings = index_settings(passages, tokenizer, max_passage_len=max_passage_len,
-                              doc_stride=doc_stride, split=split)
-    settings["num_windows"] = int(windows.ids.shape[0])
-    settings["retriever"] = retriever
     with index_lock(directory):
         old = stored_settings(directory)
-        keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
         staging = directory / f".index-files.tmp-{os.getpid()}"
         remove_entry(staging)
         try:
-            settings["files"] = _stage_index_files(staging, passages, windows, texts, retriever,
-                                                   settings["passages"])
+            summary = stage_passages_and_bm25(staging, passages, retriever)
+            settings = index_settings(summary, tokenizer, max_passage_len=max_passage_len,
+                                      doc_stride=doc_stride, split=split)
+            settings["num_windows"] = _stage_windows(staging, tokenizer, max_passage_len,
+                                                     doc_stride)
+            settings["retriever"] = retriever
+            names = CHECKED_FILES + tuple(f"bm25/{file}"
+                                          for file in index_files(staging / "bm25"))
+            settings["files"] = {name: file_fingerprint(staging / name) for name in names}
+            keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
             # Uncommit: from here until index.json is back, the folder holds no index.
             (directory / "index.json").unlink(missing_ok=True)
             if not keep:
@@ -234,27 +243,45 @@ def build_index(directory: str | os.PathLike, passages: Sequence[Passage], token
 INDEX_ENTRIES = CHECKED_FILES + ("bm25",)
 
 
-def _stage_index_files(staging: Path, passages: Sequence[Passage], windows, texts: list[str],
-                       retriever: str, fingerprint: str) -> dict[str, dict[str, Any]]:
-    """Writes passages.jsonl, windows.npz and bm25/ into `staging` (a new folder inside the
-    index); returns their records for index.json (`files`, named as they will be in the
-    index). A full or read-only disk names the index's file (`write_errors`)."""
+def stage_passages_and_bm25(staging: Path, passages: Iterable[Passage],
+                            retriever: str) -> StoreSummary:
+    """Writes the passage store (passages.jsonl, passages.offsets.npy) and bm25/ into
+    `staging` (a new folder inside the index); returns the passages' summary. The BM25 part
+    of `build_index`, which `benchmarks/bm25_build_memory.py` measures.
+
+    `passages` are iterated once; Lucene (pyserini) then reads the texts back from the store
+    one at a time, so with it nothing here grows with the corpus but the store's offsets (8
+    bytes a passage, on disk). rank-bm25 and bm25s are built from a list of every text, and
+    refused first where that would not fit in memory (`check_engine_fits`). A full or
+    read-only disk names the index's file (`write_errors`); no passages: OpenDomainIndexError.
+    """
     target = staging.parent
     with write_errors(target):
         staging.mkdir(parents=True)
-    lines = "".join(json.dumps(dataclasses.asdict(passage), ensure_ascii=False) + "\n"
-                    for passage in passages)
-    with write_errors(target / "passages.jsonl"):
-        (staging / "passages.jsonl").write_text(lines, encoding="utf-8")
+    with write_errors(target / PASSAGES_FILE):
+        summary = write_passage_store(passages, staging)
+    if summary.count == 0:
+        raise OpenDomainIndexError("no passages to index (is the corpus empty?)")
+    check_engine_fits(retriever, summary.count, summary.text_bytes)
+    built = build_retriever(PassageStore.open(staging).texts(), retriever)
+    with write_errors(target / "bm25"):
+        built.save(staging / "bm25", fingerprint=summary.fingerprint)
+    return summary
+
+
+def _stage_windows(staging: Path, tokenizer, max_passage_len: int, doc_stride: int) -> int:
+    """Writes windows.npz of the passages staged in `staging`; returns the window count.
+    (Unlike BM25, the windows are cut from all passages' tokens at once.)"""
+    texts = list(PassageStore.open(staging).texts())
+    windows = window_contexts(tokenizer, texts, max_passage_len=max_passage_len,
+                              doc_stride=doc_stride)
+    del texts
+    target = staging.parent
     with write_errors(target / "windows.npz"), (staging / "windows.npz").open("wb") as out:
         np.savez(out, first=windows.first_window, count=windows.counts,
                  passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
                  offsets=windows.offsets, max_context=windows.max_context)
-    built = build_retriever(texts, retriever)
-    with write_errors(target / "bm25"):
-        built.save(staging / "bm25", fingerprint=fingerprint)
-    names = CHECKED_FILES + tuple(f"bm25/{file}" for file in index_files(staging / "bm25"))
-    return {name: file_fingerprint(staging / name) for name in names}
+    return int(windows.ids.shape[0])
 
 
 def _swap_in(staging: Path, directory: Path, names: Sequence[str]) -> None:
@@ -269,32 +296,28 @@ def _swap_in(staging: Path, directory: Path, names: Sequence[str]) -> None:
 
 def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
     """Opens a built index, checking its files against index.json (sizes, sha256, passages
-    fingerprint); a missing, damaged or edited file is IndexBrokenError naming it."""
+    fingerprint); a missing, damaged or edited file is IndexBrokenError naming it.
+
+    The passages stay on disk (`index.store.PassageStore`, read by offset). Their texts are
+    fingerprinted only for an index built before index.json recorded its files' sha256 (the
+    sha256 of passages.jsonl, checked here, covers them otherwise); an index built before the
+    offsets file has its line starts found once here (8 bytes a passage in memory).
+    """
     directory = Path(directory)
     settings = read_settings(directory)
     files = settings.get("files") or {}  # absent in indexes built before the check existed
-    passages_path = directory / "passages.jsonl"
+    passages_path = directory / PASSAGES_FILE
+    if not passages_path.is_file():
+        raise broken_file(passages_path, "the file is missing")
+    for name, recorded in files.items():
+        check_file(directory, name, recorded)
     try:
-        data = passages_path.read_bytes()
+        passages = PassageStore.open(directory)
     except OSError as error:
         raise broken_file(passages_path, f"cannot be read ({error.strerror})") from error
-    if "passages.jsonl" in files:
-        check_file(directory, "passages.jsonl", files["passages.jsonl"], data)
-    passages = []
-    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        try:
-            passages.append(Passage(**json.loads(line)))
-        except (ValueError, TypeError) as error:
-            raise broken_file(passages_path, f"line {number} is not a passage ({error})") from error
-    if len(passages) != settings["num_passages"]:
-        raise broken_file(passages_path, f"{len(passages)} passages, index.json says "
-                          f"{settings['num_passages']}")
-    if texts_fingerprint([p.text for p in passages]) != settings["passages"]:
-        raise broken_file(passages_path, "the passage texts differ from the ones the index was "
-                          "built over (fingerprint mismatch)")
-    for name, recorded in files.items():
-        if name != "passages.jsonl":
-            check_file(directory, name, recorded)
+    except ValueError as error:  # np.load of a damaged offsets file
+        raise broken_file(directory / OFFSETS_FILE, f"unreadable ({error})") from error
+    _check_passages(passages, settings, checked=PASSAGES_FILE in files)
     try:
         retriever = load_retriever(directory / "bm25", fingerprint=settings["passages"])
     except RetrievalError as error:
@@ -311,6 +334,40 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
                           f"{len(windows.passage_of_row)} windows, index.json says "
                           f"{len(passages)} and {settings['num_windows']}")
     return OpenDomainIndex(directory, settings, passages, retriever, windows)
+
+
+def _check_passages(passages: PassageStore, settings: dict[str, Any], checked: bool) -> None:
+    """Refuses (IndexBrokenError naming passages.jsonl) a store of another passage count than
+    index.json's, whose first and last lines are not passages, or (unless its sha256 was
+    `checked`) whose texts do not have index.json's fingerprint."""
+    path = passages.path
+    if len(passages) != settings["num_passages"]:
+        raise broken_file(path, f"{len(passages)} passages, index.json says "
+                          f"{settings['num_passages']}")
+    if checked:
+        for number in sorted({0, len(passages) - 1} if len(passages) else set()):
+            try:
+                passages[number]
+            except (ValueError, TypeError) as error:
+                raise broken_file(path, f"line {number + 1} is not a passage ({error})"
+                                  ) from error
+        return
+    fingerprint = TextsFingerprint()
+    for number, line in enumerate(_lines(path), 1):
+        try:
+            fingerprint.add(Passage(**json.loads(line)).text)
+        except (ValueError, TypeError) as error:
+            raise broken_file(path, f"line {number} is not a passage ({error})") from error
+    if fingerprint.hexdigest() != settings["passages"]:
+        raise broken_file(path, "the passage texts differ from the ones the index was "
+                          "built over (fingerprint mismatch)")
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a text file, decoded as UTF-8 (undecodable bytes replaced)."""
+    with path.open("rb") as stream:
+        for line in stream:
+            yield line.decode("utf-8", errors="replace")
 
 
 def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:

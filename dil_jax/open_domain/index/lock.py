@@ -31,7 +31,8 @@ from dil_jax.open_domain.cache.shards import staged_progress
 LOCK_NAME = ".lock"
 # What an index folder may hold besides index.json; anything else means --out is some other
 # folder, which an index build must not write into.
-_INDEX_ENTRY = re.compile(r"(passages\.jsonl|windows\.npz|bm25|cache-k.*|sentences-.*|\..*)")
+_INDEX_ENTRY = re.compile(
+    r"(passages\.jsonl|passages\.offsets\.npy|windows\.npz|bm25|cache-k.*|sentences-.*|\..*)")
 _TEMPORARY = re.compile(r"\..+\.tmp-(\d+)")
 
 # Locks this process holds: flock conflicts between two descriptors of one process, so nested

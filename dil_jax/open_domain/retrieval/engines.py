@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -248,9 +248,52 @@ def check_engine_available(engine: str) -> None:
                              f"not import ({error}): {install}") from error
 
 
-def build_retriever(texts: Sequence[str], engine: str) -> Retriever:
-    """A BM25 index over `texts` with this engine (one of RETRIEVER_ENGINES)."""
-    return retriever_class(engine).build(texts)
+def build_retriever(texts: Iterable[str], engine: str) -> Retriever:
+    """A BM25 index over `texts` with this engine (one of RETRIEVER_ENGINES). Lucene reads
+    them as a stream (one text in memory at a time: give it `PassageStore.texts()`); the
+    other two engines are built from a list of them all (`check_engine_fits` bounds it)."""
+    if engine == "pyserini":
+        return retriever_class(engine).build(texts)
+    return retriever_class(engine).build(texts if isinstance(texts, Sequence) else list(texts))
+
+
+# Peak memory of building rank-bm25 and bm25s, per byte of passage text (UTF-8), the texts
+# included: measured by benchmarks/bm25_build_memory.py over tools/make_scale_corpus.py's
+# 100-word passages (docs/open_domain.md, "Retrievers": the record and its machine). Both build
+# from every passage's tokens in Python lists, so their memory grows with the corpus.
+BUILD_BYTES_PER_TEXT_BYTE = {"rank-bm25": 20.0, "bm25s": 12.5}
+
+
+def available_memory() -> int:
+    """Bytes of memory available to a new allocation now (/proc/meminfo's MemAvailable; the
+    machine's physical memory where there is no /proc)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_engine_fits(engine: str, num_passages: int, text_bytes: int,
+                      available: int | None = None) -> None:
+    """Refuses (RetrievalError, one line naming --retriever and the numbers) building the
+    in-memory engine `engine` over passages of `text_bytes` bytes of text when its estimated
+    peak (BUILD_BYTES_PER_TEXT_BYTE) exceeds the `available` memory (`available_memory()`):
+    better refused before anything is built than killed by the kernel part-way. Lucene
+    (pyserini) streams, so it always fits."""
+    if engine not in BUILD_BYTES_PER_TEXT_BYTE:
+        return
+    needed = BUILD_BYTES_PER_TEXT_BYTE[engine] * text_bytes
+    available = available_memory() if available is None else available
+    if needed > available:
+        raise RetrievalError(
+            f"--retriever {engine}: building it over {num_passages:,} passages "
+            f"({text_bytes / 2**20:,.0f} MiB of text) needs about {needed / 2**30:,.1f} GiB "
+            f"of memory ({BUILD_BYTES_PER_TEXT_BYTE[engine]:g} bytes per byte of text), more "
+            f"than the {available / 2**30:,.1f} GiB available; use --retriever pyserini, which "
+            "streams the corpus (docs/open_domain.md, \"Retrievers\")")
 
 
 def resolve_engine(engine: str, num_passages: int) -> str:

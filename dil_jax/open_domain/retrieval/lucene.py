@@ -32,18 +32,21 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import queue
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from dil_jax.open_domain.retrieval.bm25 import (
+    EMPTY_PASSAGE_TOKEN,
     Bm25Engine,
     Bm25Manifest,
     Hit,
@@ -51,7 +54,6 @@ from dil_jax.open_domain.retrieval.bm25 import (
     bm25_tokenize,
     check_files_present,
     check_top_p,
-    tokenized_passages,
 )
 
 ENGINE = "pyserini"
@@ -75,6 +77,28 @@ def _anserini_jar() -> Path:
         raise RetrievalError(f"{Path(spec.origin).parent}: no Anserini jar under "
                              f"resources/jars ({INSTALL_HINT})")
     return jars[-1]
+
+
+# Postings Lucene buffers before writing a segment (its default is 16): filled early in a
+# build (so the build's memory is reached early and stays there), few segments to merge.
+RAM_BUFFER_MB = 64.0
+# The JVM's heap, fixed (-Xms = -Xmx), when this process starts it; DIL_JAX_JAVA_HEAP overrides
+# it. A heap free to grow (Java's default cap is a quarter of the machine's memory) grows with
+# the length of a build, so the build's peak grew with the corpus (docs/open_domain.md); a fixed
+# one is cycled through early and stays. Indexing needs RAM_BUFFER_MB and little more; searching
+# reads the memory-mapped index outside the heap.
+JAVA_HEAP = "256m"
+_HEAP = re.compile(r"\d+[kKmMgG]?")
+
+
+def java_heap() -> str:
+    """The heap size the JVM starts with: DIL_JAX_JAVA_HEAP (e.g. 2g) or JAVA_HEAP;
+    RetrievalError naming the variable when it is not a Java size."""
+    heap = os.environ.get("DIL_JAX_JAVA_HEAP", JAVA_HEAP)
+    if not _HEAP.fullmatch(heap):
+        raise RetrievalError(f"DIL_JAX_JAVA_HEAP={heap!r}: expected a Java heap size such as "
+                             f"1g or 1536m")
+    return heap
 
 
 # Lucene 9.5 (the jar of pyserini 0.22.1) runs on Java 11 and later.
@@ -148,6 +172,8 @@ def lucene() -> SimpleNamespace:
 
         if not jnius_config.vm_running:
             jnius_config.add_classpath(str(jar))
+            heap = java_heap()
+            jnius_config.add_options(f"-Xms{heap}", f"-Xmx{heap}")
         from jnius import autoclass
     # pyjnius raises RuntimeError when it finds no libjvm.so.
     except (ImportError, SystemError, OSError, KeyError, RuntimeError) as error:
@@ -155,15 +181,20 @@ def lucene() -> SimpleNamespace:
                              f"{INSTALL_HINT}") from error
     names = dict(
         File="java.io.File", FSDirectory="org.apache.lucene.store.FSDirectory",
+        NIOFSDirectory="org.apache.lucene.store.NIOFSDirectory",
         IndexWriter="org.apache.lucene.index.IndexWriter",
         IndexWriterConfig="org.apache.lucene.index.IndexWriterConfig",
         OpenMode="org.apache.lucene.index.IndexWriterConfig$OpenMode",
         LogDocMergePolicy="org.apache.lucene.index.LogDocMergePolicy",
         DirectoryReader="org.apache.lucene.index.DirectoryReader",
         Term="org.apache.lucene.index.Term", Document="org.apache.lucene.document.Document",
-        TextField="org.apache.lucene.document.TextField",
+        Field="org.apache.lucene.document.Field",
+        FieldType="org.apache.lucene.document.FieldType",
+        IndexOptions="org.apache.lucene.index.IndexOptions",
         StoredField="org.apache.lucene.document.StoredField",
-        Store="org.apache.lucene.document.Field$Store",
+        NumericDocValuesField="org.apache.lucene.document.NumericDocValuesField",
+        Sort="org.apache.lucene.search.Sort", SortField="org.apache.lucene.search.SortField",
+        SortFieldType="org.apache.lucene.search.SortField$Type",
         WhitespaceAnalyzer="org.apache.lucene.analysis.core.WhitespaceAnalyzer",
         IndexSearcher="org.apache.lucene.search.IndexSearcher",
         BooleanQueryBuilder="org.apache.lucene.search.BooleanQuery$Builder",
@@ -180,28 +211,143 @@ def lucene() -> SimpleNamespace:
 
 
 def _directory(path: Path):
+    """The index folder as Lucene reads it: memory-mapped (searching)."""
     return lucene().FSDirectory.open(lucene().File(str(path)).toPath())
 
 
-def write_lucene_index(tokenized: Sequence[list[str]], path: Path, k1: float, b: float) -> None:
-    """A one-segment Lucene index at `path` whose document d holds passage d's tokens."""
+def _write_directory(path: Path):
+    """The index folder as the build writes it: read through file reads, not a memory map, so
+    the segments a merge reads stay in the page cache and out of the process's resident
+    memory (mapped, a merge of a large index would show up there in full)."""
+    return lucene().NIOFSDirectory(lucene().File(str(path)).toPath())
+
+
+def _writer_config(k1: float, b: float, sorted_by_passage: bool):
+    """The IndexWriter's settings: whitespace terms, BM25(k1, b), RAM_BUFFER_MB of postings
+    per segment, and passage order kept: with one writing thread by merging adjacent segments
+    only, with several (whose segments interleave passages) by sorting every segment on the
+    passage number (Lucene's index sort), so that after the final merge Lucene's document
+    number is the passage index either way."""
     j = lucene()
     config = j.IndexWriterConfig(j.WhitespaceAnalyzer())
     config.setOpenMode(j.OpenMode.CREATE)
     config.setSimilarity(j.BM25Similarity(k1, b))
-    config.setMergePolicy(j.LogDocMergePolicy())  # adjacent merges only: order is kept
-    config.setRAMBufferSizeMB(256.0)
-    writer = j.IndexWriter(_directory(path), config)
+    config.setMergePolicy(j.LogDocMergePolicy())  # adjacent merges only
+    config.setRAMBufferSizeMB(RAM_BUFFER_MB)
+    if sorted_by_passage:
+        config.setIndexSort(j.Sort(j.SortField(PASSAGE_FIELD, j.SortFieldType.LONG)))
+    return config
+
+
+class _DocumentWriter:
+    """One thread's reusable Document: the tokens (indexed with frequencies only: BM25 reads
+    term frequencies and lengths, no positions), the passage number stored, and with an index
+    sort the same number as a doc value to sort on. Lucene reads a document's values during
+    addDocument only, so one Document serves every passage of a thread."""
+
+    def __init__(self, writer, sorted_by_passage: bool):
+        j = lucene()
+        field_type = j.FieldType()
+        field_type.setIndexOptions(j.IndexOptions.DOCS_AND_FREQS)
+        field_type.setTokenized(True)
+        field_type.freeze()
+        self.writer = writer
+        # pyjnius cannot tell the String (CharSequence) constructor from the others: name it.
+        self.contents = j.Field(CONTENTS_FIELD, "", field_type, signature=(
+            "(Ljava/lang/String;Ljava/lang/CharSequence;"
+            "Lorg/apache/lucene/index/IndexableFieldType;)V"))
+        self.stored = j.StoredField(PASSAGE_FIELD, 0)  # pyjnius picks the long constructor
+        self.document = j.Document()
+        self.document.add(self.contents)
+        self.document.add(self.stored)
+        self.sort_value = None
+        if sorted_by_passage:
+            self.sort_value = j.NumericDocValuesField(PASSAGE_FIELD, 0)
+            self.document.add(self.sort_value)
+
+    def add(self, passage: int, terms: str) -> None:
+        self.contents.setStringValue(terms)
+        self.stored.setLongValue(passage)  # a long, as the indexes before this one stored it
+        if self.sort_value is not None:
+            self.sort_value.setLongValue(passage)
+        self.writer.addDocument(self.document)
+
+
+def write_lucene_index(tokenized: Iterable[list[str]], path: Path, k1: float, b: float,
+                       threads: int = 1) -> int:
+    """A one-segment Lucene index at `path` whose document d holds passage d's tokens;
+    `tokenized` is iterated once, one passage at a time. Returns the passage count.
+
+    threads: Java threads adding documents (pyjnius releases the GIL in Java calls, where
+    Lucene does its work); this thread tokenizes and hands them at most 64 passages each
+    through a queue. Memory does not grow with the corpus: Lucene writes a segment every
+    RAM_BUFFER_MB of postings, and the JVM's heap is capped (`java_heap`).
+    """
+    if threads < 1:
+        raise RetrievalError(f"Lucene indexing threads must be >= 1, got {threads}")
+    writer = lucene().IndexWriter(_write_directory(path), _writer_config(k1, b, threads > 1))
+    count = 0
     try:
-        for passage_index, tokens in enumerate(tokenized):
-            document = j.Document()
-            document.add(j.TextField(CONTENTS_FIELD, " ".join(tokens), j.Store.NO))
-            document.add(j.StoredField(PASSAGE_FIELD, passage_index))
-            writer.addDocument(document)
+        if threads == 1:
+            document = _DocumentWriter(writer, False)
+            for count, tokens in enumerate(tokenized, start=1):
+                document.add(count - 1, " ".join(tokens))
+        else:
+            count = _add_threaded(writer, tokenized, threads)
         writer.forceMerge(1)
         writer.commit()
     finally:
         writer.close()
+    return count
+
+
+_STOP = None  # what the feeding thread queues once per worker when the passages end
+
+
+def _add_threaded(writer, tokenized: Iterable[list[str]], threads: int) -> int:
+    """Adds every passage of `tokenized` through `threads` worker threads; returns the count.
+    A worker's error stops the feed and is raised here."""
+    from jnius import detach
+
+    batches: queue.Queue = queue.Queue(maxsize=4 * threads)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            document = _DocumentWriter(writer, True)
+            while (batch := batches.get()) is not _STOP:
+                for passage, terms in batch:
+                    document.add(passage, terms)
+        except BaseException as error:  # re-raised by the feeding thread
+            errors.append(error)
+            while batches.get() is not _STOP:  # unblock the feeder until it stops
+                pass
+        finally:
+            detach()  # pyjnius attached this thread to the JVM on its first call
+
+    workers = [threading.Thread(target=work, name=f"lucene-writer-{n}", daemon=True)
+               for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    count, batch = 0, []
+    try:
+        for count, tokens in enumerate(tokenized, start=1):
+            batch.append((count - 1, " ".join(tokens)))
+            if len(batch) == 64:
+                batches.put(batch)
+                batch = []
+                if errors:
+                    break
+        if batch and not errors:
+            batches.put(batch)
+    finally:
+        for _ in workers:
+            batches.put(_STOP)
+        for worker in workers:
+            worker.join()
+    if errors:
+        raise errors[0]
+    return count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,14 +415,18 @@ class LuceneRetriever(Bm25Engine):
                                      f"{document}: the index was not written by this engine")
 
     @classmethod
-    def build(cls, texts: Sequence[str], k1: float = 1.5, b: float = 0.75,
+    def build(cls, texts: Iterable[str], k1: float = 1.5, b: float = 0.75,
               epsilon: float = 0.25) -> LuceneRetriever:
-        """epsilon: kept in the manifest for the record; Lucene's idf needs no floor."""
-        tokenized = tokenized_passages(texts)
+        """The index of `texts`, iterated once (a stream: one text in memory at a time, e.g.
+        `PassageStore.texts()`); zero texts are refused. epsilon: kept in the manifest for
+        the record; Lucene's idf needs no floor."""
+        tokenized = (bm25_tokenize(text) or [EMPTY_PASSAGE_TOKEN] for text in texts)
         path = Path(tempfile.mkdtemp(prefix="dil_jax-lucene-"))
         try:
-            write_lucene_index(tokenized, path, k1, b)
-            retriever = cls(path, len(texts), dict(k1=k1, b=b, epsilon=epsilon))
+            count = write_lucene_index(tokenized, path, k1, b)
+            if count == 0:
+                raise RetrievalError("cannot build a BM25 index over zero passages")
+            retriever = cls(path, count, dict(k1=k1, b=b, epsilon=epsilon))
         except BaseException:
             shutil.rmtree(path, ignore_errors=True)
             raise
