@@ -121,6 +121,37 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
     assert not list(tmp_path.glob(".cache.partial"))
 
 
+def test_a_resumed_build_does_not_count_its_own_reserved_files_again(reader_parts, tmp_path,
+                                                                     monkeypatch):
+    """After a disk filled during `index`, the rerun was refused: the free-space check counted
+    the windows left to write, whose bytes the partial build had reserved when it started (its
+    files are preallocated). A disk with nothing free beyond the spare resumes it."""
+    import collections
+
+    from dil_jax.open_domain.cache import build as cache_build
+
+    config, params, ids, mask, offsets = reader_parts
+    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    encode = _encoder(config, params)
+    calls = []
+
+    def failing(windows):
+        if len(calls) == 1:
+            raise KeyboardInterrupt("simulated: the disk filled")
+        calls.append(len(windows.ids))
+        return encode(windows)
+
+    with pytest.raises(KeyboardInterrupt):
+        build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, failing,
+                            chunk_passages=3)
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(cache_build.shutil, "disk_usage",
+                        lambda path: usage(0, 0, 16 << 20))  # the least spare, nothing more
+    cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
+                                chunk_passages=3)
+    np.testing.assert_array_equal(cache.read_states(range(10)), encode(_all(ids, mask, offsets)))
+
+
 def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_path,
                                                              monkeypatch):
     """A cache whose arrays (memory maps, reserved on disk when created) would not fit in the disk's

@@ -30,6 +30,7 @@ from dil_jax.open_domain.cache.check import check_states
 from dil_jax.open_domain.cache.digests import digest_fields, refreshed_digests
 from dil_jax.open_domain.cache.disk import (  # noqa: F401  (DiskSpaceError: re-exported)
     DiskSpaceError,
+    allocated_bytes,
     check_free_space,
     preallocate,
     write_errors,
@@ -119,10 +120,14 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
     staging = directory.with_name(f".{directory.name}.partial")
     done = _resume_point(staging, manifest)
     rows, length = ids.shape
-    check_free_space(staging.parent, (rows - (done or 0)) * length * cache_bytes_per_window_token(
-        manifest, has_states=encode is not None)
-        + (0 if done is not None else rows * length * TOKEN_ARRAY_BYTES),
-        f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} windows to write)")
+    # The whole cache, less what its staging folder holds on disk already: a resumed build
+    # reserved its files when it started (they are preallocated), and a restarted one frees
+    # them. Counting them again refused the rerun after a disk had filled.
+    complete = rows * length * (cache_bytes_per_window_token(manifest, has_states=encode
+                                                             is not None) + TOKEN_ARRAY_BYTES)
+    check_free_space(staging.parent, max(0, complete - allocated_bytes(staging)),
+                     f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} "
+                     "windows to write)")
     if done is None:
         if encode is not None and storage.pca_dim is not None and pca is None:
             pca = fit_pca(pca_sample(ids, mask, offsets, encode, first_row), storage.pca_dim)

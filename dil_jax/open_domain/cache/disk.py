@@ -30,6 +30,8 @@ SPARE_FRACTION = 0.05
 MIN_SPARE_BYTES = 16 << 20
 # errno values that mean "this disk cannot take the write" (not a bug): named in one line.
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# A file-size limit (ulimit -f) or a file system's maximum file size.
+TOO_LARGE = (errno.EFBIG,)
 NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
@@ -49,6 +51,14 @@ def spare_bytes(needed_bytes: int) -> int:
     """The free space kept beside `needed_bytes` of cache: SPARE_FRACTION of it, at least
     MIN_SPARE_BYTES."""
     return max(MIN_SPARE_BYTES, int(needed_bytes * SPARE_FRACTION))
+
+
+def allocated_bytes(folder: Path) -> int:
+    """Bytes the files under `folder` hold on disk now (their allocated blocks; 0 when it does
+    not exist): what a resumed build already reserved, or a restarted one frees."""
+    if not folder.is_dir():
+        return 0
+    return sum(path.stat().st_blocks * 512 for path in folder.rglob("*") if path.is_file())
 
 
 def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
@@ -71,6 +81,10 @@ def write_failure(path: Path, error: OSError) -> DilJaxError | None:
     if error.errno in NO_SPACE:
         return DiskSpaceError(f"{path}: cannot write it: {error.strerror} ({name}); free space "
                               "on that disk, or give another --out")
+    if error.errno in TOO_LARGE:
+        return DiskSpaceError(f"{path}: cannot write it: {error.strerror} ({name}): a file-size "
+                              "limit (ulimit -f) or the file system's largest file; raise the "
+                              "limit, or store less (--cache-dtype int8 or pca<d>)")
     if error.errno in NOT_WRITABLE:
         return OutputPathError(f"{path}: cannot write it: {error.strerror} ({name}); give an "
                                "--out on a writable disk")
