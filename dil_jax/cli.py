@@ -9,7 +9,9 @@ torch, transformers, numpy) happen inside the commands' `run`, never at module l
 Errors: a `DilJaxError` (bad flag, file, field or value; see `dil_jax/errors.py`) is caught here,
 once, and printed as one line naming the problem, exit status 1. `--debug` (or the environment
 variable `DIL_JAX_DEBUG=1`) shows its traceback too. Any other exception is a bug and keeps its
-traceback. Ctrl-C exits with 130 without one.
+traceback, except the disk refusing a write (full, read-only, a file-size limit:
+`errors.disk_refusal`) wherever it surfaced (orbax, tensorstore, numpy): one line too. Ctrl-C
+exits with 130 without one.
 """
 
 from __future__ import annotations
@@ -112,6 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"dil-jax {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # the disk refusing a write, wherever it surfaced; else a bug
+        from dil_jax.errors import disk_refusal
+
+        reason = disk_refusal(error)
+        if reason is None or args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        where = getattr(error, "filename", None)
+        print(f"dil-jax {args.command}: error: cannot write{f' {where}' if where else ''}: "
+              f"{reason}; free space, raise the file-size limit (ulimit -f) or write to "
+              "another folder, then rerun: interrupted builds and training resume",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ catch `ValueError` keep working.
 
 from __future__ import annotations
 
+import errno
+
 
 class DilJaxError(Exception):
     """A problem with the user's input, files, flags or environment; the message names it."""
@@ -55,3 +57,25 @@ class TrainingDiverged(DilJaxError):
         super().__init__(message)
         self.first_step = first_step
         self.last_finite_step = last_finite_step
+
+
+# What a disk says when it refuses a write: errno and its message (tensorstore reports the
+# message in its own exception types, without an OSError in the chain).
+DISK_REFUSALS = {errno.ENOSPC: "No space left on device", errno.EROFS: "Read-only file system",
+                 errno.EFBIG: "File too large", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def disk_refusal(error: BaseException) -> str | None:
+    """"No space left on device (ENOSPC)" etc. when `error` or one in its chain is the disk
+    refusing a write; None otherwise."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in DISK_REFUSALS:
+            return f"{DISK_REFUSALS[current.errno]} ({errno.errorcode[current.errno]})"
+        for number, message in DISK_REFUSALS.items():
+            if message in str(current):
+                return f"{message} ({errno.errorcode[number]})"
+        current = current.__cause__ or current.__context__
+    return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -256,3 +257,40 @@ def test_export_leaving_word_embeddings_to_the_base(tmp_path):
                                   params["embeddings"]["word_embeddings"]["embedding"])
     np.testing.assert_array_equal(loaded["block_2"]["ffn_out"]["bias"],
                                   params["block_2"]["ffn_out"]["bias"])
+
+
+@pytest.mark.parametrize("raised", [
+    OSError(errno.EFBIG, "File too large", "/data/index/cache/states.npy"),
+    RuntimeError("tensorstore: Error writing local file: [OS error: No space left on device]")])
+def test_a_disk_refusing_a_write_anywhere_is_one_line(monkeypatch, capsys, raised):
+    """A file-size limit (ulimit -f) during `index` ended in an OSError traceback (errno 27),
+    a full disk during `train` in a 485-line tensorstore one."""
+    from dil_jax import cli
+    from dil_jax.commands import evaluate
+
+    def refused(args):
+        raise raised
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.evaluate",))
+    monkeypatch.setattr(evaluate, "run", refused)
+    assert cli.main(["evaluate", "--data", "d.json", "--predictions", "p.json"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("dil-jax evaluate: error: cannot write")
+    if isinstance(raised, OSError):
+        assert "/data/index/cache/states.npy: File too large (EFBIG)" in err
+    else:
+        assert "No space left on device (ENOSPC)" in err
+
+
+def test_any_other_exception_keeps_its_traceback(monkeypatch):
+    from dil_jax import cli
+    from dil_jax.commands import evaluate
+
+    def bug(args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.evaluate",))
+    monkeypatch.setattr(evaluate, "run", bug)
+    with pytest.raises(OSError, match="Input/output error"):
+        cli.main(["evaluate", "--data", "d.json", "--predictions", "p.json"])

@@ -25,7 +25,6 @@ without metrics, and a NaN stored by older code ranks below every finite value.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import os
@@ -40,7 +39,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dil_jax.checkpoints import CheckpointError
-from dil_jax.errors import UsageError
+from dil_jax.errors import UsageError, disk_refusal
 from dil_jax.train.checkpoint_digests import record_step_digests, step_digest_problem
 
 log = logging.getLogger(__name__)
@@ -322,28 +321,6 @@ def named_few(names: list[str], limit: int = 3) -> str:
     """"a, b, c and 4 more": a list for a one-line message."""
     more = len(names) - limit
     return ", ".join(names[:limit]) + (f" and {more} more" if more > 0 else "")
-
-
-# What a disk says when it refuses a write: errno and its message (tensorstore reports the
-# message in its own exception types, without an OSError in the chain).
-DISK_REFUSALS = {errno.ENOSPC: "No space left on device", errno.EROFS: "Read-only file system",
-                 errno.EFBIG: "File too large", errno.EDQUOT: "Disk quota exceeded"}
-
-
-def disk_refusal(error: BaseException) -> str | None:
-    """"No space left on device (ENOSPC)" etc. when `error` or one in its chain is the disk
-    refusing a write; None otherwise."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in DISK_REFUSALS:
-            return f"{DISK_REFUSALS[current.errno]} ({errno.errorcode[current.errno]})"
-        for number, message in DISK_REFUSALS.items():
-            if message in str(current):
-                return f"{message} ({errno.errorcode[number]})"
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _key_name(key: Any) -> str:
