@@ -70,6 +70,10 @@ def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
     return np.concatenate(out) if out else np.zeros((0, sentences.shape[1]), np.float32)
 
 
+# The span head's params in a reader's tree: unused when the reader embeds sentences.
+QA_HEAD = "qa_outputs"
+
+
 @dataclasses.dataclass
 class SentencePrescreener:
     """The prescreening model and the sentence encoder whose embeddings it reads."""
@@ -82,6 +86,18 @@ class SentencePrescreener:
 
     @functools.cached_property
     def encoder_fingerprint(self) -> str:
+        """The encoder's weights but its QA head: sentences never reach the head, and a
+        checkpoint without one (the embedded MiniLM) gets a randomly initialised head whose
+        float bits depend on the CPU's instruction set (the bundled prescreener was refused
+        under --xla_cpu_max_isa=SSE4_2)."""
+        from dil_jax.checkpoints.fingerprint import params_fingerprint
+
+        return params_fingerprint({name: value for name, value in self.encoder.params.items()
+                                   if name != QA_HEAD})
+
+    @functools.cached_property
+    def legacy_encoder_fingerprint(self) -> str:
+        """Every encoder param, the head included: what prescreeners saved before recorded."""
         from dil_jax.checkpoints.fingerprint import params_fingerprint
 
         return params_fingerprint(self.encoder.params)
@@ -145,7 +161,8 @@ class SentencePrescreener:
                 "retrain or re-copy it") from error
         encoder = encoder or load_sentence_encoder(manifest.encoder, manifest.max_sentence_len)
         prescreener = cls(config, params, encoder, manifest.encoder, manifest.max_sentence_len)
-        if prescreener.encoder_fingerprint != manifest.encoder_fingerprint:
+        if manifest.encoder_fingerprint not in (prescreener.encoder_fingerprint,
+                                                prescreener.legacy_encoder_fingerprint):
             raise PrescreenerError(
                 f"{manifest_path}: trained on sentence embeddings of encoder "
                 f"{manifest.encoder!r} with weights {manifest.encoder_fingerprint}, but the "

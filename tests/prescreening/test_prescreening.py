@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import jax
 import numpy as np
 import pytest
 
@@ -213,3 +216,38 @@ def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
     assert (workdir / "results.md").read_text().startswith("| split |")
     loaded = SentencePrescreener.load(workdir)
     assert loaded.config.num_layers == 1 and loaded.encoder_name == "default"
+
+
+def test_the_encoder_fingerprint_leaves_out_the_unused_qa_head(tmp_path):
+    """The embedded MiniLM has no QA head, so loading it draws one at random, whose float bits
+    depend on the CPU's instruction set: under --xla_cpu_max_isa=SSE4_2 the bundled prescreener
+    was refused ("trained on ... weights a9fa2bae2e6b2002, but ... d85d1aedcd054f1f"). The
+    sentence encoder never uses the head: another head, the same fingerprint; another backbone
+    weight, another. A manifest holding the older whole-params fingerprint still loads."""
+    import dataclasses
+    import shutil
+
+    from dil_jax.prescreening.prescreener import BUNDLED_PRESCREENER, SentencePrescreener
+
+    bundled = SentencePrescreener.load(BUNDLED_PRESCREENER)
+
+    def with_params(change):
+        params = jax.tree.map(np.asarray, bundled.encoder.params)
+        change(params)
+        encoder = dataclasses.replace(bundled.encoder, params=params)
+        return dataclasses.replace(bundled, encoder=encoder)
+
+    def new_head(params):
+        params["qa_outputs"] = jax.tree.map(lambda a: a + 1.0, params["qa_outputs"])
+
+    def new_embedding(params):
+        table = params["embeddings"]["word_embeddings"]["embedding"]
+        params["embeddings"]["word_embeddings"]["embedding"] = table + 1.0
+
+    assert with_params(new_head).encoder_fingerprint == bundled.encoder_fingerprint
+    assert with_params(new_embedding).encoder_fingerprint != bundled.encoder_fingerprint
+    folder = shutil.copytree(BUNDLED_PRESCREENER, tmp_path / "older")
+    manifest = json.loads((folder / "prescreener.json").read_text())
+    manifest["encoder_fingerprint"] = bundled.legacy_encoder_fingerprint
+    (folder / "prescreener.json").write_text(json.dumps(manifest))
+    assert SentencePrescreener.load(folder, encoder=bundled.encoder).config == bundled.config
