@@ -1,8 +1,8 @@
 """JAX's persistent compilation cache for the commands that compile (`ask`, `demo`, `predict`, ...).
 
 A second run of a command reads its compiled XLA programs back from disk instead of compiling
-them again (README, "The first hour": the measured difference). Where the cache lives, first
-match wins:
+them again (docs/first_hour.md, "Compiled programs are cached": the measured difference).
+Where the cache lives, first match wins:
 
 1. `--no-compilation-cache` (off) or `--compilation-cache DIR` on the command line;
 2. the environment variable `DIL_JAX_COMPILATION_CACHE`: `0` / `off` / `false` / `no` turns the

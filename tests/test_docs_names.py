@@ -13,7 +13,9 @@ in the docstrings and comments of dil_jax/:
   exists, and so does a package path given from inside the package (`serve/app.py`);
 - in the docstrings and comments, a backticked snake_case identifier (`check_states`) and any
   private one, backticked or not (`_check_checkpoint_count`), occurs in the code, and a file
-  name (`build.py`) is a file of the repository.
+  name (`build.py`) is a file of the repository;
+- a section a page, a docstring, a comment or a message points to (`docs/serving.md,
+  "Framework"`) is a heading or a bold lead of that page (a part of its words will do).
 Words that name nothing here are left alone: `jax.jit`, `np.testing`, `index.json`, `runs/x`,
 `configs/NAME.py` (a placeholder), a flag, a number.
 """
@@ -441,6 +443,66 @@ def all_problems() -> list[str]:
     return problems
 
 
+# --------------------------------------------------------------------------- sections named
+
+SECTION_REFERENCE = re.compile(r'((?:docs/[\w/.-]+\.md)|benchmarks/README\.md|README(?:\.md)?)'
+                               r'[,:]?\s*\(?\s*"([^"]+)"')
+
+
+def words(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.replace("`", "").lower()).strip()
+
+
+@functools.cache
+def sections(page: Path) -> tuple[str, ...]:
+    """The headings and bold leads (`**Checked on open**`) of a page, as words."""
+    text = page.read_text(encoding="utf-8")
+    return tuple(words(title) for title in re.findall(r"^#+\s+(.*)$", text, re.MULTILINE)
+                 + re.findall(r"\*\*([^*]+)\*\*", text))
+
+
+def texts() -> Iterator[tuple[str, str]]:
+    """(file, text) of every paragraph of the pages, every string of the code (docstrings and
+    messages) and every run of comment lines, whitespace joined."""
+    import io
+    import tokenize
+
+    for page in pages():
+        for paragraph in page.read_text(encoding="utf-8").split("\n\n"):
+            yield str(page.relative_to(REPO)), " ".join(paragraph.split())
+    for root in (*CODE_ROOTS, "tests"):
+        for path in python_files(root):
+            if path == Path(__file__):
+                continue  # its probes name what does not exist on purpose
+            where, source = str(path.relative_to(REPO)), path.read_text(encoding="utf-8")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    yield where, " ".join(node.value.split())
+            runs, last = [], -2
+            for token in tokenize.generate_tokens(io.StringIO(source).readline):
+                if token.type == tokenize.COMMENT:
+                    text = token.string.lstrip("#").strip()
+                    if token.start[0] == last + 1 and runs:
+                        runs[-1] += " " + text
+                    else:
+                        runs.append(text)
+                    last = token.start[0]
+            yield from ((where, run) for run in runs)
+
+
+def section_problems(found: Iterator[tuple[str, str]]) -> list[str]:
+    problems = []
+    for where, text in found:
+        for match in SECTION_REFERENCE.finditer(text):
+            page, title = match.groups()
+            path = REPO / ("README.md" if page.startswith("README") else page)
+            if not path.is_file():
+                problems.append(f'{where}: {page}, "{title}": no such page')
+            elif not any(words(title) in section for section in sections(path)):
+                problems.append(f'{where}: {page}, "{title}": no such section')
+    return problems
+
+
 # --------------------------------------------------------------------------- the tests
 
 
@@ -491,4 +553,18 @@ def test_stale_names_in_a_docstring_or_comment_are_caught(tmp_path):
 
 def test_the_docs_and_docstrings_name_only_what_exists():
     problems = all_problems()
+    assert not problems, "\n".join(problems)
+
+
+def test_a_section_named_that_is_gone_is_caught():
+    found = [("a.py", 'see docs/checks.md, "How the costs were measured" and (docs/checks.md,'
+                      ' "how the costs"), then docs/checks.md "No such part", README, "Gone", '
+                      'docs/no_such.md, "X"')]
+    assert section_problems(iter(found)) == [
+        'a.py: docs/checks.md, "No such part": no such section',
+        'a.py: README, "Gone": no such section', 'a.py: docs/no_such.md, "X": no such page']
+
+
+def test_every_section_named_exists():
+    problems = section_problems(texts())
     assert not problems, "\n".join(problems)
