@@ -568,3 +568,31 @@ def test_a_section_named_that_is_gone_is_caught():
 def test_every_section_named_exists():
     problems = section_problems(texts())
     assert not problems, "\n".join(problems)
+
+
+def unlisted_results(folder: Path) -> list[str]:
+    """The pages and run folders of docs/results/ that its README.md does not name (a .json or
+    .png beside a page of the same stem goes with it)."""
+    index = (folder / "README.md").read_text(encoding="utf-8")
+    missing = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == "README.md":
+            continue
+        if entry.is_dir():
+            named = f"{entry.name}/" in index
+        else:
+            named = entry.name in index or f"{entry.stem}.md" in index
+        if not named:
+            missing.append(entry.name)
+    return missing
+
+
+def test_the_results_index_names_every_page_and_run_folder(tmp_path):
+    (tmp_path / "README.md").write_text("| a_log.md | x |\n| run/ | y |\n")
+    for name in ("a_log.md", "a_log.json", "b.md", "b.png"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "other_run").mkdir()
+    assert unlisted_results(tmp_path) == ["b.md", "b.png", "other_run"]
+    missing = unlisted_results(REPO / "docs" / "results")
+    assert not missing, f"docs/results/README.md should say what these are: {missing}"
