@@ -596,3 +596,25 @@ def test_the_results_index_names_every_page_and_run_folder(tmp_path):
     assert unlisted_results(tmp_path) == ["b.md", "b.png", "other_run"]
     missing = unlisted_results(REPO / "docs" / "results")
     assert not missing, f"docs/results/README.md should say what these are: {missing}"
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative Markdown links of a page (`[x](../training.md)`, images too) that lead to no
+    file."""
+    text = page.read_text(encoding="utf-8")
+    return [target for target in re.findall(r"\]\(([^)\s]+)\)", text)
+            if "://" not in target and not target.startswith(("#", "mailto:"))
+            and not (page.parent / target.split("#")[0]).exists()]
+
+
+def test_links_lead_to_files_and_the_readme_maps_every_page(tmp_path):
+    probe = tmp_path / "probe.md"
+    probe.write_text("[a](probe.md) [b](gone.md#x) ![c](gone.png) [d](https://x.org) [e](#top)")
+    assert broken_links(probe) == ["gone.md#x", "gone.png"]
+    problems = [f"{page.relative_to(REPO)}: {target}" for page in pages()
+                for target in broken_links(page)]
+    assert not problems, "\n".join(problems)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    unmapped = [page.name for page in sorted((REPO / "docs").glob("*.md"))
+                if f"(docs/{page.name})" not in readme]
+    assert not unmapped, f"README.md's map of the docs lacks {unmapped}"
