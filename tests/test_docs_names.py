@@ -445,7 +445,7 @@ def all_problems() -> list[str]:
 
 # --------------------------------------------------------------------------- sections named
 
-SECTION_REFERENCE = re.compile(r'((?:docs/[\w/.-]+\.md)|benchmarks/README\.md|README(?:\.md)?)'
+SECTION_REFERENCE = re.compile(r'((?:docs/[\w/.-]+\.md)|benchmarks/README\.md|README(?:\.md)?)`?'
                                r'[,:]?\s*\(?\s*"([^"]+)"')
 
 
@@ -559,10 +559,11 @@ def test_the_docs_and_docstrings_name_only_what_exists():
 def test_a_section_named_that_is_gone_is_caught():
     found = [("a.py", 'see docs/checks.md, "How the costs were measured" and (docs/checks.md,'
                       ' "how the costs"), then docs/checks.md "No such part", README, "Gone", '
-                      'docs/no_such.md, "X"')]
+                      'docs/no_such.md, "X", `docs/checks.md`, "Gone too"')]
     assert section_problems(iter(found)) == [
         'a.py: docs/checks.md, "No such part": no such section',
-        'a.py: README, "Gone": no such section', 'a.py: docs/no_such.md, "X": no such page']
+        'a.py: README, "Gone": no such section', 'a.py: docs/no_such.md, "X": no such page',
+        'a.py: docs/checks.md, "Gone too": no such section']
 
 
 def test_every_section_named_exists():
