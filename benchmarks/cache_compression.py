@@ -104,7 +104,6 @@ def open_or_build_index(folder: Path, corpus: Sequence[str], tokenizer, max_pass
 
 def build_scheme_cache(folder: Path, index, reader, storage, reuse: bool, batch_size: int):
     """The corpus cache of `reader` in `storage` (a Storage; built, resumed or reopened)."""
-    from dil_jax.open_domain.build import passage_encoder
     from dil_jax.open_domain.cache.build import build_passage_cache
     from dil_jax.open_domain.cache.reuse import reuse_encoder
     from dil_jax.open_domain.index.folder import window_arrays
@@ -113,7 +112,7 @@ def build_scheme_cache(folder: Path, index, reader, storage, reuse: bool, batch_
     arrays = window_arrays(index)
     upper = reuse_encoder(reader, batch_size) if reuse else None
     return build_passage_cache(folder, key, arrays["ids"], arrays["mask"],
-                               arrays["offsets"], passage_encoder(reader, batch_size),
+                               arrays["offsets"], reader.passage_encoder(batch_size),
                                reuse=upper,
                                num_heads=reader.config.num_heads if upper else None)
 
@@ -169,11 +168,11 @@ def markdown(rows: list[dict[str, Any]], top_p: int) -> str:
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     from dil_jax.atomic import write_atomic
-    from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.open_domain.cache.store import cache_bytes_per_token
     from dil_jax.open_domain.evaluate import evaluate_reader
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers import load_reader
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

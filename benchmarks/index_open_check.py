@@ -39,10 +39,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
 
-    from dil_jax.checkpoints import load_reader
     from dil_jax.defaults import bundled_reader
     from dil_jax.open_domain.cache.digests import verify_folder
     from dil_jax.open_domain.index.folder import open_index
+    from dil_jax.readers import load_reader
 
     readers = [load_reader(str(bundled_reader("full")), 0, 64),
                load_reader(str(bundled_reader("delayed")), None, 64)]

@@ -33,7 +33,7 @@ def main() -> None:
 
     import jax
 
-    from dil_jax.checkpoints import load_reader
+    from dil_jax.readers import load_reader
     from dil_jax.reading.grid import PairGrid
     from dil_jax.reading.pairs import kept_positions
 

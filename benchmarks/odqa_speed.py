@@ -124,12 +124,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
     from dil_jax.atomic import write_atomic
     from dil_jax.bench.machine import load_average, machine_record
-    from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.defaults import default_pair_chunk_size
     from dil_jax.errors import UsageError
     from dil_jax.open_domain.cache.storage import FLOAT32
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers import load_reader
 
     base = load_reader(args.checkpoint, None, args.max_question_len, args.tokenizer)
     for k in args.ks:

@@ -59,9 +59,9 @@ class PipelineSettings:
 def export(out: str) -> int:
     """Writes the bundled full reader as a complete float32 Hugging Face folder."""
     sys.path.insert(0, str(ROOT))
-    from dil_jax.checkpoints import load_reader
     from dil_jax.checkpoints.export import export_hf_checkpoint
     from dil_jax.defaults import bundled_reader
+    from dil_jax.readers import load_reader
 
     reader = load_reader(bundled_reader("full"), 0)
     export_hf_checkpoint(out, reader.params, reader.config, reader.tokenizer)

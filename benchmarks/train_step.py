@@ -107,7 +107,7 @@ class Setting:
             replicate(models.student.params, mesh))
         teacher = None if teacher_mode == "kd_stored" else models.teacher
         self.teacher_params = None if teacher is None else replicate(teacher.params, mesh)
-        self.step_fn = make_train_step(models.student.model, teacher and teacher.model,
+        self.step_fn = make_train_step(models.student, teacher and teacher.model,
                                        loss_weights(config), tx, schedule, mesh)
         rng = np.random.default_rng(seed)
         self.batch = random_batch(config, rng)

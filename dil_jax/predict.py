@@ -1,6 +1,6 @@
 """Extractive QA over featurized SQuAD-style examples with a delayed-interaction reader.
 
-    reader = load_reader("dil_jax/assets/minilm-squad-full")   # dil_jax.checkpoints
+    reader = load_reader("dil_jax/assets/minilm-squad-full")   # dil_jax.readers
     predictions = predict_squad(reader, examples)                # qid -> answer text
     spans = predict_squad_spans(reader, examples)                # qid -> Prediction
 
@@ -10,12 +10,14 @@ The delayed-interaction path, in fixed-shape jitted steps (one compilation each)
      k = 0 a passage's positions follow its question, so the full model embeds it per pair);
   3. every (question, window) pair through `encode_upper` (`PairGrid.read_pairs`).
 Questions are taken in blocks of `question_block`, padded to a fixed size, so memory is bounded by
-a block whatever the data set size. The compiled steps are `dil_jax.reading.grid.PairGrid`'s.
+a block whatever the data set size. The compiled steps are the reader's grid's
+(`Reader.pair_grid`: `dil_jax.reading.grid.PairGrid` for the BERT family).
 
-QANet and BiDAF (`load_char_reader`) take the same path through `CharPairGrid`: their
-`encode_lower` (embedding + embedding encoder / contextual BiLSTM) once per question and per
-distinct window, with each token's characters (`data.characters`), then `encode_upper` per pair.
-They have no no-answer score (SQuAD v1.1 only) and read whole windows (no prescreening).
+QANet and BiDAF take the same path through their `CharPairGrid`: their `encode_lower` (embedding
++ embedding encoder / contextual BiLSTM) once per question and per distinct window, with each
+token's characters (`data.characters`, where the reader `reads_characters`), then
+`encode_upper` per pair. What a reader cannot do is refused by its capabilities: a no-answer
+score (SQuAD v1.1 only without one) and sentence prescreening.
 """
 
 from __future__ import annotations
@@ -32,56 +34,51 @@ from dil_jax.data.characters import SquadCharacters, squad_characters
 from dil_jax.data.decoding import Prediction, answers, decode_predictions
 from dil_jax.data.features import Features, featurize
 from dil_jax.data.squad import SquadExample
-from dil_jax.model.char_reader import CharReaderModel
-from dil_jax.model.delayed import (
-    DelayedInteractionModel,
-    InputError,
-    Params,
-    check_segment_lengths,
-)
-from dil_jax.model.qanet_inputs import QANetSegment
-from dil_jax.reading.char_grid import CharPairGrid
-from dil_jax.reading.grid import PairGrid
+from dil_jax.model.delayed import InputError
+from dil_jax.readers.protocol import TokenRows
 from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 
 
-def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
-    return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
+def pair_grid(reader: Reader, mesh, batch_size: int) -> Any:
+    """The grid that reads for `reader`'s model (by identity) on `mesh` in batches of
+    `batch_size`: its family's grid (`Reader.grid_type`), one per combination. A grid compiles
+    its programs per instance, and a training loop evaluates the same model object again and
+    again with new params: a new grid each time recompiled every program at every evaluation
+    (tests/test_squad_predict.py counts the compilations)."""
+    return _shared_grid(reader.grid_type, reader.model, mesh, batch_size)
 
 
 @functools.lru_cache(maxsize=8)
-def pair_grid(model: DelayedInteractionModel | CharReaderModel, mesh, batch_size: int
-              ) -> PairGrid | CharPairGrid:
-    """The grid that reads for `model` (by identity) on `mesh` in batches of `batch_size`, one
-    per combination: a `PairGrid` for the BERT family, a `CharPairGrid` for QANet / BiDAF. A
-    grid compiles its programs per instance, and a training loop evaluates the same model object
-    again and again: a new grid each time recompiled every program at every evaluation
-    (tests/test_squad_predict.py counts the compilations)."""
-    if isinstance(model, CharReaderModel):
-        return CharPairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
-    return PairGrid(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
+def _shared_grid(grid_type: type, model: Any, mesh, batch_size: int) -> Any:
+    return grid_type(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
 
 
-def check_lengths(model: DelayedInteractionModel, max_question_len: int,
-                  max_passage_len: int) -> None:
-    """Raises InputError when the segments do not fit the model's position table
-    (`dil_jax.model.delayed.check_segment_lengths`, naming the flags to change)."""
-    check_segment_lengths(model.config, max_question_len, max_passage_len,
-                          fix="lower --max-question-len or --max-passage-len")
+def window_rows(features: Features, characters: SquadCharacters | None
+                ) -> tuple[TokenRows, TokenRows]:
+    """(questions [n_questions], windows [n_windows]) as the grid's two sides read them: the
+    features' ids and masks, with each token's characters for a reader that reads them
+    (`squad_characters` of the same features; a window's are its distinct passage's)."""
+    if characters is None:
+        return (TokenRows(features.q_ids, features.q_mask),
+                TokenRows(features.p_ids, features.p_mask))
+    return (TokenRows(features.q_ids, features.q_mask, characters.q_chars),
+            TokenRows(features.p_ids, features.p_mask,
+                      characters.p_chars[characters.p_source]))
 
 
-def window_logits(model: DelayedInteractionModel, params: Params, features: Features, *,
-                  batch_size: int = 32, question_block: int = 1024, progress: bool = True,
+def window_logits(reader: Reader, features: Features, characters: SquadCharacters | None = None,
+                  *, batch_size: int = 32, question_block: int = 1024, progress: bool = True,
                   mesh=None, keep: np.ndarray | None = None) -> SpanScores:
     """Start/end/null scores of every window of `features` (see the module docstring):
     [n_windows, max_passage_len] span scores over passage tokens, [n_windows] `[CLS]` scores.
 
+    characters: `squad_characters` of the same features, for a reader that reads characters.
     batch_size: rows per encode_lower batch and pairs per encode_upper chunk.
     question_block: questions (and their windows) per block; bounds memory.
     keep: [n_windows, p_len] bool, the tokens each window's pair reads in the upper blocks
@@ -90,24 +87,26 @@ def window_logits(model: DelayedInteractionModel, params: Params, features: Feat
     """
     from tqdm.auto import tqdm
 
-    check_lengths(model, features.q_ids.shape[1], features.p_ids.shape[1])
-    grid = pair_grid(model, mesh, batch_size)
+    reader.check_lengths(features.q_ids.shape[1], features.p_ids.shape[1],
+                         fix="lower --max-question-len or --max-passage-len")
+    grid = pair_grid(reader, mesh, batch_size)
     n_windows, p_len = features.p_ids.shape
     read = np.ones(n_windows, bool) if keep is None else np.asarray(keep).any(axis=1)
     blocks = question_blocks(features, question_block, grid.batch_size, read)
+    questions, windows = window_rows(features, characters)
 
     # Windows left unread (nothing kept) never decide an answer: spans -inf, null +inf.
     out = SpanScores.full(n_windows, p_len, -np.inf, np.inf)
     with tqdm(total=int(read.sum()), unit="window", disable=not progress,
               desc="reading") as bar:
         for block in blocks:
-            q_ids, q_mask = block.question_rows(features.q_ids, features.q_mask)
-            p_ids, p_mask = block.passage_rows(features.p_ids, features.p_mask)
-            q_lower = grid.encode_questions(params, q_ids, q_mask)
-            p_source = grid.passage_side(params, p_ids, p_mask)
+            q_rows, p_rows = block.question_rows(questions), block.passage_rows(windows)
+            q_lower = reader.encode_questions(grid, q_rows)
+            p_source = reader.passage_side(grid, p_rows)
             positions = None if keep is None else kept_positions(keep[block.rows])
-            pairs = grid.read_pairs(params, q_lower, q_mask, p_source, p_mask, block.q_index,
-                                    block.p_index, positions, on_chunk=bar.update)
+            pairs = grid.read_pairs(reader.params, q_lower, q_rows.mask, p_source, p_rows.mask,
+                                    block.q_index, block.p_index, positions,
+                                    on_chunk=bar.update)
             out.set_rows(block.rows, pairs)
     return out
 
@@ -130,14 +129,14 @@ class QuestionBlock:
     q_index: np.ndarray
     p_index: np.ndarray
 
-    def question_rows(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        """Each per-question array's rows of the block, padded to `size` rows."""
-        return [_pad_rows(a[self.q0:self.q0 + self.size], self.size) for a in arrays]
+    def question_rows(self, questions: TokenRows) -> TokenRows:
+        """The block's rows of every question's, padded to `size` rows."""
+        return questions.rows(slice(self.q0, self.q0 + self.size), self.size)
 
-    def passage_rows(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        """Each per-window array's rows of the block's distinct passages, padded to
-        `passage_size` rows."""
-        return [_pad_rows(a[self.passage], self.passage_size) for a in arrays]
+    def passage_rows(self, windows: TokenRows) -> TokenRows:
+        """The block's distinct passages' rows of every window's, padded to `passage_size`
+        rows."""
+        return windows.rows(self.passage, self.passage_size)
 
 
 def question_blocks(features: Features, question_block: int, batch_size: int,
@@ -161,45 +160,16 @@ def question_blocks(features: Features, question_block: int, batch_size: int,
             for q0, rows, passage, p_index in parts if len(rows)]
 
 
-def char_window_logits(model: CharReaderModel, variables: Params, features: Features,
-                       characters: SquadCharacters, *, batch_size: int = 32,
-                       question_block: int = 1024, progress: bool = True, mesh=None
-                       ) -> SpanScores:
-    """`window_logits` for a QANet / BiDAF: each question and each distinct passage window of
-    a block once through `encode_lower` (`CharPairGrid`), every (question, window) pair through
-    `encode_upper`. characters: `data.characters.squad_characters` of the same features."""
-    from tqdm.auto import tqdm
-
-    grid = pair_grid(model, mesh, batch_size)
-    n_windows, p_len = features.p_ids.shape
-    blocks = question_blocks(features, question_block, grid.batch_size,
-                             np.ones(n_windows, bool))
-    window_chars = characters.p_chars[characters.p_source]  # per window row, as p_ids
-    out = SpanScores.full(n_windows, p_len, -np.inf, np.inf)
-    with tqdm(total=n_windows, unit="window", disable=not progress, desc="reading") as bar:
-        for block in blocks:
-            q_ids, q_chars, q_mask = block.question_rows(features.q_ids, characters.q_chars,
-                                                         features.q_mask)
-            p_ids, p_chars, p_mask = block.passage_rows(features.p_ids, window_chars,
-                                                        features.p_mask)
-            q_state = grid.encode_questions(variables, QANetSegment(q_ids, q_chars, q_mask))
-            p_state = grid.encode_passages(variables, QANetSegment(p_ids, p_chars, p_mask))
-            pairs = grid.read_pairs(variables, q_state, q_mask, p_state, p_mask, block.q_index,
-                                    block.p_index, on_chunk=bar.update)
-            out.set_rows(block.rows, pairs)
-    return out
-
-
-def check_char_reader_options(reader: Reader, null_threshold: float | None,
-                              prescreen: tuple | None) -> None:
-    """Raises InputError for what a QANet / BiDAF cannot do: SQuAD 2.0's no-answer (it has no
-    no-answer score) and sentence prescreening (its pair program reads whole windows)."""
-    kind = reader.model.kind
-    if null_threshold is not None:
-        raise InputError(f"a {kind} reader has no no-answer score: it answers SQuAD v1.1 "
-                         "files only (null_threshold must be None)")
-    if prescreen is not None:
-        raise InputError(f"sentence prescreening reads BERT-family readers only, not a {kind}")
+def check_reader_options(reader: Reader, null_threshold: float | None,
+                         prescreen: tuple | None) -> None:
+    """Raises InputError for what the reader cannot do: SQuAD 2.0's no-answer without a
+    no-answer score, sentence prescreening where its pair program reads whole windows."""
+    if null_threshold is not None and not reader.capabilities.null_score:
+        raise InputError(f"a {reader.kind} reader has no no-answer score: it answers SQuAD "
+                         "v1.1 files only (null_threshold must be None)")
+    if prescreen is not None and not reader.capabilities.prescreening:
+        raise InputError(f"sentence prescreening reads BERT-family readers only, not a "
+                         f"{reader.kind}")
 
 
 def predict_squad(reader: Reader, examples: Sequence[SquadExample], **options: Any
@@ -231,17 +201,16 @@ def predict_squad_spans(reader: Reader, examples: Sequence[SquadExample], *,
     import time
 
     report = {} if report is None else report
-    if reader.is_char_reader:
-        check_char_reader_options(reader, null_threshold, prescreen)
+    check_reader_options(reader, null_threshold, prescreen)
     clock = time.perf_counter()
     max_question_len = reader.config.max_question_len
-    if not reader.is_char_reader:
-        check_lengths(reader.model, max_question_len, max_passage_len)
+    reader.check_lengths(max_question_len, max_passage_len,
+                         fix="lower --max-question-len or --max-passage-len")
     features = featurize(examples, reader.tokenizer, max_question_len=max_question_len,
                          max_passage_len=max_passage_len, doc_stride=doc_stride,
                          cache_dir=cache_dir)
     characters = (squad_characters(examples, features, reader.tokenizer)
-                  if reader.is_char_reader else None)
+                  if reader.capabilities.reads_characters else None)
     report["featurize_seconds"] = time.perf_counter() - clock
     keep = None
     if prescreen is not None:
@@ -254,14 +223,9 @@ def predict_squad_spans(reader: Reader, examples: Sequence[SquadExample], *,
         report["screening"] = screening
         report["kept_token_share"] = float(keep.sum() / max(features.p_mask.sum(), 1))
     clock = time.perf_counter()
-    if characters is not None:
-        logits = char_window_logits(reader.model, reader.params, features, characters,
-                                    batch_size=batch_size, question_block=question_block,
-                                    progress=progress, mesh=mesh)
-    else:
-        logits = window_logits(reader.model, reader.params, features, batch_size=batch_size,
-                               question_block=question_block, progress=progress, mesh=mesh,
-                               keep=keep)
+    logits = window_logits(reader, features, characters, batch_size=batch_size,
+                           question_block=question_block, progress=progress, mesh=mesh,
+                           keep=keep)
     report["read_seconds"] = time.perf_counter() - clock
     clock = time.perf_counter()
     with_null = null_threshold is not None

@@ -11,18 +11,20 @@ from __future__ import annotations
 import json
 import logging
 
+import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_char_reader
 from dil_jax.checkpoints.char_readers import save_char_reader
 from dil_jax.data.characters import squad_characters
 from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import load_squad
-from dil_jax.model.char_reader import CharReaderModel
-from dil_jax.model.qanet_inputs import QANetSegment
-from dil_jax.predict import char_window_logits
+from dil_jax.errors import CheckpointError
+from dil_jax.model.char_reader import CharModel, char_model
+from dil_jax.model.qanet_inputs import QANetSegment, fit_chars
+from dil_jax.predict import window_logits
+from dil_jax.readers import CharReader, load_reader
 
 from tests.helpers import V11, V20, run_cli, squad_file
 from tests.helpers.qanet import TINY, tiny_variables
@@ -40,30 +42,31 @@ def tiny_config(tokenizer):
                              max_chars=TINY["max_chars"], max_question_len=Q_LEN)
 
 
-def reference_logits(model: CharReaderModel, variables, examples, features, tokenizer):
+def reference_logits(model: CharModel, variables, examples, features, tokenizer):
     """Every window through the whole reader, with its own question: start, end [n_windows,
     P_LEN]."""
     characters = squad_characters(examples, features, tokenizer)
     q = features.example_index
-    question = QANetSegment(features.q_ids[q], model.fit_chars(characters.q_chars[q]),
+    slots = model.config.max_chars
+    question = QANetSegment(features.q_ids[q], fit_chars(characters.q_chars[q], slots),
                             features.q_mask[q])
     passage = QANetSegment(features.p_ids,
-                           model.fit_chars(characters.p_chars[characters.p_source]),
+                           fit_chars(characters.p_chars[characters.p_source], slots),
                            features.p_mask)
-    out = model.model(variables, question, passage)
+    out = model(variables, question, passage)
     return np.asarray(out.start_logits), np.asarray(out.end_logits)
 
 
-def test_char_window_logits_equal_the_whole_reader_on_each_window(tokenizer):
-    model = CharReaderModel(tiny_config(tokenizer))
+def test_window_logits_of_a_qanet_equal_the_whole_reader_on_each_window(tokenizer):
+    model = char_model(tiny_config(tokenizer))
     variables = tiny_variables(model.config)
     examples = load_squad(squad_file(V11)).examples[:7]  # two paragraphs, several windows each
     f = featurize(examples, tokenizer, max_question_len=Q_LEN, max_passage_len=P_LEN,
                   doc_stride=STRIDE)
     assert len(np.unique(f.window_passage_index)) < f.num_windows  # windows are shared
     characters = squad_characters(examples, f, tokenizer)
-    got = char_window_logits(model, variables, f, characters, batch_size=4, question_block=3,
-                             progress=False)
+    got = window_logits(CharReader(model, variables), f, characters, batch_size=4,
+                        question_block=3, progress=False)
     start, end = reference_logits(model, variables, examples, f, tokenizer)
     real = f.p_mask > 0
     scale = np.abs(start[real]).max()
@@ -81,6 +84,24 @@ def qanet_export(tmp_path_factory, tokenizer):
     return folder
 
 
+def test_the_public_load_reader_loads_a_qanet_export(qanet_export, tokenizer):
+    """`dil_jax.load_reader`, the one loader, reads a QANet export as it reads any checkpoint:
+    the family its manifest's model kind names, with that family's capabilities."""
+    import dil_jax
+
+    reader = dil_jax.load_reader(qanet_export)
+    assert isinstance(reader, CharReader) and isinstance(reader, dil_jax.Reader)
+    assert (reader.kind, reader.label, reader.split) == ("qanet", "qanet", 1)
+    assert reader.config == tiny_config(tokenizer)
+    assert not reader.capabilities.null_score and reader.capabilities.reads_characters
+    assert reader.cacheable_passage_side and reader.tokenizer.vocab_size == tokenizer.vocab_size
+    saved = tiny_variables(tiny_config(tokenizer))
+    for got, want in zip(jax.tree.leaves(reader.params), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(CheckpointError, match="split is fixed.*k = 1"):
+        dil_jax.load_reader(qanet_export, k=2)
+
+
 def test_predict_cli_reads_a_qanet_export(qanet_export, tmp_path, tokenizer, capsys):
     """`dil-jax predict --checkpoint QANET_EXPORT`: every question answered with the span the
     whole reader, window by window, scores best."""
@@ -94,7 +115,7 @@ def test_predict_cli_reads_a_qanet_export(qanet_export, tmp_path, tokenizer, cap
     predictions = json.loads(output.read_text())
     examples = load_squad(squad_file(V11)).examples[:5]
     assert list(predictions) == [example.qid for example in examples]
-    reader = load_char_reader(qanet_export)
+    reader = load_reader(qanet_export)
     assert reader.config.max_question_len == Q_LEN  # recorded in the export
     f = featurize(examples, tokenizer, max_question_len=Q_LEN, max_passage_len=P_LEN,
                   doc_stride=STRIDE)

@@ -13,6 +13,7 @@ from dil_jax.data.features import featurize
 from dil_jax.data.squad import load_squad
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.predict import window_logits
+from dil_jax.readers import EncoderReader
 
 from tests.helpers import V11, V20, squad_file
 
@@ -30,7 +31,8 @@ def test_window_logits_equal_the_model_on_each_window(tokenizer, k):
     examples = load_squad(squad_file(V11)).examples[:7]  # two paragraphs, several windows each
     f = featurize(examples, tokenizer, max_question_len=16, max_passage_len=40, doc_stride=16)
     assert len(np.unique(f.window_passage_index)) < f.num_windows  # windows are shared
-    got = window_logits(model, params, f, batch_size=4, question_block=3, progress=False)
+    got = window_logits(EncoderReader(model, params), f, batch_size=4, question_block=3,
+                        progress=False)
     q = f.example_index
     want = model(params, f.q_ids[q], f.q_mask[q], f.p_ids, f.p_mask)
     np.testing.assert_allclose(got.start_logits, want.start_logits, atol=2e-5)
@@ -97,11 +99,13 @@ def test_reading_again_with_the_same_model_compiles_nothing(tokenizer):
     params = [model.init(jax.random.key(seed)) for seed in (0, 1)]  # not counted: init's own
     try:
         compiled.clear()
-        window_logits(model, params[0], f, batch_size=4, progress=False)
+        reader = EncoderReader(model, params[0])
+        window_logits(reader, f, batch_size=4, progress=False)
         first = len(compiled)
-        window_logits(model, params[1], f, batch_size=4, progress=False)  # new values
+        window_logits(reader.with_params(params[1]), f, batch_size=4, progress=False)  # values
         again = len(compiled) - first
-        window_logits(other, params[0], f, batch_size=4, progress=False)  # another model object
+        window_logits(EncoderReader(other, params[0]), f, batch_size=4,
+                      progress=False)  # another model object
         other_count = len(compiled) - first - again
     finally:
         counting[0] = False

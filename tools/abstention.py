@@ -97,9 +97,9 @@ def read_questions(reader, examples: list, in_corpus: bool, block: int = 16
 
 
 def open_reader(index_dir: str, checkpoint: str):
-    from dil_jax.checkpoints import load_reader
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers import load_reader
 
     index = open_index(index_dir)
     reader = load_reader(checkpoint, None, 32)

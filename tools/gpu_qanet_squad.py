@@ -117,9 +117,9 @@ def pack_char_reader(params_dir: Path, out: Path, name: str) -> list[Path]:
     trained_from.json; not a frozen word table."""
     import jax
 
-    from dil_jax.checkpoints.readers import load_char_reader
+    from dil_jax.readers import load_reader
 
-    variables = load_char_reader(params_dir, with_tokenizer=False).params
+    variables = load_reader(params_dir, with_tokenizer=False).params
     arrays = {flat_key(path): np.asarray(leaf, np.float32)
               for path, leaf in jax.tree_util.tree_flatten_with_path(variables["params"])[0]}
     buffer = io.BytesIO()

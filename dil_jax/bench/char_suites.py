@@ -3,7 +3,7 @@
 QANet and BiDAF have one fixed split (`encode_lower` per segment, `encode_upper` per pair), so a
 suite times two variants instead of the BERT family's k:
 
-  whole    every pair through the whole reader (`CharReaderModel.__call__`: question and passage
+  whole    every pair through the whole reader (`CharReader.outputs`: question and passage
            encoded again in every pair, as QANet normally runs), `chunk_size` pairs a call; all
            of its time is I Q-P;
   delayed  `CharPairGrid`: NI Q (`encode_questions`), NI P (`encode_passages`, what an offline
@@ -40,11 +40,12 @@ from dil_jax.bench.timing import Runner, median_times, projected_total, timed_re
 from dil_jax.defaults import BENCH_CHAR_SUITES
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.bidaf import BiDAFConfig
-from dil_jax.model.char_reader import CharReaderConfig, CharReaderModel, config_fields
+from dil_jax.model.char_reader import CharReaderConfig, char_model, config_fields
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_config import QANetConfig
-from dil_jax.model.qanet_inputs import QANetSegment
 from dil_jax.model.span_reader import PADDED_LOGIT
+from dil_jax.readers.char import CharReader
+from dil_jax.readers.protocol import TokenRows
 from dil_jax.reading.char_grid import CharPairGrid
 from dil_jax.reading.pairs import SpanScores
 from dil_jax.rounding import ceil_div, round_up
@@ -63,8 +64,8 @@ _CONFIG_TYPES = {"qanet": QANetConfig, "bidaf": BiDAFConfig}
 
 
 def char_suite_model(name: str, question_len: int, seed: int = 0
-                     ) -> tuple[CharReaderModel, Variables, str]:
-    """(the reader, its variables, where they came from) of a QANet / BiDAF suite.
+                     ) -> tuple[CharReader, str]:
+    """(the reader, where its variables came from) of a QANet / BiDAF suite.
 
     qanet, bidaf: the papers' shapes (`QANetConfig()`, `BiDAFConfig()`: the 30522 x 384 word
     table), randomly initialised (the table too: the cost does not depend on the weights);
@@ -74,10 +75,10 @@ def char_suite_model(name: str, question_len: int, seed: int = 0
         raise ValueError(f"unknown QANet / BiDAF suite {name!r}; suites: {list(CHAR_SUITES)}")
     config_type = _CONFIG_TYPES[CHAR_SUITES[name]]
     config = config_type(max_question_len=question_len, **_TINY.get(name, {}))
-    model = CharReaderModel(config)
-    variables = model.init(jax.random.key(seed))
+    model = char_model(config)
     shape = "tiny" if name in _TINY else f"{config_type.__name__}() shape"
-    return model, variables, f"random init, {shape} (word table random too)"
+    return (CharReader(model, model.init(jax.random.key(seed))),
+            f"random init, {shape} (word table random too)")
 
 
 @dataclasses.dataclass
@@ -85,8 +86,7 @@ class CharSuiteSpec:
     """One QANet / BiDAF reader on one grid: the whole and the delayed variants."""
 
     name: str
-    model: CharReaderModel
-    variables: Variables
+    reader: CharReader
     grid: GridSpec
     weights: str  # where the variables came from, for the record
     repeats: int = 3
@@ -96,15 +96,15 @@ class CharSuiteSpec:
 
 
 class WholeReaderGrid:
-    """Every pair of a grid through the whole reader (`CharReaderModel.__call__`), in chunks.
+    """Every pair of a grid through the whole reader (`CharReader.outputs`), in chunks.
 
     The same mesh, shardings and chunking as `CharPairGrid`'s pair program: the segments' ids,
     characters and masks are replicated, each device gathers its own pairs from them by index
     and reads them whole (both segments encoded in the pair).
     """
 
-    def __init__(self, model: CharReaderModel, mesh: Mesh | None = None, chunk_size: int = 8):
-        self.model = model
+    def __init__(self, reader: CharReader, mesh: Mesh | None = None, chunk_size: int = 8):
+        self.reader = reader
         self.mesh = data_mesh() if mesh is None else mesh
         self.chunk_size = round_up(chunk_size, self.mesh.devices.size)
         self.replicated = NamedSharding(self.mesh, P())
@@ -112,8 +112,9 @@ class WholeReaderGrid:
 
     def _read_chunk(self, variables, q_ids, q_chars, q_mask, p_ids, p_chars, p_mask, q_index,
                     p_index):
-        out = self.model(variables, q_ids[q_index], q_chars[q_index], q_mask[q_index],
-                         p_ids[p_index], p_chars[p_index], p_mask[p_index])
+        out = self.reader.outputs(variables, {
+            "q_ids": q_ids[q_index], "q_chars": q_chars[q_index], "q_mask": q_mask[q_index],
+            "p_ids": p_ids[p_index], "p_chars": p_chars[p_index], "p_mask": p_mask[p_index]})
         return out.start_logits, out.end_logits, out.null_start_logits, out.null_end_logits
 
     @functools.cached_property
@@ -172,19 +173,20 @@ def run_whole_grid(whole: WholeReaderGrid, variables: Variables, inputs: CharGri
     return {"ni_q": 0.0, "ni_p": 0.0, "pairs": time.perf_counter() - start}, output
 
 
-def run_char_delayed_grid(grid: CharPairGrid, variables: Variables, inputs: CharGridInputs,
-                          max_pairs: int | None = None
+def run_char_delayed_grid(reader: CharReader, grid: CharPairGrid, variables: Variables,
+                          inputs: CharGridInputs, max_pairs: int | None = None
                           ) -> tuple[dict[str, float], SpanScores | None]:
-    """One timed pass of `CharPairGrid`: NI Q, NI P, I Q-P in seconds, and the grid's span
-    scores (as `timing.run_delayed_grid` times a `PairGrid`)."""
+    """One timed pass of the reader's `CharPairGrid`: NI Q, NI P, I Q-P in seconds, and the
+    grid's span scores (as `timing.run_delayed_grid` times a `PairGrid`)."""
+    reader = reader.with_params(variables)
     times = {}
     start = time.perf_counter()
-    q_state = _ready(grid.encode_questions(
-        variables, QANetSegment(inputs.q_ids, inputs.q_chars, inputs.q_mask)))
+    q_state = _ready(reader.encode_questions(
+        grid, TokenRows(inputs.q_ids, inputs.q_mask, inputs.q_chars)))
     times["ni_q"] = time.perf_counter() - start
     start = time.perf_counter()
-    p_state = _ready(grid.encode_passages(
-        variables, QANetSegment(inputs.p_ids, inputs.p_chars, inputs.p_mask)))
+    p_state = _ready(reader.passage_side(
+        grid, TokenRows(inputs.p_ids, inputs.p_mask, inputs.p_chars)))
     times["ni_p"] = time.perf_counter() - start
     start = time.perf_counter()
     if max_pairs is None:
@@ -212,7 +214,7 @@ def char_phase_programs(whole: WholeReaderGrid, delayed: CharPairGrid, variables
     """{variant: {phase: ([the Lowered programs of one call], calls, inputs per call)}}, from
     shapes (nothing runs): whole's pair program over `whole.chunk_size` pairs; delayed's
     `encode_lower` over a batch of questions, of passages, and its pair program (untrimmed)."""
-    config = delayed.model.config
+    config = whole.reader.config
     abstract = jax.tree.map(lambda x: _spec(np.shape(x), x.dtype), variables)
     nq, np_, q_len, p_len = (spec.num_questions, spec.num_passages, spec.question_len,
                              spec.passage_len)
@@ -333,26 +335,27 @@ def summarize_char(runs: dict[str, list[dict[str, float]]], grid: GridSpec,
 
 def run_char_suite(suite: CharSuiteSpec, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Times the whole and the delayed reader on one grid, interleaved; returns the record."""
-    grid, model = suite.grid, suite.model
-    config = model.config
+    grid, reader = suite.grid, suite.reader
+    config = reader.config
     inputs = random_char_grid(grid, config.vocab_size, config.max_chars, suite.seed)
     mesh = data_mesh()
-    variables = jax.device_put(suite.variables, NamedSharding(mesh, P()))
+    variables = jax.device_put(reader.params, NamedSharding(mesh, P()))
     # Capped by the grid, as `suites._readers`: a batch past the segments would time padding.
     batch = min(suite.batch_size, grid.num_questions, grid.num_passages)
     chunk = min(suite.chunk_size, grid.num_pairs)
     # No padding in a random grid, so trimming would cut nothing: both variants read full widths.
-    delayed = CharPairGrid(model, mesh, batch, chunk, trim_padding=False)
-    whole = WholeReaderGrid(model, mesh, chunk)
+    delayed = reader.pair_grid(mesh, batch, chunk, trim_padding=False)
+    whole = WholeReaderGrid(reader, mesh, chunk)
     runners: dict[str, Runner] = {
         WHOLE: lambda max_pairs: run_whole_grid(whole, variables, inputs, max_pairs),
-        DELAYED: lambda max_pairs: run_char_delayed_grid(delayed, variables, inputs, max_pairs)}
+        DELAYED: lambda max_pairs: run_char_delayed_grid(reader, delayed, variables, inputs,
+                                                         max_pairs)}
 
     def say(line: str) -> None:
         log(f"[{suite.name}] {line}")
 
     record: dict[str, Any] = {
-        "name": suite.name, "kind": model.kind, "weights": suite.weights,
+        "name": suite.name, "kind": reader.kind, "weights": suite.weights,
         "config": config_fields(config), "grid": dataclasses.asdict(grid),
         "variants": [WHOLE, DELAYED], "batch_size": delayed.batch_size,
         "chunk_size": delayed.chunk_size, "repeats": suite.repeats,

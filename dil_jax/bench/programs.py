@@ -107,9 +107,9 @@ def lower_phase(reader: PairGrid, params: Any, phase: str, num_questions: int,
     """The `jax.stages.Lowered` programs PairGrid runs for one call of `phase`, from shapes.
 
     These are PairGrid's own jitted programs (`PairGrid.lowered`), lowered with the shapes
-    of one call: a batch of `reader.batch_size` segments
+    of one call: a batch of `PairGrid.batch_size` segments
     (encode_lower, then project_upper when 0 < k < l, then for passages
-    passage_attention_stats when the reader uses them), or a chunk of `reader.chunk_size` pairs
+    passage_attention_stats when the reader uses them), or a chunk of `PairGrid.chunk_size` pairs
     over replicated [num_questions, ...] / [num_passages, ...] states (and their q/k/v and
     statistics).
     """

@@ -1,15 +1,16 @@
 """QANet / BiDAF readers on disk: orbax variables beside a manifest that names the model kind.
 
     save_char_reader(folder, variables, config)     # what `dil-jax train` exports
-    reader = load_char_reader(folder)                # dil_jax.checkpoints.readers: a Reader
+    reader = load_reader(folder)                     # dil_jax.readers: a CharReader
 
 A folder holds `params/` (orbax: the whole `{"params", "frozen"}` variables, the frozen word
 table included, so a folder reads back alone) and `dil_jax_manifest.json` with
 `{"model_kind": "qanet" | "bidaf", "reader_config": {QANetConfig / BiDAFConfig fields}}`, the
 manifest file name every exported reader uses (`ExportManifest` keeps fields it does not know,
 so these do not disturb it). The kind is read before anything else: a folder of another kind is
-refused by name, never restored into the wrong tree. `save_reader_params` is the trainer's one
-export call for every kind (the BERT family keeps `save_params`).
+refused by name, never restored into the wrong tree (`read_reader_fields` and
+`restore_char_variables`: what `readers.char.CharReader.load` reads). `save_reader_params` is
+the trainer's one export call for every kind (the BERT family keeps `save_params`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,30 @@ def char_reader_kind(folder: str | os.PathLike) -> str | None:
     manifest = read_json(path, "dil_jax manifest")
     kind = manifest.get(KIND_FIELD) if isinstance(manifest, dict) else None
     return None if kind in (None, "encoder") else str(kind)
+
+
+def read_reader_fields(directory: Path) -> dict[str, Any]:
+    """The config fields the manifest of the QANet / BiDAF folder `directory` records."""
+    manifest = read_json(directory / MANIFEST_FILE, "dil_jax manifest")
+    return dict(manifest.get(CONFIG_FIELD) or {})
+
+
+def restore_char_variables(directory: Path, abstract: Any, kind: str) -> Any:
+    """The variables of the `kind` reader folder `directory`, restored into the tree of
+    `abstract` (`jax.eval_shape` of its model's init). CheckpointError naming the folder when
+    params/ is missing or does not restore (truncated files, another shape)."""
+    import orbax.checkpoint as ocp
+
+    from dil_jax.checkpoints.files import DAMAGED_FIX
+
+    if not (directory / PARAMS_DIR).is_dir():
+        raise CheckpointError(f"{directory / PARAMS_DIR}: missing; {DAMAGED_FIX}")
+    try:
+        return ocp.StandardCheckpointer().restore(directory / PARAMS_DIR, abstract)
+    except Exception as error:  # orbax/tensorstore: truncated files, another shape...
+        raise CheckpointError(f"{directory / PARAMS_DIR}: cannot restore the {kind} variables "
+                              f"({type(error).__name__}: {str(error)[:300]}); {DAMAGED_FIX}"
+                              ) from error
 
 
 def save_char_reader(directory: str | os.PathLike, variables: Any, config: Any) -> Path:

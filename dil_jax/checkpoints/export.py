@@ -19,7 +19,6 @@ from dil_jax.checkpoints.integrity import (
     weights_record,
 )
 from dil_jax.checkpoints.manifest import MANIFEST_FILE, ExportManifest
-from dil_jax.checkpoints.readers import Reader, load_reader
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
 from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
@@ -113,24 +112,3 @@ def complete_manifest(checkpoint: ResolvedCheckpoint) -> dict[str, Any]:
     record["exported_from"] = exported_from
     return record
 
-
-def complete_export(checkpoint: str | os.PathLike | ResolvedCheckpoint,
-                    directory: str | os.PathLike, *, tokenizer: str | None = None,
-                    allow_untrained_head: bool = False) -> Reader:
-    """Writes the reader `checkpoint` (anything `load_reader` reads: a bundled reader, a Hugging
-    Face folder, a `dil-jax train` export) as a complete Hugging Face folder: every tensor,
-    those a partial export leaves to its base included, in float32 (a bfloat16 file is upcast
-    exactly, as every load does), config.json, the tokenizer files and a manifest recording
-    the reader's k. `transformers.AutoModelForQuestionAnswering.from_pretrained` reads it with
-    no missing tensor; dil_jax reads it as the same reader. Returns the reader exported.
-
-    tokenizer: a tokenizer folder or name to write beside the weights instead of the
-    checkpoint's own files (a `dil-jax train` export holds none), checked as every load checks
-    it; allow_untrained_head: export a checkpoint without a QA head (its head initialised at
-    random) instead of refusing it (UntrainedHeadError).
-    """
-    reader = load_reader(checkpoint, tokenizer=tokenizer,
-                         require_qa_head=not allow_untrained_head)
-    export_hf_checkpoint(directory, reader.params, reader.config, tokenizer=reader.tokenizer,
-                         dtype="float32", manifest=complete_manifest(reader.checkpoint))
-    return reader

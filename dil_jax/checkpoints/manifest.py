@@ -141,9 +141,9 @@ class ExportManifest:
     def reader_defaults(self) -> dict[str, int]:
         """Reader settings (k, max_question_len, passage_position_offset) the export recorded.
 
-        Exports written before `reader.passage_position_offset` existed recorded the offset
-        only in their training config: it is read from there, since a delayed reader must read
-        passages from the positions it was trained on. (A newer export without it in `reader`
+        Exports written before the "reader" record's passage_position_offset existed held the
+        offset only in their training config: it is read from there, since a delayed reader must
+        read passages from the positions it was trained on. (A newer export without it in `reader`
         was exported at offset 0, and its training config names no other offset: see
         `with_reader`.)
         """

@@ -44,14 +44,15 @@ class ResolvedCheckpoint:
     def is_orbax(self) -> bool:
         return self.format == ORBAX_FORMAT
 
-    @property
-    def is_char_reader(self) -> bool:
-        return self.format == CHAR_READER_FORMAT
+    @functools.cached_property
+    def model_kind(self) -> str:
+        """The kind of model it holds, which picks its reader family
+        (`readers.loading.READER_FAMILIES`): "qanet" / "bidaf" for a QANet / BiDAF export (its
+        manifest's), else "encoder" (the BERT family)."""
+        from dil_jax.model.char_reader import ENCODER_KIND
 
-    @property
-    def char_reader_kind(self) -> str | None:
-        """"qanet" / "bidaf" for a QANet / BiDAF export, else None."""
-        return char_reader_kind(self.folder) if self.is_char_reader else None
+        kind = char_reader_kind(self.folder) if self.format == CHAR_READER_FORMAT else None
+        return kind or ENCODER_KIND
 
     @functools.cached_property
     def manifest(self) -> ExportManifest:

@@ -25,7 +25,7 @@ from dil_jax.errors import UsageError
 from dil_jax.options import OPTIONS, Bound, int_at_least, number_in
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 
@@ -342,25 +342,18 @@ def load_reader_of(args: argparse.Namespace, k: int | None, position: int = 0) -
 def load_reader_at(checkpoint: str, k: int | None, max_question_len: int | None,
                    tokenizer: str | None, *, checkpoint_flag: str = "--checkpoint",
                    k_flag: str | None = "--k", fix: str | None = None) -> Reader:
-    """The reader of any checkpoint, split at k: the BERT family through `load_reader` (any
-    k), a QANet / BiDAF export through `load_char_reader`, told apart by
-    `resolve_reader_checkpoint` as every command tells them apart. A char reader's split is
-    fixed (its cache's k): k must be None or that split, else a UsageError naming the flags:
-    `k_flag` (None: k is implied by `checkpoint_flag`, as `serve`'s full reader is read at
-    k = 0) and `checkpoint_flag`; `fix` says what to do instead (default: pass k_flag with
-    the reader's k)."""
-    from dil_jax.checkpoints import load_char_reader, load_reader, resolve_reader_checkpoint
+    """The reader of any checkpoint, split at k (`readers.load_reader`: the BERT family at any
+    k, a QANet / BiDAF at its fixed split only). Another k than a fixed split is a UsageError
+    naming the flags: `k_flag` (None: k is implied by `checkpoint_flag`, as `serve`'s full
+    reader is read at k = 0) and `checkpoint_flag`; `fix` says what to do instead (default:
+    pass k_flag with the reader's k)."""
+    from dil_jax.readers import FixedSplitError, load_reader
 
-    resolved = resolve_reader_checkpoint(checkpoint)
-    if not resolved.is_char_reader:
-        return load_reader(resolved, k, max_question_len, tokenizer)
-    reader = load_char_reader(resolved, None, max_question_len, tokenizer)
-    fixed = reader.config.num_lower_layers
-    if k is not None and k != fixed:
-        side = "embedding encoder" if reader.model.kind == "qanet" else "contextual layer"
-        asked = (f"{k_flag} {k} with {checkpoint_flag} {resolved.name}" if k_flag
-                 else f"{checkpoint_flag} {resolved.name}, read at k = {k}")
-        raise UsageError(f"{asked}: a {reader.model.kind} reader's split is fixed (its "
-                         f"passages' cached side is its {side}, k = {fixed}); "
-                         f"{fix or f'pass {k_flag} {fixed}'}")
-    return reader
+    try:
+        return load_reader(checkpoint, k, max_question_len, tokenizer)
+    except FixedSplitError as error:
+        asked = (f"{k_flag} {k} with {checkpoint_flag} {checkpoint}" if k_flag
+                 else f"{checkpoint_flag} {checkpoint}, read at k = {k}")
+        raise UsageError(f"{asked}: a {error.kind} reader's split is fixed (its passages' "
+                         f"cached side is its {error.side}, k = {error.split}); "
+                         f"{fix or f'pass {k_flag} {error.split}'}") from None

@@ -140,10 +140,9 @@ def build_suites(args: argparse.Namespace) -> list[Any]:
         grid = bench.GridSpec(args.questions or questions, args.passages or passages,
                               args.question_len or q_len, args.passage_len or p_len)
         if name in BENCH_CHAR_SUITES:
-            model, variables, weights = bench.char_suite_model(name, grid.question_len,
-                                                               args.seed)
+            reader, weights = bench.char_suite_model(name, grid.question_len, args.seed)
             suites.append(bench.CharSuiteSpec(
-                name=name, model=model, variables=variables, grid=grid, weights=weights,
+                name=name, reader=reader, grid=grid, weights=weights,
                 repeats=args.repeats, batch_size=args.batch_size or batch,
                 chunk_size=args.chunk_size or chunk, seed=args.seed))
             continue

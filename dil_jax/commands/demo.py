@@ -137,16 +137,15 @@ def demo_storage(index, reader, asked):
 
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_folder
-    from dil_jax.checkpoints import load_reader
     from dil_jax.commands.arguments import check_window_flags
     from dil_jax.defaults import bundled_reader
     from dil_jax.errors import UsageError
     from dil_jax.open_domain.abstention import abstention_of
-    from dil_jax.open_domain.cache.encoders import passage_encoder
     from dil_jax.open_domain.index.corpus import split_documents
     from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
     from dil_jax.progress import CountBar
+    from dil_jax.readers import load_reader
 
     check_window_flags(args.max_passage_len, args.doc_stride)
     # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:
@@ -170,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     if delayed.config.num_lower_layers == 0:
         raise UsageError("the delayed reader has k = 0; pass --k (1..l)")
     for loaded in (full, delayed):  # before the index is built: the lengths must fit
-        check_read_lengths(loaded.config, args.max_passage_len)
+        check_read_lengths(loaded, args.max_passage_len)
 
     started = time.perf_counter()
     split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": args.distractors,
@@ -189,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
         # Shown only while a cache is being built (a bar made at its first count).
         with CountBar(f"passage cache of the {name} reader (k={k_value})",
                       index.settings["num_windows"], "window") as bar:
-            cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, 32,
-                                                                      index.window_texts),
+            cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(
+                                           32, index.window_texts),
                                        storage=demo_storage(index, loaded, args.storage),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,

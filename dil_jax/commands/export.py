@@ -73,14 +73,14 @@ def run(args: argparse.Namespace) -> int:
         CONFIG_FILE,
         MANIFEST_FILE,
         SAFETENSORS_FILE,
-        complete_export,
         resolve_reader_checkpoint,
     )
     from dil_jax.errors import CheckpointError, OutputPathError
+    from dil_jax.readers import complete_export, reader_family
 
     checkpoint = resolve_reader_checkpoint(args.checkpoint)
-    if checkpoint.is_char_reader:
-        raise CheckpointError(f"--checkpoint {args.checkpoint}: a {checkpoint.char_reader_kind} "
+    if not reader_family(checkpoint.model_kind).capabilities.hugging_face_export:
+        raise CheckpointError(f"--checkpoint {args.checkpoint}: a {checkpoint.model_kind} "
                               "reader; transformers has no QANet / BiDAF model, so only BERT-"
                               "family readers export to a Hugging Face folder")
     out = Path(args.out)

@@ -243,14 +243,6 @@ def run_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def reader_label(reader) -> str:
-    """A reader's name in results: "full" (k = 0), "DIL k=K", or its kind ("qanet")."""
-    if reader.is_char_reader:
-        return reader.model.kind
-    k = reader.config.num_lower_layers
-    return "full" if k == 0 else f"DIL k={k}"
-
-
 def _slug(name: str) -> str:
     """A reader's name as a file name: "DIL k=4" -> "dil_k4"."""
     return "".join(c if c.isalnum() else "_" for c in name.lower().replace("=", "")).strip("_")
@@ -300,7 +292,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     results = {}
     for position, k in enumerate(args.k):
         base = _open_reader(args, k, max(args.p), position, prescreen=False)
-        readers = {reader_label(base.reader): base}
+        readers = {base.reader.label: base}
         if args.prescreen:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
             readers[f"{next(iter(readers))} + {PRESCREEN_LABEL} {screened.prescreen.rule}"] = (

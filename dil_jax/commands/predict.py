@@ -114,72 +114,41 @@ def check_lsh_flags(args: argparse.Namespace) -> None:
 
 def with_lsh_flags(reader, args: argparse.Namespace):
     """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is: layers
-    of the BERT family, encoders of a QANet."""
-    from dil_jax.config import lsh_layers_of
+    of the BERT family, encoders of a QANet (`Reader.with_lsh_attention`)."""
     from dil_jax.errors import UsageError
+    from dil_jax.readers import LshLayersError
 
     if args.lsh_layers is None:
         return reader
-    named = isinstance(args.lsh_layers, tuple) and all(
-        isinstance(name, str) for name in args.lsh_layers)
-    if reader.is_char_reader != named:
-        wanted = (f"is a {reader.model.kind} reader: it takes its encoders by name "
-                  "('embedding', 'model')" if reader.is_char_reader
-                  else "takes 'lower' or layer indices (encoder names are a QANet's)")
+    try:
+        return reader.with_lsh_attention(args.lsh_layers, args.lsh_num_hashes,
+                                         args.lsh_bucket_size, source="--lsh-layers")
+    except LshLayersError as error:  # ConfigError (a bad layer) is named as it is
         raise UsageError(f"--lsh-layers {','.join(map(str, args.lsh_layers))}: "
-                         f"{args.checkpoint} {wanted}")
-    changes: dict = ({"lsh_encoders": args.lsh_layers} if named else {
-        "lsh_attention_layers": lsh_layers_of(args.lsh_layers, reader.config.num_lower_layers,
-                                              "--lsh-layers")})
-    if args.lsh_num_hashes is not None:
-        changes["lsh_num_hashes"] = args.lsh_num_hashes
-    if args.lsh_bucket_size is not None:
-        changes["lsh_bucket_size"] = args.lsh_bucket_size
-    return reader.with_config(**changes)  # ConfigError names a bad layer
+                         f"{args.checkpoint} {error}") from None
 
 
-def check_char_reader_flags(args: argparse.Namespace, kind: str, version: str) -> None:
-    """UsageError naming the first flag (or a SQuAD 2.0 --data) a QANet / BiDAF cannot honour:
-    it has no k (its split is fixed), no prescreening and no no-answer score; a BiDAF no
-    self-attention for --lsh-layers (a QANet's encoders take it: `with_lsh_flags`)."""
+def check_reader_flags(args: argparse.Namespace, checkpoint, version: str) -> None:
+    """UsageError naming the first flag (or a SQuAD 2.0 --data) the checkpoint's reader family
+    cannot honour (`ReaderCapabilities`), before it loads: a QANet / BiDAF has no k (its split
+    is fixed), no prescreening and no no-answer score."""
     from dil_jax.errors import UsageError
+    from dil_jax.readers import reader_family
 
-    refused = {"--k": args.k is not None and "its split is fixed (the embedding encoder per "
-               "segment, the rest per pair)",
-               "--lsh-layers": args.lsh_layers is not None and kind == "bidaf" and "it has no "
-               "self-attention",
+    kind = checkpoint.model_kind
+    can = reader_family(kind).capabilities
+    refused = {"--k": args.k is not None and not can.chosen_k and "its split is fixed (the "
+               "embedding encoder per segment, the rest per pair)",
                "--prescreen": getattr(args, "prescreen", None) is not None and
-               "prescreening reads BERT-family readers only",
-               "--null-threshold": args.null_threshold is not None and "it has no no-answer "
-               "score"}
+               not can.prescreening and "prescreening reads BERT-family readers only",
+               "--null-threshold": args.null_threshold is not None and not can.null_score and
+               "it has no no-answer score"}
     for flag, why in refused.items():
         if why:
             raise UsageError(f"{flag}: {args.checkpoint} is a {kind} reader; {why}")
-    if version == "2.0":
+    if version == "2.0" and not can.null_score:
         raise UsageError(f"--data {args.data}: a SQuAD 2.0 file, but {args.checkpoint} is a "
                          f"{kind} reader without a no-answer score: give a SQuAD v1.1 file")
-
-
-def run_char_reader(args: argparse.Namespace, checkpoint, version: str, examples) -> int:
-    """`run` for a QANet / BiDAF export (`load_char_reader`)."""
-    from dil_jax.atomic import write_atomic
-    from dil_jax.checkpoints import load_char_reader
-    from dil_jax.predict import predict_squad
-
-    check_char_reader_flags(args, checkpoint.char_reader_kind, version)
-    reader = with_lsh_flags(load_char_reader(checkpoint, None, args.max_question_len,
-                                             args.tokenizer), args)
-    started = time.perf_counter()
-    predictions = predict_squad(
-        reader, examples, max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
-        batch_size=args.batch_size, max_answer_length=args.max_answer_length,
-        n_best=args.n_best, progress=not args.no_progress, cache_dir=args.cache_dir)
-    output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
-    lsh_encoders = getattr(reader.config, "lsh_encoders", ())
-    log.info("%d predictions (%s%s) in %.1f s -> %s", len(predictions), reader.model.kind,
-             f", LSH attention in the {' and '.join(lsh_encoders)} encoder(s)"
-             if lsh_encoders else "", time.perf_counter() - started, output)
-    return 0
 
 
 def reading_windows(args: argparse.Namespace, checkpoint) -> tuple[int, int]:
@@ -230,11 +199,12 @@ def choose_null_threshold(version: str, flag: float | None, recorded: float | No
 
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_path, write_atomic
-    from dil_jax.checkpoints import load_reader, resolve_reader_checkpoint
+    from dil_jax.checkpoints import resolve_reader_checkpoint
     from dil_jax.commands.arguments import check_window_flags, prescreen_from_args, require_file
     from dil_jax.data.squad import load_squad
     from dil_jax.errors import InputFileError
     from dil_jax.predict import predict_squad
+    from dil_jax.readers import load_reader
 
     # Everything a flag can get wrong is refused here, before the model is loaded.
     if args.max_passage_len is not None and args.doc_stride is not None:
@@ -250,9 +220,8 @@ def run(args: argparse.Namespace) -> int:
     if not examples:
         raise InputFileError(f"--data {args.data}: no questions to answer")
     checkpoint = resolve_reader_checkpoint(args.checkpoint)
-    args.max_passage_len, args.doc_stride = reading_windows(args, checkpoint)
-    if checkpoint.is_char_reader:
-        return run_char_reader(args, checkpoint, dataset.version, examples)
+    max_passage_len, doc_stride = reading_windows(args, checkpoint)
+    check_reader_flags(args, checkpoint, dataset.version)
     recorded = checkpoint.recorded_null_threshold() if dataset.version == "2.0" else None
     null_threshold, source = choose_null_threshold(dataset.version, args.null_threshold,
                                                    recorded)
@@ -268,16 +237,13 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     report: dict = {}
     predictions = predict_squad(
-        reader, examples, max_passage_len=args.max_passage_len,
-        doc_stride=args.doc_stride, batch_size=args.batch_size,
-        max_answer_length=args.max_answer_length, n_best=args.n_best,
-        null_threshold=null_threshold, progress=not args.no_progress, cache_dir=args.cache_dir,
-        prescreen=prescreen, report=report)
+        reader, examples, max_passage_len=max_passage_len, doc_stride=doc_stride,
+        batch_size=args.batch_size, max_answer_length=args.max_answer_length,
+        n_best=args.n_best, null_threshold=null_threshold, progress=not args.no_progress,
+        cache_dir=args.cache_dir, prescreen=prescreen, report=report)
     output = write_atomic(args.output, json.dumps(predictions, ensure_ascii=False, indent=1))
-    log.info("%d predictions (k=%d%s) in %.1f s -> %s", len(predictions),
-             reader.config.num_lower_layers,
-             f", LSH attention in layers {list(reader.config.lsh_attention_layers)}"
-             if reader.config.uses_lsh else "", time.perf_counter() - started, output)
+    log.info("%d predictions (%s) in %.1f s -> %s", len(predictions), reader.describe(),
+             time.perf_counter() - started, output)
     if prescreen is not None:
         log.info("prescreening (%s) kept %.0f%% of the passage tokens (%.1f s); reading %.1f s",
                  prescreen[1], 100 * report["kept_token_share"], report["prescreen_seconds"],

@@ -229,11 +229,11 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     (`EM_given_answer_kept`). Records written before name them P_sep and EM_given_sep."""
     import numpy as np
 
-    from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.predict import predict_squad
     from dil_jax.prescreening.screen import SentenceRule
+    from dil_jax.readers import load_reader
 
     examples = data.examples[:args.eval_limit]
     rules = [None] + [SentenceRule(top_m=m) for m in args.top_m] + \

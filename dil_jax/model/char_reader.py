@@ -1,13 +1,13 @@
-"""QANet and BiDAF behind the trainer's reader interface: one value, `CharReaderModel`.
+"""QANet and BiDAF as one kind of model: their configs by kind, and the model of a config.
 
-The trainer (`dil_jax.train`) runs a `DelayedInteractionModel` as
-`model(params, q_ids, q_mask, p_ids, p_mask, ...)`. QANet and BiDAF read characters too
-(`QANetSegment`: ids, chars, mask) and keep their word table in a second variable collection
-(`{"params", "frozen"}`). `CharReaderModel` is the one object the trainer holds for either: its
-`config` is the `QANetConfig` / `BiDAFConfig` (the kind follows from the config's type, so a
-config alone names the model), `init` gives the variables, and `__call__` reads a batch's arrays.
-
-The name says what sets these readers apart for training: they read each token's characters.
+QANet and BiDAF read characters beside the token ids (`QANetSegment`: ids, chars, mask), keep
+their word table in a second variable collection (`{"params", "frozen"}`) and share one
+interface (`init`, `encode_lower` per segment, `encode_upper` per pair, the whole reader on
+aligned pairs): `CharModel` is either. The kind follows from the config's type
+(`kind_of`), so a config alone names the model (`char_model`); `reader_config` reads a kind's
+fields back and `switched_config` changes a trained one's run settings. What a reader of this
+family does beyond the model (loading, its pair grid, its cache, its training outputs) is
+`dil_jax.readers.char`'s.
 """
 
 from __future__ import annotations
@@ -15,21 +15,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 from dil_jax.config import ConfigError
 from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
-from dil_jax.model.qanet import QANetModel, Variables
+from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_config import QANetConfig
-from dil_jax.model.qanet_inputs import QANetSegment
-from dil_jax.model.span_reader import ReaderOutput
 
 # config.model.kind: "encoder" (the BERT family, DelayedInteractionModel) or a character reader.
 ENCODER_KIND = "encoder"
 CHAR_READER_KINDS = ("qanet", "bidaf")
 READER_KINDS = (ENCODER_KIND, *CHAR_READER_KINDS)
 CharReaderConfig = QANetConfig | BiDAFConfig
+CharModel = QANetModel | BiDAFModel
 _CONFIG_TYPES: dict[str, type] = {"qanet": QANetConfig, "bidaf": BiDAFConfig}
 _MODEL_TYPES: dict[str, type] = {"qanet": QANetModel, "bidaf": BiDAFModel}
 # The config field that is a reading setting (the trainer's config.model.max_question_len), not
@@ -99,50 +95,8 @@ def config_fields(config: CharReaderConfig) -> dict[str, Any]:
     return values
 
 
-class CharReaderModel:
-    """QANet or BiDAF as the trainer runs it. Stateless: params in, arrays out (jit-able).
-
-    Compared by identity, as `DelayedInteractionModel` is: compiled programs are keyed by it.
-    """
-
-    def __init__(self, config: CharReaderConfig):
-        self.config = config
-        self.kind = kind_of(config)
-        self.model = _MODEL_TYPES[self.kind](config)
-
-    def init(self, rng: jax.Array, word_table: Any = None) -> Variables:
-        """{"params": trainable, "frozen": {"word_table"}}: the given table
-        ([vocab_size, word_dim]) or a random one."""
-        return self.model.init(rng, word_table=word_table)
-
-    def __call__(self, variables: Variables, q_ids: jax.Array, q_chars: jax.Array,
-                 q_mask: jax.Array, p_ids: jax.Array, p_chars: jax.Array, p_mask: jax.Array,
-                 *, deterministic: bool = True, rngs: dict[str, jax.Array] | None = None
-                 ) -> ReaderOutput:
-        """Aligned (question, passage) pairs -> ReaderOutput, start/end logits [batch, p_len].
-
-        q_ids, q_mask: [batch, q_len]; q_chars: [batch, q_len, max_chars] (any integer dtype:
-        the host keeps them as uint16, half the bytes to move); p_*: the same over p_len.
-        Training (`deterministic` False) with a "dropout" rng also draws fresh LSH rotations
-        (an "lsh" rng folded from it), as the Reformer trains; inference keeps `lsh_seed`'s.
-        """
-        if rngs is not None and "dropout" in rngs and "lsh" not in rngs:
-            rngs = {**rngs, "lsh": jax.random.fold_in(rngs["dropout"], 1)}
-        question = QANetSegment(q_ids.astype(jnp.int32), self.fit_chars(q_chars),
-                                q_mask.astype(jnp.int32))
-        passage = QANetSegment(p_ids.astype(jnp.int32), self.fit_chars(p_chars),
-                               p_mask.astype(jnp.int32))
-        return self.model(variables, question, passage, deterministic=deterministic,
-                          rngs=rngs)
-
-    def fit_chars(self, chars: jax.Array) -> jax.Array:
-        """[..., slots] character ids -> [..., max_chars] int32: the first max_chars of each
-        token's (the paper's truncation), or CHAR_PAD (0) slots added after them."""
-        slots, wanted = chars.shape[-1], self.config.max_chars
-        chars = chars[..., :wanted].astype(jnp.int32)
-        if slots < wanted:
-            chars = jnp.pad(chars, [(0, 0)] * (chars.ndim - 1) + [(0, wanted - slots)])
-        return chars
-
-    def __repr__(self) -> str:
-        return f"CharReaderModel({self.config!r})"
+def char_model(config: CharReaderConfig) -> CharModel:
+    """The QANet or BiDAF of `config` (the kind follows from the config's type). Stateless:
+    variables in, arrays out (jit-able); compared by identity, as `DelayedInteractionModel` is,
+    so compiled programs keyed by it are reused."""
+    return _MODEL_TYPES[kind_of(config)](config)

@@ -3,6 +3,7 @@
     QANetSegment        one segment's arrays (token ids, characters, mask) as the model reads them
     char_id, token_characters
                         each token's characters from its character offsets into its own text
+    fit_chars           a token's character slots cut or padded to the model's max_chars
     qanet_segment       `tokenization.Segments` + the texts -> QANetSegment
     minilm_word_table   the embedded MiniLM's pre-trained WordPiece input embedding table
 
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 # Character ids. 0 pads a token's character slots (and fills padding tokens); a special token
@@ -90,6 +92,17 @@ def token_characters(texts: Sequence[str], offsets: np.ndarray, mask: np.ndarray
                 chars[row, col, 0] = CHAR_EMPTY
                 continue
             chars[row, col, :len(piece)] = [char_id(c) for c in piece]
+    return chars
+
+
+def fit_chars(chars: jax.Array | np.ndarray, max_chars: int) -> jax.Array:
+    """[..., slots] character ids -> [..., max_chars] int32: the first max_chars of each token's
+    (the paper's truncation), or CHAR_PAD (0) slots added after them. Any integer dtype in (the
+    host keeps characters as uint16, half the bytes to move)."""
+    slots = chars.shape[-1]
+    chars = jnp.asarray(chars)[..., :max_chars].astype(jnp.int32)
+    if slots < max_chars:
+        chars = jnp.pad(chars, [(0, 0)] * (chars.ndim - 1) + [(0, max_chars - slots)])
     return chars
 
 

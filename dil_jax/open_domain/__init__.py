@@ -28,8 +28,7 @@ Three sub-packages hold what an index is made of, and the modules here use them:
       build.py        writing a cache: resumable, atomic
       shards.py       a cache built in shards across processes and hosts (plan, waits)
       reuse.py        the first upper block's passage q/k/v and attention statistics, as stored
-      encoders.py     `passage_encoder`: what a cache stores for any reader kind (QANet / BiDAF:
-                      ids + characters from the passage text, found by the windows' index rows)
+                      (the passage states themselves are the reader's: `Reader.passage_encoder`)
       missing.py      what an index holds instead of a missing cache, and the command to build it
       disk.py         disk space and write failures of a build, as one line
 

@@ -25,7 +25,6 @@ from dil_jax.open_domain.build_peers import (
     write_run_record,
 )
 from dil_jax.open_domain.cache.check import tokenizer_fingerprint
-from dil_jax.open_domain.cache.encoders import passage_encoder
 from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.shards import shard_ranges, wait_for
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
@@ -58,8 +57,8 @@ from dil_jax.open_domain.reader import check_read_lengths
 from dil_jax.open_domain.retrieval.engines import check_engine_fits, resolve_engine
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
     from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +132,7 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     caches.
     """
     for reader in readers:  # before hours of caching: the lengths must fit every reader
-        check_read_lengths(reader.config, settings.max_passage_len)
+        check_read_lengths(reader, settings.max_passage_len)
     report = progress or (lambda step: None)
     mine = _peer_settings(readers, settings, process) if process.count > 1 else {}
     folder = Path(out).resolve()
@@ -329,8 +328,8 @@ def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSetting
             log.info("k = %d: no first-upper-block arrays to store (they need 0 < k < l)",
                      reader.config.num_lower_layers)
     cache = build_reader_cache(index, reader,
-                               encode=passage_encoder(reader, settings.batch_size,
-                                                      index.window_texts),
+                               encode=reader.passage_encoder(settings.batch_size,
+                                                             index.window_texts),
                                storage=settings.storage, reuse=reuse,
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),

@@ -46,13 +46,11 @@ from typing import TYPE_CHECKING
 import jax
 import numpy as np
 
-from dil_jax.config import EncoderConfig
 from dil_jax.data.decoding import window_nbest
 from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
-from dil_jax.model.delayed import InputError, check_segment_lengths
-from dil_jax.model.qanet_inputs import QANetSegment, token_characters
+from dil_jax.model.delayed import InputError
 from dil_jax.open_domain.abstention import Abstention
 from dil_jax.open_domain.answer_text import answer_lines, passage_context
 from dil_jax.open_domain.cache.reuse import pair_inputs
@@ -64,17 +62,16 @@ from dil_jax.open_domain.scoring import (
     pair_span_scores,
     pick_answer,
 )
-from dil_jax.reading.char_grid import CharPairGrid
-from dil_jax.reading.grid import PairGrid
+from dil_jax.readers.protocol import TokenRows
 from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
     from dil_jax.open_domain.index.sentences import SentenceStore
     from dil_jax.prescreening.prescreener import SentencePrescreener
     from dil_jax.prescreening.screen import SentenceRule
+    from dil_jax.readers.protocol import Reader
 
 
 class ReaderScoreError(DilJaxError, ValueError):
@@ -86,17 +83,15 @@ def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
 
 
-def check_read_lengths(config, max_passage_len: int) -> None:
-    """Raises InputError unless questions of `config.max_question_len` tokens and index
-    windows of `max_passage_len` tokens fit the reader's position table (k = 0: together).
+def check_read_lengths(reader: Reader, max_passage_len: int) -> None:
+    """Raises InputError unless questions of the reader's `max_question_len` tokens and index
+    windows of `max_passage_len` tokens fit the reader's position table (k = 0: together;
+    `Reader.check_lengths`: nothing to check without one).
 
-    Called when an index is built (before hours of caching) and when a reader opens one. A
-    QANet / BiDAF has no position table (nothing to check).
+    Called when an index is built (before hours of caching) and when a reader opens one.
     """
-    if not isinstance(config, EncoderConfig):
-        return
-    check_segment_lengths(
-        config, config.max_question_len, max_passage_len,
+    reader.check_lengths(
+        reader.config.max_question_len, max_passage_len,
         fix="lower --max-question-len, or build the index with a smaller --max-passage-len "
             "(dil-jax index)")
 
@@ -216,17 +211,12 @@ class OpenDomainReader:
         self.cache, self.top_p = cache, top_p
         self.max_answer_length = max_answer_length
         arrays = window_arrays(index)
-        check_read_lengths(reader.config, arrays["mask"].shape[1])
-        if reader.is_char_reader:
-            if prescreen is not None:
-                raise InputError(f"sentence prescreening reads BERT-family readers only, not a "
-                                 f"{reader.model.kind}")
-            self.grid = CharPairGrid(reader.model, mesh=mesh, batch_size=batch_size,
-                                     chunk_size=chunk_size, trim_padding=trim_padding)
-        else:
-            self.grid = PairGrid(reader.model, mesh=mesh, batch_size=batch_size,
-                                 chunk_size=chunk_size, reuse=pair_reuse,
-                                 trim_padding=trim_padding)
+        check_read_lengths(reader, arrays["mask"].shape[1])
+        if prescreen is not None and not reader.capabilities.prescreening:
+            raise InputError(f"sentence prescreening reads BERT-family readers only, not a "
+                             f"{reader.kind}")
+        self.grid = reader.pair_grid(mesh, batch_size, chunk_size, reuse=pair_reuse,
+                                     trim_padding=trim_padding)
         self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
         self.valid_start = self.valid_end & arrays["max_context"]
         self.offsets = arrays["offsets"]
@@ -249,8 +239,8 @@ class OpenDomainReader:
         (0 < k < l). Never for prescreened pairs (`positions`): they read only kept tokens,
         which attend only kept keys, so the whole passage's statistics do not apply (and the
         kept tokens' projections are gathered inside the pair program)."""
-        return (not self.reader.is_char_reader and self.cached_reuse and self.cache.has_reuse
-                and self.grid.plan.passage_stats)
+        return (self.reader.capabilities.pair_reuse and self.cached_reuse
+                and self.cache.has_reuse and self.grid.plan.passage_stats)
 
     def with_prescreen(self, prescreen: ReaderPrescreen | None) -> OpenDomainReader:
         """The same reader (model, cache, compiled steps) with another prescreening setting."""
@@ -302,20 +292,12 @@ class OpenDomainReader:
         questions, padded to a whole batch (one compiled shape)."""
         q = encode_questions(self.reader.tokenizer, questions,
                              self.reader.config.max_question_len)
-        size = self.grid.batch_size
-        q_ids = np.pad(q.ids, ((0, size - len(q)), (0, 0)))
-        q_mask = np.pad(q.mask, ((0, size - len(q)), (0, 0)))
-        if self.reader.is_char_reader:
-            chars = token_characters(list(questions), q.offsets, q.mask,
-                                     self.reader.config.max_chars)
-            chars = np.pad(chars, ((0, size - len(q)), (0, 0), (0, 0)))
-            q_lower = self.grid.encode_questions(self.reader.params,
-                                                 QANetSegment(q_ids, chars, q_mask))
-        else:
-            q_lower = self.grid.encode_questions(self.reader.params, q_ids, q_mask)
+        rows = TokenRows(q.ids, q.mask, self.reader.characters(list(questions), q.offsets,
+                                                                q.mask))
+        rows = rows.rows(slice(None), self.grid.batch_size)
         # Block so the question phase's time is not counted in the pair phase.
-        q_lower = jax.block_until_ready(q_lower)
-        return q_lower, q_mask
+        q_lower = jax.block_until_ready(self.reader.encode_questions(self.grid, rows))
+        return q_lower, rows.mask
 
     def _prescreen_pairs(self, questions: list[str], hits: list[list], pairs: RetrievedPairs
                          ) -> tuple[RetrievedPairs, np.ndarray]:
@@ -360,10 +342,6 @@ class OpenDomainReader:
         many questions read it."""
         rows, pair_p = np.unique(np.asarray(pairs.row, np.int64), return_inverse=True)
         p_source, p_mask = self._passage_side(rows)
-        if self.reader.is_char_reader:
-            return self.grid.read_pairs(self.reader.params, q_lower, q_mask, p_source, p_mask,
-                                        np.asarray(pairs.question, np.int64),
-                                        pair_p.reshape(-1))
         p_qkv = p_stats = None
         if positions is None and self.reads_cached_reuse:
             p_qkv, p_stats = self._cached_reuse(rows)

@@ -21,7 +21,7 @@ from dil_jax.model.span_reader import QUESTION_SEGMENT
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 
 def mean_pool(states: jax.Array, mask: jax.Array) -> jax.Array:

@@ -31,7 +31,7 @@ from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 PRESCREENER_FORMAT = "dil_jax.prescreener/1"
 MANIFEST_FILE = "prescreener.json"
@@ -249,7 +249,7 @@ def load_sentence_encoder(checkpoint: str, max_sentence_len: int) -> Reader:
     report's "QA head initialised" warning is not shown."""
     import logging
 
-    from dil_jax.checkpoints import load_reader
+    from dil_jax.readers import load_reader
 
     logger = logging.getLogger("dil_jax.checkpoints")
     level = logger.level

@@ -22,7 +22,7 @@ from dil_jax.prescreening.prescreener import sentence_scores
 from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 
 @dataclasses.dataclass

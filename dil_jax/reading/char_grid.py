@@ -24,9 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from dil_jax.model.char_reader import CharReaderModel
+from dil_jax.model.char_reader import CharModel
+from dil_jax.model.delayed import InputError
 from dil_jax.model.qanet import Variables
-from dil_jax.model.qanet_inputs import QANetSegment
+from dil_jax.model.qanet_inputs import QANetSegment, fit_chars
 from dil_jax.reading.grid import MeshGrid, uncut_columns
 from dil_jax.reading.pairs import (
     KEPT_BUCKET,
@@ -40,10 +41,18 @@ from dil_jax.reading.pairs import (
 from dil_jax.rounding import round_up
 
 
-def trims_exactly(model: CharReaderModel) -> bool:
+def trims_exactly(model: CharModel) -> bool:
     """Whether reading a chunk cut to its real tokens gives what the full width gives: not for
     a QANet with LSH attention in its model encoder (the buckets follow the sequence length)."""
     return "model" not in getattr(model.config, "lsh_encoders", ())
+
+
+def _check_whole_windows(*reuse: Any) -> None:
+    """InputError unless every `PairGrid`-only argument is None: a QANet / BiDAF reads whole
+    windows (no kept tokens) and hoists nothing into its pairs."""
+    if any(value is not None for value in reuse):
+        raise InputError("a QANet / BiDAF pair grid reads whole windows with nothing hoisted: "
+                         "positions, q_qkv, p_qkv and p_stats must be None")
 
 
 class CharPairGrid(MeshGrid):
@@ -55,7 +64,7 @@ class CharPairGrid(MeshGrid):
     to QUESTION_BUCKET / KEPT_BUCKET tokens (a few compiled widths).
     """
 
-    def __init__(self, model: CharReaderModel, mesh: Mesh | None = None, batch_size: int = 32,
+    def __init__(self, model: CharModel, mesh: Mesh | None = None, batch_size: int = 32,
                  chunk_size: int | None = None, trim_padding: bool = True):
         """chunk_size: pairs per step of the pair program; None = `default_pair_chunk_size`
         for the platform of the mesh's devices."""
@@ -73,8 +82,8 @@ class CharPairGrid(MeshGrid):
     @functools.cached_property
     def _lower_fn(self):
         def lower(variables, ids, chars, mask):
-            segment = QANetSegment(ids, self.model.fit_chars(chars), mask)
-            return self.model.model.encode_lower(variables, segment)
+            segment = QANetSegment(ids, fit_chars(chars, self.model.config.max_chars), mask)
+            return self.model.encode_lower(variables, segment)
 
         return jax.jit(lower, in_shardings=(self.replicated, self.sharded, self.sharded,
                                             self.sharded),
@@ -118,7 +127,7 @@ class CharPairGrid(MeshGrid):
             q_state, q_mask = q_state[:, :q_width], q_mask[:, :q_width]
         if p_width is not None:
             p_state, p_mask = p_state[:, :p_width], p_mask[:, :p_width]
-        out = self.model.model.encode_upper(variables, q_state[q_index], q_mask[q_index],
+        out = self.model.encode_upper(variables, q_state[q_index], q_mask[q_index],
                                             p_state[p_index], p_mask[p_index])
         start, end = out.start_logits, out.end_logits
         if p_width is not None:
@@ -135,16 +144,21 @@ class CharPairGrid(MeshGrid):
 
     def iter_pair_chunks(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
                          p_state: jax.Array, p_mask: np.ndarray, q_index: np.ndarray,
-                         p_index: np.ndarray
+                         p_index: np.ndarray, positions: None = None, q_qkv: None = None,
+                         p_qkv: None = None, p_stats: None = None
                          ) -> Iterator[tuple[np.ndarray, tuple[jax.Array, ...]]]:
         """Yields (indices into the pair list, device outputs) chunk by chunk.
 
         q_state: [nq, q_len, d] and p_state: [np, p_len, d] (`encode_segments`); q_mask,
-        p_mask: [nq, q_len], [np, p_len]; q_index, p_index: [num_pairs] int. With trimming,
+        p_mask: [nq, q_len], [np, p_len]; q_index, p_index: [num_pairs] int. positions, q_qkv,
+        p_qkv, p_stats: `PairGrid.iter_pair_chunks`' (kept tokens, hoisted first-upper-block
+        arrays), taken so that both grids are called alike; none applies here (InputError
+        unless None). With trimming,
         pairs are taken in order of passage length, so that each chunk is padded only to its
         own longest. Outputs per chunk: start/end [chunk, p_len], null start/end [chunk]; the
         first len(indices) rows are real.
         """
+        _check_whole_windows(positions, q_qkv, p_qkv, p_stats)
         num_pairs = len(q_index)
         q_len, p_len = np.shape(q_mask)[1], np.shape(p_mask)[1]
         if np.shape(q_state)[:2] != np.shape(q_mask) or np.shape(p_state)[:2] != np.shape(p_mask):
@@ -176,13 +190,14 @@ class CharPairGrid(MeshGrid):
 
     def read_pairs(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
                    p_state: jax.Array, p_mask: np.ndarray, q_index: np.ndarray,
-                   p_index: np.ndarray, on_chunk: Callable[[int], None] | None = None
-                   ) -> SpanScores:
+                   p_index: np.ndarray, positions: None = None, q_qkv: None = None,
+                   p_qkv: None = None, p_stats: None = None,
+                   on_chunk: Callable[[int], None] | None = None) -> SpanScores:
         """The span scores of every listed pair as numpy arrays: [num_pairs, p_len] and
         [num_pairs], row i for pair i (inputs as `iter_pair_chunks`). on_chunk (optional):
         called with the number of pairs of each chunk once it is read (a progress bar)."""
         chunks = self.iter_pair_chunks(variables, q_state, q_mask, p_state, p_mask, q_index,
-                                       p_index)
+                                       p_index, positions, q_qkv, p_qkv, p_stats)
         return collect_chunks(chunks, len(q_index), np.shape(p_mask)[1], on_chunk)
 
     def read_grid(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,

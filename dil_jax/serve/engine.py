@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from dil_jax.readers.protocol import TokenRows
 from dil_jax.serve.loading import ServedReader
 from dil_jax.serve.metrics import CompileCounter, ServeMetrics
 from dil_jax.serve.schemas import Limits, ReadRequest, RequestError
@@ -55,23 +56,13 @@ class Outcome:
 @dataclasses.dataclass(frozen=True)
 class PreparedContext:
     """A `/v1/read` request and its context's windows (`window_contexts`), ready to read;
-    chars: each window token's characters [n_windows, p_len, max_chars] for a QANet / BiDAF
-    (`context_characters`), None for the BERT family."""
+    chars: what the reader reads of each window token beside its id (`Reader.characters`,
+    from the context through the tokens' offsets, as the index's cache builder reads a
+    passage's text: a QANet / BiDAF's characters [n_windows, p_len, max_chars]), else None."""
 
     request: ReadRequest
     windows: Any  # dil_jax.data.features.ContextWindows
     chars: np.ndarray | None = None
-
-
-def context_characters(context: str, windows: Any, max_chars: int) -> np.ndarray:
-    """[n_windows, p_len, max_chars] characters of a context's windows, read from the context
-    through the tokens' offsets (`token_characters`): what the index's cache builder reads
-    from a passage's text (open_domain/cache/encoders.py) and `predict` from a SQuAD
-    context (data/characters.py), so a context reads as that passage would."""
-    from dil_jax.model.qanet_inputs import token_characters
-
-    count = windows.ids.shape[0]
-    return token_characters([context] * count, windows.offsets, windows.mask, max_chars)
 
 
 def no_null_score(reader_name: str, kind: str) -> RequestError:
@@ -171,8 +162,8 @@ class Engine:
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
             shaped.read(list(CHECK_QUESTIONS[:count]))
-        # A QANet / BiDAF refuses handle_impossible_answer (`no_null_score`).
-        impossible = not served.reader.reader.is_char_reader
+        # A reader without a no-answer score refuses handle_impossible_answer (`no_null_score`).
+        impossible = served.reader.reader.capabilities.null_score
         self._read_context(served, ReadRequest(CHECK_QUESTIONS[1], CHECK_CONTEXT, name, 2, 15,
                                                impossible))
         if self.warm and CompileCounter.count != before:
@@ -259,8 +250,8 @@ class Engine:
         from dil_jax.tokenization import encode_questions
 
         reader = served.reader.reader
-        if reader.is_char_reader and request.handle_impossible_answer:
-            raise no_null_score(served.name, reader.model.kind)
+        if request.handle_impossible_answer and not reader.capabilities.null_score:
+            raise no_null_score(served.name, reader.kind)
         tokenizer = reader.tokenizer
         # A question the tokenizer reads as nothing raises here, for this request alone
         # (its group's questions are encoded together later).
@@ -278,8 +269,7 @@ class Engine:
         if not windows.length.any():
             raise RequestError(422, "context", "context has no token this reader knows",
                                request.context)
-        chars = (context_characters(request.context, windows, reader.config.max_chars)
-                 if reader.is_char_reader else None)
+        chars = reader.characters([request.context] * count, windows.offsets, windows.mask)
         return PreparedContext(request, windows, chars)
 
     def _read_group(self, served: ServedReader, contexts: list[PreparedContext]
@@ -290,12 +280,10 @@ class Engine:
         pipeline scores (dil_jax.serve.pipeline)."""
         counts = [context.windows.ids.shape[0] for context in contexts]
         reader = served.for_contexts(len(contexts), sum(counts))
-        ids = np.concatenate([context.windows.ids for context in contexts])
-        mask = np.concatenate([context.windows.mask for context in contexts])
-        chars = (np.concatenate([context.chars for context in contexts])
-                 if reader.reader.is_char_reader else None)
+        rows = TokenRows.join([TokenRows(context.windows.ids, context.windows.mask, context.chars)
+                               for context in contexts])
         q_lower, q_mask = reader._encode_question_batch([c.request.question for c in contexts])
-        p_source, p_mask = self._context_side(reader, ids, mask, chars)
+        p_source, p_mask = self._context_side(reader, rows)
         scores = reader.grid.read_pairs(reader.reader.params, q_lower, q_mask, p_source, p_mask,
                                         np.repeat(np.arange(len(contexts)), counts),
                                         np.arange(sum(counts)))
@@ -332,40 +320,30 @@ class Engine:
                                 request.max_answer_len, request.handle_impossible_answer)
 
     @staticmethod
-    def _context_side(reader, ids: np.ndarray, mask: np.ndarray,
-                      chars: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _context_side(reader, windows: TokenRows) -> tuple[np.ndarray, np.ndarray]:
         """(p_source, p_mask) of a context's windows, as `OpenDomainReader._passage_side`
-        gives them for cache rows: the same dtypes, padded to the same `passage_rows`. k > 0:
-        the lower states, encoded in the grid's fixed [batch, p_len] program and joined on
-        the host (device-side joins would compile one program per window count). chars: the
-        windows' characters, for a QANet / BiDAF (whose lower program reads them, as its
-        cache builder's does: ids, chars, mask in int32)."""
-        import jax
-
-        from dil_jax.model.span_reader import PASSAGE_SEGMENT
-        from dil_jax.reading.plan import ReusePlan
-
+        gives them for cache rows: the same dtypes, padded to the same `passage_rows`. Where
+        the reader's passage side is a state (`cacheable_passage_side`): encoded one batch at
+        a time in the grid's fixed [batch, p_len] program (`Reader.encode_passage_batch`, as
+        its cache builder encodes them) and joined on the host (device-side joins would
+        compile one program per window count); else the ids themselves."""
         rows = reader.passage_rows
         cached = reader.cache.passage_side(np.zeros(1, np.int64))
-        mask = mask.astype(reader.cache.mask.dtype)
-        if chars is None and ReusePlan.of(reader.reader.config).reads_passage_ids:
-            source = ids.astype(cached.dtype)
+        mask = windows.mask.astype(reader.cache.mask.dtype)
+        if not reader.reader.cacheable_passage_side:
+            source = windows.ids.astype(cached.dtype)
         else:
-            grid = reader.grid
-            inputs, extra = (([ids, chars, mask.astype(np.int32)], ()) if chars is not None
-                             else ([ids, mask], (PASSAGE_SEGMENT,)))
             # A lone window is encoded alone rather than padded to the grid's batch (8x the
             # lower blocks' work for one window): two programs, [1, p_len] and [B, p_len].
-            batch = 1 if len(ids) == 1 else grid.batch_size
-            padded = -(-len(ids) // batch) * batch
-            inputs = [_pad_rows(array, padded) for array in inputs]
-            parts = [np.asarray(grid._lower_fn(reader.reader.params,
-                                               *(jax.device_put(array[i:i + batch], grid.sharded)
-                                                 for array in inputs), *extra))
-                     for i in range(0, padded, batch)]
-            source = np.concatenate(parts)[:len(ids)].astype(cached.dtype)
+            count = len(windows)
+            batch = 1 if count == 1 else reader.grid.batch_size
+            padded = TokenRows(windows.ids, mask, windows.chars).rows(
+                slice(None), -(-count // batch) * batch)
+            parts = [np.asarray(reader.reader.encode_passage_batch(
+                reader.grid, padded.rows(slice(i, i + batch), batch)))
+                for i in range(0, len(padded), batch)]
+            source = np.concatenate(parts)[:count].astype(cached.dtype)
         return _pad_rows(source, rows), _pad_rows(mask, rows)
-
 
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     """array [n, ...] zero-padded to [rows, ...]."""

@@ -82,10 +82,7 @@ class ServedReader:
     @property
     def kind(self) -> str:
         """What the reader is: "encoder" (the BERT family) or "qanet" / "bidaf"."""
-        from dil_jax.model.char_reader import ENCODER_KIND
-
-        reader = self.reader.reader
-        return reader.model.kind if reader.is_char_reader else ENCODER_KIND
+        return self.reader.reader.kind
 
     def for_questions(self, count: int) -> Any:
         """The reader whose padding holds `count` questions: the smallest shape that does."""

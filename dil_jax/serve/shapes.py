@@ -141,7 +141,7 @@ def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
     it reads at most `questions` questions at once (None: its grid's batch size)."""
     batch, rows = reader.grid.batch_size, reader.passage_rows
     q_len, p_len = reader.reader.config.max_question_len, reader.cache.mask.shape[1]
-    if reader.reader.is_char_reader:
+    if not reader.reader.capabilities.pair_reuse:  # no ReusePlan: one class, nothing hoisted
         trims = reader.grid.trim_padding
         return WarmUpPlan(passage_rows=rows, classes=[HoistClass(1, False, False)],
                           question_widths=question_widths(q_len) if trims else [q_len],

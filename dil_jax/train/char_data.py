@@ -7,7 +7,7 @@ Characters come from the texts through the tokenizer's character offsets
 (`data.characters.squad_characters`, which `predict` reads with too). They are stored as
 uint16 (ids < 512), `MAX_CHARS` (16, the paper's) slots per token, questions once and distinct
 passage windows once: about 240 MB for the complete training set, against 1.4 GB per (question,
-window) pair at int32. The model keeps its own `max_chars` of them (`CharReaderModel`).
+window) pair at int32. The model keeps its own `max_chars` of them (`qanet_inputs.fit_chars`).
 
 A QANet / BiDAF here is a SQuAD v1.1 reader: it has no no-answer score (its null logits are
 PADDED_LOGIT), so a window that does not hold its question's answer has no label it can learn.

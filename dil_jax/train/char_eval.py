@@ -4,9 +4,9 @@
 
 The validation examples are featurized once (as `squad_data.evaluator`'s `predict_squad` does:
 the same windows, question length and stride) with their characters (`data.characters`); each
-evaluation reads them by `predict`'s own path for these readers (`char_window_logits`: each
-question and each distinct passage window once through `encode_lower`, every pair through
-`encode_upper`, on a `CharPairGrid` compiled once per model), decodes with the same
+evaluation reads them by `predict`'s own path (`window_logits`: each question and each distinct
+passage window once through `encode_lower`, every pair through `encode_upper`, on the reader's
+grid compiled once per model), decodes with the same
 `decode_predictions` (max-context rule, n-best 20, answers up to 30 tokens, no null: SQuAD v1.1)
 and scores with the official metric.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
@@ -23,8 +24,10 @@ from dil_jax.data.characters import SquadCharacters
 from dil_jax.data.features import Features
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import UsageError
-from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.qanet import Variables
+
+if TYPE_CHECKING:
+    from dil_jax.readers.protocol import Reader
 
 N_BEST, MAX_ANSWER_LENGTH = 20, 30  # predict_squad_spans' defaults
 
@@ -71,26 +74,26 @@ def scores(start_logits: np.ndarray, end_logits: np.ndarray, data: ValidationSet
     return {"exact": float(result["exact"]), "f1": float(result["f1"])}
 
 
-def evaluator(config: ml_collections.ConfigDict, model: CharReaderModel
+def evaluator(config: ml_collections.ConfigDict, student: Reader
               ) -> Callable[[Variables], dict[str, float]]:
-    """factory(config, model) -> evaluate_fn(variables) -> {"exact", "f1"} on validation."""
+    """factory(config, student) -> evaluate_fn(variables) -> {"exact", "f1"} on validation."""
     from dil_jax.data.squad import load_squad
 
-    if not isinstance(model, CharReaderModel):
+    if not student.capabilities.reads_characters:
         raise UsageError(f"config.eval.evaluator = {config.eval.evaluator!r} reads QANet / "
                          "BiDAF only (config.model.kind 'qanet' or 'bidaf')")
     file_key = "validation_file" if config.data.get("validation_file") else "squad_file"
     if load_squad(config.data[file_key]).version == "2.0":
         raise UsageError(f"config.data.{file_key} = {config.data[file_key]!r} is SQuAD 2.0: a "
                          "QANet / BiDAF here has no no-answer score; validate on SQuAD v1.1")
-    from dil_jax.predict import char_window_logits
+    from dil_jax.predict import window_logits
 
     data = validation_set(config)
     batch_size = int(config.eval.batch_size)
 
     def evaluate(variables: Variables) -> dict[str, float]:
-        read = char_window_logits(model, variables, data.features, data.characters,
-                                  batch_size=batch_size, progress=False)
+        read = window_logits(student.with_params(variables), data.features, data.characters,
+                             batch_size=batch_size, progress=False)
         return scores(read.start_logits, read.end_logits, data)
 
     return evaluate

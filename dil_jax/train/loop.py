@@ -40,7 +40,8 @@ import numpy as np
 from dil_jax.checkpoints import CheckpointError
 from dil_jax.checkpoints.windows import TrainedWindows
 from dil_jax.mesh import DistributedSettings, data_mesh, maybe_initialize_distributed
-from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.delayed import Params
+from dil_jax.readers.protocol import Reader
 from dil_jax.rounding import round_up
 from dil_jax.train import data as data_lib
 from dil_jax.train import sharding as sharding_lib
@@ -74,11 +75,12 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class TrainResult:
-    """What `train` returns: the final state, the student model, the last logged train and eval
-    metrics, and the step of the best checkpoint (None without a best_metric)."""
+    """What `train` returns: the final state, the student (the Reader trained: its model, and
+    the params it started from), the last logged train and eval metrics, and the step of the
+    best checkpoint (None without a best_metric)."""
 
     state: TrainState
-    model: DelayedInteractionModel
+    student: Reader
     last_metrics: dict[str, float]
     eval_metrics: dict[str, float]
     best_step: int | None
@@ -355,7 +357,8 @@ def train(config: ml_collections.ConfigDict, *,
 
     train_features / val_features: featurizer output; default: `config.data.featurizer`.
     evaluate_fn: params -> {"exact", "f1", ...} on the validation split; default:
-      `config.eval.evaluator` ("module:factory", factory(config, model) -> evaluate_fn), if set.
+      `config.eval.evaluator` ("module:factory", factory(config, student) -> evaluate_fn, the
+      student a Reader), if set.
       It is called on every process with globally-replicated params.
     stop_after_step: return right after this step (and its checkpoint, if one is due), as an
       interrupted run would; the next call resumes.
@@ -389,9 +392,8 @@ def train(config: ml_collections.ConfigDict, *,
         record_config(log_dir, config.to_json_best_effort(indent=2), start_step)
 
     teacher = None if models.teacher is None else models.teacher.model
-    step_fn = make_train_step(models.student.model, teacher, loss_weights(config), tx, schedule,
-                              mesh)
-    eval_loss_fn = (make_eval_loss(models.student.model, mesh) if data.validation is not None
+    step_fn = make_train_step(models.student, teacher, loss_weights(config), tx, schedule, mesh)
+    eval_loss_fn = (make_eval_loss(models.student, mesh) if data.validation is not None
                     else None)
     # Rows past the resumed step are dropped: those steps run again and are logged again.
     writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard),
@@ -421,7 +423,7 @@ def train(config: ml_collections.ConfigDict, *,
                       # say; synthetic ones have no windows or tokenizer to record.
                       TrainedWindows.of_training_config(config) if reads_text else None,
                       str(config.data.tokenizer) if reads_text else None)
-    return TrainResult(state=outcome.state, model=models.student.model,
+    return TrainResult(state=outcome.state, student=models.student,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,
                        interrupted_by=outcome.interrupted_by,

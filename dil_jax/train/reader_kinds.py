@@ -169,24 +169,23 @@ def word_table(spec: str, vocab_size: int, word_dim: int):
 
 
 def char_student(config: ml_collections.ConfigDict, rng):
-    """The QANet / BiDAF student as a `Reader` (model: CharReaderModel, params: its variables
-    as host arrays): a fresh one from config.model.reader and config.model.word_table, or the
-    export folder config.model.checkpoint names, warm-started: its own config, but for the run
-    settings config.model.reader changes (`char_reader.switched_config`: e.g. LSH attention or
-    dropout on a trained QANet's params; any other field must be unset or as trained)."""
+    """The QANet / BiDAF student as a `CharReader` (params: its variables as host arrays): a
+    fresh one from config.model.reader and config.model.word_table, or the export folder
+    config.model.checkpoint names, warm-started: its own config, but for the run settings
+    config.model.reader changes (`char_reader.switched_config`: e.g. LSH attention or dropout
+    on a trained QANet's params; any other field must be unset or as trained)."""
     import jax
     import numpy as np
 
-    from dil_jax.checkpoints.readers import Reader, load_char_reader
     from dil_jax.config import ConfigError
     from dil_jax.errors import CheckpointError
     from dil_jax.model.char_reader import (
         QUESTION_LEN_FIELD,
-        CharReaderModel,
         changed_fields,
+        char_model,
         reader_config,
-        switched_config,
     )
+    from dil_jax.readers import CharReader, load_reader
 
     kind = model_kind(config)
     fields = reader_fields(config)
@@ -194,28 +193,26 @@ def char_student(config: ml_collections.ConfigDict, rng):
     if config.model.checkpoint:
         source = f"config.model.checkpoint = {config.model.checkpoint!r}"
         try:
-            loaded = load_char_reader(config.model.checkpoint, kind, question_len,
-                                      with_tokenizer=False)
+            loaded = load_reader(config.model.checkpoint, None, question_len, kind=kind,
+                                 with_tokenizer=False)
         except CheckpointError as error:
             raise UsageError(f"{source}: {error}") from None
         changes = {} if not fields else changed_fields(
-            loaded.model.config, reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
+            loaded.config, reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
         try:
-            model = CharReaderModel(switched_config(loaded.model.config, changes))
+            student = loaded.with_config(**changes)
         except ConfigError as error:
             raise UsageError(f"config.model.reader against {source}: {error}; set those "
                              "fields as trained or unset config.model.reader") from None
         if changes:
             log.info("warm start from %s with %s", config.model.checkpoint,
                      ", ".join(f"{name} = {value!r}" for name, value in changes.items()))
-        _check_same_variables(model, loaded.params, source)
-        variables = loaded.params
-    else:
-        model = CharReaderModel(reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
-        table = word_table(str(config.model.word_table), model.config.vocab_size,
-                           model.config.word_dim)
-        variables = model.init(rng, word_table=table)
-    return Reader(model, jax.tree.map(np.asarray, variables))
+        _check_same_variables(student.model, student.params, source)
+        return student.with_params(jax.tree.map(np.asarray, student.params))
+    model = char_model(reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
+    table = word_table(str(config.model.word_table), model.config.vocab_size,
+                       model.config.word_dim)
+    return CharReader(model, jax.tree.map(np.asarray, model.init(rng, word_table=table)))
 
 
 def _check_same_variables(model, variables, source: str) -> None:

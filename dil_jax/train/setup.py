@@ -22,10 +22,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from dil_jax.checkpoints.readers import Reader, init_reader, load_reader
 from dil_jax.config import EncoderConfig, lsh_layers_of
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
+from dil_jax.readers import Reader, init_reader, load_reader
 from dil_jax.train import data as data_lib
 from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths
 from dil_jax.train.char_data import windows_of
@@ -337,7 +337,7 @@ def _evaluator(config: ml_collections.ConfigDict, student: Reader,
                evaluate_fn: EvaluateFn | None) -> EvaluateFn | None:
     """The given evaluate_fn, else config.eval.evaluator's for the student, else None."""
     if evaluate_fn is None and config.eval.evaluator:
-        return resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student.model)
+        return resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student)
     return evaluate_fn
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np
@@ -32,6 +33,9 @@ from dil_jax.train.answer_candidates import load_answer_candidates, window_candi
 from dil_jax.train.cloze import cloze_examples
 from dil_jax.train.data import TrainingFeatures, append_unlabelled, with_candidates
 from dil_jax.train.distractors import add_distractors, source_names, wikipedia_paragraphs
+
+if TYPE_CHECKING:
+    from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +176,9 @@ def spread_subset(examples: list[SquadExample], count: int) -> list[SquadExample
 V2_METRICS = ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1")
 
 
-def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[str, float]]:
-    """factory(config, model) -> evaluate_fn(params) -> {"exact", "f1"} on validation.
+def evaluator(config: ml_collections.ConfigDict, student: Reader
+              ) -> Callable[..., dict[str, float]]:
+    """factory(config, student) -> evaluate_fn(params) -> {"exact", "f1"} on validation.
 
     SQuAD v2.0 (the validation file's version): evaluate_fn first predicts
     `eval.threshold_questions` training questions (`spread_subset`), chooses the null threshold
@@ -183,7 +188,6 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
     """
     import math
 
-    from dil_jax.checkpoints.readers import Reader
     from dil_jax.data.decoding import answers, null_score_differences
     from dil_jax.data.squad import gold_answers
     from dil_jax.metrics.squad_metric import best_null_threshold, squad_scores
@@ -193,8 +197,9 @@ def evaluator(config: ml_collections.ConfigDict, model) -> Callable[..., dict[st
     examples = split_examples(config.data, "validation")
     gold = gold_answers(examples)
     version = load_squad(config.data.get("validation_file") or config.data.squad_file).version
-    # The student as a Reader without weights: each evaluation reads with that step's params.
-    student = Reader(model, params=None, tokenizer=load_tokenizer(config.data.tokenizer))
+    # The student with the data's tokenizer: each evaluation reads with that step's params.
+    student = dataclasses.replace(student, params=None,
+                                  tokenizer=load_tokenizer(config.data.tokenizer))
     options = dict(max_passage_len=config.data.max_passage_len,
                    doc_stride=config.data.doc_stride, batch_size=config.eval.batch_size,
                    progress=False)

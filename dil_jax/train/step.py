@@ -12,7 +12,7 @@ gradient accumulator in the scan carry.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.struct
 import jax
@@ -20,12 +20,13 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from dil_jax.model.char_reader import CharReaderModel
 from dil_jax.model.delayed import DelayedInteractionModel, Params
-from dil_jax.model.span_reader import ReaderOutput
 from dil_jax.train import losses, teacher_logits
 from dil_jax.train.optim import averaged
 from dil_jax.train.sharding import batch_sharding, replicated
+
+if TYPE_CHECKING:
+    from dil_jax.readers.protocol import Reader
 
 # q_ids, q_mask [A, M, Lq]; p_ids, p_mask [A, M, Lp] (QANet / BiDAF: also q_chars [A, M, Lq, C],
 # p_chars [A, M, Lp, C], dil_jax.train.char_data); start, end, valid, labelled [A, M] (valid:
@@ -55,23 +56,7 @@ def weights_of(state: TrainState) -> Params:
     return state.params if averaged_params is None else averaged_params
 
 
-def student_outputs(student: DelayedInteractionModel | CharReaderModel, params: Params,
-                    batch: Batch, *, deterministic: bool = True,
-                    rngs: dict[str, jax.Array] | None = None,
-                    output_hidden_states: bool = False) -> ReaderOutput:
-    """The student's outputs on one micro-batch [M, ...]: a QANet / BiDAF also reads the
-    batch's characters ("q_chars", "p_chars"; it has no hidden states for LRS, which the config
-    rules refuse for it)."""
-    if isinstance(student, CharReaderModel):
-        return student(params, batch["q_ids"], batch["q_chars"], batch["q_mask"],
-                       batch["p_ids"], batch["p_chars"], batch["p_mask"],
-                       deterministic=deterministic, rngs=rngs)
-    return student(params, batch["q_ids"], batch["q_mask"], batch["p_ids"], batch["p_mask"],
-                   deterministic=deterministic, rngs=rngs,
-                   output_hidden_states=output_hidden_states)
-
-
-def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
+def compute_losses(student: Reader, teacher: DelayedInteractionModel | None,
                    weights: losses.LossWeights, params: Params, teacher_params: Params | None,
                    batch: Batch, dropout_rng: jax.Array | None,
                    deterministic: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -85,7 +70,10 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
     use_teacher = teacher is not None and weights.needs_teacher and not stored
     need_states = use_teacher and weights.lrs > 0
     rngs = None if deterministic else {"dropout": dropout_rng}
-    out = student_outputs(student, params, batch, deterministic=deterministic, rngs=rngs,
+    # The student's outputs on one micro-batch (a QANet / BiDAF also reads the batch's
+    # characters, `Reader.outputs`; it has no hidden states for LRS, which the config rules
+    # refuse for it).
+    out = student.outputs(params, batch, deterministic=deterministic, rngs=rngs,
                           output_hidden_states=need_states)
     if weights.shared_norm_group:
         # The model reads the flat [M] windows; the loss normalises over each question's group
@@ -115,7 +103,7 @@ def compute_losses(student: DelayedInteractionModel, teacher: DelayedInteraction
     return total, {"loss": total, "ce": ce, "kd": kd, "lrs": lrs}
 
 
-def accumulate_gradients(student: DelayedInteractionModel,
+def accumulate_gradients(student: Reader,
                          teacher: DelayedInteractionModel | None, weights: losses.LossWeights,
                          params: Params, teacher_params: Params | None, batch: Batch,
                          step_rng: jax.Array) -> tuple[Params, dict[str, jax.Array]]:
@@ -158,7 +146,7 @@ def accumulate_gradients(student: DelayedInteractionModel,
     return grads, metrics
 
 
-def train_step(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
+def train_step(student: Reader, teacher: DelayedInteractionModel | None,
                weights: losses.LossWeights, tx: optax.GradientTransformation,
                schedule: optax.Schedule, state: TrainState, teacher_params: Params | None,
                batch: Batch, base_rng: jax.Array) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -202,7 +190,7 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.isfinite(sum(sums, jnp.zeros((), jnp.float32)))
 
 
-def make_train_step(student: DelayedInteractionModel, teacher: DelayedInteractionModel | None,
+def make_train_step(student: Reader, teacher: DelayedInteractionModel | None,
                     weights: losses.LossWeights, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, mesh: Mesh):
     """jit(train_step) with state/teacher/rng replicated and the batch sharded over "data".
@@ -215,7 +203,7 @@ def make_train_step(student: DelayedInteractionModel, teacher: DelayedInteractio
                    donate_argnums=(0,))
 
 
-def make_eval_loss(student: DelayedInteractionModel, mesh: Mesh):
+def make_eval_loss(student: Reader, mesh: Mesh):
     """jit: (params, batch [A, M, ...], weights [A, M]) -> (sum of CE over rows, sum of weights).
 
     Padding rows (weight 0) let the last partial validation batch keep the compiled shape.
@@ -223,7 +211,7 @@ def make_eval_loss(student: DelayedInteractionModel, mesh: Mesh):
 
     def eval_loss(params, batch, row_weights):
         def per_micro(micro):
-            out = student_outputs(student, params, micro)
+            out = student.outputs(params, micro)
             return losses.span_cross_entropy_rows(out, micro["start"], micro["end"])
 
         per_row = jax.lax.map(per_micro, batch)  # [A, M]

@@ -28,10 +28,10 @@ import numpy as np
 
 from dil_jax.atomic import write_atomic
 from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
-from dil_jax.checkpoints.readers import Reader
 from dil_jax.errors import UsageError
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
 from dil_jax.progress import CountBar
+from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 

@@ -107,16 +107,17 @@ def test_delayed_span_scores_equal_the_whole_readers(name):
     unit LayerNorm scales): every span score within 1e-4 of the largest real logit. The same
     check with the passages paired off by one (question i against passage i + 1) fails: it can
     tell a pair from another."""
-    model, variables, _ = bench.char_suite_model(name, 16, seed=1)
-    variables = {"params": perturb(variables["params"], 7), "frozen": variables["frozen"]}
+    reader, _ = bench.char_suite_model(name, 16, seed=1)
+    variables = {"params": perturb(reader.params["params"], 7),
+                 "frozen": reader.params["frozen"]}
     # The suite's tiny grid and sizes: the compiled programs are the CLI run's (cache hits).
-    inputs = bench.random_char_grid(bench.GridSpec(4, 3, 16, 48), model.config.vocab_size,
-                                    model.config.max_chars, seed=3)
+    inputs = bench.random_char_grid(bench.GridSpec(4, 3, 16, 48), reader.config.vocab_size,
+                                    reader.config.max_chars, seed=3)
     mesh = data_mesh()
-    _, whole = char_suites.run_whole_grid(char_suites.WholeReaderGrid(model, mesh, 4),
+    _, whole = char_suites.run_whole_grid(char_suites.WholeReaderGrid(reader, mesh, 4),
                                           variables, inputs)
     _, delayed = char_suites.run_char_delayed_grid(
-        CharPairGrid(model, mesh, 3, 4, trim_padding=False), variables, inputs)
+        reader, CharPairGrid(reader.model, mesh, 3, 4, trim_padding=False), variables, inputs)
     largest = char_suites.largest_real_logit(whole)
     assert whole.start_logits.shape == delayed.start_logits.shape == (4, 3, 48)
     np.testing.assert_allclose(delayed.start_logits, whole.start_logits,

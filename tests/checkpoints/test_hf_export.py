@@ -18,13 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import (
-    MANIFEST_FILE,
-    PARTIAL_SAFETENSORS_FILE,
-    SAFETENSORS_FILE,
-    load_reader,
-)
+from dil_jax.checkpoints import MANIFEST_FILE, PARTIAL_SAFETENSORS_FILE, SAFETENSORS_FILE
 from dil_jax.commands.check import parity_tolerance
+from dil_jax.readers import load_reader
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 
 from tests.helpers import ASSETS, V11, run_cli, squad_file

@@ -19,9 +19,9 @@ from dil_jax.checkpoints import (
     SAFETENSORS_FILE,
     CheckpointError,
     load_hf_checkpoint,
-    load_reader,
 )
 from dil_jax.errors import DilJaxError
+from dil_jax.readers import load_reader
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
 from tests.helpers import ASSETS, run_cli

@@ -157,9 +157,9 @@ def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = Non
     import jax
     import numpy as np
 
-    from dil_jax.checkpoints import load_reader
     from dil_jax.prescreening.model import PrescreenConfig, Prescreener
     from dil_jax.prescreening.prescreener import SentencePrescreener
+    from dil_jax.readers import load_reader
 
     config = PrescreenConfig(embedding_dim=384, width=16, num_layers=1, num_heads=2, mlp_dim=16,
                              max_sentences=8, dropout=0.0)

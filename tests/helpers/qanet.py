@@ -159,7 +159,7 @@ def learnt_pointing(workdir, validation) -> dict:
     import json
     from pathlib import Path
 
-    from dil_jax.checkpoints.readers import load_char_reader
+    from dil_jax.readers import load_reader
     from dil_jax.train.char_data import char_windows
 
     rows = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").open()]
@@ -167,11 +167,9 @@ def learnt_pointing(workdir, validation) -> dict:
     val_loss = [row["val_loss"] for row in rows if row["split"] == "eval"][-1]
     assert losses[0] > 2.0, losses
     assert val_loss < 1.25, (losses, val_loss)
-    reader = load_char_reader(Path(workdir) / "params", with_tokenizer=False)
-    model, variables = reader.model, reader.params
+    reader = load_reader(Path(workdir) / "params", with_tokenizer=False)
     batch = char_windows(validation).batch(np.arange(len(validation.p_ids)))
-    out = model(variables, batch["q_ids"], batch["q_chars"], batch["q_mask"], batch["p_ids"],
-                batch["p_chars"], batch["p_mask"])
+    out = reader.outputs(reader.params, batch)
     accuracy = np.mean(np.argmax(np.asarray(out.start_logits), -1) == batch["start"])
     print(f"loss {losses[0]:.2f} -> {losses[-1]:.2f}, validation {val_loss:.2f}, "
           f"held-out start accuracy {accuracy:.3f}")

@@ -38,7 +38,9 @@ PASSAGES = [SimpleNamespace(passage_id="doc0-p0", title="T0", text="the answer i
 
 def fake_reader(k: int):
     config = SimpleNamespace(num_lower_layers=k, num_layers=6)
-    return SimpleNamespace(reader=SimpleNamespace(config=config, is_char_reader=False),
+    capabilities = SimpleNamespace(null_score=True)
+    return SimpleNamespace(reader=SimpleNamespace(config=config, capabilities=capabilities,
+                                                  kind="encoder"),
                            index=SimpleNamespace(passages=PASSAGES))
 
 

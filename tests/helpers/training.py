@@ -124,6 +124,7 @@ def distill_steps(student, teacher, params, num_steps: int, vocab_size: int
     import jax
 
     from dil_jax.mesh import data_mesh
+    from dil_jax.readers import EncoderReader
     from dil_jax.train.data import synthetic_features, windows_from_features
     from dil_jax.train.losses import LossWeights
     from dil_jax.train.optim import make_optimizer
@@ -134,7 +135,7 @@ def distill_steps(student, teacher, params, num_steps: int, vocab_size: int
     tx, schedule = make_optimizer(3e-3, 100, 0)
     state = jax.jit(lambda p: init_train_state(p, tx))(replicate(params, mesh))
     weights = LossWeights(ce=1.0, kd=1.0, lrs=1.0, temperature=2.0)
-    step = make_train_step(student, teacher, weights, tx, schedule, mesh)
+    step = make_train_step(EncoderReader(student, None), teacher, weights, tx, schedule, mesh)
     windows = windows_from_features(synthetic_features(num_questions=8, question_len=8,
                                                        passage_len=16, vocab_size=vocab_size))
     rows = np.arange(8).reshape(1, 8)

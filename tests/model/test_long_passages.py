@@ -409,11 +409,11 @@ def test_predict_reads_with_lsh_in_the_lower_blocks(tmp_path, capsys):
 def test_predict_lsh_flags_are_checked():
     import argparse
 
-    from dil_jax.checkpoints import Reader
     from dil_jax.commands.predict import check_lsh_flags, lsh_layers, with_lsh_flags
     from dil_jax.errors import UsageError
+    from dil_jax.readers import EncoderReader
 
-    model = Reader(DelayedInteractionModel(_config(num_lower_layers=2)), params={})
+    model = EncoderReader(DelayedInteractionModel(_config(num_lower_layers=2)), params={})
 
     def flags(layers=None, hashes=None, bucket=None):
         return argparse.Namespace(lsh_layers=None if layers is None else lsh_layers(layers),
@@ -429,4 +429,5 @@ def test_predict_lsh_flags_are_checked():
     with pytest.raises(ConfigError, match="lsh_attention_layers"):
         with_lsh_flags(model, flags("9"))
     with pytest.raises(UsageError, match="no lower blocks"):
-        with_lsh_flags(Reader(DelayedInteractionModel(_config()), params={}), flags("lower"))
+        with_lsh_flags(EncoderReader(DelayedInteractionModel(_config()), params={}),
+                       flags("lower"))

@@ -149,15 +149,14 @@ def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_p
     """An index over the sample passages with cached XLNet lower states (k = 1): each retrieved
     passage's answer is the one the SQuAD predict path gives for that passage and question.
     The cache's first-upper-block reuse arrays (--cache-reuse) are refused by name."""
-    from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import SquadExample
     from dil_jax.model.xlnet import XLNetUnsupportedError
-    from dil_jax.open_domain.cache.encoders import passage_encoder
     from dil_jax.open_domain.cache.reuse import reuse_encoder
     from dil_jax.open_domain.index.corpus import Document, split_documents
     from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader
     from dil_jax.predict import predict_squad
+    from dil_jax.readers import load_reader
     from dil_jax.samples import SAMPLE_PASSAGES
 
     loaded = load_reader(str(xlnet_reader_folder), 1, 16)
@@ -166,7 +165,7 @@ def test_open_domain_reader_equals_squad_predict_path(xlnet_reader_folder, tmp_p
     index = build_index(tmp_path / "index", split_documents(documents, "paragraphs"),
                         loaded.tokenizer, max_passage_len=32, doc_stride=16,
                         split={"strategy": "paragraphs"})
-    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(batch_size=4))
     reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=4,
                               chunk_size=8)
     questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import ExportManifest, load_reader
+from dil_jax.checkpoints import ExportManifest
 from dil_jax.defaults import bundled_reader
 from dil_jax.open_domain.cache.manifest import CacheManifest
 from dil_jax.open_domain.cache.storage import Storage
@@ -31,6 +31,7 @@ from dil_jax.open_domain.index.folder import open_index
 from dil_jax.open_domain.reader import OpenDomainReader
 from dil_jax.open_domain.retrieval.bm25 import Bm25Manifest
 from dil_jax.prescreening.prescreener import BUNDLED_PRESCREENER, PrescreenerManifest
+from dil_jax.readers import load_reader
 
 from tests.helpers import FIXTURES
 

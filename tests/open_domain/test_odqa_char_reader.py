@@ -15,11 +15,11 @@ import json
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_char_reader
 from dil_jax.data.decoding import window_nbest
 from dil_jax.model.qanet_inputs import QANetSegment, token_characters
 from dil_jax.open_domain.index.folder import open_index, window_arrays
 from dil_jax.open_domain.reader import OpenDomainReader
+from dil_jax.readers import load_reader
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import encode_questions
 
@@ -55,13 +55,13 @@ def _reference_states(reader, index) -> np.ndarray:
                                  arrays["offsets"][rows], arrays["mask"][rows],
                                  reader.config.max_chars)
         segment = QANetSegment(arrays["ids"][rows], chars, arrays["mask"][rows])
-        states[rows] = np.asarray(reader.model.model.encode_lower(reader.params, segment))
+        states[rows] = np.asarray(reader.model.encode_lower(reader.params, segment))
     return states
 
 
 def test_the_cache_holds_each_windows_embedding_encoder_state(qanet_index):
     export, index_dir, _ = qanet_index
-    reader = load_char_reader(export)
+    reader = load_reader(export)
     index = open_index(index_dir)
     cache = index.open_cache(reader)  # also re-encodes two rows (`check_states`)
     assert cache.manifest.key.architecture == "qanet"
@@ -78,7 +78,7 @@ def test_reader_scores_are_the_whole_qanets_on_each_pair(qanet_index, tokenizer)
     """Each retrieved passage's candidate score is the best allowed span of its windows under
     the whole QANet (question characters from the question text)."""
     export, index_dir, _ = qanet_index
-    reader = load_char_reader(export)
+    reader = load_reader(export)
     index = open_index(index_dir)
     odqa = OpenDomainReader(index, reader, index.open_cache(reader), top_p=3, batch_size=2,
                             chunk_size=4)
@@ -94,8 +94,8 @@ def test_reader_scores_are_the_whole_qanets_on_each_pair(qanet_index, tokenizer)
         rows = np.arange(index.windows.first[candidate.passage_index],
                          index.windows.first[candidate.passage_index]
                          + index.windows.count[candidate.passage_index])
-        q_state = reader.model.model.encode_lower(reader.params, question)
-        out = reader.model.model.encode_upper(
+        q_state = reader.model.encode_lower(reader.params, question)
+        out = reader.model.encode_upper(
             reader.params, np.repeat(np.asarray(q_state), len(rows), 0),
             np.repeat(q.mask, len(rows), 0), states[rows], arrays["mask"][rows])
         valid_end = arrays["offsets"][rows][..., 0] >= 0

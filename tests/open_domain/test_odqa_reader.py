@@ -8,9 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_reader
 from dil_jax.data.squad import SquadExample
-from dil_jax.open_domain.cache.encoders import passage_encoder
 from dil_jax.open_domain.index.corpus import Document, split_documents
 from dil_jax.open_domain.index.folder import build_index, build_reader_cache
 from dil_jax.open_domain.reader import OpenDomainReader
@@ -23,6 +21,7 @@ from dil_jax.open_domain.scoring import (
     standardize,
 )
 from dil_jax.predict import predict_squad
+from dil_jax.readers import load_reader
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.pairs import SpanScores
 from dil_jax.samples import SAMPLE_PASSAGES
@@ -48,7 +47,7 @@ def index(minilm, tmp_path_factory):
 @pytest.mark.parametrize("k", [0, 4])
 def test_reader_equals_squad_predict_path(minilm, index, k):
     loaded = minilm.with_config(num_lower_layers=k)
-    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(batch_size=4))
     assert index.windows.count.max() > 1, "some passage must span several windows"
     reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=4,
                               chunk_size=8)
@@ -115,7 +114,7 @@ def test_margin_rule_ignores_a_constant_added_to_a_window(minilm, index, monkeyp
     spacing is ~4e-6, and a margin sums four of them, so ~2e-5; checked at 1e-4), while it
     reorders the "logits" rule's passages."""
     loaded = minilm.with_config(num_lower_layers=4)
-    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(batch_size=4))
     reader = OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=4,
                               chunk_size=8, span_score="margin")
     every = " ".join(bm25_tokenize(passage.text)[0] for passage in index.passages)
@@ -204,7 +203,7 @@ def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
     from dil_jax.open_domain.evaluate import EvaluationProgress, ProgressFileError, evaluate_reader
 
     loaded = minilm.with_config(num_lower_layers=4)
-    cache = build_reader_cache(index, loaded, encode=passage_encoder(loaded, batch_size=4))
+    cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(batch_size=4))
     reader = OpenDomainReader(index, loaded, cache, batch_size=4, chunk_size=8)
     asked = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?",
              "What is the Moon?", "Who was Elizabeth Bennet?", "What did Austen write?"]

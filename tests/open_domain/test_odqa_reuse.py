@@ -16,11 +16,10 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import Reader, load_hf_checkpoint
+from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import PADDED_LOGIT
 from dil_jax.open_domain.cache.build import build_passage_cache
-from dil_jax.open_domain.cache.encoders import passage_encoder
 from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.storage import Storage
 from dil_jax.open_domain.cache.store import (
@@ -36,6 +35,7 @@ from dil_jax.open_domain.index.corpus import Document, split_documents
 from dil_jax.open_domain.index.folder import build_index, build_reader_cache, window_arrays
 from dil_jax.open_domain.reader import OpenDomainReader
 from dil_jax.open_domain.retrieval.engines import bm25_tokenize
+from dil_jax.readers import EncoderReader
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer
 
@@ -49,7 +49,8 @@ NPY_HEADER = 128  # bytes of a .npy header of these shapes (format 1.0, padded t
 def tiny(hf_folder_factory, minilm_dir):
     folder = hf_folder_factory("bert", vocab_size=30522)[0]
     config, params, _ = load_hf_checkpoint(folder, max_question_len=Q_LEN)
-    return Reader(DelayedInteractionModel(config), params, load_tokenizer(minilm_dir)), folder
+    return (EncoderReader(DelayedInteractionModel(config), params, load_tokenizer(minilm_dir)),
+            folder)
 
 
 def _index(root, tokenizer):
@@ -63,7 +64,7 @@ def _cache(index, reader, k, dtype="float32", reuse=True):
     loaded = reader.with_config(num_lower_layers=k)
     cache = build_reader_cache(
         index, loaded, storage=Storage.parse(dtype),
-        encode=passage_encoder(loaded, batch_size=4),
+        encode=loaded.passage_encoder(batch_size=4),
         reuse=reuse_encoder(loaded, batch_size=4) if reuse else None)
     return loaded, cache
 
@@ -179,7 +180,7 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     storage, hidden, heads = Storage(dtype), base.config.hidden_size, base.config.num_heads
     # What was stored is the storage's round trip of a fresh computation (writer = reader).
     arrays = window_arrays(index)
-    fresh = passage_encoder(loaded, batch_size=4)(WindowBatch.of(
+    fresh = loaded.passage_encoder(batch_size=4)(WindowBatch.of(
         np.arange(len(arrays["ids"])), arrays["ids"], arrays["mask"], arrays["offsets"]))
     np.testing.assert_array_equal(cache.read_states(range(len(cache))),
                                   cache.states.round_trip(fresh))
@@ -301,7 +302,7 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     config = loaded.config
     manifest = index.cache_key(loaded, Storage.parse("pca6"))
     arrays = window_arrays(index)
-    encode = passage_encoder(loaded, batch_size=4)
+    encode = loaded.passage_encoder(batch_size=4)
     reuse = reuse_encoder(loaded, batch_size=4)
     args = (manifest, arrays["ids"], arrays["mask"], arrays["offsets"])
     options = dict(chunk_passages=3, reuse=reuse, num_heads=config.num_heads)

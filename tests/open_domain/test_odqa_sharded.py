@@ -161,9 +161,9 @@ def test_two_processes_equal_one_byte_for_byte(two_processes, one_process, tmp_p
 
 
 def test_reader_reads_a_sharded_cache_as_the_unsharded_one(two_processes, one_process):
-    from dil_jax.checkpoints import load_reader
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers import load_reader
 
     loaded = load_reader("default", 1, 16)
     questions = ["Who wrote Pride and Prejudice?", "What is the capital of France?"]

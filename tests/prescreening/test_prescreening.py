@@ -36,8 +36,8 @@ def test_sentence_embeddings_match_hf_mean_pooling(minilm_dir):
     import torch
     from transformers import AutoModel
 
-    from dil_jax.checkpoints import load_reader
     from dil_jax.prescreening.embed import sentence_embeddings
+    from dil_jax.readers import load_reader
 
     encoder = load_reader(str(minilm_dir), None, 16)
     tokenizer = encoder.tokenizer
@@ -130,13 +130,13 @@ def test_reading_kept_sentences_equals_reading_their_text():
     blocks) gives the same answer as reading a context made of those sentences' text."""
     import dataclasses
 
-    from dil_jax.checkpoints import load_reader
     from dil_jax.data.decoding import answers, decode_predictions
     from dil_jax.data.features import featurize
     from dil_jax.data.squad import SquadExample
     from dil_jax.defaults import bundled_reader
     from dil_jax.predict import predict_squad, window_logits
     from dil_jax.prescreening.screen import token_sentences, window_keep
+    from dil_jax.readers import load_reader
 
     reader = load_reader(str(bundled_reader("full")), None, 32)
     context = ("The Amazon is a river in South America. It flows into the Atlantic Ocean. "
@@ -155,8 +155,7 @@ def test_reading_kept_sentences_equals_reading_their_text():
     token_sentence = token_sentences(features.offsets, np.zeros(features.num_windows, int),
                                      [spans])
     keep = window_keep(token_sentence, kept[features.example_index], features.p_mask)
-    logits = window_logits(reader.model, reader.params, features, batch_size=4, progress=False,
-                           keep=keep)
+    logits = window_logits(reader, features, batch_size=4, progress=False, keep=keep)
     ours = decode_predictions(examples, features, logits.start_logits, logits.end_logits)
     for example, chosen in zip(examples, kept_sets, strict=True):
         text = " ".join(context[slice(*spans[i])] for i in chosen)

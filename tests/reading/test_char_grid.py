@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
-from dil_jax.model.char_reader import CharReaderModel
+from dil_jax.model.char_reader import CharModel, char_model
+from dil_jax.model.delayed import InputError
 from dil_jax.model.qanet_inputs import QANetSegment
 from dil_jax.reading.char_grid import CharPairGrid
 
@@ -47,16 +48,16 @@ def _reader(kind: str, **changes):
     else:
         config = tiny_config(**changes)
         variables = tiny_variables(config)
-    return CharReaderModel(config), variables
+    return char_model(config), variables
 
 
-def _whole_pairs(model: CharReaderModel, variables, question: QANetSegment,
+def _whole_pairs(model: CharModel, variables, question: QANetSegment,
                  passage: QANetSegment, q_index: np.ndarray, p_index: np.ndarray):
     """The reference: every pair through the whole reader (one apply per batch)."""
     def rows(seg, index):
         return QANetSegment(seg.ids[index], seg.chars[index], seg.mask[index])
 
-    out = model.model(variables, rows(question, q_index), rows(passage, p_index))
+    out = model(variables, rows(question, q_index), rows(passage, p_index))
     return np.asarray(out.start_logits), np.asarray(out.end_logits)
 
 
@@ -88,7 +89,7 @@ def test_grid_reads_every_pair_as_the_whole_reader(kind, trim):
     assert not np.isnan(scores.start_logits).any()
 
 
-def grid_width(model: CharReaderModel) -> int:
+def grid_width(model: CharModel) -> int:
     return getattr(model.config, "d_model", None) or 2 * model.config.hidden
 
 
@@ -109,6 +110,11 @@ def test_a_listed_subset_of_pairs_comes_back_in_list_order():
                                atol=RTOL * np.abs(start[real]).max())
     # The same pair listed twice reads the same.
     np.testing.assert_array_equal(scores.start_logits[0], scores.start_logits[2])
+    # Called as a PairGrid is called: what only that grid reads (kept tokens, hoisted
+    # first-upper-block arrays) is refused, not silently dropped.
+    with pytest.raises(InputError, match="whole windows with nothing hoisted"):
+        grid.read_pairs(variables, q_state, question.mask, p_state, passage.mask, q_index,
+                        p_index, positions=np.zeros((5, 4), np.int32))
 
 
 def test_lsh_in_the_model_encoder_reads_whole_windows():
@@ -124,12 +130,12 @@ def test_lsh_in_the_model_encoder_reads_whole_windows():
 GRID_SCRIPT = """
 import sys
 import numpy as np
-from dil_jax.model.char_reader import CharReaderModel
+from dil_jax.model.char_reader import char_model
 from dil_jax.reading.char_grid import CharPairGrid
 from tests.helpers.qanet import segment, tiny_config, tiny_variables
 
 config = tiny_config()
-model, variables = CharReaderModel(config), tiny_variables(config)
+model, variables = char_model(config), tiny_variables(config)
 question = segment(1, 3, 7, (0, 4, 2), config)
 passage = segment(2, 4, 12, (0, 7, 3, 0), config)
 grid = CharPairGrid(model, batch_size=2, chunk_size=6)

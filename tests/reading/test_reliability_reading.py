@@ -118,9 +118,9 @@ def test_ask_refuses_a_question_length_the_index_windows_do_not_fit(long_window_
 
 
 def test_non_finite_reader_scores_are_an_error_naming_question_and_passage(long_window_index):
-    from dil_jax.checkpoints import load_reader
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers import load_reader
 
     loaded = load_reader("default", 0, 12, None)
     index = open_index(long_window_index)

@@ -165,10 +165,11 @@ def test_read_route_is_the_whole_reader_on_predicts_inputs(server, tokenizer):
     chars = squad_characters([example], features, tokenizer)
     n = features.p_ids.shape[0]
     assert n > 1
-    whole = jax.jit(reader.model.__call__)  # one program, not op by op
-    out = whole(reader.params, np.repeat(features.q_ids, n, 0),
-                np.repeat(chars.q_chars, n, 0), np.repeat(features.q_mask, n, 0),
-                features.p_ids, chars.p_chars[chars.p_source], features.p_mask)
+    whole = jax.jit(reader.outputs)  # one program, not op by op
+    out = whole(reader.params, {
+        "q_ids": np.repeat(features.q_ids, n, 0), "q_chars": np.repeat(chars.q_chars, n, 0),
+        "q_mask": np.repeat(features.q_mask, n, 0), "p_ids": features.p_ids,
+        "p_chars": chars.p_chars[chars.p_source], "p_mask": features.p_mask})
     best = max(((w, *span) for w in range(n) for span in window_spans(
         np.asarray(out.start_logits[w]), np.asarray(out.end_logits[w]),
         float(out.null_start_logits[w]), float(out.null_end_logits[w]),

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints.readers import load_char_reader
+from dil_jax.readers import load_reader
 from dil_jax.train.loop import train
 from dil_jax.train.optim import averaged
 
@@ -41,21 +41,21 @@ def run(tmp_path_factory):
 def test_the_export_holds_the_steps_weights_bit_for_bit(run, tmp_path):
     workdir, result = run
     out = export_train_step.export_step(workdir, tmp_path / "step4", step=4)
-    reader = load_char_reader(out, kind="qanet", with_tokenizer=False)
+    reader = load_reader(out, kind="qanet", with_tokenizer=False)
     state = jax.device_get(result.state)
     average = averaged(state.opt_state)
     jax.tree.map(np.testing.assert_array_equal, reader.params, average)
     # The average is not the params (so the test tells which one was exported).
     assert not np.array_equal(average["params"]["projection"]["kernel"],
                               state.params["params"]["projection"]["kernel"])
-    assert reader.config == result.model.config
+    assert reader.config == result.student.config
     record = json.loads((out / "trained_from.json").read_text())
     assert record["step"] == 4 and record["workdir"] == str(workdir.resolve())
     # The run config's windows, which `dil-jax predict` reads with by default.
     run_data = json.loads((workdir / "config.json").read_text())["data"]
     assert record["windows"] == {"max_passage_len": run_data["max_passage_len"],
                                  "doc_stride": run_data["doc_stride"]}
-    earlier = load_char_reader(export_train_step.export_step(workdir, tmp_path / "step2", 2),
+    earlier = load_reader(export_train_step.export_step(workdir, tmp_path / "step2", 2),
                                with_tokenizer=False)
     assert not np.array_equal(earlier.params["params"]["projection"]["kernel"],
                               reader.params["params"]["projection"]["kernel"])
@@ -64,7 +64,7 @@ def test_the_export_holds_the_steps_weights_bit_for_bit(run, tmp_path):
 def test_trained_weights_are_the_params_not_the_average(run, tmp_path):
     workdir, result = run
     out = export_train_step.export_step(workdir, tmp_path / "trained", 4, weights="trained")
-    reader = load_char_reader(out, kind="qanet", with_tokenizer=False)
+    reader = load_reader(out, kind="qanet", with_tokenizer=False)
     jax.tree.map(np.testing.assert_array_equal, reader.params,
                  jax.device_get(result.state.params))
     assert json.loads((out / "trained_from.json").read_text())["weights"] == "trained"
@@ -85,8 +85,8 @@ def test_trained_weights_of_a_run_without_an_average_are_refused(tmp_path):
 def test_reader_changes_go_into_the_exported_config(run, tmp_path):
     workdir, result = run
     out = export_train_step.export_step(workdir, tmp_path / "scaled", 4, {"word_scale": "18"})
-    reader = load_char_reader(out, with_tokenizer=False)
-    assert reader.config == result.model.config.replace(word_scale=18)
+    reader = load_reader(out, with_tokenizer=False)
+    assert reader.config == result.student.config.replace(word_scale=18)
 
 
 @pytest.mark.parametrize("step, changes, out_exists, named", [

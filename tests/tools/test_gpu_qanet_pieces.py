@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from dil_jax.checkpoints import load_char_reader
 from dil_jax.checkpoints.char_readers import save_char_reader
+from dil_jax.readers import load_reader
 
 from tests.helpers import load_script
 from tests.helpers.qanet import tiny_config, tiny_variables
@@ -22,7 +22,7 @@ def test_a_trained_word_table_round_trips_through_the_pieces(tmp_path):
     (tmp_path / "out").mkdir()
     pieces = tool.pack_char_reader(export, tmp_path / "out", "qanet_scratch")
     unpacked = tool.unpack_char_reader(pieces[0], tmp_path / "here" / "params", base=None)
-    reader = load_char_reader(unpacked, kind="qanet", with_tokenizer=False)
+    reader = load_reader(unpacked, kind="qanet", with_tokenizer=False)
     assert reader.config == config and set(reader.params) == {"params"}
     for got, want in zip(jax.tree.leaves(reader.params), jax.tree.leaves(variables),
                          strict=True):

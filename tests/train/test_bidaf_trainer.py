@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from dil_jax.checkpoints.readers import load_char_reader
 from dil_jax.errors import CheckpointError
 from dil_jax.model.bidaf import BiDAFConfig
+from dil_jax.readers import load_reader
 from dil_jax.train.loop import train
 
 from tests.helpers.qanet import learnt_pointing, pointing_features, trainer_config
@@ -20,12 +20,12 @@ def test_tiny_bidaf_learns_through_the_trainer(tmp_path):
     config = trainer_config("bidaf", tmp_path / "run", steps=200)
     validation = pointing_features(1, 256)
     result = train(config, train_features=pointing_features(0, 4096), val_features=validation)
-    assert isinstance(result.model.config, BiDAFConfig)
+    assert isinstance(result.student.config, BiDAFConfig)
     learnt_pointing(tmp_path / "run", validation)
-    reader = load_char_reader(tmp_path / "run" / "params", kind="bidaf", with_tokenizer=False)
-    assert reader.model.config == result.model.config
+    reader = load_reader(tmp_path / "run" / "params", kind="bidaf", with_tokenizer=False)
+    assert reader.model.config == result.student.config
     with pytest.raises(CheckpointError, match="a bidaf reader, not a qanet one"):
-        load_char_reader(tmp_path / "run" / "params", kind="qanet")
+        load_reader(tmp_path / "run" / "params", kind="qanet")
 
 
 def test_a_resumed_bidaf_run_equals_the_uninterrupted_one(tmp_path):

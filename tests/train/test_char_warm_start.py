@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints.char_readers import save_char_reader
-from dil_jax.checkpoints.readers import load_char_reader
 from dil_jax.config import ConfigError
 from dil_jax.errors import UsageError
+from dil_jax.readers import load_reader
 from dil_jax.train.char_data import char_windows
 from dil_jax.train.setup import load_run_models
 
@@ -39,13 +39,11 @@ def tiny_export(tmp_path_factory):
 
 
 def _start_logits(reader, batch) -> np.ndarray:
-    out = reader.model(reader.params, batch["q_ids"], batch["q_chars"], batch["q_mask"],
-                       batch["p_ids"], batch["p_chars"], batch["p_mask"])
-    return np.asarray(out.start_logits)
+    return np.asarray(reader.outputs(reader.params, batch).start_logits)
 
 
 def test_lsh_with_one_chunk_reads_a_trained_qanet_as_full_attention(tiny_export):
-    reader = load_char_reader(tiny_export["qanet"], with_tokenizer=False)
+    reader = load_reader(tiny_export["qanet"], with_tokenizer=False)
     batch = char_windows(pointing_features(1, 8)).batch(np.arange(8))  # 16 passage tokens
     lsh = reader.with_config(lsh_encoders=("embedding", "model"), lsh_bucket_size=64)
     assert lsh.config.lsh_encoders == ("embedding", "model") and lsh.params is reader.params
@@ -61,14 +59,14 @@ def test_lsh_with_one_chunk_reads_a_trained_qanet_as_full_attention(tiny_export)
     ("qanet", "word_scale", 18.0), ("qanet", "d_model", 16), ("bidaf", "word_scale", 18.0),
     ("bidaf", "hidden", 7)])
 def test_a_field_the_params_depend_on_is_refused_by_name(tiny_export, kind, change, value):
-    reader = load_char_reader(tiny_export[kind], with_tokenizer=False)
+    reader = load_reader(tiny_export[kind], with_tokenizer=False)
     with pytest.raises(ConfigError, match=rf"{change} = {value!r} \(trained with "
                                           rf"{getattr(reader.config, change)!r}\)"):
         reader.with_config(**{change: value})
 
 
 def test_an_unknown_field_is_named_as_unknown(tiny_export):
-    reader = load_char_reader(tiny_export["qanet"], with_tokenizer=False)
+    reader = load_reader(tiny_export["qanet"], with_tokenizer=False)
     with pytest.raises(ConfigError, match=r"unknown QANetConfig field\(s\) \['lsh_layers'\]"):
         reader.with_config(lsh_layers=(0,))
 
@@ -79,7 +77,7 @@ def test_the_trainer_warm_starts_a_trained_qanet_with_lsh_attention(tiny_export,
                                "model.reader.lsh_encoders": "embedding,model",
                                "model.reader.dropout": 0.2})
     student = load_run_models(config, None).student
-    trained = load_char_reader(tiny_export["qanet"], with_tokenizer=False)
+    trained = load_reader(tiny_export["qanet"], with_tokenizer=False)
     assert student.config == trained.config.replace(lsh_encoders=("embedding", "model"),
                                                     dropout=0.2)
     jax.tree.map(np.testing.assert_array_equal, student.params, trained.params)

@@ -5,7 +5,7 @@
 - KD / LRS and the MiniLM featurizer with kind qanet: one-line errors naming the key;
 - a tiny QANet learns a pointing task through `train` (the loss falls from chance, held-out
   starts are found), its frozen word table never moves, and the exported reader reads back
-  (`load_char_reader`, its manifest naming the kind) to the same outputs as the trained state.
+  (`load_reader`, its manifest naming the kind) to the same outputs as the trained state.
 
 The pointing task (`tests.helpers.qanet.pointing_features`): the answer starts at the passage token
 that equals the question's key; the question's other tokens are nowhere in the passage. So only
@@ -22,12 +22,12 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_reader, resolve_reader_checkpoint
-from dil_jax.checkpoints.readers import load_char_reader
+from dil_jax.checkpoints import resolve_reader_checkpoint
 from dil_jax.data.characters import squad_characters
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import SquadExample
 from dil_jax.errors import CheckpointError, UsageError
+from dil_jax.readers import load_reader
 from dil_jax.tokenization import load_tokenizer
 from dil_jax.train.char_data import char_windows
 from dil_jax.train.config_files import load_config_file
@@ -135,22 +135,18 @@ def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_pat
     assert all(jax.tree.leaves(moved))
 
     # The export (its manifest names the kind) reads back to the trained state's outputs.
-    reader = load_char_reader(tmp_path / "run" / "params", kind="qanet", with_tokenizer=False)
-    model, variables = reader.model, reader.params
-    assert model.config == result.model.config
+    reader = load_reader(tmp_path / "run" / "params", kind="qanet", with_tokenizer=False)
+    assert reader.config == result.student.config
 
-    def read(m, v):
-        return m(v, batch["q_ids"], batch["q_chars"], batch["q_mask"], batch["p_ids"],
-                 batch["p_chars"], batch["p_mask"])
-
-    out, again = read(result.model, jax.device_get(trained)), read(model, variables)
+    out = result.student.outputs(jax.device_get(trained), batch)
+    again = reader.outputs(reader.params, batch)
     np.testing.assert_array_equal(np.asarray(out.start_logits), np.asarray(again.start_logits))
     np.testing.assert_array_equal(np.asarray(out.end_logits), np.asarray(again.end_logits))
-    assert resolve_reader_checkpoint(tmp_path / "run" / "params").char_reader_kind == "qanet"
-    with pytest.raises(CheckpointError, match="a qanet reader .*predict, .* read it, this reads"):
-        load_reader(tmp_path / "run" / "params")  # index, ask, bench and serve: not yet
+    assert resolve_reader_checkpoint(tmp_path / "run" / "params").model_kind == "qanet"
+    # The one loader reads it as it reads every family (its manifest's kind picks it).
+    assert load_reader(tmp_path / "run" / "params", with_tokenizer=False).kind == "qanet"
     with pytest.raises(CheckpointError, match="a qanet reader, not a bidaf one"):
-        load_char_reader(tmp_path / "run" / "params", kind="bidaf")
+        load_reader(tmp_path / "run" / "params", kind="bidaf")
 
 
 @pytest.mark.parametrize("kind", ["qanet", "bidaf"])
@@ -174,13 +170,12 @@ def test_a_trained_word_table_moves_and_its_export_reads_back(tmp_path, kind):
     # gradient, so only that: a uniform factor of the initial row.
     ratio = after[unseen] / before[unseen]
     np.testing.assert_allclose(ratio, ratio.flat[0], rtol=1e-5)
-    reader = load_char_reader(tmp_path / "run" / "params", kind=kind, with_tokenizer=False)
+    reader = load_reader(tmp_path / "run" / "params", kind=kind, with_tokenizer=False)
     assert reader.config.train_word_table and set(reader.params) == {"params"}
     batch = char_windows(pointing_features(1, 8)).batch(np.arange(8))
-    outputs = [np.asarray(model(variables, batch["q_ids"], batch["q_chars"], batch["q_mask"],
-                                batch["p_ids"], batch["p_chars"], batch["p_mask"]).start_logits)
-               for model, variables in ((result.model, jax.device_get(result.state.params)),
-                                        (reader.model, reader.params))]
+    outputs = [np.asarray(student.outputs(variables, batch).start_logits)
+               for student, variables in ((result.student, jax.device_get(result.state.params)),
+                                          (reader, reader.params))]
     np.testing.assert_array_equal(*outputs)
 
 

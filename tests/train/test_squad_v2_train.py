@@ -159,10 +159,10 @@ def write_v2_file(path) -> None:
 
 def test_v2_run_records_its_threshold_and_predict_uses_it(tmp_path, hf_folder_factory, capsys,
                                                            caplog):
-    from dil_jax.checkpoints import load_reader
     from dil_jax.data.decoding import answers
     from dil_jax.data.squad import load_squad
     from dil_jax.predict import predict_squad_spans
+    from dil_jax.readers import load_reader
     from dil_jax.train.loop import train
 
     folder, _ = hf_folder_factory("bert", vocab_size=30522)  # the default tokenizer's vocabulary

@@ -94,7 +94,7 @@ def test_cutting_the_padding_changes_no_loss(tmp_path):
         assert (full["p_mask"][..., length:] == 0).all()  # only padding is cut
         cut = data.step_batch(step, rows_all)
         assert cut["p_ids"].shape[-1] == length
-        losses_of = [float(compute_losses(models.student.model, None, weights,
+        losses_of = [float(compute_losses(models.student, None, weights,
                                           models.student.params, None,
                                           {k: v[0] for k, v in batch.items()}, None,
                                           deterministic=True)[0])

@@ -12,6 +12,7 @@ from dil_jax.data.features import FeaturizationError
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.readers import EncoderReader
 from dil_jax.train import losses
 from dil_jax.train.config_files import load_config_file
 from dil_jax.train.config_rules import config_problems
@@ -110,8 +111,8 @@ def test_unlabelled_windows_train_through_kd_and_lrs_only():
 
     @jax.jit
     def loss_terms(batch):
-        return compute_losses(student, teacher, weights, params, teacher_params, batch, None,
-                              deterministic=True)[1]
+        return compute_losses(EncoderReader(student, None), teacher, weights, params,
+                              teacher_params, batch, None, deterministic=True)[1]
 
     def terms(rows):
         metrics = loss_terms(windows.batch(np.asarray(rows)))

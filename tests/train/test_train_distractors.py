@@ -10,6 +10,7 @@ import pytest
 from dil_jax.errors import CheckpointError, UsageError
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.readers import EncoderReader
 from dil_jax.train import distractors, losses
 from dil_jax.train.config_files import apply_overrides, load_config_file
 from dil_jax.train.config_rules import config_problems
@@ -272,7 +273,7 @@ def test_gradient_is_finite_with_a_fully_masked_padding_window():
     assert int(batch["p_mask"][1].sum()) == 0
     weights = losses.LossWeights(shared_norm_group=2)
     (loss, _), grads = jax.value_and_grad(compute_losses, argnums=3, has_aux=True)(
-        model, None, weights, params, None, batch, None, True)
+        EncoderReader(model, None), None, weights, params, None, batch, None, True)
     assert np.isfinite(float(loss))
     assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(grads))
 

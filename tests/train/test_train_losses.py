@@ -9,6 +9,7 @@ import pytest
 
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.readers import EncoderReader
 from dil_jax.train import losses
 from dil_jax.train.data import synthetic_features, windows_from_features
 from dil_jax.train.optim import warmup_linear_decay, weight_decay_mask
@@ -44,7 +45,8 @@ def test_kd_and_lrs_vanish_for_the_same_full_model_and_not_otherwise():
     full = DelayedInteractionModel(TINY.replace(num_lower_layers=0))
     weights = losses.LossWeights(ce=1.0, kd=1.0, lrs=1.0, temperature=2.0)
     def terms_of(student):
-        return jax.jit(lambda p: compute_losses(student, full, weights, p, p, batch, None,
+        reader = EncoderReader(student, None)
+        return jax.jit(lambda p: compute_losses(reader, full, weights, p, p, batch, None,
                                                 deterministic=True)[1])(params)
 
     same = terms_of(full)
@@ -67,7 +69,8 @@ def test_teacher_gets_no_gradient():
     weights = losses.LossWeights(ce=0.0, kd=1.0, lrs=1.0)
 
     def loss(p, t):
-        return compute_losses(student, full, weights, p, t, batch, None, deterministic=True)[0]
+        return compute_losses(EncoderReader(student, None), full, weights, p, t, batch, None,
+                              deterministic=True)[0]
 
     g_student, g_teacher = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, teacher_params)
     assert max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(g_teacher)) == 0.0

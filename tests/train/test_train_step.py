@@ -10,6 +10,7 @@ import numpy as np
 
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.readers import EncoderReader
 from dil_jax.train.data import synthetic_features, windows_from_features
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.optim import make_optimizer
@@ -43,7 +44,8 @@ def _setup(config=TINY, lr=3e-3, steps=100, weights=None):
     params = model.init(jax.random.key(0))
     tx, schedule = make_optimizer(lr, steps, 0)
     state = jax.jit(lambda p: init_train_state(p, tx))(replicate(params, mesh))
-    return mesh, model, state, make_train_step(model, None, weights, tx, schedule, mesh)
+    return mesh, model, state, make_train_step(EncoderReader(model, None), None, weights, tx,
+                                               schedule, mesh)
 
 
 def _fixed_batch(mesh, accum, micro):
@@ -74,7 +76,8 @@ def test_accumulation_equals_one_big_batch():
     config = TINY.replace(hidden_dropout=0.0, attention_dropout=0.0)
     model = DelayedInteractionModel(config)
     params = model.init(jax.random.key(0))
-    accumulate = jax.jit(functools.partial(accumulate_gradients, model, None, LossWeights()))
+    accumulate = jax.jit(functools.partial(accumulate_gradients, EncoderReader(model, None),
+                                           None, LossWeights()))
     rng = jax.random.key(1)
     big = _fixed_batch(data_mesh(), 1, 8)  # [1, 8, ...]
     split = {k: v.reshape(2, 4, *v.shape[2:]) for k, v in big.items()}

@@ -76,7 +76,7 @@ def test_kd_from_stored_scores_equals_kd_beside_the_teacher(tmp_path):
         leaf + 0.1 * jax.random.normal(key, leaf.shape) for leaf, key in zip(leaves, keys)]))
 
     def loss_and_grads(batch, with_teacher):
-        fn = lambda p: compute_losses(student.model, teacher.model if with_teacher else None,  # noqa: E731
+        fn = lambda p: compute_losses(student, teacher.model if with_teacher else None,  # noqa: E731
                                       weights, p, teacher.params, batch, None,
                                       deterministic=True)
         (_, metrics), grads = jax.value_and_grad(fn, has_aux=True)(student.params)

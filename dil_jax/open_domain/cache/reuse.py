@@ -30,17 +30,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dil_jax.model.attention import QKV, PassageAttentionStats
-from dil_jax.model.char_reader import CharReaderModel
-from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.open_domain.cache.store import REUSE_LSE_ARRAY as LSE_ARRAY
 from dil_jax.open_domain.cache.store import REUSE_WIDE_ARRAYS as WIDE_ARRAYS
 from dil_jax.open_domain.cache.store import ReuseEncoder
-from dil_jax.reading.char_grid import CharPairGrid
-from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.plan import ReusePlan
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 REUSE_ARRAYS = WIDE_ARRAYS + (LSE_ARRAY,)
 
@@ -90,33 +86,16 @@ def pair_inputs(arrays: dict[str, np.ndarray], num_heads: int, compute_dtype
     return qkv, stats
 
 
-def local_grid(model: DelayedInteractionModel | CharReaderModel, batch_size: int
-               ) -> PairGrid | CharPairGrid:
-    """A PairGrid (a CharPairGrid for QANet / BiDAF) over this process's devices only,
-    `batch_size` rows per device per step.
-
-    What cache builds encode with: each process of a sharded build encodes its own rows with no
-    collective, and every device runs the same [batch_size, ...] program whatever the number of
-    devices or processes, so a row's values do not depend on how the build was split."""
-    import jax
-
-    from dil_jax.mesh import data_mesh
-
-    grid_type = CharPairGrid if isinstance(model, CharReaderModel) else PairGrid
-    return grid_type(model, mesh=data_mesh(jax.local_devices()),
-                     batch_size=batch_size * jax.local_device_count())
-
-
 def reuse_encoder(reader: Reader, batch_size: int = 32) -> ReuseEncoder | None:
     """The function computing REUSE_ARRAYS from `reader`'s passage lower states, with the pair
     program's own jitted steps (`PairGrid.project_segments`, `passage_attention_stats`) on this
-    process's devices (`local_grid`: batch_size rows per device); None where there is nothing
-    to store
-    (k = 0: no question-independent passage state; k = l: no upper block; QANet / BiDAF:
-    no such block)."""
-    if reader.is_char_reader or not ReusePlan.of(reader.config).hoists_projections:
+    process's devices (`Reader.local_grid`: batch_size rows per device); None where there is
+    nothing to store (a reader without `pair_reuse`, e.g. QANet / BiDAF: no such block; k = 0:
+    no question-independent passage state; k = l: no upper block)."""
+    if (not reader.capabilities.pair_reuse
+            or not ReusePlan.of(reader.config).hoists_projections):
         return None
-    grid = local_grid(reader.model, batch_size)
+    grid = reader.local_grid(batch_size)
 
     def encode(states: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         qkv = grid.project_segments(reader.params, np.asarray(states, np.float32))

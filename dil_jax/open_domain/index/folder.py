@@ -80,7 +80,7 @@ from dil_jax.open_domain.retrieval.engines import (
 )
 
 if TYPE_CHECKING:
-    from dil_jax.checkpoints.readers import Reader
+    from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,6 @@ class OpenDomainIndex:
         another k than its states hold, or whose arrays belong to another model, is refused
         instead of giving wrong answers.
         """
-        from dil_jax.open_domain.cache.encoders import passage_encoder
         from dil_jax.open_domain.cache.reuse import reuse_encoder
 
         if storage is None or reader.config.num_lower_layers == 0:
@@ -151,7 +150,7 @@ class OpenDomainIndex:
         key = self.cache_key(reader, storage)
         cache = PassageCache.open(self.cache_dir(key), key, verify)
         # The cache builder's own encoder, at a batch of the rows it checks.
-        encode = passage_encoder(reader, CHECKED_ROWS, self.window_texts)
+        encode = reader.passage_encoder(CHECKED_ROWS, self.window_texts)
         reuse = reuse_encoder(reader, batch_size=CHECKED_ROWS) if cache.has_reuse else None
         if encode is not None:
             check_states(cache, encode, reuse)

@@ -26,12 +26,12 @@ import time
 
 import jax.numpy as jnp
 
-from dil_jax.checkpoints.readers import load_reader
 from dil_jax.data.squad import gold_answers, load_squad, select_articles
 from dil_jax.defaults import CPU_DOC_STRIDE, CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 from dil_jax.metrics.squad_metric import squad_scores
 from dil_jax.model.delayed import PASSAGE_SEGMENT, DelayedInteractionModel
 from dil_jax.predict import predict_squad
+from dil_jax.readers import load_reader
 
 
 class PrefixedPassageModel(DelayedInteractionModel):

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import math
 
-from dil_jax.checkpoints.readers import load_reader
 from dil_jax.data.decoding import answers, null_score_differences
 from dil_jax.data.squad import gold_answers, load_squad, select_articles
 from dil_jax.defaults import (
@@ -28,6 +27,7 @@ from dil_jax.defaults import (
 )
 from dil_jax.metrics.squad_metric import best_null_threshold, squad_scores
 from dil_jax.predict import predict_squad_spans
+from dil_jax.readers import load_reader
 from dil_jax.train.squad_data import spread_subset
 
 REPORTED = ("exact", "f1", "HasAns_f1", "NoAns_f1")

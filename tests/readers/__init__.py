@@ -1,0 +1,1 @@
+"""Tests of dil_jax.readers."""
