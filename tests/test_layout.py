@@ -27,3 +27,16 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function():
     assert import_graph.command_layer_violations(
         {"dil_jax.predict": {"dil_jax.commands.odqa"}}) == [
         "dil_jax.predict imports the command module dil_jax.commands.odqa"]
+
+
+def test_the_commands_shared_module_is_theirs_alone():
+    """Commands share `commands.arguments`; a module below the command layer importing it is
+    an arrow back up like any other (it was exempt while the server loaded its readers there:
+    `readers.request` holds that now)."""
+    violations = import_graph.command_layer_violations
+    assert violations({"dil_jax.serve.loading": {"dil_jax.commands.arguments"}}) == [
+        "dil_jax.serve.loading imports the command module dil_jax.commands.arguments"]
+    assert violations({"dil_jax.commands.odqa": {"dil_jax.commands.arguments"},
+                       "dil_jax.cli": {"dil_jax.commands.odqa"}}) == []
+    assert violations({"dil_jax.commands.odqa": {"dil_jax.commands.index"}}) == [
+        "command dil_jax.commands.odqa imports another command, dil_jax.commands.index"]

@@ -2,8 +2,8 @@
 the flag checks run before any work, the prescreening flags of the commands that read
 (`add_reading_arguments`, `prescreen_from_args`), and the reader flags and flag checks of the
 open-domain commands `index`, `ask` and `odqa-eval` (`add_reader_arguments`, `checked_first`)
-and the readers those flags name (`resolve_checkpoints`, `load_reader_of`). Commands import
-each other never, only this.
+and the readers those flags ask for (`reader_requests`, `ask_request`: `ReaderRequest`s, which
+`dil_jax.readers.request` resolves and loads). Commands import each other never, only this.
 
 A bad value ends in argparse's usual error (exit status 2) naming the flag and the value, e.g.
 `dil-jax predict: error: argument --batch-size: must be an integer >= 1, got '0'`, before any
@@ -13,7 +13,6 @@ model or data is loaded.
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 from collections.abc import Callable
@@ -25,9 +24,7 @@ from dil_jax.errors import UsageError
 from dil_jax.options import OPTIONS, Bound, int_at_least, number_in
 
 if TYPE_CHECKING:
-    from dil_jax.readers.protocol import Reader
-
-log = logging.getLogger(__name__)
+    from dil_jax.readers.request import ReaderRequest
 
 # ------------------------------------------------- help texts
 
@@ -280,80 +277,42 @@ def local_paths(values: str | list[str] | None) -> list[str]:
     return [v for v in values if v and v != "default"]
 
 
-def bundled_or_embedded(role: str) -> str:
-    """The bundled reader of this role; the raw embedded MiniLM, said loudly, without one."""
-    from dil_jax.defaults import bundled_reader
-
-    folder = bundled_reader(role)
-    if folder is None:
-        log.warning("no bundled %s reader in this install: using the raw embedded MiniLM, "
-                    "whose QA head is UNTRAINED; answers are arbitrary spans (pass "
-                    "--checkpoint)", role)
-        return "default"
-    return str(folder)
-
-
-def resolve_checkpoints(args: argparse.Namespace) -> None:
-    """Replaces --checkpoint's None (not given) by the bundled reader of each k, so that every
-    later use (loading, progress records, results.json, error messages) sees one path.
-
-    `ask` without --k reads with the full reader unless the index holds only the delayed
-    reader's cache (`default_reader_role`).
-    """
-    if args.checkpoint is not None:
-        return
-    from dil_jax.defaults import default_reader_role
-
-    if isinstance(args.k, list):  # index, odqa-eval: one reader per k
-        args.checkpoint = [bundled_or_embedded(default_reader_role(k)) for k in args.k]
-        return
-    index_ks: set[int] = set()
-    delayed_k = None
-    if args.k is None:
-        from dil_jax.checkpoints.resolved import resolve_reader_checkpoint
-        from dil_jax.defaults import bundled_reader
-        from dil_jax.open_domain.cache.missing import index_caches
-
-        index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
-        delayed = bundled_reader("delayed")
-        delayed_k = (resolve_reader_checkpoint(delayed).trained_k if delayed is not None
-                     else None)
-    role = default_reader_role(args.k, index_ks, delayed_k)
-    args.checkpoint = bundled_or_embedded(role)
-    print(f"reader: the bundled {role} reader ({args.checkpoint})", file=sys.stderr)
-
-
-def checkpoint_for(args: argparse.Namespace, position: int) -> str:
-    """The checkpoint of the position-th --k (one for all, or one per k)."""
-    if isinstance(args.checkpoint, str):
+def checkpoint_for(args: argparse.Namespace, position: int) -> str | None:
+    """The --checkpoint of the position-th --k (one for all, or one per k); None when not
+    given (the bundled reader of its k: `ReaderRequest.resolved`)."""
+    if args.checkpoint is None or isinstance(args.checkpoint, str):
         return args.checkpoint
     if len(args.checkpoint) == 1:
         return args.checkpoint[0]
     return args.checkpoint[position]  # one per k: check_checkpoint_count ran first
 
 
-def load_reader_of(args: argparse.Namespace, k: int | None, position: int = 0) -> Reader:
-    """The reader of the position-th --k: its checkpoint (`checkpoint_for`), split at k,
-    with --max-question-len and --tokenizer (`load_reader_at`)."""
-    return load_reader_at(checkpoint_for(args, position), k, args.max_question_len,
-                          args.tokenizer)
+def reader_requests(args: argparse.Namespace) -> list[ReaderRequest]:
+    """The reader of each --k of `index` and `odqa-eval`: its --checkpoint (`checkpoint_for`;
+    not given: the bundled reader of that k), split at k, with --max-question-len and
+    --tokenizer. Resolved: each names its checkpoint, so every later use sees one path."""
+    from dil_jax.readers.request import ReaderRequest
+
+    return [ReaderRequest(checkpoint_for(args, position), k, args.max_question_len,
+                          args.tokenizer).resolved()
+            for position, k in enumerate(args.k)]
 
 
-def load_reader_at(checkpoint: str, k: int | None, max_question_len: int | None,
-                   tokenizer: str | None, *, checkpoint_flag: str = "--checkpoint",
-                   k_flag: str | None = "--k", fix: str | None = None) -> Reader:
-    """The reader of any checkpoint, split at k (`readers.load_reader`: the BERT family at any
-    k, a QANet / BiDAF at its fixed split only). Another k than a fixed split is a UsageError
-    naming the flags: `k_flag` (None: k is implied by `checkpoint_flag`, as `serve`'s full
-    reader is read at k = 0) and `checkpoint_flag`; `fix` says what to do instead (default:
-    pass k_flag with the reader's k)."""
-    from dil_jax.readers import FixedSplitError, load_reader
+def ask_request(args: argparse.Namespace) -> ReaderRequest:
+    """The reader `ask` reads with: --checkpoint at --k, or the bundled reader of --k; without
+    --k the full one unless the index holds only the delayed reader's cache
+    (`defaults.default_reader_role`), named on stderr."""
+    from dil_jax.readers.request import ReaderRequest
 
-    try:
-        return load_reader(checkpoint, k, max_question_len, tokenizer)
-    except FixedSplitError as error:
-        asked = (f"{k_flag} {k} with {checkpoint_flag} {checkpoint}" if k_flag
-                 else f"{checkpoint_flag} {checkpoint}, read at k = {k}")
-        raise UsageError(f"{asked}: a {error.kind} reader's split is fixed (its passages' "
-                         f"cached side is its {error.side}, k = {error.split}); "
-                         f"{fix or f'pass {k_flag} {error.split}'}") from None
+    request = ReaderRequest(args.checkpoint, args.k, args.max_question_len, args.tokenizer)
+    if request.checkpoint is not None:
+        return request
+    index_ks: set[int] = set()
+    if args.k is None:
+        from dil_jax.open_domain.cache.missing import index_caches
+
+        index_ks = {c.k for c in index_caches(Path(args.index)) if c.k is not None}
+    resolved = request.resolved(index_ks)
+    print(f"reader: the bundled {request.role(index_ks)} reader ({resolved.checkpoint})",
+          file=sys.stderr)
+    return resolved

@@ -20,12 +20,11 @@ from dil_jax.commands.arguments import (
     cache_storage,
     check_checkpoint_count,
     checked_first,
-    load_reader_of,
     local_paths,
     non_negative_int,
     option_type,
     positive_int,
-    resolve_checkpoints,
+    reader_requests,
     window_len,
 )
 from dil_jax.defaults import (
@@ -276,8 +275,9 @@ def run_verify(out: str) -> int:
 
 def _run_build(args: argparse.Namespace, on_step: Callable[[BuildStep], None] | None) -> int:
     from dil_jax.open_domain.index.lock import index_lock
+    from dil_jax.readers.request import load_requested
 
-    resolve_checkpoints(args)
+    requests = reader_requests(args)
     process = _build_process(args)
     # The lock first: a second build into the same folder fails at once, before loading models.
     with index_lock(args.out, process.index):
@@ -286,7 +286,7 @@ def _run_build(args: argparse.Namespace, on_step: Callable[[BuildStep], None] | 
             from dil_jax.prescreening.prescreener import SentencePrescreener
 
             prescreener = SentencePrescreener.load(args.prescreen)
-        readers = [load_reader_of(args, k, i) for i, k in enumerate(args.k)]
+        readers = [load_requested(request) for request in requests]
         from dil_jax.open_domain.build import BuildSettings, build_open_domain_index
 
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,

@@ -18,15 +18,14 @@ from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
     add_reader_arguments,
     add_reading_arguments,
+    ask_request,
     cache_storage,
     check_checkpoint_count,
     checked_first,
-    checkpoint_for,
-    load_reader_of,
     local_paths,
     non_negative_int,
     positive_int,
-    resolve_checkpoints,
+    reader_requests,
     unit_interval,
 )
 from dil_jax.errors import UsageError
@@ -160,15 +159,17 @@ def register(subparsers) -> None:
     evaluate.set_defaults(func=checked_first(_check_evaluate_flags, run_evaluate))
 
 
-def _open_reader(args, k, top_p, position: int = 0, prescreen: bool = True):
+def _open_reader(args, request, top_p, prescreen: bool = True):
+    """The `OpenDomainReader` of `request` (a `ReaderRequest`) over --index and its cache."""
     from dil_jax.open_domain.cache.store import CacheMismatchError
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers.request import load_requested
 
     # The index first: it is cheap to open and names its own problems (a retriever whose
     # engine cannot run here, e.g. Lucene without Java) before the reader's load.
     index = open_index(args.index)
-    reader = load_reader_of(args, k, position)
+    reader = load_requested(request)
     try:
         cache = index.open_cache(reader, args.storage)
     except CacheMismatchError as error:
@@ -228,9 +229,9 @@ def run_ask(args: argparse.Namespace) -> int:
 
         return ask_server(args.server, _asked(args),
                           AskOptions(p=args.top_p, k=args.k, mu=mu, span_score=args.span_score))
-    resolve_checkpoints(args)
-    reader = _open_reader(args, args.k, args.top_p)
-    abstention = abstention_of(checkpoint_for(args, 0))
+    request = ask_request(args)
+    reader = _open_reader(args, request, args.top_p)
+    abstention = abstention_of(request.checkpoint)
     for number, question in enumerate(_asked(args)):
         if number == 0:  # seconds of silence otherwise, on a small CPU
             print(f"reading {reader.top_p} passages (the first question compiles the reader's "
@@ -261,13 +262,14 @@ def _progress_of(args: argparse.Namespace, name: str, settings: dict):
     return EvaluationProgress(path, settings)
 
 
-def _evaluation_settings(args: argparse.Namespace, name: str, k: int, position: int,
+def _evaluation_settings(args: argparse.Namespace, name: str, k: int, checkpoint: str,
                          questions: int) -> dict:
-    """What decides an evaluation's per-question results: a progress file made under other
-    settings is refused rather than mixed in (batch and chunk sizes only change the rounding)."""
+    """What decides an evaluation's per-question results (`checkpoint`: the reader's, as its
+    request resolved it): a progress file made under other settings is refused rather than
+    mixed in (batch and chunk sizes only change the rounding)."""
     return dict(reader=name, data=os.path.abspath(args.data), articles=args.articles,
                 limit=args.limit, seed=args.seed, questions=questions,
-                index=os.path.abspath(args.index), checkpoint=checkpoint_for(args, position),
+                index=os.path.abspath(args.index), checkpoint=checkpoint,
                 tokenizer=args.tokenizer, k=k, p=sorted(args.p), mu=args.mu,
                 max_question_len=args.max_question_len,
                 # Its name as progress files have recorded it (a file is refused on a change).
@@ -282,7 +284,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from dil_jax.open_domain.evaluate import dump_json, evaluate_reader, markdown_table
     from dil_jax.progress import CountBar
 
-    resolve_checkpoints(args)
+    requests = reader_requests(args)
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     if args.limit is not None and args.limit < len(examples):
@@ -290,8 +292,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
                                                          replace=False)
         examples = [examples[i] for i in sorted(chosen)]
     results = {}
-    for position, k in enumerate(args.k):
-        base = _open_reader(args, k, max(args.p), position, prescreen=False)
+    for k, request in zip(args.k, requests, strict=True):
+        base = _open_reader(args, request, max(args.p), prescreen=False)
         readers = {base.reader.label: base}
         if args.prescreen:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
@@ -305,7 +307,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 # Resumable: each finished block of questions is kept under --out, and a rerun
                 # of the same command reads only the rest.
                 progress = _progress_of(
-                    args, name, _evaluation_settings(args, name, k, position, len(examples)))
+                    args, name, _evaluation_settings(args, name, k, request.checkpoint,
+                                                     len(examples)))
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)
@@ -325,9 +328,13 @@ def run_evaluate(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         extra = dict(command=" ".join(["dil-jax", *sys.argv[1:]]), data=args.data,
                      articles=args.articles,
-                     index=args.index, checkpoint=args.checkpoint, questions=len(examples),
-                     seed=args.seed, device=str(jax.devices()[0].device_kind),
-                     cpu_count=os.cpu_count(), jax=jax.__version__)
+                     index=args.index,
+                     # As given (one for all k, or one per k), else the bundled one per k.
+                     checkpoint=(args.checkpoint if args.checkpoint is not None
+                                 else [request.checkpoint for request in requests]),
+                     questions=len(examples), seed=args.seed,
+                     device=str(jax.devices()[0].device_kind), cpu_count=os.cpu_count(),
+                     jax=jax.__version__)
         for name, text in (("results.md", table + "\n"),
                            ("results.json", dump_json(results, extra))):
             write_atomic(out / name, text)

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
@@ -18,6 +19,10 @@ from dil_jax.commands.arguments import (
     window_len,
 )
 from dil_jax.defaults import DOC_STRIDE, MAX_QUESTION_LEN, PREDICT_MAX_PASSAGE_LEN, READ_BATCH_SIZE
+
+if TYPE_CHECKING:
+    from dil_jax.checkpoints.resolved import ResolvedCheckpoint
+    from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +117,7 @@ def check_lsh_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag.replace('_', '-')} needs --lsh-layers")
 
 
-def with_lsh_flags(reader, args: argparse.Namespace):
+def with_lsh_flags(reader: Reader, args: argparse.Namespace) -> Reader:
     """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is: layers
     of the BERT family, encoders of a QANet (`Reader.with_lsh_attention`)."""
     from dil_jax.errors import UsageError
@@ -128,7 +133,8 @@ def with_lsh_flags(reader, args: argparse.Namespace):
                          f"{args.checkpoint} {error}") from None
 
 
-def check_reader_flags(args: argparse.Namespace, checkpoint, version: str) -> None:
+def check_reader_flags(args: argparse.Namespace, checkpoint: ResolvedCheckpoint,
+                       version: str) -> None:
     """UsageError naming the first flag (or a SQuAD 2.0 --data) the checkpoint's reader family
     cannot honour (`ReaderCapabilities`), before it loads: a QANet / BiDAF has no k (its split
     is fixed), no prescreening and no no-answer score."""

@@ -8,6 +8,9 @@
   char      CharReader: QANet and BiDAF (characters beside the ids, CharPairGrid)
   loading   READER_FAMILIES (model kind -> family), reader_family, load_reader (any checkpoint),
             complete_export (a reader -> a complete Hugging Face folder)
+  request   ReaderRequest (a reader asked for: checkpoint or bundled role, k, question length,
+            tokenizer, the flags that said so), load_requested: the commands' and the server's
+            one entrance
 
 Below this package: the checkpoint formats (`dil_jax.checkpoints`), the models and the grids
 (`dil_jax.reading`); above it, everything that reads (predict, open_domain, serve, train, bench,
@@ -25,9 +28,11 @@ from dil_jax.readers.protocol import (
     ReaderCapabilities,
     TokenRows,
 )
+from dil_jax.readers.request import ReaderRequest, load_requested
 
 __all__ = [
     "READER_FAMILIES", "CharReader", "EncoderReader", "FixedSplitError", "LoadOptions",
-    "LshLayersError", "Reader", "ReaderCapabilities", "TokenRows", "UntrainedHeadError",
-    "complete_export", "init_reader", "load_reader", "reader_family",
+    "LshLayersError", "Reader", "ReaderCapabilities", "ReaderRequest", "TokenRows",
+    "UntrainedHeadError", "complete_export", "init_reader", "load_reader", "load_requested",
+    "reader_family",
 ]

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from dil_jax.checkpoints.char_readers import read_reader_fields, restore_char_variables
 from dil_jax.checkpoints.integrity import check_finite_params
@@ -49,6 +50,7 @@ from dil_jax.readers.protocol import (
     WindowTexts,
 )
 from dil_jax.reading.char_grid import CharPairGrid
+from dil_jax.reading.grid import MeshGrid
 from dil_jax.tokenization import load_tokenizer
 
 # What each kind's passage side is (its fixed split), for messages.
@@ -64,7 +66,7 @@ class CharReader(Reader):
     capabilities: ClassVar[ReaderCapabilities] = ReaderCapabilities(
         null_score=False, prescreening=False, chosen_k=False, pair_reuse=False,
         reads_characters=True, hugging_face_export=False)
-    grid_type: ClassVar[type] = CharPairGrid
+    grid_type: ClassVar[type[MeshGrid]] = CharPairGrid
 
     # ------------------------------------------------------------------ loading
 
@@ -145,7 +147,8 @@ class CharReader(Reader):
                    ) -> np.ndarray:
         return token_characters(texts, offsets, mask, self.config.max_chars)
 
-    def pair_grid(self, mesh: Any = None, batch_size: int = 32, chunk_size: int | None = None,
+    def pair_grid(self, mesh: Mesh | None = None, batch_size: int = 32,
+                  chunk_size: int | None = None,
                   *, reuse: bool = True, trim_padding: bool = True) -> CharPairGrid:
         """`reuse` has nothing to switch: the pair program hoists nothing."""
         return CharPairGrid(self.model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,

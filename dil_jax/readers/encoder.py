@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from dil_jax.checkpoints.hf_import import load_hf_folder
 from dil_jax.checkpoints.integrity import (
@@ -47,7 +48,7 @@ from dil_jax.readers.protocol import (
     TokenWindows,
     WindowTexts,
 )
-from dil_jax.reading.grid import PairGrid
+from dil_jax.reading.grid import MeshGrid, PairGrid
 from dil_jax.reading.plan import ReusePlan
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
@@ -63,7 +64,7 @@ class EncoderReader(Reader):
     capabilities: ClassVar[ReaderCapabilities] = ReaderCapabilities(
         null_score=True, prescreening=True, chosen_k=True, pair_reuse=True,
         reads_characters=False, hugging_face_export=True)
-    grid_type: ClassVar[type] = PairGrid
+    grid_type: ClassVar[type[MeshGrid]] = PairGrid
 
     # ------------------------------------------------------------------ loading
 
@@ -140,7 +141,8 @@ class EncoderReader(Reader):
     def characters(self, texts: Sequence[str], offsets: np.ndarray, mask: np.ndarray) -> None:
         return None  # the ids alone
 
-    def pair_grid(self, mesh: Any = None, batch_size: int = 32, chunk_size: int | None = None,
+    def pair_grid(self, mesh: Mesh | None = None, batch_size: int = 32,
+                  chunk_size: int | None = None,
                   *, reuse: bool = True, trim_padding: bool = True) -> PairGrid:
         return PairGrid(self.model, mesh=mesh, batch_size=batch_size, chunk_size=chunk_size,
                         reuse=reuse, trim_padding=trim_padding)

@@ -36,9 +36,11 @@ from dil_jax.errors import CheckpointError, UsageError
 
 if TYPE_CHECKING:
     import jax
+    from jax.sharding import Mesh
 
     from dil_jax.checkpoints.resolved import ResolvedCheckpoint
     from dil_jax.model.span_reader import ReaderOutput
+    from dil_jax.reading.grid import MeshGrid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +170,7 @@ class Reader(abc.ABC):
 
     capabilities: ClassVar[ReaderCapabilities]
     # The family's grid class: `pair_grid`'s, and what `predict.pair_grid` shares per model.
-    grid_type: ClassVar[type]
+    grid_type: ClassVar[type[MeshGrid]]
 
     # ------------------------------------------------------------------ loading
 
@@ -239,14 +241,15 @@ class Reader(abc.ABC):
         characters [n, length, max_chars] where `reads_characters`, else None."""
 
     @abc.abstractmethod
-    def pair_grid(self, mesh: Any = None, batch_size: int = 32, chunk_size: int | None = None,
-                  *, reuse: bool = True, trim_padding: bool = True) -> Any:
+    def pair_grid(self, mesh: Mesh | None = None, batch_size: int = 32,
+                  chunk_size: int | None = None,
+                  *, reuse: bool = True, trim_padding: bool = True) -> MeshGrid:
         """The family's grid (`grid_type`) over its model: `batch_size` segments per encode
         batch, `chunk_size` pairs per step (None: the platform's default). reuse: the pair
         program's exact reuses where it has them (`pair_reuse`; False: the reference
         computation); trim_padding: chunks cut to their real tokens where that is exact."""
 
-    def local_grid(self, batch_size: int) -> Any:
+    def local_grid(self, batch_size: int) -> MeshGrid:
         """The family's grid over this process's devices only, `batch_size` rows per device
         per step: what cache builds encode with, so that each process of a sharded build
         encodes its own rows with no collective and a row's values do not depend on how the
@@ -259,17 +262,17 @@ class Reader(abc.ABC):
                               batch_size * jax.local_device_count())
 
     @abc.abstractmethod
-    def encode_questions(self, grid: Any, rows: TokenRows) -> jax.Array:
+    def encode_questions(self, grid: MeshGrid, rows: TokenRows) -> jax.Array:
         """The questions' states [n, q_len, width] (replicated for the pair phase), encoded
         by `grid` (this reader's `pair_grid`) with this reader's params."""
 
     @abc.abstractmethod
-    def passage_side(self, grid: Any, rows: TokenRows) -> jax.Array | np.ndarray:
+    def passage_side(self, grid: MeshGrid, rows: TokenRows) -> jax.Array | np.ndarray:
         """What the pairs read of each passage window (`read_pairs`' p_source): its lower
         states [n, p_len, width], or its ids [n, p_len] where the side is not cacheable."""
 
     @abc.abstractmethod
-    def encode_passage_batch(self, grid: Any, rows: TokenRows) -> jax.Array:
+    def encode_passage_batch(self, grid: MeshGrid, rows: TokenRows) -> jax.Array:
         """One batch of passage windows through the grid's lower program as it is, rows split
         over the devices, nothing padded or joined: [b, p_len, width]. For callers that pad
         and join on the host (a server: one program per batch shape, not per window count);

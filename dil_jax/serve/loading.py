@@ -112,17 +112,17 @@ def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[
 
 
 def load_spec_reader(spec: ReaderSpec, settings: ReadSettings) -> Any:
-    """The Reader of a spec, of either family (`commands.arguments.load_reader_at`, the
-    loader `ask` and `index` use): a QANet / BiDAF export asked for another k than its fixed
+    """The Reader of a spec, of either family (`readers.request.load_requested`, the loader
+    `ask` and `index` use too): a QANet / BiDAF export asked for another k than its fixed
     split is a UsageError naming the spec's flags."""
-    from dil_jax.commands.arguments import load_reader_at
+    from dil_jax.readers.request import ReaderRequest, load_requested
 
     # A char reader's split is never 0 (its passages' side is encoded): not a full reader.
     fix = ("the full reader is read at k = 0: serve it as --delayed-checkpoint"
            if spec.k_flag is None else None)
-    return load_reader_at(spec.checkpoint, spec.k, settings.max_question_len,
-                          settings.tokenizer, checkpoint_flag=spec.checkpoint_flag,
-                          k_flag=spec.k_flag, fix=fix)
+    return load_requested(ReaderRequest(spec.checkpoint, spec.k, settings.max_question_len,
+                                        settings.tokenizer, checkpoint_flag=spec.checkpoint_flag,
+                                        k_flag=spec.k_flag, fix=fix))
 
 
 def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings

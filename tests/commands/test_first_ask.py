@@ -36,11 +36,15 @@ def _fake_cache(index: Path, k: int, model: str, dtype: str = "float32") -> None
 
 
 def _resolved(argv: list[str]):
-    from dil_jax.commands.arguments import resolve_checkpoints
+    """The checkpoint(s) the command's requests name; its parsed flags are left as parsed."""
+    from dil_jax.commands.arguments import ask_request, reader_requests
 
     args = build_parser().parse_args(argv)
-    resolve_checkpoints(args)
-    return args.checkpoint
+    given = vars(args).copy()
+    resolved = (ask_request(args).checkpoint if argv[0] == "ask"
+                else [request.checkpoint for request in reader_requests(args)])
+    assert vars(args) == given  # never written back into the flags
+    return resolved
 
 
 @pytest.mark.parametrize("k,index_ks,delayed_k,role", [

@@ -34,15 +34,17 @@ def _no_work(monkeypatch):
     # every later test of the session.
     import dil_jax.open_domain.build
     import dil_jax.open_domain.index.verify  # noqa: F401
-    from dil_jax import bench, checkpoints
+    from dil_jax import bench, checkpoints, readers
     from dil_jax.open_domain.index import folder as index
     from dil_jax.prescreening import prescreener
+    from dil_jax.readers import request
     from dil_jax.train import loop
 
     def refuse(*args, **kwargs):
         raise WorkStarted("work started before the flags were checked")
 
-    for module, name in ((checkpoints, "load_reader"), (checkpoints, "load_hf_checkpoint"),
+    for module, name in ((readers, "load_reader"), (request, "load_reader"),
+                         (checkpoints, "load_hf_checkpoint"),
                          (checkpoints, "resolve_checkpoint"), (bench, "suite_model"),
                          (bench, "run_suite"), (index, "open_index"), (index, "build_index"),
                          (prescreener, "load_sentence_encoder"),

