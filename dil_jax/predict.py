@@ -131,12 +131,12 @@ class QuestionBlock:
 
     def question_rows(self, questions: TokenRows) -> TokenRows:
         """The block's rows of every question's, padded to `size` rows."""
-        return questions.rows(slice(self.q0, self.q0 + self.size), self.size)
+        return questions.take(slice(self.q0, self.q0 + self.size), self.size)
 
     def passage_rows(self, windows: TokenRows) -> TokenRows:
         """The block's distinct passages' rows of every window's, padded to `passage_size`
         rows."""
-        return windows.rows(self.passage, self.passage_size)
+        return windows.take(self.passage, self.passage_size)
 
 
 def question_blocks(features: Features, question_block: int, batch_size: int,

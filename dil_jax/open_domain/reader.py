@@ -294,7 +294,7 @@ class OpenDomainReader:
                              self.reader.config.max_question_len)
         rows = TokenRows(q.ids, q.mask, self.reader.characters(list(questions), q.offsets,
                                                                 q.mask))
-        rows = rows.rows(slice(None), self.grid.batch_size)
+        rows = rows.take(slice(None), self.grid.batch_size)
         # Block so the question phase's time is not counted in the pair phase.
         q_lower = jax.block_until_ready(self.reader.encode_questions(self.grid, rows))
         return q_lower, rows.mask

@@ -119,7 +119,7 @@ class TokenRows:
     def __len__(self) -> int:
         return self.ids.shape[0]
 
-    def rows(self, index: slice | np.ndarray, size: int) -> TokenRows:
+    def take(self, index: slice | np.ndarray, size: int) -> TokenRows:
         """The rows `index` picks, zero-padded to `size` rows (one compiled shape)."""
         def take(array: np.ndarray | None) -> np.ndarray | None:
             if array is None:

@@ -337,10 +337,10 @@ class Engine:
             # lower blocks' work for one window): two programs, [1, p_len] and [B, p_len].
             count = len(windows)
             batch = 1 if count == 1 else reader.grid.batch_size
-            padded = TokenRows(windows.ids, mask, windows.chars).rows(
+            padded = TokenRows(windows.ids, mask, windows.chars).take(
                 slice(None), -(-count // batch) * batch)
             parts = [np.asarray(reader.reader.encode_passage_batch(
-                reader.grid, padded.rows(slice(i, i + batch), batch)))
+                reader.grid, padded.take(slice(i, i + batch), batch)))
                 for i in range(0, len(padded), batch)]
             source = np.concatenate(parts)[:count].astype(cached.dtype)
         return _pad_rows(source, rows), _pad_rows(mask, rows)

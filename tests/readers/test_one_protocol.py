@@ -91,14 +91,14 @@ def test_the_families_differ_where_their_capabilities_say():
     assert char.reads_characters
 
 
-def test_token_rows_pad_pick_and_join():
+def test_token_rows_take_pad_and_join():
     import numpy as np
 
     rows = TokenRows(np.arange(6).reshape(3, 2), np.ones((3, 2), np.int32))
-    picked = rows.rows(np.array([2, 0]), 4)
+    picked = rows.take(np.array([2, 0]), 4)
     assert picked.ids.tolist() == [[4, 5], [0, 1], [0, 0], [0, 0]] and picked.chars is None
     chars = TokenRows(rows.ids, rows.mask, np.ones((3, 2, 5), np.uint16))
-    joined = TokenRows.join([chars, chars.rows(slice(0, 1), 1)])
+    joined = TokenRows.join([chars, chars.take(slice(0, 1), 1)])
     assert len(joined) == 4 and joined.chars.shape == (4, 2, 5)
 
 
