@@ -77,7 +77,6 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     import orbax.checkpoint as ocp
 
     from dil_jax.checkpoints import TRAINED_FROM_FILE
-    from dil_jax.checkpoints.char_readers import save_reader_params
     from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
     from dil_jax.config import ConfigError
     from dil_jax.mesh import data_mesh
@@ -120,7 +119,7 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
         raise SystemExit(f"{folder}: non-finite values in {nonfinite[:3]}: not exporting it")
     staging = out.with_name(out.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    save_reader_params(staging, params, student.config)
+    student.with_params(params).save(staging)
     record = {"step": step, "workdir": str(workdir.resolve()),
               "exported_by": TOOL, "reader_changes": reader_changes or {}, "weights": weights}
     windows = TrainedWindows.of_training_config(config)

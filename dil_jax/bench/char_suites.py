@@ -40,7 +40,7 @@ from dil_jax.bench.timing import Runner, median_times, projected_total, timed_re
 from dil_jax.defaults import BENCH_CHAR_SUITES
 from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.bidaf import BiDAFConfig
-from dil_jax.model.char_reader import CharReaderConfig, char_model, config_fields
+from dil_jax.model.char_reader import char_model, config_fields
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_config import QANetConfig
 from dil_jax.model.span_reader import PADDED_LOGIT
@@ -204,11 +204,6 @@ def _spec(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def _state_width(config: CharReaderConfig) -> int:
-    """The width of `encode_lower`'s states: QANet's d_model, BiDAF's BiLSTM (2 x hidden)."""
-    return config.d_model if isinstance(config, QANetConfig) else 2 * config.hidden
-
-
 def char_phase_programs(whole: WholeReaderGrid, delayed: CharPairGrid, variables: Variables,
                         spec: GridSpec) -> dict[str, dict[str, tuple[list[Any], int, int]]]:
     """{variant: {phase: ([the Lowered programs of one call], calls, inputs per call)}}, from
@@ -224,7 +219,7 @@ def char_phase_programs(whole: WholeReaderGrid, delayed: CharPairGrid, variables
     def segment(n: int, length: int) -> tuple[jax.ShapeDtypeStruct, ...]:
         return _spec((n, length), i32), _spec((n, length, chars), u16), _spec((n, length), i32)
 
-    width = _state_width(config)
+    width = config.hidden_size  # encode_lower's: QANet's d_model, BiDAF's 2 x hidden
     whole_chunk, index = _spec((whole.chunk_size,), i32), _spec((chunk,), i32)
     whole_programs = [whole.lowered(abstract, *segment(nq, q_len),
                                     *segment(np_, p_len), whole_chunk, whole_chunk)]

@@ -9,8 +9,8 @@ table included, so a folder reads back alone) and `dil_jax_manifest.json` with
 manifest file name every exported reader uses (`ExportManifest` keeps fields it does not know,
 so these do not disturb it). The kind is read before anything else: a folder of another kind is
 refused by name, never restored into the wrong tree (`read_reader_fields` and
-`restore_char_variables`: what `readers.char.CharReader.load` reads). `save_reader_params` is
-the trainer's one export call for every kind (the BERT family keeps `save_params`).
+`restore_char_variables`: what `readers.char.CharReader.load` reads; `CharReader.save` writes
+with `save_char_reader`).
 """
 
 from __future__ import annotations
@@ -87,13 +87,3 @@ def save_char_reader(directory: str | os.PathLike, variables: Any, config: Any) 
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
     return directory
 
-
-def save_reader_params(directory: str | os.PathLike, params: Any, config: Any) -> Path:
-    """The trainer's export of any reader: `save_params` for an EncoderConfig (the BERT family),
-    `save_char_reader` for a QANet / BiDAF config."""
-    from dil_jax.checkpoints.orbax_io import save_params
-    from dil_jax.config import EncoderConfig
-
-    if isinstance(config, EncoderConfig):
-        return save_params(directory, params, config)
-    return save_char_reader(directory, params, config)

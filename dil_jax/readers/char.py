@@ -13,7 +13,9 @@ side is always its lower state, so a cache always holds it.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import jax
@@ -21,7 +23,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from dil_jax.checkpoints.char_readers import read_reader_fields, restore_char_variables
+from dil_jax.checkpoints.char_readers import (
+    read_reader_fields,
+    restore_char_variables,
+    save_char_reader,
+)
 from dil_jax.checkpoints.integrity import check_finite_params
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
@@ -100,6 +106,11 @@ class CharReader(Reader):
         reader = cls(model, variables, tokenizer, checkpoint)
         return reader.with_config(**options.config_overrides) if options.config_overrides \
             else reader
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Its whole variables (the word table included) beside a manifest naming its kind and
+        config (`save_char_reader`)."""
+        return save_char_reader(directory, self.params, self.config)
 
     def with_config(self, **changes: Any) -> CharReader:
         """Other run settings (`char_reader.switched_config`: LSH / reversible / chunked

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +31,7 @@ from dil_jax.checkpoints.integrity import (
     tokenizer_record,
 )
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
-from dil_jax.checkpoints.orbax_io import load_params
+from dil_jax.checkpoints.orbax_io import load_params, save_params
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
 from dil_jax.config import EncoderConfig, lsh_layers_of
 from dil_jax.errors import CheckpointError
@@ -96,6 +97,10 @@ class EncoderReader(Reader):
         tokenizer = (_reader_tokenizer(checkpoint, config, options.tokenizer)
                      if options.with_tokenizer else None)
         return cls(DelayedInteractionModel(config), params, tokenizer, checkpoint)
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """A dil_jax folder: orbax params beside `encoder_config.json` (`save_params`)."""
+        return save_params(directory, self.params, self.config)
 
     def with_config(self, **changes: Any) -> EncoderReader:
         """Other EncoderConfig fields (another k, LSH attention), the same params."""

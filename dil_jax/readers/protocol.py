@@ -8,8 +8,8 @@ characters beside the ids). `readers.loading` picks the family once, from the ma
 kind (`READER_FAMILIES`); from then on, where the families differ, the difference is a method
 or a capability of the reader, never a branch at the call site:
 
-  loading       `Reader.load` (a resolved checkpoint + `LoadOptions`), `with_config`,
-                `with_params`, `with_lsh_attention`
+  loading       `Reader.load` (a resolved checkpoint + `LoadOptions`), `save` (the folder
+                `load` reads back), `with_config`, `with_params`, `with_lsh_attention`
   reading       `pair_grid` / `local_grid` (the family's grid), `check_lengths` (its position
                 table), `characters` (what it reads beside the ids), `encode_questions` /
                 `passage_side` / `encode_passage_batch` (one side of the grid, from `TokenRows`)
@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -179,6 +181,12 @@ class Reader(abc.ABC):
     def load(cls, checkpoint: ResolvedCheckpoint, options: LoadOptions) -> Reader:
         """The reader of a resolved checkpoint of this family, read as `options` say; checks
         of weights and tokenizer wired in (CheckpointError naming what is wrong)."""
+
+    @abc.abstractmethod
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Writes the params and config as the folder `load` reads back (which must not
+        exist; atomically: a reader never sees half a folder); returns it. What a training
+        run exports."""
 
     @property
     def config(self) -> Any:

@@ -9,13 +9,12 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from dil_jax.checkpoints import TRAINED_FROM_FILE, CheckpointError
 from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
-from dil_jax.config import EncoderConfig
 from dil_jax.train.checkpointing import (
     TrainCheckpointer,
     abstract_like,
@@ -24,15 +23,19 @@ from dil_jax.train.checkpointing import (
 )
 from dil_jax.train.step import TrainState, weights_of
 
+if TYPE_CHECKING:
+    from dil_jax.readers.protocol import Reader
+
 log = logging.getLogger(__name__)
 
 
 def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state: TrainState,
-                  sharding, directory: Path, config: EncoderConfig,
+                  sharding, directory: Path, student: Reader,
                   metrics: dict[str, float] | None = None,
                   windows: TrainedWindows | None = None,
                   tokenizer: str | None = None) -> Path | None:
-    """Writes the best (else final) params with `save_params`, the format readers load, and
+    """Writes the best (else final) params of `student` as its family saves a reader
+    (`Reader.save`: the folder `load_reader` reads), and
     `trained_from.json`: the steps, the passage windows the run trained on (`windows`:
     `dil-jax predict` reads with them by default), and the null threshold when `metrics` (the
     exported step's evaluation) holds one (a SQuAD v2.0 run: `dil-jax predict` then uses it).
@@ -40,11 +43,9 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
     the export reads as it was trained without a --tokenizer (it used to need
     `--tokenizer default`, which nothing told the user).
 
-    Single-process only: `save_params` writes from one process with no cross-host barrier; a pod
+    Single-process only: `Reader.save` writes from one process with no cross-host barrier; a pod
     run's readers restore from its checkpoints/ instead (or export on one host afterwards).
     """
-    from dil_jax.checkpoints.char_readers import save_reader_params  # any model kind
-
     if jax.process_count() > 1:
         log.warning("multi-process run: not exporting %s (export from the checkpoint on one "
                     "host)", directory)
@@ -61,7 +62,7 @@ def export_reader(checkpointer: TrainCheckpointer, best_step: int | None, state:
                 "move that step aside and rerun to export the next best")
     staging = directory.with_name(directory.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    save_reader_params(staging, jax.device_get(params), config)
+    student.with_params(jax.device_get(params)).save(staging)  # as its family saves it
     record: dict[str, Any] = {"step": best_step if best_step is not None else int(state.step),
                               "best_step": best_step, "final_step": int(state.step)}
     if windows is not None:

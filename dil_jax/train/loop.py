@@ -417,7 +417,7 @@ def train(config: ml_collections.ConfigDict, *,
     if config.checkpoint.export_params and finished and not is_remote(workdir):
         reads_text = train_features is None and data_lib.featurizes_text(config)
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
-                      models.student.config,
+                      models.student,
                       exported_metrics(checkpointer, best_step, outcome),
                       # Features handed in were windowed by their maker, as the config may not
                       # say; synthetic ones have no windows or tokenizer to record.

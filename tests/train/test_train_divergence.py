@@ -161,6 +161,8 @@ def test_a_nan_evaluation_does_not_replace_the_best_export(tmp_path):
 
 def test_export_refuses_a_best_checkpoint_that_went_nan_on_disk(tmp_path):
     from dil_jax.config import EncoderConfig
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.readers import EncoderReader
 
     checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=1, best_metric=None,
                                      async_save=False)
@@ -170,9 +172,10 @@ def test_export_refuses_a_best_checkpoint_that_went_nan_on_disk(tmp_path):
                                        step=jnp.asarray(1, jnp.int32)), {"step": 1})
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     with pytest.raises(CheckpointError, match="step 1 .*non-finite values .* in w"):
+        config = EncoderConfig(vocab_size=8, hidden_size=4, num_layers=1, num_heads=1,
+                               intermediate_size=4, embedding_size=4)
         loop.export_reader(checkpointer, 1, state, sharding, tmp_path / "params",
-                           EncoderConfig(vocab_size=8, hidden_size=4, num_layers=1,
-                                         num_heads=1, intermediate_size=4, embedding_size=4))
+                           EncoderReader(DelayedInteractionModel(config), None))
     assert not (tmp_path / "params").exists()
     checkpointer.close()
     assert nonfinite_leaves({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}) == ["b"]
