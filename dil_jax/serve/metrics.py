@@ -61,8 +61,8 @@ class CompileCounter:
 
 
 class _CompileCollector:
-    def __init__(self, ready_count: list[int | None]):
-        self.ready_count = ready_count
+    def __init__(self, ready_count: list[int | None], background: list[int]):
+        self.ready_count, self.background = ready_count, background
 
     def collect(self):
         total = CounterMetricFamily("dil_jax_compilations",
@@ -71,11 +71,14 @@ class _CompileCollector:
         at_ready = self.ready_count[0]
         if at_ready is None:
             total.add_metric(["startup"], CompileCounter.count)
+            total.add_metric(["background"], 0)
             total.add_metric(["serving"], 0)
         else:
             total.add_metric(["startup"], at_ready)
-            # Programs compiled after /readyz: a shape the warm-up missed (should stay 0).
-            total.add_metric(["serving"], CompileCounter.count - at_ready)
+            # The narrower chunk programs compiled between requests after /readyz.
+            total.add_metric(["background"], self.background[0])
+            # Programs compiled by requests: a shape the warm-up missed (should stay 0).
+            total.add_metric(["serving"], CompileCounter.count - at_ready - self.background[0])
         yield total
         yield CounterMetricFamily("dil_jax_compile_seconds",
                                   "seconds spent compiling XLA programs",
@@ -88,6 +91,7 @@ class ServeMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         self._ready_count: list[int | None] = [None]
+        self._background = [0]
         self.requests = Counter("dil_jax_requests", "HTTP requests by route and status",
                                 ["route", "status"], registry=self.registry)
         self.latency = Histogram("dil_jax_request_seconds", "HTTP request latency by route",
@@ -103,14 +107,24 @@ class ServeMetrics:
                                     registry=self.registry)
         self.queue_depth = Gauge("dil_jax_queue_depth", "jobs waiting for the worker",
                                  registry=self.registry)
-        self.ready = Gauge("dil_jax_ready", "1 once every program is compiled",
+        self.ready = Gauge("dil_jax_ready",
+                           "1 once the server answers (the widest chunk programs compiled)",
                            registry=self.registry)
-        self.registry.register(_CompileCollector(self._ready_count))
+        self.registry.register(_CompileCollector(self._ready_count, self._background))
         CompileCounter.register()
 
     def mark_ready(self) -> None:
         self._ready_count[0] = CompileCounter.count
         self.ready.set(1)
+
+    def count_background_compiles(self, count: int) -> None:
+        """Programs compiled after /readyz by the idle warm-up (not by a request)."""
+        self._background[0] += count
+
+    def compiles_by_requests(self) -> int:
+        """Programs compiled after /readyz other than by the idle warm-up (0 before ready)."""
+        at_ready = self._ready_count[0]
+        return 0 if at_ready is None else CompileCounter.count - at_ready - self._background[0]
 
     def observe_request(self, route: str, status: int, seconds: float | None = None) -> None:
         """Counts a request by route and status; its latency too when it has one (a refusal

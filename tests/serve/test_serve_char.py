@@ -113,14 +113,20 @@ def test_info_names_the_kind(server, kind):
 
 
 def test_warm_up_enumerates_the_char_grids_programs(server):
-    """2 question widths (8, 16) x 2 passage widths (32, 48), nothing hoisted, per shape."""
+    """2 question widths (8, 16) x 2 passage widths (32, 48) x every chunk row count, nothing
+    hoisted, per shape; the widest one (most rows, 16 x 48) before ready."""
     from dil_jax.serve.shapes import warm_up_plan
 
     _, engine = server
     served = engine.readers["delayed"]
     for count, shaped in served.shapes.items():
         plan = warm_up_plan(shaped, count)
-        assert (plan.question_widths, plan.passage_widths, plan.size) == ([8, 16], [32, 48], 4)
+        rows = shaped.grid.chunk_row_choices()
+        assert (plan.question_widths, plan.passage_widths, plan.size) == (
+            [8, 16], [32, 48], 4 * len(rows))
+        assert plan.ready_count == 1
+        assert (plan.programs[0].rows, plan.programs[0].q_width, plan.programs[0].p_width) == (
+            rows[-1], 16, 48)
 
 
 def test_nothing_compiles_after_ready(server):
