@@ -171,9 +171,8 @@ class Engine:
         if not self._idle_jobs:
             return False
         _, shaped, program, questions = self._idle_jobs.popleft()
-        before = CompileCounter.count
-        warm_up(shaped, program, questions)
-        self.metrics.count_background_compiles(CompileCounter.count - before)
+        with CompileCounter.in_background():
+            warm_up(shaped, program, questions)
         background = self.progress["background"]
         background["done"] += 1
         if not self._idle_jobs:

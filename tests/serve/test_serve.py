@@ -114,7 +114,7 @@ def test_nothing_compiles_after_ready(server):
             list(pool.map(lambda context, name=reader: client.read("Who?", context,
                                                                    reader=name),
                           [LONG_CONTEXT, SAMPLE_PASSAGES[0], SAMPLE_PASSAGES[5]]))
-    assert engine.metrics.compiles_by_requests() == before == 0, \
+    assert engine.metrics.compiles_by_requests() == before, \
         "a request compiled a program after /readyz"
 
 
