@@ -28,6 +28,7 @@ from dil_jax.model.char_reader import CharModel
 from dil_jax.model.delayed import InputError
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_inputs import QANetSegment, fit_chars
+from dil_jax.reading.chunks import chunk_spans, padded_chunk
 from dil_jax.reading.grid import MeshGrid, uncut_columns
 from dil_jax.reading.pairs import (
     KEPT_BUCKET,
@@ -175,18 +176,20 @@ class CharPairGrid(MeshGrid):
             order = np.argsort(p_real[p_index], kind="stable")
         else:
             order = np.arange(num_pairs)
-        for begin in range(0, num_pairs, self.chunk_size):
-            pairs = order[begin:begin + self.chunk_size]
-            pad = self.chunk_size - len(pairs)
-            # Padding pairs repeat the chunk's first pair and are dropped by the caller.
-            chunk_q = np.pad(q_index[pairs], (0, pad), mode="edge")
-            chunk_p = np.pad(p_index[pairs], (0, pad), mode="edge")
+        # What the chunk program's shape depends on besides the chunk's own (`ShapeBook`).
+        signature = (np.shape(q_mask_host), np.shape(p_mask_host))
+        for span in chunk_spans(num_pairs, self.chunk_size):
+            pairs = order[span]
             q_width = p_width = None
             if self.trim_padding:
-                q_width = chunk_width(q_real[chunk_q], QUESTION_BUCKET, q_len)
-                p_width = chunk_width(p_real[chunk_p], KEPT_BUCKET, p_len)
+                q_width = chunk_width(q_real[q_index[pairs]], QUESTION_BUCKET, q_len)
+                p_width = chunk_width(p_real[p_index[pairs]], KEPT_BUCKET, p_len)
+            shape = self.chunk_shape(signature, len(pairs), q_width, p_width)
+            # Padding pairs repeat the chunk's last pair and are dropped by the caller.
+            chunk_q = padded_chunk(q_index[pairs], shape.rows)
+            chunk_p = padded_chunk(p_index[pairs], shape.rows)
             yield pairs, self._pair_fn(variables, q_state, q_mask, p_state, p_mask, chunk_q,
-                                       chunk_p, q_width, p_width)
+                                       chunk_p, shape.q_width, shape.p_width)
 
     def read_pairs(self, variables: Variables, q_state: jax.Array, q_mask: np.ndarray,
                    p_state: jax.Array, p_mask: np.ndarray, q_index: np.ndarray,

@@ -22,7 +22,7 @@ same way on 1 CPU, forced host devices, a GPU, or every chip of a multi-host TPU
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import jax
@@ -36,6 +36,14 @@ from dil_jax.mesh import DATA_AXIS, data_mesh
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, Params, check_segment_lengths
 from dil_jax.model.span_reader import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
+from dil_jax.reading.chunks import (
+    ChunkShape,
+    ShapeBook,
+    chunk_row_choices,
+    chunk_rows,
+    chunk_spans,
+    padded_chunk,
+)
 from dil_jax.reading.pairs import (
     KEPT_BUCKET,
     QUESTION_BUCKET,
@@ -75,6 +83,23 @@ class MeshGrid:
         self.chunk_size = round_up(chunk_size, num_devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P(DATA_AXIS))
+        # The compiled chunk shapes a server reads at (`ShapeBook`); None: each chunk runs at
+        # its own shape.
+        self.shape_book: ShapeBook | None = None
+
+    def chunk_shape(self, signature: Hashable, pairs: int, q_width: int | None,
+                    p_width: int | None, book: bool = True) -> ChunkShape:
+        """The shape a chunk of `pairs` real pairs reading these widths runs at: its own
+        (`chunk_rows`), or through the grid's `shape_book` when it has one and `book`."""
+        needed = ChunkShape(chunk_rows(pairs, self.chunk_size, self.mesh.devices.size), q_width,
+                            p_width)
+        if self.shape_book is None or not book:
+            return needed
+        return self.shape_book.shape_for(signature, needed)
+
+    def chunk_row_choices(self) -> list[int]:
+        """Every row count a chunk program of this grid runs at (`chunk_row_choices`)."""
+        return chunk_row_choices(self.chunk_size, self.mesh.devices.size)
 
     def programs(self) -> dict[str, Any]:
         """The grid's jitted programs by name (each grid says which it has)."""
@@ -342,23 +367,28 @@ class PairGrid(MeshGrid):
         else:
             kept = np.sum(np.asarray(positions) < p_len, axis=1)
             order = np.argsort(kept, kind="stable")
-        for start in range(0, num_pairs, self.chunk_size):
-            pairs = order[start:start + self.chunk_size]
-            pad = self.chunk_size - len(pairs)
-            # Padding pairs repeat the chunk's first pair and are dropped by the caller.
-            chunk_q = np.pad(np.asarray(q_index, np.int32)[pairs], (0, pad), mode="edge")
-            chunk_p = np.pad(np.asarray(p_index, np.int32)[pairs], (0, pad), mode="edge")
-            chunk_positions = None
+        q_index, p_index = np.asarray(q_index, np.int32), np.asarray(p_index, np.int32)
+        # What the chunk program's shape depends on besides the chunk's own (`ShapeBook`).
+        signature = (np.shape(q_mask_host), np.shape(p_mask_host), q_qkv is not None,
+                     p_qkv is not None, p_stats is not None)
+        for span in chunk_spans(num_pairs, self.chunk_size):
+            pairs = order[span]
+            chunk_positions = q_width = p_width = None
+            if trim:
+                q_width = chunk_width(q_real[q_index[pairs]], QUESTION_BUCKET, q_len)
+                p_width = chunk_width(p_real[p_index[pairs]], KEPT_BUCKET, p_len)
+            shape = self.chunk_shape(signature, len(pairs), q_width, p_width,
+                                     book=positions is None)
+            # Padding pairs repeat the chunk's last pair and are dropped by the caller.
+            chunk_q = padded_chunk(q_index[pairs], shape.rows)
+            chunk_p = padded_chunk(p_index[pairs], shape.rows)
             if positions is not None:
                 width = chunk_width(kept[pairs], KEPT_BUCKET, positions.shape[1])
-                chunk_positions = np.pad(np.asarray(positions, np.int32)[pairs, :width],
-                                         ((0, pad), (0, 0)), mode="edge")
-            q_width = p_width = None
-            if trim:
-                q_width = chunk_width(q_real[chunk_q], QUESTION_BUCKET, q_len)
-                p_width = chunk_width(p_real[chunk_p], KEPT_BUCKET, p_len)
+                chunk_positions = np.asarray(positions, np.int32)[pairs, :width][
+                    padded_chunk(np.arange(len(pairs)), shape.rows)]
             outputs = self._pair_fn(params, q_lower, q_mask, p_source, p_mask, chunk_q, chunk_p,
-                                    chunk_positions, q_qkv, p_qkv, p_stats, q_width, p_width)
+                                    chunk_positions, q_qkv, p_qkv, p_stats, shape.q_width,
+                                    shape.p_width)
             yield pairs, outputs
 
     def read_pairs(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,

@@ -558,5 +558,6 @@ def openapi(readers: list[str], limits) -> dict:
                                  "output", read_body_schema),
                 "/v1/info": get("the readers and limits", protected=True),
                 "/healthz": get("alive"),
-                "/readyz": get("index open and every program compiled (503 until then)"),
+                "/readyz": get("index open and the widest programs compiled (503 until then); "
+                               "progress of the idle warm-up"),
                 "/metrics": get("Prometheus text format")}}

@@ -7,6 +7,7 @@ tokenizer (whose concurrent use raises "Already borrowed").
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -100,11 +101,12 @@ class Engine:
         self.readers = dict(readers)
         self.limits, self.metrics, self.mu = limits, metrics, mu
         self.warm = warm
-        self.progress = {"stage": "starting", "done": 0, "total": 0}
+        self.progress: dict[str, Any] = {"stage": "starting", "done": 0, "total": 0}
+        self._idle_jobs: collections.deque = collections.deque()
         self.worker = Worker({"answer": self._answer_jobs, "read": self._read_jobs},
                              max_batch=max_batch, max_wait_s=max_wait_s, max_queue=max_queue,
                              setup=self._setup, on_batch=self._batch_done,
-                             on_depth=metrics.queue_depth.set)
+                             on_depth=metrics.queue_depth.set, idle=self._compile_while_idle)
 
     @property
     def names(self) -> list[str]:
@@ -113,35 +115,61 @@ class Engine:
     # ------------------------------------------------------------------ warm-up
 
     def _setup(self) -> None:
-        from dil_jax.serve.shapes import warm_up, warm_up_plan
+        """Compiles the widest chunk program of every reader, batch shape and hoist class
+        (`WarmUpPlan`: enough to read anything), reads the whole request path once per reader
+        (`_check_path`), and leaves the narrower programs to `_compile_while_idle`."""
+        from dil_jax.reading.chunks import ShapeBook
+        from dil_jax.serve.shapes import warm_up, warm_up_plan, warm_up_questions
 
         started = time.perf_counter()
-        # One plan per reader and batch shape (question count): each pads its passage side to
-        # its own rows, so each has its own pair programs.
-        plans = {(name, count): warm_up_plan(shaped, count)
-                 for name, served in self.readers.items()
-                 for count, shaped in (served.shapes or {0: served.reader}).items()}
-        self.progress = {"stage": "compiling", "done": 0,
-                         "total": sum(plan.size for plan in plans.values()) if self.warm else 0}
+        shaped_readers = [(name, count, shaped) for name, served in self.readers.items()
+                          for count, shaped in (served.shapes or {0: served.reader}).items()]
+        first, rest = [], []
+        if self.warm:
+            for name, count, shaped in shaped_readers:
+                # One plan per reader and batch shape (question count): each pads its passage
+                # side to its own rows, so each has its own pair programs.
+                shaped.grid.shape_book = shaped.grid.shape_book or ShapeBook()
+                plan = warm_up_plan(shaped, count or None)
+                questions = warm_up_questions(shaped)
+                jobs = [(name, shaped, program, questions) for program in plan.programs]
+                first += jobs[:plan.ready_count]
+                rest += jobs[plan.ready_count:]
+        self.progress = {"stage": "compiling", "done": 0, "total": len(first),
+                         "background": {"done": 0, "total": len(rest)}}
+        log.info("warm-up: %d chunk programs before ready (the widest of each reader, batch "
+                 "shape and class), %d more while idle", len(first), len(rest))
+        for name, shaped, program, questions in first:
+            warm_up(shaped, program, questions)
+            self.progress["done"] += 1
+            log.info("warm-up: %d of %d programs (%s reader, %d-row chunks)",
+                     self.progress["done"], len(first), name, program.rows)
         for name, served in self.readers.items():
-            for count, shaped in (served.shapes or {0: served.reader}).items():
-                if not self.warm:
-                    break
-                plan = plans[name, count]
-                log.info("warm-up of the %s reader, batches of up to %s question(s): %d "
-                         "programs (%s)", name, count or "the batch size's", plan.size, plan)
-                base = self.progress["done"]
-
-                def progress(done: int, _total: int, base: int = base) -> None:
-                    self.progress["done"] = base + done
-
-                warm_up(shaped, progress, count or None)
             self._check_path(name, served)
+        self._idle_jobs = collections.deque(rest)
         self.metrics.mark_ready()
         self.progress["stage"] = "ready"
-        log.info("ready: %d programs compiled or read from the compilation cache in %.1f s",
-                 CompileCounter.count,
-                 time.perf_counter() - started)
+        log.info("ready: %d programs compiled or read from the compilation cache in %.1f s; "
+                 "%d narrower chunk programs follow while idle", CompileCounter.count,
+                 time.perf_counter() - started, len(rest))
+
+    def _compile_while_idle(self) -> bool:
+        """Compiles one narrower chunk program (the worker calls this when its queue is
+        empty; a request that arrives meanwhile waits for this one program only). True while
+        more remain."""
+        from dil_jax.serve.shapes import warm_up
+
+        if not self._idle_jobs:
+            return False
+        _, shaped, program, questions = self._idle_jobs.popleft()
+        with CompileCounter.in_background():
+            warm_up(shaped, program, questions)
+        background = self.progress["background"]
+        background["done"] += 1
+        if not self._idle_jobs:
+            log.info("background warm-up done: %d narrower chunk programs",
+                     background["total"])
+        return bool(self._idle_jobs)
 
     def _check_path(self, name: str, served: ServedReader) -> None:
         """One whole answer and context reads: compiles what lies outside the pair programs

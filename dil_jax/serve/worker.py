@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 Handler = Callable[[str, Sequence[Any]], Sequence[Any]]
 
 
+# What `_gather` returns when the queue is empty and idle work remains; compared by identity
+# (a batch whose jobs were all cancelled is another, empty, list).
+IDLE: list = []
+
+
 class QueueFull(Exception):
     """The queue holds max_queue jobs; retry_after: seconds a client should wait."""
 
@@ -74,15 +79,18 @@ class Worker:
                  max_wait_s: float = 0.005, max_queue: int = 64,
                  setup: Callable[[], None] | None = None,
                  on_batch: Callable[[str, str, int, float], None] | None = None,
-                 on_depth: Callable[[int], None] | None = None):
+                 on_depth: Callable[[int], None] | None = None,
+                 idle: Callable[[], bool] | None = None):
         """on_batch(kind, reader, size, seconds) after each handler call; on_depth(depth)
-        whenever the queue's length changes."""
+        whenever the queue's length changes; idle(): a short piece of background work, run in
+        the thread whenever the queue is empty, until it returns False (more to do: True)."""
         if max_batch < 1 or max_queue < 1 or max_wait_s < 0:
             raise ValueError(f"max_batch {max_batch}, max_queue {max_queue}: must be >= 1; "
                              f"max_wait_s {max_wait_s}: must be >= 0")
         self.handlers = dict(handlers)
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self._setup, self._on_batch, self._on_depth = setup, on_batch, on_depth
+        self._idle, self._idle_pending = idle, idle is not None
         self._queue: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -177,15 +185,29 @@ class Worker:
             return
         self.ready.set()
         while (jobs := self._gather()) is not None:
-            self._process(jobs)
+            if jobs is IDLE:
+                self._run_idle()
+            else:
+                self._process(jobs)
+
+    def _run_idle(self) -> None:
+        """One piece of the idle work; an exception ends the idle work, not the thread."""
+        try:
+            self._idle_pending = bool(self._idle())
+        except Exception:
+            log.exception("the serve worker's idle work failed; it is not resumed")
+            self._idle_pending = False
 
     def _gather(self) -> list[Job] | None:
         """The next batch: up to max_batch jobs, waiting until the oldest job's deadline for
-        more; None once stopping and the queue is empty."""
+        more; IDLE when the queue is empty and idle work remains (run outside the lock, so
+        requests can queue meanwhile); None once stopping and the queue is empty."""
         with self._cond:
             while not self._queue:
                 if self._stopping:
                     return None
+                if self._idle_pending:
+                    return IDLE
                 self._cond.wait()
             deadline = self._queue[0].enqueued + self.max_wait_s
             while len(self._queue) < self.max_batch and not self._stopping:

@@ -35,7 +35,8 @@ from dil_jax.serve.schemas import (
     parse_read_request,
 )
 from dil_jax.serve.shapes import (
-    hoist_classes,
+    HoistClass,
+    pair_counts_by_rows,
     passage_rows,
     passage_widths,
     question_widths,
@@ -219,19 +220,30 @@ def _plan(hoists: bool) -> ReusePlan:
                      reads_kept_tokens=True)
 
 
-def test_widths_and_hoist_classes():
+def test_widths_and_the_pair_counts_of_each_class_and_chunk_rows():
     assert question_widths(32) == [8, 16, 24, 32]
     assert question_widths(12) == [8, 12]
     assert passage_widths(48) == [32, 48]
-    assert [c.pairs for c in hoist_classes(_plan(False), False, 8, 232, 500)] == [1]
-    assert [(c.pairs, c.questions_projected, c.passages_projected)
-            for c in hoist_classes(_plan(True), False, 8, 232, 400)] == [(1, False, False),
-                                                                 (16, True, False)]
-    # A small index read by many pairs: the passages' projections are reachable too.
-    small = hoist_classes(_plan(True), False, 2, 6, 24)
-    assert [(c.pairs, c.passages_projected) for c in small] == [(1, False), (4, False), (12, True)]
+    rows_of_8 = [1, 2, 4, 8]
+    # Nothing hoisted: one class; a short remainder of 1..7 pairs, whole chunks from 8.
+    counts = pair_counts_by_rows(_plan(False), False, 8, 232, 500, 8, rows_of_8)
+    assert counts == {(HoistClass(1, False, False), 1): 1, (HoistClass(1, False, False), 2): 2,
+                      (HoistClass(1, False, False), 4): 3, (HoistClass(1, False, False), 8): 5}
+    # Hoisting (min_reads 2): questions projected from 2 x 8 = 16 pairs; passages never
+    # within 400 pairs (2 x 232 = 464).
+    counts = pair_counts_by_rows(_plan(True), False, 8, 232, 400, 8, rows_of_8)
+    assert {(c.questions_projected, c.passages_projected, rows): pairs
+            for (c, rows), pairs in counts.items()} == {
+        (False, False, 1): 1, (False, False, 2): 2, (False, False, 4): 3, (False, False, 8): 5,
+        (True, False, 8): 16, (True, False, 1): 17, (True, False, 2): 18, (True, False, 4): 19}
+    # A small index read by many pairs: the passages' projections are reachable (from 12).
+    small = pair_counts_by_rows(_plan(True), False, 2, 6, 24, 8, rows_of_8)
+    assert {(c.questions_projected, c.passages_projected) for c, _ in small} == {
+        (False, False), (True, False), (True, True)}
+    assert small[HoistClass(1, True, False), 4] == 4  # 4..11 pairs
+    assert small[HoistClass(1, True, True), 8] == 12 and small[HoistClass(1, True, True), 4] == 12
     assert all(c.cached_passages and not c.passages_projected
-               for c in hoist_classes(_plan(True), True, 2, 6, 24))
+               for c, _ in pair_counts_by_rows(_plan(True), True, 2, 6, 24, 8, rows_of_8))
 
 
 # ----------------------------------------------------------------------------- the worker
@@ -247,6 +259,34 @@ def _echo_worker(**options) -> tuple[Worker, list]:
     worker.start()
     assert worker.ready.wait(5)
     return worker, batches
+
+
+def test_idle_work_runs_between_jobs_until_done_and_its_failure_stops_only_it():
+    pieces: list[float] = []
+    gate = threading.Event()
+
+    def idle() -> bool:
+        gate.wait(5)  # a job can queue while a piece runs
+        pieces.append(time.monotonic())
+        return len(pieces) < 3
+
+    worker, _ = _echo_worker(idle=idle, max_wait_s=0.0)
+    future = worker.submit("answer", "full", "q")
+    gate.set()
+    assert future.result(10).value == "full:q"
+    deadline = time.monotonic() + 10
+    while len(pieces) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert len(pieces) == 3  # it said it was done: not called again
+    assert worker.submit("answer", "full", "r").result(10).value == "full:r"
+
+    def failing() -> bool:
+        raise RuntimeError("compile failed")
+
+    worker, _ = _echo_worker(idle=failing)
+    assert worker.submit("answer", "full", "s").result(10).value == "full:s"
+    assert worker.accepting
 
 
 def test_concurrent_jobs_are_batched_and_each_gets_its_own_result():

@@ -21,7 +21,6 @@ from dil_jax.client import Client, ServiceError
 from dil_jax.errors import UsageError
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.serve.loading import ReaderSpec, ReadSettings, default_specs, load_served_readers
-from dil_jax.serve.metrics import CompileCounter
 
 from tests.helpers import free_port, run_cli
 from tests.helpers.qanet import tiny_char_index
@@ -113,19 +112,26 @@ def test_info_names_the_kind(server, kind):
 
 
 def test_warm_up_enumerates_the_char_grids_programs(server):
-    """2 question widths (8, 16) x 2 passage widths (32, 48), nothing hoisted, per shape."""
+    """2 question widths (8, 16) x 2 passage widths (32, 48) x every chunk row count, nothing
+    hoisted, per shape; the widest one (most rows, 16 x 48) before ready."""
     from dil_jax.serve.shapes import warm_up_plan
 
     _, engine = server
     served = engine.readers["delayed"]
     for count, shaped in served.shapes.items():
         plan = warm_up_plan(shaped, count)
-        assert (plan.question_widths, plan.passage_widths, plan.size) == ([8, 16], [32, 48], 4)
+        rows = shaped.grid.chunk_row_choices()
+        assert (plan.question_widths, plan.passage_widths, plan.size) == (
+            [8, 16], [32, 48], 4 * len(rows))
+        assert plan.ready_count == 1
+        assert (plan.programs[0].rows, plan.programs[0].q_width, plan.programs[0].p_width) == (
+            rows[-1], 16, 48)
 
 
 def test_nothing_compiles_after_ready(server):
-    client, _ = server
-    before = CompileCounter.count
+    """No request compiles (the idle warm-up's compiles are counted apart)."""
+    client, engine = server
+    before = engine.metrics.compiles_by_requests()
     questions = [*QUESTIONS, "Paris?", "zzzz qqqq",  # one token; no BM25 hit
                  "What does photosynthesis release, and where do the plants store the energy "
                  "they take from light, according to the passage?"]  # truncated to 16 tokens
@@ -140,7 +146,8 @@ def test_nothing_compiles_after_ready(server):
     with ThreadPoolExecutor(3) as pool:  # contexts read together
         list(pool.map(lambda context: client.read("Who?", context),
                       [LONG_CONTEXT, SAMPLE_PASSAGES[0], SAMPLE_PASSAGES[5]]))
-    assert CompileCounter.count == before, "a request compiled a program after /readyz"
+    assert engine.metrics.compiles_by_requests() == before, \
+        "a request compiled a program after /readyz"
 
 
 def test_read_route_is_the_whole_reader_on_predicts_inputs(server, tokenizer):

@@ -1,0 +1,119 @@
+"""Chunks of pairs: a short chunk runs short, and a chunk run at a larger booked shape (a
+server's compiled one) gives the scores of a direct per-pair forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dil_jax.reading.chunks import (
+    ChunkShape,
+    ShapeBook,
+    chunk_row_choices,
+    chunk_rows,
+    chunk_spans,
+    padded_chunk,
+)
+
+from tests.reading.test_grid import TINY_ENCODER, _tiny_segments
+
+
+def test_row_choices_are_powers_of_two_of_the_device_count_up_to_the_chunk():
+    assert chunk_row_choices(8) == [1, 2, 4, 8]
+    assert chunk_row_choices(6) == [1, 2, 4, 6]
+    assert chunk_row_choices(1) == [1]
+    assert chunk_row_choices(16, 8) == [8, 16]
+    assert chunk_row_choices(24, 8) == [8, 16, 24]
+    assert [chunk_rows(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert [chunk_rows(n, 16, 8) for n in (1, 8, 9, 16)] == [8, 8, 16, 16]
+    with pytest.raises(ValueError, match="multiple of the device count"):
+        chunk_row_choices(12, 8)
+    with pytest.raises(ValueError, match="1..8 pairs, got 9"):
+        chunk_rows(9, 8)
+
+
+def test_the_short_chunk_comes_first_and_every_pair_once():
+    assert list(chunk_spans(19, 8)) == [slice(0, 3), slice(3, 11), slice(11, 19)]
+    assert list(chunk_spans(16, 8)) == [slice(0, 8), slice(8, 16)]
+    assert list(chunk_spans(5, 8)) == [slice(0, 5)]
+    assert list(chunk_spans(0, 8)) == []
+    assert padded_chunk(np.array([4, 7]), 4).tolist() == [4, 7, 7, 7]
+
+
+def test_a_book_runs_a_chunk_at_the_cheapest_recorded_shape_that_holds_it():
+    book = ShapeBook()
+    wide, narrow = ChunkShape(8, 32, 192), ChunkShape(8, 8, 64)
+    needed = ChunkShape(1, 8, 32)
+    assert book.shape_for("s", needed) == needed  # nothing recorded: its own shape
+    book.compiling = True
+    assert book.shape_for("s", wide) == wide and book.shape_for("s", narrow) == narrow
+    book.compiling = False
+    assert book.shape_for("s", needed) == narrow
+    assert book.shape_for("s", ChunkShape(4, 16, 64)) == wide  # the narrow one is too narrow
+    assert book.shape_for("other", needed) == needed  # shapes are per signature
+    book.add("s", needed)
+    assert book.shape_for("s", needed) == needed
+    # Untrimmed widths (None) only hold untrimmed ones.
+    assert not ChunkShape(8).holds(ChunkShape(1, 8, 32))
+    assert ChunkShape(8).holds(ChunkShape(2)) and not ChunkShape(2).holds(ChunkShape(8))
+
+
+class RecordingBook(ShapeBook):
+    """A book that records the shapes it hands out once compiling is over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed: list[ChunkShape] = []
+
+    def shape_for(self, signature, needed: ChunkShape) -> ChunkShape:
+        shape = super().shape_for(signature, needed)
+        if not self.compiling:
+            self.handed.append(shape)
+        return shape
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_chunks_run_short_or_at_a_booked_shape_and_score_as_the_direct_forward(k):
+    """Pair counts 1..9 on chunks of 8: each chunk's program has the rows of `chunk_rows`, and
+    every pair's scores equal the model's direct forward over `[CLS] q [SEP] p [SEP]` (the
+    reference of test_grid.py); then the same with every chunk run at one booked wide shape."""
+    import jax
+
+    from dil_jax.config import EncoderConfig
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.reading.grid import PairGrid
+
+    model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=k))
+    params = model.init(jax.random.key(0))
+    # Passages of 48 token slots: chunks read 32 or 48 of them (KEPT_BUCKET 32).
+    rng = np.random.default_rng(3)
+    q_ids, q_mask, _, _ = _tiny_segments(3, (16,))
+    p_ids = rng.integers(1, 50, (5, 48)).astype(np.int32)
+    p_mask = (np.arange(48)[None] < np.array([[48], [9], [4], [40], [20]])).astype(np.int32)
+    grid = PairGrid(model, batch_size=2, chunk_size=8)
+    q_lower = grid.encode_questions(params, q_ids, q_mask)
+    p_source = p_ids if k == 0 else grid.encode_passages(params, p_ids, p_mask)
+    qi, pi = (a.ravel() for a in np.meshgrid(np.arange(2), np.arange(5), indexing="ij"))
+    direct = model(params, q_ids[qi], q_mask[qi], p_ids[pi], p_mask[pi])
+    for book in (None, RecordingBook()):
+        grid.shape_book = book
+        if book is not None:
+            # Every pair count, every pair reading passage 0 (48 real tokens): the widest shape
+            # of each row count and signature (whether the pair count makes the grid project
+            # the first upper block once per question: 0 < k only), as a warm-up records them.
+            book.compiling = True
+            for n in range(1, 10):
+                list(grid.iter_pair_chunks(params, q_lower, q_mask, p_source, p_mask, qi[:n],
+                                           pi[:n] * 0))
+            book.compiling = False
+        for n in range(1, 10):
+            rows, scores = [], np.zeros((n, 48), np.float32)
+            for pairs, outputs in grid.iter_pair_chunks(params, q_lower, q_mask, p_source,
+                                                        p_mask, qi[:n], pi[:n]):
+                rows.append(np.shape(outputs[0])[0])
+                scores[pairs] = np.asarray(outputs[0])[:len(pairs)]
+            assert rows == ([chunk_rows(n % 8, 8)] if n % 8 else []) + [8] * (n // 8), n
+            np.testing.assert_allclose(scores, np.asarray(direct.start_logits)[:n], atol=1e-5,
+                                       err_msg=f"{n} pairs, book {book is not None}")
+        if book is not None:  # passages 1-4 alone would read 32 tokens: all read at 48
+            assert {shape.p_width for shape in book.handed} == {48}
