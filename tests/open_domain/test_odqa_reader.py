@@ -163,7 +163,7 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
     store = build_sentence_store(index, prescreener)
     passage = 3
     spans = split_sentences(index.passages[passage].text)
-    assert store.passage_spans()[passage] == spans and len(spans) > 1
+    assert store.spans_of([passage])[0] == spans and len(spans) > 1
     np.testing.assert_allclose(store.matrix([passage], 8)[0][0, :len(spans)],
                                prescreener.embed([index.passages[passage].text[a:b]
                                                   for a, b in spans]), atol=1e-5)

@@ -53,8 +53,9 @@ class SentenceStore:
     def __init__(self, directory: Path, manifest: dict | None = None):
         """Loads the arrays; a missing, truncated or inconsistent one is SentenceStoreError."""
         self.directory = directory
-        self.first = _load(directory / "first.npy")
-        self.spans = _load(directory / "spans.npy")
+        # Memory-mapped: a question reads its passages' entries only.
+        self.first = _load(directory / "first.npy", mmap_mode="r")
+        self.spans = _load(directory / "spans.npy", mmap_mode="r")
         self.embeddings = _load(directory / "embeddings.npy", mmap_mode="r")
         sentences = int(self.first[-1]) if self.first.ndim == 1 and len(self.first) else -1
         if (self.first.ndim != 1 or self.spans.shape != (sentences, 2)
@@ -87,11 +88,12 @@ class SentenceStore:
                                          f"{manifest.get(field)!r}, the prescreener has {value!r}")
         return cls(directory, manifest)
 
-    def passage_spans(self, max_sentences: int | None = None) -> list[list[tuple[int, int]]]:
-        """Every passage's sentence spans (the first max_sentences of each)."""
-        spans = self.spans.tolist()
-        return [[tuple(span) for span in spans[a:b][:max_sentences]]
-                for a, b in zip(self.first[:-1], self.first[1:], strict=True)]
+    def spans_of(self, passages: Sequence[int], max_sentences: int | None = None
+                 ) -> list[list[tuple[int, int]]]:
+        """The sentence spans of these passages (the first max_sentences of each), in order."""
+        return [[tuple(span) for span in
+                 np.asarray(self.spans[self.first[p]:self.first[p + 1]])[:max_sentences].tolist()]
+                for p in np.asarray(passages, np.int64)]
 
     def matrix(self, passages: Sequence[int], max_sentences: int
                ) -> tuple[np.ndarray, np.ndarray]:
