@@ -178,8 +178,9 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
             pca = fit_pca(pca_sample(ids, mask, offsets, encode, first_row), storage.pca_dim)
         _start_fresh(staging, manifest, starts, encode is not None, pca, grid)
         resume = (0, 0)
-    elif done:
-        log.info("%s: resuming at window %d of %d", staging, done, rows)
+    else:
+        log.info("%s: resuming at window %d of %d (%d of %d tokens written)", staging, done,
+                 rows, resume[1], manifest.num_tokens)
     _write_rows(staging, manifest, starts, ids, mask, offsets, encode, reuse, chunk_passages,
                 resume, first_row, progress)
     (staging / PROGRESS_FILE).unlink(missing_ok=True)
@@ -262,7 +263,7 @@ def record_digests(cache: PassageCache) -> PassageCache:
     digest (a copy that did not keep times), so later opens check them cheaply. Returns the
     cache reopened when anything was recorded, else `cache`."""
     changed = False
-    for check, (folder, manifest) in zip(cache.digest_checks, cache.folders):
+    for check, (folder, manifest) in zip(cache.digest_checks, cache.folders, strict=True):
         if check.digested and not check.rehashed:
             continue
         if not check.digested:
@@ -272,8 +273,8 @@ def record_digests(cache: PassageCache) -> PassageCache:
         else:
             log.info("%s: recording the new modification times of %s (every byte matched)",
                      folder, ", ".join(check.rehashed))
-        write_manifest(folder, dataclasses.replace(
-            manifest, digests=refreshed_digests(folder, manifest.digests, check)))
+        write_manifest(folder.path, dataclasses.replace(
+            manifest, digests=refreshed_digests(folder.path, manifest.digests, check)))
         changed = True
     return PassageCache.open(cache.directory, verify="none") if changed else cache
 
@@ -309,7 +310,7 @@ def default_grid(manifest: CacheManifest, has_states: bool) -> TokenGrid:
     specs = _array_specs(manifest, has_states)
     widest = max(int(np.prod(tail, dtype=np.int64)) * dtype.itemsize
                  for tail, dtype, _ in specs.values())
-    return TokenGrid.for_bytes(widest)
+    return TokenGrid.for_bytes(widest, manifest.num_tokens)
 
 
 class _TokenWriter:
@@ -431,7 +432,7 @@ def _start_fresh(staging: Path, manifest: CacheManifest, starts: np.ndarray, has
     location = Location.of(staging)
     grid = grid or default_grid(manifest, has_states)
     starts_array = create_array(location, TOKEN_STARTS, (len(starts),), np.int64,
-                                TokenGrid.for_bytes(8), compress=True)
+                                TokenGrid.for_bytes(8, len(starts)), compress=True)
     write_tokens(starts_array, 0, np.asarray(starts, np.int64), location / TOKEN_STARTS)
     for name, (tail, dtype, compress) in _array_specs(manifest, has_states).items():
         create_array(location, name, (manifest.num_tokens, *tail), dtype, grid, compress)

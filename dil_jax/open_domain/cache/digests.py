@@ -207,12 +207,16 @@ class FolderCheck:
     existed do not). files: files checked; bytes_hashed: bytes read by the check.
     """
 
-    folder: object
+    folder: Path | Objects
     problems: list[tuple[object, str]] = dataclasses.field(default_factory=list)
     rehashed: list[str] = dataclasses.field(default_factory=list)
     digested: bool = True
     files: int = 0
     bytes_hashed: int = 0
+
+    def where(self, name: str) -> object:
+        """The path (or URL) of the file `name` of the folder checked."""
+        return self.folder / name if isinstance(self.folder, Path) else self.folder.where(name)
 
 
 def _sample_of(digests: Mapping[str, Any]) -> dict[str, int] | None:

@@ -52,11 +52,14 @@ class RowArray:
     """One array of a cache whose rows are kept in several parts (shards), indexed by global
     row: `a[rows]`, `a[row, i, j]`, `a[start:stop]`. Only the rows asked for are read.
 
-    parts: RowSources [rows_i, ...]; starts: [num_parts] global row of each first row.
+    parts: RowSources [rows_i, ...] (an array is read through `NumpyRows`: its own `take`
+    flattens); starts: [num_parts] global row of each first row.
     """
 
-    def __init__(self, parts: Sequence[RowSource], starts: np.ndarray):
-        self.parts, self.starts = list(parts), np.asarray(starts, np.int64)
+    def __init__(self, parts: Sequence[RowSource | np.ndarray], starts: np.ndarray):
+        self.parts = [NumpyRows(part) if isinstance(part, np.ndarray) else part
+                      for part in parts]
+        self.starts = np.asarray(starts, np.int64)
         self.shape = (sum(part.shape[0] for part in self.parts),) + tuple(self.parts[0].shape[1:])
         self.dtype = self.parts[0].dtype
         self.ndim = len(self.shape)

@@ -343,7 +343,7 @@ class PassageCache:
                 f"`dil-jax index --out {index}` with the same settings and this reader to "
                 "record them (they record the files as they are now), or delete the folder and "
                 "rerun it to rebuild the cache")
-        rehashed = [str(check.folder / name) for check in self.digest_checks
+        rehashed = [str(check.where(name)) for check in self.digest_checks
                     for name in check.rehashed]
         if rehashed:
             warnings.append(

@@ -59,11 +59,16 @@ class TokenGrid:
                              f"of chunk_tokens ({self.chunk_tokens}) >= 1")
 
     @classmethod
-    def for_bytes(cls, bytes_per_token: int) -> TokenGrid:
+    def for_bytes(cls, bytes_per_token: int, num_tokens: int | None = None) -> TokenGrid:
         """The grid whose chunks and shards of an array of `bytes_per_token` are about
-        CHUNK_BYTES and SHARD_BYTES (powers of two tokens)."""
+        CHUNK_BYTES and SHARD_BYTES (powers of two tokens), no larger than needed for
+        `num_tokens` (a shard's index has an entry per chunk of a whole shard, and a last
+        chunk is stored whole: a small cache gets small ones)."""
         chunk = max(MIN_CHUNK_TOKENS, _floor_pow2(CHUNK_BYTES / max(bytes_per_token, 1)))
         shard = max(chunk, _floor_pow2(SHARD_BYTES / max(bytes_per_token, 1)))
+        if num_tokens is not None:
+            enough = max(MIN_CHUNK_TOKENS, 2 * _floor_pow2(max(num_tokens - 1, 1)))
+            shard, chunk = min(shard, enough), min(chunk, enough)
         return cls(chunk, shard)
 
 
