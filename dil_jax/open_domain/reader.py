@@ -227,7 +227,7 @@ class OpenDomainReader:
             self.grid = PairGrid(reader.model, mesh=mesh, batch_size=batch_size,
                                  chunk_size=chunk_size, reuse=pair_reuse,
                                  trim_padding=trim_padding)
-        # [n_rows, p_len, 2] and [n_rows, p_len], memory-mapped: a batch reads its rows' only.
+        # [n_rows, p_len, 2] and [n_rows, p_len], read by rows: a batch reads its rows' only.
         self.offsets, self.max_context = arrays["offsets"], arrays["max_context"]
         self.prescreen = prescreen
 

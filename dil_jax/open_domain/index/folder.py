@@ -301,7 +301,7 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
         raise IndexBrokenError(f"{error}; {REPAIR_HINT}") from error
     windows_path = directory / WINDOWS_FILE
     try:
-        windows = PassageWindows.open(windows_path)  # memory maps: nothing read yet
+        windows = PassageWindows.open(windows_path)  # read by rows: nothing read yet
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         raise broken_file(windows_path, f"unreadable ({error})") from error
     if len(windows.first) != len(passages) or \
@@ -348,7 +348,7 @@ def _lines(path: Path) -> Iterator[str]:
 
 def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
     """ids, mask, offsets, max_context of every window (what a passage cache is built from,
-    and a reader decodes spans with), as read-only memory maps of windows.npz: read by rows."""
+    and a reader decodes spans with), read by rows from windows.npz (`index.windows`)."""
     return windows_file_arrays(index.directory / WINDOWS_FILE)
 
 

@@ -12,9 +12,10 @@ window's tokens, written a block of passages at a time and read by rows.
 `write_windows` cuts the passages into windows WINDOW_BLOCK passages at a time
 (`window_contexts`, which works text by text: the same windows as all at once), appending each
 member to a raw file, then writes the .npz from those files: memory holds one block, whatever
-the corpus. `window_member` maps one member of the .npz in place (np.load would read it whole),
-so an opened index holds none of them in memory: a question reads the rows of its retrieved
-passages.
+the corpus. `window_member` opens one member of the .npz in place, read by rows with positional
+reads (`index.file_array.FileArray`; np.load would read it whole, a memory map would leave the
+pages it touched resident), so an opened index holds none of them in memory: a question reads
+the rows of its retrieved passages.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dil_jax.data.features import window_contexts
+from dil_jax.open_domain.index.file_array import FileArray
 
 WINDOWS_FILE = "windows.npz"
 # The members, in the order the file holds them.
@@ -128,13 +130,14 @@ def _member_layout(path: Path, name: str) -> tuple[int, tuple[int, ...], np.dtyp
     return offset, tuple(shape), np.dtype(dtype), bool(fortran_order)
 
 
-def window_member(path: Path, name: str) -> np.ndarray:
-    """The member `name` of an uncompressed .npz (`write_windows`', or np.savez's) as a
-    read-only memory map; ValueError when it is missing, compressed or not an array."""
+def window_member(path: Path, name: str) -> FileArray:
+    """The member `name` of an uncompressed .npz (`write_windows`', or np.savez's), read by
+    rows from the file (`FileArray`); ValueError when it is missing (KeyError), compressed,
+    not an array, or not in C order."""
     offset, shape, dtype, fortran_order = _member_layout(path, name)
-    if not int(np.prod(shape, dtype=np.int64)):
-        return np.zeros(shape, dtype)
-    return np.memmap(path, dtype, "r", offset, shape, "F" if fortran_order else "C")
+    if fortran_order and len(shape) > 1:
+        raise ValueError(f"member {name}.npy is in Fortran order; it cannot be read by rows")
+    return FileArray(path, offset, shape, dtype)
 
 
 def member_blocks(path: Path, name: str, rows: int = 1 << 20) -> Iterator[np.ndarray]:
@@ -172,12 +175,12 @@ class PassageWindows:
     """Cache rows of each passage: rows first[i] .. first[i] + count[i] - 1 are passage i's.
 
     first, count: [num_passages]; passage_of_row: [n_rows] passage index of each cache row
-    (memory maps of windows.npz: a lookup reads only what it touches).
+    (FileArrays of windows.npz, or arrays: a lookup reads only the rows it asks for).
     """
 
-    first: np.ndarray
-    count: np.ndarray
-    passage_of_row: np.ndarray
+    first: FileArray | np.ndarray
+    count: FileArray | np.ndarray
+    passage_of_row: FileArray | np.ndarray
     path: Path | None = None
 
     @classmethod
@@ -201,8 +204,8 @@ class PassageWindows:
         return WindowCounts.of(member_blocks(self.path, "count"), top)
 
 
-def window_arrays(path: Path) -> dict[str, np.ndarray]:
+def window_arrays(path: Path) -> dict[str, FileArray]:
     """ids, mask, offsets, max_context of every window of windows.npz at `path` (what a passage
-    cache is built from, and a reader's span decoding reads), as read-only memory maps."""
+    cache is built from, and a reader's span decoding reads), read by rows (`FileArray`)."""
     return {name: window_member(path, name) for name in ("ids", "mask", "offsets",
                                                          "max_context")}
