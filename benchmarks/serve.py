@@ -29,7 +29,10 @@ answered or refused, nothing else.
 one call. Its answers are compared with the first server's.
 
 Only 127.0.0.1 / localhost / ::1 URLs are accepted: this drives load, it must not leave the
-machine.
+machine. A server started with --api-key (or DIL_JAX_API_KEY) needs the same key here:
+--api-key, or DIL_JAX_API_KEY in the environment (kept out of the recorded command); every
+server's /v1/info is read first, so a missing or wrong key stops the run in one line before
+any level.
 """
 
 from __future__ import annotations
@@ -46,12 +49,12 @@ import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SQUAD = ROOT.parent / "shared" / "data" / "squad" / "dev-v1.1.35-articles.json"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+API_KEY_ENV = "DIL_JAX_API_KEY"  # what `dil-jax serve` and dil_jax.client read too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +78,37 @@ def server_arg(text: str) -> Server:
     if parsed.hostname not in LOOPBACK:
         raise argparse.ArgumentTypeError(f"{url}: only a loopback address is allowed")
     return Server(name or str(parsed.port), url.rstrip("/"))
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header a keyed server (`dil-jax serve --api-key`) accepts; none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def server_info(server: Server, api_key: str | None) -> dict:
+    """The server's /v1/info, read with the key (a keyed server refuses it without one); a
+    refusal or an unreachable server is one line naming the URL."""
+    from dil_jax.client import Client, ServiceError
+
+    try:
+        return Client(server.url, api_key or "", timeout=60).info()
+    except ServiceError as error:
+        hint = (f" (give its key: --api-key or {API_KEY_ENV})" if error.status == 401 else "")
+        raise SystemExit(f"benchmarks/serve.py: {error}{hint}") from None
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line as the results record it, an --api-key's value replaced by '***'."""
+    shown, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            shown.append("***")
+        elif arg.startswith("--api-key="):
+            shown.append("--api-key=***")
+        else:
+            shown.append(arg)
+        hide_next = arg == "--api-key"
+    return " ".join(shown)
 
 
 def squad_items(count: int, path: Path = SQUAD) -> list[Item]:
@@ -165,8 +199,9 @@ def answer_of(route: str, payload: dict) -> dict | None:
 
 
 def run_level(server: Server, route: str, items: list[Item], clients: int, extra: dict,
-              time_limit: float) -> dict:
-    """Sends every item once, `clients` at a time; the level's record."""
+              time_limit: float, api_key: str | None = None) -> dict:
+    """Sends every item once, `clients` at a time (with `api_key`, for a keyed server); the
+    level's record."""
     import httpx
 
     pending = collections.deque(enumerate(items))
@@ -182,7 +217,8 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
 
     def client_loop() -> None:
         nonlocal retry_after, crossed
-        with httpx.Client(base_url=server.url, timeout=max(60.0, time_limit)) as http:
+        with httpx.Client(base_url=server.url, timeout=max(60.0, time_limit),
+                          headers=auth_headers(api_key)) as http:
             while time.monotonic() < deadline:
                 with lock:
                     if not pending:
@@ -360,6 +396,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the servers' index (the peer's windows and retrieval)")
     parser.add_argument("--max-question-len", type=int, default=32)
     parser.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                        help="the servers' key (`dil-jax serve --api-key`; default: "
+                             f"${API_KEY_ENV}); not recorded")
     args = parser.parse_args(argv)
     args.servers = args.servers or [server_arg("http://127.0.0.1:8000")]
     if args.peer and not args.peer_model:
@@ -382,17 +421,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     extras = [{key: value for key, value in (("reader", reader), ("p", args.p))
                if value is not None} for reader in args.reader]
+    # Read before anything else: a keyed server without its key is named now, not as 401s
+    # counted in every level.
+    infos = [server_info(server, args.api_key) for server in args.servers]
     items = squad_items(args.requests)
     load_before = os.getloadavg()
-    levels = [run_level(server, args.route, items, clients, extra, args.time_limit)
+    levels = [run_level(server, args.route, items, clients, extra, args.time_limit, args.api_key)
               for clients in args.clients for server in args.servers for extra in extras]
-    record = {"command": " ".join(["python3", *sys.argv]), "route": args.route,
+    record = {"command": recorded_command(["python3", *sys.argv]), "route": args.route,
               "items": len(items), "levels": levels, "loadavg_before": load_before,
               "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(),
                           "python": platform.python_version()}}
     if args.peer:
-        info = json.loads(urllib.request.urlopen(args.servers[0].url + "/v1/info").read())
-        p = args.p or info["limits"]["max_p"]
+        p = args.p or infos[0]["limits"]["max_p"]
         record["peer"] = run_peer(args.peer, args.peer_model, peer_work(args, items, p))
         # Each reader's answers of its first level on the first server against each peer run.
         record["agreement"] = {}

@@ -1,5 +1,5 @@
-"""The peer of `benchmarks/serve.py`: Hugging Face's `pipeline("question-answering")` on the
-same weights, questions and contexts (docs/serving.md, "Against Hugging Face's pipeline").
+"""The peer of `benchmarks/serve.py`: Hugging Face's `pipeline("question-answering")` on the same
+weights, questions and contexts (docs/results/serving_log.md, "Against Hugging Face's pipeline").
 
 Two steps, two interpreters:
 

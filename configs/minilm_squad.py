@@ -58,7 +58,8 @@ USAGE = ("configs/minilm_squad.py:VARIANT[,v2][,shared][,extra][,cloze], VARIANT
 # Cloze questions per training paragraph for the `cloze` suffix: every one the rule finds in
 # most paragraphs (946 paragraphs give 10,030), a cap only for the longest.
 CLOZE_PER_PARAGRAPH = 30
-# Learning rate: the best of the recorded sweep (docs/training.md, "Learning-rate sweep").
+# Learning rate: the best of the recorded sweep (docs/results/training_log.md, "Learning-rate
+# sweep").
 LEARNING_RATE = 4e-4
 # The bundled full reader (repository-relative, as runs/). Until commit 3da2a83 it was this
 # config's own `full` run's export, which every kN_warm / kN_distill number of issue 14 in
@@ -66,8 +67,9 @@ LEARNING_RATE = 4e-4
 # it); since then it is the complete-training-set reader (configs/minilm_squad_v11.py), a
 # stronger teacher that also never saw these articles.
 BUNDLED_FULL_READER = "dil_jax/assets/minilm-squad-full"
-# kN_warm students start from a fine-tuned reader: the best of their own sweep (docs/training.md,
-# "Warm students: learning rate"; 1e-4 and 4e-4 were within 0.6 F1, the lower one ahead).
+# kN_warm students start from a fine-tuned reader: the best of their own sweep
+# (docs/results/training_log.md, "Warm students: learning rate"; 1e-4 and 4e-4 were within
+# 0.6 F1, the lower one ahead).
 WARM_LEARNING_RATE = 1e-4
 
 

@@ -1,7 +1,8 @@
 """The embedded MiniLM (all-MiniLM-L6-v2: 6 layers, hidden 384) fine-tuned on the complete SQuAD
 v1.1 training set (../shared/data/squad/train-v1.1.json: 442 articles, 87,599 questions) and
 validated on all 35 shared dev articles (6,013 questions; the other 13 official dev articles are
-held out elsewhere). Issue 38's protocol (docs/training.md, "The complete training set").
+held out elsewhere). Issue 38's protocol (docs/results/training_log.md, "The complete training
+set").
 
 Question 32 + passage window 160 tokens, stride 80 (the open-domain readers' lengths, as
 configs/minilm_squad.py): 132,928 training windows, 4,154 steps of batch 32 an epoch. AdamW,

@@ -33,7 +33,7 @@ at norm 5 (as common QANet implementations do), weight decay 3e-7 (the paper's L
     dil-jax train --config configs/qanet_squad.py:bidaf,multi
 
 The epochs here (num_epochs) are a CPU plan's ceiling, not the paper's ~55 epochs: a lent GPU
-runs them with `tools/gpu_qanet_squad.py` (docs/qanet.md, "Training").
+runs them with `tools/gpu_qanet_squad.py` (docs/qanet.md, "Train").
 """
 
 import ml_collections
@@ -46,8 +46,8 @@ from dil_jax.train.recipes import complete_squad_v11
 
 # QANet reads the frozen MiniLM table's rows times 18 = 1 / the table's standard deviation
 # (0.0556), so that the words enter its first projection at the scale of the character CNN's
-# O(1) features: on the same batches it learned ~2x faster (docs/qanet.md, "The word table's
-# scale": +4.98 F1 at step 1,600, +6.85 at 2,400). A table trained from N(0, 1) rows
+# O(1) features: on the same batches it learned ~2x faster (docs/results/qanet_log.md, "The word
+# table's scale": +4.98 F1 at step 1,600, +6.85 at 2,400). A table trained from N(0, 1) rows
 # (qanet_scratch) is at that scale already; BiDAF keeps 1 (its runs were trained so).
 MINILM_WORD_SCALE = 18.0
 VARIANTS = {

@@ -11,7 +11,11 @@ once, and printed as one line naming the problem, exit status 1. `--debug` (or t
 variable `DIL_JAX_DEBUG=1`) shows its traceback too. Any other exception is a bug and keeps its
 traceback, except the disk refusing a write (full, read-only, a file-size limit:
 `errors.disk_refusal`) wherever it surfaced (orbax, tensorstore, numpy): one line too. Ctrl-C
-exits with 130 without one.
+exits with 130 without one. What orbax and tensorstore print around such a failure is left out
+too (unless --verbose or --debug): absl's records of the refused write (each with its
+traceback; the command reports the refusal itself) and the late "Event loop is closed"
+callbacks of the writes then in flight (`errors.is_late_loop_callback`); together they were
+hundreds of lines around the one that says what happened.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ import logging
 import os
 import sys
 
-from dil_jax.errors import DilJaxError
+from dil_jax.errors import (
+    DilJaxError,
+    disk_refusal,
+    disk_refusal_in_text,
+    is_late_loop_callback,
+)
 
 DEBUG_ENV = "DIL_JAX_DEBUG"
 
@@ -84,6 +93,41 @@ def _logs_beside_bars() -> contextlib.AbstractContextManager:
     return logs_beside_bars()
 
 
+def _debugging(args: argparse.Namespace) -> bool:
+    """--debug or DIL_JAX_DEBUG: errors keep their tracebacks, nothing is left out."""
+    return args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+class _DiskRefusalRecords(logging.Filter):
+    """Drops the log records of a write the disk refused (orbax logs one per failed thread
+    through absl, with its traceback): the command reports the refusal in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        refused = (error is not None and disk_refusal(error)) or \
+            disk_refusal_in_text(record.getMessage())
+        return not refused
+
+
+def _quiet_failed_saves() -> None:
+    """Leaves out what orbax and tensorstore print around a failed save (see the module's
+    docstring); once per process. The hook stays after main returns: the late callbacks come
+    until the interpreter exits."""
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _DiskRefusalRecords) for f in absl.filters):
+        absl.addFilter(_DiskRefusalRecords())
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_late_loop_callbacks", False):
+        return
+
+    def hook(unraisable) -> None:
+        if not is_late_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook.drops_late_loop_callbacks = True
+    sys.unraisablehook = hook
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # Unknown arguments are errors, except for commands that take ml_collections-style
@@ -99,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("jax").setLevel(logging.WARNING)
         # orbax logs every checkpoint read and write at INFO through absl.
         logging.getLogger("absl").setLevel(logging.WARNING)
+        if not _debugging(args):
+            _quiet_failed_saves()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -107,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args.func(args) or 0)
     except DilJaxError as error:
         # Our errors name the file/field/value; a trace from deep inside adds nothing for a user.
-        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        if _debugging(args):
             raise
         print(f"dil-jax {args.command}: error: {error}", file=sys.stderr)
         return 1
@@ -115,10 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dil-jax {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # the disk refusing a write, wherever it surfaced; else a bug
-        from dil_jax.errors import disk_refusal
-
         reason = disk_refusal(error)
-        if reason is None or args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+        if reason is None or _debugging(args):
             raise
         where = getattr(error, "filename", None)
         print(f"dil-jax {args.command}: error: cannot write{f' {where}' if where else ''}: "

@@ -1,8 +1,8 @@
 """JAX's persistent compilation cache for the commands that compile (`ask`, `demo`, `predict`, ...).
 
 A second run of a command reads its compiled XLA programs back from disk instead of compiling
-them again (README, "The first hour": the measured difference). Where the cache lives, first
-match wins:
+them again (docs/first_hour.md, "Compiled programs are cached": the measured difference).
+Where the cache lives, first match wins:
 
 1. `--no-compilation-cache` (off) or `--compilation-cache DIR` on the command line;
 2. the environment variable `DIL_JAX_COMPILATION_CACHE`: `0` / `off` / `false` / `no` turns the
@@ -14,7 +14,7 @@ Every program is cached, however quick to compile (`jax_persistent_cache_min_com
 0): `ask` compiles ~250 small programs besides its two big ones, and together they cost as much.
 The cache grows with each new shape, reader or JAX version; deleting the folder is always safe.
 
-JAX reads its config once it is imported, so `CacheChoice.apply` must run before the first
+JAX reads its config once it is imported, so `applied(choice)` must run before the first
 compilation; `dil_jax.cli` runs it (and undoes it afterwards, for callers of `main` in-process)
 around the command, never at import time: `dil-jax --help` must not import JAX.
 """

@@ -75,7 +75,7 @@ class EncoderConfig:
         `dil_jax.model.attention.attends_per_example`). The same operations either way, so not a
         hyper-parameter: `to_dict` leaves the default out and saved configs stay as they were.
 
-    Long passages (docs/architecture.md, "Long passages"); every field is off by default and
+    Long passages (docs/long_passages.md, "Long passages"); every field is off by default and
     `to_dict` leaves it out then, so saved configs are unchanged:
       ffn_chunk_size: > 0 runs each block's feed-forward over the sequence in chunks of this
         many rows (exact: the FFN is row-wise); 0 = in one piece.

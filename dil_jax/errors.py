@@ -63,6 +63,10 @@ class TrainingDiverged(DilJaxError):
 # message in its own exception types, without an OSError in the chain).
 DISK_REFUSALS = {errno.ENOSPC: "No space left on device", errno.EROFS: "Read-only file system",
                  errno.EFBIG: "File too large", errno.EDQUOT: "Disk quota exceeded"}
+# What to do about each, for the messages that name one.
+DISK_FIXES = {errno.ENOSPC: "free space on that disk", errno.EROFS: "make that disk writable",
+              errno.EFBIG: "raise the file-size limit (ulimit -f)",
+              errno.EDQUOT: "free space within your disk quota"}
 
 
 def disk_refusal(error: BaseException) -> str | None:
@@ -74,8 +78,46 @@ def disk_refusal(error: BaseException) -> str | None:
         seen.add(id(current))
         if isinstance(current, OSError) and current.errno in DISK_REFUSALS:
             return f"{DISK_REFUSALS[current.errno]} ({errno.errorcode[current.errno]})"
-        for number, message in DISK_REFUSALS.items():
-            if message in str(current):
-                return f"{message} ({errno.errorcode[number]})"
+        reason = disk_refusal_in_text(str(current))
+        if reason:
+            return reason
         current = current.__cause__ or current.__context__
     return None
+
+
+def disk_refusal_in_text(text: str) -> str | None:
+    """"No space left on device (ENOSPC)" etc. when `text` (a message, a log line) says the
+    disk refused a write; None otherwise."""
+    for number, message in DISK_REFUSALS.items():
+        if message in text:
+            return f"{message} ({errno.errorcode[number]})"
+    return None
+
+
+def disk_fix(reason: str) -> str:
+    """What to do about `reason` (a `disk_refusal`): a file-size limit is not fixed by freeing
+    space."""
+    for number, fix in DISK_FIXES.items():
+        if reason.endswith(f"({errno.errorcode[number]})"):
+            return fix
+    return DISK_FIXES[errno.ENOSPC]
+
+
+def is_late_loop_callback(unraisable) -> bool:
+    """Whether an unraisable exception (`sys.unraisablehook`'s argument) is a tensorstore
+    operation finishing after orbax closed the event loop waiting for it: tensorstore's thread
+    calls `call_soon_threadsafe` on that closed loop ("Event loop is closed", raised where
+    nothing can catch it). Orbax closes the loop as soon as one write of a save fails (a full
+    disk, a file-size limit) or a restore fails (a damaged checkpoint), and every other write
+    or read then in flight prints one such traceback: dozens, pages of them, saying nothing
+    about the failure (which is raised, and reported, where orbax was called). It comes from
+    orbax + tensorstore alone (a CheckpointManager restoring two damaged steps shows it without
+    dil_jax)."""
+    import threading
+    import traceback
+
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"
+            and threading.current_thread() is not threading.main_thread()
+            and any(frame.name == "call_soon_threadsafe" for frame in frames))

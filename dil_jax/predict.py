@@ -71,7 +71,7 @@ def pair_grid(model: DelayedInteractionModel | CharReaderModel, mesh, batch_size
 def check_lengths(model: DelayedInteractionModel, max_question_len: int,
                   max_passage_len: int) -> None:
     """Raises InputError when the segments do not fit the model's position table
-    (`dil_jax.model.check_segment_lengths`, naming the flags to change)."""
+    (`dil_jax.model.delayed.check_segment_lengths`, naming the flags to change)."""
     check_segment_lengths(model.config, max_question_len, max_passage_len,
                           fix="lower --max-question-len or --max-passage-len")
 

@@ -2,11 +2,14 @@
 logs, delete. The gcloud conventions of big_vision and the JAX multi-process docs: one Python
 process per host, all started with `--worker=all`; `jax.distributed.initialize()` finds the pod by
 itself (`--config.distributed.initialize=true`), and the workdir must be a gs:// bucket every host
-can write (checkpoints are written once, cooperatively, by orbax).
+can write (checkpoints are written once, cooperatively, by orbax). `setup` installs jax[tpu] at
+the version setup.py asks for, dil_jax and the Wikipedia leads' package (`--corpus wikipedia`).
+NAME: your login on the workers; a path with an empty component (`/home//...`, what
+`/home/$USER/...` gives where $USER is empty) is refused.
 
     python launch/tpu_pod.py all --name dil-v4 --zone us-central2-b --accelerator v4-32 \\
         --config configs/bert_base_squad.py --workdir gs://BUCKET/runs/bert_k10 \\
-        -- --config.data.squad_file=/home/$USER/data/train-v1.1.json
+        -- --config.data.squad_file=/home/NAME/data/train-v1.1.json
     python launch/tpu_pod.py logs   --name dil-v4 --zone us-central2-b
     python launch/tpu_pod.py delete --name dil-v4 --zone us-central2-b
 
@@ -32,6 +35,7 @@ from pathlib import PurePosixPath
 # Run as a script, so this folder is on sys.path: the shared helpers import by name.
 from _common import (
     common_options,
+    install_commands,
     launcher_main,
     launcher_parser,
     plan_steps,
@@ -79,8 +83,7 @@ def copy(args: argparse.Namespace) -> list[list[str]]:
 
 
 def setup(args: argparse.Namespace) -> list[list[str]]:
-    return [_ssh(args, f"cd ~/{REMOTE_DIR} && pip install -U 'jax[tpu]' && "
-                       "pip install -e '.[train]'")]
+    return [_ssh(args, f"cd ~/{REMOTE_DIR} && {install_commands('pip', 'tpu')}")]
 
 
 def run(args: argparse.Namespace) -> list[list[str]]:

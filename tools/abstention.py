@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import time
@@ -36,6 +37,10 @@ import numpy as np
 P = 29      # passages read per question (the evaluation's p)
 MU = 0.5    # the fusion weight of odqa-eval and ask
 SLACK = 60  # hits retrieved beyond p, so that p remain after an article's passages go
+
+
+class NotRecorded(ValueError):
+    """A reader's chosen thresholds cannot go into its manifest (one is not finite)."""
 
 
 @dataclasses.dataclass
@@ -163,8 +168,43 @@ def check_not_validation(calibration: Path, validation: Path) -> None:
                          "articles only")
 
 
+def why_not_finite(threshold: float, on_calibration: dict) -> str:
+    """Why `choose_threshold` gave a non-finite threshold, from what it does on the calibration
+    questions (`ThresholdChoice` as a dict)."""
+    if math.isnan(threshold):
+        return "a reader score was NaN"
+    if threshold > 0:
+        return ("refusing every question was right most often on the calibration questions: no "
+                "threshold answered more of them exactly than it let out-of-corpus ones through")
+    if on_calibration["refused_out"] == 1.0:
+        return ("no out-of-corpus question was scored (none had a candidate answer), so "
+                "nothing tells where answers should stop")
+    return ("answering every question was right most often on the calibration questions: no "
+            "threshold refused more out-of-corpus questions than it cost exact answers")
+
+
+def unrecordable(chosen: dict) -> list[str]:
+    """Each threshold of `chosen` (`thresholds_of`) that is not a finite number, named, with
+    why: a manifest holding one is refused when a reader loads it (a server does not start),
+    and +-inf would refuse all or nothing."""
+    problems = []
+    for rule, row in chosen.items():
+        for suffix in ("", "_ir"):
+            threshold = row["threshold" + suffix]
+            if not math.isfinite(threshold):
+                problems.append(f"{rule} threshold{suffix} = {threshold}: "
+                                f"{why_not_finite(threshold, row['on_calibration' + suffix])}")
+    return problems
+
+
 def record_in_manifest(folder: Path, chosen: dict, chosen_on: str) -> None:
-    """Adds (or replaces) the manifest's `abstention` record, written atomically."""
+    """Adds (or replaces) the manifest's `abstention` record, written atomically; NotRecorded
+    (the manifest untouched) when a threshold is not finite."""
+    problems = unrecordable(chosen)
+    if problems:
+        raise NotRecorded(f"--reader {folder}: thresholds not recorded: {'; '.join(problems)}; "
+                          "calibrate on more questions (--questions, --articles) or leave this "
+                          "reader without abstention (no --record)")
     from dil_jax.atomic import write_atomic
     from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
     from dil_jax.open_domain.abstention import MANIFEST_KEY
@@ -223,6 +263,7 @@ def calibrate(args: argparse.Namespace) -> int:
                  f"{args.seed}) over those articles and the first {args.leads} Wikipedia leads, "
                  f"p = {P}, mu = {MU}: tools/abstention.py calibrate")
     report = {"chosen_on": chosen_on, "readers": {}}
+    refused = []  # one line per reader whose thresholds could not be recorded
     for checkpoint in args.reader:
         started = time.perf_counter()
         reader = open_reader(str(index), checkpoint)
@@ -231,9 +272,14 @@ def calibrate(args: argparse.Namespace) -> int:
         report["readers"][checkpoint] = {"by_rule": chosen,
                                          "seconds": round(time.perf_counter() - started, 1)}
         if args.record:
-            record_in_manifest(Path(checkpoint), chosen, chosen_on)
+            try:
+                record_in_manifest(Path(checkpoint), chosen, chosen_on)
+            except NotRecorded as error:  # the other readers are still calibrated, recorded
+                refused.append(f"abstention: {error}")
         print(json.dumps({checkpoint: chosen}, indent=2))
     (work / "calibration.json").write_text(json.dumps(report, indent=2))
+    if refused:
+        raise SystemExit("\n".join(refused))
     return 0
 
 

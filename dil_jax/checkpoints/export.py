@@ -61,8 +61,8 @@ def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: E
     reader = {"num_lower_layers": config.num_lower_layers,
               "max_question_len": config.max_question_len}
     if config.passage_position_offset:
-        # A delayed reader trained with passages from position N reads them from N; loaded
-        # from 0 it would run on positions it never saw (docs/training.md, "Where a delayed
+        # A delayed reader trained with passages from position N reads them from N; loaded from 0 it
+        # would run on positions it never saw (docs/results/training_log.md, "Where a delayed
         # passage's positions start").
         reader["passage_position_offset"] = config.passage_position_offset
     record = ExportManifest.from_json(dict(manifest or {})).with_reader(reader)

@@ -329,7 +329,7 @@ def checkpoint_for(args: argparse.Namespace, position: int) -> str:
         return args.checkpoint
     if len(args.checkpoint) == 1:
         return args.checkpoint[0]
-    return args.checkpoint[position]  # one per k: _check_checkpoint_count ran first
+    return args.checkpoint[position]  # one per k: check_checkpoint_count ran first
 
 
 def load_reader_of(args: argparse.Namespace, k: int | None, position: int = 0) -> Reader:

@@ -14,7 +14,7 @@
                     `encode_upper` (blocks k+1..l over [question; passage] and the span head);
                     the length rule `check_segment_lengths`
     lsh.py, memory.py, reversible.py
-                    the long-passage options (docs/architecture.md, "Long passages"): Reformer
+                    the long-passage options (docs/long_passages.md, "Long passages"): Reformer
                     LSH attention, chunked row-wise maps and remat policies, reversible layers
     qanet.py, qanet_config.py, qanet_inputs.py, qanet_layers.py, bidaf.py
                     the QANet and BiDAF readers, with the delayed readers' split (docs/qanet.md)

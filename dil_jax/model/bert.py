@@ -19,7 +19,7 @@ layers). The split is the paper's:
 With k = 0 and the passage offset set to the question's length this is exactly standard BERT over
 `[CLS] q [SEP] p [SEP]`: masked padding between the two segments receives zero attention weight.
 
-Long passages (docs/architecture.md, "Long passages"): `EncoderConfig` can chunk the feed-forward
+Long passages (docs/long_passages.md, "Long passages"): `EncoderConfig` can chunk the feed-forward
 over the sequence, put LSH attention in chosen blocks (`lsh.py`), remat the blocks
 (`memory.py`) or make them reversible (`reversible.py`); all off by default.
 

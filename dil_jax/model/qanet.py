@@ -27,7 +27,7 @@ forward pass stops its gradient too. Inputs are `QANetSegment`s (`qanet_inputs`)
 `[CLS] q [SEP]` / `p [SEP]` token ids and masks, plus each token's characters.
 
 Read by `predict`, the open-domain index, `ask`, `odqa-eval` and `bench` through
-`reading.char_grid.CharPairGrid` (docs/qanet.md, "Reading").
+`reading.char_grid.CharPairGrid` (docs/qanet.md, "Read").
 """
 
 from __future__ import annotations

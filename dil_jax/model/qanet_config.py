@@ -52,7 +52,7 @@ class QANetConfig:
       layer_norm_eps: of every LayerNorm.
       lsh_encoders: () or some of ENCODERS: their self-attention is LSH attention.
       lsh_num_hashes, lsh_bucket_size, lsh_num_buckets, lsh_exclude_self, lsh_seed: as
-        `EncoderConfig`'s (docs/architecture.md, "Long passages").
+        `EncoderConfig`'s (docs/long_passages.md, "Long passages").
       reversible: the encoder stacks as reversible layers (needs even conv counts: the block's
         sublayers pair up as (conv, conv), ..., (attention, feed-forward)).
       ffn_chunk_size: 0 = off; else the feed-forward runs over this many rows at a time.
@@ -68,7 +68,7 @@ class QANetConfig:
         [blocks, ...] (the params keep their per-block layout, so an export reads either way):
         the same function, traced and compiled once per stack instead of once per block,
         which cuts the train step's compile time (on a lent GPU a third of a short run went to
-        compiling); off by default, the paper's unrolled layout (docs/qanet.md, "Scanned
+        compiling); off by default, the paper's unrolled layout (docs/results/qanet_log.md, "Scanned
         blocks", has the CPU's measured cost of each). Not with stochastic depth (its survival
         rate is a per-block constant).
       max_question_len: the padded length of a question segment `[CLS] q [SEP]` it reads (no

@@ -23,13 +23,13 @@ G(y1), x1 = y1 - F(x2), depends on the saved outputs alone, not on any cotangent
 scheduler may run the recomputations (and the vjp residuals they produce: attention
 probabilities, ...) of many layers long before their gradients, and keep them all live; with
 several stacks chained (QANet's model encoder, applied three times) XLA:CPU did exactly that
-(docs/qanet.md, "Memory and time"). `jax.lax.optimization_barrier` cannot forbid it there: the
-CPU compiler removes barriers (`OptimizationBarrierExpander`) before it schedules. Two
-orderings that XLA keeps replace it: the iterations of a loop run in order, so a scan's
-backward holds one group's recomputation at a time; and each layer's recomputation is made
-data-dependent on its output cotangent (`_after`), so it cannot start before the layers after
-it (and the stacks after this one) have their gradients: what also orders a one-group stack,
-whose one-iteration loop XLA inlines.
+(docs/results/qanet_log.md, "Memory and time"). `jax.lax.optimization_barrier` cannot forbid it
+there: the CPU compiler removes barriers (`OptimizationBarrierExpander`) before it schedules. Two
+orderings that XLA keeps replace it: the iterations of a loop run in order, so a scan's backward
+holds one group's recomputation at a time; and each layer's recomputation is made data-dependent on
+its output cotangent (`_after`), so it cannot start before the layers after it (and the stacks after
+this one) have their gradients: what also orders a one-group stack, whose one-iteration loop XLA
+inlines.
 """
 
 from __future__ import annotations

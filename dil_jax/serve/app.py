@@ -1,9 +1,9 @@
 """The HTTP side: a Starlette app over an `Engine` (docs/serving.md has the API).
 
-Starlette rather than FastAPI (measured, docs/serving.md "Framework"): the request bodies are
-checked by dil_jax.serve.schemas (plain functions that name the field and value in every
-error, tested alone), so FastAPI's pydantic layer would check them a second time and answer
-its own 422 format; the OpenAPI document is written out here instead (`openapi`), and /docs
+Starlette rather than FastAPI (measured, docs/results/serving_log.md "Framework"): the request
+bodies are checked by dil_jax.serve.schemas (plain functions that name the field and value in every
+error, tested alone), so FastAPI's pydantic layer would check them a second time and answer its own
+422 format; the OpenAPI document is written out here instead (`openapi`), and /docs
 renders it without the CDN-hosted Swagger UI FastAPI's /docs loads.
 
 Every route runs through `route`: the API key (when set, on /v1/*), the content type and the

@@ -1,12 +1,12 @@
 """Batches of windows of similar real length (`data.length_buckets`), each cut to its bucket.
 
-A training window is padded to `data.max_passage_len` passage tokens, but at 160 tokens only
-82% of the complete SQuAD v1.1 set's passage tokens are real (docs/training.md, "Making an epoch
-cheaper"). With buckets, say "96,128,160", every unit (a window, or a question's group of
+A training window is padded to `data.max_passage_len` passage tokens, but at 160 tokens only 82% of
+the complete SQuAD v1.1 set's passage tokens are real (docs/results/training_log.md, "Making an
+epoch cheaper"). With buckets, say "96,128,160", every unit (a window, or a question's group of
 windows under shared normalisation) belongs to the smallest bucket that holds its real passage
-tokens (a group: its longest window's), every batch draws its units from one bucket, and its
-passage arrays are cut to that bucket's length: one compiled step per bucket length, less
-padding in most steps. The answer positions need no change (they lie among the real tokens).
+tokens (a group: its longest window's), every batch draws its units from one bucket, and its passage
+arrays are cut to that bucket's length: one compiled step per bucket length, less padding in most
+steps. The answer positions need no change (they lie among the real tokens).
 
 The order stays a pure function of (data seed, step), so a resumed run and every process see the
 same batches: in epoch e each bucket's units are permuted by the seed (seed, e, bucket), cut into

@@ -39,7 +39,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from dil_jax.checkpoints import CheckpointError
-from dil_jax.errors import UsageError, disk_refusal
+from dil_jax.errors import UsageError, disk_fix, disk_refusal
 from dil_jax.train.checkpoint_digests import record_step_digests, step_digest_problem
 
 log = logging.getLogger(__name__)
@@ -278,9 +278,9 @@ class TrainCheckpointer:
                  else f"step {pending} (written in the background) or {step}")
         latest = self.latest_step()
         return CheckpointError(
-            f"{self.directory}: cannot write the checkpoint of {which}: {reason}. Free space on "
-            "that disk (or use another config.workdir) and rerun the same command: training "
-            "resumes from the last complete checkpoint"
+            f"{self.directory}: cannot write the checkpoint of {which}: {reason}. "
+            f"{disk_fix(reason).capitalize()} or use another config.workdir, then rerun the same "
+            "command: training resumes from the last complete checkpoint"
             + (f" (step {latest})" if latest is not None else " (none yet: from the start)"))
 
     def close(self) -> None:

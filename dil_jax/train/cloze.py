@@ -13,7 +13,7 @@ The teacher reads each one with its paragraph and the student copies the teacher
 distributions and upper-block states (`data.distill_file`: the span cross-entropy never sees
 these questions, so the rule's own answer is only recorded, never trained on).
 
-Everything here is a pure function of the text and a seed; `cloze_squad` returns a SQuAD-format
+Everything here is a pure function of the text and a seed; `squad_json` makes a SQuAD-format
 dict that `dil_jax.data.squad.load_squad` reads.
 """
 

@@ -31,7 +31,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.num_train_steps = -1  # > 0 overrides num_epochs
 
     c.model = ml_collections.ConfigDict()
-    # "encoder" (the BERT family below), "qanet" or "bidaf" (docs/qanet.md, "Training"):
+    # "encoder" (the BERT family below), "qanet" or "bidaf" (docs/qanet.md, "Train"):
     # dil_jax.train.reader_kinds lists the keys those two rule out.
     c.model.kind = "encoder"
     c.model.reader = None  # kind qanet / bidaf: QANetConfig / BiDAFConfig fields (None: defaults)

@@ -263,10 +263,10 @@ def _compiled_temp_bytes(stacks: tuple[tuple[str, int], ...], seq: int = 256) ->
 
 
 def test_compiled_reversible_memory_does_not_grow_with_depth():
-    """The COMPILED step, not the trace: XLA decides what is live (docs/qanet.md, "Memory and
-    time"). Two chained passes of one stack, as the model encoder's (the case where XLA:CPU
-    had hoisted the recomputation of the earlier pass and kept every block's attention weights
-    live), at 2 and 4 blocks (scan lengths >= 2: XLA inlines a one-iteration loop).
+    """The COMPILED step, not the trace: XLA decides what is live (docs/results/qanet_log.md,
+    "Memory and time"). Two chained passes of one stack, as the model encoder's (the case where
+    XLA:CPU had hoisted the recomputation of the earlier pass and kept every block's attention
+    weights live), at 2 and 4 blocks (scan lengths >= 2: XLA inlines a one-iteration loop).
 
     What must grow with depth is param-sized: the stacked params, the per-iteration gradients
     and their stacked result, copies at the loop boundary; 8x the added blocks' param bytes

@@ -116,3 +116,41 @@ def test_calibration_names_a_missing_file_or_reader(tmp_path):
                    str(tmp_path), "--work", str(tmp_path / "w")])
     with pytest.raises(SystemExit, match="--reader .*not a reader folder"):
         tool.require_readers([str(tmp_path)])
+
+
+def _read(tool, qid: str, in_corpus: bool, score, exact: float):
+    row = {"score": score, "EM": exact, "score_ir": score, "EM_ir": exact}
+    return tool.QuestionRead(qid, in_corpus, {"logits": row})
+
+
+def test_a_non_finite_threshold_is_not_recorded(tmp_path):
+    """No out-of-corpus question scored (none had a candidate): answering everything is best,
+    the threshold -inf. --record wrote it into the manifest (as -Infinity), and a reader with
+    it is refused when loaded (a server does not start)."""
+    tool = _tool()
+    reads = [_read(tool, "a", True, 2.0, 1.0), _read(tool, "b", True, 1.0, 1.0),
+             _read(tool, "c", False, None, 0.0), _read(tool, "d", False, None, 0.0)]
+    chosen = tool.thresholds_of(reads)
+    assert chosen["logits"]["threshold"] == -math.inf
+    manifest = tmp_path / "dil_jax_manifest.json"
+    manifest.write_text(
+        (REPO / "dil_jax/assets/minilm-squad-full/dil_jax_manifest.json").read_text())
+    before = manifest.read_bytes()
+    with pytest.raises(tool.NotRecorded) as refused:
+        tool.record_in_manifest(tmp_path, chosen, "test")
+    message = str(refused.value)
+    assert message.startswith(f"--reader {tmp_path}: thresholds not recorded: logits threshold "
+                              "= -inf: no out-of-corpus question was scored")
+    assert "logits threshold_ir = -inf" in message and "\n" not in message
+    assert manifest.read_bytes() == before  # untouched
+
+    # Refusing everything is best when no answer is exact: +inf, refused too.
+    worst = tool.thresholds_of([_read(tool, "a", True, 1.0, 0.0),
+                                _read(tool, "c", False, 2.0, 0.0)])
+    assert worst["logits"]["threshold"] == math.inf
+    assert "threshold = inf: refusing every question" in tool.unrecordable(worst)[0]
+    # Finite thresholds are recorded, and load.
+    fine = tool.thresholds_of([_read(tool, "a", True, 2.0, 1.0), _read(tool, "c", False, 0.5, 0.0)])
+    tool.record_in_manifest(tmp_path, fine, "test")
+    assert Abstention.from_manifest(json.loads(manifest.read_text())).threshold(
+        "logits", fused=False) == 2.0

@@ -106,10 +106,10 @@ def test_the_squad_open_preset_names_its_sources_in_order(tmp_path):
 
 
 def test_the_squad_open_corpus_holds_no_dev_paragraph_twice(shared_data):
-    """The preset over the shared data (docs/open_domain.md, "A corpus 2.5 times larger"):
-    18,896 training + 1,211 dev paragraphs + the 10,033 leads. The training paragraphs are
-    distractors for the dev questions, never their own paragraph: SQuAD's train and dev articles
-    are disjoint, and no dev paragraph's text (whitespace and case aside) is a training one."""
+    """The preset over the shared data (docs/results/open_domain_log.md, "A corpus 2.5 times
+    larger"): 18,896 training + 1,211 dev paragraphs + the 10,033 leads. The training paragraphs are
+    distractors for the dev questions, never their own paragraph: SQuAD's train and dev articles are
+    disjoint, and no dev paragraph's text (whitespace and case aside) is a training one."""
     sources = expand_presets([f"squad-open:{shared_data / 'squad'}"])
     train, dev = (read_squad_paragraphs(spec.split(":", 1)[1]) for spec in sources[:2])
     assert (len(train), len(dev)) == (18896, 1211)

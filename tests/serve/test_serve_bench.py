@@ -110,3 +110,23 @@ def test_level_work_and_batch_mean_come_from_the_metrics_page_difference():
     assert bench.batch_mean(before, after, "read") == pytest.approx(8.0)
     assert bench.batch_mean(after, after, "answer") is None
     assert bench.pair_share({}) is None
+
+
+def test_a_keyed_server_is_read_and_loaded_with_its_key(monkeypatch):
+    """benchmarks/serve.py read /v1/info (and sent its requests) without a key, so against a
+    server started with --api-key it failed (401)."""
+    monkeypatch.delenv(bench.API_KEY_ENV, raising=False)
+    engine = FakeEngine(Limits(max_p=5), max_batch=4, max_wait_s=0.0)
+    items = [bench.Item(f"q{i}?", "") for i in range(3)]
+    with serving(engine, AppSettings(api_key="s3cret", request_timeout_s=30)) as url:
+        server = bench.Server("keyed", url)
+        assert bench.server_info(server, "s3cret")["api_key_required"] is True
+        level = bench.run_level(server, "answer", items, 2, {"p": 5}, 60, api_key="s3cret")
+        # Without the key: one line naming the server and the flag, before any level.
+        with pytest.raises(SystemExit, match=r"HTTP 401: api_key: .*give its key: --api-key"):
+            bench.main(["--url", f"keyed={url}", "--clients", "1", "--requests", "1"])
+    assert level["statuses"] == {"200": 3} and level["answered"] == 3
+    recorded = bench.recorded_command(["python3", "benchmarks/serve.py", "--api-key", "s3cret",
+                                       "--api-key=s3cret", "--clients", "1"])
+    assert "s3cret" not in recorded and recorded.endswith("--api-key *** --api-key=*** "
+                                                          "--clients 1")

@@ -95,8 +95,8 @@ def test_the_squad_config_refuses_kd_and_the_minilm_checkpoint():
 
 def test_the_squad_configs_word_scale_is_one_over_the_tables_spread():
     """configs/qanet_squad.py's QANets read the frozen MiniLM rows times 1 / their standard
-    deviation (docs/qanet.md, "The word table's scale"), computed here from the table itself;
-    the table trained from N(0, 1) rows and BiDAF keep 1."""
+    deviation (docs/results/qanet_log.md, "The word table's scale"), computed here from the table
+    itself; the table trained from N(0, 1) rows and BiDAF keep 1."""
     from dil_jax.model.qanet_inputs import minilm_word_table
 
     spread = float(np.std(minilm_word_table(None).astype(np.float64)))

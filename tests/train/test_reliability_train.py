@@ -408,3 +408,42 @@ def test_a_missing_teacher_checkpoint_is_named_before_any_model_loads(tmp_path, 
     config.loss.kd_weight = 0.0  # no loss reads a teacher: its path is not read either
     config.teacher.checkpoint = str(missing)
     assert config_path_problems(config) == []
+
+
+# `python -c` of this with the limit and argv: runs `python -m dil_jax ARGV` under a file-size
+# limit (`ulimit -f`: a write past it fails with EFBIG; Python ignores SIGXFSZ). Set in the
+# child rather than by preexec_fn, which forks this multithreaded (JAX) process unsafely.
+_UNDER_FILE_SIZE_LIMIT = ("import os, resource, sys; limit = int(sys.argv[1]); "
+                          "resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)); "
+                          "os.execv(sys.executable, [sys.executable, '-m', 'dil_jax', "
+                          "*sys.argv[2:]])")
+
+
+def test_a_file_size_limit_during_train_is_one_line_and_the_rerun_resumes(tmp_path, caplog):
+    """Issue 59: a write refused during `train` (a file-size limit here; a full disk fails the
+    same writes with ENOSPC) ended in 801 lines of orbax tracebacks around the one line that
+    said what happened: absl's records of each failed thread and tensorstore's writes then in
+    flight finding the event loop orbax had closed ("Event loop is closed")."""
+    overrides = {"checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, {**overrides, "num_train_steps": 2}))  # checkpoint 2
+    # Orbax's asynchronous save (the default) and no compilation cache: a cache entry cut short
+    # by the limit would stay (JAX writes entries in place, never again once present).
+    argv = train_argv(tmp_path, "--config.num_train_steps=4", "--config.checkpoint.every_steps=2",
+                      "--config.checkpoint.async_save=true", "--no-compilation-cache")
+    result = subprocess.run([sys.executable, "-c", _UNDER_FILE_SIZE_LIMIT, "100000", *argv],
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=600)
+    err = result.stderr
+    assert result.returncode == 1, err
+    assert "Traceback" not in err and "Event loop is closed" not in err, err
+    errors = [line for line in err.splitlines() if not line.startswith(("INFO ", "WARNING "))]
+    assert errors == [
+        f"dil-jax train: error: {tmp_path / 'checkpoints'}: cannot write the checkpoint of step "
+        "4: File too large (EFBIG). Raise the file-size limit (ulimit -f) or use another "
+        "config.workdir, then rerun the same command: training resumes from the last complete "
+        "checkpoint (step 2)"], err
+    with caplog.at_level(logging.INFO, logger="dil_jax.train.loop"):
+        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 4}))
+    assert int(result.state.step) == 4
+    assert any("resumed from step 2" in r.getMessage() for r in caplog.records)
+    assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).latest_step() == 4

@@ -4,8 +4,9 @@
 describes); `dil_jax.open_domain.cache.shards.build_sharded_passage_cache` has several processes
 write one shard each with it, planned by process 0 and awaited by file polls (`wait_for`).
 Building lives apart from the format and reading side so that a process that only reads a cache
-carries none of the staging, resumption and waiting code; this module imports from `cache`
-(names, errors, `PassageCache`) and `cache_check` (`check_states`), never the reverse.
+carries none of the staging, resumption and waiting code; this module imports from
+`cache.store` (names, errors, `PassageCache`) and `cache.check` (`check_states`), never the
+reverse.
 
 Building is resumable and atomic: everything is written into `.<name>.partial/` with a
 progress record updated whenever a shard of the arrays has been written, and the folder is

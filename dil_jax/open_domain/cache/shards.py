@@ -5,9 +5,10 @@ of the global grid) with `dil_jax.open_domain.cache.build.build_passage_cache`, 
 process 0 (`sharded_manifest`, `_prepare_staging`) and awaited by file polls (`wait_for`);
 `staged_progress` reports how far an unfinished build, sharded or not, has come.
 
-Separate from cache_build.py, which writes one cache folder (staging, resumption, the disk
-check): this module adds only the multi-process part on top of it (the plan, the shard layout,
-the waits), and imports from `cache_build` and `cache`, never the reverse.
+Separate from `dil_jax.open_domain.cache.build`, which writes one cache folder (staging,
+resumption, the disk check): this module adds only the multi-process part on top of it (the
+plan, the shard layout, the waits), and imports from `cache.build` and `cache.store`, never the
+reverse.
 """
 
 from __future__ import annotations

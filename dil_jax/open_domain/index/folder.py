@@ -117,9 +117,9 @@ class OpenDomainIndex:
         storage: the one the reader expects (`--cache-dtype`); a cache stored another way is
         refused, naming both; None: the one the cache was built with (`built_storage`), as
         for a k = 0 cache always (it holds token ids, no states, whatever it records).
-        verify: how its files are checked against the digests recorded
-        at build time (`PassageCache`): "sampled" by default (`cache_digests` says what that
-        catches), "full" every byte, "none" not at all; a cache without digests is opened with
+        verify: how its files are checked against the digests recorded at build time
+        (`PassageCache`): "sampled" by default (`dil_jax.open_domain.cache.digests` says what
+        that catches), "full" every byte, "none" not at all; a cache without digests is opened with
         a warning saying how to add them. Also re-encodes two stored passages with this reader
         (`check_states`: one jitted encoder call on 2 rows, plus the first upper block's
         projections and statistics when the cache holds them), so a cache whose manifest claims

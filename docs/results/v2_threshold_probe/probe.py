@@ -8,8 +8,8 @@ itself. The last one, on validation, is a diagnosis only (it is tuned on the que
 scores) and is never a reported result: if it is close to the training threshold's score, the
 threshold is not what the reader lacks.
 
-    python tools/v2_threshold_probe.py --reader runs/minilm_squad_full_v2/params --k 0 \\
-        --tokenizer dil_jax/assets/minilm-squad-full
+    python docs/results/v2_threshold_probe/probe.py --reader runs/minilm_squad_full_v2/params \\
+        --k 0 --tokenizer dil_jax/assets/minilm-squad-full
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ always: in the full reader every passage token can attend to `[CLS]` and the que
 in every block, and many heads park their attention there. The passage stays question-independent.
 A probe only: the prefix is not a model option.
 
-    python tools/passage_offset_probe.py --reader dil_jax/assets/minilm-squad-full --k 4 \\
-        --offsets 0 14 24 --questions 4000:4400
-    python tools/passage_offset_probe.py --reader dil_jax/assets/minilm-squad-full --k 4 \\
-        --offsets 14 --prefixes none cls sep cls+sep --questions 4000:4400
+    python docs/results/passage_offset_probe/probe.py --reader dil_jax/assets/minilm-squad-full \\
+        --k 4 --offsets 0 14 24 --questions 4000:4400
+    python docs/results/passage_offset_probe/probe.py --reader dil_jax/assets/minilm-squad-full \\
+        --k 4 --offsets 14 --prefixes none cls sep cls+sep --questions 4000:4400
 """
 
 from __future__ import annotations
