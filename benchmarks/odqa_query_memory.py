@@ -146,7 +146,10 @@ def make_tiny_reader(folder: Path) -> Path:
 
 
 def build_index(corpus: Path, index: Path, reader: Path, cache_dtype: str) -> dict:
-    """`dil-jax index` of the corpus (a fresh process; a finished index is reopened)."""
+    """`dil-jax index` of the corpus (a fresh process). A finished index is reopened (checked)
+    and its build time read from INDEX.build.json, which the build that made it wrote."""
+    record = index.with_name(index.name + ".build.json")
+    built_before = (index / "index.json").is_file()
     started = time.perf_counter()
     completed = subprocess.run(
         ["dil-jax", "index", "--out", str(index), "--corpus", f"jsonl:{corpus}",
@@ -154,11 +157,14 @@ def build_index(corpus: Path, index: Path, reader: Path, cache_dtype: str) -> di
          "--cache-dtype", cache_dtype, *LENGTHS], capture_output=True, text=True, cwd=REPO)
     if completed.returncode != 0:
         raise SystemExit(f"dil-jax index failed for {corpus}:\n{completed.stderr[-3000:]}")
+    seconds = time.perf_counter() - started
+    if not built_before or not record.is_file():
+        record.write_text(json.dumps({"index_seconds": seconds, "reopened": built_before}))
     settings = json.loads((index / "index.json").read_text())
     cache_bytes = sum(path.stat().st_size for path in index.glob("cache-k1-*/**/*")
                       if path.is_file())
-    return dict(passages=settings["num_passages"], windows=settings["num_windows"],
-                index_seconds=time.perf_counter() - started, cache_k1_bytes=cache_bytes)
+    return dict(json.loads(record.read_text()), passages=settings["num_passages"],
+                windows=settings["num_windows"], cache_k1_bytes=cache_bytes)
 
 
 def free_port() -> int:
@@ -257,6 +263,7 @@ def markdown(record: dict) -> str:
         "Indexes: " + "; ".join(
             f"{built['passages']:,} passages, {built['windows']:,} windows, k = 1 cache "
             f"{built['cache_k1_bytes'] / 2**20:,.0f} MiB, built in {built['index_seconds']:.0f} s"
+            + (" (reopened, not built: no build time)" if built.get("reopened") else "")
             for built in record["indexes"]), "", f"Command: {record['command']}"]
     return "\n".join(lines) + "\n"
 
