@@ -11,9 +11,9 @@ import pytest
 
 from dil_jax.checkpoints import load_reader
 from dil_jax.data.features import window_contexts
+from dil_jax.file_array import FileArray
 from dil_jax.open_domain.cache.encoders import passage_encoder
 from dil_jax.open_domain.index.corpus import Document, split_documents
-from dil_jax.open_domain.index.file_array import FileArray
 from dil_jax.open_domain.index.folder import build_index, build_reader_cache, open_index
 from dil_jax.open_domain.index.windows import (
     MEMBERS,
@@ -62,6 +62,9 @@ def test_windows_written_in_blocks_equal_all_at_once(tokenizer, tmp_path):
             some = [len(member) - 1, 0, 1, 2, 2]  # runs, repeats, from the end
             np.testing.assert_array_equal(member[some], expected[name][some], err_msg=name)
             np.testing.assert_array_equal(member[1:4], expected[name][1:4], err_msg=name)
+            part = member.row_range(1, 4)  # a shard's rows, read only when asked for
+            assert isinstance(part, FileArray) and len(part) == 3
+            np.testing.assert_array_equal(part[[2, 0]], expected[name][[3, 1]], err_msg=name)
     counts = WindowCounts.of([expected["count"][:5], expected["count"][5:]], 3)
     assert counts.total == rows
     assert counts.largest.tolist() == sorted(expected["count"].tolist(), reverse=True)[:3]

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from dil_jax.file_array import FileArray
 from dil_jax.open_domain.cache.build import (
     PLAN_FILE,
     PROGRESS_FILE,
@@ -109,6 +110,13 @@ def wait_for(check: Callable[[], T | None], what: Callable[[], str], timeout_s: 
                                  "running (see its log)? Rerun every process with the same "
                                  "flags: finished shards are kept, unfinished ones resume")
         time.sleep(poll_s)
+
+
+def _row_range(array, start: int, stop: int):
+    """Rows start .. stop - 1 of a window array, without reading them: a numpy view, or a
+    `FileArray` of those rows (slicing a FileArray reads them: a shard of a large index would
+    be held whole in memory)."""
+    return array.row_range(start, stop) if isinstance(array, FileArray) else array[start:stop]
 
 
 def _read_json(path: Path) -> Any:
@@ -254,8 +262,9 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
         pca = _shared_basis(staging, top, encode)
     mine = top.shards[process_index]
     start, stop = mine.start, mine.stop
-    build_passage_cache(staging / mine.name, key, ids[start:stop], mask[start:stop],
-                        offsets[start:stop], encode, chunk_passages=chunk_passages,
+    build_passage_cache(staging / mine.name, key, *(_row_range(array, start, stop)
+                                                    for array in (ids, mask, offsets)),
+                        encode, chunk_passages=chunk_passages,
                         progress=progress, reuse=reuse, num_heads=num_heads, pca=pca,
                         shard=dict(index=process_index, count=process_count, start=start,
                                    stop=stop), pad_id=pad_id, grid=grid)

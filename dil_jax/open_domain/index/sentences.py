@@ -24,7 +24,7 @@ import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.errors import DilJaxError
-from dil_jax.open_domain.index.file_array import FileArray, npy_rows
+from dil_jax.file_array import FileArray, npy_rows
 from dil_jax.prescreening.sentences import split_sentences
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class SentenceStore:
     def __init__(self, directory: Path, manifest: dict | None = None):
         """Loads the arrays; a missing, truncated or inconsistent one is SentenceStoreError."""
         self.directory = directory
-        # Read by rows (`index.file_array`): a question reads its passages' entries only.
+        # Read by rows (`dil_jax.file_array`): a question reads its passages' entries only.
         self.first = _load(directory / "first.npy")
         self.spans = _load(directory / "spans.npy")
         self.embeddings = _load(directory / "embeddings.npy")

@@ -9,7 +9,7 @@
 and returns their count and fingerprint; `PassageStore` reads a passage's line (and its two
 offsets) with positional reads only when it is asked for (`store[i]`), so `ask` and `serve` hold
 no passage texts (nor, unlike a memory map, the pages around the lines they read:
-`index.file_array` says why). An index
+`dil_jax.file_array` says why). An index
 written before the offsets file existed (the same passages.jsonl, no offsets) is opened by
 finding its line starts once (`line_offsets`, 8 bytes per passage in memory).
 """
@@ -27,8 +27,8 @@ from typing import overload
 
 import numpy as np
 
+from dil_jax.file_array import FileArray, npy_rows
 from dil_jax.open_domain.index.corpus import Passage
-from dil_jax.open_domain.index.file_array import FileArray, npy_rows
 
 PASSAGES_FILE = "passages.jsonl"
 OFFSETS_FILE = "passages.offsets.npy"

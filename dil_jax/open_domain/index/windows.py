@@ -13,7 +13,7 @@ window's tokens, written a block of passages at a time and read by rows.
 (`window_contexts`, which works text by text: the same windows as all at once), appending each
 member to a raw file, then writes the .npz from those files: memory holds one block, whatever
 the corpus. `window_member` opens one member of the .npz in place, read by rows with positional
-reads (`index.file_array.FileArray`; np.load would read it whole, a memory map would leave the
+reads (`dil_jax.file_array.FileArray`; np.load would read it whole, a memory map would leave the
 pages it touched resident), so an opened index holds none of them in memory: a question reads
 the rows of its retrieved passages.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from dil_jax.data.features import window_contexts
-from dil_jax.open_domain.index.file_array import FileArray
+from dil_jax.file_array import FileArray
 
 WINDOWS_FILE = "windows.npz"
 # The members, in the order the file holds them.

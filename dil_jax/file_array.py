@@ -1,5 +1,5 @@
-"""An array in a file, read by rows with positional reads: what an index's readers use instead of
-memory maps.
+"""An array in a file, read by rows with positional reads: what an open-domain index's readers
+use instead of memory maps.
 
 Why not a memory map: pages of a mapped file that a process touches count in its resident
 memory (RssFile) for as long as the mapping lives, and the kernel maps them in blocks around each
@@ -10,6 +10,7 @@ cache (shared, reclaimable) and leave nothing resident in the process but the ro
     FileArray(path, offset, shape, dtype)   a C-order array of `shape` at byte `offset`
     a[rows], a[row], a[start:stop], a[rows, i]   -> numpy (reads those rows only)
     np.asarray(a)                                -> the whole array (one read)
+    a.row_range(start, stop)                     -> a FileArray of those rows (reads nothing)
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class FileArray:
         else:
             rows = self.take(np.asarray(row_key, np.int64))
         return rows[(slice(None),) + rest]
+
+    def row_range(self, start: int, stop: int) -> FileArray:
+        """Rows start .. stop - 1 as a FileArray of their own (a shard's rows): nothing read,
+        where `a[start:stop]` reads them."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows {start}..{stop} of {self.path} of {len(self)} rows")
+        return FileArray(self.path, self.offset + start * self.row_bytes,
+                         (stop - start,) + self.shape[1:], self.dtype)
 
     def _range(self, start: int, stop: int) -> np.ndarray:
         """Rows start .. stop - 1, one read."""
