@@ -53,28 +53,39 @@ def stored_arrays(stem: str, storage: Storage, width: int
     return arrays
 
 
+# A fitted scheme's side arrays (what `PcaBasis` holds), each a zarr array `{stem}.{suffix}`
+# stored whole, float32: PcaBasis field -> suffix. A scheme with more (a codebook) adds its own
+# here and in `pca_arrays`.
+BASIS_SUFFIXES = {"mean": "pca_mean", "basis": "pca_basis"}
+
+
 def pca_arrays(stem: str, storage: Storage, width: int) -> dict[str, tuple[int, ...]]:
-    """The side arrays of a pca<d> array (float32, stored whole): name -> shape."""
+    """The side arrays of an array `stem` [rows, p_len, width] in `storage` (a pca<d> basis;
+    none for the other schemes): suffix -> shape."""
     if storage.pca_dim is None:
         return {}
-    return {f"{stem}.pca_mean": (width,), f"{stem}.pca_basis": (width, storage.pca_dim)}
+    return {"pca_mean": (width,), "pca_basis": (width, storage.pca_dim)}
 
 
 def write_pca(location: Location, stem: str, pca: PcaBasis) -> None:
-    """Stores the PCA basis of the array `stem` (`pca_arrays`) under `location`, whole."""
-    for name, values in ((f"{stem}.pca_mean", pca.mean), (f"{stem}.pca_basis", pca.basis)):
-        values = np.asarray(values, np.float32)
+    """Stores the side arrays of the array `stem` (`BASIS_SUFFIXES`) under `location`, each
+    whole, as zarr arrays `{stem}.{suffix}`."""
+    for field, suffix in BASIS_SUFFIXES.items():
+        values, name = np.asarray(getattr(pca, field), np.float32), f"{stem}.{suffix}"
         grid = TokenGrid(max(len(values), 1), max(len(values), 1))
         write_tokens(create_array(location, name, values.shape, np.float32, grid), 0, values,
                      location / name)
 
 
 def read_pca(location: Location, stem: str, storage: Storage, width: int) -> PcaBasis | None:
-    """The PCA basis `write_pca` stored (None for a scheme without one); CacheBrokenError
-    naming an array that is missing or not of the manifest's shape."""
-    side = {name: read_all(open_array(location, name, shape, np.float32), location / name)
-            for name, shape in pca_arrays(stem, storage, width).items()}
-    return PcaBasis(side[f"{stem}.pca_mean"], side[f"{stem}.pca_basis"]) if side else None
+    """The side arrays `write_pca` stored (None for a scheme without any); CacheBrokenError
+    naming an array that is missing or not of the shape `pca_arrays` says."""
+    side = {suffix: read_all(open_array(location, f"{stem}.{suffix}", shape, np.float32),
+                             location / f"{stem}.{suffix}")
+            for suffix, shape in pca_arrays(stem, storage, width).items()}
+    if not side:
+        return None
+    return PcaBasis(**{field: side[suffix] for field, suffix in BASIS_SUFFIXES.items()})
 
 
 class RaggedPart:
