@@ -8,6 +8,7 @@ Three sub-packages hold what an index is made of, and the modules here use them:
       folder.py       the index folder: passages, BM25, tokenized windows (`build_index`,
                       `open_index`, `OpenDomainIndex`)
       store.py        the passage store: passages.jsonl + its line offsets, read by offset
+      windows.py      windows.npz: written a block of passages at a time, mapped in place
       files.py        index.json: settings, file fingerprints and their check on open
       lock.py         the folder's build lock, and cleanup of what killed builds left
       sentences.py    sentence embeddings of every passage (for prescreening)
@@ -19,6 +20,12 @@ Three sub-packages hold what an index is made of, and the modules here use them:
     cache/        passage caches: each window's passage side, computed once per reader and k
       store.py        `PassageCache`: the layout and reading rows (lower states; ids at k = 0;
                       optionally the first upper block's passage arrays)
+      ragged.py       real tokens only: packing rows, padding them back (pure numpy)
+      ragged_store.py one folder of a ragged cache: its arrays, read by row
+      zarr_store.py   the arrays on tensorstore: zarr v3, sharded, chunk checksums
+      location.py     where a cache is: a local folder, or a URL (gs://, s3://, file://)
+      legacy.py       reading the padded .npy caches of earlier builds
+      errors.py       the cache's errors
       manifest.py     a cache's manifest.json as values (`CacheKey`, `CacheManifest`)
       storage.py      the storage schemes of its float arrays (`Storage`: float32, bfloat16,
                       int8, pca<d>)

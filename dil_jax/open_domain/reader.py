@@ -217,20 +217,9 @@ class OpenDomainReader:
                              f"{reader.kind}")
         self.grid = reader.pair_grid(mesh, batch_size, chunk_size, reuse=pair_reuse,
                                      trim_padding=trim_padding)
-        self.valid_end = arrays["offsets"][..., 0] >= 0           # [n_rows, p_len]
-        self.valid_start = self.valid_end & arrays["max_context"]
-        self.offsets = arrays["offsets"]
-        self._set_prescreen(prescreen)
-
-    def _set_prescreen(self, prescreen: ReaderPrescreen | None) -> None:
+        # [n_rows, p_len, 2] and [n_rows, p_len], read by rows: a batch reads its rows' only.
+        self.offsets, self.max_context = arrays["offsets"], arrays["max_context"]
         self.prescreen = prescreen
-        if prescreen is not None:
-            from dil_jax.prescreening.screen import token_sentences
-
-            spans = prescreen.store.passage_spans(prescreen.prescreener.config.max_sentences)
-            # [n_rows, p_len] sentence of each cached token: computed once per reader.
-            self.token_sentence = token_sentences(self.offsets,
-                                                  self.index.windows.passage_of_row, spans)
 
     @property
     def reads_cached_reuse(self) -> bool:
@@ -245,7 +234,7 @@ class OpenDomainReader:
     def with_prescreen(self, prescreen: ReaderPrescreen | None) -> OpenDomainReader:
         """The same reader (model, cache, compiled steps) with another prescreening setting."""
         other = copy.copy(self)
-        other._set_prescreen(prescreen)
+        other.prescreen = prescreen
         return other
 
     def retrieve(self, questions: Sequence[str]) -> list[list]:
@@ -356,10 +345,15 @@ class OpenDomainReader:
         passages with no allowed span are left out. The BM25 score rides along for fusion
         (`pick_answer`)."""
         pair_rows = np.asarray(pairs.row, np.int64)
+        # The windows' offsets and max-context flags, read once per distinct window.
+        rows, pair_window = np.unique(pair_rows, return_inverse=True)
+        offsets = np.asarray(self.offsets[rows])                  # [n_windows, p_len, 2]
+        valid_end = offsets[..., 0] >= 0
+        valid_start = valid_end & np.asarray(self.max_context[rows])
+        pair_window = pair_window.reshape(-1)
         span_scores, starts, ends = window_nbest(
-            scores.start_logits, scores.end_logits, self.valid_start[pair_rows],
-            self.valid_end[pair_rows], n_best=1, max_answer_length=self.max_answer_length)
-        offsets = self.cache.offsets
+            scores.start_logits, scores.end_logits, valid_start[pair_window],
+            valid_end[pair_window], n_best=1, max_answer_length=self.max_answer_length)
         by_score = {}
         for rule in SPAN_SCORES:
             rule_scores = pair_span_scores(span_scores[:, 0], scores, rule)
@@ -372,9 +366,9 @@ class OpenDomainReader:
                     if pair is None or not np.isfinite(span_scores[pair, 0]):
                         continue  # no allowed span (an empty passage, or nothing kept)
                     passage = self.index.passages[hit.passage_index]
-                    row = pair_rows[pair]
-                    char_start = int(offsets[row, starts[pair, 0], 0])
-                    char_end = int(offsets[row, ends[pair, 0], 1])
+                    window = pair_window[pair]
+                    char_start = int(offsets[window, starts[pair, 0], 0])
+                    char_end = int(offsets[window, ends[pair, 0], 1])
                     question_candidates.append(Candidate(
                         hit.passage_index, hi, passage.text[char_start:char_end], char_start,
                         char_end, float(rule_scores[pair]) / 2, hit.score))
@@ -397,14 +391,25 @@ class OpenDomainReader:
                 hit_question.append(qi)
                 hit_passage.append(hit.passage_index)
         if not hit_number:
-            return np.zeros((0, self.valid_end.shape[1]), bool)
+            return np.zeros((0, self.offsets.shape[1]), bool)
         question_vectors = prescreener.embed(questions)
         sentences, mask = store.matrix(hit_passage, prescreener.config.max_sentences)
         logits = prescreener.score(question_vectors[hit_question], sentences, mask)
         kept = rule.select(logits, mask)                          # [n_hits, S]
         pair_kept = kept[[hit_number[key] for key in pair_hit]]
-        return window_keep(self.token_sentence[pair_row], pair_kept,
+        return window_keep(self._token_sentences(pair_row), pair_kept,
                            np.asarray(self.cache.mask[pair_row]))
+
+    def _token_sentences(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), p_len] the sentence of each token of these windows (`token_sentences`),
+        from their passages' stored sentence spans only."""
+        from dil_jax.prescreening.screen import token_sentences
+
+        passages, owner = np.unique(np.asarray(self.index.windows.passage_of_row[rows]),
+                                    return_inverse=True)
+        spans = self.prescreen.store.spans_of(passages,
+                                              self.prescreen.prescreener.config.max_sentences)
+        return token_sentences(np.asarray(self.offsets[rows]), owner.reshape(-1), spans)
 
 
 def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[Candidate],

@@ -171,8 +171,8 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
         reader = OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
                                   batch_size=settings.batch_size,
                                   chunk_size=settings.chunk_size, span_score=settings.span_score)
-        reader.passage_rows = passage_rows(index.windows.count, reader.grid.batch_size,
-                                           settings.top_p)
+        reader.passage_rows = passage_rows(index.windows.counts(settings.top_p),
+                                           reader.grid.batch_size, settings.top_p)
         def smaller(count: int, loaded=loaded, cache=cache) -> OpenDomainReader:
             return OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
                                     batch_size=count, chunk_size=settings.chunk_size,
@@ -199,6 +199,6 @@ def shaped_readers(reader: Any, counts: tuple[int, ...], smaller: Callable[[int]
             shaped[count] = reader
             continue
         shaped[count] = smaller(count)
-        shaped[count].passage_rows = passage_rows(reader.index.windows.count, count,
-                                                  reader.top_p)
+        shaped[count].passage_rows = passage_rows(reader.index.windows.counts(reader.top_p),
+                                                  count, reader.top_p)
     return shaped

@@ -45,6 +45,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from dil_jax.open_domain.index.windows import WindowCounts
 from dil_jax.reading.pairs import KEPT_BUCKET, QUESTION_BUCKET, chunk_width, real_lengths
 from dil_jax.reading.plan import ReusePlan
 from dil_jax.rounding import round_up
@@ -52,20 +53,26 @@ from dil_jax.rounding import round_up
 log = logging.getLogger(__name__)
 
 
-def passage_rows(window_counts: np.ndarray, batch_size: int, top_p: int) -> int:
+def _counts(window_counts: np.ndarray | WindowCounts, top_p: int) -> WindowCounts:
+    """The window counts of an index's passages (every one, or `PassageWindows.counts`)."""
+    if isinstance(window_counts, WindowCounts):
+        return window_counts
+    return WindowCounts.of([np.asarray(window_counts)], top_p)
+
+
+def passage_rows(window_counts: np.ndarray | WindowCounts, batch_size: int, top_p: int) -> int:
     """The passage rows every batch is padded to: the most distinct windows one batch can
     read (B questions, each reading every window of its top_p passages: at most the top_p
     passages with the most windows, and at most every window of the index), rounded up to
     whole B x top_p blocks as `OpenDomainReader._padded_rows` rounds."""
-    counts = np.sort(np.asarray(window_counts))[::-1]
-    most = min(int(counts.sum()), batch_size * int(counts[:top_p].sum()))
+    counts = _counts(window_counts, top_p)
+    most = min(counts.total, batch_size * int(counts.largest[:top_p].sum()))
     return round_up(max(most, 1), batch_size * top_p)
 
 
-def max_pairs(window_counts: np.ndarray, batch_size: int, top_p: int) -> int:
+def max_pairs(window_counts: np.ndarray | WindowCounts, batch_size: int, top_p: int) -> int:
     """The most (question, window) pairs one batch can read."""
-    counts = np.sort(np.asarray(window_counts))[::-1]
-    return batch_size * int(counts[:top_p].sum())
+    return batch_size * int(_counts(window_counts, top_p).largest[:top_p].sum())
 
 
 def question_widths(max_question_len: int) -> list[int]:
@@ -177,7 +184,8 @@ def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
     grid = reader.grid
     batch, rows = grid.batch_size, reader.passage_rows
     q_len, p_len = reader.reader.config.max_question_len, reader.cache.mask.shape[1]
-    most = max_pairs(reader.index.windows.count, questions or batch, reader.top_p)
+    most = max_pairs(reader.index.windows.counts(reader.top_p), questions or batch,
+                     reader.top_p)
     # A context of POST /v1/read fills at most the passage rows (`context_groups`).
     most = max(most, rows)
     # A reader without a ReusePlan (QANet / BiDAF) has one hoist class and its grid's trimming.

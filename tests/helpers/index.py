@@ -32,6 +32,16 @@ def private_copy(index: Path, tmp_path: Path) -> Path:
     return copy
 
 
+def zarr_array(folder: Path):
+    """The whole zarr v3 array in `folder` (one array of a ragged passage cache), read with
+    tensorstore, as numpy."""
+    import numpy as np
+    import tensorstore as ts
+
+    return np.asarray(ts.open({"driver": "zarr3", "kvstore": {
+        "driver": "file", "path": f"{folder}/"}}).result().read().result())
+
+
 def cache_folder(index: Path, k: int) -> Path:
     """The one passage-cache folder of split `k` in `index` (`cache-k<k>-<digest>`)."""
     (folder,) = index.glob(f"cache-k{k}-*")

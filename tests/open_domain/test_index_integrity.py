@@ -54,26 +54,39 @@ def _one_line_error(err: str) -> str:
 # ------------------------------------------------------------- 1. cache digests
 
 
+def _cache_files(folder) -> set[str]:
+    """Every file of a cache folder but its manifest, by its path in the folder."""
+    return {path.relative_to(folder).as_posix() for path in folder.rglob("*")
+            if path.is_file() and path.name != "manifest.json"}
+
+
 def test_noise_in_middle_rows_of_the_states_is_refused_not_answered(index_copy, capsys):
     """The states check on open re-encodes the first and last rows only; noise in the rows
     between used to give an answer (exit 0). The digests recorded at build time catch it."""
+    import tensorstore as ts
+
     index, _ = index_copy
-    states = cache_folder(index, 1) / "states.npy"
-    codes = np.load(states, mmap_mode="r+")
-    assert len(codes) == 10  # rows 1..8 are never re-encoded on open
-    codes[3:7] += np.random.default_rng(0).normal(0, 1, codes[3:7].shape).astype(codes.dtype)
-    codes.flush()
-    del codes
+    folder = cache_folder(index, 1)
+    states = ts.open({"driver": "zarr3", "kvstore": {"driver": "file",
+                                                     "path": f"{folder / 'states'}/"}}).result()
+    starts = ts.open({"driver": "zarr3", "kvstore": {
+        "driver": "file", "path": f"{folder / 'token_starts'}/"}}).result().read().result()
+    assert len(starts) == 11  # 10 windows; rows 1..8 are never re-encoded on open
+    middle = states[int(starts[3]):int(starts[7])]
+    noise = np.random.default_rng(0).normal(0, 1, middle.shape).astype(np.float32)
+    middle.write(middle.read().result() + noise).result()
+    changed = folder / "states" / "c" / "0" / "0"  # the one shard of this small cache
     status, out, err = run_cli(_ask_argv(index, 1), capsys)
     assert status == 1, out
     line = _one_line_error(err)
-    assert str(states) in line and "changed since the cache was built" in line
+    assert str(changed) in line and "changed since the cache was built" in line
     assert "rerun `dil-jax index`" in line
     # `index --verify` lists it too (exit 1), and every other cache as matching.
     status, out, err = run_cli(["index", "--out", str(index), "--verify"], capsys)
     assert status == 1
-    assert f"{states}: its sha256 differs" in err
-    assert f"{cache_folder(index, 0).name}: 3 files" in out and "every byte matches" in out
+    assert f"{changed}: its sha256 differs" in err
+    k0 = cache_folder(index, 0)
+    assert f"{k0.name}: {len(_cache_files(k0))} files" in out and "every byte matches" in out
 
 
 def test_verify_catches_what_the_cheap_check_cannot(tmp_path):
@@ -131,8 +144,8 @@ def test_a_cache_without_digests_warns_and_a_rerun_records_them(index_copy, caps
     assert status == 1 and "no file digests recorded" in err and "not verified" in err
     status, _, _ = run_cli(_index_argv(index, corpus, "--k", "1"), capsys)
     assert status == 0
-    assert json.loads(manifest_path.read_text())["files"].keys() == {
-        "ids.npy", "mask.npy", "offsets.npy", "states.npy"}
+    assert json.loads(manifest_path.read_text())["files"].keys() == _cache_files(
+        cache_folder(index, 1))
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         status, _, _ = run_cli(_ask_argv(index, 1), capsys)
@@ -143,7 +156,7 @@ def test_a_copy_without_times_is_hashed_whole_until_verify_records_them(index_co
                                                                        caplog):
     index, _ = index_copy
     folder = cache_folder(index, 1)
-    for path in folder.iterdir():
+    for path in folder.rglob("*"):
         os.utime(path, ns=(1, 1_000_000_000))  # what `cp -r` does: new times, same bytes
     with caplog.at_level(logging.WARNING):
         status, _, _ = run_cli(_ask_argv(index, 1), capsys)
@@ -151,7 +164,7 @@ def test_a_copy_without_times_is_hashed_whole_until_verify_records_them(index_co
     assert "modified since the build by their time but not by their bytes" in caplog.text
     assert f"`dil-jax index --verify --out {index}`" in caplog.text
     status, out, _ = run_cli(["index", "--out", str(index), "--verify"], capsys)
-    assert status == 0 and f"{folder.name}: 4 files" in out
+    assert status == 0 and f"{folder.name}: {len(_cache_files(folder))} files" in out
     assert {record["mtime_ns"] for record in json.loads(
         (folder / "manifest.json").read_text())["files"].values()} == {1_000_000_000}
     caplog.clear()
@@ -313,25 +326,39 @@ def test_free_space_is_told_in_mib_with_a_spare_in_proportion(tmp_path, monkeypa
         cache_build.check_free_space(tmp_path, 100 << 30, "the passage cache c")
 
 
-def test_a_disk_full_for_the_memory_maps_is_named_not_a_sigbus(built, tmp_path, capsys,
-                                                               monkeypatch):
-    """The states file is reserved on disk when created (posix_fallocate): a disk that cannot
-    hold it fails there, naming it, instead of a SIGBUS when a memory-mapped row is written."""
+def test_a_disk_full_while_a_shard_is_written_is_one_line_naming_the_array(
+        built, tmp_path, capsys, monkeypatch):
+    """A shard of the states refused by a full disk (tensorstore's own error, which carries no
+    OSError) is one line naming the array, not a tensorstore traceback."""
+    from dil_jax.open_domain.cache import build as cache_build
+
     _, corpus = built
-    calls = []
+    opened = cache_build.open_array
 
-    def full(fd, offset, length):
-        calls.append(length)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    class FullDisk:
+        """A zarr array whose writes fail as tensorstore reports a full disk."""
 
-    monkeypatch.setattr(os, "posix_fallocate", full)
+        def __init__(self, array):
+            self.array, self.shape = array, array.shape
+
+        def __getitem__(self, key):
+            return self
+
+        def write(self, values):
+            raise ValueError('UNKNOWN: Error writing local file "states/c/0/0": '
+                             '[OS error: No space left on device]')
+
+    def full_states(location, name, *args, **kwargs):
+        array = opened(location, name, *args, **kwargs)
+        return FullDisk(array) if name == "states" else array
+
+    monkeypatch.setattr(cache_build, "open_array", full_states)
     index = tmp_path / "index"
     status, _, err = run_cli(_index_argv(index, corpus, "--k", "1"), capsys)
     assert status == 1
     line = _one_line_error(err)
-    assert "states.npy: cannot reserve its" in line and "No space left on device" in line
-    # 10 windows x 32 tokens x 384 float32 = 491,520 bytes, plus the .npy header.
-    assert len(calls) == 1 and 491_520 < calls[0] < 491_520 + 4096
+    assert "/.cache-k1-" in line and ".partial/states: cannot write it: No space left on " \
+        "device (ENOSPC)" in line
 
 
 @pytest.mark.parametrize("error", ["ENOSPC", "EROFS"])
@@ -345,10 +372,10 @@ def test_a_full_or_read_only_disk_during_index_is_one_line(index_copy, capsys, m
     before = file_digests(index)
     (index / "passages.jsonl").write_text("")  # broken: the rerun rewrites the index files
     if error == "ENOSPC":
-        def savez(*args, **kwargs):
+        def write_windows(*args, **kwargs):
             raise OSError(code, os.strerror(code))
 
-        monkeypatch.setattr(np, "savez", savez)
+        monkeypatch.setattr(index_module, "write_windows", write_windows)
         name = "windows.npz"
     else:
         def write_atomic(path, data):

@@ -21,6 +21,7 @@ from dil_jax.open_domain.cache.store import (
     PassageCache,
     WindowBatch,
 )
+from dil_jax.open_domain.cache.zarr_store import TokenGrid
 from dil_jax.reading.grid import PairGrid
 
 P_LEN = 16
@@ -36,7 +37,10 @@ def reader_parts(hf_folder_factory):
     for row, n in enumerate(lengths):
         ids[row, :n] = [*rng.integers(5, 99, n - 1), 3]
     mask = (ids > 0).astype(np.int32)
-    offsets = np.zeros((10, P_LEN, 2), np.int32)
+    # As window_contexts makes them: characters of the tokens, NO_OFFSET for padding.
+    offsets = np.full((10, P_LEN, 2), -1, np.int32)
+    for row, n in enumerate(lengths):
+        offsets[row, :n - 1] = np.stack([np.arange(n - 1) * 3, np.arange(n - 1) * 3 + 2], -1)
     return config, params, ids, mask, offsets
 
 
@@ -50,6 +54,12 @@ def _all(ids, mask, offsets) -> WindowBatch:
     return WindowBatch.of(np.arange(len(ids)), ids, mask, offsets)
 
 
+def _real(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """states [n, p_len, hidden] with the padding slots 0: what a ragged cache gives back (it
+    stores real tokens only)."""
+    return states * (np.asarray(mask) != 0)[..., None]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
     config, params, ids, mask, offsets = reader_parts
@@ -58,17 +68,21 @@ def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
                                 chunk_passages=3)
     subset = [7, 2, 9]
-    expected = encode(_all(ids, mask, offsets))[subset]
+    expected = _real(encode(_all(ids, mask, offsets))[subset], mask[subset])
     if dtype == "bfloat16":
         expected = expected.astype(ml_dtypes.bfloat16).astype(np.float32)
     np.testing.assert_array_equal(cache.read_states(subset), expected)
     direct = DelayedInteractionModel(config).encode_lower(params, ids[subset], mask[subset],
                                                           PASSAGE_SEGMENT)
-    np.testing.assert_allclose(cache.read_states(subset), np.asarray(direct),
+    np.testing.assert_allclose(cache.read_states(subset), _real(np.asarray(direct),
+                                                                mask[subset]),
                                atol=1e-5 if dtype == "float32" else 0.05)
-    np.testing.assert_array_equal(cache.ids[subset], ids[subset])
+    for name, array in (("ids", ids), ("mask", mask), ("offsets", offsets)):
+        np.testing.assert_array_equal(getattr(cache, name)[subset], array[subset])
+    # Ragged zarr arrays (folders), no padding slots: the mask is the row lengths.
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
-        "ids.npy", "manifest.json", "mask.npy", "offsets.npy", "states.npy"]
+        "ids", "manifest.json", "offsets", "states", "token_starts"]
+    assert cache.num_tokens == int(mask.sum())
 
 
 def test_mismatched_reader_is_refused(reader_parts, tmp_path):
@@ -90,6 +104,22 @@ def test_mismatched_reader_is_refused(reader_parts, tmp_path):
         PassageCache.open(tmp_path / "cache", dataclasses.replace(manifest, tokenizer="other"))
 
 
+# Shards of 8 tokens (chunks of 4): a 10-row cache of 3..16 tokens a row has several, so an
+# interrupted build has written some of them.
+SMALL_GRID = TokenGrid(4, 8)
+
+
+def _resumed_chunks(mask: np.ndarray, chunks_done: int, chunk: int) -> list[list[int]]:
+    """The chunks a build interrupted after `chunks_done` chunks encodes again, by hand: it
+    wrote every whole shard of SMALL_GRID the finished rows filled; it resumes at the chunk
+    of the first row whose tokens are not all in them."""
+    ends = np.cumsum(mask.sum(axis=1))  # token after each row's last
+    written = ends[chunks_done * chunk - 1] // SMALL_GRID.shard_tokens * SMALL_GRID.shard_tokens
+    first = int(np.argmax(ends > written))
+    rows = list(range(first // chunk * chunk, len(mask)))
+    return [rows[i:i + chunk] for i in range(0, len(rows), chunk)]
+
+
 def test_interrupted_build_resumes(reader_parts, tmp_path):
     config, params, ids, mask, offsets = reader_parts
     manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
@@ -104,7 +134,7 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, failing,
-                            chunk_passages=3)
+                            chunk_passages=3, grid=SMALL_GRID)
     with pytest.raises(CacheMismatchError, match="unfinished build exists"):
         PassageCache.open(tmp_path / "cache")
 
@@ -115,17 +145,20 @@ def test_interrupted_build_resumes(reader_parts, tmp_path):
         return encode(windows)
 
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, counting,
-                                chunk_passages=3)
-    assert calls == [3, 3] and resumed == [[6, 7, 8], [9]]  # 10 passages: chunks 3 3 | 3 1
-    np.testing.assert_array_equal(cache.read_states(range(10)), encode(_all(ids, mask, offsets)))
+                                chunk_passages=3, grid=SMALL_GRID)
+    expected = _resumed_chunks(mask, 2, 3)
+    assert calls == [3, 3] and resumed == expected and len(expected) < 4  # not from row 0
+    np.testing.assert_array_equal(cache.read_states(range(10)),
+                                  _real(encode(_all(ids, mask, offsets)), mask))
     assert not list(tmp_path.glob(".cache.partial"))
 
 
-def test_a_resumed_build_does_not_count_its_own_reserved_files_again(reader_parts, tmp_path,
-                                                                     monkeypatch):
+def test_a_resumed_build_does_not_count_what_it_wrote_again(reader_parts, tmp_path,
+                                                             monkeypatch):
     """After a disk filled during `index`, the rerun was refused: the free-space check counted
-    the windows left to write, whose bytes the partial build had reserved when it started (its
-    files are preallocated). A disk with nothing free beyond the spare resumes it."""
+    the whole cache again, whose written part the partial build holds on disk. A disk with
+    room for the whole less what the partial build holds (and the spare) resumes it, where a
+    new build of the same cache is refused."""
     import collections
 
     from dil_jax.open_domain.cache import build as cache_build
@@ -136,28 +169,39 @@ def test_a_resumed_build_does_not_count_its_own_reserved_files_again(reader_part
     calls = []
 
     def failing(windows):
-        if len(calls) == 1:
+        if len(calls) == 2:
             raise KeyboardInterrupt("simulated: the disk filled")
         calls.append(len(windows.ids))
         return encode(windows)
 
     with pytest.raises(KeyboardInterrupt):
         build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, failing,
-                            chunk_passages=3)
+                            chunk_passages=3, grid=SMALL_GRID)
+    staging = tmp_path / ".cache.partial"
+    held = cache_build.allocated_bytes(staging)
+    # Real tokens x (float32 states + int32 id + two int32 offsets) + int64 token starts.
+    whole = int(mask.sum()) * (4 * config.hidden_size + 12) + 8 * 11
+    assert 0 < held
     usage = collections.namedtuple("usage", "total used free")
+    spare = 16 << 20  # the least spare
     monkeypatch.setattr(cache_build.shutil, "disk_usage",
-                        lambda path: usage(0, 0, 16 << 20))  # the least spare, nothing more
+                        lambda path: usage(0, 0, max(whole - held, 0) + spare))
+    with pytest.raises(cache_build.DiskSpaceError, match=r"\(10 of 10 windows to write\)"):
+        build_passage_cache(tmp_path / "other", manifest, ids, mask, offsets, encode,
+                            chunk_passages=3, grid=SMALL_GRID)
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
-                                chunk_passages=3)
-    np.testing.assert_array_equal(cache.read_states(range(10)), encode(_all(ids, mask, offsets)))
+                                chunk_passages=3, grid=SMALL_GRID)
+    np.testing.assert_array_equal(cache.read_states(range(10)),
+                                  _real(encode(_all(ids, mask, offsets)), mask))
 
 
 def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_path,
                                                              monkeypatch):
-    """A cache whose arrays (memory maps, reserved on disk when created) would not fit in the disk's
-    free space is refused before anything is written, naming what and how much; the bytes are a
-    hand count: float32 states 4 x hidden per token, int32 ids + mask + 2 offsets 16 per token,
-    and with the reuse arrays four more hidden-wide float32 arrays and a float32 per head."""
+    """A cache whose arrays would not fit in the disk's free space is refused before anything is
+    written, naming what and how much; the bytes are a hand count per real token: float32
+    states 4 x hidden, int32 ids + 2 offsets 12 (no mask, no padding), and with the reuse
+    arrays four more hidden-wide float32 arrays and a float32 per head; plus an int64 token
+    start per row and one more."""
     import collections
 
     from dil_jax.open_domain.cache import build as cache_build
@@ -171,7 +215,7 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
         CacheManifest(key, num_passages=1, reuse=True, num_heads=12), True) == \
         384 * 4 * 5 + 12 * 4
     manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
-    needed = 10 * P_LEN * (4 * hidden + 16)
+    needed = int(mask.sum()) * (4 * hidden + 12) + 8 * 11
     usage = collections.namedtuple("usage", "total used free")
     margin = 16 << 20  # the least spare (5% of this small cache is less)
     monkeypatch.setattr(cache_build.shutil, "disk_usage",
@@ -219,7 +263,7 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
 
     config, params, ids, mask, offsets = reader_parts
     manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
-    per_window = P_LEN * (4 * config.hidden_size + 16)
+    whole = int(mask.sum()) * (4 * config.hidden_size + 12) + 8 * 11
     margin = 16 << 20  # the least spare (5% of this small cache is less)
     usage = collections.namedtuple("usage", "total used free")
 
@@ -231,7 +275,7 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
 
     # Room for the larger shard (6 windows), not for all 10.
     monkeypatch.setattr(cache_build.shutil, "disk_usage",
-                        lambda path: usage(0, 0, 10 * per_window + margin - 1))
+                        lambda path: usage(0, 0, whole + margin - 1))
     with pytest.raises(cache_build.DiskSpaceError,
                        match=r"the passage cache cache \(10 of 10 windows to write, 2 shards "
                              r"together\) needs"):
@@ -239,7 +283,7 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
     assert not list(tmp_path.iterdir())
     # Room for all 10: process 0 builds its shard, then waits for process 1's (not started).
     monkeypatch.setattr(cache_build.shutil, "disk_usage",
-                        lambda path: usage(0, 0, 10 * per_window + margin))
+                        lambda path: usage(0, 0, whole + margin))
     with pytest.raises(ShardWaitError, match="shard-00001-of-00002"):
         build()
     assert (tmp_path / ".cache.partial" / "shards" / "shard-00000-of-00002" /

@@ -69,7 +69,7 @@ def test_the_cache_holds_each_windows_embedding_encoder_state(qanet_index):
     assert [p.name[:9] for p in index_dir.glob("cache-k*")] == ["cache-k1-"]
     want = _reference_states(reader, index)
     got = cache.read_states(np.arange(len(cache)))
-    real = window_arrays(index)["mask"] > 0
+    real = np.asarray(window_arrays(index)["mask"]) > 0
     np.testing.assert_allclose(got[real], want[real], rtol=0,
                                atol=RTOL * np.abs(want[real]).max())
 

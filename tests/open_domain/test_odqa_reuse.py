@@ -40,9 +40,24 @@ from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.tokenization import load_tokenizer
 
 from tests.helpers import load_script, run_cli
+from tests.helpers.index import zarr_array
 
 P_LEN, STRIDE, Q_LEN = 32, 16, 16
-NPY_HEADER = 128  # bytes of a .npy header of these shapes (format 1.0, padded to 64)
+
+
+def _zarr_bytes(folder: Path, name: str, tokens: int, row_bytes: int) -> int:
+    """The bytes of one uncompressed zarr array of a ragged cache, by hand: its metadata
+    (zarr.json, as written), then per shard file every chunk its tokens reach, stored whole
+    (chunk_tokens rows and a 4-byte crc32c), and the shard's index (16 bytes per chunk of a
+    whole shard, and its crc32c)."""
+    metadata = json.loads((folder / name / "zarr.json").read_text())
+    shard = metadata["chunk_grid"]["configuration"]["chunk_shape"][0]
+    chunk = metadata["codecs"][0]["configuration"]["chunk_shape"][0]
+    total = (folder / name / "zarr.json").stat().st_size
+    for start in range(0, tokens, shard):
+        chunks = -(-min(shard, tokens - start) // chunk)
+        total += chunks * (chunk * row_bytes + 4) + 16 * (shard // chunk) + 4
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -178,32 +193,41 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     k = 3
     loaded, cache = _cache(index, base, k, dtype)
     storage, hidden, heads = Storage(dtype), base.config.hidden_size, base.config.num_heads
-    # What was stored is the storage's round trip of a fresh computation (writer = reader).
+    # What was stored is the storage's round trip of a fresh computation (writer = reader), on
+    # the real tokens (padding slots read as 0: a ragged cache stores none).
     arrays = window_arrays(index)
+    real = np.asarray(arrays["mask"])[..., None] != 0
     fresh = loaded.passage_encoder(batch_size=4)(WindowBatch.of(
         np.arange(len(arrays["ids"])), arrays["ids"], arrays["mask"], arrays["offsets"]))
     np.testing.assert_array_equal(cache.read_states(range(len(cache))),
-                                  cache.states.round_trip(fresh))
-    upper = reuse_encoder(loaded, batch_size=4)(fresh, arrays["mask"])
+                                  cache.states.round_trip(fresh) * real)
+    upper = reuse_encoder(loaded, batch_size=4)(fresh, np.asarray(arrays["mask"]))
     stored = cache.read_reuse(range(len(cache)))
     for name in REUSE_WIDE_ARRAYS:
         np.testing.assert_array_equal(stored[name],
-                                      storage.without_pca().round_trip(upper[name]))
-    np.testing.assert_array_equal(stored[REUSE_LSE_ARRAY], upper[REUSE_LSE_ARRAY])
-    # Bytes per token from the files: the scheme's formula, plus headers and (pca) the basis.
+                                      storage.without_pca().round_trip(upper[name]) * real)
+    np.testing.assert_array_equal(stored[REUSE_LSE_ARRAY], upper[REUSE_LSE_ARRAY] * real)
+    # Bytes per real token from the files: the scheme's codes (and scales, basis) on the
+    # real tokens only, in the zarr layout counted by hand (`_zarr_bytes`).
     sizes = cache_bytes_per_token(cache)
-    slots = len(cache) * P_LEN
-    files = 1 + storage.scaled
-    basis = 0
+    tokens = int(real.sum())
+    folder = cache.directory
+    code_bytes = {"int8": hidden, "bfloat16": 2 * hidden, "pca8": 8}[dtype]
+    expected = _zarr_bytes(folder, "states", tokens, code_bytes)
+    if storage.scaled:
+        expected += _zarr_bytes(folder, "states.scale", tokens, 4)
     if storage.pca_dim:
-        files += 2
-        basis = 4 * hidden * (storage.pca_dim + 1)
-    expected = {"int8": hidden + 4, "bfloat16": 2 * hidden, "pca8": 8 + 4}[dtype]
-    assert sizes["states"] == pytest.approx(expected + (basis + NPY_HEADER * files) / slots)
+        expected += (_zarr_bytes(folder, "states.pca_mean", hidden, 4)
+                     + _zarr_bytes(folder, "states.pca_basis", hidden, 4 * storage.pca_dim))
+    assert sizes["states"] == pytest.approx(expected / tokens)
     wide = storage.without_pca()
-    expected_reuse = 4 * wide.bytes_per_token(hidden) + 4 * heads
-    reuse_files = 4 * (1 + wide.scaled) + 1
-    assert sizes["reuse"] == pytest.approx(expected_reuse + NPY_HEADER * reuse_files / slots)
+    expected_reuse = _zarr_bytes(folder, REUSE_LSE_ARRAY, tokens, 4 * heads)
+    for name in REUSE_WIDE_ARRAYS:
+        expected_reuse += _zarr_bytes(folder, name, tokens, wide.code_width(hidden)
+                                      * wide.code_dtype.itemsize)
+        if wide.scaled:
+            expected_reuse += _zarr_bytes(folder, f"{name}.scale", tokens, 4)
+    assert sizes["reuse"] == pytest.approx(expected_reuse / tokens)
     # The reader checks it on open (states and reuse arrays within the storage's own error)...
     opened = index.open_cache(loaded, Storage.parse(dtype))
     reader = OpenDomainReader(index, loaded, opened, top_p=4, batch_size=4,
@@ -240,12 +264,13 @@ def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
     other_params = _other_query(base.params, k)
     _, other = _cache(index, base.with_params(other_params), k)
     assert other.directory != cache.directory
-    for name in ("upper_context.npy", "upper_logsumexp.npy"):
-        shutil.copyfile(other.directory / name, cache.directory / name)
+    for name in ("upper_context", "upper_logsumexp"):
+        shutil.rmtree(cache.directory / name)
+        shutil.copytree(other.directory / name, cache.directory / name)
     # The file digests recorded at build time catch the copy first ...
     with pytest.raises(CacheBrokenError,
-                       match=f"{cache.directory / 'upper_context.npy'}: broken passage cache "
-                             r"\(its sha256 differs"):
+                       match=f"{cache.directory / 'upper_context' / 'c'}/.*: broken passage "
+                             r"cache \(its sha256 differs"):
         index.open_cache(loaded)
     # ... and without them (a cache of older code) the recomputed arrays do.
     manifest_path = cache.directory / "manifest.json"
@@ -253,7 +278,7 @@ def test_stats_of_another_model_are_refused_naming_the_file(tiny, tmp_path):
     del manifest["files"], manifest["digest_sample"]
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(CacheBrokenError,
-                       match=f"{cache.directory / 'upper_context.npy'}: the stored "
+                       match=f"{cache.directory / 'upper_context'}: the stored "
                              "first-upper-block array upper_context does not match"):
         index.open_cache(loaded)
     # `dil-jax index` (the builder) rebuilds the broken cache instead of failing on it.
@@ -265,7 +290,7 @@ def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
     base, _ = tiny
     index = _index(tmp_path, base.tokenizer)
     _, cache = _cache(index, base, 3, "int8")
-    lse = cache.directory / "upper_logsumexp.npy"
+    lse = cache.directory / "upper_logsumexp" / "c" / "0" / "0"
     size = lse.stat().st_size
     with lse.open("r+b") as stream:
         stream.truncate(size // 2)
@@ -273,11 +298,15 @@ def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
         PassageCache.open(cache.directory)
     shutil.rmtree(cache.directory)
     _, cache = _cache(index, base, 3, "int8")
-    context_scale = cache.directory / "upper_context.scale.npy"
+    context_scale = cache.directory / "upper_context.scale" / "zarr.json"
     with context_scale.open("r+b") as stream:
-        stream.write(b"not a npy header")
+        stream.write(b"not zarr metadata")
     with pytest.raises(CacheBrokenError, match=f"{context_scale}: broken passage cache"):
         PassageCache.open(cache.directory)
+    # Unchecked against the digests, the metadata itself is refused, naming it.
+    with pytest.raises(CacheBrokenError, match=f"{context_scale}: broken passage cache "
+                                               r"\(unreadable"):
+        PassageCache.open(cache.directory, verify="none")
 
 
 def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
@@ -286,7 +315,7 @@ def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
     _, plain = _cache(index, base, 3, reuse=False)
     assert not plain.has_reuse
     assert sorted(p.name for p in plain.directory.iterdir()) == [
-        "ids.npy", "manifest.json", "mask.npy", "offsets.npy", "states.npy"]
+        "ids", "manifest.json", "offsets", "states", "token_starts"]
     with pytest.raises(CacheMismatchError, match=r"--cache-reuse.*delete"):
         _cache(index, base, 3, reuse=True)
     shutil.rmtree(plain.directory)
@@ -318,12 +347,11 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         build_passage_cache(tmp_path / "resumed", *args, failing, **options)
     resumed = build_passage_cache(tmp_path / "resumed", *args, encode, **options)
-    for name in ["states", *REUSE_WIDE_ARRAYS, REUSE_LSE_ARRAY]:
-        for suffix in (".npy", ".scale.npy", ".pca_basis.npy"):
-            path = whole.directory / f"{name}{suffix}"
-            if path.exists():
-                np.testing.assert_array_equal(np.load(resumed.directory / path.name),
-                                              np.load(path))
+    names = sorted(path.name for path in whole.directory.iterdir() if path.is_dir())
+    assert {"states", "states.pca_basis", "upper_context.scale"} <= set(names)
+    for name in names:  # every zarr array: codes, scales, the basis, the tokens
+        np.testing.assert_array_equal(zarr_array(resumed.directory / name),
+                                      zarr_array(whole.directory / name))
 
 
 def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):

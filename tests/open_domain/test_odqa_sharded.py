@@ -4,9 +4,10 @@ The multi-process tests run real `dil-jax index` processes on this machine (2 pr
 CPU devices, jax.distributed with a local coordinator, as tests/train/test_train_multiprocess.py
 does) over the sample passages (10 windows of 32 tokens, chunks of 3: shards of rows 0-5 and 6-9),
 and compare with one in-process build:
-  - every .npy of the shards, concatenated, equals the one-process cache byte for byte;
-  - a process killed after its first chunk resumes its shard only (the other shard's files keep
-    their inode and mtime) and the result is again byte-identical;
+  - every array of the shards, concatenated, equals the one-process cache byte for byte;
+  - a process killed after its first chunk resumes its shard only (the other shard's files, and
+    its own shard files written before the kill, keep their inode and mtime) and the result is
+    again byte-identical;
   - the open-domain reader answers with identical candidates and scores from either cache.
 """
 
@@ -25,6 +26,7 @@ from dil_jax.open_domain.cache.shards import shard_ranges
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from tests.helpers import REPO, free_port, run_all, run_cli, subprocess_env
+from tests.helpers.index import zarr_array
 
 # --checkpoint default: the raw embedded MiniLM (what these tests were written for), not the
 # bundled fine-tuned readers that index/ask/odqa-eval read without --checkpoint.
@@ -45,11 +47,16 @@ def _index_argv(out, corpus: str, *extra: str) -> list[str]:
 
 
 # `dil-jax index` whose build exits at once (as a killed process would: no cleanup) after the
-# first chunk of a passage cache is written: the callback is handed to the command's run.
+# first chunk of a passage cache is encoded: the callback is handed to the command's run. Its
+# arrays are cut in shards of 16 tokens (8-byte rows: offsets, pca8 codes), so that some of
+# that chunk's are written (a shard is written once complete) before it exits.
 KILLED_AFTER_FIRST_CHUNK = """
 import os, sys
 import dil_jax.commands.index as index_command
 from dil_jax import cli
+from dil_jax.open_domain.cache import zarr_store
+
+zarr_store.CHUNK_BYTES = zarr_store.SHARD_BYTES = 128
 
 def exit_after_first_chunk(step):
     if step.stage.startswith("passage cache") and 0 < step.done < (step.total or 0):
@@ -96,20 +103,29 @@ def _shard_dirs(cache_dir) -> list:
     return sorted((cache_dir / "shards").iterdir())
 
 
+def _arrays(folder) -> list[str]:
+    """The zarr arrays of a ragged cache folder (its folders, shards/ aside)."""
+    return sorted(path.name for path in folder.iterdir()
+                  if path.is_dir() and path.name != "shards")
+
+
 def assert_same_arrays(sharded, single) -> None:
-    """Every .npy of the one-process cache `single` equals, byte for byte, the concatenation of
-    the shards' (row arrays), or each shard's copy (a PCA basis)."""
+    """Every array of the one-process cache `single` equals, byte for byte, the concatenation
+    of the shards' (the token arrays; token_starts with each shard's first token added), or
+    each shard's copy (a PCA basis)."""
     shards = _shard_dirs(sharded)
-    names = sorted(path.name for path in single.glob("*.npy"))
-    assert names and all(sorted(p.name for p in shard.glob("*.npy")) == names
-                         for shard in shards)
+    names = _arrays(single)
+    assert names and all(_arrays(shard) == names for shard in shards)
     for name in names:
-        expected = np.load(single / name)
-        parts = [np.load(shard / name) for shard in shards]
+        expected = zarr_array(single / name)
+        parts = [zarr_array(shard / name) for shard in shards]
         if ".pca_" in name:
-            assert all((shard / name).read_bytes() == (single / name).read_bytes()
-                       for shard in shards), name
+            assert all(part.tobytes() == expected.tobytes() for part in parts), name
             continue
+        if name == "token_starts":
+            firsts = np.cumsum([0] + [part[-1] for part in parts[:-1]])
+            parts = [part[:-1] + first for part, first in zip(parts, firsts, strict=True)]
+            parts.append(np.asarray([firsts[-1] + zarr_array(shards[-1] / name)[-1]]))
         joined = np.concatenate(parts)
         assert joined.dtype == expected.dtype and joined.shape == expected.shape, name
         assert joined.tobytes() == expected.tobytes(), f"{name} differs"
@@ -142,21 +158,23 @@ def two_processes(corpus, tmp_path_factory):
 def test_two_processes_equal_one_byte_for_byte(two_processes, one_process, tmp_path):
     sharded, single = _cache_dir(two_processes), _cache_dir(one_process["reuse"])
     manifest = json.loads((sharded / "manifest.json").read_text())
-    assert manifest["format"] == "dil_jax.passage_cache/2" and manifest["reuse"]
+    assert manifest["format"] == "dil_jax.passage_cache/3" and manifest["reuse"]
     assert [(s["start"], s["stop"]) for s in manifest["shards"]] == [(0, 6), (6, 10)]
     assert [p.name for p in _shard_dirs(sharded)] == ["shard-00000-of-00002",
                                                       "shard-00001-of-00002"]
     assert_same_arrays(sharded, single)
     # Nothing but the caches' files and manifest: no staging or progress left behind.
     assert not list(two_processes.glob(".cache-*")) and not list(sharded.rglob("*progress*"))
-    # The comparison can fail: one changed state byte in one shard is caught.
+    # The comparison can fail: one changed state in one shard is caught.
+    import tensorstore as ts
+
     copy = tmp_path / "copy"
     shutil.copytree(sharded, copy)
-    states = copy / "shards" / "shard-00001-of-00002" / "states.npy"
-    data = bytearray(states.read_bytes())
-    data[-1] ^= 1
-    states.write_bytes(bytes(data))
-    with pytest.raises(AssertionError, match="states.npy differs"):
+    states = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(
+        copy / "shards" / "shard-00001-of-00002" / "states") + "/"}}).result()
+    last = states[states.shape[0] - 1:, :1]
+    last.write(last.read().result() + 1).result()
+    with pytest.raises(AssertionError, match="states differs"):
         assert_same_arrays(copy, single)
 
 
@@ -195,20 +213,37 @@ def test_a_killed_process_resumes_its_shard_only(corpus, one_process, tmp_path):
     done = staging / "shards" / "shard-00000-of-00002"
     assert (done / "manifest.json").is_file()
     partial = staging / "shards" / ".shard-00001-of-00002.partial"
-    assert json.loads((partial / "progress.json").read_text()) == {"done": 3}
-    before = {path.name: (path.stat().st_ino, path.stat().st_mtime_ns)
-              for path in done.iterdir()}
+    progress = json.loads((partial / "progress.json").read_text())
+    # By hand: the shards of 16 tokens the first chunk (3 windows) filled are written; the
+    # rerun encodes again from the chunk of the first window not all written.
+    starts = zarr_array(partial / "token_starts")
+    tokens = starts[3] // 16 * 16
+    first = int(np.argmax(starts[1:] > tokens))
+    assert progress == {"done": first // 3 * 3, "tokens": tokens} and tokens > 0
+    written = sorted((partial / "states" / "c").iterdir())
+    assert len(written) == tokens // 16
+
+    def stamps(folder) -> dict:
+        return {path.relative_to(folder).as_posix(): (path.stat().st_ino,
+                                                      path.stat().st_mtime_ns)
+                for path in folder.rglob("*") if path.is_file()}
+
+    before = stamps(done)
+    before_written = {path.name: stamps(path) for path in written}
 
     results = _two_processes(index, corpus, "--cache-dtype", "pca8")
     for pid, (status, log) in enumerate(results):
         assert status == 0, f"process {pid} failed:\n{log[-4000:]}"
-    assert "(9 of 10 windows encoded)" in results[0][1]  # clean_stale kept the sharded build
-    assert "resuming at window 3 of 4" in results[1][1]
+    # clean_stale kept the sharded build: shard 0's 6 windows and shard 1's done ones.
+    assert f"({6 + progress['done']} of 10 windows encoded)" in results[0][1]
+    assert (f"resuming at window {progress['done']} of 4 ({progress['tokens']} of "
+            in results[1][1])
     assert "resuming" not in results[0][1]
     cache = _cache_dir(index)
     shard0 = cache / "shards" / "shard-00000-of-00002"
-    assert {path.name: (path.stat().st_ino, path.stat().st_mtime_ns)
-            for path in shard0.iterdir()} == before
+    assert stamps(shard0) == before
+    shard1 = cache / "shards" / "shard-00001-of-00002" / "states" / "c"
+    assert {name: stamps(shard1 / name) for name in before_written} == before_written
     assert_same_arrays(cache, _cache_dir(one_process["pca"]))
 
 

@@ -103,7 +103,7 @@ def test_truncated_states_are_named_on_open_and_rebuilt_by_index(index_copy, cap
     from dil_jax.open_domain.cache.store import PassageCache
 
     index, corpus = index_copy
-    states = cache_folder(index, 1) / "states.npy"
+    states = cache_folder(index, 1) / "states" / "c" / "0" / "0"  # its one shard
     size = states.stat().st_size
     with states.open("r+b") as stream:
         stream.truncate(size // 2)

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from dil_jax.open_domain.index.windows import PassageWindows
 from dil_jax.serve.engine import PreparedContext, context_groups
 from dil_jax.serve.loading import ReadSettings, ServedReader, shaped_readers
 
@@ -16,7 +17,9 @@ from dil_jax.serve.loading import ReadSettings, ServedReader, shaped_readers
 WINDOW_COUNTS = np.array([3, 2, 2, 1, 1, 1])
 
 
-INDEX = SimpleNamespace(windows=SimpleNamespace(count=WINDOW_COUNTS))
+INDEX = SimpleNamespace(windows=PassageWindows(
+    first=np.concatenate([[0], np.cumsum(WINDOW_COUNTS)[:-1]]), count=WINDOW_COUNTS,
+    passage_of_row=np.repeat(np.arange(len(WINDOW_COUNTS)), WINDOW_COUNTS)))
 
 
 def _reader(batch_size: int):

@@ -1,12 +1,11 @@
 """Disk space and write failures of an index build: checked up front, reported as one line.
 
-A passage cache is written through memory maps. A memory-mapped page that cannot get a disk
-block does not fail a call: the kernel kills the process with SIGBUS, no message. So the build
-checks the free space before it writes (`check_free_space`) and reserves every block of a
-memory-mapped file when it creates it (`preallocate`), so that a disk filled meanwhile by
-someone else fails there, as ENOSPC naming the file, instead of part-way through the encoding.
-Other writes (`np.save`, JSON, BM25 files) go through `write_errors`, which turns a full or
-read-only disk into a `DilJaxError` naming the file instead of a traceback.
+A build checks the free space before it writes (`check_free_space`), so that a cache that
+cannot fit is refused before hours of encoding. A disk that fills meanwhile fails a write: the
+passage cache's shards are written by tensorstore (`cache.zarr_store` names the array), other
+writes (`np.save`, JSON, BM25 files) go through `write_errors`; both turn a full or read-only
+disk into a `DilJaxError` naming the file instead of a traceback. (Nothing is written through
+memory maps any more, where a full disk was a SIGBUS with no message.)
 """
 
 from __future__ import annotations
@@ -104,29 +103,3 @@ def write_errors(path: str | os.PathLike) -> Iterator[None]:
         if failure is None:
             raise
         raise failure from error
-
-
-def preallocate(path: Path) -> None:
-    """Reserves every block of the file at `path` (its current size) with posix_fallocate, so
-    writing it later through a memory map cannot meet a full disk (a SIGBUS); a disk too full
-    now is DiskSpaceError naming the file. On a file system that cannot reserve blocks
-    (EOPNOTSUPP, EINVAL), nothing is reserved (logged): the free-space check still ran."""
-    size = path.stat().st_size
-    fd = os.open(path, os.O_RDWR)
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as error:
-        if error.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-            log.debug("%s: cannot preallocate (%s); writing it sparse", path, error.strerror)
-            return
-        if error.errno in NO_SPACE:
-            raise DiskSpaceError(
-                f"{path}: cannot reserve its {format_size(size)} on disk: {error.strerror} "
-                f"({errno.errorcode[error.errno]}); free space on that disk, or give another "
-                "--out") from error
-        failure = write_failure(path, error)
-        if failure is None:
-            raise
-        raise failure from error
-    finally:
-        os.close(fd)

@@ -11,8 +11,17 @@ since the first cache format.
                    a reader must agree with (`dil_jax.open_domain.cache.check.reader_cache_key`)
     CacheManifest  the key, plus what the files hold: format, rows, the first-upper-block
                    arrays (`reuse`, `num_heads`), the shards of a sharded cache (`chunk_passages`,
-                   `shards`) or a shard's own place (`shard`), and the file digests
-                   (`digests`: `dil_jax.open_domain.cache.digests`)
+                   `shards`) or a shard's own place (`shard`), a ragged store's real tokens and
+                   pad id (`num_tokens`, `pad_id`), and the file digests (`digests`:
+                   `dil_jax.open_domain.cache.digests`)
+
+Formats (`format`), each its own name so that code which knows only the older ones refuses the
+newer as another format instead of taking it for a broken cache and deleting it:
+
+    CACHE_FORMAT    /1  padded .npy arrays [rows, p_len, ...] in one folder (read, not written)
+    SHARDED_FORMAT  /2  a folder of /1 shards (read, not written)
+    RAGGED_FORMAT   /3  real tokens only, zarr v3 arrays on tensorstore, unsharded or sharded
+                        (`shards`): what every build writes
 """
 
 from __future__ import annotations
@@ -27,6 +36,9 @@ CACHE_FORMAT = "dil_jax.passage_cache/1"
 # A cache of several shards. Its own format name (not a field of /1): code that knows only /1
 # refuses it as another format instead of taking it for a broken /1 cache and deleting it.
 SHARDED_FORMAT = "dil_jax.passage_cache/2"
+# Real tokens only (no padding slots), zarr v3 arrays read by rows (`cache.store`).
+RAGGED_FORMAT = "dil_jax.passage_cache/3"
+FORMATS = (CACHE_FORMAT, SHARDED_FORMAT, RAGGED_FORMAT)
 MANIFEST_FILE = "manifest.json"
 SHARDS_DIR = "shards"
 # The file's name of the storage scheme (the first format called it the cache's dtype).
@@ -116,9 +128,11 @@ class CacheManifest:
 
     num_passages: rows [num_passages, max_passage_len] of every array; reuse: the first upper
     block's arrays are stored, num_heads wide where per head; chunk_passages and shards: a
-    sharded cache's grid and shards (SHARDED_FORMAT); shard: a shard's own place
-    ({index, count, start, stop}), in a shard's manifest; digests: {digest_sample, files} of a
-    finished folder (None: written before digests existed, or not finished yet).
+    sharded cache's grid and shards (SHARDED_FORMAT, or RAGGED_FORMAT with shards); shard: a
+    shard's own place ({index, count, start, stop}), in a shard's manifest; num_tokens, pad_id:
+    a ragged folder's real tokens (the length of its token arrays) and the id its padding slots
+    read back as (RAGGED_FORMAT, not sharded); digests: {digest_sample, files} of a finished
+    folder (None: written before digests existed, or not finished yet).
     """
 
     key: CacheKey
@@ -129,11 +143,19 @@ class CacheManifest:
     chunk_passages: int | None = None
     shards: tuple[ShardRange, ...] = ()
     shard: Mapping[str, int] | None = None
+    num_tokens: int | None = None
+    pad_id: int | None = None
     digests: Mapping[str, Any] | None = None
 
     @property
     def is_sharded(self) -> bool:
-        return self.format == SHARDED_FORMAT
+        """A folder of shards (its rows are in shards/, listed by `shards`)."""
+        return self.format == SHARDED_FORMAT or (self.format == RAGGED_FORMAT
+                                                 and bool(self.shards))
+
+    @property
+    def is_ragged(self) -> bool:
+        return self.format == RAGGED_FORMAT
 
     def to_json(self) -> dict[str, Any]:
         """The file's JSON object, in the order builds have written it."""
@@ -146,25 +168,31 @@ class CacheManifest:
                          shards=[dataclasses.asdict(shard) for shard in self.shards])
         if self.shard is not None:
             value["shard"] = dict(self.shard)
+        if self.num_tokens is not None:
+            value.update(num_tokens=self.num_tokens, pad_id=self.pad_id)
         return dict(value, **(self.digests or {}))
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> CacheManifest:
-        """The manifest of a parsed JSON object whose format is CACHE_FORMAT or SHARDED_FORMAT
-        (the caller checks it first); ManifestFieldError or CacheStorageError naming a field.
-        A sharded manifest's shards are read as listed (`cache.store._shard_ranges_of` checks that
-        they tile the rows)."""
+        """The manifest of a parsed JSON object whose format is one of FORMATS (the caller
+        checks it first); ManifestFieldError or CacheStorageError naming a field. A sharded
+        manifest's shards are read as listed (`cache.store._shard_ranges_of` checks that they
+        tile the rows)."""
         key = CacheKey.from_json(value)
         reuse = bool(value.get("reuse"))
+        form = str(value.get("format"))
         shards = ()
-        if value.get("format") == SHARDED_FORMAT:
+        if form == SHARDED_FORMAT or (form == RAGGED_FORMAT and "shards" in value):
             shards = _shards_of(value.get("shards"))
+        ragged = form == RAGGED_FORMAT and not shards
         digests = {field: value[field] for field in DIGEST_FIELDS if field in value}
         return cls(key=key, num_passages=_field(value, "num_passages", int), reuse=reuse,
                    num_heads=_field(value, "num_heads", int) if reuse else None,
-                   format=str(value.get("format")),
-                   chunk_passages=value.get("chunk_passages"), shards=shards,
-                   shard=value.get("shard"), digests=digests or None)
+                   format=form, chunk_passages=value.get("chunk_passages"), shards=shards,
+                   shard=value.get("shard"),
+                   num_tokens=_field(value, "num_tokens", int) if ragged else None,
+                   pad_id=_field(value, "pad_id", int) if ragged else None,
+                   digests=digests or None)
 
     def without_digests(self) -> CacheManifest:
         """The manifest as planned: what a build of these settings writes before its files."""

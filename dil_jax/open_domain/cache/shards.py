@@ -25,28 +25,31 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from dil_jax.file_array import FileArray
 from dil_jax.open_domain.cache.build import (
     PLAN_FILE,
     PROGRESS_FILE,
-    TOKEN_ARRAY_BYTES,
     build_passage_cache,
-    cache_bytes_per_window_token,
     check_free_space,
     existing_cache,
     pca_sample,
+    stored_bytes,
+    window_lengths,
     write_json_atomic,
     write_manifest,
 )
 from dil_jax.open_domain.cache.digests import digest_fields
+from dil_jax.open_domain.cache.location import Location
 from dil_jax.open_domain.cache.manifest import (
     MANIFEST_FILE,
-    SHARDED_FORMAT,
+    RAGGED_FORMAT,
     SHARDS_DIR,
     CacheKey,
     CacheManifest,
     ShardRange,
     shard_name,
 )
+from dil_jax.open_domain.cache.ragged_store import read_pca, write_pca
 from dil_jax.open_domain.cache.storage import PcaBasis, fit_pca
 from dil_jax.open_domain.cache.store import (
     CacheMismatchError,
@@ -55,6 +58,7 @@ from dil_jax.open_domain.cache.store import (
     ShardWaitError,
     StatesEncoder,
 )
+from dil_jax.open_domain.cache.zarr_store import TokenGrid
 
 T = TypeVar("T")
 # How often a waiting process looks at the shared folder again.
@@ -83,7 +87,7 @@ def sharded_manifest(key: CacheKey, num_rows: int, chunk_passages: int, count: i
                                                                   count)))
     return CacheManifest(key, num_passages=int(num_rows), reuse=num_heads is not None,
                          num_heads=None if num_heads is None else int(num_heads),
-                         format=SHARDED_FORMAT, chunk_passages=int(chunk_passages),
+                         format=RAGGED_FORMAT, chunk_passages=int(chunk_passages),
                          shards=shards)
 
 
@@ -106,6 +110,13 @@ def wait_for(check: Callable[[], T | None], what: Callable[[], str], timeout_s: 
                                  "running (see its log)? Rerun every process with the same "
                                  "flags: finished shards are kept, unfinished ones resume")
         time.sleep(poll_s)
+
+
+def _row_range(array, start: int, stop: int):
+    """Rows start .. stop - 1 of a window array, without reading them: a numpy view, or a
+    `FileArray` of those rows (slicing a FileArray reads them: a shard of a large index would
+    be held whole in memory)."""
+    return array.row_range(start, stop) if isinstance(array, FileArray) else array[start:stop]
 
 
 def _read_json(path: Path) -> Any:
@@ -147,25 +158,33 @@ def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: n
                      ) -> PcaBasis | None:
     """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
     and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
-    fitted once here, on the sample an unsharded build fits on). plan.json is written last:
-    the other processes start their shards when it appears."""
-    pca_files = (staging / "states.pca_mean.npy", staging / "states.pca_basis.npy")
+    fitted once here, on the sample an unsharded build fits on, and stored in the staging
+    folder, `_shared_basis`). plan.json is written last: the other processes start their shards
+    when it appears."""
     pca_dim = top.key.storage.pca_dim
     has_basis = encode is not None and pca_dim is not None
     if _is_planned(staging, top):
-        return PcaBasis(*(np.load(path) for path in pca_files)) if has_basis else None
+        return _shared_basis(staging, top, encode)
     shutil.rmtree(staging, ignore_errors=True)
     (staging / SHARDS_DIR).mkdir(parents=True)
     pca = None
     if has_basis:
         pca = fit_pca(pca_sample(ids, mask, offsets, encode), pca_dim)
-        np.save(pca_files[0], pca.mean)
-        np.save(pca_files[1], pca.basis)
+        write_pca(Location.of(staging), "states", pca)
     write_json_atomic(staging / PLAN_FILE, top.to_json())
     return pca
 
 
-def _check_whole_build_fits(staging: Path, top: CacheManifest, shape: tuple[int, int],
+def _shared_basis(staging: Path, top: CacheManifest, encode: StatesEncoder | None
+                  ) -> PcaBasis | None:
+    """The PCA basis process 0 stored in the staging folder of a sharded pca<d> build (None
+    for another scheme, or k = 0)."""
+    if encode is None:
+        return None
+    return read_pca(Location.of(staging), "states", top.key.storage, top.key.hidden_size)
+
+
+def _check_whole_build_fits(staging: Path, top: CacheManifest, num_tokens: int,
                             has_states: bool, name: str) -> None:
     """(process 0) Refuses, before any shard starts, a sharded build whose unwritten windows,
     all shards together, would not fit beside the cache: every shard writes to the same disk,
@@ -174,16 +193,17 @@ def _check_whole_build_fits(staging: Path, top: CacheManifest, shape: tuple[int,
     folder already holds (`staged_progress`) are not counted again; their token arrays are
     (a few percent over, on the safe side).
 
-    shape: (num_rows, passage_len) of the whole cache."""
-    rows, length = shape
+    num_tokens: the real tokens of the whole cache; the windows left to write are counted at
+    its mean tokens per window."""
+    rows = top.num_passages
     done = 0
     if _is_planned(staging, top):
         try:
             done = staged_progress(staging)[0]
         except ValueError:
             done = 0
-    per_token = cache_bytes_per_window_token(top, has_states)
-    check_free_space(staging.parent, (rows - done) * length * (per_token + TOKEN_ARRAY_BYTES),
+    whole = stored_bytes(dataclasses.replace(top, num_tokens=num_tokens), has_states)
+    check_free_space(staging.parent, whole * (rows - done) // max(rows, 1),
                      f"the passage cache {name} ({rows - done} of {rows} windows to write, "
                      f"{len(top.shards)} shards together)")
 
@@ -195,7 +215,8 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
                                 progress: Callable[[int], None] | None = None,
                                 reuse: ReuseEncoder | None = None, num_heads: int | None = None,
                                 wait_timeout_s: float = 86400.0,
-                                peer_check: Callable[[], None] | None = None) -> PassageCache:
+                                peer_check: Callable[[], None] | None = None, pad_id: int = 0,
+                                grid: TokenGrid | None = None) -> PassageCache:
     """This process's shard of a cache built by `process_count` processes; returns the whole
     cache opened, once process 0 has finished it. Every process calls this with the same
     arguments (but process_index) and sees the same folder.
@@ -213,7 +234,8 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
     its process's lock of the index (`index_lock(..., process_index)`).
 
     ids, mask: [num_rows, passage_len]; offsets: [num_rows, passage_len, 2]; the other
-    arguments as `build_passage_cache`'s (progress: windows of this shard finished).
+    arguments as `build_passage_cache`'s (progress: windows of this shard finished; pad_id and
+    grid: every shard's).
     peer_check: run at every poll of every wait (`wait_for`).
     """
     directory = Path(directory).absolute()
@@ -227,8 +249,8 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
         cache = existing_cache(directory, top, encode, reuse)
         if cache is not None:
             return cache
-        _check_whole_build_fits(staging, top, ids.shape, has_states=encode is not None,
-                                name=directory.name)
+        _check_whole_build_fits(staging, top, int(window_lengths(mask, directory).sum()),
+                                has_states=encode is not None, name=directory.name)
         pca = _prepare_staging(staging, top, ids, mask, offsets, encode)
     else:
         ready = wait_for(lambda: _finished(directory, top) or (
@@ -237,17 +259,15 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
                          wait_timeout_s, peer_check=peer_check)
         if isinstance(ready, PassageCache):
             return ready
-        pca = None
-        if encode is not None and key.storage.pca_dim is not None:
-            pca = PcaBasis(np.load(staging / "states.pca_mean.npy"),
-                           np.load(staging / "states.pca_basis.npy"))
+        pca = _shared_basis(staging, top, encode)
     mine = top.shards[process_index]
     start, stop = mine.start, mine.stop
-    build_passage_cache(staging / mine.name, key, ids[start:stop], mask[start:stop],
-                        offsets[start:stop], encode, chunk_passages=chunk_passages,
+    build_passage_cache(staging / mine.name, key, *(_row_range(array, start, stop)
+                                                    for array in (ids, mask, offsets)),
+                        encode, chunk_passages=chunk_passages,
                         progress=progress, reuse=reuse, num_heads=num_heads, pca=pca,
                         shard=dict(index=process_index, count=process_count, start=start,
-                                   stop=stop))
+                                   stop=stop), pad_id=pad_id, grid=grid)
     if process_index != 0:
         return wait_for(lambda: _finished(directory, top),
                         lambda: f"process 0 to finish {directory}", wait_timeout_s,
@@ -279,7 +299,7 @@ def staged_progress(staging: Path) -> tuple[int, int, str | None]:
     plan = _read_json(staging / PLAN_FILE)
     if not isinstance(plan, dict) or "num_passages" not in plan:
         raise ValueError("no readable plan")
-    if plan.get("format") != SHARDED_FORMAT:
+    if not plan.get("shards"):  # one folder (not a sharded build's plan)
         progress = _read_json(staging / PROGRESS_FILE)
         if not isinstance(progress, dict) or "done" not in progress:
             raise ValueError("no readable progress")

@@ -3,7 +3,8 @@
     index/
       index.json         settings and file records (dil_jax.open_domain.index.files)
       passages.jsonl     one Passage per line (id, source document id, title, text, offsets)
-      windows.npz        which cache rows (windows of `p_window [SEP]`) belong to which passage
+      windows.npz        which cache rows (windows of `p_window [SEP]`) belong to which passage,
+                         and their tokens (dil_jax.open_domain.index.windows: memory-mapped)
       bm25/              the BM25 index (open_domain.retrieval.engines)
       cache-k{k}-{model}/  one passage cache per (reader weights, k) (open_domain.cache.store)
       .lock              the build lock (open_domain.index.lock)
@@ -26,6 +27,7 @@ import json
 import logging
 import os
 import re
+import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.atomic import write_atomic
-from dil_jax.data.features import window_contexts
 from dil_jax.open_domain.cache.build import build_passage_cache
 from dil_jax.open_domain.cache.check import (
     CHECKED_ROWS,
@@ -69,6 +70,8 @@ from dil_jax.open_domain.index.store import (
     TextsFingerprint,
     write_passage_store,
 )
+from dil_jax.open_domain.index.windows import WINDOWS_FILE, PassageWindows, write_windows
+from dil_jax.open_domain.index.windows import window_arrays as windows_file_arrays
 from dil_jax.open_domain.retrieval.engines import (
     RetrievalError,
     Retriever,
@@ -83,26 +86,6 @@ if TYPE_CHECKING:
     from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class PassageWindows:
-    """Cache rows of each passage: rows first[i] .. first[i] + count[i] - 1 are passage i's.
-
-    passage_of_row: [n_rows] passage index of each cache row.
-    """
-
-    first: np.ndarray
-    count: np.ndarray
-    passage_of_row: np.ndarray
-
-    def rows_of(self, passages: Sequence[int]) -> np.ndarray:
-        """Cache rows of these passages, in order."""
-        if not len(passages):
-            return np.zeros(0, np.int64)
-        passages = np.asarray(passages)
-        return np.concatenate([np.arange(self.first[p], self.first[p] + self.count[p])
-                               for p in passages])
 
 
 @dataclasses.dataclass
@@ -269,18 +252,12 @@ def stage_passages_and_bm25(staging: Path, passages: Iterable[Passage],
 
 
 def _stage_windows(staging: Path, tokenizer, max_passage_len: int, doc_stride: int) -> int:
-    """Writes windows.npz of the passages staged in `staging`; returns the window count.
-    (Unlike BM25, the windows are cut from all passages' tokens at once.)"""
-    texts = list(PassageStore.open(staging).texts())
-    windows = window_contexts(tokenizer, texts, max_passage_len=max_passage_len,
-                              doc_stride=doc_stride)
-    del texts
+    """Writes windows.npz of the passages staged in `staging` (read back from the store a
+    block at a time: `index.windows.write_windows`); returns the window count."""
     target = staging.parent
-    with write_errors(target / "windows.npz"), (staging / "windows.npz").open("wb") as out:
-        np.savez(out, first=windows.first_window, count=windows.counts,
-                 passage_of_row=windows.context_index, ids=windows.ids, mask=windows.mask,
-                 offsets=windows.offsets, max_context=windows.max_context)
-    return int(windows.ids.shape[0])
+    with write_errors(target / WINDOWS_FILE):
+        return write_windows(staging / WINDOWS_FILE, PassageStore.open(staging).texts(),
+                             tokenizer, max_passage_len=max_passage_len, doc_stride=doc_stride)
 
 
 def _swap_in(staging: Path, directory: Path, names: Sequence[str]) -> None:
@@ -321,11 +298,10 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
         retriever = load_retriever(directory / "bm25", fingerprint=settings["passages"])
     except RetrievalError as error:
         raise IndexBrokenError(f"{error}; {REPAIR_HINT}") from error
-    windows_path = directory / "windows.npz"
+    windows_path = directory / WINDOWS_FILE
     try:
-        with np.load(windows_path) as arrays:
-            windows = PassageWindows(arrays["first"], arrays["count"], arrays["passage_of_row"])
-    except (OSError, ValueError, KeyError, EOFError) as error:
+        windows = PassageWindows.open(windows_path)  # read by rows: nothing read yet
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         raise broken_file(windows_path, f"unreadable ({error})") from error
     if len(windows.first) != len(passages) or \
             len(windows.passage_of_row) != settings["num_windows"]:
@@ -370,9 +346,9 @@ def _lines(path: Path) -> Iterator[str]:
 
 
 def window_arrays(index: OpenDomainIndex) -> dict[str, np.ndarray]:
-    """ids, mask, offsets, max_context of every window (what a passage cache is built from)."""
-    with np.load(index.directory / "windows.npz") as arrays:
-        return {name: arrays[name] for name in ("ids", "mask", "offsets", "max_context")}
+    """ids, mask, offsets, max_context of every window (what a passage cache is built from,
+    and a reader decodes spans with), read by rows from windows.npz (`index.windows`)."""
+    return windows_file_arrays(index.directory / WINDOWS_FILE)
 
 
 def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: StatesEncoder | None,
@@ -395,14 +371,16 @@ def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: States
     num_heads = reader.config.num_heads if reuse else None
     with index_lock(index.directory, process_index):
         arrays = window_arrays(index)
+        pad_id = int(reader.tokenizer.pad_token_id or 0)  # what windows pad their ids with
         if process_count > 1:
             return build_sharded_passage_cache(
                 index.cache_dir(key), key, arrays["ids"], arrays["mask"],
                 arrays["offsets"], encode, process_index=process_index,
                 process_count=process_count, chunk_passages=chunk_passages, progress=progress,
                 reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s,
-                peer_check=peer_check)
+                peer_check=peer_check, pad_id=pad_id)
         return build_passage_cache(index.cache_dir(key), key, arrays["ids"],
                                    arrays["mask"], arrays["offsets"], encode,
                                    chunk_passages=chunk_passages,
-                                   progress=progress, reuse=reuse, num_heads=num_heads)
+                                   progress=progress, reuse=reuse, num_heads=num_heads,
+                                   pad_id=pad_id)

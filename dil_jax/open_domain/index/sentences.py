@@ -24,6 +24,7 @@ import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.errors import DilJaxError
+from dil_jax.file_array import FileArray, npy_rows
 from dil_jax.prescreening.sentences import split_sentences
 
 log = logging.getLogger(__name__)
@@ -48,14 +49,15 @@ def _expected(prescreener, passages_fingerprint: str) -> dict:
 
 
 class SentenceStore:
-    """An opened store (read-only memory-mapped embeddings)."""
+    """An opened store (its arrays read by rows from their files)."""
 
     def __init__(self, directory: Path, manifest: dict | None = None):
         """Loads the arrays; a missing, truncated or inconsistent one is SentenceStoreError."""
         self.directory = directory
+        # Read by rows (`dil_jax.file_array`): a question reads its passages' entries only.
         self.first = _load(directory / "first.npy")
         self.spans = _load(directory / "spans.npy")
-        self.embeddings = _load(directory / "embeddings.npy", mmap_mode="r")
+        self.embeddings = _load(directory / "embeddings.npy")
         sentences = int(self.first[-1]) if self.first.ndim == 1 and len(self.first) else -1
         if (self.first.ndim != 1 or self.spans.shape != (sentences, 2)
                 or self.embeddings.ndim != 2 or self.embeddings.shape[0] != sentences
@@ -87,11 +89,12 @@ class SentenceStore:
                                          f"{manifest.get(field)!r}, the prescreener has {value!r}")
         return cls(directory, manifest)
 
-    def passage_spans(self, max_sentences: int | None = None) -> list[list[tuple[int, int]]]:
-        """Every passage's sentence spans (the first max_sentences of each)."""
-        spans = self.spans.tolist()
-        return [[tuple(span) for span in spans[a:b][:max_sentences]]
-                for a, b in zip(self.first[:-1], self.first[1:], strict=True)]
+    def spans_of(self, passages: Sequence[int], max_sentences: int | None = None
+                 ) -> list[list[tuple[int, int]]]:
+        """The sentence spans of these passages (the first max_sentences of each), in order."""
+        return [[tuple(span) for span in
+                 np.asarray(self.spans[self.first[p]:self.first[p + 1]])[:max_sentences].tolist()]
+                for p in np.asarray(passages, np.int64)]
 
     def matrix(self, passages: Sequence[int], max_sentences: int
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -106,9 +109,10 @@ class SentenceStore:
         return vectors.astype(np.float32), mask.astype(np.int32)
 
 
-def _load(path: Path, mmap_mode: str | None = None) -> np.ndarray:
+def _load(path: Path) -> FileArray:
+    """The .npy at `path`, read by rows; SentenceStoreError naming it when missing or bad."""
     try:
-        return np.load(path, mmap_mode=mmap_mode)
+        return npy_rows(path)
     except FileNotFoundError as error:
         raise SentenceStoreError(f"{path}: missing from the sentence store; {_REBUILD}"
                                  ) from error

@@ -1,5 +1,4 @@
-"""The passages of an index on disk, read by offset: nothing per passage is held in memory but
-one int64 offset.
+"""The passages of an index on disk, read by offset: nothing per passage is held in memory.
 
     index/
       passages.jsonl        one Passage per line, as JSON (UTF-8), in passage order
@@ -7,8 +6,10 @@ one int64 offset.
                             the file's size (line i is bytes offsets[i] .. offsets[i + 1] - 1)
 
 `write_passage_store` writes both from a stream of passages (one passage in memory at a time)
-and returns their count and fingerprint; `PassageStore` maps both files and decodes a passage
-only when it is asked for (`store[i]`), so `ask` and `serve` hold no passage texts. An index
+and returns their count and fingerprint; `PassageStore` reads a passage's line (and its two
+offsets) with positional reads only when it is asked for (`store[i]`), so `ask` and `serve` hold
+no passage texts (nor, unlike a memory map, the pages around the lines they read:
+`dil_jax.file_array` says why). An index
 written before the offsets file existed (the same passages.jsonl, no offsets) is opened by
 finding its line starts once (`line_offsets`, 8 bytes per passage in memory).
 """
@@ -18,14 +19,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import mmap
 import os
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import overload
 
 import numpy as np
 
+from dil_jax.file_array import FileArray, npy_rows
 from dil_jax.open_domain.index.corpus import Passage
 
 PASSAGES_FILE = "passages.jsonl"
@@ -125,27 +127,25 @@ def line_offsets(path: Path) -> np.ndarray:
 
 
 class PassageStore(Sequence[Passage]):
-    """The passages of passages.jsonl, read by offset from a memory map (module docstring).
+    """The passages of passages.jsonl, read by offset with positional reads (module docstring).
 
-    offsets: int64 [n + 1] line starts then the file size (memory-mapped from
-    passages.offsets.npy, or `line_offsets` for an index without it).
+    offsets: int64 [n + 1] line starts then the file size (passages.offsets.npy read by rows,
+    or `line_offsets` for an index without it).
     """
 
-    def __init__(self, path: Path, offsets: np.ndarray):
+    def __init__(self, path: Path, offsets: np.ndarray | FileArray):
         self.path = Path(path)
         self.offsets = offsets
-        with self.path.open("rb") as stream:
-            size = os.fstat(stream.fileno()).st_size
-            # An empty file cannot be mapped; it holds no passage either.
-            self._map = mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._fd = os.open(self.path, os.O_RDONLY)
+        weakref.finalize(self, os.close, self._fd)  # closed with the store
 
     @classmethod
     def open(cls, folder: Path) -> PassageStore:
-        """The store in `folder`: its offsets file memory-mapped, or when there is none (an
+        """The store in `folder`: its offsets file read by rows, or when there is none (an
         index written before it existed) the line starts found by scanning."""
         offsets_path = folder / OFFSETS_FILE
         if offsets_path.is_file():
-            offsets = np.load(offsets_path, mmap_mode="r")
+            offsets = npy_rows(offsets_path)
         else:
             offsets = line_offsets(folder / PASSAGES_FILE)
         return cls(folder / PASSAGES_FILE, offsets)
@@ -155,8 +155,8 @@ class PassageStore(Sequence[Passage]):
 
     def line(self, index: int) -> bytes:
         """The raw line of passage `index` (without its newline)."""
-        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
-        return self._map[start:end].rstrip(b"\n")
+        start, end = (int(value) for value in self.offsets[index:index + 2])
+        return os.pread(self._fd, end - start, start).rstrip(b"\n")
 
     @overload
     def __getitem__(self, index: int) -> Passage: ...

@@ -72,16 +72,16 @@ def verify_index(directory: str | Path) -> VerifyReport:
             except CacheMismatchError as error:
                 report.problems.append(str(error))
                 continue
-            checks = [verify_folder(path, manifest.digests, full=True)
+            checks = [verify_folder(path.path, manifest.digests, full=True)
                       for path, manifest in cache.folders]
             report.problems += [f"{path}: {problem}" for check in checks
                                 for path, problem in check.problems]
             if not all(check.digested for check in checks):
                 report.unchecked.append(folder)
-            for check, (path, manifest) in zip(checks, cache.folders):
+            for check, (path, manifest) in zip(checks, cache.folders, strict=True):
                 if check.rehashed and not check.problems:
-                    write_manifest(path, dataclasses.replace(
-                        manifest, digests=refreshed_digests(path, manifest.digests, check)))
+                    write_manifest(path.path, dataclasses.replace(
+                        manifest, digests=refreshed_digests(path.path, manifest.digests, check)))
             report.lines.append(_cache_line(folder.name, checks, time.perf_counter() - started))
         stores = sorted(entry.name for entry in directory.glob("sentences-*"))
         if stores:
