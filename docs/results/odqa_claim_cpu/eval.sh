@@ -26,7 +26,7 @@ PY
 fi
 for reader in "${READERS[@]}"; do
     name=${reader%:*} k=${reader#*:}
-    ckpt=$RUNS/minilm_squad_v11_$name
+    ckpt=$RUNS/minilm_squad_v11_$name/params
     if [ ! -f "$ckpt/trained_from.json" ]; then echo "$name: not finished ($ckpt)"; continue; fi
     python3 -m dil_jax index --out "$INDEX" --corpus squad:$DATA --corpus wikipedia \
         --checkpoint "$ckpt" --k "$k" --max-passage-len 192 --doc-stride 96

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 61's CPU runs, one after another, each resumed where a killed one stopped (the trainer
-# resumes from its last checkpoint; a finished run, one with trained_from.json, is skipped):
+# resumes from its last checkpoint; a finished run, one with params/trained_from.json, is skipped):
 #   1. k2_stage: the bundled k = 2 reader + the open-domain stage (2 BM25 distractors a question,
 #      one softmax over its 4 windows), 400 steps of 32 windows, KD + LRS from the full reader;
 #   2. full_stage: the fair baseline, the bundled full reader given the same stage (k = 0,
@@ -21,7 +21,7 @@ ASSETS=$CODE/dil_jax/assets
 FULL=$ASSETS/minilm-squad-full
 train() {  # NAME SPEC INIT STEPS
     local wd=$RUNS/minilm_squad_v11_$1
-    if [ -f "$wd/trained_from.json" ]; then echo "$1: finished ($wd)"; return; fi
+    if [ -f "$wd/params/trained_from.json" ]; then echo "$1: finished ($wd)"; return; fi
     echo "$1: $(date -u +%FT%TZ) training into $wd"
     env PYTHONPATH="$CODE" python3 -m dil_jax.cli train \
         --config "configs/minilm_squad_v11.py:$2" --config.workdir="$wd" \
