@@ -14,6 +14,8 @@ OUT=${3:-runs/odqa_claim_cpu}
 shift 3 2>/dev/null || shift $#
 [ $# -gt 0 ] && READERS=("$@") || READERS=(k2_stage:2 full_stage:0 k3:3 k3_stage:3)
 DATA=../shared/data/squad/dev-v1.1.35-articles.json
+# Training exports carry no tokenizer files: they use the bundled readers' (one vocabulary).
+TOK=dil_jax/assets/minilm-squad-full
 mkdir -p "$OUT"
 if [ ! -f "$OUT/articles_28_34.json" ]; then
     python3 - "$OUT" <<'PY'
@@ -29,10 +31,10 @@ for reader in "${READERS[@]}"; do
     ckpt=$RUNS/minilm_squad_v11_$name/params
     if [ ! -f "$ckpt/trained_from.json" ]; then echo "$name: not finished ($ckpt)"; continue; fi
     python3 -m dil_jax index --out "$INDEX" --corpus squad:$DATA --corpus wikipedia \
-        --checkpoint "$ckpt" --k "$k" --max-passage-len 192 --doc-stride 96
+        --checkpoint "$ckpt" --tokenizer $TOK --k "$k" --max-passage-len 192 --doc-stride 96
     python3 -m dil_jax odqa-eval --index "$INDEX" --data $DATA --articles 28:35 --p 29 \
-        --batch-size 4 --chunk-size 64 --k "$k" --checkpoint "$ckpt" --out "$OUT/$name"
-    [ -f "$OUT/$name.gold.json" ] || python3 -m dil_jax predict --checkpoint "$ckpt" \
+        --batch-size 4 --chunk-size 64 --k "$k" --checkpoint "$ckpt" --tokenizer $TOK --out "$OUT/$name"
+    [ -f "$OUT/$name.gold.json" ] || python3 -m dil_jax predict --checkpoint "$ckpt" --tokenizer $TOK \
         --data "$OUT/articles_28_34.json" --output "$OUT/$name.gold.json" --no-progress
     python3 -m dil_jax evaluate --data "$OUT/articles_28_34.json" \
         --predictions "$OUT/$name.gold.json" > "$OUT/$name.gold.scores.json"
