@@ -106,7 +106,9 @@ def encode_rate(checkpoint: str, ids: np.ndarray, mask: np.ndarray, windows: int
     per_window = (embedding_flops(config, 1, ids.shape[1])
                   + config.num_lower_layers * block_flops(config, 1, ids.shape[1]))
     return dict(checkpoint=checkpoint, k=config.num_lower_layers, layers=config.num_layers,
-                hidden=config.hidden_size, batch_size=batch, windows=windows, seconds=seconds,
+                hidden=config.hidden_size, num_heads=config.num_heads,
+                intermediate_size=config.intermediate_size, batch_size=batch, windows=windows,
+                seconds=seconds,
                 windows_per_s=windows / seconds, flops_per_window=per_window,
                 flop_per_s=per_window * windows / seconds, niceness=os.nice(0))
 
