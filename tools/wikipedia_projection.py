@@ -308,7 +308,7 @@ def project(records: Records, storages: Sequence[str] = DEFAULT_STORAGES,
                     num_heads=rate["num_heads"], k=rate["k"]),
         index_files=files, index_files_gb=sum(row["gb"] for row in files), cache=cache,
         lucene_build=lucene_build(records.bm25_build, passages),
-        cache_build=cache_builds(rate, windows),
+        cache_builds=cache_builds(rate, windows),
         this_machine=dict(windows_per_s=rate["windows_per_s"], flop_per_s=rate["flop_per_s"],
                           cpu=records.passages["machine"]["cpu"],
                           cpus=records.passages["machine"]["cpu_count"]),
@@ -372,7 +372,7 @@ def markdown(result: dict[str, Any]) -> str:
               f"{machine['cpus']} shared CPUs, {files['passages']}):", "",
               f"| reader | k / l | reuse arrays | PFLOP | {header} | this machine h |",
               "| --- | --- | --- | --- | " + "--- | " * (2 * len(names)) + "--- |"]
-    for row in result["cache_build"]:
+    for row in result["cache_builds"]:
         minutes = " | ".join(f"{row['minutes'][name]['at_peak']:.1f} | "
                              f"{row['minutes'][name]['at_assumed']:.1f}" for name in names)
         lines.append(f"| {row['reader']} | {row['k']} / {row['layers']} | "

@@ -120,7 +120,7 @@ def test_builds_by_hand():
     assert lucene["hours"] == pytest.approx(55 / 3600)
     assert lucene["peak_gib"] == pytest.approx(190 / 1024)
     assert PER_WINDOW == 2_944_401_408
-    plain, reuse = result["cache_build"][:2]
+    plain, reuse = result["cache_builds"][:2]
     assert (plain["k"], plain["reuse"], reuse["reuse"]) == (4, False, True)
     assert plain["flops"] == PER_WINDOW * 2000
     assert plain["minutes"]["TPU v4-32"]["at_peak"] == pytest.approx(
@@ -130,7 +130,7 @@ def test_builds_by_hand():
     assert plain["this_machine_hours"] == pytest.approx(PER_WINDOW * 2000 / 2e10 / 3600)
     # + the first upper block's projections 3 x 2 n h^2 and statistics 4 n^2 h.
     assert reuse["flops"] == (PER_WINDOW + 6 * 192 * 384**2 + 4 * 192**2 * 384) * 2000
-    bert = result["cache_build"][2]
+    bert = result["cache_builds"][2]
     assert (bert["hidden"], bert["k"]) == (768, 11)
     # The largest index: 50 s for 100 passages -> 500 s at 1,000.
     assert result["whole_index"]["hours"] == pytest.approx(500 / 3600)
