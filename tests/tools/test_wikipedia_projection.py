@@ -118,6 +118,7 @@ def test_builds_by_hand():
     # seconds: 25 + (25 - 15) / (400 - 200) x (1000 - 400) = 55; peak on the line through
     # (100, 100 MiB) and (400, 130 MiB): 130 + 0.1 x 600 = 190 MiB.
     assert lucene["hours"] == pytest.approx(55 / 3600)
+    assert lucene["passages_per_s"] == pytest.approx(200 / 10)
     assert lucene["peak_gib"] == pytest.approx(190 / 1024)
     assert PER_WINDOW == 2_944_401_408
     plain, reuse = result["cache_builds"][:2]
