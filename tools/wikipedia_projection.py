@@ -153,13 +153,25 @@ def storage_row(name: str, measured: dict[str, Any] | None, width: int, heads: i
 # ----------------------------------------------------------------------------- index files
 
 
+def windows_bytes(folder: dict[str, Any], windows: float, tokens: float) -> tuple[float, str]:
+    """windows.npz's bytes for `windows` windows of `tokens` real tokens, from an index
+    folder's: per real token where it stores real tokens only (format /2, whose record counts
+    them), else per window (the padded /1 file: every window the same slots)."""
+    size = folder["file_bytes"]["windows.npz"]
+    if "real_tokens" in folder:
+        per_token = size / folder["real_tokens"]
+        return per_token * tokens, f"{folder['folder']}: {per_token:,.2f} B a real token"
+    per_window = size / folder["num_windows"]
+    return per_window * windows, f"{folder['folder']}: {per_window:,.0f} B a window"
+
+
 def index_files(passages_record: dict[str, Any], retrieval_record: dict[str, Any],
-                passages: int, windows: float) -> list[dict[str, Any]]:
+                passages: int, windows: float, tokens: float) -> list[dict[str, Any]]:
     """The index's files besides the cache, GB: passages.jsonl (the sample's line bytes),
-    passages.offsets.npy (8 bytes a passage), windows.npz (the index folder's bytes a
-    window), the Lucene index (the retrieval record's largest pyserini row, per passage)."""
+    passages.offsets.npy (8 bytes a passage), windows.npz (`windows_bytes`), the Lucene index
+    (the retrieval record's largest pyserini row, per passage)."""
     sample, folder = passages_record["sample"], passages_record["index"]
-    window_bytes = folder["file_bytes"]["windows.npz"] / folder["num_windows"]
+    window_total, window_source = windows_bytes(folder, windows, tokens)
     lucene = max((row for row in retrieval_record["rows"]
                   if row["engine"] == "pyserini" and "error" not in row),
                  key=lambda row: row["size"])
@@ -170,9 +182,8 @@ def index_files(passages_record: dict[str, Any], retrieval_record: dict[str, Any
              source=f"{sample['passages']:,} sample lines"),
         dict(file="passages.offsets.npy", bytes_per_passage=PASSAGE_OFFSET_BYTES,
              gb=PASSAGE_OFFSET_BYTES * (passages + 1) / GB, source="definition (int64)"),
-        dict(file="windows.npz", bytes_per_passage=window_bytes * windows / passages,
-             gb=window_bytes * windows / GB,
-             source=f"{folder['folder']}: {window_bytes:,.0f} B a window"),
+        dict(file="windows.npz", bytes_per_passage=window_total / passages,
+             gb=window_total / GB, source=window_source),
         dict(file="Lucene index (bm25/)", bytes_per_passage=lucene_bytes,
              gb=lucene_bytes * passages / GB,
              source=f"pyserini at {lucene['size']:,} passages"),
@@ -301,7 +312,7 @@ def project(records: Records, storages: Sequence[str] = DEFAULT_STORAGES,
     cache_source = records.files.get("cache", "")
     cache = [storage_row(name, measured.get(name), rate["hidden"], rate["num_heads"], tokens,
                          windows, cache_source) for name in storages]
-    files = index_files(records.passages, records.retrieval, passages, windows)
+    files = index_files(records.passages, records.retrieval, passages, windows, tokens)
     index_tb = sum(row["gb"] for row in files) * GB / TB
     for row in cache:  # the whole index folder with this cache
         row["disk_tb"], row["disk_with_reuse_tb"] = (index_tb + row["cache_tb"],

@@ -3,6 +3,7 @@ computation."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -105,6 +106,12 @@ def test_index_files_by_hand():
     assert jsonl["gb"] == pytest.approx(500 * 1000 / 1e9)
     assert offsets["gb"] == pytest.approx(8 * 1001 / 1e9)
     assert windows["gb"] == pytest.approx(3000 * 2000 / 1e9)  # 30,000 B / 10 windows
+    # A /2 index's windows.npz holds real tokens only: its bytes scale with them, not windows.
+    ragged = dataclasses.replace(records(), passages=dict(
+        PASSAGES, index=dict(PASSAGES["index"], real_tokens=1_000)))  # 30,000 B: 30 B a token
+    ragged_windows = projection.project(ragged, ["int8"], passages=N)["index_files"][2]
+    assert ragged_windows["gb"] == pytest.approx(30 * 200_000 / 1e9)  # N x 2 windows x 100
+    assert "30.00 B a real token" in ragged_windows["source"]
     # The largest pyserini row that built: 1 MiB for 1,000 passages.
     assert lucene["bytes_per_passage"] == pytest.approx(2**20 / 1000)
     index_tb = (500_000 + 8008 + 6_000_000 + 2**20) / 1e12
