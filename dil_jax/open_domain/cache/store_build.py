@@ -136,6 +136,8 @@ def _finished_shard(location: Location, planned: CacheManifest) -> PassageCache 
         return cache
     except (CacheBrokenError, CacheMismatchError) as error:
         log.warning("%s -- rebuilding the shard", error)
+        # The manifest first: from here on no process takes the shard for finished.
+        location.delete(MANIFEST_FILE)
         location.delete_all()
         return None
 
@@ -239,6 +241,19 @@ def _plan_note(location: Location, top: CacheManifest) -> str:
             "process the same flags)") if fields else ""
 
 
+def _shard_done(location: Location, key: CacheKey) -> bool:
+    """(process 0, joining) Whether the shard at `location` is finished: its manifest is there
+    and it opens (sizes and sampled digests checked). One that does not is its own process's
+    to rebuild (`_finished_shard`), not finished: joining it would publish a damaged cache."""
+    if not location.exists(MANIFEST_FILE):
+        return False
+    try:
+        PassageCache.open(location, key)
+    except (CacheBrokenError, CacheMismatchError):
+        return False
+    return True
+
+
 def _opened(location: Location, top: CacheManifest) -> PassageCache | None:
     """The finished cache at `location` serving top's key, else None (not there yet)."""
     if not location.exists(MANIFEST_FILE):
@@ -301,11 +316,11 @@ def build_store_cache(location: Location, key: CacheKey, ids: np.ndarray, mask: 
 
     def missing() -> list[str]:
         return [entry.name for entry in top.shards
-                if not (location / entry.name).exists(MANIFEST_FILE)]
+                if not _shard_done(location / entry.name, key)]
 
     wait_for(lambda: None if missing() else True,
              lambda: f"shard(s) {', '.join(missing())} of {location}", wait_timeout_s)
-    # Every shard opens and agrees with the plan (each was checked when it was finished).
+    # Every shard agrees with the plan (its own manifest against the cache's).
     PassageCache(location, top, verify="none")
     _commit(location, top)
     return PassageCache.open(location, verify="none")
