@@ -330,7 +330,8 @@ def _cache_in(folder: Path) -> Path:
     return cache
 
 
-def test_two_hosts_without_a_shared_folder_equal_one_process(corpus, one_process, tmp_path):
+def test_two_hosts_without_a_shared_folder_equal_one_process(corpus, one_process, tmp_path,
+                                                             capsys):
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.readers import load_reader
 
@@ -355,6 +356,15 @@ def test_two_hosts_without_a_shared_folder_equal_one_process(corpus, one_process
     single = open_index(one_process["float32"]).open_cache(loaded)
     rows = list(range(len(single)))
     assert from_store.read_states(rows).tobytes() == single.read_states(rows).tobytes()
+    # `ask` over process 0's index answers from the store; a storage the store's cache was not
+    # built with is named as such (not taken for a missing cache).
+    ask = ["--index", str(tmp_path / "out-0"), "--k", "1", "--checkpoint", "default",
+           "--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
+    status, out, err = run_cli(["ask", "Who wrote Pride and Prejudice?", "--top-p", "3", *ask],
+                               capsys)
+    assert status == 0 and "Q: Who wrote Pride and Prejudice?" in out, err
+    status, _, err = run_cli(["ask", "Who?", "--cache-dtype", "int8", *ask], capsys)
+    assert status == 1 and "the cache stores its states as 'float32'" in err, err
 
 
 def test_kill_9_of_a_process_then_rerun_gives_the_same_cache(corpus, one_process, tmp_path):
