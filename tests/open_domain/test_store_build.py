@@ -131,7 +131,8 @@ def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
             for path in folder.rglob("*") if path.is_file()}
 
 
-@pytest.mark.parametrize("storage, count", [("float32", 2), ("int8", 3)])
+# 10 processes over 8 chunks of 5 windows: shards 0 and 5 are empty (`shard_ranges`).
+@pytest.mark.parametrize("storage, count", [("float32", 2), ("int8", 3), ("int8", 10)])
 def test_processes_sharing_only_the_store_equal_one_process(local, tmp_path, storage, count):
     store = tmp_path / "store"
     results = _processes(f"file://{store}", storage, [_Encoder() for _ in range(count)])
