@@ -19,6 +19,10 @@ stored (`Storage.encode`, token by token) and buffered until a whole shard of th
 file, rewritten whole by any write into it, so a build writes each once. The progress record
 holds the tokens written (a shard boundary) and the first chunk whose tokens are not all
 written; a resumed build re-encodes from that chunk and drops the tokens already written.
+
+`write_rows`, `start_fresh` and `resume_point` work on a `Location`, a local staging folder or a
+cache's place in a store: `dil_jax.open_domain.cache.store_build` writes a cache at a URL with
+them, where there is no rename (its manifest, written last, makes it exist).
 """
 
 from __future__ import annotations
