@@ -314,9 +314,14 @@ def build_store_cache(location: Location, key: CacheKey, ids: np.ndarray, mask: 
         return wait_for(lambda: _opened(location, top), lambda: f"process 0 to join {location}",
                         wait_timeout_s)
 
+    done: set[str] = set()
+
     def missing() -> list[str]:
-        return [entry.name for entry in top.shards
-                if not _shard_done(location / entry.name, key)]
+        # A shard found finished is not opened again at the next poll: with many hosts each
+        # open reads sampled blocks of a shard's objects.
+        done.update(entry.name for entry in top.shards
+                    if entry.name not in done and _shard_done(location / entry.name, key))
+        return [entry.name for entry in top.shards if entry.name not in done]
 
     wait_for(lambda: None if missing() else True,
              lambda: f"shard(s) {', '.join(missing())} of {location}", wait_timeout_s)
