@@ -10,9 +10,10 @@ float32 states, the encoder's own output packed by numpy here.
     one-process cache byte for byte (float32 and int8: codes and scales); a process that dies
     mid-shard (process 1, or process 0) leaves no visible cache, and a rerun redoes only the
     missing part (finished shards and already written zarr shards keep their files);
-  - real `dil-jax index` processes: 2 x 2 CPU devices (jax.distributed, local coordinator) in
-    separate --out folders equal a one-process build, and `open_cache` reads the store; one
-    process SIGKILLed after its first chunk, both rerun, gives the same cache again.
+  - real `dil-jax index` processes: 2 x 2 CPU devices (jax.distributed, local coordinator),
+    each in its own folder (its copy of the corpus, its --out), equal a one-process build, and
+    `ask` reads the store; one process SIGKILLed after its first chunk, both rerun, gives the
+    same cache again.
 """
 
 from __future__ import annotations
@@ -310,12 +311,17 @@ def one_process(corpus, tmp_path_factory) -> dict[str, Path]:
 def _store_processes(root: Path, store: str, corpus: str, *extra: str,
                      killed: tuple[bool, bool] = (False, False), coordinator: bool = True,
                      per_process: tuple[list[str], list[str]] = ([], [])):
-    """Two `dil-jax index` processes, each with its own --out (root/out-I), the caches in
-    `store` -> [(status, output)]."""
+    """Two `dil-jax index` processes, each with its own folder root/host-I (its copy of the
+    corpus, its --out: nothing shared by path but the store), the caches in `store` ->
+    [(status, output)]."""
     port = free_port("localhost")
     argvs = []
     for pid in (0, 1):
-        argv = ["index", "--out", str(root / f"out-{pid}"), "--corpus", corpus, *BUILD,
+        host = root / f"host-{pid}"
+        host.mkdir(exist_ok=True)
+        copy = host / "corpus.jsonl"
+        copy.write_bytes(Path(corpus.removeprefix("jsonl:")).read_bytes())
+        argv = ["index", "--out", str(host / "out"), "--corpus", f"jsonl:{copy}", *BUILD,
                 "--cache-store", store, *extra, "--num-processes", "2", "--process-id",
                 str(pid), *per_process[pid]]
         if coordinator:
@@ -347,19 +353,19 @@ def test_two_hosts_without_a_shared_folder_equal_one_process(corpus, one_process
     assert_same_arrays(cache, _cache_in(one_process["float32"]))
     # Each --out holds its own index and the store's URL, no cache folder of its own.
     for pid in (0, 1):
-        out = tmp_path / f"out-{pid}"
+        out = tmp_path / f"host-{pid}" / "out"
         assert not list(out.glob("cache-k*")) and not list(out.glob(".cache-k*"))
         assert json.loads((out / "cache-store.json").read_text()) == {"url": f"file://{store}"}
     # The index opens its cache from the store (two re-encoded rows checked), rows as built.
     loaded = load_reader("default", 1, 16)
-    from_store = open_index(tmp_path / "out-0").open_cache(loaded)
+    from_store = open_index(tmp_path / "host-0" / "out").open_cache(loaded)
     assert str(from_store.location) == f"file://{cache}"
     single = open_index(one_process["float32"]).open_cache(loaded)
     rows = list(range(len(single)))
     assert from_store.read_states(rows).tobytes() == single.read_states(rows).tobytes()
     # `ask` over process 0's index answers from the store; a storage the store's cache was not
     # built with is named as such (not taken for a missing cache).
-    ask = ["--index", str(tmp_path / "out-0"), "--k", "1", "--checkpoint", "default",
+    ask = ["--index", str(tmp_path / "host-0" / "out"), "--k", "1", "--checkpoint", "default",
            "--max-question-len", "16", "--batch-size", "2", "--chunk-size", "8"]
     status, out, err = run_cli(["ask", "Who wrote Pride and Prejudice?", "--top-p", "3", *ask],
                                capsys)
