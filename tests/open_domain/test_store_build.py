@@ -12,8 +12,8 @@ float32 states, the encoder's own output packed by numpy here.
     missing part (finished shards and already written zarr shards keep their files);
   - real `dil-jax index` processes: 2 x 2 CPU devices (jax.distributed, local coordinator),
     each in its own folder (its copy of the corpus, its --out), equal a one-process build, and
-    `ask` reads the store; one process SIGKILLed after its first chunk, both rerun, gives the
-    same cache again.
+    `ask` and `index --verify` read the store; one process SIGKILLed after its first chunk,
+    both rerun, gives the same cache again.
 """
 
 from __future__ import annotations
@@ -372,6 +372,16 @@ def test_two_hosts_without_a_shared_folder_equal_one_process(corpus, one_process
     assert status == 0 and "Q: Who wrote Pride and Prejudice?" in out, err
     status, _, err = run_cli(["ask", "Who?", "--cache-dtype", "int8", *ask], capsys)
     assert status == 1 and "the cache stores its states as 'float32'" in err, err
+    # `index --verify` hashes every object of the store's cache too, and names one that differs.
+    verify = ["index", "--out", str(tmp_path / "host-0" / "out"), "--verify"]
+    status, out, err = run_cli(verify, capsys)
+    assert status == 0 and f"file://{cache}: " in out and "every byte matches" in out, err
+    victim = cache / "shards" / "shard-00001-of-00002" / "states" / "c" / "0" / "0"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    status, _, err = run_cli(verify, capsys)
+    assert status == 1 and f"file://{victim}: its sha256 differs" in err, err
 
 
 def test_kill_9_of_a_process_then_rerun_gives_the_same_cache(corpus, one_process, tmp_path):
