@@ -261,6 +261,17 @@ def test_location_writes_lists_and_empties_a_url_folder(tmp_path):
     assert (tmp_path / "store" / "other" / "kept").read_bytes() == b"1"
 
 
+def test_a_store_that_cannot_be_written_is_named(tmp_path):
+    from dil_jax.errors import OutputPathError
+
+    (tmp_path / "blocker").write_text("a file where the store's folder would be")
+    (result,) = _processes(f"file://{tmp_path / 'blocker'}/store", "int8", [_Encoder()])
+    assert isinstance(result, OutputPathError), result
+    assert str(result).startswith(f"file://{tmp_path / 'blocker'}/store/cache-k1-m: cannot "
+                                  "write it (")
+    assert "check the store's URL (--cache-store)" in str(result)
+
+
 # ------------------------------------------------------------------ real `dil-jax index` processes
 
 BUILD = ["--checkpoint", "default", "--k", "1", "--max-passage-len", "32", "--doc-stride", "16",

@@ -32,6 +32,15 @@ from dil_jax.open_domain.cache.digests import KvObjects, LocalObjects, Objects
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 
+def store_failure(where: object, error: ValueError) -> Exception:
+    """A store's refusal of a write (tensorstore's ValueError: no such bucket, no credentials,
+    a file in the way of a file:// folder) as one error naming the object and what to check."""
+    from dil_jax.errors import OutputPathError
+
+    return OutputPathError(f"{where}: cannot write it ({error}); check the store's URL "
+                           "(--cache-store) and this machine's credentials for it")
+
+
 @functools.lru_cache(maxsize=64)
 def _kvstore(url: str):
     """The tensorstore KvStore of a folder URL (one per URL: opening one costs a round trip)."""
@@ -107,14 +116,20 @@ class Location:
             with write_errors(self.path / name):
                 write_atomic(self.path / name, data)
             return
-        _kvstore(f"{self.url}/").write(name, data).result()
+        try:
+            _kvstore(f"{self.url}/").write(name, data).result()
+        except ValueError as error:
+            raise store_failure(self / name, error) from error
 
     def delete(self, name: str) -> None:
         """Removes the file `name` in this folder (nothing if it is missing)."""
         if self.path is not None:
             (self.path / name).unlink(missing_ok=True)
             return
-        _kvstore(f"{self.url}/").write(name, None).result()
+        try:
+            _kvstore(f"{self.url}/").write(name, None).result()
+        except ValueError as error:
+            raise store_failure(self / name, error) from error
 
     def names(self) -> list[str]:
         """Every file under this folder (objects under its prefix), by `/`-separated path
@@ -136,7 +151,10 @@ class Location:
             return
         import tensorstore as ts
 
-        _kvstore(f"{self.url}/").delete_range(ts.KvStore.KeyRange()).result()
+        try:
+            _kvstore(f"{self.url}/").delete_range(ts.KvStore.KeyRange()).result()
+        except ValueError as error:
+            raise store_failure(self, error) from error
 
     def objects(self) -> Objects:
         """Its files, for the digest checks (`cache.digests`)."""

@@ -197,6 +197,7 @@ def _finished_cache(location: Location, top: CacheManifest, encode: StatesEncode
         return cache
     except CacheBrokenError as error:
         log.warning("%s -- rebuilding it", error)
+        location.delete(MANIFEST_FILE)  # first: no process takes it for finished meanwhile
         location.delete_all()
         return None
     except CacheMismatchError as error:
