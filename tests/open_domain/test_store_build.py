@@ -133,7 +133,8 @@ def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 # 10 processes over 8 chunks of 5 windows: shards 0 and 5 are empty (`shard_ranges`).
-@pytest.mark.parametrize("storage, count", [("float32", 2), ("int8", 3), ("int8", 10)])
+@pytest.mark.parametrize("storage, count", [("float32", 1), ("float32", 2), ("int8", 3),
+                                            ("int8", 10)])
 def test_processes_sharing_only_the_store_equal_one_process(local, tmp_path, storage, count):
     store = tmp_path / "store"
     results = _processes(f"file://{store}", storage, [_Encoder() for _ in range(count)])
@@ -245,6 +246,9 @@ def test_store_urls(tmp_path):
     with pytest.raises(ValueError, match="'http://host/x': a cache store is a gs://, s3://, "
                                          "file:// URL or a local path"):
         store_url("http://host/x")
+    with pytest.raises(ValueError, match="'file://runs/x': a file:// store needs an absolute "
+                                         "path"):
+        store_url("file://runs/x")
 
 
 def test_location_writes_lists_and_empties_a_url_folder(tmp_path):

@@ -94,6 +94,10 @@ def store_url(value: str) -> str:
     if scheme not in STORE_SCHEMES:
         schemes = ", ".join(f"{name}://" for name in STORE_SCHEMES)
         raise ValueError(f"{value!r}: a cache store is a {schemes} URL or a local path")
+    if scheme == "file" and not location.url.startswith("file:///"):
+        # tensorstore reads file://HOST/...: a relative path there would name a host.
+        raise ValueError(f"{value!r}: a file:// store needs an absolute path (file:///...), "
+                         "or give the path itself")
     return location.url
 
 
