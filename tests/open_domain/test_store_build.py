@@ -31,7 +31,12 @@ from dil_jax.open_domain.cache.location import Location
 from dil_jax.open_domain.cache.manifest import CacheKey
 from dil_jax.open_domain.cache.ragged import pack
 from dil_jax.open_domain.cache.storage import Storage
-from dil_jax.open_domain.cache.store import CacheMismatchError, PassageCache, ShardWaitError
+from dil_jax.open_domain.cache.store import (
+    CacheBrokenError,
+    CacheMismatchError,
+    PassageCache,
+    ShardWaitError,
+)
 from dil_jax.open_domain.cache.store_build import build_store_cache, store_url
 from dil_jax.open_domain.cache.zarr_store import TokenGrid
 from dil_jax.samples import SAMPLE_PASSAGES
@@ -90,9 +95,11 @@ def _key(storage: str) -> CacheKey:
 
 
 def _processes(url: str, storage: str, encoders: list[_Encoder], count: int | None = None,
-               timeout_s: float = 60.0, only: tuple[int, ...] | None = None) -> list[object]:
+               timeout_s: float = 60.0, only: tuple[int, ...] | None = None,
+               ids_of: dict[int, np.ndarray] | None = None) -> list[object]:
     """Processes 0 .. count - 1 (`only` those) of a store build, each in its own thread, at
-    once -> what each returned or raised."""
+    once -> what each returned or raised. ids_of: a process's own token ids (as a host that
+    tokenized otherwise has), instead of `_windows`'s."""
     ids, mask, offsets = _windows()
     count = count or len(encoders)
     only = tuple(range(count)) if only is None else only
@@ -101,7 +108,8 @@ def _processes(url: str, storage: str, encoders: list[_Encoder], count: int | No
     def run(number: int) -> None:
         try:
             results[number] = build_store_cache(
-                Location.of(url) / "cache-k1-m", _key(storage), ids, mask, offsets,
+                Location.of(url) / "cache-k1-m", _key(storage),
+                (ids_of or {}).get(number, ids), mask, offsets,
                 encoders[number], process_index=number, process_count=count,
                 chunk_passages=CHUNK, wait_timeout_s=timeout_s, pad_id=PAD, grid=GRID)
         except Exception as error:  # handed to the test as the outcome
@@ -230,6 +238,21 @@ def test_a_damaged_shard_is_rebuilt_the_others_kept(local, tmp_path):
     assert encoders[0].calls == 0 and encoders[1].calls == 4
     assert _stamps(shard0) == before
     assert_same_arrays(cache_dir, local["int8"])
+
+
+def test_a_host_that_tokenized_otherwise_is_named_not_joined(tmp_path):
+    store = tmp_path / "store"
+    ids, mask, _ = _windows()
+    other = np.where(mask == 1, ids + 1, ids)  # same lengths and padding, other tokens
+    results = _processes(f"file://{store}", "float32", [_Encoder(), _Encoder()], timeout_s=2,
+                         ids_of={1: other})
+    assert isinstance(results[0], CacheBrokenError), results
+    shard1 = f"file://{store}/cache-k1-m/shards/shard-00001-of-00002"
+    assert str(results[0]).startswith(f"{shard1}: window 20's token ids differ from process "
+                                      "0's: process 1 split or tokenized the corpus otherwise")
+    assert f"delete {shard1} (every object under it) and rerun process 1" in str(results[0])
+    assert isinstance(results[1], ShardWaitError)  # it waited for a join that never came
+    assert not (store / "cache-k1-m" / "manifest.json").exists()
 
 
 def _plan_of() -> dict:

@@ -259,6 +259,23 @@ def _shard_done(location: Location, key: CacheKey) -> bool:
     return True
 
 
+def check_shard_windows(cache: PassageCache, ids: np.ndarray) -> None:
+    """(process 0, joining) The first and last window of every shard hold the token ids of
+    process 0's own windows for those rows (ids [num_rows, passage_len]); CacheBrokenError
+    naming the shard and the window otherwise. Each host splits and tokenizes the corpus itself:
+    one that did it otherwise (another corpus file, tokenizer or dil-jax version) would be
+    joined unnoticed, its rows answering with another passage's tokens; two rows per shard
+    are read, not the whole cache."""
+    for number, (start, stop, folder) in enumerate(cache.shards):
+        for row in sorted({start, stop - 1}) if stop > start else ():
+            if not np.array_equal(cache.ids[[row]][0], np.asarray(ids[row])):
+                raise CacheBrokenError(
+                    f"{folder}: window {row}'s token ids differ from process 0's: process "
+                    f"{number} split or tokenized the corpus otherwise; delete {folder} (every "
+                    f"object under it) and rerun process {number} with process 0's corpus, "
+                    "dil-jax and tokenizer")
+
+
 def _opened(location: Location, top: CacheManifest) -> PassageCache | None:
     """The finished cache at `location` serving top's key, else None (not there yet)."""
     if not location.exists(MANIFEST_FILE):
@@ -330,7 +347,8 @@ def build_store_cache(location: Location, key: CacheKey, ids: np.ndarray, mask: 
 
     wait_for(lambda: None if missing() else True,
              lambda: f"shard(s) {', '.join(missing())} of {location}", wait_timeout_s)
-    # Every shard agrees with the plan (its own manifest against the cache's).
-    PassageCache(location, top, verify="none")
+    # Every shard agrees with the plan (its own manifest against the cache's) and with process
+    # 0's windows.
+    check_shard_windows(PassageCache(location, top, verify="none"), ids)
     _commit(location, top)
     return PassageCache.open(location, verify="none")
