@@ -4,6 +4,7 @@ articles (thresholds are chosen on training questions only)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -306,3 +307,57 @@ def test_ask_decides_with_the_retrieval_match_on_a_tiny_index():
             assert "A: (no answer found in the corpus: the best answer's probability of being " \
                    f"right {probability:.2f} is below this reader's threshold 0.50" in shown
             assert "best guess: fifth" in shown
+
+
+def _matched(tool, qid: str, in_corpus: bool, score, exact: float, match: float):
+    row = {"score": score, "EM": exact, "score_ir": score, "EM_ir": exact}
+    return tool.QuestionRead(qid, in_corpus, {"logits": row}, match)
+
+
+def test_calibration_fits_records_and_refits_the_logistic_rule(tmp_path):
+    """Reader scores that overlap in and out of corpus, retrieval matches that do not. The
+    threshold: in 5.0 (exact), 6.0 (exact), 4.0; out 5.5, 4.5; right decisions at 4.0: 2 + 0,
+    4.5: 2 + 0, 5.0: 2 + 1, 5.5: 1 + 2, 6.0: 1 + 2, inf: 0 + 2: 3 of 5, first at 5.0. The
+    logistic rule: 4 of 5 (the two exact answered, both out-of-corpus refused; the inexact
+    in-corpus one answered too, as ties go to the lower threshold)."""
+    tool = _tool()
+    reads = [_matched(tool, "a", True, 5.0, 1.0, 0.6), _matched(tool, "b", True, 6.0, 1.0, 0.5),
+             _matched(tool, "c", True, 4.0, 0.0, 0.55),
+             _matched(tool, "d", False, 5.5, 0.0, 0.1), _matched(tool, "e", False, 4.5, 0.0, 0.2)]
+    chosen = tool.thresholds_of(reads)["logits"]
+    assert chosen["on_calibration"]["accuracy"] == pytest.approx(3 / 5)
+    assert chosen["on_calibration_combined"]["accuracy"] == pytest.approx(4 / 5)
+    assert chosen["on_calibration_combined_ir"]["refused_out"] == 1.0
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    manifest = folder / "dil_jax_manifest.json"
+    manifest.write_text(
+        (REPO / "dil_jax/assets/minilm-squad-full/dil_jax_manifest.json").read_text())
+    # calibrate's file, refitted and recorded by `fit` without reading
+    calibration = tmp_path / "calibration.json"
+    calibration.write_text(json.dumps({"chosen_on": "test", "readers": {str(folder): {
+        "questions": [dataclasses.asdict(read) for read in reads]}}}))
+    assert tool.main(["fit", "--calibration", str(calibration), "--reader", str(folder),
+                      "--record"]) == 0
+    abstention = Abstention.from_manifest(json.loads(manifest.read_text()))
+    assert abstention.logistic("logits", fused=True) == LogisticRule(**chosen["combined_ir"])
+    rows = tool.measured(reads, abstention)
+    assert rows["logits, with retrieval match"]["out_of_corpus_refused"] == 100.0
+    assert rows["logits, with retrieval match"]["coverage"] == 100.0
+    assert rows["logits, with retrieval match"]["EM_of_answered"] == pytest.approx(200 / 3)
+    assert chosen["threshold"] == 5.0
+    assert rows["logits"]["out_of_corpus_refused"] == 50.0  # 5.5 >= 5.0 gets through
+    # Reads without a retrieval match (an older calibration file): thresholds only.
+    old = tool.thresholds_of([_read(tool, "a", True, 2.0, 1.0), _read(tool, "c", False, 0.5, 0.0)])
+    assert "combined" not in old["logits"]
+    with pytest.raises(SystemExit, match="no questions recorded for --reader other"):
+        tool.main(["fit", "--calibration", str(calibration), "--reader", "other"])
+
+
+def test_a_rule_that_cannot_be_fitted_is_left_out_with_why():
+    tool = _tool()
+    # No exact answer at all: one class only; the threshold still is chosen (refuse all: +inf).
+    row = tool.thresholds_of([_matched(tool, "a", True, 1.0, 0.0, 0.5),
+                              _matched(tool, "c", False, 2.0, 0.0, 0.1)])["logits"]
+    assert "combined" not in row and "combined_ir" not in row
+    assert "both classes" in row["combined_not_recorded"]
