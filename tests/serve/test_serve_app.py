@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -438,6 +439,27 @@ def test_a_chunked_body_past_the_limit_is_refused():
         response = client.post("/v1/answer", content=iter([b"{" + b" " * 600, b" " * 600]),
                                headers={"Content-Type": "application/json"})
         assert response.status_code == 413 and "more than the 1000 bytes" in response.text
+
+
+@pytest.mark.parametrize("attainable, refused", [(4.0, False), (10.0, True)])
+def test_the_service_asks_the_retriever_for_the_match_under_a_logistic_rule(attainable,
+                                                                             refused):
+    # The fake's best hit scores 1.0: match 1 / 4 -> p = sigmoid(-2 + 10 x 0.25) = 0.62,
+    # answered; 1 / 10 -> sigmoid(-1) = 0.27 < 0.5, refused (its reader score is 2.0).
+    engine = FakeEngine(LIMITS, max_batch=8, max_wait_s=0.05, max_queue=4)
+    rule = LogisticRule(-2.0, 0.0, 10.0, 0.5)
+    served = engine.readers["delayed"]
+    served.abstention = Abstention({"logits": (1.0, 1.0)}, combined={"logits": (rule, rule)})
+    asked = []
+    served.reader.index.retriever = SimpleNamespace(
+        attainable=lambda question: asked.append(question) or attainable)
+    with TestClient(create_app(engine, AppSettings(request_timeout_s=5))) as client:
+        payload = client.post("/v1/answer", json={"question": "why?", "reader": "delayed"}).json()
+        assert client.post("/v1/answer", json={"question": "how?"}).json()["probability"] is None
+    assert asked == ["why?"]  # the full reader has no abstention: not asked
+    assert payload["no_answer"] is refused
+    assert payload["retrieval_match"] == pytest.approx(1 / attainable)
+    assert payload["probability"] == pytest.approx(1 / (1 + math.exp(2 - 10 / attainable)))
 
 
 def test_a_read_failure_is_a_500_and_others_still_answer(client):
