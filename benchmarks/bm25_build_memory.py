@@ -163,15 +163,16 @@ def markdown(rows: list[dict], header: dict) -> str:
     lines = [f"Machine: {header['machine']}, {header['cpus']} CPUs, "
              f"{header['memory_gib']:.0f} GiB; {header['date']}.", "",
              "| passages | engine | peak RSS MiB | RSS before MiB | build s | text MiB | "
-             "bytes per text byte |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "bytes per text byte | commit |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         if "error" in row:
             lines.append(f"| {Path(row['corpus']).name} | {row['engine']} | "
-                         f"{row['error']} | | | | |")
+                         f"{row['error']} | | | | | {row.get('commit', '')} |")
             continue
         lines.append(f"| {row['passages']:,} | {row['engine']} | {row['peak_mib']:,.0f} | "
                      f"{row['before_mib']:,.0f} | {row['seconds']:,.1f} | "
-                     f"{row['text_mib']:,.0f} | {row['bytes_per_text_byte']:.1f} |")
+                     f"{row['text_mib']:,.0f} | {row['bytes_per_text_byte']:.1f} | "
+                     f"{row.get('commit', '')} |")
     return "\n".join(lines) + "\n"
 
 
