@@ -101,6 +101,17 @@ def test_a_jsonl_corpus_is_read_a_line_at_a_time(tmp_path):
     assert list(iter_passages([f"jsonl:{path}"], limit=2)) == expected[:4]
 
 
+def test_repeated_id_hashes_are_found_by_a_sort_in_place():
+    from dil_jax.open_domain.index.corpus import has_repeats
+
+    values = np.random.default_rng(0).permutation(100_000).astype(np.int64)
+    assert not has_repeats(values)
+    assert (np.diff(values) > 0).all()  # sorted in place: no copy of the ids' hashes
+    values[-1] = values[0]
+    assert has_repeats(values)
+    assert not has_repeats(np.zeros(0, np.int64)) and not has_repeats(np.ones(1, np.int64))
+
+
 def test_duplicate_ids_are_found_by_hash_and_named_by_line(tmp_path, monkeypatch):
     """Every id hashes alike here: distinct ids still pass (the file is reread to compare the
     ids themselves), a repeated one is named with its line; past --corpus-limit it is not
@@ -111,6 +122,9 @@ def test_duplicate_ids_are_found_by_hash_and_named_by_line(tmp_path, monkeypatch
     with pytest.raises(CorpusError, match=r"corpus.jsonl:4: duplicate id 'b'"):
         list(iter_jsonl(path))
     assert [d.doc_id for d in iter_jsonl(path, limit=3)] == ["a", "b", "c"]
+    monkeypatch.undo()  # real hashes: the repeated id is found all the same
+    with pytest.raises(CorpusError, match=r"corpus.jsonl:4: duplicate id 'b'"):
+        list(iter_jsonl(path))
 
 
 def _python_peak(texts) -> int:
