@@ -175,6 +175,28 @@ def test_lucene_streamed_scores_equal_the_formula_by_hand(threads, tmp_path):
     assert stored == list(range(0, count, 97))
 
 
+def test_lucene_scores_do_not_depend_on_the_ram_buffer(tmp_path, monkeypatch):
+    """A RAM buffer small enough to flush many segments (merged into one at the end) gives the
+    same hits and scores as the default one, which holds these passages in one segment."""
+    from dil_jax.open_domain.retrieval.engines import bm25_tokenize
+    from dil_jax.open_domain.retrieval.lucene import LuceneRetriever, write_lucene_index
+
+    texts = rare_terms_corpus() * 20
+    hits = {}
+    for name, buffer in (("default", None), ("small", "0.05")):
+        if buffer is not None:
+            monkeypatch.setenv("DIL_JAX_LUCENE_RAM_BUFFER_MB", buffer)
+        count = write_lucene_index((bm25_tokenize(t) for t in texts), tmp_path / name, 1.5,
+                                   0.75)
+        (segment,) = [f.stem for f in (tmp_path / name).iterdir() if f.suffix == ".si"]
+        # One segment in the end, named by Lucene's counter (base 36) of segments written:
+        # _0 flushed and _1 its final merge, or many flushed before.
+        assert (int(segment[1:], 36) > 1) == (buffer is not None), segment
+        retriever = LuceneRetriever(tmp_path / name, count, dict(k1=1.5, b=0.75, epsilon=0.25))
+        hits[name] = [retriever.search(q, 30) for q in ("term1 term2 term2", "term299 term7")]
+    assert hits["small"] == hits["default"]
+
+
 def test_zero_passages_are_refused_by_lucene():
     with pytest.raises(RetrievalError, match="zero passages"):
         build_retriever(iter([]), "pyserini")
