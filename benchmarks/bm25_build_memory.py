@@ -18,9 +18,12 @@ one), so that the largest size can run apart.
 
 Engines: pyserini, rank-bm25 and bm25s as `dil-jax index --retriever` builds them, and
 `pyserini-list`: Lucene fed as `dil-jax index` fed it before it streamed (every passage, its
-text and its tokens in Python lists first), for comparison. A child that fails (over
---memory-limit-gib, or refused by `check_engine_fits` when the machine has too little memory)
-is recorded with its reason. Writes OUT.json and OUT.md, the machine named.
+text and its tokens in Python lists first), for comparison. A row records the commit measured
+and, for Lucene, the options its JVM was started with (read back from the JVM) and its RAM
+buffer (`DIL_JAX_JAVA_HEAP`, `DIL_JAX_LUCENE_RAM_BUFFER_MB`, `DIL_JAX_JAVA_OPTIONS` change
+them). A child that fails (over --memory-limit-gib, or refused by `check_engine_fits` when the
+machine has too little memory) is recorded with its reason. Writes OUT.json and OUT.md, the
+machine named.
 """
 
 from __future__ import annotations
@@ -103,9 +106,26 @@ def run_child(spec: dict) -> dict:
                                           engine)
     seconds = time.perf_counter() - started
     peak = status_mib("VmHWM")
-    return dict(engine=engine, passages=summary.count, text_mib=summary.text_bytes / 2**20,
-                peak_mib=peak, before_mib=before, seconds=seconds,
-                bytes_per_text_byte=(peak - before) * 2**20 / summary.text_bytes)
+    row = dict(engine=engine, passages=summary.count, text_mib=summary.text_bytes / 2**20,
+               peak_mib=peak, before_mib=before, seconds=seconds,
+               bytes_per_text_byte=(peak - before) * 2**20 / summary.text_bytes,
+               commit=git_commit())
+    if engine.startswith("pyserini"):
+        from dil_jax.open_domain.retrieval.lucene import ram_buffer_mb, running_java_arguments
+
+        row.update(java_options=running_java_arguments(), ram_buffer_mb=ram_buffer_mb())
+    return row
+
+
+def git_commit() -> str:
+    """The checkout's commit (short), "+dirty" when its tracked files differ from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain",
+                                                                    "--untracked-files=no")
+                                                   else "")
 
 
 def measure(corpus: Path, engine: str, limit_gib: float) -> dict:
@@ -143,15 +163,16 @@ def markdown(rows: list[dict], header: dict) -> str:
     lines = [f"Machine: {header['machine']}, {header['cpus']} CPUs, "
              f"{header['memory_gib']:.0f} GiB; {header['date']}.", "",
              "| passages | engine | peak RSS MiB | RSS before MiB | build s | text MiB | "
-             "bytes per text byte |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "bytes per text byte | commit |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
         if "error" in row:
             lines.append(f"| {Path(row['corpus']).name} | {row['engine']} | "
-                         f"{row['error']} | | | | |")
+                         f"{row['error']} | | | | | {row.get('commit', '')} |")
             continue
         lines.append(f"| {row['passages']:,} | {row['engine']} | {row['peak_mib']:,.0f} | "
                      f"{row['before_mib']:,.0f} | {row['seconds']:,.1f} | "
-                     f"{row['text_mib']:,.0f} | {row['bytes_per_text_byte']:.1f} |")
+                     f"{row['text_mib']:,.0f} | {row['bytes_per_text_byte']:.1f} | "
+                     f"{row.get('commit', '')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,8 @@ passages or their tokens, and the in-memory engines refused where they would not
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tracemalloc
 
 import numpy as np
@@ -99,6 +101,17 @@ def test_a_jsonl_corpus_is_read_a_line_at_a_time(tmp_path):
     assert list(iter_passages([f"jsonl:{path}"], limit=2)) == expected[:4]
 
 
+def test_repeated_id_hashes_are_found_by_a_sort_in_place():
+    from dil_jax.open_domain.index.corpus import has_repeats
+
+    values = np.random.default_rng(0).permutation(100_000).astype(np.int64)
+    assert not has_repeats(values)
+    assert (np.diff(values) > 0).all()  # sorted in place: no copy of the ids' hashes
+    values[-1] = values[0]
+    assert has_repeats(values)
+    assert not has_repeats(np.zeros(0, np.int64)) and not has_repeats(np.ones(1, np.int64))
+
+
 def test_duplicate_ids_are_found_by_hash_and_named_by_line(tmp_path, monkeypatch):
     """Every id hashes alike here: distinct ids still pass (the file is reread to compare the
     ids themselves), a repeated one is named with its line; past --corpus-limit it is not
@@ -109,6 +122,9 @@ def test_duplicate_ids_are_found_by_hash_and_named_by_line(tmp_path, monkeypatch
     with pytest.raises(CorpusError, match=r"corpus.jsonl:4: duplicate id 'b'"):
         list(iter_jsonl(path))
     assert [d.doc_id for d in iter_jsonl(path, limit=3)] == ["a", "b", "c"]
+    monkeypatch.undo()  # real hashes: the repeated id is found all the same
+    with pytest.raises(CorpusError, match=r"corpus.jsonl:4: duplicate id 'b'"):
+        list(iter_jsonl(path))
 
 
 def _python_peak(texts) -> int:
@@ -157,6 +173,28 @@ def test_lucene_streamed_scores_equal_the_formula_by_hand(threads, tmp_path):
     stored = [reader.document(d).getField("passage").numericValue().longValue()
               for d in range(0, count, 97)]
     assert stored == list(range(0, count, 97))
+
+
+def test_lucene_scores_do_not_depend_on_the_ram_buffer(tmp_path, monkeypatch):
+    """A RAM buffer small enough to flush many segments (merged into one at the end) gives the
+    same hits and scores as the default one, which holds these passages in one segment."""
+    from dil_jax.open_domain.retrieval.engines import bm25_tokenize
+    from dil_jax.open_domain.retrieval.lucene import LuceneRetriever, write_lucene_index
+
+    texts = rare_terms_corpus() * 20
+    hits = {}
+    for name, buffer in (("default", None), ("small", "0.05")):
+        if buffer is not None:
+            monkeypatch.setenv("DIL_JAX_LUCENE_RAM_BUFFER_MB", buffer)
+        count = write_lucene_index((bm25_tokenize(t) for t in texts), tmp_path / name, 1.5,
+                                   0.75)
+        (segment,) = [f.stem for f in (tmp_path / name).iterdir() if f.suffix == ".si"]
+        # One segment in the end, named by Lucene's counter (base 36) of segments written:
+        # _0 flushed and _1 its final merge, or many flushed before.
+        assert (int(segment[1:], 36) > 1) == (buffer is not None), segment
+        retriever = LuceneRetriever(tmp_path / name, count, dict(k1=1.5, b=0.75, epsilon=0.25))
+        hits[name] = [retriever.search(q, 30) for q in ("term1 term2 term2", "term299 term7")]
+    assert hits["small"] == hits["default"]
 
 
 def test_zero_passages_are_refused_by_lucene():
@@ -220,6 +258,79 @@ def test_the_java_heap_cap_is_a_java_size(monkeypatch):
     monkeypatch.setenv("DIL_JAX_JAVA_HEAP", "lots")
     with pytest.raises(RetrievalError, match=r"DIL_JAX_JAVA_HEAP='lots': expected a Java heap"):
         java_heap()
+
+
+def test_java_options_fix_the_heap_the_collector_and_take_extra_options():
+    from dil_jax.open_domain.retrieval.lucene import java_options, java_size_bytes
+
+    assert java_options({}) == ["-Xms128m", "-Xmx128m", "-XX:+UseSerialGC"]
+    assert java_options({"DIL_JAX_JAVA_HEAP": "1g", "DIL_JAX_LUCENE_RAM_BUFFER_MB": "256",
+                         "DIL_JAX_JAVA_OPTIONS": "-XX:+AlwaysPreTouch '-Dname=a b'"}) == [
+        "-Xms1g", "-Xmx1g", "-XX:+UseSerialGC", "-XX:+AlwaysPreTouch", "-Dname=a b"]
+    assert [java_size_bytes(size) for size in ("65536", "4096k", "128m", "2G")] == [
+        65536, 4 * 2**20, 128 * 2**20, 2 * 2**30]
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"DIL_JAX_JAVA_HEAP": "48m"},
+     r"DIL_JAX_JAVA_HEAP=48m cannot hold 2 x DIL_JAX_LUCENE_RAM_BUFFER_MB=32: give a heap of "
+     r"at least 64m"),
+    ({"DIL_JAX_JAVA_HEAP": "1g", "DIL_JAX_LUCENE_RAM_BUFFER_MB": "600"},
+     r"DIL_JAX_JAVA_HEAP=1g cannot hold 2 x DIL_JAX_LUCENE_RAM_BUFFER_MB=600"),
+    ({"DIL_JAX_LUCENE_RAM_BUFFER_MB": "0"}, r"DIL_JAX_LUCENE_RAM_BUFFER_MB='0': expected"),
+    ({"DIL_JAX_LUCENE_RAM_BUFFER_MB": "lots"}, r"DIL_JAX_LUCENE_RAM_BUFFER_MB='lots'"),
+    ({"DIL_JAX_LUCENE_RAM_BUFFER_MB": "inf"}, r"DIL_JAX_LUCENE_RAM_BUFFER_MB='inf'"),
+    ({"DIL_JAX_JAVA_OPTIONS": "-Dname='a b"}, r"DIL_JAX_JAVA_OPTIONS=.*quotation"),
+])
+def test_java_options_refuse_a_heap_or_buffer_that_cannot_work(environ, message):
+    from dil_jax.open_domain.retrieval.lucene import java_options
+
+    with pytest.raises(RetrievalError, match=message):
+        java_options(environ)
+
+
+def _run_python(code: str, **environ: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter (the JVM starts once per process, with the options of
+    that process's first start)."""
+    from tests.helpers import REPO, subprocess_env
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=subprocess_env(PYTHONPATH=str(REPO),
+                                                                    **environ))
+
+
+_STARTED_JVM = """
+import json
+from dil_jax.open_domain.retrieval.lucene import lucene, running_java_max_heap
+lucene()  # before anything imports jnius, which starts the JVM
+from jnius import autoclass
+beans = autoclass("java.lang.management.ManagementFactory").getGarbageCollectorMXBeans()
+print(json.dumps(dict(max_heap=running_java_max_heap(),
+                      collectors=[bean.getName() for bean in beans.toArray()])))
+"""
+
+
+def test_the_started_jvm_has_the_heap_and_collector_asked_for():
+    """Read back from the running JVM (its MaxHeapSize flag, its collectors' names), not from
+    the options this code passed."""
+    done = _run_python(_STARTED_JVM, DIL_JAX_JAVA_HEAP="96m")
+    assert done.returncode == 0, done.stderr
+    started = json.loads(done.stdout.splitlines()[-1])
+    assert started == dict(max_heap=96 * 2**20, collectors=["Copy", "MarkSweepCompact"])
+
+
+def test_a_jvm_started_before_the_engine_is_warned_about():
+    """pyjnius cannot change a running JVM's options: a JVM started by an earlier `import
+    jnius` gets a RuntimeWarning naming what does not apply (not a silent default heap)."""
+    from dil_jax.open_domain.retrieval.lucene import missing_java_options
+
+    assert missing_java_options(["-Xmx1g", "-XX:+UseSerialGC"], ["-XX:+UseSerialGC"]) == [
+        "-Xmx1g"]
+    done = _run_python("import jnius\n"
+                       "from dil_jax.open_domain.retrieval.lucene import lucene\n"
+                       "try:\n    lucene()\nexcept Exception:\n    pass\n")
+    assert "RuntimeWarning: the JVM was started before dil_jax's Lucene engine" in done.stderr
+    assert "without -Xms128m -Xmx128m -XX:+UseSerialGC: DIL_JAX_JAVA_HEAP" in done.stderr
 
 
 def test_index_refuses_an_engine_that_would_not_fit_before_building(tmp_path, capsys,

@@ -31,16 +31,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import queue
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -82,26 +85,82 @@ def _anserini_jar() -> Path:
     return jars[-1]
 
 
-# Postings Lucene buffers before writing a segment (its default is 16): filled early in a
-# build (so the build's memory is reached early and stays there), few segments to merge.
-RAM_BUFFER_MB = 64.0
+# What bounds the build's memory, each set here rather than left to Java's and Lucene's
+# defaults, which scale with the machine (docs/open_domain.md, "Retrievers"; measured in
+# docs/results/open_domain_log.md). A tracing collector lets garbage fill its heap before it
+# collects, so a build touches the whole heap sooner or later: the heap, not the corpus, is the
+# bound, and it is sized from what indexing keeps alive (the RAM buffer, ~15 MiB besides).
+#
+# Postings Lucene buffers before writing a segment (its default is 16 MiB); the build's one
+# adding thread flushes it itself. DIL_JAX_LUCENE_RAM_BUFFER_MB overrides it.
+RAM_BUFFER_MB = 32.0
 # The JVM's heap, fixed (-Xms = -Xmx), when this process starts it; DIL_JAX_JAVA_HEAP overrides
-# it. A heap free to grow (Java's default cap is a quarter of the machine's memory) grows with
-# the length of a build, so the build's peak grew with the corpus (docs/open_domain.md); a fixed
-# one is cycled through early and stays. Indexing needs RAM_BUFFER_MB and little more; searching
-# reads the memory-mapped index outside the heap.
-JAVA_HEAP = "256m"
-_HEAP = re.compile(r"\d+[kKmMgG]?")
+# it. Java's default cap is a quarter of the machine's memory. It must hold the RAM buffer
+# twice over (HEAP_PER_RAM_BUFFER): the buffer, the segment being flushed and the merges.
+JAVA_HEAP = "128m"
+HEAP_PER_RAM_BUFFER = 2
+# The serial collector: Java's default (G1 on a machine of >= 2 cores and >= 2 GiB) adds ~45
+# MiB of its own tables beside the heap and GC threads by the core count; one adding thread
+# and a small heap need neither. DIL_JAX_JAVA_OPTIONS adds options after these (the last of a
+# repeated option wins), e.g. "-XX:+AlwaysPreTouch" to make the heap resident from the start.
+JAVA_GC = "-XX:+UseSerialGC"
+# Merges run by one background thread, and adding waits while more than MAX_MERGES are due:
+# Lucene's default takes up to 4 threads and 9 merges by the core count, each holding heap.
+MERGE_THREADS, MAX_MERGES = 1, 2
+_HEAP = re.compile(r"(\d+)([kKmMgG]?)")
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}
 
 
-def java_heap() -> str:
+def java_heap(environ: Mapping[str, str] = os.environ) -> str:
     """The heap size the JVM starts with: DIL_JAX_JAVA_HEAP (e.g. 2g) or JAVA_HEAP;
     RetrievalError naming the variable when it is not a Java size."""
-    heap = os.environ.get("DIL_JAX_JAVA_HEAP", JAVA_HEAP)
+    heap = environ.get("DIL_JAX_JAVA_HEAP", JAVA_HEAP)
     if not _HEAP.fullmatch(heap):
         raise RetrievalError(f"DIL_JAX_JAVA_HEAP={heap!r}: expected a Java heap size such as "
                              f"1g or 1536m")
     return heap
+
+
+def java_size_bytes(size: str) -> int:
+    """Bytes of a Java size as -Xmx reads it: "128m" -> 134217728, "2g", "4096k", "65536"."""
+    match = _HEAP.fullmatch(size)
+    if match is None:
+        raise ValueError(f"not a Java size: {size!r}")
+    return int(match.group(1)) * _UNITS[match.group(2).lower()]
+
+
+def ram_buffer_mb(environ: Mapping[str, str] = os.environ) -> float:
+    """Lucene's RAM buffer in MiB: DIL_JAX_LUCENE_RAM_BUFFER_MB or RAM_BUFFER_MB;
+    RetrievalError naming the variable unless it is a number > 0."""
+    value = environ.get("DIL_JAX_LUCENE_RAM_BUFFER_MB")
+    if value is None:
+        return RAM_BUFFER_MB
+    try:
+        megabytes = float(value)
+    except ValueError:
+        megabytes = math.nan
+    if not megabytes > 0 or math.isinf(megabytes):
+        raise RetrievalError(f"DIL_JAX_LUCENE_RAM_BUFFER_MB={value!r}: expected a number of "
+                             f"MiB > 0, such as 32")
+    return megabytes
+
+
+def java_options(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The options this engine starts the JVM with: the fixed heap, the serial collector, then
+    DIL_JAX_JAVA_OPTIONS split as a shell would. RetrievalError naming the variables when the
+    heap cannot hold HEAP_PER_RAM_BUFFER times the RAM buffer."""
+    heap, buffer = java_heap(environ), ram_buffer_mb(environ)
+    if java_size_bytes(heap) < HEAP_PER_RAM_BUFFER * buffer * 2**20:
+        raise RetrievalError(
+            f"DIL_JAX_JAVA_HEAP={heap} cannot hold {HEAP_PER_RAM_BUFFER} x "
+            f"DIL_JAX_LUCENE_RAM_BUFFER_MB={buffer:g}: give a heap of at least "
+            f"{math.ceil(HEAP_PER_RAM_BUFFER * buffer)}m or a smaller buffer")
+    try:
+        extra = shlex.split(environ.get("DIL_JAX_JAVA_OPTIONS", ""))
+    except ValueError as error:
+        raise RetrievalError(f"DIL_JAX_JAVA_OPTIONS={environ['DIL_JAX_JAVA_OPTIONS']!r}: "
+                             f"{error}") from error
+    return [f"-Xms{heap}", f"-Xmx{heap}", JAVA_GC, *extra]
 
 
 # Lucene 9.5 (the jar of pyserini 0.22.1) runs on Java 11 and later.
@@ -170,18 +229,21 @@ def lucene() -> SimpleNamespace:
     home = java_home()
     if home is not None:
         os.environ["JAVA_HOME"] = home  # else pyjnius looks for java on PATH
+    options = java_options()
     try:
         import jnius_config
 
-        if not jnius_config.vm_running:
+        started_here = not jnius_config.vm_running
+        if started_here:
             jnius_config.add_classpath(str(jar))
-            heap = java_heap()
-            jnius_config.add_options(f"-Xms{heap}", f"-Xmx{heap}")
-        from jnius import autoclass
+            jnius_config.add_options(*options)
+        from jnius import autoclass  # starts the JVM
     # pyjnius raises RuntimeError when it finds no libjvm.so.
     except (ImportError, SystemError, OSError, KeyError, RuntimeError) as error:
         raise RetrievalError(f"cannot start Java for the pyserini retriever ({error}): "
                              f"{INSTALL_HINT}") from error
+    if not started_here:
+        _warn_options_missing(options, running_java_arguments(), running_java_max_heap())
     names = dict(
         File="java.io.File", FSDirectory="org.apache.lucene.store.FSDirectory",
         NIOFSDirectory="org.apache.lucene.store.NIOFSDirectory",
@@ -205,12 +267,49 @@ def lucene() -> SimpleNamespace:
         TermQuery="org.apache.lucene.search.TermQuery",
         BoostQuery="org.apache.lucene.search.BoostQuery",
         BM25Similarity="org.apache.lucene.search.similarities.BM25Similarity",
+        ConcurrentMergeScheduler="org.apache.lucene.index.ConcurrentMergeScheduler",
         SmallFloat="org.apache.lucene.util.SmallFloat")
     try:
         return SimpleNamespace(**{name: autoclass(java) for name, java in names.items()})
     except Exception as error:  # pyjnius raises JavaException for a class it cannot find
         raise RetrievalError(f"{jar}: a Lucene class is missing ({error}); expected the jar "
                              f"of pyserini {PYSERINI_VERSION}") from error
+
+
+def running_java_arguments() -> list[str]:
+    """The options the running JVM was started with (its RuntimeMXBean's input arguments)."""
+    from jnius import autoclass
+
+    arguments = autoclass("java.lang.management.ManagementFactory").getRuntimeMXBean()
+    return [str(argument) for argument in arguments.getInputArguments().toArray()]
+
+
+def running_java_max_heap() -> int:
+    """The running JVM's heap cap in bytes, as the VM applied it (its MaxHeapSize flag)."""
+    from jnius import autoclass, cast
+
+    bean_class = autoclass("java.lang.Class").forName("com.sun.management.HotSpotDiagnosticMXBean")
+    bean = autoclass("java.lang.management.ManagementFactory").getPlatformMXBean(bean_class)
+    bean = cast("com.sun.management.HotSpotDiagnosticMXBean", bean)
+    return int(bean.getVMOption("MaxHeapSize").getValue())
+
+
+def missing_java_options(wanted: list[str], running: list[str]) -> list[str]:
+    """The options of `wanted` the running JVM was not started with."""
+    return [option for option in wanted if option not in running]
+
+
+def _warn_options_missing(wanted: list[str], running: list[str], max_heap: int) -> None:
+    """A RuntimeWarning when the JVM, started before this engine (by an earlier `import jnius`
+    or pyserini), lacks this engine's options: its memory is then not bounded as stated."""
+    missing = missing_java_options(wanted, running)
+    if missing:
+        warnings.warn(
+            f"the JVM was started before dil_jax's Lucene engine (an earlier `import jnius` or "
+            f"pyserini?) without {' '.join(missing)}: DIL_JAX_JAVA_HEAP, "
+            f"DIL_JAX_JAVA_OPTIONS and the serial collector do not apply, its heap cap is "
+            f"{max_heap / 2**20:.0f} MiB; start Lucene through dil_jax first for the bounded "
+            f"build memory", RuntimeWarning, stacklevel=3)
 
 
 def _directory(path: Path):
@@ -226,17 +325,20 @@ def _write_directory(path: Path):
 
 
 def _writer_config(k1: float, b: float, sorted_by_passage: bool):
-    """The IndexWriter's settings: whitespace terms, BM25(k1, b), RAM_BUFFER_MB of postings
-    per segment, and passage order kept: with one writing thread by merging adjacent segments
-    only, with several (whose segments interleave passages) by sorting every segment on the
-    passage number (Lucene's index sort), so that after the final merge Lucene's document
-    number is the passage index either way."""
+    """The IndexWriter's settings: whitespace terms, BM25(k1, b), `ram_buffer_mb()` of postings
+    per segment, MERGE_THREADS merging, and passage order kept: with one writing thread by
+    merging adjacent segments only, with several (whose segments interleave passages) by
+    sorting every segment on the passage number (Lucene's index sort), so that after the final
+    merge Lucene's document number is the passage index either way."""
     j = lucene()
     config = j.IndexWriterConfig(j.WhitespaceAnalyzer())
     config.setOpenMode(j.OpenMode.CREATE)
     config.setSimilarity(j.BM25Similarity(k1, b))
     config.setMergePolicy(j.LogDocMergePolicy())  # adjacent merges only
-    config.setRAMBufferSizeMB(RAM_BUFFER_MB)
+    scheduler = j.ConcurrentMergeScheduler()
+    scheduler.setMaxMergesAndThreads(MAX_MERGES, MERGE_THREADS)
+    config.setMergeScheduler(scheduler)
+    config.setRAMBufferSizeMB(ram_buffer_mb())
     if sorted_by_passage:
         config.setIndexSort(j.Sort(j.SortField(PASSAGE_FIELD, j.SortFieldType.LONG)))
     return config
@@ -284,7 +386,7 @@ def write_lucene_index(tokenized: Iterable[list[str]], path: Path, k1: float, b:
     threads: Java threads adding documents (pyjnius releases the GIL in Java calls, where
     Lucene does its work); this thread tokenizes and hands them at most 64 passages each
     through a queue. Memory does not grow with the corpus: Lucene writes a segment every
-    RAM_BUFFER_MB of postings, and the JVM's heap is capped (`java_heap`).
+    `ram_buffer_mb()` of postings, and the JVM's heap is fixed (`java_options`).
     """
     if threads < 1:
         raise RetrievalError(f"Lucene indexing threads must be >= 1, got {threads}")
