@@ -127,7 +127,7 @@ class RankBM25Retriever(Bm25Engine):
 
     @functools.cached_property
     def _mean_idf(self) -> float:
-        """rank-bm25's `average_idf`: the mean raw idf over the vocabulary."""
+        """what rank-bm25 calls its average idf: the mean raw idf over the vocabulary."""
         df = np.diff(self.weights.indptr).astype(np.float64)
         return float(np.mean(np.log(self.num_passages - df + 0.5) - np.log(df + 0.5)))
 
