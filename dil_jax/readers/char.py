@@ -104,8 +104,8 @@ class CharReader(Reader):
                                     vocab_size=config.vocab_size)
                      if options.with_tokenizer else None)
         reader = cls(model, variables, tokenizer, checkpoint)
-        return reader.with_config(**options.config_overrides) if options.config_overrides \
-            else reader
+        changes = options.overrides.fields()
+        return reader.with_config(**changes) if changes else reader
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Its whole variables (the word table included) beside a manifest naming its kind and

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from dil_jax.config import NO_OVERRIDES, ReaderOverrides
 from dil_jax.errors import CheckpointError, UsageError
 
 if TYPE_CHECKING:
@@ -78,8 +79,9 @@ class LoadOptions:
     checkpoint's own). tokenizer: a tokenizer folder or name instead of the checkpoint's own
     (None: its own). with_tokenizer: False loads none (training: its featurizer has its own).
     require_qa_head: refuse a checkpoint without a trained QA head (`UntrainedHeadError`).
-    config_overrides: config fields set as given, unwarned (training's split, dropout, compute
-    dtype); rng: initialises a QA head the checkpoint lacks (None: a fixed key).
+    overrides: config fields set as given, unwarned and unchecked against the checkpoint
+    (training's split, dropout, compute dtype), under k and max_question_len; rng: initialises
+    a QA head the checkpoint lacks (None: a fixed key).
     """
 
     k: int | None = None
@@ -87,7 +89,7 @@ class LoadOptions:
     tokenizer: str | None = None
     with_tokenizer: bool = True
     require_qa_head: bool = False
-    config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    overrides: ReaderOverrides = NO_OVERRIDES
     rng: jax.Array | None = None
 
 

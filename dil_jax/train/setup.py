@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from dil_jax.config import EncoderConfig, lsh_layers_of
+from dil_jax.config import EncoderConfig, ReaderOverrides, lsh_layers_of
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
 from dil_jax.readers import Reader, init_reader, load_reader
@@ -71,30 +71,29 @@ def resolve_callable(spec: str, key: str = "") -> Callable:
     return getattr(module, attribute)
 
 
-# config.model keys named as the EncoderConfig fields they set (`EncoderConfig.replace`);
-# None keeps the checkpoint's own value. The lsh_* ones apply only with LSH layers named.
-READER_KEYS = ("num_lower_layers", "max_question_len", "dtype", "passage_position_offset",
-               "hidden_dropout", "attention_dropout")
-LSH_KEYS = ("lsh_num_hashes", "lsh_bucket_size")
-
-
-def reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The EncoderConfig fields config.model sets, by their own names: what training applies
-    to the loaded or initialised reader's config (model.lsh_attention_layers "lower" resolved
-    to blocks 0..k-1; EncoderConfig checks the layers against num_layers)."""
-    # A config without passage_position_offset (written before it existed) reads from 0.
-    overrides = {"passage_position_offset": 0, **{
-        name: model_cfg[name] for name in READER_KEYS if model_cfg.get(name) is not None}}
+def reader_overrides(model_cfg: ml_collections.ConfigDict) -> ReaderOverrides:
+    """The EncoderConfig fields config.model sets (its keys are named as the fields; None keeps
+    the checkpoint's own): what training applies to the loaded or initialised reader's config.
+    model.lsh_attention_layers "lower" is resolved to blocks 0..k-1, and the lsh_* keys apply
+    only with LSH layers named (EncoderConfig checks the layers against num_layers)."""
     spec = model_cfg.get("lsh_attention_layers", "")
-    if spec:
-        overrides["lsh_attention_layers"] = lsh_layers_of(
-            spec, model_cfg.num_lower_layers, "config.model.lsh_attention_layers")
-        overrides.update({name: model_cfg[name] for name in LSH_KEYS})
-    return overrides
+    lsh = (lsh_layers_of(spec, model_cfg.num_lower_layers, "config.model.lsh_attention_layers")
+           if spec else None)
+    return ReaderOverrides(
+        num_lower_layers=model_cfg.get("num_lower_layers"),
+        max_question_len=model_cfg.get("max_question_len"),
+        dtype=model_cfg.get("dtype"),
+        # A config without passage_position_offset (written before it existed) reads from 0.
+        passage_position_offset=model_cfg.get("passage_position_offset") or 0,
+        hidden_dropout=model_cfg.get("hidden_dropout"),
+        attention_dropout=model_cfg.get("attention_dropout"),
+        lsh_attention_layers=lsh,
+        lsh_num_hashes=model_cfg.get("lsh_num_hashes") if lsh else None,
+        lsh_bucket_size=model_cfg.get("lsh_bucket_size") if lsh else None)
 
 
 def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
-                        overrides: dict[str, Any], rng: jax.Array) -> Reader:
+                        overrides: ReaderOverrides, rng: jax.Array) -> Reader:
     """A reader to train, without a tokenizer (the featurizer has its own), params as host
     arrays: random init of `encoder` (EncoderConfig fields) when no checkpoint is given, else
     `load_reader` of a dil_jax or Hugging Face checkpoint. `overrides` win over both."""
@@ -104,8 +103,8 @@ def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
         if unknown:
             raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
                              f"EncoderConfig takes {sorted(fields)}")
-        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides}), rng)
-    reader = load_reader(checkpoint, config_overrides=overrides, rng=rng, with_tokenizer=False)
+        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides.fields()}), rng)
+    reader = load_reader(checkpoint, overrides=overrides, rng=rng, with_tokenizer=False)
     return reader.with_params(jax.tree.map(np.asarray, reader.params))
 
 
@@ -124,8 +123,9 @@ def build_teacher(config: ml_collections.ConfigDict, student: Reader, rng: jax.A
         # student's own LSH blocks (model.lsh_attention_layers) are an approximation it trains with.
         teacher = student.with_config(num_lower_layers=0, lsh_attention_layers=())
     else:
-        overrides = {"num_lower_layers": 0, "max_question_len": student.config.max_question_len,
-                     "dtype": student.config.dtype}
+        overrides = ReaderOverrides(num_lower_layers=0,
+                                    max_question_len=student.config.max_question_len,
+                                    dtype=student.config.dtype)
         teacher = load_or_init_reader(source, None, overrides, rng)
     if weights.lrs > 0 and (teacher.config.num_layers, teacher.config.hidden_size) != (
             student.config.num_layers, student.config.hidden_size):

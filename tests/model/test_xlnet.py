@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf, load_hf_checkpoint
+from dil_jax.config import ReaderOverrides
 from dil_jax.errors import CheckpointError, DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
@@ -121,7 +122,7 @@ def _assert_matches(ours, row, q, p, start, end, hidden=None, label=""):
 ])
 def test_random_init_parity_with_hugging_face(xlnet_folder, overrides):
     folder, hf_model = xlnet_folder(**overrides)
-    config, params, report = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    config, params, report = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=MAX_Q))
     assert config.architecture == "xlnet" and config.num_layers == hf_model.config.n_layer
     assert not report.initialized
     assert report.ignored == ["transformer.mask_emb"]  # the query stream's, unused here
@@ -161,8 +162,9 @@ def test_hugging_face_itself_is_layout_sensitive(xlnet_folder):
 
 def _model_and_state(xlnet_folder, k):
     _, hf_model = xlnet_folder()
-    config = encoder_config_from_hf(hf_model.config.to_dict(), num_lower_layers=k,
-                                    max_question_len=MAX_Q)
+    config = encoder_config_from_hf(hf_model.config.to_dict(),
+                                    overrides=ReaderOverrides(num_lower_layers=k,
+                                                              max_question_len=MAX_Q))
     state = state_dict_numpy(hf_model)
     params, _ = convert_state_dict(state, config)
     return DelayedInteractionModel(config), params, state
@@ -279,7 +281,7 @@ def test_export_loads_in_transformers(xlnet_folder, tmp_path):
     from dil_jax.checkpoints import export_hf_checkpoint
 
     folder, hf_model = xlnet_folder()
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=MAX_Q))
     exported = export_hf_checkpoint(tmp_path / "out", params, config)
     reloaded = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(str(exported)).eval()
     pairs = _pairs(15)
@@ -309,7 +311,8 @@ def test_unsupported_config_fields_are_refused_by_name(xlnet_folder, tmp_path, f
 
 def test_beam_search_head_tensors_are_refused(xlnet_folder):
     _, hf_model = xlnet_folder()
-    config = encoder_config_from_hf(hf_model.config.to_dict(), max_question_len=MAX_Q)
+    config = encoder_config_from_hf(hf_model.config.to_dict(),
+                                    overrides=ReaderOverrides(max_question_len=MAX_Q))
     state = dict(state_dict_numpy(hf_model))
     state["start_logits.dense.weight"] = np.zeros((1, 32), np.float32)
     with pytest.raises(CheckpointError, match="start_logits.dense.weight.*beam-search"):
@@ -329,7 +332,8 @@ def test_transformer_prefix_is_stripped_for_xlnet_only():
         == "transformer.layer.0.ffn.lin1.weight"
     assert strip_backbone_prefix("roberta.embeddings.x", "xlm-roberta") == "embeddings.x"
     bare = build_hf_qa_model("distilbert").distilbert  # DistilBertModel: `transformer.*` names
-    config = encoder_config_from_hf(bare.config.to_dict(), max_question_len=MAX_Q)
+    config = encoder_config_from_hf(bare.config.to_dict(),
+                                    overrides=ReaderOverrides(max_question_len=MAX_Q))
     _, report = convert_state_dict(state_dict_numpy(bare), config)
     assert any(name.startswith("transformer.layer.") for name in report.loaded)
     assert sorted(report.initialized) == ["qa_outputs.bias", "qa_outputs.weight"]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
+from dil_jax.config import ReaderOverrides
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
 from dil_jax.open_domain.cache.build import build_passage_cache
@@ -29,8 +30,8 @@ P_LEN = 16
 
 @pytest.fixture(scope="module")
 def reader_parts(hf_folder_factory):
-    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0], num_lower_layers=2,
-                                           max_question_len=8)
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0],
+                                           ReaderOverrides(num_lower_layers=2, max_question_len=8))
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, P_LEN + 1, 10)
     ids = np.zeros((10, P_LEN), np.int32)
