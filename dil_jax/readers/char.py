@@ -172,9 +172,7 @@ class CharReader(Reader):
         return grid.encode_passages(self.params, _segment(rows))
 
     def encode_passage_batch(self, grid: CharPairGrid, rows: TokenRows) -> jax.Array:
-        # As the cache builder's program reads them: ids, chars, mask in int32.
-        arrays = (rows.ids, rows.chars, np.asarray(rows.mask, np.int32))
-        return grid._lower_fn(self.params, *(jax.device_put(a, grid.sharded) for a in arrays))
+        return grid.encode_batch(self.params, _segment(rows))
 
     # ------------------------------------------------------------------ the cache
 

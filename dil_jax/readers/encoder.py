@@ -157,8 +157,7 @@ class EncoderReader(Reader):
         return grid.passage_side(self.params, rows.ids, rows.mask)
 
     def encode_passage_batch(self, grid: PairGrid, rows: TokenRows) -> jax.Array:
-        ids, mask = (jax.device_put(array, grid.sharded) for array in (rows.ids, rows.mask))
-        return grid._lower_fn(self.params, ids, mask, PASSAGE_SEGMENT)
+        return grid.encode_batch(self.params, rows.ids, rows.mask, PASSAGE_SEGMENT)
 
     # ------------------------------------------------------------------ the cache
 
