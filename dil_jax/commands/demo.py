@@ -116,9 +116,9 @@ def _reusable_index(folder: str, split: dict):
         index = open_index(folder)
     except ValueError:  # absent, or not readable as an index: built afresh
         return None
-    if index.settings.get("split") != split:
+    if index.settings.split != split:
         log.warning("%s was built with other settings (%s); rebuilding it", folder,
-                    index.settings.get("split"))
+                    index.settings.split)
         return None
     return index
 
@@ -187,14 +187,14 @@ def run(args: argparse.Namespace) -> int:
         k_value = loaded.config.num_lower_layers
         # Shown only while a cache is being built (a bar made at its first count).
         with CountBar(f"passage cache of the {name} reader (k={k_value})",
-                      index.settings["num_windows"], "window") as bar:
+                      index.settings.num_windows, "window") as bar:
             cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(
                                            32, index.window_texts),
                                        storage=demo_storage(index, loaded, args.storage),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,
                                          chunk_size=args.top_p, span_score=args.span_score)
-    print(f"index: {args.index}: {len(index.passages)} passages ({index.settings['num_windows']}"
+    print(f"index: {args.index}: {len(index.passages)} passages ({index.settings.num_windows}"
           f" windows), ready in {time.perf_counter() - started:.1f} s")
 
     questions = args.question or list(DEMO_QUESTIONS)

@@ -14,12 +14,15 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dil_jax.defaults import OPEN_DOMAIN_DOC_STRIDE, OPEN_DOMAIN_MAX_PASSAGE_LEN
 from dil_jax.open_domain.cache.manifest import STORAGE_FIELD
 from dil_jax.open_domain.cache.storage import FLOAT32, CacheStorageError, Storage
 from dil_jax.open_domain.cache.store import CacheMismatchError
+
+if TYPE_CHECKING:
+    from dil_jax.open_domain.index.files import IndexSettings
 
 # Folder names of an index's caches: cache-k{k}-{first 8 hex digits of the model fingerprint}
 # (dil_jax.open_domain.cache.manifest.cache_name).
@@ -88,7 +91,7 @@ def _name(storage: Storage | None) -> str:
     return "?" if storage is None else storage.name
 
 
-def build_command(index_dir: str, settings: Mapping[str, Any], checkpoint: str, k: int,
+def build_command(index_dir: str, settings: IndexSettings, checkpoint: str, k: int,
                   storage: Storage, tokenizer: str | None = None) -> str:
     """The command that adds the cache of (checkpoint, k, storage) to this index.
 
@@ -96,9 +99,8 @@ def build_command(index_dir: str, settings: Mapping[str, Any], checkpoint: str, 
     `dil-jax index` run with only this reader reopens it and builds the one cache; a demo index
     (its split records `distractors`) is rebuilt the way `dil-jax demo` builds it.
     """
-    split = settings.get("split") or {}
-    length = settings.get("max_passage_len", OPEN_DOMAIN_MAX_PASSAGE_LEN)
-    stride = settings.get("doc_stride", OPEN_DOMAIN_DOC_STRIDE)
+    split = settings.split or {}
+    length, stride = settings.max_passage_len, settings.doc_stride
     if "distractors" in split:
         words = ["dil-jax", "demo", "--index", index_dir]
         if split["distractors"] != DEMO_DISTRACTORS:
