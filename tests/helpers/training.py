@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dil_jax.train.train_config import TrainConfig
+
 from tests.helpers import CONFIGS
 
 TINY_CONFIG = CONFIGS / "tiny.py"
@@ -90,7 +92,7 @@ def learning_rate_sum(config) -> float:
 
     steps = int(config.num_train_steps)
     schedule = warmup_linear_decay(config.optim.learning_rate, steps,
-                                   warmup_steps(config, steps))
+                                   warmup_steps(TrainConfig.of(config), steps))
     return sum(float(schedule(step)) for step in range(steps))
 
 
