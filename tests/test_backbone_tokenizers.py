@@ -22,11 +22,11 @@ from __future__ import annotations
 import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
-from dil_jax.config import ReaderOverrides
 from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import featurize
 from dil_jax.metrics.squad_metric import squad_scores
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer, pair_layout
 
 from tests.helpers.hf import assert_parity, build_hf_qa_model, save_fast_tokenizer, state_dict_numpy

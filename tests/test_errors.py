@@ -20,8 +20,8 @@ from dil_jax.checkpoints import (
     load_params,
     save_params,
 )
-from dil_jax.config import ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, with_num_lower_layers
+from dil_jax.model.encoder_config import ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.upper import project_upper, read_upper

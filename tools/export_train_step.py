@@ -78,8 +78,8 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
 
     from dil_jax.checkpoints import TRAINED_FROM_FILE
     from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
-    from dil_jax.config import ConfigError
     from dil_jax.mesh import data_mesh
+    from dil_jax.model.encoder_config import ConfigError
     from dil_jax.train.checkpointing import STATE_ITEM, abstract_like, nonfinite_leaves
     from dil_jax.train.reader_kinds import char_student
     from dil_jax.train.setup import make_run_optimizer

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dil_jax.checkpoints.xlnet_config import hf_xlnet_config, xlnet_fields
-from dil_jax.config import NO_OVERRIDES, ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.errors import CheckpointError
+from dil_jax.model.encoder_config import NO_OVERRIDES, ConfigError, EncoderConfig, ReaderOverrides
 
 
 def _required(hf: dict[str, Any], key: str, source: str) -> Any:

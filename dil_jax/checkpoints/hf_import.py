@@ -22,10 +22,10 @@ from dil_jax.checkpoints.hf_tensors import ImportReport, convert_state_dict, str
 from dil_jax.checkpoints.integrity import check_weights
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.resolved import HF_FORMAT, ResolvedCheckpoint
-from dil_jax.config import NO_OVERRIDES, EncoderConfig, ReaderOverrides
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.delayed import Params
+from dil_jax.model.encoder_config import NO_OVERRIDES, EncoderConfig, ReaderOverrides
 
 # One logger for the whole package: its warnings are silenced by that name
 # (prescreening.prescreener).

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.checkpoints.files import read_json
-from dil_jax.config import ReaderOverrides
 from dil_jax.errors import CheckpointError
+from dil_jax.model.encoder_config import ReaderOverrides
 
 MANIFEST_FILE = "dil_jax_manifest.json"
 # What an export records in "reader". A training config's "model" holds them too, under the same

@@ -15,9 +15,9 @@ import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.checkpoints.files import DAMAGED_FIX, read_json
-from dil_jax.config import NO_OVERRIDES, ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.errors import CheckpointError
 from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.encoder_config import NO_OVERRIDES, ConfigError, EncoderConfig, ReaderOverrides
 
 ENCODER_CONFIG_FILE = "encoder_config.json"
 PARAMS_DIR = "params"

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     """Steps 1-3 of the module docstring; exit status 1 when the grid differs from the direct
     forward or the Hugging Face parity check fails, else 0."""
     from dil_jax.checkpoints import load_hf_checkpoint, resolve_checkpoint
-    from dil_jax.config import ReaderOverrides
+    from dil_jax.model.encoder_config import ReaderOverrides
     from dil_jax.samples import SAMPLE_PASSAGES, SAMPLE_QUESTIONS
     from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 

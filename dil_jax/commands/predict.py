@@ -93,7 +93,7 @@ def register(subparsers) -> None:
 
 def lsh_layers(text: str) -> str | tuple[int, ...] | tuple[str, ...]:
     """--lsh-layers: 'lower', comma-separated layer indices, or a QANet's encoder names."""
-    from dil_jax.config import LOWER_BLOCKS
+    from dil_jax.model.encoder_config import LOWER_BLOCKS
     from dil_jax.model.qanet_config import ENCODERS
 
     names = tuple(part.strip() for part in text.split(",") if part.strip())

@@ -31,7 +31,6 @@ from dil_jax.checkpoints.char_readers import (
 from dil_jax.checkpoints.integrity import check_finite_params
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
-from dil_jax.config import ConfigError
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.char_reader import (
@@ -41,6 +40,7 @@ from dil_jax.model.char_reader import (
     reader_config,
     switched_config,
 )
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_inputs import QANetSegment, fit_chars, token_characters
 from dil_jax.model.span_reader import ReaderOutput

@@ -33,11 +33,11 @@ from dil_jax.checkpoints.integrity import (
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.orbax_io import load_params, save_params
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
-from dil_jax.config import EncoderConfig, ReaderOverrides, lsh_layers_of
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.char_reader import ENCODER_KIND
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides, lsh_layers_of
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, ReaderOutput
 from dil_jax.readers.protocol import (
     LoadOptions,

@@ -18,9 +18,9 @@ import jax
 
 from dil_jax.checkpoints.export import complete_manifest, export_hf_checkpoint
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_checkpoint
-from dil_jax.config import NO_OVERRIDES, ReaderOverrides
 from dil_jax.errors import CheckpointError
 from dil_jax.model.char_reader import CHAR_READER_KINDS, ENCODER_KIND
+from dil_jax.model.encoder_config import NO_OVERRIDES, ReaderOverrides
 from dil_jax.readers.char import CharReader
 from dil_jax.readers.encoder import EncoderReader
 from dil_jax.readers.protocol import LoadOptions, Reader

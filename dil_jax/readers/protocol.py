@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from dil_jax.config import NO_OVERRIDES, ReaderOverrides
 from dil_jax.errors import CheckpointError, UsageError
+from dil_jax.model.encoder_config import NO_OVERRIDES, ReaderOverrides
 
 if TYPE_CHECKING:
     import jax

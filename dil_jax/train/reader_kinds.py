@@ -112,8 +112,8 @@ def kind_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _reader_field_problems(config: ml_collections.ConfigDict, kind: str) -> list[str]:
-    from dil_jax.config import ConfigError
     from dil_jax.model.char_reader import QUESTION_LEN_FIELD, reader_config
+    from dil_jax.model.encoder_config import ConfigError
 
     fields = reader_fields(config)
     if QUESTION_LEN_FIELD in fields:
@@ -177,7 +177,6 @@ def char_student(config: ml_collections.ConfigDict, rng):
     import jax
     import numpy as np
 
-    from dil_jax.config import ConfigError
     from dil_jax.errors import CheckpointError
     from dil_jax.model.char_reader import (
         QUESTION_LEN_FIELD,
@@ -185,6 +184,7 @@ def char_student(config: ml_collections.ConfigDict, rng):
         char_model,
         reader_config,
     )
+    from dil_jax.model.encoder_config import ConfigError
     from dil_jax.readers import CharReader, load_reader
 
     kind = model_kind(config)

@@ -22,9 +22,9 @@ import jax
 import numpy as np
 import optax
 
-from dil_jax.config import EncoderConfig, ReaderOverrides
 from dil_jax.errors import UsageError
 from dil_jax.model.delayed import Params, check_segment_lengths
+from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides
 from dil_jax.readers import Reader, init_reader, load_reader
 from dil_jax.train import data as data_lib
 from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 import ml_collections
 
-from dil_jax.config import ReaderOverrides, lsh_layers_of
 from dil_jax.mesh import DistributedSettings
+from dil_jax.model.encoder_config import ReaderOverrides, lsh_layers_of
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ import pytest
 
 from dil_jax.checkpoints import MANIFEST_FILE, PARTIAL_SAFETENSORS_FILE, SAFETENSORS_FILE
 from dil_jax.commands.check import parity_tolerance
-from dil_jax.config import ReaderOverrides
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers import load_reader
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import CheckpointError, load_hf_checkpoint, load_params
-from dil_jax.config import ReaderOverrides
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers import load_reader
 
 from tests.helpers import ASSETS
@@ -150,7 +150,7 @@ def test_bad_encoder_config_json_is_named(tmp_path):
 
 def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, monkeypatch):
     import dil_jax.checkpoints as checkpoints
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.readers import encoder as readers
 
     config = EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
@@ -182,7 +182,7 @@ def test_malformed_prescreener_manifest_is_named(tmp_path, text, problem):
 
 
 def _tiny_config():
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
 
     return EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
                          intermediate_size=8, embedding_size=8, max_position_embeddings=32,

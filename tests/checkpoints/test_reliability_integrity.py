@@ -20,8 +20,8 @@ from dil_jax.checkpoints import (
     CheckpointError,
     load_hf_checkpoint,
 )
-from dil_jax.config import ReaderOverrides
 from dil_jax.errors import DilJaxError
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers import load_reader
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 

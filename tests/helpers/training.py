@@ -33,7 +33,7 @@ BEST_BY_F1 = {"checkpoint.best_metric": "f1", "checkpoint.best_mode": "max",
 
 def tiny_encoder(**changes):
     """An EncoderConfig of TINY_ENCODER's fields (k = 1, question 8 tokens) with `changes`."""
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
 
     return EncoderConfig(**{**TINY_ENCODER, **changes})
 

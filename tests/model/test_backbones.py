@@ -21,8 +21,8 @@ from dil_jax.checkpoints import (
     export_hf_checkpoint,
     load_hf_checkpoint,
 )
-from dil_jax.config import ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ConfigError, EncoderConfig, ReaderOverrides
 
 from tests.helpers import edit_json
 from tests.helpers.hf import PARITY_MAX_Q, assert_parity, random_pairs, tiny_hf_config

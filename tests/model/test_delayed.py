@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
-from dil_jax.config import ReaderOverrides
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.reading.upper import project_upper, read_upper
 

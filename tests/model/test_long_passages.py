@@ -17,10 +17,15 @@ import pytest
 import dil_jax.model.bert as bert
 from dil_jax.bench.programs import program_stats
 from dil_jax.checkpoints import encoder_config_from_hf, hf_config_from_encoder_config
-from dil_jax.config import LONG_PASSAGE_DEFAULTS, ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.errors import CheckpointError
 from dil_jax.model.attention import attention_bias
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.encoder_config import (
+    LONG_PASSAGE_DEFAULTS,
+    ConfigError,
+    EncoderConfig,
+    ReaderOverrides,
+)
 from dil_jax.model.layers import Block
 from dil_jax.model.reversible import reversible_forward, reversible_layers
 from dil_jax.model.span_reader import PASSAGE_SEGMENT

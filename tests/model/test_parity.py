@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from dil_jax.checkpoints import convert_state_dict, load_hf_checkpoint
-from dil_jax.config import ReaderOverrides
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 
 from tests.helpers.hf import PARITY_MAX_Q as MAX_Q
 from tests.helpers.hf import assert_parity, hf_forward, pad_rows, random_pairs, state_dict_numpy

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf, load_hf_checkpoint
-from dil_jax.config import ReaderOverrides
 from dil_jax.errors import CheckpointError, DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.reading.upper import passage_attention_stats, project_upper, read_upper
 
@@ -393,7 +393,7 @@ def test_pair_grid_equals_direct_pairs(xlnet_folder, k, reuse):
 def test_train_step_with_kd_and_lrs_learns():
     """A tiny XLNet student (k = 1) with a frozen full teacher (k = 0), dropout on, CE + KD +
     LRS: every term is finite and positive and the loss falls on a fixed batch."""
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
 
     config = EncoderConfig(architecture="xlnet", vocab_size=128, hidden_size=32, num_layers=2,
                            num_heads=2, intermediate_size=64, embedding_size=32,
@@ -417,8 +417,8 @@ def test_bench_flop_formulas_match_xla_for_xlnet(k):
     pair program's rows-only last block) are within 2% of XLA's count of the compiled programs, as
     tests/bench/test_bench.py requires of BERT; leaving the position terms out is far outside."""
     from dil_jax import bench
-    from dil_jax.config import EncoderConfig
     from dil_jax.mesh import data_mesh
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
 
     # The "tiny" bench suite's shape: at this width the elementwise work XLA also counts

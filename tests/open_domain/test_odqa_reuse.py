@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
-from dil_jax.config import ReaderOverrides
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PADDED_LOGIT
 from dil_jax.open_domain.cache.build import build_passage_cache
 from dil_jax.open_domain.cache.reuse import reuse_encoder

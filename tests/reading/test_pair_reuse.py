@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
-from dil_jax.config import EncoderConfig, ReaderOverrides
 from dil_jax.model.attention import (
     attend_with_passage_stats,
     attention_bias,
     passage_attention_stats,
 )
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides
 from dil_jax.model.span_reader import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.reading import grid as grid_module
 from dil_jax.reading import upper

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints.char_readers import save_char_reader
-from dil_jax.config import ConfigError
 from dil_jax.errors import UsageError
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.readers import load_reader
 from dil_jax.train.char_data import char_windows
 from dil_jax.train.setup import load_run_models

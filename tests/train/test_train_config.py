@@ -175,7 +175,7 @@ def test_validate_config_returns_the_typed_config_the_trainer_reads():
     evaluator."""
     import dataclasses
 
-    from dil_jax.config import ReaderOverrides
+    from dil_jax.model.encoder_config import ReaderOverrides
     from dil_jax.train.config_rules import validate_config
     from dil_jax.train.train_config import TrainConfig
 

@@ -160,8 +160,8 @@ def test_a_nan_evaluation_does_not_replace_the_best_export(tmp_path):
 
 
 def test_export_refuses_a_best_checkpoint_that_went_nan_on_disk(tmp_path):
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.readers import EncoderReader
 
     checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=1, best_metric=None,

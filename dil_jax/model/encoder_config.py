@@ -1,5 +1,5 @@
 """Encoder configuration shared by BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa, ELECTRA and
-XLNet.
+XLNet (QANet's and BiDAF's beside it: `model/qanet_config.py`, `model/bidaf_config.py`).
 
 One frozen dataclass describes every supported architecture; it is hashable so it can be a Flax
 module attribute and a static argument of `jax.jit`. `num_lower_layers` (the paper's `k`) is part of
