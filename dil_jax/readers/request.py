@@ -4,8 +4,10 @@
     reader = load_requested(request)
 
 A request holds what a user asks a reader by: its checkpoint (a folder, "default", a hub id, or
-None for the bundled fine-tuned reader of its role), k, the question length and the tokenizer,
-and the flags that gave them, so a refusal names what the user typed. `resolved` names the
+None for the bundled fine-tuned reader of its role), k, the question length, the tokenizer and
+the compute dtype, and the flags that gave them, so a refusal names what the user typed. (The
+passage-cache storage a reader expects of an index is the open domain's to check, above this
+package: `OpenDomainIndex.open_cache`.) `resolved` names the
 checkpoint once (the bundled folder of `defaults.default_reader_role`, or the raw embedded
 MiniLM, said loudly, where this install bundles none): every later use (loading, progress and
 results records, messages) sees that one path. `load_requested` loads it (`load_reader`) and
@@ -20,6 +22,7 @@ import logging
 from collections.abc import Collection
 
 from dil_jax.errors import UsageError
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers.loading import load_reader
 from dil_jax.readers.protocol import FixedSplitError, Reader
 
@@ -33,6 +36,7 @@ class ReaderRequest:
     checkpoint: a dil_jax or Hugging Face folder, a QANet / BiDAF export, "default" (the raw
     embedded MiniLM, QA head untrained) or a hub id; None: the bundled reader of its role
     (`resolved`). k, max_question_len, tokenizer: as `load_reader` takes them (None: the
+    checkpoint's own); dtype: the compute dtype ("float32", "bfloat16"; None: the
     checkpoint's own). checkpoint_flag, k_flag: the flags that gave the checkpoint and k, named
     in messages (k_flag None: k is implied by checkpoint_flag, as a server's full reader is
     read at k = 0); fix: what to do instead of another k than a fixed split (None: pass k_flag
@@ -43,6 +47,7 @@ class ReaderRequest:
     k: int | None = None
     max_question_len: int | None = None
     tokenizer: str | None = None
+    dtype: str | None = None
     checkpoint_flag: str = "--checkpoint"
     k_flag: str | None = "--k"
     fix: str | None = None
@@ -89,7 +94,7 @@ def load_requested(request: ReaderRequest) -> Reader:
     request = request.resolved()
     try:
         return load_reader(request.checkpoint, request.k, request.max_question_len,
-                           request.tokenizer)
+                           request.tokenizer, overrides=ReaderOverrides(dtype=request.dtype))
     except FixedSplitError as error:
         asked = (f"{request.k_flag} {request.k} with {request.checkpoint_flag} "
                  f"{request.checkpoint}" if request.k_flag

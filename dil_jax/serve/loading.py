@@ -162,8 +162,9 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
             if folder.exists():
                 raise
             k = loaded.config.num_lower_layers
-            command = build_command(index_dir, index.settings, spec.checkpoint, k,
-                                    storage, settings.tokenizer)
+            command = build_command(index_dir, index.settings.split,
+                                    index.settings.max_passage_len, index.settings.doc_stride,
+                                    spec.checkpoint, k, storage, settings.tokenizer)
             raise MissingCacheError(missing_cache_message(
                 index_dir, folder.name, spec.checkpoint, k, storage,
                 index_caches(index.directory), {key.model: THIS_READER}, command,

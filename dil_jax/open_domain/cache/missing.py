@@ -14,15 +14,12 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dil_jax.defaults import OPEN_DOMAIN_DOC_STRIDE, OPEN_DOMAIN_MAX_PASSAGE_LEN
 from dil_jax.open_domain.cache.manifest import STORAGE_FIELD
 from dil_jax.open_domain.cache.storage import FLOAT32, CacheStorageError, Storage
 from dil_jax.open_domain.cache.store import CacheMismatchError
-
-if TYPE_CHECKING:
-    from dil_jax.open_domain.index.files import IndexSettings
 
 # Folder names of an index's caches: cache-k{k}-{first 8 hex digits of the model fingerprint}
 # (dil_jax.open_domain.cache.manifest.cache_name).
@@ -91,16 +88,16 @@ def _name(storage: Storage | None) -> str:
     return "?" if storage is None else storage.name
 
 
-def build_command(index_dir: str, settings: IndexSettings, checkpoint: str, k: int,
-                  storage: Storage, tokenizer: str | None = None) -> str:
+def build_command(index_dir: str, split: Mapping[str, Any], length: int, stride: int,
+                  checkpoint: str, k: int, storage: Storage, tokenizer: str | None = None) -> str:
     """The command that adds the cache of (checkpoint, k, storage) to this index.
 
-    An index keeps the corpus and split it was built with in index.json (`split`), so the same
-    `dil-jax index` run with only this reader reopens it and builds the one cache; a demo index
-    (its split records `distractors`) is rebuilt the way `dil-jax demo` builds it.
+    An index keeps the corpus and split it was built with in index.json (`split`; its windows:
+    `length` tokens every `stride`), so the same `dil-jax index` run with only this reader
+    reopens it and builds the one cache; a demo index (its split records `distractors`) is
+    rebuilt the way `dil-jax demo` builds it.
     """
-    split = settings.split or {}
-    length, stride = settings.max_passage_len, settings.doc_stride
+    split = split or {}
     if "distractors" in split:
         words = ["dil-jax", "demo", "--index", index_dir]
         if split["distractors"] != DEMO_DISTRACTORS:
