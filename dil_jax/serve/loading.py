@@ -99,15 +99,13 @@ def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[
     """The full reader (k = 0) and the delayed one (its own k unless given): the bundled
     ones when no checkpoint is given. Without a bundled reader the server refuses to start:
     an untrained QA head answers arbitrary spans, which a service must not serve silently."""
-    from dil_jax.defaults import bundled_reader
+    from dil_jax.readers.request import ReaderRequest
 
     specs = []
     for name, given, split, k_flag in (("full", full, 0, None), ("delayed", delayed, k, "--k")):
-        checkpoint = given or bundled_reader(name)
-        if checkpoint is None:
-            raise UsageError(f"no bundled {name} reader in this install: give "
-                             f"--{name}-checkpoint")
-        specs.append(ReaderSpec(name, str(checkpoint), split, k_flag))
+        request = ReaderRequest(given, split, bundled=name, embedded_fallback=False,
+                                checkpoint_flag=f"--{name}-checkpoint").resolved()
+        specs.append(ReaderSpec(name, str(request.checkpoint), split, k_flag))
     return specs
 
 
