@@ -103,7 +103,7 @@ class Setting:
         mesh = data_mesh()
         settings = TrainConfig.of(config)
         models = load_run_models(settings, None)
-        tx, schedule = make_run_optimizer(settings, 1000)
+        tx, schedule = make_run_optimizer(settings, 1000, models.student)
         rep = replicated(mesh)
         self.state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
             replicate(models.student.params, mesh))

@@ -109,7 +109,7 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     except ConfigError as error:
         raise SystemExit(f"--workdir {workdir} config.model.reader: {error}") from None
     # The state's structure, not its values.
-    tx, _ = make_run_optimizer(TrainConfig.of(config), total_steps=1)
+    tx, _ = make_run_optimizer(TrainConfig.of(config), 1, student)
     abstract = abstract_like(jax.eval_shape(lambda p: init_train_state(p, tx), student.params),
                              replicated(data_mesh()))
     folder = workdir / CHECKPOINT_DIR / str(step) / STATE_ITEM

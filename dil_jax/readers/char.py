@@ -44,6 +44,7 @@ from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_inputs import QANetSegment, fit_chars, token_characters
 from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.model.word_table import FROZEN_COLLECTION
 from dil_jax.readers.protocol import (
     FixedSplitError,
     LoadOptions,
@@ -198,6 +199,19 @@ class CharReader(Reader):
         return encode
 
     # ------------------------------------------------------------------ training
+
+    def optimized(self, tx: Any) -> Any:
+        """`tx` over the "params" collection; the frozen word table's collection gets no update
+        and no optimizer state (`optax.set_to_zero`): no weight decay, no Adam moments, 2 x 47
+        MB less per checkpoint than masking inside AdamW."""
+        import optax
+
+        def labels(variables: dict[str, Any]) -> dict[str, str]:
+            # A prefix tree of the variables: each top-level collection gets one label.
+            return {name: "fixed" if name == FROZEN_COLLECTION else "trained"
+                    for name in variables}
+
+        return optax.multi_transform({"trained": tx, "fixed": optax.set_to_zero()}, labels)
 
     def outputs(self, params: Variables, batch: Mapping[str, jax.Array], *,
                 deterministic: bool = True, rngs: dict[str, jax.Array] | None = None,

@@ -14,7 +14,7 @@ or a capability of the reader, never a branch at the call site:
                 table), `characters` (what it reads beside the ids), `encode_questions` /
                 `passage_side` / `encode_passage_batch` (one side of the grid, from `TokenRows`)
   the cache     `passage_encoder` (what an open-domain cache stores), `cacheable_passage_side`
-  training      `outputs` (a batch's span scores)
+  training      `outputs` (a batch's span scores), `optimized` (the optimizer over its variables)
   naming        `kind`, `label`, `describe`
   capabilities  `ReaderCapabilities`: the no-answer score, prescreening, a k of choice, the pair
                 program's reuses, characters, a Hugging Face export
@@ -306,6 +306,11 @@ class Reader(abc.ABC):
         characters (they are read from the windows' passage texts)."""
 
     # ------------------------------------------------------------------ training
+
+    def optimized(self, tx: Any) -> Any:
+        """`tx` (an optax transformation) as a training run applies it to this reader's
+        variables: as it is, where every variable trains."""
+        return tx
 
     @abc.abstractmethod
     def outputs(self, params: Any, batch: Mapping[str, jax.Array], *,

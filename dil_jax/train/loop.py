@@ -377,7 +377,7 @@ def train(config: ml_collections.ConfigDict, *,
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
     data, models = with_stored_teacher(config.source, data, models)  # teacher.logits_file
 
-    tx, schedule = make_run_optimizer(config, data.total_steps)
+    tx, schedule = make_run_optimizer(config, data.total_steps, models.student)
     rep = sharding_lib.replicated(mesh)
     state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
         sharding_lib.replicate(models.student.params, mesh))

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 
 from dil_jax.errors import UsageError
-from dil_jax.model.delayed import Params, check_segment_lengths
+from dil_jax.model.delayed import Params
 from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides
 from dil_jax.readers import Reader, init_reader, load_reader
 from dil_jax.train import data as data_lib
@@ -32,7 +32,7 @@ from dil_jax.train.char_data import windows_of
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.null_windows import sample_null_windows
 from dil_jax.train.optim import ema_params, make_optimizer
-from dil_jax.train.reader_kinds import char_student, is_char_kind, without_frozen
+from dil_jax.train.reader_kinds import CHAR_READER_KINDS, char_student
 from dil_jax.train.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -290,21 +290,28 @@ class RunModels:
     evaluate_fn: EvaluateFn | None
 
 
+def build_student(config: TrainConfig, rng: jax.Array) -> Reader:
+    """The reader to train, as config.model.kind says (the one place the trainer asks): a
+    QANet / BiDAF of config.model.reader (`reader_kinds.char_student`), else a BERT-family
+    reader of config.model.checkpoint or config.model.encoder. From here on the trainer asks
+    the Reader (`check_lengths`, `optimized`, `outputs`), never the kind."""
+    if config.model.kind in CHAR_READER_KINDS:
+        return char_student(config.source, rng)
+    return load_or_init_reader(config.model.checkpoint, config.model.encoder,
+                               config.model.reader_overrides(), rng)
+
+
 def load_run_models(config: TrainConfig, evaluate_fn: EvaluateFn | None) -> RunModels:
     """Student and teacher from config.model / config.teacher, seeded by config.seed."""
     root = jax.random.key(config.seed)
     init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
-    if is_char_kind(config.source):  # QANet / BiDAF: no teacher (the rules refuse KD and LRS)
-        student = char_student(config.source, init_rng)
-        return RunModels(student, None, dropout_rng, _evaluator(config, student, evaluate_fn))
-    student = load_or_init_reader(config.model.checkpoint, config.model.encoder,
-                                  config.model.reader_overrides(), init_rng)
+    student = build_student(config, init_rng)
     # The length rule before any step: question + window (+ the passage offset) must fit the
-    # position table, named by the config keys to change.
-    check_segment_lengths(student.config, config.model.max_question_len,
-                          config.data.max_passage_len,
+    # position table (a reader without one has nothing to check), named by the keys to change.
+    student.check_lengths(config.model.max_question_len, config.data.max_passage_len,
                           fix="lower config.model.max_question_len, config.data.max_passage_len "
                               "or config.model.passage_position_offset")
+    # None for a QANet / BiDAF: the rules refuse the losses that read a teacher.
     teacher = build_teacher(config, student, teacher_rng)
     return RunModels(student, teacher, dropout_rng, _evaluator(config, student, evaluate_fn))
 
@@ -318,15 +325,16 @@ def _evaluator(config: TrainConfig, student: Reader,
     return evaluate_fn
 
 
-def make_run_optimizer(config: TrainConfig, total_steps: int):
-    """(optax transformation, learning-rate schedule) per config.optim; a QANet / BiDAF's
-    frozen word table is left out of it (`reader_kinds.without_frozen`); with
-    optim.ema_decay > 0 the weights' moving average is kept last (`optim.ema_params`)."""
+def make_run_optimizer(config: TrainConfig, total_steps: int, student: Reader):
+    """(optax transformation, learning-rate schedule) per config.optim, over the student's
+    variables as it says (`Reader.optimized`: a QANet / BiDAF leaves its frozen word table
+    out); with optim.ema_decay > 0 the weights' moving average is kept last
+    (`optim.ema_params`)."""
     tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
         weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
         b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
         frozen=config.optim.frozen_prefixes)
-    tx = without_frozen(tx) if is_char_kind(config.source) else tx
+    tx = student.optimized(tx)
     decay = float(config.optim.ema_decay)
     return (optax.chain(tx, ema_params(decay)) if decay else tx), schedule
