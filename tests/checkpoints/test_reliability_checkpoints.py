@@ -158,7 +158,7 @@ def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, mon
                            max_question_len=4)
     (tmp_path / "encoder_config.json").write_text(json.dumps(config.to_dict()))
     # No orbax files needed: the refusal is about the tokenizer, after the params are read.
-    monkeypatch.setattr(readers, "load_params", lambda directory, **_: (config, {}))
+    monkeypatch.setattr(readers, "load_params", lambda directory, overrides: (config, {}))
     with pytest.raises(DilJaxError, match="without tokenizer files.*pass --tokenizer"):
         load_reader(str(tmp_path), None, 4)
     with pytest.raises(DilJaxError, match="export dtype must be float32 or bfloat16"):

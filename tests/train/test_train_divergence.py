@@ -45,8 +45,8 @@ def test_a_nan_step_stops_the_run_by_name_and_the_last_finite_checkpoint_survive
         tmp_path, monkeypatch):
     real = loop.make_run_optimizer
 
-    def poisoned(config, total_steps):
-        tx, schedule = real(config, total_steps)
+    def poisoned(config, total_steps, student):
+        tx, schedule = real(config, total_steps, student)
         return optax.chain(tx, _nan_at_update(2)), schedule  # NaN params after step 3
 
     monkeypatch.setattr(loop, "make_run_optimizer", poisoned)
