@@ -20,6 +20,7 @@ _PUBLIC = {
     "InputError": "dil_jax.model.delayed",
     "ConfigError": "dil_jax.model.encoder_config",
     "EncoderConfig": "dil_jax.model.encoder_config",
+    "ReaderOverrides": "dil_jax.model.encoder_config",
     "load_hf_checkpoint": "dil_jax.checkpoints.hf_import",
     "Reader": "dil_jax.readers.protocol",
     "load_reader": "dil_jax.readers.loading",
