@@ -140,6 +140,8 @@ def format_answer(payload: dict) -> str:
         rank=best["bm25_rank"], retrieved=payload["retrieved"],
         span_score=payload["span_score"], reader_score=best["reader_score"],
         bm25_score=best["bm25_score"], mu=payload["mu"], threshold=payload["threshold"],
+        retrieval_match=payload.get("retrieval_match"), probability=payload.get("probability"),
+        probability_threshold=payload.get("probability_threshold"),
         context=passage_context(best["passage"], best["start"], best["end"], best["text"]))
     lines += [f"   also: {other['text']} ({other['title']!r})" for other in answers[1:]]
     lines.append("   time: " + ", ".join(f"{phase} {ms:.0f} ms"

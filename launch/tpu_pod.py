@@ -15,12 +15,19 @@ NAME: your login on the workers; a path with an empty component (`/home//...`, w
 
 The `index` step runs `dil-jax index` on every worker instead (after create, copy, setup): one
 process per host, `--distributed` (jax.distributed finds the pod), each encoding its own shard of
-every passage cache on its own chips; worker 0 also builds the index and writes each cache's
-manifest. --out must be a folder every worker mounts (e.g. a Filestore NFS share), not gs://:
+every passage cache on its own chips. With --cache-store gs://BUCKET/PATH the caches go to the
+bucket and the workers share no folder: --out is each worker's own folder (relative to the code
+folder, or absolute), where each builds the index from the corpus (installed on every worker by
+`setup`); worker 0's is the one to read (it records the bucket). Every worker writes its own
+shards to the bucket (tensorstore's gcs driver, with the VM's service account), worker 0 joins
+them and writes each cache's manifest, last:
 
-    python launch/tpu_pod.py index --name dil-v4 --zone us-central2-b --out /mnt/share/index \
-        -- --corpus wikipedia --k 4 --cache-dtype pca64
+    python launch/tpu_pod.py index --name dil-v4 --zone us-central2-b --out index \
+        --cache-store gs://BUCKET/wiki-index -- --corpus wikipedia --k 4 --cache-dtype pca64
     python launch/tpu_pod.py logs  --name dil-v4 --zone us-central2-b --log-file index.log
+
+Without --cache-store, --out must be a folder every worker mounts (e.g. a Filestore NFS share),
+not gs://: the caches are written there with file renames.
 
 Every step accepts --dry-run, which prints the exact commands instead of running them.
 """
@@ -48,8 +55,10 @@ LOG_FILE = "train.log"
 INDEX_LOG_FILE = "index.log"
 STEPS = ("create", "copy", "setup", "run", "index", "logs", "delete")
 # `dil-jax index` flags the `index` step sets itself (--distributed finds the processes).
-_POD_OWNED = ("--out", "--num-processes", "--process-id", "--coordinator-address",
-              "--distributed", "--num-cpu-devices")
+_POD_OWNED = ("--out", "--cache-store", "--num-processes", "--process-id",
+              "--coordinator-address", "--distributed", "--num-cpu-devices")
+# The stores a pod's workers can all write (a file:// store would be each worker's own disk).
+_POD_STORES = ("gs://", "s3://")
 
 
 def _gcloud_tpu(args: argparse.Namespace, *verb: str) -> list[str]:
@@ -101,18 +110,30 @@ def run(args: argparse.Namespace) -> list[list[str]]:
 
 def index(args: argparse.Namespace) -> list[list[str]]:
     """Starts `dil-jax index --distributed` on all workers, detached: each builds its shard of
-    every passage cache (docs/open_domain.md, "The passage cache across hosts")."""
+    every passage cache, in the bucket of --cache-store (docs/open_domain.md, "Many hosts, no
+    shared folder"), or in a folder every worker mounts (docs/open_domain.md, "The passage
+    cache across hosts")."""
     if not args.out:
-        raise SystemExit("launch: index needs --out (a folder every worker mounts)")
-    if "://" in args.out or not PurePosixPath(args.out).is_absolute():
-        raise SystemExit(f"launch: index --out {args.out!r}: give an absolute path of a folder "
-                         "every worker mounts (e.g. an NFS share); the cache is written with "
-                         "file renames and memory maps, which gs:// does not offer")
+        raise SystemExit("launch: index needs --out (each worker's index folder with "
+                         "--cache-store, else a folder every worker mounts)")
     owned = [flag for flag in args.overrides if flag.split("=", 1)[0] in _POD_OWNED]
     if owned:
         raise SystemExit(f"launch: index sets {', '.join(owned)} itself; give the other "
                          "`dil-jax index` flags after --")
-    command = ["python3", "-m", "dil_jax", "index", "--distributed", "--out", args.out,
+    if args.cache_store and not args.cache_store.startswith(_POD_STORES):
+        raise SystemExit(f"launch: index --cache-store {args.cache_store!r}: give a bucket "
+                         f"every worker writes ({' or '.join(_POD_STORES)}...); a path would be "
+                         "each worker's own disk")
+    if "://" in args.out:
+        raise SystemExit(f"launch: index --out {args.out!r}: a folder on the workers (one "
+                         "every worker mounts, or with --cache-store each worker's own); the "
+                         "caches go to a bucket with --cache-store gs://...")
+    if not args.cache_store and not PurePosixPath(args.out).is_absolute():
+        raise SystemExit(f"launch: index --out {args.out!r}: give an absolute path of a folder "
+                         "every worker mounts (e.g. an NFS share); the cache is written with "
+                         "file renames and memory maps, which gs:// does not offer")
+    store = ["--cache-store", args.cache_store] if args.cache_store else []
+    command = ["python3", "-m", "dil_jax", "index", "--distributed", "--out", args.out, *store,
                *args.overrides]
     log_file = args.log_file or INDEX_LOG_FILE
     return [_ssh(args, f"cd ~/{REMOTE_DIR} && nohup {shlex.join(command)} > ~/{log_file} "
@@ -140,7 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--accelerator", default="v4-32", help="e.g. v4-32, v5litepod-16")
     parser.add_argument("--version", default="tpu-ubuntu2204-base", help="TPU VM image")
     parser.add_argument("--spot", action="store_true", help="preemptible capacity")
-    parser.add_argument("--out", default="", help="index folder every worker mounts (index)")
+    parser.add_argument("--out", default="",
+                        help="index folder (index): each worker's own with --cache-store, "
+                             "else one every worker mounts")
+    parser.add_argument("--cache-store", default="", metavar="URL",
+                        help="gs://BUCKET/PATH (or s3://) the passage caches are built in "
+                             "(index): the workers then share no folder")
     parser.add_argument("--log-file", default="",
                         help=f"worker log (logs, index; default {LOG_FILE}, index: "
                              f"{INDEX_LOG_FILE})")

@@ -133,6 +133,59 @@ def test_tpu_pod_index_refuses_bad_outputs(args, message):
     assert result.returncode != 0 and message in result.stderr
 
 
+def test_tpu_pod_index_builds_the_caches_in_a_bucket_without_a_shared_folder():
+    """With --cache-store every worker builds the index in its own --out (relative: under the
+    code folder) and its shards in the bucket."""
+    (index,) = _dry_run("tpu_pod.py", "index", *POD, "--out", "index", "--cache-store",
+                        "gs://b/wiki", "--", "--corpus", "wikipedia", "--k", "4",
+                        "--cache-dtype", "pca64")
+    assert index[4:6] == ["ssh", "dil-v4"] and "--worker=all" in index
+    assert index[-1] == ("--command=cd ~/dil_jax && nohup python3 -m dil_jax index --distributed "
+                         "--out index --cache-store gs://b/wiki --corpus wikipedia --k 4 "
+                         "--cache-dtype pca64 > ~/index.log 2>&1 &")
+    # setup installs the leads on every worker: each reads the corpus itself.
+    (setup,) = _dry_run("tpu_pod.py", "setup", *POD)
+    assert "--worker=all" in setup and WIKIPEDIA_PACKAGE in setup[-1]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "index", "--cache-store", "file:///mnt/x"], "give a bucket every worker writes"),
+    (["--out", "index", "--cache-store", "runs/x"], "give a bucket every worker writes"),
+    (["--out", "gs://b/i", "--cache-store", "gs://b/c"], "a folder on the workers"),
+    (["--out", "index", "--", "--cache-store", "gs://b/c"], "index sets --cache-store itself"),
+])
+def test_tpu_pod_index_refuses_a_store_the_workers_do_not_share(args, message):
+    assert message in _refused("tpu_pod.py", "index", *POD, "--dry-run", *args)
+
+
+def test_gpu_hosts_build_the_caches_in_a_store_one_shard_each():
+    one = _dry_run("gpu_host.py", "index", "--host", "me@gpu", "--out", "runs/wiki",
+                   "--cache-store", "gs://b/wiki", "--", "--corpus", "wikipedia", "--k", "4")
+    assert one == [["ssh", "me@gpu", "cd dil_jax && nohup .venv/bin/python -m dil_jax index "
+                                     "--out runs/wiki --cache-store gs://b/wiki --corpus "
+                                     "wikipedia --k 4 > index.log 2>&1 &"]]
+    for host in (0, 1):
+        (command,) = _dry_run("gpu_host.py", "index", "--host", f"me@gpu-{host}", "--out",
+                              "runs/wiki", "--cache-store", "s3://b/wiki", "--num-hosts", "2",
+                              "--host-index", str(host), "--", "--k", "4")
+        assert command == ["ssh", f"me@gpu-{host}",
+                           "cd dil_jax && nohup .venv/bin/python -m dil_jax index --out "
+                           "runs/wiki --cache-store s3://b/wiki --num-processes 2 --process-id "
+                           f"{host} --k 4 > index.log 2>&1 &"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-hosts", "2", "--host-index", "1"], "--num-hosts / --host-index need --cache-store"),
+    (["--cache-store", "gs://b/c", "--num-hosts", "2", "--host-index", "2"],
+     "--host-index 2: must be 0 .. --num-hosts - 1 (1)"),
+    (["--cache-store", "file:///x"], "give a store every host writes"),
+    (["--", "--cache-store", "gs://b/c"], "index sets --cache-store itself"),
+])
+def test_gpu_host_index_refuses_bad_store_flags(args, message):
+    assert message in _refused("gpu_host.py", "index", "--host", "h", "--out", "runs/i",
+                               "--dry-run", *args)
+
+
 def test_the_leads_package_is_the_one_tools_setup_installs():
     """The launchers install the package `dil-jax index --corpus wikipedia` reads
     (WIKIPEDIA_PACKAGE) with --no-deps, as tools/setup.sh does for this machine."""

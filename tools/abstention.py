@@ -1,5 +1,12 @@
 """Abstention thresholds for the open-domain readers: chosen on TRAINING questions, measured on
 validation ones (dil_jax/open_domain/abstention.py says what the threshold compares and why).
+Beside each threshold, a logistic rule over the reader score and the retrieval match (the best
+BM25 score over the question's attainable one) is fitted on the same questions and recorded;
+`measure` reports both rules side by side. calibrate writes every question's features to
+WORK/calibration.json, and `fit` refits and records from that file without reading again:
+
+    python tools/abstention.py fit --calibration runs/abstention/calibration.json \
+        --reader dil_jax/assets/minilm-squad-k4 --record
 
     # choose: training articles + Wikipedia leads as the corpus; half the sampled questions are
     # read as they are (in corpus), half with their own article's passages removed (out of
@@ -43,13 +50,31 @@ class NotRecorded(ValueError):
     """A reader's chosen thresholds cannot go into its manifest (one is not finite)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class QuestionRead:
-    """One question's picked answer per span score rule, without / with the IR score."""
+    """One question's picked answer per span score rule, without / with the IR score, and how
+    well BM25 matched it (`retrieval_match`; None in a calibration file written before it)."""
 
     qid: str
     in_corpus: bool
     scores: dict  # rule -> {"score", "EM", "score_ir", "EM_ir"}
+    retrieval_match: float | None = None
+
+    def features(self, rule: str, suffix: str) -> tuple[float, float] | None:
+        """(reader score, retrieval match) of the picked answer, None without a candidate."""
+        score = self.scores[rule]["score" + suffix]
+        if score is None:
+            return None
+        if self.retrieval_match is None:
+            raise ValueError(f"question {self.qid}: no retrieval match recorded (a calibration "
+                             "file of an older tools/abstention.py): calibrate again")
+        return (score, self.retrieval_match)
+
+
+def reads_from_json(rows: list) -> list[QuestionRead]:
+    """The questions of a calibration file's `questions` (`dataclasses.asdict` of each)."""
+    return [QuestionRead(row["qid"], row["in_corpus"], row["scores"],
+                         row.get("retrieval_match")) for row in rows]
 
 
 def sample_questions(examples: list, n: int, seed: int) -> tuple[list, list]:
@@ -65,7 +90,11 @@ def read_questions(reader, examples: list, in_corpus: bool, block: int = 16
                    ) -> list[QuestionRead]:
     """Reads `examples` with `reader` (an OpenDomainReader); out of corpus: without the
     passages of each question's own article."""
-    from dil_jax.open_domain.abstention import exclude_titles, normalized_title
+    from dil_jax.open_domain.abstention import (
+        exclude_titles,
+        normalized_title,
+        retrieval_match,
+    )
     from dil_jax.open_domain.evaluate import question_record
 
     titles = [passage.title for passage in reader.index.passages]
@@ -88,9 +117,10 @@ def read_questions(reader, examples: list, in_corpus: bool, block: int = 16
             record = question_record(
                 example, {rule: c[i] for rule, c in result.by_score.items()}, hits,
                 [reader.index.passages[h.passage_index].text for h in hits], [P], MU)
+            match = retrieval_match(hits, reader.index.retriever.attainable(example.question))
             reads.append(QuestionRead(example.qid, in_corpus, {
                 rule: {key: rows[str(P)][key] for key in ("score", "EM", "score_ir", "EM_ir")}
-                for rule, rows in record["scores"].items()}))
+                for rule, rows in record["scores"].items()}, match))
         print(f"  {'in' if in_corpus else 'out'}: {len(reads)} of {len(examples)} read",
               file=sys.stderr, flush=True)
     return reads
@@ -108,7 +138,8 @@ def open_reader(index_dir: str, checkpoint: str):
 
 
 def thresholds_of(reads: list[QuestionRead]) -> dict:
-    """rule -> the chosen thresholds without / with the IR score and what they do here."""
+    """rule -> the chosen thresholds without / with the IR score and what they do here, and,
+    when every read has its retrieval match, the logistic rules (`combined_of`)."""
     from dil_jax.open_domain.abstention import choose_threshold
 
     inside = [r for r in reads if r.in_corpus]
@@ -122,29 +153,70 @@ def thresholds_of(reads: list[QuestionRead]) -> dict:
                                       [r.scores[rule]["score" + suffix] for r in outside])
             row["threshold" + suffix] = choice.threshold
             row["on_calibration" + suffix] = dataclasses.asdict(choice)
+        if all(r.retrieval_match is not None for r in reads):
+            row.update(combined_of(inside, outside, rule))
         chosen[rule] = row
     return chosen
 
 
-def applied(reads: list[QuestionRead], rule: str, threshold: float, suffix: str) -> dict:
-    """What `threshold` does to `reads` (percent): coverage and EM of the answered in-corpus
-    questions, EM of all in-corpus ones with refusals counted wrong, out-of-corpus refused."""
-    inside = [r.scores[rule] for r in reads if r.in_corpus]
-    outside = [r.scores[rule] for r in reads if not r.in_corpus]
+def combined_of(inside: list[QuestionRead], outside: list[QuestionRead], rule: str) -> dict:
+    """The logistic rules of `rule` without / with the IR score (`choose_combined`) and what
+    they do on these questions: {"combined", "on_calibration_combined", "combined_ir", ...};
+    both or neither: when one cannot be recorded (no fit, or a probability threshold that
+    refuses all or nothing), {"combined_not_recorded": why} (the threshold then decides)."""
+    from dil_jax.open_domain.abstention import choose_combined
 
-    def answers(row):
-        return row["score" + suffix] is not None and row["score" + suffix] >= threshold
+    row = {}
+    for suffix in ("", "_ir"):
+        try:
+            logistic, choice = choose_combined([r.features(rule, suffix) for r in inside],
+                                               [r.scores[rule]["EM" + suffix] for r in inside],
+                                               [r.features(rule, suffix) for r in outside])
+        except ValueError as error:
+            return {"combined_not_recorded": f"combined{suffix}: {error}"}
+        if not math.isfinite(logistic.probability):
+            why = why_not_finite(logistic.probability, dataclasses.asdict(choice))
+            return {"combined_not_recorded": f"combined{suffix}: probability threshold "
+                                             f"{logistic.probability}: {why}"}
+        row["combined" + suffix] = logistic.to_json()
+        row["on_calibration_combined" + suffix] = dataclasses.asdict(choice)
+    return row
 
-    answered = [row for row in inside if answers(row)]
+
+def applied(reads: list[QuestionRead], rule: str, suffix: str, answers) -> dict:
+    """What a decision rule does to `reads` (percent): coverage and EM of the answered
+    in-corpus questions, EM of all in-corpus ones with refusals counted wrong, out-of-corpus
+    refused. answers(read) -> whether the read's picked answer is shown (False without one)."""
+    inside = [r for r in reads if r.in_corpus]
+    outside = [r for r in reads if not r.in_corpus]
+    answered = [r.scores[rule] for r in inside if answers(r)]
     return dict(
         questions_in=len(inside), questions_out=len(outside),
-        EM_without_abstention=100 * float(np.mean([row["EM" + suffix] for row in inside])),
+        EM_without_abstention=100 * float(np.mean([r.scores[rule]["EM" + suffix]
+                                                   for r in inside])),
         coverage=100 * len(answered) / len(inside),
         EM_of_answered=100 * float(np.mean([row["EM" + suffix] for row in answered]))
         if answered else 0.0,
         EM_counting_refusals_wrong=100 * sum(row["EM" + suffix] for row in answered)
         / len(inside),
-        out_of_corpus_refused=100 * sum(not answers(row) for row in outside) / len(outside))
+        out_of_corpus_refused=100 * sum(not answers(r) for r in outside) / len(outside))
+
+
+def by_threshold(rule: str, suffix: str, threshold: float):
+    """`applied`'s `answers` of today's rule: the reader score >= the threshold."""
+    def answers(read: QuestionRead) -> bool:
+        score = read.scores[rule]["score" + suffix]
+        return score is not None and score >= threshold
+    return answers
+
+
+def by_logistic(rule: str, suffix: str, logistic):
+    """`applied`'s `answers` of a `LogisticRule`: its probability >= its threshold."""
+    def answers(read: QuestionRead) -> bool:
+        features = read.features(rule, suffix)
+        return features is not None and \
+            logistic.probability_of(*features) >= logistic.probability
+    return answers
 
 
 def calibration_file(train: Path, n_articles: int, seed: int, out: Path) -> Path:
@@ -210,7 +282,9 @@ def record_in_manifest(folder: Path, chosen: dict, chosen_on: str) -> None:
     from dil_jax.open_domain.abstention import MANIFEST_KEY
 
     manifest = ExportManifest.read(folder).to_json()
-    manifest[MANIFEST_KEY] = {"chosen_on": chosen_on, "p": P, "mu": MU, "by_rule": chosen}
+    by_rule = {rule: {key: value for key, value in row.items()
+                      if key != "combined_not_recorded"} for rule, row in chosen.items()}
+    manifest[MANIFEST_KEY] = {"chosen_on": chosen_on, "p": P, "mu": MU, "by_rule": by_rule}
     write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=2) + "\n")
 
 
@@ -268,16 +342,58 @@ def calibrate(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         reader = open_reader(str(index), checkpoint)
         reads = read_questions(reader, inside, True) + read_questions(reader, outside, False)
-        chosen = thresholds_of(reads)
-        report["readers"][checkpoint] = {"by_rule": chosen,
-                                         "seconds": round(time.perf_counter() - started, 1)}
-        if args.record:
-            try:
-                record_in_manifest(Path(checkpoint), chosen, chosen_on)
-            except NotRecorded as error:  # the other readers are still calibrated, recorded
-                refused.append(f"abstention: {error}")
-        print(json.dumps({checkpoint: chosen}, indent=2))
-    (work / "calibration.json").write_text(json.dumps(report, indent=2))
+        report["readers"][checkpoint] = {
+            "seconds": round(time.perf_counter() - started, 1),
+            # every question's features: `fit` refits from them without reading again
+            "questions": [dataclasses.asdict(read) for read in reads]}
+        # written after each reader: a later failure keeps what was read
+        (work / "calibration.json").write_text(json.dumps(report, indent=2))
+        refused += fit_and_record(checkpoint, reads, chosen_on, args.record, report)
+        (work / "calibration.json").write_text(json.dumps(report, indent=2))
+    if refused:
+        raise SystemExit("\n".join(refused))
+    return 0
+
+
+def fit_and_record(checkpoint: str, reads: list[QuestionRead], chosen_on: str, record: bool,
+                   report: dict) -> list[str]:
+    """Chooses the thresholds and fits the logistic rules of one reader's `reads`, puts them
+    in `report["readers"][checkpoint]["by_rule"]`, prints them and, with `record`, writes them
+    into its manifest; returns the line saying why they were not recorded, if so."""
+    chosen = thresholds_of(reads)
+    report["readers"].setdefault(checkpoint, {})["by_rule"] = chosen
+    print(json.dumps({checkpoint: chosen}, indent=2))
+    for rule, row in chosen.items():
+        if "combined_not_recorded" in row:
+            print(f"abstention: {checkpoint} {rule}: no logistic rule recorded "
+                  f"({row['combined_not_recorded']}); its threshold decides", file=sys.stderr)
+    if not record:
+        return []
+    try:
+        record_in_manifest(Path(checkpoint), chosen, chosen_on)
+    except NotRecorded as error:  # the other readers are still calibrated, recorded
+        return [f"abstention: {error}"]
+    return []
+
+
+def fit(args: argparse.Namespace) -> int:
+    """Refits (and with --record records) from a calibration file's recorded features."""
+    path = require_file(args.calibration, "--calibration")
+    report = json.loads(path.read_text())
+    readers = report.get("readers", {})
+    refused = []
+    for checkpoint in args.reader:
+        rows = readers.get(checkpoint, {}).get("questions")
+        if not rows:
+            raise SystemExit(f"abstention: --calibration {path}: no questions recorded for "
+                             f"--reader {checkpoint} (readers there: {', '.join(readers)})")
+        try:
+            reads = reads_from_json(rows)
+            refused += fit_and_record(checkpoint, reads, report["chosen_on"], args.record,
+                                      {"readers": {}})
+        except (KeyError, TypeError, ValueError) as error:
+            raise SystemExit(f"abstention: --calibration {path}: the questions of {checkpoint} "
+                             f"cannot be read ({type(error).__name__}: {error})") from error
     if refused:
         raise SystemExit("\n".join(refused))
     return 0
@@ -300,18 +416,14 @@ def measure(args: argparse.Namespace) -> int:
                              "`tools/abstention.py calibrate --record` first")
         reader = open_reader(args.index, checkpoint)
         reads = read_questions(reader, inside, True) + read_questions(reader, outside, False)
-        results[checkpoint] = {
-            f"{rule}{' +IR' if fused else ''}": applied(
-                reads, rule, abstention.threshold(rule, fused), "_ir" if fused else "")
-            | {"threshold": abstention.threshold(rule, fused)}
-            for rule in abstention.thresholds for fused in (False, True)}
+        results[checkpoint] = measured(reads, abstention)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["| reader | rule | threshold | EM (all answered) | coverage | EM of answered | "
+    lines = ["| reader | rule | decided by | EM (all answered) | coverage | EM of answered | "
              "EM, refusals wrong | out of corpus refused |", "|---|---|---|---|---|---|---|---|"]
     for checkpoint, rows in results.items():
         for name, row in rows.items():
-            lines.append(f"| `{Path(checkpoint).name}` | {name} | {row['threshold']:.2f} | "
+            lines.append(f"| `{Path(checkpoint).name}` | {name} | {row['decided_by']} | "
                          f"{row['EM_without_abstention']:.1f} | {row['coverage']:.1f} | "
                          f"{row['EM_of_answered']:.1f} | {row['EM_counting_refusals_wrong']:.1f}"
                          f" | {row['out_of_corpus_refused']:.1f} |")
@@ -323,6 +435,27 @@ def measure(args: argparse.Namespace) -> int:
                                                     indent=2))
     print("\n".join(lines))
     return 0
+
+
+def measured(reads: list[QuestionRead], abstention) -> dict:
+    """Both rules side by side on `reads`: for each span rule, without and with the IR score,
+    the threshold's row and, where the reader records one, the logistic rule's."""
+    rows = {}
+    for rule in abstention.thresholds:
+        for fused in (False, True):
+            suffix, name = ("_ir", f"{rule} +IR") if fused else ("", rule)
+            threshold = abstention.threshold(rule, fused)
+            rows[name] = applied(reads, rule, suffix, by_threshold(rule, suffix, threshold)) \
+                | {"decided_by": f"reader score >= {threshold:.2f}", "threshold": threshold}
+            logistic = abstention.logistic(rule, fused)
+            if logistic is not None:
+                rows[f"{name}, with retrieval match"] = applied(
+                    reads, rule, suffix, by_logistic(rule, suffix, logistic)) | {
+                    "decided_by": f"p >= {logistic.probability:.2f}, p = sigmoid("
+                                  f"{logistic.bias:.2f} + {logistic.reader_score:.3f} x score + "
+                                  f"{logistic.retrieval_match:.2f} x match)",
+                    "rule": logistic.to_json()}
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,8 +483,15 @@ def main(argv: list[str] | None = None) -> int:
     mea.add_argument("--questions", type=int, default=200, help="per side (in / out)")
     mea.add_argument("--seed", type=int, default=0)
     mea.add_argument("--out", required=True)
+    refit = commands.add_parser("fit", help="refit from a calibration file's recorded "
+                                             "features, without reading")
+    refit.add_argument("--calibration", required=True, help="WORK/calibration.json")
+    refit.add_argument("--reader", action="append", required=True,
+                       help="reader folder, as given to calibrate")
+    refit.add_argument("--record", action="store_true",
+                       help="write the thresholds and rules into each reader's manifest")
     args = parser.parse_args(argv)
-    return calibrate(args) if args.command == "calibrate" else measure(args)
+    return {"calibrate": calibrate, "measure": measure, "fit": fit}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     dil-jax index --out runs/index --corpus wikipedia --corpus squad:FILE --k 0 4
     dil-jax index ... --num-processes 2 --process-id I --coordinator-address host:1234
+    dil-jax index --out LOCAL_DIR --cache-store gs://BUCKET/index ... --distributed
     dil-jax index --out runs/index --verify
 """
 
@@ -106,6 +107,13 @@ def _check_index_flags(args: argparse.Namespace) -> None:
     if args.retriever not in (None, "auto"):  # a missing engine or Java: now, not mid-build
         check_engine_available(args.retriever)
     _check_process_flags(args)
+    if args.cache_store is not None:
+        from dil_jax.open_domain.cache.store_build import store_url
+
+        try:
+            args.cache_store = store_url(args.cache_store)
+        except ValueError as error:
+            raise UsageError(f"--cache-store {error}") from error
     check_window_flags(args.max_passage_len, args.doc_stride)
     check_checkpoint_count(args)
     corpus_files = [path for kind, path in map(parse_source, corpus) if path]
@@ -169,7 +177,15 @@ def register(subparsers) -> None:
         "several processes (docs/open_domain.md, \"The passage cache across hosts\")",
         "Each process encodes its own shard of every passage cache on its own devices; "
         "process 0 also builds the index and writes each cache's manifest, last. --out must be "
-        "a folder every process sees.")
+        "a folder every process sees, unless the caches go to a store (--cache-store).")
+    shards.add_argument("--cache-store", default=None, metavar="URL",
+                        help="build the passage caches in this store instead of --out: "
+                             "gs://BUCKET/PATH, s3://BUCKET/PATH or file://PATH (a local path "
+                             "is taken as file://); every process writes its own shards there "
+                             "and needs no folder shared with the others (each its own --out, "
+                             "the corpus on every host); --out records the URL and reads the "
+                             "caches from it (docs/open_domain.md, \"Many hosts, no shared "
+                             "folder\"; default: the caches are folders in --out)")
     shards.add_argument("--num-processes", type=positive_int, default=None,
                         help="processes building the caches together (one shard each; default: one "
                              "process)")
@@ -292,7 +308,8 @@ def _run_build(args: argparse.Namespace, on_step: Callable[[BuildStep], None] | 
         settings = BuildSettings(max_passage_len=args.max_passage_len, doc_stride=args.doc_stride,
                                  split=args.split, corpus_limit=args.corpus_limit,
                                  storage=args.storage, cache_reuse=args.cache_reuse,
-                                 retriever=args.retriever, chunk_passages=args.cache_chunk)
+                                 retriever=args.retriever, chunk_passages=args.cache_chunk,
+                                 cache_store=args.cache_store)
         bars = _ProgressBars()
 
         def progress(step: BuildStep) -> None:

@@ -199,7 +199,8 @@ def _missing_cache(args, index, reader):
     storage = args.storage or FLOAT32  # `ask` without --cache-dtype: the plain cache
     key = index.cache_key(reader, storage)
     folder = index.cache_dir(key)
-    if folder.exists():
+    # A cache in the index's store (`dil-jax index --cache-store`) is there too.
+    if folder.exists() or index.cache_location(key).exists("manifest.json"):
         return None
     checkpoint = reader.checkpoint.name
     k = reader.config.num_lower_layers

@@ -96,6 +96,9 @@ class BuildSettings:
     retriever: str | None = None
     # Windows encoded per step: the grid a sharded cache is cut on (whole chunks per shard).
     chunk_passages: int = 256
+    # A store URL (`cache.store_build.store_url`: gs://, s3://, file://) the caches are built
+    # in, instead of the index folder (--cache-store): processes then share no folder.
+    cache_store: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +134,24 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
     (`index_lock(out, i)`), waits for the index process 0 builds or reuses, and builds shard i
     of each cache; the sentence embeddings are process 0's. Every process returns the finished
     caches.
+
+    With `settings.cache_store` the processes share no folder: each builds (or reuses) the
+    index in its own `out` from the corpus (the same passages and windows: the split and the
+    tokenizer are deterministic; the cache plan names the passages' fingerprint, so a process
+    over another corpus is refused), then its shard of each cache in the store
+    (`cache.store_build`). Only process 0's index is meant to be read (`ask`, `serve`); the
+    others' are working copies whose BM25 is built for nothing (at the same time as process
+    0's, so no later), and the sentence embeddings are process 0's only.
     """
     for reader in readers:  # before hours of caching: the lengths must fit every reader
         check_read_lengths(reader, settings.max_passage_len)
     report = progress or (lambda step: None)
-    mine = _peer_settings(readers, settings, process) if process.count > 1 else {}
+    # Without a shared folder there is no run record to compare (`build_peers`): processes given
+    # other flags plan another cache, which the wait for the plan names at its timeout.
+    shared = process.count > 1 and settings.cache_store is None
+    mine = _peer_settings(readers, settings, process) if shared else {}
     folder = Path(out).resolve()
-    if process.index > 0:
+    if process.index > 0 and shared:
         with index_lock(out, process.index):
             def agree() -> None:
                 check_peer_settings(folder, mine, process.index)
@@ -150,7 +164,7 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
                            for reader in readers]
     with index_lock(out):
         peer_check = None
-        if process.count > 1:
+        if shared:
             by = write_run_record(folder, mine)
 
             def peer_check() -> None:
@@ -159,7 +173,7 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
         index = _split_and_index(out, corpus, readers[0].tokenizer, settings, report)
         caches = [_reader_cache(index, reader, settings, report, process, peer_check)
                   for reader in readers]
-        if prescreener is not None:
+        if prescreener is not None and process.index == 0:
             def sentences_done(done: int, total: int) -> None:
                 report(BuildStep("sentence embeddings", done, total))
 
@@ -336,6 +350,7 @@ def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSetting
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),
                                process_index=process.index, process_count=process.count,
-                               wait_timeout_s=process.wait_timeout_s, peer_check=peer_check)
+                               wait_timeout_s=process.wait_timeout_s, peer_check=peer_check,
+                               cache_store=settings.cache_store)
     report(BuildStep(stage, total, total))
     return cache

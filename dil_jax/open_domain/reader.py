@@ -51,7 +51,7 @@ from dil_jax.defaults import SPAN_SCORES
 from dil_jax.errors import DilJaxError
 from dil_jax.model.attention import QKV, PassageAttentionStats
 from dil_jax.model.delayed import InputError
-from dil_jax.open_domain.abstention import Abstention
+from dil_jax.open_domain.abstention import Abstention, Decision, retrieval_match
 from dil_jax.open_domain.answer_text import answer_lines, passage_context
 from dil_jax.open_domain.cache.reuse import pair_inputs
 from dil_jax.open_domain.cache.store import PassageCache
@@ -412,6 +412,18 @@ class OpenDomainReader:
         return token_sentences(np.asarray(self.offsets[rows]), owner.reshape(-1), spans)
 
 
+def abstention_decision(abstention: Abstention, reader: OpenDomainReader, question: str,
+                        hits: Sequence, score: float, mu: float | None) -> Decision:
+    """`abstention.decide` for the picked answer (reader score `score`) of `question`, whose
+    BM25 `hits` (best first) came from `reader`'s index: the retrieval match is asked of the
+    retriever only when a logistic rule needs it."""
+    fused = mu is not None
+    match = None
+    if abstention.uses_retrieval(reader.span_score, fused):
+        match = retrieval_match(hits, reader.index.retriever.attainable(question))
+    return abstention.decide(score, reader.span_score, fused, match)
+
+
 def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[Candidate],
                   hits: Sequence, timings: dict[str, float], mu: float | None,
                   abstention: Abstention | None = None) -> str:
@@ -430,13 +442,16 @@ def format_answer(reader: OpenDomainReader, question: str, candidates: Sequence[
                          f"allowed span)")
         return "\n".join(lines)
     passage = reader.index.passages[answer.passage_index]
-    threshold = (None if abstention is None
-                 else abstention.threshold(reader.span_score, fused=mu is not None))
+    decision = (None if abstention is None else
+                abstention_decision(abstention, reader, question, hits, answer.reader_score, mu))
     lines += answer_lines(
         text=answer.text, title=passage.title, passage_id=passage.passage_id,
         rank=answer.rank + 1, retrieved=len(hits), span_score=reader.span_score,
         reader_score=answer.reader_score, bm25_score=answer.bm25_score, mu=mu,
-        threshold=threshold,
+        threshold=decision and decision.threshold,
+        retrieval_match=decision and decision.retrieval_match,
+        probability=decision and decision.probability,
+        probability_threshold=decision and decision.probability_threshold,
         context=passage_context(passage.text, answer.char_start, answer.char_end, answer.text))
     lines.append("   time: " + ", ".join(f"{name} {1e3 * seconds:.0f} ms"
                                         for name, seconds in timings.items()))

@@ -39,13 +39,16 @@ def ranked(candidates: Sequence[Candidate], p: int, top_k: int, mu: float | None
 
 def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits: Sequence,
                    passages: Sequence, mu: float, abstention: Abstention | None,
-                   timings_ms: Mapping[str, float], k: int, batch_size: int
-                   ) -> dict[str, Any]:
+                   timings_ms: Mapping[str, float], k: int, batch_size: int,
+                   match: float | None = None) -> dict[str, Any]:
     """The JSON of one answered question.
 
     passages: the index's passages (title, id, text by index); hits: the question's BM25
-    hits at the server's depth. no_answer: the best answer's reader score is below the
-    reader's calibrated threshold (the best guess is still listed), or there is no candidate.
+    hits at the server's depth; match: the question's `retrieval_match` (needed when the
+    reader's abstention has a logistic rule: `Abstention.uses_retrieval`). no_answer: the
+    best answer is refused by the reader's abstention (its reader score below the calibrated
+    threshold, or under a logistic rule its probability of being right below that rule's;
+    the best guess is still listed), or there is no candidate.
     """
     used_mu = mu if request.use_ir else None
     answers = []
@@ -63,19 +66,32 @@ def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits
             "bm25_score": finite(candidate.bm25_score),
             "fused_score": finite(score) if used_mu is not None else None,
         })
+    decision = None
+    if abstention is not None and answers and answers[0]["reader_score"] is not None:
+        decision = abstention.decide(answers[0]["reader_score"], request.span_score,
+                                     request.use_ir, match)
     threshold = (None if abstention is None
                  else abstention.threshold(request.span_score, fused=request.use_ir))
+    if decision is not None and decision.probability_threshold is not None:
+        threshold = None  # the logistic rule decides, not the reader score alone
     if not answers:
         retrieved = min(len(hits), request.p)
         no_answer_reason = ("no passage shares a word with the question" if not retrieved else
                             f"none of the {retrieved} retrieved passages has an allowed span")
-    elif threshold is not None and answers[0]["reader_score"] is not None \
-            and answers[0]["reader_score"] < threshold:
-        no_answer_reason = (f"the best answer's reader score {answers[0]['reader_score']:.2f} "
+    elif decision is not None and decision.refused and decision.probability is not None:
+        no_answer_reason = (f"the best answer's probability of being right "
+                            f"{decision.probability:.2f} (reader score "
+                            f"{decision.reader_score:.2f}, retrieval match "
+                            f"{decision.retrieval_match:.2f}) is below this reader's threshold "
+                            f"{decision.probability_threshold:.2f}: no answer found in the "
+                            "corpus (the best guess is listed)")
+    elif decision is not None and decision.refused:
+        no_answer_reason = (f"the best answer's reader score {decision.reader_score:.2f} "
                             f"is below this reader's threshold {threshold:.2f}: no answer found "
                             "in the corpus (the best guess is listed)")
     else:
         no_answer_reason = None
+    combined = decision is not None and decision.probability is not None
     return {
         "question": request.question,
         "reader": request.reader,
@@ -87,6 +103,10 @@ def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits
         "no_answer": no_answer_reason is not None,
         "no_answer_reason": no_answer_reason,
         "threshold": threshold,
+        # Under a logistic rule: the numbers that decided (else null).
+        "retrieval_match": finite(decision.retrieval_match) if combined else None,
+        "probability": finite(decision.probability) if combined else None,
+        "probability_threshold": decision.probability_threshold if combined else None,
         # Passages retrieved at depth p (what `ask` reports as "BM25 rank r of N").
         "retrieved": min(len(hits), request.p),
         "answers": answers,

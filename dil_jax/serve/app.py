@@ -37,6 +37,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from dil_jax.errors import DilJaxError
+from dil_jax.open_domain.abstention import retrieval_match
 from dil_jax.serve.answers import answer_payload, phase_ms
 from dil_jax.serve.engine import Engine
 from dil_jax.serve.metrics import CONTENT_TYPE, ServeMetrics
@@ -267,9 +268,14 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
         served = engine.readers[parsed.reader]
         outcome = done.value
         timings = {"queue": round(1e3 * done.queue_s, 3), **phase_ms(outcome.timings)}
+        match = None
+        if served.abstention is not None and served.abstention.uses_retrieval(
+                parsed.span_score, parsed.use_ir):
+            match = retrieval_match(outcome.hits,
+                                    served.reader.index.retriever.attainable(parsed.question))
         payload = answer_payload(parsed, outcome.by_score[parsed.span_score], outcome.hits,
                                  served.reader.index.passages, engine.mu, served.abstention,
-                                 timings, served.k, done.batch_size)
+                                 timings, served.k, done.batch_size, match)
         payload["timings_ms"]["fuse"] = round(1e3 * (time.perf_counter() - clock), 3)
         metrics.phases.labels(parsed.reader, "queue").observe(done.queue_s)
         return JSONResponse(payload)

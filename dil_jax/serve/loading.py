@@ -157,7 +157,8 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
             storage = settings.storage or FLOAT32
             key = index.cache_key(loaded, storage)
             folder = index.cache_dir(key)
-            if folder.exists():
+            # A cache in the index's store (`dil-jax index --cache-store`) is there too.
+            if folder.exists() or index.cache_location(key).exists("manifest.json"):
                 raise
             k = loaded.config.num_lower_layers
             command = build_command(index_dir, index.settings.split,

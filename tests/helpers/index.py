@@ -46,3 +46,39 @@ def cache_folder(index: Path, k: int) -> Path:
     """The one passage-cache folder of split `k` in `index` (`cache-k<k>-<digest>`)."""
     (folder,) = index.glob(f"cache-k{k}-*")
     return folder
+
+
+def shard_dirs(cache_dir: Path) -> list[Path]:
+    """The shard folders of a sharded ragged cache, in order."""
+    return sorted((cache_dir / "shards").iterdir())
+
+
+def array_names(folder: Path) -> list[str]:
+    """The zarr arrays of a ragged cache folder (its folders, shards/ aside)."""
+    return sorted(path.name for path in folder.iterdir()
+                  if path.is_dir() and path.name != "shards")
+
+
+def assert_same_arrays(sharded: Path, single: Path) -> None:
+    """Every array of the one-process cache `single` equals, byte for byte, the concatenation
+    of the shards' of `sharded` (the token arrays; token_starts with each shard's first token
+    added), or each shard's copy (a PCA basis). Values are compared, not files: the files'
+    grids follow each folder's token count."""
+    import numpy as np
+
+    shards = shard_dirs(sharded)
+    names = array_names(single)
+    assert names and all(array_names(shard) == names for shard in shards)
+    for name in names:
+        expected = zarr_array(single / name)
+        parts = [zarr_array(shard / name) for shard in shards]
+        if ".pca_" in name:
+            assert all(part.tobytes() == expected.tobytes() for part in parts), name
+            continue
+        if name == "token_starts":
+            firsts = np.cumsum([0] + [part[-1] for part in parts[:-1]])
+            parts = [part[:-1] + first for part, first in zip(parts, firsts, strict=True)]
+            parts.append(np.asarray([firsts[-1] + zarr_array(shards[-1] / name)[-1]]))
+        joined = np.concatenate(parts)
+        assert joined.dtype == expected.dtype and joined.shape == expected.shape, name
+        assert joined.tobytes() == expected.tobytes(), f"{name} differs"

@@ -26,7 +26,7 @@ from dil_jax.open_domain.cache.shards import shard_ranges
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from tests.helpers import REPO, free_port, run_all, run_cli, subprocess_env
-from tests.helpers.index import zarr_array
+from tests.helpers.index import assert_same_arrays, shard_dirs, zarr_array
 
 # --checkpoint default: the raw embedded MiniLM (what these tests were written for), not the
 # bundled fine-tuned readers that index/ask/odqa-eval read without --checkpoint.
@@ -99,38 +99,6 @@ def _cache_dir(index):
     return folder
 
 
-def _shard_dirs(cache_dir) -> list:
-    return sorted((cache_dir / "shards").iterdir())
-
-
-def _arrays(folder) -> list[str]:
-    """The zarr arrays of a ragged cache folder (its folders, shards/ aside)."""
-    return sorted(path.name for path in folder.iterdir()
-                  if path.is_dir() and path.name != "shards")
-
-
-def assert_same_arrays(sharded, single) -> None:
-    """Every array of the one-process cache `single` equals, byte for byte, the concatenation
-    of the shards' (the token arrays; token_starts with each shard's first token added), or
-    each shard's copy (a PCA basis)."""
-    shards = _shard_dirs(sharded)
-    names = _arrays(single)
-    assert names and all(_arrays(shard) == names for shard in shards)
-    for name in names:
-        expected = zarr_array(single / name)
-        parts = [zarr_array(shard / name) for shard in shards]
-        if ".pca_" in name:
-            assert all(part.tobytes() == expected.tobytes() for part in parts), name
-            continue
-        if name == "token_starts":
-            firsts = np.cumsum([0] + [part[-1] for part in parts[:-1]])
-            parts = [part[:-1] + first for part, first in zip(parts, firsts, strict=True)]
-            parts.append(np.asarray([firsts[-1] + zarr_array(shards[-1] / name)[-1]]))
-        joined = np.concatenate(parts)
-        assert joined.dtype == expected.dtype and joined.shape == expected.shape, name
-        assert joined.tobytes() == expected.tobytes(), f"{name} differs"
-
-
 @pytest.fixture(scope="module")
 def one_process(corpus, tmp_path_factory) -> dict[str, object]:
     """Unsharded indexes built in this process: float32 with the reuse arrays, and pca8."""
@@ -160,7 +128,7 @@ def test_two_processes_equal_one_byte_for_byte(two_processes, one_process, tmp_p
     manifest = json.loads((sharded / "manifest.json").read_text())
     assert manifest["format"] == "dil_jax.passage_cache/3" and manifest["reuse"]
     assert [(s["start"], s["stop"]) for s in manifest["shards"]] == [(0, 6), (6, 10)]
-    assert [p.name for p in _shard_dirs(sharded)] == ["shard-00000-of-00002",
+    assert [p.name for p in shard_dirs(sharded)] == ["shard-00000-of-00002",
                                                       "shard-00001-of-00002"]
     assert_same_arrays(sharded, single)
     # Nothing but the caches' files and manifest: no staging or progress left behind.

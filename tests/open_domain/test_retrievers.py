@@ -244,3 +244,30 @@ def test_lucene_index_files_are_checked(tmp_path):
 def test_zero_passages_are_refused(engine):
     with pytest.raises(RetrievalError, match="zero passages"):
         build_retriever([], engine)
+
+
+@pytest.mark.parametrize("engine", RETRIEVER_ENGINES)
+def test_attainable_score_by_hand(engine, tmp_path):
+    # Passages (after stop words) "cat mat", "cat dog", "bird": N = 3; "cat" is in 2 passages,
+    # "mat" in 1, "zebra" in none. Each engine's idf times (k1 + 1) = 2.5, summed:
+    #   rank-bm25: "cat" raw ln(1.5 / 2.5) = -ln(5/3) < 0, floored at 0.25 x the mean raw idf
+    #     over cat, mat, dog, bird: (-ln(5/3) + 3 ln(5/3)) / 4 = ln(5/3) / 2 -> ln(5/3) / 8;
+    #     "zebra" ln(3.5 / 0.5) = ln 7.
+    #   bm25s (Robertson, floored at 0): "cat" 0, "zebra" ln 7.
+    #   Lucene: ln(1 + 1.5 / 2.5) = ln 1.6 and ln(1 + 7) = ln 8.
+    retriever = build_retriever(["the cat and the mat", "a cat, a dog", "bird"], engine)
+    cat = {"rank-bm25": math.log(5 / 3) / 8, "bm25s": 0.0, "pyserini": math.log(1.6)}[engine]
+    zebra = math.log(8) if engine == "pyserini" else math.log(7)
+    assert retriever.attainable("The cat and the zebra?") == pytest.approx(2.5 * (cat + zebra))
+    # A repeated term counts twice, as the engines score it; no term at all attains 0.
+    assert retriever.attainable("zebra zebra") == pytest.approx(2.5 * 2 * zebra)
+    assert retriever.attainable("the of a") == 0.0
+    # A passage holding every term once scores 1 / (1 + k1 (1 - b + b dl / avgdl)) of it:
+    # "cat mat" has dl 2, avgdl 5 / 3.
+    if engine != "bm25s":  # "cat" has idf 0 there
+        top = retriever.search("cat mat", 1)[0]
+        ratio = top.score / retriever.attainable("cat mat")
+        assert ratio == pytest.approx(1 / (1 + 1.5 * (0.25 + 0.75 * 2 / (5 / 3))), rel=1e-6)
+    retriever.save(tmp_path / "bm25")
+    assert load_retriever(tmp_path / "bm25").attainable("cat zebra") == pytest.approx(
+        retriever.attainable("cat zebra"))

@@ -8,6 +8,7 @@ take seconds; tests/serve/test_serve.py reads with the bundled readers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,12 +16,14 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from dil_jax.open_domain.abstention import Abstention
+from dil_jax.client import format_answer
+from dil_jax.open_domain.abstention import Abstention, LogisticRule
 from dil_jax.open_domain.scoring import Candidate, pick_answer
 from dil_jax.reading.plan import ReusePlan
 from dil_jax.serve.answers import answer_payload, ranked
@@ -143,6 +146,35 @@ def test_answer_payload_abstains_below_the_threshold_and_keeps_the_best_guess():
     empty = answer_payload(request, [], [], passages, 0.5, None, {}, k=0, batch_size=1)
     assert empty["no_answer"] and empty["answers"] == []
     assert "no passage shares a word" in empty["no_answer_reason"]
+
+
+def test_answer_payload_decides_by_the_logistic_rule_and_shows_its_numbers():
+    passages = [type("P", (), {"passage_id": f"d{i}", "title": f"T{i}", "text": "abc"})()
+                for i in range(4)]
+    # p = sigmoid(-2 + 0 x score + 10 x match): answered when match >= 0.2 (reader score 5.0
+    # of "d" is above the threshold 4.0 either way).
+    rule = LogisticRule(-2.0, 0.0, 10.0, 0.5)
+    abstention = Abstention({"logits": (4.0, 4.0)}, combined={"logits": (rule, rule)})
+    request = AnswerRequest("q?", "full", 1, 4, "logits", False)
+    refused = answer_payload(request, _candidates(), [None] * 4, passages, 0.5, abstention,
+                             {}, k=0, batch_size=1, match=0.1)
+    assert refused["no_answer"] and refused["answers"][0]["text"] == "d"
+    assert refused["threshold"] is None and refused["probability_threshold"] == 0.5
+    assert refused["retrieval_match"] == 0.1
+    assert refused["probability"] == pytest.approx(1 / (1 + math.exp(1.0)))
+    assert "probability of being right 0.27 (reader score 5.00, retrieval match 0.10) is " \
+           "below this reader's threshold 0.50" in refused["no_answer_reason"]
+    answered = answer_payload(request, _candidates(), [None] * 4, passages, 0.5, abstention,
+                              {}, k=0, batch_size=1, match=0.3)
+    assert not answered["no_answer"] and answered["probability"] == pytest.approx(
+        1 / (1 + math.exp(-1.0)))
+    shown = format_answer(answered | {"timings_ms": {}})
+    assert "retrieval match 0.30 (best BM25 score / attainable) give probability 0.73" in shown
+    # A record of thresholds only: as before, and the new fields null.
+    old = answer_payload(request, _candidates(), [None] * 4, passages, 0.5,
+                         Abstention({"logits": (4.0, 4.0)}), {}, k=0, batch_size=1)
+    assert not old["no_answer"] and old["threshold"] == 4.0
+    assert old["retrieval_match"] is None and old["probability"] is None
 
 
 # ----------------------------------------------------------------------------- HF pipeline score
@@ -407,6 +439,27 @@ def test_a_chunked_body_past_the_limit_is_refused():
         response = client.post("/v1/answer", content=iter([b"{" + b" " * 600, b" " * 600]),
                                headers={"Content-Type": "application/json"})
         assert response.status_code == 413 and "more than the 1000 bytes" in response.text
+
+
+@pytest.mark.parametrize("attainable, refused", [(4.0, False), (10.0, True)])
+def test_the_service_asks_the_retriever_for_the_match_under_a_logistic_rule(attainable,
+                                                                             refused):
+    # The fake's best hit scores 1.0: match 1 / 4 -> p = sigmoid(-2 + 10 x 0.25) = 0.62,
+    # answered; 1 / 10 -> sigmoid(-1) = 0.27 < 0.5, refused (its reader score is 2.0).
+    engine = FakeEngine(LIMITS, max_batch=8, max_wait_s=0.05, max_queue=4)
+    rule = LogisticRule(-2.0, 0.0, 10.0, 0.5)
+    served = engine.readers["delayed"]
+    served.abstention = Abstention({"logits": (1.0, 1.0)}, combined={"logits": (rule, rule)})
+    asked = []
+    served.reader.index.retriever = SimpleNamespace(
+        attainable=lambda question: asked.append(question) or attainable)
+    with TestClient(create_app(engine, AppSettings(request_timeout_s=5))) as client:
+        payload = client.post("/v1/answer", json={"question": "why?", "reader": "delayed"}).json()
+        assert client.post("/v1/answer", json={"question": "how?"}).json()["probability"] is None
+    assert asked == ["why?"]  # the full reader has no abstention: not asked
+    assert payload["no_answer"] is refused
+    assert payload["retrieval_match"] == pytest.approx(1 / attainable)
+    assert payload["probability"] == pytest.approx(1 / (1 + math.exp(2 - 10 / attainable)))
 
 
 def test_a_read_failure_is_a_500_and_others_still_answer(client):

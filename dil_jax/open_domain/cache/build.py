@@ -19,6 +19,10 @@ stored (`Storage.encode`, token by token) and buffered until a whole shard of th
 file, rewritten whole by any write into it, so a build writes each once. The progress record
 holds the tokens written (a shard boundary) and the first chunk whose tokens are not all
 written; a resumed build re-encodes from that chunk and drops the tokens already written.
+
+`write_rows`, `start_fresh` and `resume_point` work on a `Location`, a local staging folder or a
+cache's place in a store: `dil_jax.open_domain.cache.store_build` writes a cache at a URL with
+them, where there is no rename (its manifest, written last, makes it exist).
 """
 
 from __future__ import annotations
@@ -105,6 +109,12 @@ def write_json_atomic(path: Path, value: Any) -> None:
         write_atomic(path, json.dumps(value, indent=2))
 
 
+def write_json_at(location: Location, name: str, value: Any) -> None:
+    """Writes `value` as JSON to the file `name` of a cache folder, local or at a URL, whole
+    (`Location.write_bytes`: write-then-rename, or one object write)."""
+    location.write_bytes(name, json.dumps(value, indent=2).encode("utf-8"))
+
+
 def write_manifest(folder: Path, manifest: CacheManifest) -> None:
     """Writes a cache folder's manifest.json (atomically; a full disk names it)."""
     write_json_atomic(folder / MANIFEST_FILE, manifest.to_json())
@@ -165,7 +175,7 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
     manifest = dataclasses.replace(planned, num_tokens=int(starts[-1]), pad_id=int(pad_id))
     storage = key.storage
     staging = directory.with_name(f".{directory.name}.partial")
-    resume = _resume_point(staging, manifest)
+    resume = resume_point(Location.of(staging), manifest)
     # The whole cache, less what its staging folder holds on disk already: a resumed build
     # wrote its shards so far, and a restarted one frees them. Counting them again refused the
     # rerun after a disk had filled.
@@ -177,13 +187,16 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
     if resume is None:
         if encode is not None and storage.pca_dim is not None and pca is None:
             pca = fit_pca(pca_sample(ids, mask, offsets, encode, first_row), storage.pca_dim)
-        _start_fresh(staging, manifest, starts, encode is not None, pca, grid)
+        shutil.rmtree(staging, ignore_errors=True)
+        with write_errors(staging):
+            staging.mkdir(parents=True)
+        start_fresh(Location.of(staging), manifest, starts, encode is not None, pca, grid)
         resume = (0, 0)
     else:
         log.info("%s: resuming at window %d of %d (%d of %d tokens written)", staging, done,
                  rows, resume[1], manifest.num_tokens)
-    _write_rows(staging, manifest, starts, ids, mask, offsets, encode, reuse, chunk_passages,
-                resume, first_row, progress)
+    write_rows(Location.of(staging), directory, manifest, starts, ids, mask, offsets, encode,
+               reuse, chunk_passages, resume, first_row, progress)
     (staging / PROGRESS_FILE).unlink(missing_ok=True)
     (staging / PLAN_FILE).unlink(missing_ok=True)
     # Digests of the finished files (one read of each), checked whenever the cache is opened.
@@ -365,13 +378,15 @@ def _resume_row(starts: np.ndarray, written: int, chunk_passages: int) -> int:
     return row if row >= len(starts) - 1 else row // chunk_passages * chunk_passages
 
 
-def _write_rows(staging: Path, manifest: CacheManifest, starts: np.ndarray, ids, mask, offsets,
-                encode: StatesEncoder | None, reuse: ReuseEncoder | None, chunk_passages: int,
-                resume: tuple[int, int], first_row: int,
-                progress: Callable[[int], None] | None) -> None:
+def write_rows(location: Location, name: object, manifest: CacheManifest, starts: np.ndarray,
+               ids, mask, offsets, encode: StatesEncoder | None, reuse: ReuseEncoder | None,
+               chunk_passages: int, resume: tuple[int, int], first_row: int,
+               progress: Callable[[int], None] | None) -> None:
     """Encodes rows resume[0].. in chunks and writes their tokens (those from token resume[1];
-    the module docstring says how), recording progress whenever a shard is written."""
-    location, rows = Location.of(staging), manifest.num_passages
+    the module docstring says how) into the arrays at `location` (a staging folder, or a
+    cache's place in a store), recording progress whenever a shard is written. name: the
+    cache, as errors name it."""
+    rows = manifest.num_passages
     total = manifest.num_tokens
     specs = _array_specs(manifest, encode is not None)
     arrays = {name: open_array(location, name, (total, *tail), dtype, writable=True)
@@ -393,8 +408,7 @@ def _write_rows(staging: Path, manifest: CacheManifest, starts: np.ndarray, ids,
             check_padding(chunk["ids"], lengths, manifest.pad_id, "ids")
             check_padding(chunk["offsets"], lengths, NO_OFFSET, "offsets")
         except RaggedError as error:
-            raise RaggedError(f"{staging.with_name(staging.name[1:-len('.partial')])}: "
-                              f"windows {start}..{stop - 1}: {error}") from error
+            raise RaggedError(f"{name}: windows {start}..{stop - 1}: {error}") from error
         values = {name: pack(chunk[name], lengths) for name in TOKEN_ARRAYS}
         if encode is not None:
             windows = WindowBatch(np.arange(start, stop) + first_row, chunk["ids"],
@@ -413,24 +427,21 @@ def _write_rows(staging: Path, manifest: CacheManifest, starts: np.ndarray, ids,
             writer.add(int(starts[start]), values[name])
         now = writers["ids"].flushed
         if now != before:  # a shard written: data on disk before the progress record says so
-            write_json_atomic(staging / PROGRESS_FILE,
-                              {"done": _resume_row(starts, now, chunk_passages), "tokens": now})
+            write_json_at(location, PROGRESS_FILE,
+                          {"done": _resume_row(starts, now, chunk_passages), "tokens": now})
         if progress:
             progress(stop)
     unwritten = [name for name, writer in writers.items() if writer.flushed != total]
     if unwritten:
-        raise RuntimeError(f"{staging}: {', '.join(unwritten)} not written to the end")
+        raise RuntimeError(f"{location}: {', '.join(unwritten)} not written to the end")
 
 
-def _start_fresh(staging: Path, manifest: CacheManifest, starts: np.ndarray, has_states: bool,
-                 pca: PcaBasis | None, grid: TokenGrid | None) -> None:
-    """A new staging folder: the token starts, the empty per-token arrays (zarr metadata
-    only), the PCA basis (pca<d>, saved here so a resumed build encodes with the same one),
-    the plan, progress 0."""
-    shutil.rmtree(staging, ignore_errors=True)
-    with write_errors(staging):
-        staging.mkdir(parents=True)
-    location = Location.of(staging)
+def start_fresh(location: Location, manifest: CacheManifest, starts: np.ndarray,
+                has_states: bool, pca: PcaBasis | None, grid: TokenGrid | None) -> None:
+    """Fills an empty cache folder (a new staging folder, or an emptied place in a store): the
+    token starts, the empty per-token arrays (zarr metadata only), the PCA basis (pca<d>,
+    saved here so a resumed build encodes with the same one), the plan, progress 0 (last: a
+    rerun resumes only a folder whose plan and progress say it was started alike)."""
     grid = grid or default_grid(manifest, has_states)
     starts_array = create_array(location, TOKEN_STARTS, (len(starts),), np.int64,
                                 TokenGrid.for_bytes(8, len(starts)), compress=True)
@@ -439,18 +450,19 @@ def _start_fresh(staging: Path, manifest: CacheManifest, starts: np.ndarray, has
         create_array(location, name, (manifest.num_tokens, *tail), dtype, grid, compress)
     if pca is not None:
         write_pca(location, "states", pca)
-    write_json_atomic(staging / PLAN_FILE, manifest.to_json())
-    write_json_atomic(staging / PROGRESS_FILE, {"done": 0, "tokens": 0})
+    write_json_at(location, PLAN_FILE, manifest.to_json())
+    write_json_at(location, PROGRESS_FILE, {"done": 0, "tokens": 0})
 
 
-def _resume_point(staging: Path, manifest: CacheManifest) -> tuple[int, int] | None:
-    """(rows to encode from, tokens written) of a compatible partial build, or None to start
-    over: its plan (the manifest it was started with, as written) is this build's."""
+def resume_point(staging: Location, manifest: CacheManifest) -> tuple[int, int] | None:
+    """(rows to encode from, tokens written) of a compatible partial build in `staging` (a
+    folder, or a place in a store), or None to start over: its plan (the manifest it was
+    started with, as written) is this build's."""
     try:
-        planned = json.loads((staging / PLAN_FILE).read_text())
-        progress = json.loads((staging / PROGRESS_FILE).read_text())
+        planned = json.loads(staging.read_bytes(PLAN_FILE) or b"")
+        progress = json.loads(staging.read_bytes(PROGRESS_FILE) or b"")
         done, written = int(progress["done"]), int(progress["tokens"])
-    except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
     return (done, written) if planned == manifest.to_json() else None
 

@@ -176,17 +176,39 @@ def file_record(folder: Path, name: str, sample: dict[str, int] = DIGEST_SAMPLE
                 mtime_ns=status.st_mtime_ns)
 
 
+def recorded_names(names: list[str]) -> list[str]:
+    """Of the files of a finished cache folder (`/`-separated paths inside it), those its
+    manifest records: all but the manifest, the build's records and shards/ (each shard
+    records its own), sorted."""
+    return sorted(name for name in names
+                  if name not in UNRECORDED and PurePosixPath(name).parts[0] != SHARDS_DIR)
+
+
 def recorded_files(folder: Path) -> list[str]:
-    """The files of a finished local cache folder that its manifest records: every file under
-    it (a zarr array's chunk files too) but the manifest, the build's records and shards/
-    (each shard records its own), by `/`-separated path, sorted."""
-    names = []
-    for path in folder.rglob("*"):
-        name = path.relative_to(folder).as_posix()
-        if (path.is_file() and name not in UNRECORDED
-                and PurePosixPath(name).parts[0] != SHARDS_DIR):
-            names.append(name)
-    return sorted(names)
+    """The files of a finished local cache folder that its manifest records (`recorded_names`
+    of every file under it, a zarr array's chunk files too)."""
+    return recorded_names([path.relative_to(folder).as_posix()
+                           for path in folder.rglob("*") if path.is_file()])
+
+
+def object_record(objects: Objects, name: str, sample: dict[str, int] = DIGEST_SAMPLE
+                  ) -> dict[str, Any]:
+    """The manifest's record of one finished object of a store (`KvObjects`; read whole once,
+    a block at a time): `file_record`'s fields, mtime_ns None (a store keeps no time that
+    `KvObjects` compares, so an open checks its size and sampled blocks)."""
+    digest, size = hashlib.sha256(), 0
+    while block := objects.read(name, size, _READ_BYTES):
+        digest.update(block)
+        size += len(block)
+    return dict(bytes=size, sha256=digest.hexdigest(),
+                sampled_sha256=sampled_sha256(objects, name, size, sample), mtime_ns=None)
+
+
+def object_digest_fields(objects: Objects, names: list[str]) -> dict[str, Any]:
+    """`digest_fields` of a cache folder in a store: the records of `names` (its objects,
+    `recorded_names` of them)."""
+    return dict(digest_sample=dict(DIGEST_SAMPLE),
+                files={name: object_record(objects, name) for name in recorded_names(names)})
 
 
 def digest_fields(folder: Path) -> dict[str, Any]:

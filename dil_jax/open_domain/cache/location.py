@@ -9,8 +9,14 @@ kvstore opens.
 
 A cache's arrays are zarr v3 arrays under it (`dil_jax.open_domain.cache.zarr_store`); its
 manifests and digests are read through `read_bytes` and `objects`, so a reader needs no
-file system for a cache at a URL. Only local folders and file:// URLs are tested here; writing
-(`dil-jax index`) is to local folders (a staging folder renamed into place).
+file system for a cache at a URL. Only local folders and file:// URLs are tested here.
+
+Writing: `dil-jax index` writes a local cache into a staging folder renamed into place; a cache
+at a URL (`dil-jax index --cache-store URL`, `dil_jax.open_domain.cache.store_build`) has no
+rename, so it is written object by object (`write_bytes`: each object whole or not at all) and
+made visible by its manifest, written last. The drivers meant: `gcs` (gs://, a TPU pod's
+bucket), `s3` (s3://, S3 and compatible stores), `file` (file://, a local or mounted folder:
+what the tests use as the remote).
 """
 
 from __future__ import annotations
@@ -24,6 +30,15 @@ from pathlib import Path
 from dil_jax.open_domain.cache.digests import KvObjects, LocalObjects, Objects
 
 _URL = re.compile(r"^[a-z][a-z0-9+.-]*://")
+
+
+def store_failure(where: object, error: ValueError) -> Exception:
+    """A store's refusal of a write (tensorstore's ValueError: no such bucket, no credentials,
+    a file in the way of a file:// folder) as one error naming the object and what to check."""
+    from dil_jax.errors import OutputPathError
+
+    return OutputPathError(f"{where}: cannot write it ({error}); check the store's URL "
+                           "(--cache-store) and this machine's credentials for it")
 
 
 @functools.lru_cache(maxsize=64)
@@ -88,6 +103,58 @@ class Location:
         if self.path is not None:
             return (self.path / name).is_file()
         return self.read_bytes(name) is not None
+
+    def write_bytes(self, name: str, data: bytes) -> None:
+        """Writes the file `name` in this folder whole: a local file by write-then-rename
+        (a full disk is named: `cache.disk.write_errors`), an object by one write, which an
+        object store shows whole or not at all (tensorstore's file driver, too, writes a
+        temporary file and renames it)."""
+        if self.path is not None:
+            from dil_jax.atomic import write_atomic
+            from dil_jax.open_domain.cache.disk import write_errors
+
+            with write_errors(self.path / name):
+                write_atomic(self.path / name, data)
+            return
+        try:
+            _kvstore(f"{self.url}/").write(name, data).result()
+        except ValueError as error:
+            raise store_failure(self / name, error) from error
+
+    def delete(self, name: str) -> None:
+        """Removes the file `name` in this folder (nothing if it is missing)."""
+        if self.path is not None:
+            (self.path / name).unlink(missing_ok=True)
+            return
+        try:
+            _kvstore(f"{self.url}/").write(name, None).result()
+        except ValueError as error:
+            raise store_failure(self / name, error) from error
+
+    def names(self) -> list[str]:
+        """Every file under this folder (objects under its prefix), by `/`-separated path
+        inside it, sorted; [] when there is none."""
+        if self.path is not None:
+            if not self.path.is_dir():
+                return []
+            return sorted(path.relative_to(self.path).as_posix()
+                          for path in self.path.rglob("*") if path.is_file())
+        return sorted(key.decode("utf-8") for key in _kvstore(f"{self.url}/").list().result())
+
+    def delete_all(self) -> None:
+        """Removes everything under this folder (at a URL: every object under its prefix;
+        tensorstore's file driver may leave empty folders, which hold nothing)."""
+        if self.path is not None:
+            import shutil
+
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        import tensorstore as ts
+
+        try:
+            _kvstore(f"{self.url}/").delete_range(ts.KvStore.KeyRange()).result()
+        except ValueError as error:
+            raise store_failure(self, error) from error
 
     def objects(self) -> Objects:
         """Its files, for the digest checks (`cache.digests`)."""

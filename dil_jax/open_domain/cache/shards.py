@@ -112,7 +112,7 @@ def wait_for(check: Callable[[], T | None], what: Callable[[], str], timeout_s: 
         time.sleep(poll_s)
 
 
-def _row_range(array, start: int, stop: int):
+def row_range(array, start: int, stop: int):
     """Rows start .. stop - 1 of a window array, without reading them: a numpy view, or a
     `FileArray` of those rows (slicing a FileArray reads them: a shard of a large index would
     be held whole in memory)."""
@@ -262,7 +262,7 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
         pca = _shared_basis(staging, top, encode)
     mine = top.shards[process_index]
     start, stop = mine.start, mine.stop
-    build_passage_cache(staging / mine.name, key, *(_row_range(array, start, stop)
+    build_passage_cache(staging / mine.name, key, *(row_range(array, start, stop)
                                                     for array in (ids, mask, offsets)),
                         encode, chunk_passages=chunk_passages,
                         progress=progress, reuse=reuse, num_heads=num_heads, pca=pca,

@@ -5,10 +5,11 @@ and `PassageCache`; the manifest's fields are `dil_jax.open_domain.cache.manifes
 cache is checked against (the fingerprints, `reader_cache_key`, `check_states`) is
 `dil_jax.open_domain.cache.check`'s. Writing
 a cache (`build_passage_cache`, the staging folder, resumption) is
-`dil_jax.open_domain.cache.build`'s, and building it in shards (`build_sharded_passage_cache`,
-the multi-process waits) `dil_jax.open_domain.cache.shards`'s: every process that only reads a
-cache (answering, evaluating) needs none of it, and the builders depend on this module, never
-the reverse.
+`dil_jax.open_domain.cache.build`'s, building it in shards (`build_sharded_passage_cache`,
+the multi-process waits) `dil_jax.open_domain.cache.shards`'s, and building it in a store at a
+URL, by processes that share no folder (`build_store_cache`),
+`dil_jax.open_domain.cache.store_build`'s: every process that only reads a cache (answering,
+evaluating) needs none of it, and the builders depend on this module, never the reverse.
 
 Layout of a cache (format RAGGED_FORMAT, what every build writes): a folder, or a prefix at a
 URL that tensorstore's kvstore opens (`cache.location`: gs://, s3://, file://), holding

@@ -122,9 +122,14 @@ def create_array(location: Location, name: str, shape: tuple[int, ...], dtype,
 
 def _write_failure(where: Location, error: ValueError) -> Exception:
     """A tensorstore write error as the one-line disk error (`cache.disk.write_failure`: a full
-    or read-only disk, a file-size limit) naming the array, else as it came."""
+    or read-only disk, a file-size limit) naming the array; at a URL, as a store's refusal
+    (`location.store_failure`); else as it came."""
     from dil_jax.errors import DISK_REFUSALS
     from dil_jax.open_domain.cache.disk import write_failure
+    from dil_jax.open_domain.cache.location import store_failure
+
+    if not where.is_local:
+        return store_failure(where, error)
 
     for number, words in DISK_REFUSALS.items():
         if words in str(error):

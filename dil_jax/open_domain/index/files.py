@@ -22,7 +22,10 @@ from typing import Any
 
 from dil_jax.errors import DilJaxError
 
-INDEX_FORMAT = "dil_jax.odqa_index/1"
+# /2: windows.npz holds the windows' real tokens only (index/windows.py); /1 (padded windows)
+# still opens. The caches do not depend on it: the windows, their rows and tokens are the same.
+INDEX_FORMAT = "dil_jax.odqa_index/2"
+READABLE_INDEX_FORMATS = ("dil_jax.odqa_index/1", INDEX_FORMAT)
 # Files whose size and sha256 index.json records, besides the BM25 engine's (`bm25/...`,
 # `retrieval.engines.index_files`); the caches check themselves.
 CHECKED_FILES = ("passages.jsonl", "passages.offsets.npy", "windows.npz")
@@ -51,7 +54,8 @@ class IndexSettings:
     texts' fingerprint; num_passages, num_windows (None: not windowed yet, as in the settings a
     run asks for before it builds); retriever: the BM25 engine (indexes built before the field
     existed were rank-bm25's); files: each checked file's {"bytes", "sha256"} (none in indexes
-    built before the check existed).
+    built before the check existed); format: the index's format (`READABLE_INDEX_FORMATS`: an
+    index built before keeps its own; a build writes INDEX_FORMAT).
     """
 
     split: Mapping[str, Any]
@@ -63,6 +67,7 @@ class IndexSettings:
     num_windows: int | None = None
     retriever: str = "rank-bm25"
     files: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    format: str = INDEX_FORMAT
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> IndexSettings:
@@ -73,19 +78,20 @@ class IndexSettings:
                    passages=value["passages"], num_passages=value["num_passages"],
                    num_windows=value["num_windows"],
                    retriever=value.get("retriever", "rank-bm25"),
-                   files=value.get("files") or {})
+                   files=value.get("files") or {}, format=value["format"])
 
     def to_json(self) -> dict[str, Any]:
         """index.json's object, its fields in the order builds have always written them."""
-        return dict(format=INDEX_FORMAT, split=self.split, max_passage_len=self.max_passage_len,
+        return dict(format=self.format, split=self.split, max_passage_len=self.max_passage_len,
                     doc_stride=self.doc_stride, tokenizer=self.tokenizer,
                     passages=self.passages, num_passages=self.num_passages,
                     num_windows=self.num_windows, retriever=self.retriever,
                     files=self.files)
 
     def same_index(self, other: IndexSettings) -> bool:
-        """Whether both describe the same passages and windows (CORE_SETTINGS): an index's
-        caches are kept across a rebuild only then."""
+        """Whether both describe the same passages and windows (CORE_SETTINGS but the format,
+        the windows file's layout, which the caches do not depend on): an index's caches are
+        kept across a rebuild only then."""
         return all(getattr(self, name) == getattr(other, name)
                    for name in CORE_SETTINGS if name != "format")
 
@@ -162,9 +168,10 @@ def read_settings(directory: str | os.PathLike) -> IndexSettings:
         raise broken_file(settings_path, f"not readable JSON ({error})") from error
     if not isinstance(settings, dict):
         raise broken_file(settings_path, "expected a JSON object")
-    if settings.get("format") != INDEX_FORMAT:
+    if settings.get("format") not in READABLE_INDEX_FORMATS:
         raise OpenDomainIndexError(f"{settings_path}: format {settings.get('format')!r}, expected "
-                                   f"{INDEX_FORMAT!r}")
+                                   f"one of {', '.join(map(repr, READABLE_INDEX_FORMATS))} (an "
+                                   "index written by a newer dil_jax?)")
     missing = [f for f in CORE_SETTINGS if f not in settings]
     if missing:
         raise broken_file(settings_path, f"field(s) {', '.join(missing)} missing")

@@ -7,6 +7,8 @@
                          and their tokens (dil_jax.open_domain.index.windows: memory-mapped)
       bm25/              the BM25 index (open_domain.retrieval.engines)
       cache-k{k}-{model}/  one passage cache per (reader weights, k) (open_domain.cache.store)
+      cache-store.json   {"url": URL} when the caches were built in a store (`dil-jax index
+                         --cache-store URL`): they are read from URL/cache-k{k}-{model}/
       .lock              the build lock (open_domain.index.lock)
 
 Passages longer than `max_passage_len - 1` tokens are read in strided windows exactly as SQuAD
@@ -43,10 +45,12 @@ from dil_jax.open_domain.cache.check import (
     tokenizer_fingerprint,
 )
 from dil_jax.open_domain.cache.disk import write_errors
+from dil_jax.open_domain.cache.location import Location
 from dil_jax.open_domain.cache.manifest import MANIFEST_FILE, STORAGE_FIELD, CacheKey
 from dil_jax.open_domain.cache.shards import build_sharded_passage_cache
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 from dil_jax.open_domain.cache.store import PassageCache, ReuseEncoder, StatesEncoder
+from dil_jax.open_domain.cache.store_build import build_store_cache
 from dil_jax.open_domain.index.corpus import Passage
 from dil_jax.open_domain.index.files import (
     CHECKED_FILES,
@@ -86,6 +90,32 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Where an index whose caches were built in a store records the store's URL (module docstring).
+CACHE_STORE_FILE = "cache-store.json"
+
+
+def read_cache_store(directory: Path) -> str | None:
+    """The store URL an index's cache-store.json records, None without one;
+    OpenDomainIndexError naming the file when it is not {"url": "..."}."""
+    path = Path(directory) / CACHE_STORE_FILE
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise OpenDomainIndexError(f"{path}: not readable JSON ({error}); rerun `dil-jax "
+                                   "index` with its --cache-store to rewrite it") from error
+    if not isinstance(value, dict) or not isinstance(value.get("url"), str):
+        raise OpenDomainIndexError(f"{path}: expected {{\"url\": \"...\"}}, got {value!r}; "
+                                   "rerun `dil-jax index` with its --cache-store to rewrite it")
+    return value["url"]
+
+
+def record_cache_store(directory: Path, url: str) -> None:
+    """(Under the index's lock.) Records that this index's caches are in the store `url`."""
+    with write_errors(Path(directory) / CACHE_STORE_FILE):
+        write_atomic(Path(directory) / CACHE_STORE_FILE, json.dumps({"url": url}, indent=2))
+
 
 @dataclasses.dataclass
 class OpenDomainIndex:
@@ -99,12 +129,20 @@ class OpenDomainIndex:
         """The folder of the cache of `key` in this index."""
         return self.directory / key.folder_name
 
+    def cache_location(self, key: CacheKey) -> Location:
+        """Where the cache of `key` is read from: its folder in the index when there is one,
+        else its place in the store the index records (`cache-store.json`), else the folder
+        (opening it then says there is no cache)."""
+        folder = self.cache_dir(key)
+        url = None if folder.exists() else read_cache_store(self.directory)
+        return Location.of(url) / key.folder_name if url else Location.of(folder)
+
     def built_storage(self, reader: Reader) -> Storage:
         """The storage the cache of `reader` in this index was built with (read from its
         manifest), FLOAT32 when there is no such cache or its manifest names none."""
-        folder = self.cache_dir(self.cache_key(reader, FLOAT32))
+        location = self.cache_location(self.cache_key(reader, FLOAT32))
         try:
-            manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+            manifest = json.loads(location.read_bytes(MANIFEST_FILE) or b"")
             return Storage.parse(str(manifest[STORAGE_FIELD]), reader.config.hidden_size)
         except (OSError, ValueError, KeyError, TypeError):  # opening it names what is wrong
             return FLOAT32
@@ -130,7 +168,7 @@ class OpenDomainIndex:
         if storage is None or reader.config.num_lower_layers == 0:
             storage = self.built_storage(reader)
         key = self.cache_key(reader, storage)
-        cache = PassageCache.open(self.cache_dir(key), key, verify)
+        cache = PassageCache.open(self.cache_location(key), key, verify)
         # The cache builder's own encoder, at a batch of the rows it checks.
         encode = reader.passage_encoder(CHECKED_ROWS, self.window_texts)
         reuse = reuse_encoder(reader, batch_size=CHECKED_ROWS) if cache.has_reuse else None
@@ -203,6 +241,7 @@ def build_index(directory: str | os.PathLike, passages: Iterable[Passage], token
                                doc_stride=doc_stride, split=split),
                 num_windows=num_windows, retriever=retriever,
                 files={name: file_fingerprint(staging / name) for name in names})
+            # The format is the windows file's layout, which the caches do not depend on.
             keep = old is not None and old.same_index(settings)
             # Uncommit: from here until index.json is back, the folder holds no index.
             (directory / "index.json").unlink(missing_ok=True)
@@ -354,7 +393,8 @@ def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: States
                        progress: Callable[[int], None] | None = None,
                        reuse: ReuseEncoder | None = None, process_index: int = 0,
                        process_count: int = 1, wait_timeout_s: float = 86400.0,
-                       peer_check: Callable[[], None] | None = None) -> PassageCache:
+                       peer_check: Callable[[], None] | None = None,
+                       cache_store: str | None = None) -> PassageCache:
     """Builds (or resumes, or just opens, or repairs) the passage cache of `reader` over the
     index, holding this process's lock of the index (`index_lock`).
 
@@ -364,12 +404,22 @@ def build_reader_cache(index: OpenDomainIndex, reader: Reader, *, encode: States
     chunk_passages: windows encoded per step (the grid shards are cut on). process_count > 1:
     this process builds its shard of a sharded cache (`build_sharded_passage_cache`; every
     process calls this alike; peer_check runs at its every wait); 1: the unsharded cache.
+    cache_store: a store URL (`cache.store_build.store_url`): the cache is built there by
+    every process alike, one shard each (`build_store_cache`; this index records the URL,
+    `cache-store.json`), instead of in the index folder.
     """
     key = index.cache_key(reader, storage)
     num_heads = reader.config.num_heads if reuse else None
     with index_lock(index.directory, process_index):
         arrays = window_arrays(index)
         pad_id = int(reader.tokenizer.pad_token_id or 0)  # what windows pad their ids with
+        if cache_store is not None:
+            record_cache_store(index.directory, cache_store)
+            return build_store_cache(
+                Location.of(cache_store) / key.folder_name, key, arrays["ids"], arrays["mask"],
+                arrays["offsets"], encode, process_index=process_index,
+                process_count=process_count, chunk_passages=chunk_passages, progress=progress,
+                reuse=reuse, num_heads=num_heads, wait_timeout_s=wait_timeout_s, pad_id=pad_id)
         if process_count > 1:
             return build_sharded_passage_cache(
                 index.cache_dir(key), key, arrays["ids"], arrays["mask"],

@@ -32,7 +32,8 @@ LOCK_NAME = ".lock"
 # What an index folder may hold besides index.json; anything else means --out is some other
 # folder, which an index build must not write into.
 _INDEX_ENTRY = re.compile(
-    r"(passages\.jsonl|passages\.offsets\.npy|windows\.npz|bm25|cache-k.*|sentences-.*|\..*)")
+    r"(passages\.jsonl|passages\.offsets\.npy|windows\.npz|bm25|cache-k.*|cache-store\.json"
+    r"|sentences-.*|\..*)")
 _TEMPORARY = re.compile(r"\..+\.tmp-(\d+)")
 
 # Locks this process holds: flock conflicts between two descriptors of one process, so nested

@@ -9,6 +9,10 @@ mean (opening with a reader re-encodes two rows for that).
 It writes one thing: where a cache file's modification time differs from its record but every
 byte matches (a copy that did not keep times), the new time is recorded in that folder's
 manifest, so later opens check it cheaply again. It holds the index's lock meanwhile.
+
+The caches of an index built with `--cache-store URL` (`cache-store.json`) are checked in the
+store too: every `cache-k*` there, object by object (a store records no modification times, so
+nothing is written there).
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from pathlib import Path
 from dil_jax.open_domain.cache.build import write_manifest
 from dil_jax.open_domain.cache.digests import FolderCheck, refreshed_digests, verify_folder
 from dil_jax.open_domain.cache.disk import format_size
-from dil_jax.open_domain.cache.store import CacheMismatchError, PassageCache
+from dil_jax.open_domain.cache.location import Location
+from dil_jax.open_domain.cache.store import CacheBrokenError, CacheMismatchError, PassageCache
 from dil_jax.open_domain.index.files import OpenDomainIndexError, read_settings
-from dil_jax.open_domain.index.folder import open_index
+from dil_jax.open_domain.index.folder import open_index, read_cache_store
 from dil_jax.open_domain.index.lock import index_lock
 
 
@@ -83,8 +88,34 @@ def verify_index(directory: str | Path) -> VerifyReport:
                     write_manifest(path.path, dataclasses.replace(
                         manifest, digests=refreshed_digests(path.path, manifest.digests, check)))
             report.lines.append(_cache_line(folder.name, checks, time.perf_counter() - started))
+        url = read_cache_store(directory)
+        if url is not None:
+            _verify_store(Location.of(url), report)
         stores = sorted(entry.name for entry in directory.glob("sentences-*"))
         if stores:
             report.lines.append(f"{', '.join(stores)}: no digests recorded for sentence stores "
                                 "(not checked)")
     return report
+
+
+def store_cache_names(store: Location) -> list[str]:
+    """The cache folders (`cache-k*`) in a store, from the names of its objects, sorted."""
+    return sorted({name.split("/", 1)[0] for name in store.names()
+                   if name.startswith("cache-k") and "/" in name})
+
+
+def _verify_store(store: Location, report: VerifyReport) -> None:
+    """Adds to `report` every byte of each cache in `store` against its manifests' digests;
+    an unfinished one (no manifest) or one whose manifest does not open is a problem."""
+    for name in store_cache_names(store):
+        started = time.perf_counter()
+        try:
+            cache = PassageCache.open(store / name, verify="none")  # the manifests and shapes
+        except (CacheMismatchError, CacheBrokenError) as error:
+            report.problems.append(str(error))
+            continue
+        checks = [verify_folder(folder.objects(), manifest.digests, full=True)
+                  for folder, manifest in cache.folders]
+        report.problems += [f"{path}: {problem}" for check in checks
+                            for path, problem in check.problems]
+        report.lines.append(_cache_line(str(store / name), checks, time.perf_counter() - started))

@@ -74,6 +74,11 @@ class Retriever(Protocol):
         """Writes the index to `directory` atomically."""
         ...
 
+    def attainable(self, query: str) -> float:
+        """The score a passage holding every query term, each saturated, would get
+        (`attainable_score`), on this engine's scale and from its own statistics."""
+        ...
+
 
 def check_top_p(top_p: int) -> None:
     if top_p < 1:
@@ -89,6 +94,34 @@ def best_first(indices: np.ndarray, scores: np.ndarray, top_p: int) -> list[Hit]
     best = np.argpartition(-scores, top_p - 1)[:top_p]
     best = best[np.lexsort((indices[best], -scores[best]))]
     return [Hit(int(indices[i]), float(scores[i])) for i in best]
+
+
+def okapi_idf(df: np.ndarray, num_passages: int, epsilon: float, mean_idf: float
+              ) -> np.ndarray:
+    """rank-bm25's BM25Okapi idf of terms held by `df` passages: ln((N - n + 0.5) / (n + 0.5)),
+    a negative one replaced by epsilon x `mean_idf` (the mean raw idf over the vocabulary)."""
+    raw = np.log(num_passages - df + 0.5) - np.log(df + 0.5)
+    return np.where(raw < 0, epsilon * mean_idf, raw)
+
+
+def robertson_idf(df: np.ndarray, num_passages: int) -> np.ndarray:
+    """bm25s's Robertson idf: ln((N - n + 0.5) / (n + 0.5)) floored at 0."""
+    return np.log(np.maximum((num_passages - df + 0.5) / (df + 0.5), 1.0))
+
+
+def lucene_idf(df: np.ndarray, num_passages: int) -> np.ndarray:
+    """Lucene's BM25 idf: ln(1 + (N - n + 0.5) / (n + 0.5))."""
+    return np.log1p((num_passages - df + 0.5) / (df + 0.5))
+
+
+def attainable_score(idf: np.ndarray, k1: float) -> float:
+    """What a passage would score against a query whose terms (one idf each, a repeated term
+    once per occurrence, as the engines score it) it all holds, each saturated: the
+    term-frequency part tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl)) tends to k1 + 1, so
+    the sum of idf x (k1 + 1). Every passage's BM25 score against the query is below it.
+    A term no passage holds has n = 0, the largest idf: a question whose rare words the
+    corpus lacks can attain much more than any passage gets."""
+    return float(np.sum(idf) * (k1 + 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +206,23 @@ class Bm25Engine:
 
     def search_batch(self, queries: Sequence[str], top_p: int) -> list[list[Hit]]:
         return [self.search(query, top_p) for query in queries]
+
+    def attainable(self, query: str) -> float:
+        """`attainable_score` of the query's terms (`bm25_tokenize`, repeats kept), from this
+        index's document frequencies and the engine's own idf (`_idf`)."""
+        terms = bm25_tokenize(query)
+        if not terms:
+            return 0.0
+        df = np.asarray(self.document_frequencies(terms), np.float64)
+        return attainable_score(self._idf(df), self.params["k1"])
+
+    def document_frequencies(self, terms: Sequence[str]) -> list[int]:
+        """How many passages hold each term (0 for a term the index does not know)."""
+        raise NotImplementedError
+
+    def _idf(self, df: np.ndarray) -> np.ndarray:
+        """The engine's idf of terms held by `df` passages."""
+        raise NotImplementedError
 
     def save(self, directory: str | os.PathLike, fingerprint: str = "") -> Path:
         """Writes the index to `directory` atomically (staging folder, then rename)."""

@@ -26,6 +26,7 @@ and bm25s does not return passages that share only such terms with the query.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -49,6 +50,8 @@ from dil_jax.open_domain.retrieval.bm25 import (  # noqa: F401  (re-exported: th
     bm25_tokenize,
     check_files_present,
     check_top_p,
+    okapi_idf,
+    robertson_idf,
     tokenized_passages,
     write_manifest,
 )
@@ -116,6 +119,20 @@ class RankBM25Retriever(Bm25Engine):
             return np.zeros(0, np.int64)
         # The stored entries of a term's row are exactly the passages holding that term.
         return np.unique(self.weights[rows].indices).astype(np.int64)
+
+    def document_frequencies(self, terms: Sequence[str]) -> list[int]:
+        # A term's row stores an entry for each passage holding it (a zero weight included).
+        counts = np.diff(self.weights.indptr)
+        return [int(counts[self.vocabulary[t]]) if t in self.vocabulary else 0 for t in terms]
+
+    @functools.cached_property
+    def _mean_idf(self) -> float:
+        """rank-bm25's `average_idf`: the mean raw idf over the vocabulary."""
+        df = np.diff(self.weights.indptr).astype(np.float64)
+        return float(np.mean(np.log(self.num_passages - df + 0.5) - np.log(df + 0.5)))
+
+    def _idf(self, df: np.ndarray) -> np.ndarray:
+        return okapi_idf(df, self.num_passages, self.params["epsilon"], self._mean_idf)
 
     def search(self, query: str, top_p: int) -> list[Hit]:
         """The best `top_p` passages among those sharing a term with the query, best first:
@@ -185,6 +202,16 @@ class BM25sRetriever(Bm25Engine):
         scores = np.asarray(self.model.get_scores(tokens), np.float64) * (self.params["k1"] + 1)
         positive = np.flatnonzero(scores > 0)
         return best_first(positive, scores[positive], top_p)
+
+    def document_frequencies(self, terms: Sequence[str]) -> list[int]:
+        # The score matrix's column of a token stores an entry for each passage holding it
+        # (a zero score, idf 0, included).
+        indptr = self.model.scores["indptr"]
+        ids = self.model.vocab_dict
+        return [int(indptr[ids[t] + 1] - indptr[ids[t]]) if t in ids else 0 for t in terms]
+
+    def _idf(self, df: np.ndarray) -> np.ndarray:
+        return robertson_idf(df, self.num_passages)
 
     def _write_files(self, staging: Path, fingerprint: str) -> Bm25Manifest:
         self.model.save(str(staging))

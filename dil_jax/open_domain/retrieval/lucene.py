@@ -40,10 +40,12 @@ import tempfile
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import numpy as np
 
 from dil_jax.open_domain.retrieval.bm25 import (
     EMPTY_PASSAGE_TOKEN,
@@ -54,6 +56,7 @@ from dil_jax.open_domain.retrieval.bm25 import (
     bm25_tokenize,
     check_files_present,
     check_top_p,
+    lucene_idf,
 )
 
 ENGINE = "pyserini"
@@ -450,6 +453,15 @@ class LuceneRetriever(Bm25Engine):
         scale = self.params["k1"] + 1
         top = self._searcher.search(builder.build(), min(top_p, self._num_passages))
         return [Hit(int(hit.doc), float(hit.score) * scale) for hit in top.scoreDocs]
+
+    def document_frequencies(self, terms: Sequence[str]) -> list[int]:
+        j = lucene()
+        return [int(self._reader.docFreq(j.Term(CONTENTS_FIELD, term))) for term in terms]
+
+    def _idf(self, df: np.ndarray) -> np.ndarray:
+        # Lucene's N is the field's document count: every passage (an empty one holds
+        # EMPTY_PASSAGE_TOKEN).
+        return lucene_idf(df, self.num_passages)
 
     def _write_files(self, staging: Path, fingerprint: str) -> Bm25Manifest:
         """Lucene's files, whose names Lucene chooses: the manifest lists them."""
