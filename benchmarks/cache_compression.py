@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     rows = []
     for storage in args.schemes:
         scheme = storage.name
-        print(f"{scheme}: caching {index.settings['num_windows']} windows ...", file=sys.stderr)
+        print(f"{scheme}: caching {index.settings.num_windows} windows ...", file=sys.stderr)
         cache = build_scheme_cache(out / "caches" / scheme, index, loaded, storage, args.reuse,
                                    args.batch_size)
         reader = OpenDomainReader(index, loaded, cache, top_p=args.top_p,
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                   checkpoint=args.checkpoint, k=loaded.config.num_lower_layers,
                   layers=loaded.config.num_layers, hidden=loaded.config.hidden_size,
                   data=args.data, articles=args.articles, predict_questions=len(examples),
-                  corpus=args.corpus, num_windows=index.settings["num_windows"], rows=rows)
+                  corpus=args.corpus, num_windows=index.settings.num_windows, rows=rows)
     write_atomic(out / "cache_compression.json", json.dumps(record, indent=2, default=str))
     write_atomic(out / "cache_compression.md", table + "\n")
     return rows

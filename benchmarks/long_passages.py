@@ -48,8 +48,8 @@ import numpy as np
 
 from dil_jax.bench.machine import load_average, machine_record
 from dil_jax.bench.programs import ProgramStats, program_stats
-from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.train.losses import span_cross_entropy
 
 SIZES = {

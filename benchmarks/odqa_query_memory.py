@@ -160,11 +160,13 @@ def build_index(corpus: Path, index: Path, reader: Path, cache_dtype: str) -> di
     seconds = time.perf_counter() - started
     if not built_before or not record.is_file():
         record.write_text(json.dumps({"index_seconds": seconds, "reopened": built_before}))
-    settings = json.loads((index / "index.json").read_text())
+    from dil_jax.open_domain.index.files import read_settings
+
+    settings = read_settings(index)
     cache_bytes = sum(path.stat().st_size for path in index.glob("cache-k1-*/**/*")
                       if path.is_file())
-    return dict(json.loads(record.read_text()), passages=settings["num_passages"],
-                windows=settings["num_windows"], cache_k1_bytes=cache_bytes)
+    return dict(json.loads(record.read_text()), passages=settings.num_passages,
+                windows=settings.num_windows, cache_k1_bytes=cache_bytes)
 
 
 def free_port() -> int:

@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     record = dict(command=" ".join(["python", *sys.argv]), machine=machine_record(),
                   load_before=load_before, load_after=load_average(),
                   checkpoint=args.checkpoint, questions=len(questions), top_p=args.top_p,
-                  num_windows=index.settings["num_windows"], rows=rows)
+                  num_windows=index.settings.num_windows, rows=rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out.with_suffix(".json"), json.dumps(record, indent=2, default=str))

@@ -26,8 +26,8 @@ import torch
 
 from dil_jax.bench.machine import retain_freed_memory
 from dil_jax.bench.peer import hf_model_from_params
-from dil_jax.config import EncoderConfig
 from dil_jax.model import attention, layers
+from dil_jax.model.encoder_config import EncoderConfig
 
 
 def timed(runs: dict, repeats: int) -> dict[str, list[float]]:

@@ -310,15 +310,13 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
             "answers": {str(k): v for k, v in sorted(answers.items())}}
 
 
-def index_settings(index: str) -> dict:
-    return json.loads((Path(index) / "index.json").read_text())
-
-
 def peer_settings(index: str, max_question_len: int) -> dict:
     """The pipeline's windows as the server's: question tokens + window tokens in all, the
     overlap of windows that start every doc_stride tokens."""
-    settings = index_settings(index)
-    window, stride = settings["max_passage_len"], settings["doc_stride"]
+    from dil_jax.open_domain.index.files import read_settings
+
+    settings = read_settings(index)
+    window, stride = settings.max_passage_len, settings.doc_stride
     return {"max_seq_len": max_question_len + window, "doc_stride": window - stride - 1,
             "max_question_len": max_question_len, "context_tokens": window - 1}
 

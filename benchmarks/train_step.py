@@ -38,6 +38,7 @@ from dil_jax.mesh import data_mesh
 from dil_jax.train.setup import load_run_models, loss_weights, make_run_optimizer
 from dil_jax.train.sharding import replicate, replicated
 from dil_jax.train.step import init_train_state, make_train_step
+from dil_jax.train.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,15 +101,16 @@ class Setting:
         self.name = f"{variant}{mode} {dtype} p{passage_len}"
         self.windows = int(config.batch_size)
         mesh = data_mesh()
-        models = load_run_models(config, None)
-        tx, schedule = make_run_optimizer(config, 1000)
+        settings = TrainConfig.of(config)
+        models = load_run_models(settings, None)
+        tx, schedule = make_run_optimizer(settings, 1000, models.student)
         rep = replicated(mesh)
         self.state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
             replicate(models.student.params, mesh))
         teacher = None if teacher_mode == "kd_stored" else models.teacher
         self.teacher_params = None if teacher is None else replicate(teacher.params, mesh)
         self.step_fn = make_train_step(models.student, teacher and teacher.model,
-                                       loss_weights(config), tx, schedule, mesh)
+                                       loss_weights(settings), tx, schedule, mesh)
         rng = np.random.default_rng(seed)
         self.batch = random_batch(config, rng)
         if teacher_mode == "kd_stored" and models.teacher is not None:

@@ -77,18 +77,20 @@ def token_counts(tokenizer, texts: Sequence[str]) -> tuple[dict[str, float], Any
 
 def index_files(folder: Path) -> dict[str, Any]:
     """The bytes of each file an index folder's index.json records, and its counts."""
-    settings = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+    from dil_jax.open_domain.index.files import read_settings
+
+    settings = read_settings(folder)
     extra = {}
-    if settings["format"] != "dil_jax.odqa_index/1":  # windows.npz of real tokens only
+    if settings.format != "dil_jax.odqa_index/1":  # windows.npz of real tokens only
         from dil_jax.open_domain.index.windows import window_member
 
         starts = window_member(folder / "windows.npz", "row_start")
         extra["real_tokens"] = int(starts[len(starts) - 1])
-    return dict(folder=str(folder), format=settings["format"], **extra,
-                split=settings.get("split"), num_passages=settings["num_passages"],
-                num_windows=settings["num_windows"], retriever=settings["retriever"],
-                max_passage_len=settings["max_passage_len"],
-                file_bytes={name: entry["bytes"] for name, entry in settings["files"].items()})
+    return dict(folder=str(folder), format=settings.format, **extra,
+                split=settings.split, num_passages=settings.num_passages,
+                num_windows=settings.num_windows, retriever=settings.retriever,
+                max_passage_len=settings.max_passage_len,
+                file_bytes={name: entry["bytes"] for name, entry in settings.files.items()})
 
 
 def encode_rate(checkpoint: str, ids: np.ndarray, mask: np.ndarray, windows: int

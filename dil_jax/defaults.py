@@ -134,6 +134,9 @@ def default_checkpoint_dir() -> Path:
 # Fine-tuned readers bundled with the package (see dil_jax/assets/README.md for how they were
 # trained), by role: "full" (k = 0) and "delayed".
 BUNDLED_READERS = {"full": "minilm-squad-full", "delayed": "minilm-squad-k4"}
+# The split the raw embedded MiniLM is read at as a delayed reader where none is bundled (it
+# records none; k = 0 would be no delayed reader): the bundled delayed reader's.
+EMBEDDED_DELAYED_K = 4
 
 
 def bundled_reader(role: str) -> Path | None:

@@ -26,6 +26,7 @@ from dil_jax.data.decoding import answers, decode_predictions
 from dil_jax.data.features import featurize
 from dil_jax.metrics.squad_metric import squad_scores
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer, pair_layout
 
 from tests.helpers.hf import assert_parity, build_hf_qa_model, save_fast_tokenizer, state_dict_numpy
@@ -77,7 +78,8 @@ def test_segments_are_the_tokenizers_pair_and_the_full_reader_matches_hf(arch_to
     first_position = 2 if arch in ("roberta", "xlm-roberta") else 0  # padding_idx + 1
     hf_model = build_hf_qa_model(arch, vocab_size=VOCAB,
                                  max_position_embeddings=248 + first_position)
-    config = encoder_config_from_hf(hf_model.config.to_dict(), max_question_len=64)
+    config = encoder_config_from_hf(hf_model.config.to_dict(),
+                                    overrides=ReaderOverrides(max_question_len=64))
     params, _ = convert_state_dict(state_dict_numpy(hf_model), config)
     assert_parity(DelayedInteractionModel(config), params, hf_model, arch, pairs, max_q=64)
 

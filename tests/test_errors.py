@@ -20,8 +20,8 @@ from dil_jax.checkpoints import (
     load_params,
     save_params,
 )
-from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel, InputError, with_num_lower_layers
+from dil_jax.model.encoder_config import ConfigError, EncoderConfig, ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.upper import project_upper, read_upper
@@ -78,7 +78,7 @@ def test_more_layers_in_config_reports_missing_tensors(hf_folder_factory, tmp_pa
 def test_k_outside_range(hf_folder_factory, k):
     folder, _ = hf_folder_factory("bert")
     with pytest.raises(CheckpointError, match=rf"num_lower_layers \(k\) must be in 0..4.*{k}"):
-        load_hf_checkpoint(folder, num_lower_layers=k)
+        load_hf_checkpoint(folder, ReaderOverrides(num_lower_layers=k))
     with pytest.raises(ConfigError, match=r"num_lower_layers \(k\) must be in 0..12"):
         EncoderConfig(num_lower_layers=13)
 
@@ -182,11 +182,12 @@ def test_hf_config_field_types():
 
 
 def test_orbax_round_trip_and_atomic_save(hf_folder_factory, tmp_path):
-    config, params, _ = load_hf_checkpoint(hf_folder_factory("albert")[0], max_question_len=8)
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("albert")[0],
+                                           ReaderOverrides(max_question_len=8))
     target = save_params(tmp_path / "converted", params, config)
     assert sorted(p.name for p in target.iterdir()) == ["encoder_config.json", "params"]
     assert not list(tmp_path.glob(".converted.tmp-*")), "staging folder left behind"
-    loaded_config, loaded = load_params(target, num_lower_layers=3)
+    loaded_config, loaded = load_params(target, ReaderOverrides(num_lower_layers=3))
     assert loaded_config == config.replace(num_lower_layers=3)
     flat_saved = dict(_flatten(params))
     flat_loaded = dict(_flatten(loaded))
@@ -214,10 +215,11 @@ def test_export_hf_checkpoint_round_trips_through_transformers(hf_folder_factory
 
     from dil_jax.checkpoints import export_hf_checkpoint
 
-    config, params, _ = load_hf_checkpoint(hf_folder_factory("albert")[0], max_question_len=8)
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("albert")[0],
+                                           ReaderOverrides(max_question_len=8))
     folder = export_hf_checkpoint(tmp_path / "export", params, config, dtype="bfloat16",
                                   manifest={"trained": "nowhere"})
-    config2, params2, report = load_hf_checkpoint(folder, max_question_len=8)
+    config2, params2, report = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=8))
     assert config2 == config and not report.initialized
     kernel = np.asarray(params["block_0"]["ffn_in"]["kernel"])
     np.testing.assert_allclose(np.asarray(params2["block_0"]["ffn_in"]["kernel"]), kernel,
@@ -243,7 +245,8 @@ def test_export_leaving_word_embeddings_to_the_base(tmp_path):
         export_hf_checkpoint,
     )
 
-    config, params, _ = load_hf_checkpoint("default", max_question_len=8, num_lower_layers=3)
+    config, params, _ = load_hf_checkpoint("default",
+                                           ReaderOverrides(max_question_len=8, num_lower_layers=3))
     params["block_2"]["ffn_out"]["bias"] = params["block_2"]["ffn_out"]["bias"] + 1.0
     folder = export_hf_checkpoint(tmp_path / "reader", params, config,
                                   from_base=("default", "embeddings.word_embeddings"))

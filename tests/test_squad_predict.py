@@ -8,10 +8,10 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.config import EncoderConfig
 from dil_jax.data.features import featurize
 from dil_jax.data.squad import load_squad
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.predict import window_logits
 from dil_jax.readers import EncoderReader
 

@@ -78,13 +78,14 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
 
     from dil_jax.checkpoints import TRAINED_FROM_FILE
     from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
-    from dil_jax.config import ConfigError
     from dil_jax.mesh import data_mesh
+    from dil_jax.model.encoder_config import ConfigError
     from dil_jax.train.checkpointing import STATE_ITEM, abstract_like, nonfinite_leaves
     from dil_jax.train.reader_kinds import char_student
     from dil_jax.train.setup import make_run_optimizer
     from dil_jax.train.sharding import replicated
     from dil_jax.train.step import init_train_state, weights_of
+    from dil_jax.train.train_config import TrainConfig
     from dil_jax.train.workdir import CHECKPOINT_DIR
 
     if weights not in WEIGHTS:
@@ -107,7 +108,8 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
         student = char_student(config, jax.random.key(0))
     except ConfigError as error:
         raise SystemExit(f"--workdir {workdir} config.model.reader: {error}") from None
-    tx, _ = make_run_optimizer(config, total_steps=1)  # the state's structure, not its values
+    # The state's structure, not its values.
+    tx, _ = make_run_optimizer(TrainConfig.of(config), 1, student)
     abstract = abstract_like(jax.eval_shape(lambda p: init_train_state(p, tx), student.params),
                              replicated(data_mesh()))
     folder = workdir / CHECKPOINT_DIR / str(step) / STATE_ITEM

@@ -26,8 +26,8 @@ def unpack(directory: Path, name: str, out: Path, base: str = "default") -> Path
     import ml_dtypes
 
     from dil_jax.checkpoints import save_params
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.train.setup import load_or_init_reader
 
     members = read_pieces(directory, name)

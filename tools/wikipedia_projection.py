@@ -59,7 +59,7 @@ from dil_jax.bench.flops import (
     passage_stats_flops,
     projection_flops,
 )
-from dil_jax.config import EncoderConfig
+from dil_jax.model.encoder_config import EncoderConfig
 
 WIKIPEDIA_PASSAGES = 21_015_324  # the DPR split of English Wikipedia (100-word passages)
 MAX_PASSAGE_LEN = 192  # `dil-jax index`'s windows: token slots computed per window

@@ -88,7 +88,9 @@ from dil_jax.bench.suites import (
     write_json,
 )
 from dil_jax.bench.timing import normalized_times, projected_total, run_delayed_grid
-from dil_jax.config import EncoderConfig  # the type of every suite's config (tests build some)
+from dil_jax.model.encoder_config import (
+    EncoderConfig,  # the type of every suite's config (tests build some)
+)
 
 __all__ = [
     "CHAR_SUITES",

@@ -39,7 +39,7 @@ from dil_jax.bench.programs import program_stats
 from dil_jax.bench.timing import Runner, median_times, projected_total, timed_repeats, warm_up
 from dil_jax.defaults import BENCH_CHAR_SUITES
 from dil_jax.mesh import DATA_AXIS, data_mesh
-from dil_jax.model.bidaf import BiDAFConfig
+from dil_jax.model.bidaf_config import BiDAFConfig
 from dil_jax.model.char_reader import char_model, config_fields
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_config import QANetConfig

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from dil_jax.bench.grids import FULL, PHASES, GridSpec
-from dil_jax.config import EncoderConfig
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.reading.plan import ReusePlan
 
 

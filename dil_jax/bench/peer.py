@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from dil_jax.bench.grids import GridInputs
-from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.model.span_reader import PADDED_LOGIT
 from dil_jax.reading.pairs import SpanScores
 

@@ -33,10 +33,10 @@ from dil_jax.bench.timing import (
     timed_repeats,
     warm_up,
 )
-from dil_jax.config import EncoderConfig
 from dil_jax.defaults import BENCH_SUITE_GRIDS, BENCH_SUITE_LENGTHS, BENCH_SUITES
 from dil_jax.mesh import data_mesh
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.readers import Reader, init_reader, load_reader
 from dil_jax.reading.grid import PairGrid
 

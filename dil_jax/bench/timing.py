@@ -18,8 +18,8 @@ import numpy as np
 
 from dil_jax.bench.grids import PHASES, GridInputs, GridSpec
 from dil_jax.bench.machine import load_average
-from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import Params
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.pairs import SpanScores
 

@@ -20,9 +20,9 @@ from dil_jax.checkpoints.integrity import (
 )
 from dil_jax.checkpoints.manifest import MANIFEST_FILE, ExportManifest
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.delayed import Params
+from dil_jax.model.encoder_config import EncoderConfig
 
 
 def export_hf_checkpoint(directory: str | os.PathLike, params: Params, config: EncoderConfig,

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from dil_jax.checkpoints.xlnet_config import hf_xlnet_config, xlnet_fields
-from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
+from dil_jax.model.encoder_config import NO_OVERRIDES, ConfigError, EncoderConfig, ReaderOverrides
 
 
 def _required(hf: dict[str, Any], key: str, source: str) -> Any:
@@ -132,8 +132,9 @@ _DEFAULT_PAD_TOKEN_ID = {"roberta": 1, "xlm-roberta": 1, "xlnet": 5}
 
 
 def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
-                           **overrides: Any) -> EncoderConfig:
-    """Maps a Hugging Face `config.json` dict to an EncoderConfig (plus overrides such as k).
+                           overrides: ReaderOverrides = NO_OVERRIDES) -> EncoderConfig:
+    """Maps a Hugging Face `config.json` dict to an EncoderConfig, `overrides` (k, say) set over
+    what the file says.
 
     Raises CheckpointError naming `source` and the field for a missing or unsupported field or
     an unknown model_type.
@@ -155,7 +156,7 @@ def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                   max_position_embeddings=hf.get("max_position_embeddings", 512),
                   initializer_range=hf.get("initializer_range", 0.02),
                   pad_token_id=pad_token_id or 0)
-    values.update(overrides)
+    values.update(overrides.fields())
     if values.get("reversible"):
         raise CheckpointError(
             f"{source}: reversible=True with a pretrained checkpoint: its post-LayerNorm blocks "

@@ -22,42 +22,45 @@ from dil_jax.checkpoints.hf_tensors import ImportReport, convert_state_dict, str
 from dil_jax.checkpoints.integrity import check_weights
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.resolved import HF_FORMAT, ResolvedCheckpoint
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.delayed import Params
+from dil_jax.model.encoder_config import NO_OVERRIDES, EncoderConfig, ReaderOverrides
 
 # One logger for the whole package: its warnings are silenced by that name
 # (prescreening.prescreener).
 log = logging.getLogger(__package__)
 
 
-def load_hf_checkpoint(name_or_path: str | os.PathLike, *, rng: jax.Array | None = None,
-                       **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
+def load_hf_checkpoint(name_or_path: str | os.PathLike,
+                       overrides: ReaderOverrides = NO_OVERRIDES, *,
+                       rng: jax.Array | None = None
+                       ) -> tuple[EncoderConfig, Params, ImportReport]:
     """Reads a Hugging Face checkpoint (a folder, "default" or a hub id) into (config, params,
     report); `load_hf_folder` of it, resolved here."""
     name = str(name_or_path)
     checkpoint = ResolvedCheckpoint(name, resolve_checkpoint(name), HF_FORMAT)
-    return load_hf_folder(checkpoint, rng=rng, **config_overrides)
+    return load_hf_folder(checkpoint, overrides, rng=rng)
 
 
-def load_hf_folder(checkpoint: ResolvedCheckpoint, *, rng: jax.Array | None = None,
-                   **config_overrides: Any) -> tuple[EncoderConfig, Params, ImportReport]:
+def load_hf_folder(checkpoint: ResolvedCheckpoint, overrides: ReaderOverrides = NO_OVERRIDES,
+                   *, rng: jax.Array | None = None
+                   ) -> tuple[EncoderConfig, Params, ImportReport]:
     """Reads a resolved Hugging Face checkpoint into (config, params, report).
 
     The weights files must match the digests the folder's manifest records, if it records any
     (`integrity.check_weights`), and every tensor must be finite (`convert_state_dict`): a
     damaged file is a CheckpointError naming it, never a reader that answers worse.
 
-    `config_overrides` set reader fields the checkpoint does not hold, e.g.
-    `num_lower_layers=4, max_question_len=64, dtype="bfloat16"`.
+    `overrides` set reader fields the checkpoint does not hold, e.g.
+    `ReaderOverrides(num_lower_layers=4, max_question_len=64, dtype="bfloat16")`.
     """
     folder = checkpoint.folder
     config_path = folder / CONFIG_FILE
     hf_config = _read_hf_config(folder)
     # A reader exported by dil_jax records the split it was trained for; overrides still win.
-    overrides = {**checkpoint.manifest.reader_defaults, **config_overrides}
-    config = encoder_config_from_hf(hf_config, str(config_path), **overrides)
+    config = encoder_config_from_hf(hf_config, str(config_path),
+                                    overrides.over(checkpoint.manifest.reader_defaults))
     recorded = checkpoint.manifest.weights
     if recorded:  # an export's digests: the bytes must be the exported ones (~1.5% of a load)
         check_weights(folder, recorded, folder / MANIFEST_FILE)

@@ -18,10 +18,10 @@ import jax
 import numpy as np
 
 from dil_jax.checkpoints.integrity import nonfinite_count
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.bert import num_param_blocks
 from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.encoder_config import EncoderConfig
 
 # How one Hugging Face tensor becomes one of our params: (param path, layout transform). The
 # transforms are their own inverses (identity, 2-D transpose), so export uses them as they are.

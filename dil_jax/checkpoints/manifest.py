@@ -18,6 +18,7 @@ from typing import Any
 
 from dil_jax.checkpoints.files import read_json
 from dil_jax.errors import CheckpointError
+from dil_jax.model.encoder_config import ReaderOverrides
 
 MANIFEST_FILE = "dil_jax_manifest.json"
 # What an export records in "reader". A training config's "model" holds them too, under the same
@@ -138,8 +139,9 @@ class ExportManifest:
         return value
 
     @property
-    def reader_defaults(self) -> dict[str, int]:
-        """Reader settings (k, max_question_len, passage_position_offset) the export recorded.
+    def reader_defaults(self) -> ReaderOverrides:
+        """Reader settings (k, max_question_len, passage_position_offset) the export recorded,
+        as what a load sets over the checkpoint's config unless asked otherwise.
 
         Exports written before the "reader" record's passage_position_offset existed held the
         offset only in their training config: it is read from there, since a delayed reader must
@@ -152,7 +154,7 @@ class ExportManifest:
         if ("passage_position_offset" not in defaults and _is_int(trained_offset)
                 and trained_offset > 0):
             defaults["passage_position_offset"] = trained_offset
-        return defaults
+        return ReaderOverrides(**defaults)
 
     def with_reader(self, reader: Mapping[str, int]) -> ExportManifest:
         """This manifest with `reader` (READER_FIELDS, as an export writes them: the passage

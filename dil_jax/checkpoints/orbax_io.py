@@ -1,7 +1,7 @@
 """dil_jax's own checkpoint format: converted params (orbax) beside `encoder_config.json`.
 
 Training saves readers this way (`save_params`); `load_params` reads them back with any
-reader-side override (such as another k) applied to the stored config.
+reader setting (`ReaderOverrides`: another k, say) set over the stored config.
 """
 
 from __future__ import annotations
@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
 
 from dil_jax.atomic import staged_directory
 from dil_jax.checkpoints.files import DAMAGED_FIX, read_json
-from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.delayed import DelayedInteractionModel, Params
+from dil_jax.model.encoder_config import NO_OVERRIDES, ConfigError, EncoderConfig, ReaderOverrides
 
 ENCODER_CONFIG_FILE = "encoder_config.json"
 PARAMS_DIR = "params"
@@ -46,9 +45,9 @@ def save_params(directory: str | os.PathLike, params: Params, config: EncoderCon
     return directory
 
 
-def load_params(directory: str | os.PathLike, **config_overrides: Any
+def load_params(directory: str | os.PathLike, overrides: ReaderOverrides = NO_OVERRIDES
                 ) -> tuple[EncoderConfig, Params]:
-    """Reads what `save_params` wrote; overrides (e.g. num_lower_layers) apply to the config."""
+    """Reads what `save_params` wrote, `overrides` (another k, say) set over its config."""
     import orbax.checkpoint as ocp
 
     directory = Path(directory).absolute()
@@ -59,7 +58,7 @@ def load_params(directory: str | os.PathLike, **config_overrides: Any
     if not isinstance(values, dict):
         raise CheckpointError(f"{config_path}: expected a JSON object of EncoderConfig fields, "
                               f"got {type(values).__name__}")
-    values = {**values, **config_overrides}
+    values = {**values, **overrides.fields()}
     try:
         config = EncoderConfig.from_dict(values)
     except ConfigError as error:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import CheckpointError
+from dil_jax.model.encoder_config import EncoderConfig
 
 # Task classes whose heads a reader cannot run (the beam-search SQuAD head).
 UNSUPPORTED_XLNET_CLASSES = ("XLNetForQuestionAnswering",)

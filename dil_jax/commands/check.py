@@ -176,11 +176,13 @@ def run(args: argparse.Namespace) -> int:
     """Steps 1-3 of the module docstring; exit status 1 when the grid differs from the direct
     forward or the Hugging Face parity check fails, else 0."""
     from dil_jax.checkpoints import load_hf_checkpoint, resolve_checkpoint
+    from dil_jax.model.encoder_config import ReaderOverrides
     from dil_jax.samples import SAMPLE_PASSAGES, SAMPLE_QUESTIONS
     from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 
     folder = resolve_checkpoint(args.checkpoint)
-    config, params, report = load_hf_checkpoint(folder, max_question_len=args.max_question_len)
+    config, params, report = load_hf_checkpoint(
+        folder, ReaderOverrides(max_question_len=args.max_question_len))
     print(report.summary())
     ks = _split_points(args.k, config.num_layers)
     tokenizer = load_tokenizer(folder, vocab_size=config.vocab_size,

@@ -116,9 +116,9 @@ def _reusable_index(folder: str, split: dict):
         index = open_index(folder)
     except ValueError:  # absent, or not readable as an index: built afresh
         return None
-    if index.settings.get("split") != split:
+    if index.settings.split != split:
         log.warning("%s was built with other settings (%s); rebuilding it", folder,
-                    index.settings.get("split"))
+                    index.settings.split)
         return None
     return index
 
@@ -138,14 +138,13 @@ def demo_storage(index, reader, asked):
 def run(args: argparse.Namespace) -> int:
     from dil_jax.atomic import check_output_folder
     from dil_jax.commands.arguments import check_window_flags
-    from dil_jax.defaults import bundled_reader
     from dil_jax.errors import UsageError
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.index.corpus import split_documents
     from dil_jax.open_domain.index.folder import build_index, build_reader_cache
     from dil_jax.open_domain.reader import OpenDomainReader, check_read_lengths, format_answer
     from dil_jax.progress import CountBar
-    from dil_jax.readers import load_reader
+    from dil_jax.readers import ReaderRequest, load_requested
 
     check_window_flags(args.max_passage_len, args.doc_stride)
     # The index folder is rebuilt (replaced as a whole) when it is not a current demo index:
@@ -154,18 +153,18 @@ def run(args: argparse.Namespace) -> int:
                         {"--full-checkpoint": args.full_checkpoint,
                          "--delayed-checkpoint": args.delayed_checkpoint},
                         replaced_unless="index.json")
-    full_ckpt = args.full_checkpoint or bundled_reader("full")
-    delayed_ckpt = args.delayed_checkpoint or bundled_reader("delayed")
+    requests = {
+        "full": ReaderRequest(args.full_checkpoint, 0, args.max_question_len, bundled="full",
+                              checkpoint_flag="--full-checkpoint", k_flag=None,
+                              fix="the full reader is read at k = 0: give it as "
+                                  "--delayed-checkpoint").resolved(),
+        "delayed": ReaderRequest(args.delayed_checkpoint, args.k, args.max_question_len,
+                                 bundled="delayed", checkpoint_flag="--delayed-checkpoint"
+                                 ).resolved()}
     # Read before loading and compiling: a manifest's bad threshold is named at once.
-    abstentions = {"full": abstention_of(full_ckpt and str(full_ckpt)),
-                   "delayed": abstention_of(delayed_ckpt and str(delayed_ckpt))}
-    untrained = [c for c in (full_ckpt, delayed_ckpt) if c is None]
-    if untrained:
-        log.warning("no fine-tuned reader bundled or given: using the raw embedded MiniLM, "
-                    "whose QA head is UNTRAINED — answers below are arbitrary spans")
-    full = load_reader(str(full_ckpt or "default"), 0, args.max_question_len)
-    k = args.k if args.k is not None else (None if delayed_ckpt else 4)
-    delayed = load_reader(str(delayed_ckpt or "default"), k, args.max_question_len)
+    abstentions = {name: abstention_of(request.checkpoint)
+                   for name, request in requests.items()}
+    full, delayed = (load_requested(requests[name]) for name in ("full", "delayed"))
     if delayed.config.num_lower_layers == 0:
         raise UsageError("the delayed reader has k = 0; pass --k (1..l)")
     for loaded in (full, delayed):  # before the index is built: the lengths must fit
@@ -187,14 +186,14 @@ def run(args: argparse.Namespace) -> int:
         k_value = loaded.config.num_lower_layers
         # Shown only while a cache is being built (a bar made at its first count).
         with CountBar(f"passage cache of the {name} reader (k={k_value})",
-                      index.settings["num_windows"], "window") as bar:
+                      index.settings.num_windows, "window") as bar:
             cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(
                                            32, index.window_texts),
                                        storage=demo_storage(index, loaded, args.storage),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,
                                          chunk_size=args.top_p, span_score=args.span_score)
-    print(f"index: {args.index}: {len(index.passages)} passages ({index.settings['num_windows']}"
+    print(f"index: {args.index}: {len(index.passages)} passages ({index.settings.num_windows}"
           f" windows), ready in {time.perf_counter() - started:.1f} s")
 
     questions = args.question or list(DEMO_QUESTIONS)

@@ -204,8 +204,9 @@ def _missing_cache(args, index, reader):
         return None
     checkpoint = reader.checkpoint.name
     k = reader.config.num_lower_layers
-    command = build_command(str(args.index), index.settings, checkpoint, k, storage,
-                            args.tokenizer)
+    settings = index.settings
+    command = build_command(str(args.index), settings.split, settings.max_passage_len,
+                            settings.doc_stride, checkpoint, k, storage, args.tokenizer)
     partial = folder.with_name(f".{folder.name}.partial").exists()
     return MissingCacheError(missing_cache_message(
         str(args.index), folder.name, checkpoint, k, storage,

@@ -93,7 +93,7 @@ def register(subparsers) -> None:
 
 def lsh_layers(text: str) -> str | tuple[int, ...] | tuple[str, ...]:
     """--lsh-layers: 'lower', comma-separated layer indices, or a QANet's encoder names."""
-    from dil_jax.config import LOWER_BLOCKS
+    from dil_jax.model.encoder_config import LOWER_BLOCKS
     from dil_jax.model.qanet_config import ENCODERS
 
     names = tuple(part.strip() for part in text.split(",") if part.strip())
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     from dil_jax.data.squad import load_squad
     from dil_jax.errors import InputFileError
     from dil_jax.predict import predict_squad
-    from dil_jax.readers import load_reader
+    from dil_jax.readers import ReaderRequest, load_requested
 
     # Everything a flag can get wrong is refused here, before the model is loaded.
     if args.max_passage_len is not None and args.doc_stride is not None:
@@ -236,8 +236,9 @@ def run(args: argparse.Namespace) -> int:
                     "an answer)", args.data)
     if null_threshold is not None:
         log.info("null threshold %g (%s)", null_threshold, source)
-    reader = load_reader(checkpoint, args.k, args.max_question_len, args.tokenizer,
-                         require_qa_head=not args.allow_untrained_head)
+    reader = load_requested(ReaderRequest(args.checkpoint, args.k, args.max_question_len,
+                                          args.tokenizer,
+                                          require_qa_head=not args.allow_untrained_head))
     reader = with_lsh_flags(reader, args)
     prescreen = prescreen_from_args(args)
     started = time.perf_counter()

@@ -28,7 +28,7 @@ from dil_jax.commands.arguments import (
     positive_int,
     window_len,
 )
-from dil_jax.defaults import CPU_MAX_PASSAGE_LEN
+from dil_jax.defaults import CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
 
 
 def check_workdir(args: argparse.Namespace, config) -> None:
@@ -233,7 +233,7 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     from dil_jax.metrics.squad_metric import squad_scores
     from dil_jax.predict import predict_squad
     from dil_jax.prescreening.screen import SentenceRule
-    from dil_jax.readers import load_reader
+    from dil_jax.readers import ReaderRequest, load_requested
 
     examples = data.examples[:args.eval_limit]
     rules = [None] + [SentenceRule(top_m=m) for m in args.top_m] + \
@@ -242,7 +242,8 @@ def end_to_end(args, config, data, prescreener) -> tuple[list[dict], str]:
     lines = ["| reader | k/l | prescreen | EM | F1 | P(answer kept) | EM given the answer kept | "
              "tokens read | prescreen s | reader s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for checkpoint in args.readers:
-        reader = load_reader(checkpoint, None, 32)
+        reader = load_requested(ReaderRequest(checkpoint, None, CPU_MAX_QUESTION_LEN,
+                                              checkpoint_flag="--readers"))
         k, layers = reader.config.num_lower_layers, reader.config.num_layers
         for rule in rules:
             screen = None if rule is None else (prescreener, rule)

@@ -1,5 +1,9 @@
-"""The reader's Flax modules and its pure-functional API (params in, arrays out).
+"""The reader's Flax modules, their configs, and the pure-functional API (params in, arrays out).
 
+    encoder_config.py  `EncoderConfig` (the BERT family's and XLNet's), `ReaderOverrides` (the
+                    reader settings a load sets over a checkpoint's config), `lsh_layers_of`
+    qanet_config.py, bidaf_config.py
+                    `QANetConfig`, `BiDAFConfig`: the character readers' configs
     attention.py    self-attention (`SelfAttention`) and the softmax-part arithmetic that lets a
                     pair reuse its passage's attention statistics (`PassageAttentionStats`,
                     `passage_attention_stats`)
@@ -16,7 +20,7 @@
     lsh.py, memory.py, reversible.py
                     the long-passage options (docs/long_passages.md, "Long passages"): Reformer
                     LSH attention, chunked row-wise maps and remat policies, reversible layers
-    qanet.py, qanet_config.py, qanet_inputs.py, qanet_layers.py, bidaf.py
+    qanet.py, qanet_inputs.py, qanet_layers.py, bidaf.py
                     the QANet and BiDAF readers, with the delayed readers' split (docs/qanet.md)
 
 Reading pairs at inference (the pair grid, the exact reuses, the scores) is `dil_jax.reading`'s,

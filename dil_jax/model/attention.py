@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax.config import EncoderConfig
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.model.lsh import MASK_BIAS, lsh_attention  # one padding bias for full and LSH
 
 # One attention's (query, key, value), each [batch, heads, seq, head_dim], the query pre-scaled.

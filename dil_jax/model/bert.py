@@ -38,13 +38,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from dil_jax.config import EncoderConfig
 from dil_jax.model.attention import (
     QKV,
     PassageAttentionStats,
     attention_bias,
     dense,
 )
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.model.layers import Block, Embeddings, layer_norm
 from dil_jax.model.memory import checkpoint_policy
 from dil_jax.model.reversible import reversible_layers

@@ -15,8 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dil_jax.config import ConfigError
-from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
+from dil_jax.model.bidaf import BiDAFModel
+from dil_jax.model.bidaf_config import BiDAFConfig
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_config import QANetConfig
 

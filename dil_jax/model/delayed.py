@@ -23,9 +23,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
 from dil_jax.model.bert import SpanReaderModule
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT, ReaderOutput
 from dil_jax.model.xlnet import XLNetSpanReaderModule
 

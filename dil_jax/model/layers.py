@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax.config import ACTIVATIONS, ConfigError, EncoderConfig
 from dil_jax.model.attention import (
     QKV,
     PassageAttentionStats,
     SelfAttention,
     dense,
 )
+from dil_jax.model.encoder_config import ACTIVATIONS, ConfigError, EncoderConfig
 from dil_jax.model.memory import map_row_chunks
 
 

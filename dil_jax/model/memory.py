@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dil_jax.config import REMAT_POLICIES, ConfigError
+from dil_jax.model.encoder_config import REMAT_POLICIES, ConfigError
 from dil_jax.rounding import round_up
 
 

@@ -25,8 +25,8 @@ import math
 import numbers
 from typing import Any, ClassVar
 
-from dil_jax.config import ConfigError
 from dil_jax.defaults import CPU_MAX_QUESTION_LEN
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet_inputs import CHAR_VOCAB_SIZE, MAX_CHARS
 
 # The two encoders of QANet that have self-attention, by the names `lsh_encoders` takes.

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.attention import QKV, PassageAttentionStats, attention_bias, dense
+from dil_jax.model.encoder_config import ConfigError, EncoderConfig
 from dil_jax.model.layers import activation_fn, layer_norm, pair_rows
 from dil_jax.model.span_reader import (
     QUESTION_SEGMENT,

@@ -38,6 +38,7 @@ from dil_jax.open_domain.index.corpus import (
 )
 from dil_jax.open_domain.index.files import (
     IndexBrokenError,
+    IndexSettings,
     OpenDomainIndexError,
     read_settings,
     settings_differences,
@@ -191,7 +192,7 @@ def _peer_settings(readers: Sequence[Reader], settings: BuildSettings,
                          doc_stride=settings.doc_stride)
 
 
-def choose_engine(asked: str | None, stored: dict[str, Any] | None, num_passages: int
+def choose_engine(asked: str | None, stored: IndexSettings | None, num_passages: int
                   ) -> tuple[str, str | None]:
     """(engine, note to log) of a build: `asked` (--retriever; "auto" by corpus size) when
     given; else the engine of the index already there (`stored`: its index.json settings;
@@ -200,7 +201,7 @@ def choose_engine(asked: str | None, stored: dict[str, Any] | None, num_passages
     if asked is not None:
         return resolve_engine(asked, num_passages), None
     if stored is not None:
-        engine = stored.get("retriever", "rank-bm25")
+        engine = stored.retriever
         return engine, f"keeping the index's BM25 engine, {engine} (--retriever changes it)"
     return resolve_engine("auto", num_passages), None
 
@@ -216,15 +217,16 @@ def _await_index(out: str, corpus: Sequence[str], tokenizer, settings: BuildSett
     checked). It must have this run's split, lengths and tokenizer (OpenDomainIndexError at
     once, naming them: process 0 refuses it too); its passages are process 0's business (this
     process does not read the corpus). peer_check: run at every poll (`wait_for`)."""
-    wanted = dict(split=_split_record(corpus, settings), tokenizer=tokenizer_fingerprint(tokenizer),
-                  max_passage_len=settings.max_passage_len, doc_stride=settings.doc_stride)
-
     def opened() -> OpenDomainIndex | None:
         stored = stored_settings(Path(out))
         if stored is None:
             return None
-        differences = settings_differences(stored, dict(
-            wanted, passages=stored.get("passages"), num_passages=stored.get("num_passages")))
+        # Its passages are process 0's: only the split, lengths and tokenizer are compared.
+        wanted = dataclasses.replace(
+            stored, split=_split_record(corpus, settings),
+            tokenizer=tokenizer_fingerprint(tokenizer),
+            max_passage_len=settings.max_passage_len, doc_stride=settings.doc_stride)
+        differences = settings_differences(stored, wanted)
         if differences:
             raise OpenDomainIndexError(f"{out} holds an index built with other settings:\n  "
                                        + "\n  ".join(differences))
@@ -283,7 +285,7 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
             except IndexBrokenError as error:
                 log.warning("%s -- rebuilding its files (the caches are kept)", error)
             else:
-                built_with = index.settings.get("retriever", "rank-bm25")
+                built_with = index.settings.retriever
                 if engine == built_with:
                     report(BuildStep("index", note=f"index: {out} ({len(index.passages)} "
                                                    "passages, reused)"))
@@ -303,10 +305,10 @@ def _split_and_index(out: str, corpus: Sequence[str], tokenizer, settings: Build
                             retriever=engine)
         report(BuildStep("index", note=f"index: {documents.count} documents -> "
                                        f"{len(index.passages)} "
-                                       f"passages -> {index.settings['num_windows']} windows, "
+                                       f"passages -> {index.settings.num_windows} windows, "
                                        f"BM25 ({engine}) built in "
                                        f"{time.perf_counter() - started:.1f} s"))
-    for note in clean_stale(out, index.settings["passages"]):
+    for note in clean_stale(out, index.settings.passages):
         log.info("%s", note)
     return index
 
@@ -331,7 +333,7 @@ def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSetting
     processes, this process's shard of it (progress: that shard's windows; peer_check at
     every wait)."""
     stage = f"passage cache k={reader.config.num_lower_layers}"
-    start, stop = shard_ranges(index.settings["num_windows"], settings.chunk_passages,
+    start, stop = shard_ranges(index.settings.num_windows, settings.chunk_passages,
                                process.count)[process.index]
     total = stop - start
     report(BuildStep(stage, 0, total))

@@ -31,7 +31,6 @@ from dil_jax.checkpoints.char_readers import (
 from dil_jax.checkpoints.integrity import check_finite_params
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
-from dil_jax.config import ConfigError
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.char_reader import (
@@ -41,9 +40,11 @@ from dil_jax.model.char_reader import (
     reader_config,
     switched_config,
 )
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet import Variables
 from dil_jax.model.qanet_inputs import QANetSegment, fit_chars, token_characters
 from dil_jax.model.span_reader import ReaderOutput
+from dil_jax.model.word_table import FROZEN_COLLECTION
 from dil_jax.readers.protocol import (
     FixedSplitError,
     LoadOptions,
@@ -104,8 +105,8 @@ class CharReader(Reader):
                                     vocab_size=config.vocab_size)
                      if options.with_tokenizer else None)
         reader = cls(model, variables, tokenizer, checkpoint)
-        return reader.with_config(**options.config_overrides) if options.config_overrides \
-            else reader
+        changes = options.overrides.fields()
+        return reader.with_config(**changes) if changes else reader
 
     def save(self, directory: str | os.PathLike) -> Path:
         """Its whole variables (the word table included) beside a manifest naming its kind and
@@ -172,9 +173,7 @@ class CharReader(Reader):
         return grid.encode_passages(self.params, _segment(rows))
 
     def encode_passage_batch(self, grid: CharPairGrid, rows: TokenRows) -> jax.Array:
-        # As the cache builder's program reads them: ids, chars, mask in int32.
-        arrays = (rows.ids, rows.chars, np.asarray(rows.mask, np.int32))
-        return grid._lower_fn(self.params, *(jax.device_put(a, grid.sharded) for a in arrays))
+        return grid.encode_batch(self.params, _segment(rows))
 
     # ------------------------------------------------------------------ the cache
 
@@ -200,6 +199,19 @@ class CharReader(Reader):
         return encode
 
     # ------------------------------------------------------------------ training
+
+    def optimized(self, tx: Any) -> Any:
+        """`tx` over the "params" collection; the frozen word table's collection gets no update
+        and no optimizer state (`optax.set_to_zero`): no weight decay, no Adam moments, 2 x 47
+        MB less per checkpoint than masking inside AdamW."""
+        import optax
+
+        def labels(variables: dict[str, Any]) -> dict[str, str]:
+            # A prefix tree of the variables: each top-level collection gets one label.
+            return {name: "fixed" if name == FROZEN_COLLECTION else "trained"
+                    for name in variables}
+
+        return optax.multi_transform({"trained": tx, "fixed": optax.set_to_zero()}, labels)
 
     def outputs(self, params: Variables, batch: Mapping[str, jax.Array], *,
                 deterministic: bool = True, rngs: dict[str, jax.Array] | None = None,

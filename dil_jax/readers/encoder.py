@@ -33,11 +33,11 @@ from dil_jax.checkpoints.integrity import (
 from dil_jax.checkpoints.manifest import MANIFEST_FILE
 from dil_jax.checkpoints.orbax_io import load_params, save_params
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
-from dil_jax.config import EncoderConfig, lsh_layers_of
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
 from dil_jax.model.char_reader import ENCODER_KIND
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
+from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides, lsh_layers_of
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, ReaderOutput
 from dil_jax.readers.protocol import (
     LoadOptions,
@@ -81,16 +81,14 @@ class EncoderReader(Reader):
         the demo, which says loudly that it falls back to the untrained embedded MiniLM, does
         not.
         """
-        overrides = dict(options.config_overrides)
-        if options.max_question_len is not None:
-            overrides["max_question_len"] = options.max_question_len
-        if options.k is not None:
-            overrides["num_lower_layers"] = options.k
+        overrides = ReaderOverrides(num_lower_layers=options.k,
+                                    max_question_len=options.max_question_len
+                                    ).over(options.overrides)
         if checkpoint.is_orbax:
-            config, params = load_params(checkpoint.folder, **overrides)
+            config, params = load_params(checkpoint.folder, overrides)
             check_finite_params(params, str(checkpoint.folder))  # orbax params carry no digest
         else:
-            config, params, report = load_hf_folder(checkpoint, rng=options.rng, **overrides)
+            config, params, report = load_hf_folder(checkpoint, overrides, rng=options.rng)
             if options.require_qa_head:
                 _require_qa_head(checkpoint.name, report.initialized)
         _warn_other_k(checkpoint, options.k)
@@ -159,8 +157,7 @@ class EncoderReader(Reader):
         return grid.passage_side(self.params, rows.ids, rows.mask)
 
     def encode_passage_batch(self, grid: PairGrid, rows: TokenRows) -> jax.Array:
-        ids, mask = (jax.device_put(array, grid.sharded) for array in (rows.ids, rows.mask))
-        return grid._lower_fn(self.params, ids, mask, PASSAGE_SEGMENT)
+        return grid.encode_batch(self.params, rows.ids, rows.mask, PASSAGE_SEGMENT)
 
     # ------------------------------------------------------------------ the cache
 

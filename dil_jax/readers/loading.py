@@ -13,8 +13,6 @@ loaded reader back as a complete Hugging Face folder.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
 
 import jax
 
@@ -22,6 +20,7 @@ from dil_jax.checkpoints.export import complete_manifest, export_hf_checkpoint
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint, resolve_reader_checkpoint
 from dil_jax.errors import CheckpointError
 from dil_jax.model.char_reader import CHAR_READER_KINDS, ENCODER_KIND
+from dil_jax.model.encoder_config import NO_OVERRIDES, ReaderOverrides
 from dil_jax.readers.char import CharReader
 from dil_jax.readers.encoder import EncoderReader
 from dil_jax.readers.protocol import LoadOptions, Reader
@@ -45,7 +44,7 @@ def reader_family(kind: str) -> type[Reader]:
 def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | None = None,
                 max_question_len: int | None = None, tokenizer: str | None = None, *,
                 kind: str | None = None, require_qa_head: bool = False,
-                config_overrides: Mapping[str, Any] | None = None,
+                overrides: ReaderOverrides = NO_OVERRIDES,
                 rng: jax.Array | None = None, with_tokenizer: bool = True) -> Reader:
     """The Reader of any checkpoint, of the family its model kind names.
 
@@ -55,8 +54,8 @@ def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | Non
     `[CLS] question [SEP]` (None: the checkpoint's own). tokenizer: a tokenizer folder or name
     instead of the checkpoint's own files. kind: refuse a checkpoint of another model kind
     (CheckpointError). require_qa_head: refuse (UntrainedHeadError) a checkpoint without a QA
-    head, whose head would be initialised at random. config_overrides: config fields set as
-    given, unwarned (training's split, dropout, compute dtype); rng: initialises a QA head the
+    head, whose head would be initialised at random. overrides: config fields set as given,
+    unwarned (training's split, dropout, compute dtype); rng: initialises a QA head the
     checkpoint lacks (None: a fixed key). with_tokenizer: False loads no tokenizer (training:
     its featurizer has its own). Checked: the weights (their recorded digests, finite values)
     and the tokenizer against the model's vocabulary and the one the manifest records.
@@ -68,7 +67,7 @@ def load_reader(checkpoint: str | os.PathLike | ResolvedCheckpoint, k: int | Non
                               f"reader, not a {_KIND_NAMES.get(kind, kind)} one")
     options = LoadOptions(k=k, max_question_len=max_question_len, tokenizer=tokenizer,
                           with_tokenizer=with_tokenizer, require_qa_head=require_qa_head,
-                          config_overrides=dict(config_overrides or {}), rng=rng)
+                          overrides=overrides, rng=rng)
     return reader_family(found).load(resolved, options)
 
 

@@ -14,7 +14,7 @@ or a capability of the reader, never a branch at the call site:
                 table), `characters` (what it reads beside the ids), `encode_questions` /
                 `passage_side` / `encode_passage_batch` (one side of the grid, from `TokenRows`)
   the cache     `passage_encoder` (what an open-domain cache stores), `cacheable_passage_side`
-  training      `outputs` (a batch's span scores)
+  training      `outputs` (a batch's span scores), `optimized` (the optimizer over its variables)
   naming        `kind`, `label`, `describe`
   capabilities  `ReaderCapabilities`: the no-answer score, prescreening, a k of choice, the pair
                 program's reuses, characters, a Hugging Face export
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from dil_jax.errors import CheckpointError, UsageError
+from dil_jax.model.encoder_config import NO_OVERRIDES, ReaderOverrides
 
 if TYPE_CHECKING:
     import jax
@@ -78,8 +79,9 @@ class LoadOptions:
     checkpoint's own). tokenizer: a tokenizer folder or name instead of the checkpoint's own
     (None: its own). with_tokenizer: False loads none (training: its featurizer has its own).
     require_qa_head: refuse a checkpoint without a trained QA head (`UntrainedHeadError`).
-    config_overrides: config fields set as given, unwarned (training's split, dropout, compute
-    dtype); rng: initialises a QA head the checkpoint lacks (None: a fixed key).
+    overrides: config fields set as given, unwarned and unchecked against the checkpoint
+    (training's split, dropout, compute dtype), under k and max_question_len; rng: initialises
+    a QA head the checkpoint lacks (None: a fixed key).
     """
 
     k: int | None = None
@@ -87,7 +89,7 @@ class LoadOptions:
     tokenizer: str | None = None
     with_tokenizer: bool = True
     require_qa_head: bool = False
-    config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    overrides: ReaderOverrides = NO_OVERRIDES
     rng: jax.Array | None = None
 
 
@@ -304,6 +306,11 @@ class Reader(abc.ABC):
         characters (they are read from the windows' passage texts)."""
 
     # ------------------------------------------------------------------ training
+
+    def optimized(self, tx: Any) -> Any:
+        """`tx` (an optax transformation) as a training run applies it to this reader's
+        variables: as it is, where every variable trains."""
+        return tx
 
     @abc.abstractmethod
     def outputs(self, params: Any, batch: Mapping[str, jax.Array], *,

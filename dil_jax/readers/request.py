@@ -4,13 +4,18 @@
     reader = load_requested(request)
 
 A request holds what a user asks a reader by: its checkpoint (a folder, "default", a hub id, or
-None for the bundled fine-tuned reader of its role), k, the question length and the tokenizer,
-and the flags that gave them, so a refusal names what the user typed. `resolved` names the
-checkpoint once (the bundled folder of `defaults.default_reader_role`, or the raw embedded
-MiniLM, said loudly, where this install bundles none): every later use (loading, progress and
-results records, messages) sees that one path. `load_requested` loads it (`load_reader`) and
-turns a k a QANet / BiDAF cannot read into a UsageError naming those flags. Frozen: a command
-makes its requests from its flags once, and never writes a resolved value back into them.
+None for the bundled fine-tuned reader of its role), k, the question length, the tokenizer and
+the compute dtype, and the flags that gave them, so a refusal names what the user typed. (The
+passage-cache storage a reader expects of an index is the open domain's to check, above this
+package: `OpenDomainIndex.open_cache`.) `resolved` names the checkpoint once, by the one rule
+for a reader not given (`ask`, `index`, `odqa-eval`, `demo`, `serve`): the bundled reader of its
+role (`defaults.default_reader_role`, or the role the command reads it as), else the raw
+embedded MiniLM, said loudly (read at `defaults.EMBEDDED_DELAYED_K` as a delayed reader),
+or a refusal where an untrained head must not answer (a server). Every later use (loading,
+progress and results records, messages) sees that one path. `load_requested` loads it
+(`load_reader`) and turns a k a QANet / BiDAF cannot read into a UsageError naming those flags.
+Frozen: a command makes its requests from its flags once, and never writes a resolved value
+back into them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 from collections.abc import Collection
 
 from dil_jax.errors import UsageError
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers.loading import load_reader
 from dil_jax.readers.protocol import FixedSplitError, Reader
 
@@ -32,34 +38,61 @@ class ReaderRequest:
 
     checkpoint: a dil_jax or Hugging Face folder, a QANet / BiDAF export, "default" (the raw
     embedded MiniLM, QA head untrained) or a hub id; None: the bundled reader of its role
-    (`resolved`). k, max_question_len, tokenizer: as `load_reader` takes them (None: the
-    checkpoint's own). checkpoint_flag, k_flag: the flags that gave the checkpoint and k, named
-    in messages (k_flag None: k is implied by checkpoint_flag, as a server's full reader is
-    read at k = 0); fix: what to do instead of another k than a fixed split (None: pass k_flag
-    with the reader's split).
+    (`resolved`): `bundled` ("full", "delayed"; None: the one of its k) and, without one in
+    this install, the raw embedded MiniLM where `embedded_fallback`, else a UsageError.
+    k, max_question_len, tokenizer: as `load_reader` takes them (None: the checkpoint's own);
+    dtype: the compute dtype ("float32", "bfloat16"; None: the checkpoint's own);
+    require_qa_head: refuse a checkpoint without a trained QA head (`UntrainedHeadError`:
+    `predict`'s answers must mean something). checkpoint_flag, k_flag: the flags that gave the
+    checkpoint and k, named in messages (k_flag None: k is implied by checkpoint_flag, as a
+    server's full reader is read at k = 0); fix: what to do instead of another k than a fixed
+    split (None: pass k_flag with the reader's split).
     """
 
     checkpoint: str | None = None
     k: int | None = None
     max_question_len: int | None = None
     tokenizer: str | None = None
+    dtype: str | None = None
+    require_qa_head: bool = False
+    bundled: str | None = None
+    embedded_fallback: bool = True
     checkpoint_flag: str = "--checkpoint"
     k_flag: str | None = "--k"
     fix: str | None = None
 
     def resolved(self, index_ks: Collection[int] = ()) -> ReaderRequest:
         """The same request with its checkpoint named: as given, else the bundled reader of
-        its role (`defaults.default_reader_role` of its k; without a k, the delayed one when
-        an index holds only its cache, `index_ks` being the k of each cache an index holds)."""
+        its role (`role`; `index_ks` being the k of each cache an index holds), else the raw
+        embedded MiniLM, said loudly (as a delayed reader without a k: at
+        `defaults.EMBEDDED_DELAYED_K`, since it records no split), or, without
+        `embedded_fallback`, a UsageError naming `checkpoint_flag`."""
+        from dil_jax.defaults import EMBEDDED_DELAYED_K, bundled_reader
+
         if self.checkpoint is not None:
             return self
-        return dataclasses.replace(self, checkpoint=bundled_or_embedded(self.role(index_ks)))
+        role = self.role(index_ks)
+        folder = bundled_reader(role)
+        if folder is not None:
+            return dataclasses.replace(self, checkpoint=str(folder))
+        if not self.embedded_fallback:
+            raise UsageError(f"no bundled {role} reader in this install: give "
+                             f"{self.checkpoint_flag}")
+        log.warning("no bundled %s reader in this install: using the raw embedded MiniLM, "
+                    "whose QA head is UNTRAINED; answers are arbitrary spans (pass %s)", role,
+                    self.checkpoint_flag)
+        k = EMBEDDED_DELAYED_K if role == "delayed" and self.k is None else self.k
+        return dataclasses.replace(self, checkpoint="default", k=k)
 
     def role(self, index_ks: Collection[int] = ()) -> str:
         """Which bundled reader ("full" or "delayed") answers this request without a
-        checkpoint (`defaults.default_reader_role`)."""
+        checkpoint: `bundled` when the command says, else `defaults.default_reader_role` of
+        its k (without a k, the delayed one when an index holds only its cache)."""
         from dil_jax.checkpoints.resolved import resolve_reader_checkpoint
         from dil_jax.defaults import bundled_reader, default_reader_role
+
+        if self.bundled is not None:
+            return self.bundled
 
         delayed_k = None
         if self.k is None and index_ks:
@@ -69,19 +102,6 @@ class ReaderRequest:
         return default_reader_role(self.k, index_ks, delayed_k)
 
 
-def bundled_or_embedded(role: str) -> str:
-    """The bundled reader of this role; the raw embedded MiniLM, said loudly, without one."""
-    from dil_jax.defaults import bundled_reader
-
-    folder = bundled_reader(role)
-    if folder is None:
-        log.warning("no bundled %s reader in this install: using the raw embedded MiniLM, "
-                    "whose QA head is UNTRAINED; answers are arbitrary spans (pass "
-                    "--checkpoint)", role)
-        return "default"
-    return str(folder)
-
-
 def load_requested(request: ReaderRequest) -> Reader:
     """The reader of a request (its checkpoint named first: `ReaderRequest.resolved`), of
     either family (`load_reader`). Another k than a QANet / BiDAF's fixed split is a UsageError
@@ -89,7 +109,8 @@ def load_requested(request: ReaderRequest) -> Reader:
     request = request.resolved()
     try:
         return load_reader(request.checkpoint, request.k, request.max_question_len,
-                           request.tokenizer)
+                           request.tokenizer, require_qa_head=request.require_qa_head,
+                           overrides=ReaderOverrides(dtype=request.dtype))
     except FixedSplitError as error:
         asked = (f"{request.k_flag} {request.k} with {request.checkpoint_flag} "
                  f"{request.checkpoint}" if request.k_flag

@@ -113,6 +113,14 @@ class CharPairGrid(MeshGrid):
                    for i in range(0, padded, self.batch_size)]
         return jax.device_put(jnp.concatenate(batches, axis=0)[:n], self.replicated)
 
+    def encode_batch(self, variables: Variables, segment: QANetSegment) -> jax.Array:
+        """States of one batch of segments through the lower program as it is: rows split over
+        the devices, nothing padded or joined ([b, seq, d_model], sharded). For callers that
+        pad and join on the host (a server: one program per batch shape)."""
+        # As the cache builder's program reads them: the mask in int32.
+        arrays = (segment.ids, segment.chars, np.asarray(segment.mask, np.int32))
+        return self._lower_fn(variables, *(jax.device_put(a, self.sharded) for a in arrays))
+
     encode_questions = encode_segments
     encode_passages = encode_segments
 

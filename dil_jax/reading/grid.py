@@ -191,6 +191,14 @@ class PairGrid(MeshGrid):
         return self._in_batches(lambda p, i, m: self._lower_fn(p, i, m, segment), params,
                                 np.asarray(ids), np.asarray(mask))
 
+    def encode_batch(self, params: Params, ids: np.ndarray, mask: np.ndarray,
+                     segment: int) -> jax.Array:
+        """Lower states of one batch of segments through the lower program as it is: rows split
+        over the devices, nothing padded or joined ([b, seq] -> [b, seq, hidden], sharded).
+        For callers that pad and join on the host (a server: one program per batch shape)."""
+        ids, mask = (jax.device_put(array, self.sharded) for array in (ids, mask))
+        return self._lower_fn(params, ids, mask, segment)
+
     def project_segments(self, params: Params, lower: jax.Array | np.ndarray) -> QKV:
         """The first upper block's (query, key, value) of every segment, once per segment.
 

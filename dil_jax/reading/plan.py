@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from dil_jax.config import EncoderConfig
 from dil_jax.model.delayed import InputError
+from dil_jax.model.encoder_config import EncoderConfig
 
 # A side's first-upper-block q/k/v (and the passages' statistics) are computed up front when
 # its rows are read by at least this many pairs each on average: projecting every row once then

@@ -206,7 +206,7 @@ class Engine:
         p_len = served.reader.cache.mask.shape[1]
         windows = window_contexts(served.reader.reader.tokenizer, [context],
                                   max_passage_len=p_len,
-                                  doc_stride=int(served.reader.index.settings["doc_stride"]))
+                                  doc_stride=int(served.reader.index.settings.doc_stride))
         return int(windows.ids.shape[0])
 
     # ------------------------------------------------------------------ jobs
@@ -287,7 +287,7 @@ class Engine:
                          served.reader.reader.config.max_question_len)
         p_len = served.reader.cache.mask.shape[1]
         windows = window_contexts(tokenizer, [request.context], max_passage_len=p_len,
-                                  doc_stride=int(served.reader.index.settings["doc_stride"]))
+                                  doc_stride=int(served.reader.index.settings.doc_stride))
         count = windows.ids.shape[0]
         if count > served.reader.passage_rows:
             raise RequestError(422, "context",

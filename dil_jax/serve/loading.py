@@ -99,15 +99,13 @@ def default_specs(full: str | None, delayed: str | None, k: int | None) -> list[
     """The full reader (k = 0) and the delayed one (its own k unless given): the bundled
     ones when no checkpoint is given. Without a bundled reader the server refuses to start:
     an untrained QA head answers arbitrary spans, which a service must not serve silently."""
-    from dil_jax.defaults import bundled_reader
+    from dil_jax.readers.request import ReaderRequest
 
     specs = []
     for name, given, split, k_flag in (("full", full, 0, None), ("delayed", delayed, k, "--k")):
-        checkpoint = given or bundled_reader(name)
-        if checkpoint is None:
-            raise UsageError(f"no bundled {name} reader in this install: give "
-                             f"--{name}-checkpoint")
-        specs.append(ReaderSpec(name, str(checkpoint), split, k_flag))
+        request = ReaderRequest(given, split, bundled=name, embedded_fallback=False,
+                                checkpoint_flag=f"--{name}-checkpoint").resolved()
+        specs.append(ReaderSpec(name, str(request.checkpoint), split, k_flag))
     return specs
 
 
@@ -163,8 +161,9 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
             if folder.exists() or index.cache_location(key).exists("manifest.json"):
                 raise
             k = loaded.config.num_lower_layers
-            command = build_command(index_dir, index.settings, spec.checkpoint, k,
-                                    storage, settings.tokenizer)
+            command = build_command(index_dir, index.settings.split,
+                                    index.settings.max_passage_len, index.settings.doc_stride,
+                                    spec.checkpoint, k, storage, settings.tokenizer)
             raise MissingCacheError(missing_cache_message(
                 index_dir, folder.name, spec.checkpoint, k, storage,
                 index_caches(index.directory), {key.model: THIS_READER}, command,

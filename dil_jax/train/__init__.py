@@ -3,6 +3,7 @@
   config_files     ml_collections config files + `--config.key=value` overrides
   default_config   every config key, with defaults
   config_rules     the validation of a config: a rule per key, the relations between keys
+  train_config     TrainConfig: a validated config as frozen typed sections (what the rest reads)
   data             the featurizer contract, resumable per-process batch order, synthetic data
   squad_data       the SQuAD featurizer and EM/F1 evaluator of the SQuAD configs
   losses           span cross-entropy, KD and LRS

@@ -15,6 +15,7 @@ import ml_collections
 
 from dil_jax.errors import UsageError
 from dil_jax.options import OPTIONS, int_at_least, is_int, number_in
+from dil_jax.train.train_config import TrainConfig
 
 # One table of rules over the schema (default_config.base_config()), checked once when a config
 # is loaded (before any model or data loads), so a bad value is reported by its key instead of
@@ -370,9 +371,10 @@ def frozen_prefix_problems(frozen: str, params: Any) -> list[str]:
             and not any(jax.tree.leaves(frozen_mask(params, (prefix,))))]
 
 
-def check_frozen_prefixes(config: ml_collections.ConfigDict, params: Any) -> None:
-    """Raises UsageError naming each config.optim.frozen prefix that matches no param."""
-    problems = frozen_prefix_problems(str(config.optim.get("frozen", "") or ""), params)
+def check_frozen_prefixes(frozen: str, params: Any) -> None:
+    """Raises UsageError naming each config.optim.frozen prefix (`frozen`, comma-separated)
+    that matches no param."""
+    problems = frozen_prefix_problems(frozen or "", params)
     if problems:
         raise UsageError("; ".join(problems))
 
@@ -432,10 +434,12 @@ def _shared_norm_problems(config: ml_collections.ConfigDict) -> list[str]:
     return []
 
 
-def validate_config(config: ml_collections.ConfigDict, source: str = "") -> None:
-    """Raises UsageError listing every bad value of a training config (see RULES)."""
+def validate_config(config: ml_collections.ConfigDict, source: str = "") -> TrainConfig:
+    """The typed config of a training ConfigDict (`TrainConfig`: what the trainer reads), or
+    UsageError listing every bad value (see RULES); `source` names the file in it."""
     problems = config_problems(config)
     if problems:
         where = f" ({source})" if source else ""
         raise UsageError(f"invalid training config{where}: " + "; ".join(problems)
                          + "; fix the config file or override with --config.KEY=VALUE")
+    return TrainConfig.of(config)

@@ -51,8 +51,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.attention_dropout = None
     # Reformer LSH attention in these blocks while training (and in the exported reader's
     # config): "" = full attention everywhere, "lower" = the passage's lower blocks 0..k-1, or
-    # comma-separated 0-based layers (`dil_jax.config.lsh_layers_of`). The reader keys of
-    # config.model are named as the EncoderConfig fields they set.
+    # comma-separated 0-based layers (`dil_jax.model.encoder_config.lsh_layers_of`). The reader
+    # keys of config.model are named as the EncoderConfig fields they set.
     c.model.lsh_attention_layers = ""
     c.model.lsh_num_hashes = 2
     c.model.lsh_bucket_size = 64

@@ -39,7 +39,7 @@ import numpy as np
 
 from dil_jax.checkpoints import CheckpointError
 from dil_jax.checkpoints.windows import TrainedWindows
-from dil_jax.mesh import DistributedSettings, data_mesh, maybe_initialize_distributed
+from dil_jax.mesh import data_mesh, maybe_initialize_distributed
 from dil_jax.model.delayed import Params
 from dil_jax.readers.protocol import Reader
 from dil_jax.rounding import round_up
@@ -68,6 +68,7 @@ from dil_jax.train.step import (
     weights_of,
 )
 from dil_jax.train.teacher_logits import with_stored_teacher
+from dil_jax.train.train_config import TrainConfig
 from dil_jax.train.workdir import CHECKPOINT_DIR, EXPORT_DIR, claim_workdir, record_config
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def stop_on_signals() -> Iterator[StopFlag]:
             signal.signal(sig, handler)
 
 
-def make_checkpointer(config: ml_collections.ConfigDict, has_val_loss: bool,
+def make_checkpointer(config: TrainConfig, has_val_loss: bool,
                       has_evaluator: bool) -> TrainCheckpointer:
     """The checkpointer of config.checkpoint; best_metric is dropped (with a warning) when
     this run cannot produce it."""
@@ -166,8 +167,8 @@ def make_checkpointer(config: ml_collections.ConfigDict, has_val_loss: bool,
                     best_metric, sorted(produced) or "none", config.checkpoint.keep)
         best_metric = None
     return TrainCheckpointer(
-        f"{config.workdir}/{CHECKPOINT_DIR}", every_steps=int(config.checkpoint.every_steps),
-        keep=int(config.checkpoint.keep), best_metric=best_metric,
+        f"{config.workdir}/{CHECKPOINT_DIR}", every_steps=config.checkpoint.every_steps,
+        keep=config.checkpoint.keep, best_metric=best_metric,
         best_mode=config.checkpoint.best_mode, async_save=bool(config.checkpoint.async_save))
 
 
@@ -234,12 +235,12 @@ def patience_exhausted(checkpointer: TrainCheckpointer, step: int, every_steps: 
     return (step - best) // every_steps >= patience
 
 
-def evaluation_interval(config: ml_collections.ConfigDict) -> int:
+def evaluation_interval(config: TrainConfig) -> int:
     """Steps between evaluations: eval.every_steps, or every checkpoint when it is 0 (a
     multiple of checkpoint.every_steps, so every evaluation has its checkpoint: the rules
     check it)."""
-    every = int(config.eval.get("every_steps", 0))
-    return every if every > 0 else int(config.checkpoint.every_steps)
+    every = config.eval.every_steps
+    return every if every > 0 else config.checkpoint.every_steps
 
 
 @dataclasses.dataclass
@@ -268,7 +269,7 @@ def wait_for_steps_in_flight(in_flight: deque, metrics: Any,
         jax.block_until_ready(in_flight.popleft())
 
 
-def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainState, *,
+def run_steps(config: TrainConfig, data: RunData, state: TrainState, *,
               step_fn, teacher_params: Params | None, dropout_rng: jax.Array, mesh,
               start_step: int, checkpointer: TrainCheckpointer, writer: MetricWriter,
               progress: Progress, evaluate_at: Callable[[Params, int], dict[str, float]],
@@ -283,8 +284,8 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
     eval_metrics: dict[str, float] = {}
     step = start_step
     interrupted_by: str | None = None
-    every_steps, patience = int(config.checkpoint.every_steps), int(config.eval.get("patience", -1))
-    evaluate_on_signal = bool(config.checkpoint.get("evaluate_on_signal", False))
+    every_steps, patience = config.checkpoint.every_steps, config.eval.patience
+    evaluate_on_signal = config.checkpoint.evaluate_on_signal
     eval_every = evaluation_interval(config)
     # A rerun of an early-stopped run trains no further (its checkpoints say it stopped).
     stopped_early = start_step > 0 and patience_exhausted(checkpointer, start_step, eval_every,
@@ -305,7 +306,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
             window_steps += 1
             final = step == data.total_steps
             preempted = stop.set or checkpointer.reached_preemption(step)
-            if step % int(config.log.every_steps) == 0 or final or preempted:
+            if step % config.log.every_steps == 0 or final or preempted:
                 last_metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                 elapsed = time.perf_counter() - window_start
                 last_metrics["examples_per_sec"] = window_steps * data.global_batch / elapsed
@@ -313,11 +314,11 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                 window_start, window_steps = time.perf_counter(), 0
                 writer.write(step, "train", last_metrics)  # a NaN row too: it shows the failure
                 progress.update(step, last_metrics["loss"])
-                check_finite(first_nonfinite, checkpointer, config)
+                check_finite(first_nonfinite, checkpointer, config.source)
             # Our own cadence (orbax's default policy would also save the very first step).
             save_now = step % every_steps == 0 or final or preempted
             if save_now:
-                check_finite(first_nonfinite, checkpointer, config)  # never save a NaN state
+                check_finite(first_nonfinite, checkpointer, config.source)  # never save a NaN state
                 # A checkpoint between evaluations is saved without metrics: it serves resuming
                 # (LatestN keeps it), never "best". So is one on a signal or a preemption, at
                 # once (config.checkpoint.evaluate_on_signal says why), unless asked otherwise.
@@ -343,7 +344,7 @@ def run_steps(config: ml_collections.ConfigDict, data: RunData, state: TrainStat
                 interrupted_by = stop.signal_name or "preemption"
             if preempted or (stop_after_step is not None and step >= stop_after_step):
                 break
-    check_finite(first_nonfinite, checkpointer, config)  # the state returned (and exported)
+    check_finite(first_nonfinite, checkpointer, config.source)  # the state returned (and exported)
     return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by, stopped_early)
 
 
@@ -363,20 +364,20 @@ def train(config: ml_collections.ConfigDict, *,
     stop_after_step: return right after this step (and its checkpoint, if one is due), as an
       interrupted run would; the next call resumes.
     """
-    validate_config(config)  # before anything loads: a bad value is named by its key
-    check_config_paths(config)  # the files it names exist (before any model loads)
-    maybe_initialize_distributed(DistributedSettings.from_mapping(config.distributed))
+    config = validate_config(config)  # before anything loads: a bad value is named by its key
+    check_config_paths(config.source)  # the files it names exist (before any model loads)
+    maybe_initialize_distributed(config.distributed)
     claim_workdir(config.workdir)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
     is_main = jax.process_index() == 0
     mesh = data_mesh()
     # Models first: their length check is cheap, featurizing the data is not.
     models = load_run_models(config, evaluate_fn)
-    check_frozen_prefixes(config, models.student.params)
+    check_frozen_prefixes(config.optim.frozen, models.student.params)
     data = load_run_data(config, mesh.devices.size, train_features, val_features)
-    data, models = with_stored_teacher(config, data, models)  # teacher.logits_file
+    data, models = with_stored_teacher(config.source, data, models)  # teacher.logits_file
 
-    tx, schedule = make_run_optimizer(config, data.total_steps)
+    tx, schedule = make_run_optimizer(config, data.total_steps, models.student)
     rep = sharding_lib.replicated(mesh)
     state = jax.jit(lambda p: init_train_state(p, tx), out_shardings=rep)(
         sharding_lib.replicate(models.student.params, mesh))
@@ -389,20 +390,20 @@ def train(config: ml_collections.ConfigDict, *,
     log_dir = metrics_dir(config)
     if is_main:
         log_dir.mkdir(parents=True, exist_ok=True)
-        record_config(log_dir, config.to_json_best_effort(indent=2), start_step)
+        record_config(log_dir, config.source.to_json_best_effort(indent=2), start_step)
 
     teacher = None if models.teacher is None else models.teacher.model
     step_fn = make_train_step(models.student, teacher, loss_weights(config), tx, schedule, mesh)
     eval_loss_fn = (make_eval_loss(models.student, mesh) if data.validation is not None
                     else None)
     # Rows past the resumed step are dropped: those steps run again and are logged again.
-    writer = MetricWriter(log_dir, enabled=is_main, tensorboard=bool(config.log.tensorboard),
+    writer = MetricWriter(log_dir, enabled=is_main, tensorboard=config.log.tensorboard,
                           resume_step=start_step)
     progress = Progress(data.total_steps, start_step, data.global_batch,
-                        enabled=is_main and bool(config.log.progress))
+                        enabled=is_main and config.log.progress)
     evaluate_at = functools.partial(
         evaluate, eval_loss_fn=eval_loss_fn, evaluate_fn=models.evaluate_fn, data=data,
-        mesh=mesh, batch_size=int(config.eval.batch_size), writer=writer)
+        mesh=mesh, batch_size=config.eval.batch_size, writer=writer)
     try:
         outcome = run_steps(config, data, state, step_fn=step_fn, teacher_params=teacher_params,
                             dropout_rng=dropout_rng, mesh=mesh, start_step=start_step,
@@ -415,14 +416,14 @@ def train(config: ml_collections.ConfigDict, *,
     best_step = checkpointer.best_step()
     finished = outcome.step == data.total_steps or outcome.stopped_early
     if config.checkpoint.export_params and finished and not is_remote(workdir):
-        reads_text = train_features is None and data_lib.featurizes_text(config)
+        reads_text = train_features is None and data_lib.featurizes_text(config.source)
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
                       models.student,
                       exported_metrics(checkpointer, best_step, outcome),
                       # Features handed in were windowed by their maker, as the config may not
                       # say; synthetic ones have no windows or tokenizer to record.
-                      TrainedWindows.of_training_config(config) if reads_text else None,
-                      str(config.data.tokenizer) if reads_text else None)
+                      TrainedWindows.of_training_config(config.source) if reads_text else None,
+                      config.data.tokenizer if reads_text else None)
     return TrainResult(state=outcome.state, student=models.student,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,
                        best_step=best_step, workdir=workdir, total_steps=data.total_steps,

@@ -6,8 +6,8 @@
 
 `kind_problems` is part of the config's validation (config_rules.config_problems): every key a
 character reader cannot honour is refused by name before anything loads, instead of being
-silently ignored. `char_student` builds the reader and its variables; `without_frozen` keeps the
-frozen word table out of the optimizer.
+silently ignored. `char_student` builds the reader and its variables; the reader keeps its frozen
+word table out of the optimizer (`CharReader.optimized`).
 
 The frozen word table (MiniLM's 30522 x 384 WordPiece embeddings) lives in the variables'
 `"frozen"` collection and travels inside the train state's params tree, so checkpoints, resume,
@@ -38,7 +38,6 @@ CHAR_EVALUATOR = "dil_jax.train.char_eval:evaluator"
 # The BERT family's featurizers and evaluator: no characters, and predict's PairGrid.
 ENCODER_FEATURIZERS = ("dil_jax.train.squad_data:featurize", "dil_jax.train.data:synthetic")
 ENCODER_EVALUATOR = "dil_jax.train.squad_data:evaluator"
-FROZEN_COLLECTION = "frozen"
 
 
 def _get(config: ml_collections.ConfigDict, key: str, default: Any = None) -> Any:
@@ -112,8 +111,8 @@ def kind_problems(config: ml_collections.ConfigDict) -> list[str]:
 
 
 def _reader_field_problems(config: ml_collections.ConfigDict, kind: str) -> list[str]:
-    from dil_jax.config import ConfigError
     from dil_jax.model.char_reader import QUESTION_LEN_FIELD, reader_config
+    from dil_jax.model.encoder_config import ConfigError
 
     fields = reader_fields(config)
     if QUESTION_LEN_FIELD in fields:
@@ -177,7 +176,6 @@ def char_student(config: ml_collections.ConfigDict, rng):
     import jax
     import numpy as np
 
-    from dil_jax.config import ConfigError
     from dil_jax.errors import CheckpointError
     from dil_jax.model.char_reader import (
         QUESTION_LEN_FIELD,
@@ -185,6 +183,7 @@ def char_student(config: ml_collections.ConfigDict, rng):
         char_model,
         reader_config,
     )
+    from dil_jax.model.encoder_config import ConfigError
     from dil_jax.readers import CharReader, load_reader
 
     kind = model_kind(config)
@@ -227,14 +226,3 @@ def _check_same_variables(model, variables, source: str) -> None:
     if mismatch:
         raise UsageError(f"{source}: its params do not fit the reader config.model.reader "
                          f"makes of it: {mismatch}")
-
-
-def without_frozen(tx):
-    """`tx` over the "params" collection; the "frozen" one gets no update and no state."""
-    import optax
-
-    def labels(variables: dict[str, Any]) -> dict[str, str]:
-        # A prefix tree of the variables: each top-level collection gets one label.
-        return {name: "fixed" if name == FROZEN_COLLECTION else "trained" for name in variables}
-
-    return optax.multi_transform({"trained": tx, "fixed": optax.set_to_zero()}, labels)

@@ -1,6 +1,7 @@
 """From a training config to what the loop runs: devices, data, models and optimizer.
 
-Each function reads one part of a validated config (see default_config.py):
+Each function reads one part of a validated, typed config (`train_config.TrainConfig`, the
+sections of default_config.py):
 
     load_run_data                 config.data, batch_size, grad_accum_steps -> RunData
     load_run_models               config.model, config.teacher, config.eval -> RunModels
@@ -18,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 
-from dil_jax.config import EncoderConfig, lsh_layers_of
 from dil_jax.errors import UsageError
-from dil_jax.model.delayed import Params, check_segment_lengths
+from dil_jax.model.delayed import Params
+from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides
 from dil_jax.readers import Reader, init_reader, load_reader
 from dil_jax.train import data as data_lib
 from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets, unit_real_lengths
@@ -32,7 +32,8 @@ from dil_jax.train.char_data import windows_of
 from dil_jax.train.losses import LossWeights
 from dil_jax.train.null_windows import sample_null_windows
 from dil_jax.train.optim import ema_params, make_optimizer
-from dil_jax.train.reader_kinds import char_student, is_char_kind, without_frozen
+from dil_jax.train.reader_kinds import CHAR_READER_KINDS, char_student
+from dil_jax.train.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,11 @@ def is_remote(workdir: str | Path) -> bool:
     return "://" in str(workdir)
 
 
-def metrics_dir(config: ml_collections.ConfigDict) -> Path:
+def metrics_dir(config: TrainConfig) -> Path:
     """Where process 0 appends metrics.jsonl and TensorBoard events: the workdir if local,
     else `log.local_dir` (object stores such as GCS cannot append to a file)."""
     if is_remote(config.workdir):
-        return Path(config.log.local_dir or "runs/" + str(config.workdir).rstrip("/")
+        return Path(config.log.local_dir or "runs/" + config.workdir.rstrip("/")
                     .rsplit("/", 1)[-1])
     return Path(config.workdir)
 
@@ -71,30 +72,8 @@ def resolve_callable(spec: str, key: str = "") -> Callable:
     return getattr(module, attribute)
 
 
-# config.model keys named as the EncoderConfig fields they set (`EncoderConfig.replace`);
-# None keeps the checkpoint's own value. The lsh_* ones apply only with LSH layers named.
-READER_KEYS = ("num_lower_layers", "max_question_len", "dtype", "passage_position_offset",
-               "hidden_dropout", "attention_dropout")
-LSH_KEYS = ("lsh_num_hashes", "lsh_bucket_size")
-
-
-def reader_overrides(model_cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The EncoderConfig fields config.model sets, by their own names: what training applies
-    to the loaded or initialised reader's config (model.lsh_attention_layers "lower" resolved
-    to blocks 0..k-1; EncoderConfig checks the layers against num_layers)."""
-    # A config without passage_position_offset (written before it existed) reads from 0.
-    overrides = {"passage_position_offset": 0, **{
-        name: model_cfg[name] for name in READER_KEYS if model_cfg.get(name) is not None}}
-    spec = model_cfg.get("lsh_attention_layers", "")
-    if spec:
-        overrides["lsh_attention_layers"] = lsh_layers_of(
-            spec, model_cfg.num_lower_layers, "config.model.lsh_attention_layers")
-        overrides.update({name: model_cfg[name] for name in LSH_KEYS})
-    return overrides
-
-
 def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
-                        overrides: dict[str, Any], rng: jax.Array) -> Reader:
+                        overrides: ReaderOverrides, rng: jax.Array) -> Reader:
     """A reader to train, without a tokenizer (the featurizer has its own), params as host
     arrays: random init of `encoder` (EncoderConfig fields) when no checkpoint is given, else
     `load_reader` of a dil_jax or Hugging Face checkpoint. `overrides` win over both."""
@@ -104,12 +83,12 @@ def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
         if unknown:
             raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
                              f"EncoderConfig takes {sorted(fields)}")
-        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides}), rng)
-    reader = load_reader(checkpoint, config_overrides=overrides, rng=rng, with_tokenizer=False)
+        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides.fields()}), rng)
+    reader = load_reader(checkpoint, overrides=overrides, rng=rng, with_tokenizer=False)
     return reader.with_params(jax.tree.map(np.asarray, reader.params))
 
 
-def build_teacher(config: ml_collections.ConfigDict, student: Reader, rng: jax.Array
+def build_teacher(config: TrainConfig, student: Reader, rng: jax.Array
                   ) -> Reader | None:
     """The frozen full-model (k = 0) teacher, or None when no loss needs one."""
     weights = loss_weights(config)
@@ -124,8 +103,9 @@ def build_teacher(config: ml_collections.ConfigDict, student: Reader, rng: jax.A
         # student's own LSH blocks (model.lsh_attention_layers) are an approximation it trains with.
         teacher = student.with_config(num_lower_layers=0, lsh_attention_layers=())
     else:
-        overrides = {"num_lower_layers": 0, "max_question_len": student.config.max_question_len,
-                     "dtype": student.config.dtype}
+        overrides = ReaderOverrides(num_lower_layers=0,
+                                    max_question_len=student.config.max_question_len,
+                                    dtype=student.config.dtype)
         teacher = load_or_init_reader(source, None, overrides, rng)
     if weights.lrs > 0 and (teacher.config.num_layers, teacher.config.hidden_size) != (
             student.config.num_layers, student.config.hidden_size):
@@ -137,22 +117,20 @@ def build_teacher(config: ml_collections.ConfigDict, student: Reader, rng: jax.A
     return teacher
 
 
-def shared_norm_group(config: ml_collections.ConfigDict) -> int:
+def shared_norm_group(config: TrainConfig) -> int:
     """G of the shared-normalisation groups (data.windows_per_question), 0 when loss.shared_norm
-    is off (or the config has no such keys: library callers may build a smaller config)."""
-    if not config.loss.get("shared_norm", False):
-        return 0
-    return int(config.data.windows_per_question)
+    is off."""
+    return config.data.windows_per_question if config.loss.shared_norm else 0
 
 
-def loss_weights(config: ml_collections.ConfigDict) -> LossWeights:
+def loss_weights(config: TrainConfig) -> LossWeights:
     return LossWeights(ce=float(config.loss.ce_weight), kd=float(config.loss.kd_weight),
                        lrs=float(config.loss.lrs_weight),
                        temperature=float(config.loss.temperature),
                        shared_norm_group=shared_norm_group(config))
 
 
-def training_windows(config: ml_collections.ConfigDict,
+def training_windows(config: TrainConfig,
                      features: data_lib.FeaturesLike) -> data_lib.Windows:
     """The training split's Windows, grouped per question when loss.shared_norm is on.
 
@@ -160,38 +138,39 @@ def training_windows(config: ml_collections.ConfigDict,
     (`is_distractor`, as dil_jax.train.squad_data:featurize does): refused otherwise, instead of
     silently training without them.
     """
-    wanted = int(config.data.get("distractors_per_question", 0))
+    wanted = config.data.distractors_per_question
     if wanted > 0 and getattr(features, "is_distractor", None) is None:
         raise UsageError(f"config.data.distractors_per_question = {wanted}: the training "
                          f"features (config.data.featurizer = {config.data.featurizer!r}) have "
                          "no distractor windows; use dil_jax.train.squad_data:featurize or set "
                          "it to 0")
-    windows = windows_of(config, features)  # QANet / BiDAF: with characters
-    fraction = float(config.data.get("null_window_fraction", 1.0))
+    windows = windows_of(config.source, features)  # QANet / BiDAF: with characters
+    fraction = float(config.data.null_window_fraction)
     if fraction < 1.0 and shared_norm_group(config):
         raise UsageError(f"config.data.null_window_fraction = {fraction:g} cannot be combined "
                          "with config.loss.shared_norm (a group holds all its question's "
                          "windows)")
     if fraction < 1.0:
         before = len(windows)
-        windows = sample_null_windows(windows, fraction, int(config.data_seed))
+        windows = sample_null_windows(windows, fraction, config.data_seed)
         log.info("answer-less windows sampled (data.null_window_fraction = %g): %d of %d "
                  "training windows kept", fraction, len(windows), before)
     group = shared_norm_group(config)
     return windows.grouped(group) if group else windows
 
 
-def load_split(config: ml_collections.ConfigDict, split: str) -> data_lib.FeaturesLike | None:
-    """Features of `split` ("train"/"validation") from the configured featurizer, or None."""
+def load_split(config: TrainConfig, split: str) -> data_lib.FeaturesLike | None:
+    """Features of `split` ("train"/"validation") from the configured featurizer, or None. The
+    featurizer reads config.data as its config file wrote it (`TrainConfig.source`)."""
     if not config.data.featurizer:
         return None
     featurize = resolve_callable(config.data.featurizer, "data.featurizer")
-    return featurize(config.data, split, max_question_len=config.model.max_question_len)
+    return featurize(config.source.data, split, max_question_len=config.model.max_question_len)
 
 
-def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int, int]:
+def batch_geometry(config: TrainConfig, num_devices: int) -> tuple[int, int, int]:
     """(global batch, accumulation steps, micro-batch) checked against the device count."""
-    global_batch, accum = int(config.batch_size), int(config.grad_accum_steps)
+    global_batch, accum = config.batch_size, config.grad_accum_steps
     if accum < 1 or global_batch % accum:
         raise UsageError(f"config.batch_size = {global_batch} is not a multiple of "
                          f"config.grad_accum_steps = {accum}")
@@ -203,13 +182,13 @@ def batch_geometry(config: ml_collections.ConfigDict, num_devices: int) -> tuple
     return global_batch, accum, micro
 
 
-def total_train_steps(config: ml_collections.ConfigDict, per_epoch: int) -> int:
+def total_train_steps(config: TrainConfig, per_epoch: int) -> int:
     if config.num_train_steps > 0:
-        return int(config.num_train_steps)
+        return config.num_train_steps
     return max(1, math.ceil(config.num_epochs * per_epoch))
 
 
-def warmup_steps(config: ml_collections.ConfigDict, total_steps: int) -> int:
+def warmup_steps(config: TrainConfig, total_steps: int) -> int:
     if config.optim.warmup_steps >= 0:
         return int(config.optim.warmup_steps)
     return round(config.optim.warmup_fraction * total_steps)
@@ -256,7 +235,7 @@ class RunData:
         return cut_passages(batch, self.buckets.step_units(step)[1])
 
 
-def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
+def load_run_data(config: TrainConfig, num_devices: int,
                   train_features: data_lib.FeaturesLike | None,
                   val_features: data_lib.FeaturesLike | None) -> RunData:
     """Training and validation windows (given, else from config.data.featurizer), and the batch
@@ -277,26 +256,25 @@ def load_run_data(config: ml_collections.ConfigDict, num_devices: int,
     if val_features is None and config.eval.use_validation_loss:
         val_features = load_split(config, "validation")
     # Validation keeps per-window windows (no distractors, no groups): its loss is the span CE.
-    val_windows = None if val_features is None else windows_of(config, val_features)
+    val_windows = None if val_features is None else windows_of(config.source, val_features)
     buckets = length_buckets(config, train_windows, units_per_batch)
     per_epoch = (buckets.per_epoch if buckets is not None
                  else data_lib.steps_per_epoch(train_windows.num_units, units_per_batch))
     return RunData(train=train_windows, validation=val_windows, global_batch=global_batch,
                    accum=accum, micro=micro, per_epoch=per_epoch,
                    total_steps=total_train_steps(config, per_epoch),
-                   seed=int(config.data_seed), buckets=buckets)
+                   seed=config.data_seed, buckets=buckets)
 
 
-def length_buckets(config: ml_collections.ConfigDict, windows: data_lib.Windows,
+def length_buckets(config: TrainConfig, windows: data_lib.Windows,
                    units_per_batch: int) -> BucketedOrder | None:
     """The bucketed order of config.data.length_buckets over `windows`, or None (off)."""
-    lengths = parse_buckets(str(config.data.get("length_buckets", "")),
-                            int(windows.p_ids.shape[1]))
+    lengths = parse_buckets(config.data.length_buckets, int(windows.p_ids.shape[1]))
     if not lengths:
         return None
     order = BucketedOrder.build(unit_real_lengths(windows.p_mask, windows.groups,
                                                   windows.group_valid),
-                                lengths, units_per_batch, int(config.data_seed))
+                                lengths, units_per_batch, config.data_seed)
     log.info("length buckets %s: %s batches an epoch", lengths, order.batches_per_bucket)
     return order
 
@@ -312,44 +290,51 @@ class RunModels:
     evaluate_fn: EvaluateFn | None
 
 
-def load_run_models(config: ml_collections.ConfigDict,
-                    evaluate_fn: EvaluateFn | None) -> RunModels:
+def build_student(config: TrainConfig, rng: jax.Array) -> Reader:
+    """The reader to train, as config.model.kind says (the one place the trainer asks): a
+    QANet / BiDAF of config.model.reader (`reader_kinds.char_student`), else a BERT-family
+    reader of config.model.checkpoint or config.model.encoder. From here on the trainer asks
+    the Reader (`check_lengths`, `optimized`, `outputs`), never the kind."""
+    if config.model.kind in CHAR_READER_KINDS:
+        return char_student(config.source, rng)
+    return load_or_init_reader(config.model.checkpoint, config.model.encoder,
+                               config.model.reader_overrides(), rng)
+
+
+def load_run_models(config: TrainConfig, evaluate_fn: EvaluateFn | None) -> RunModels:
     """Student and teacher from config.model / config.teacher, seeded by config.seed."""
-    root = jax.random.key(int(config.seed))
+    root = jax.random.key(config.seed)
     init_rng, dropout_rng, teacher_rng = jax.random.split(root, 3)
-    if is_char_kind(config):  # QANet / BiDAF: no teacher (the config rules refuse KD and LRS)
-        student = char_student(config, init_rng)
-        return RunModels(student, None, dropout_rng, _evaluator(config, student, evaluate_fn))
-    encoder = config.model.encoder.to_dict() if config.model.encoder else None
-    student = load_or_init_reader(config.model.checkpoint, encoder,
-                                  reader_overrides(config.model), init_rng)
+    student = build_student(config, init_rng)
     # The length rule before any step: question + window (+ the passage offset) must fit the
-    # position table, named by the config keys to change.
-    check_segment_lengths(student.config, int(config.model.max_question_len),
-                          int(config.data.max_passage_len),
+    # position table (a reader without one has nothing to check), named by the keys to change.
+    student.check_lengths(config.model.max_question_len, config.data.max_passage_len,
                           fix="lower config.model.max_question_len, config.data.max_passage_len "
                               "or config.model.passage_position_offset")
+    # None for a QANet / BiDAF: the rules refuse the losses that read a teacher.
     teacher = build_teacher(config, student, teacher_rng)
     return RunModels(student, teacher, dropout_rng, _evaluator(config, student, evaluate_fn))
 
 
-def _evaluator(config: ml_collections.ConfigDict, student: Reader,
+def _evaluator(config: TrainConfig, student: Reader,
                evaluate_fn: EvaluateFn | None) -> EvaluateFn | None:
-    """The given evaluate_fn, else config.eval.evaluator's for the student, else None."""
+    """The given evaluate_fn, else config.eval.evaluator's for the student (its factory reads
+    the config as its file wrote it: `TrainConfig.source`), else None."""
     if evaluate_fn is None and config.eval.evaluator:
-        return resolve_callable(config.eval.evaluator, "eval.evaluator")(config, student)
+        return resolve_callable(config.eval.evaluator, "eval.evaluator")(config.source, student)
     return evaluate_fn
 
 
-def make_run_optimizer(config: ml_collections.ConfigDict, total_steps: int):
-    """(optax transformation, learning-rate schedule) per config.optim; a QANet / BiDAF's
-    frozen word table is left out of it (`reader_kinds.without_frozen`); with
-    optim.ema_decay > 0 the weights' moving average is kept last (`optim.ema_params`)."""
+def make_run_optimizer(config: TrainConfig, total_steps: int, student: Reader):
+    """(optax transformation, learning-rate schedule) per config.optim, over the student's
+    variables as it says (`Reader.optimized`: a QANet / BiDAF leaves its frozen word table
+    out); with optim.ema_decay > 0 the weights' moving average is kept last
+    (`optim.ema_params`)."""
     tx, schedule = make_optimizer(
         config.optim.learning_rate, total_steps, warmup_steps(config, total_steps),
         weight_decay=config.optim.weight_decay, max_grad_norm=config.optim.max_grad_norm,
         b1=config.optim.b1, b2=config.optim.b2, eps=config.optim.eps,
-        frozen=tuple(name for name in config.optim.frozen.split(",") if name))
-    tx = without_frozen(tx) if is_char_kind(config) else tx
-    decay = float(config.optim.get("ema_decay", 0.0))
+        frozen=config.optim.frozen_prefixes)
+    tx = student.optimized(tx)
+    decay = float(config.optim.ema_decay)
     return (optax.chain(tx, ema_params(decay)) if decay else tx), schedule

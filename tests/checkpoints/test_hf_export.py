@@ -20,6 +20,7 @@ import pytest
 
 from dil_jax.checkpoints import MANIFEST_FILE, PARTIAL_SAFETENSORS_FILE, SAFETENSORS_FILE
 from dil_jax.commands.check import parity_tolerance
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers import load_reader
 from dil_jax.tokenization import encode_passages, encode_questions, load_tokenizer
 
@@ -151,8 +152,8 @@ def test_a_training_export_exports_with_the_tokenizer_given(hf_folder_factory, t
 
     from tests.helpers.hf import save_fast_tokenizer
 
-    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0], max_question_len=8,
-                                           num_lower_layers=1)
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0],
+                                           ReaderOverrides(max_question_len=8, num_lower_layers=1))
     params_dir = save_params(tmp_path / "run" / "params", params, config)
     texts = ["the tower was built in paris in 1889", "who built the tower and when"] * 20
     save_fast_tokenizer("electra", texts, 99, tmp_path / "tok")

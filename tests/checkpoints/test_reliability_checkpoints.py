@@ -15,6 +15,7 @@ import pytest
 from dil_jax.checkpoints import CheckpointError, load_hf_checkpoint, load_params
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers import load_reader
 
 from tests.helpers import ASSETS
@@ -67,7 +68,8 @@ def test_tokenizer_larger_than_the_embedding_table(hf_folder_factory, minilm_dir
 def test_albert_with_embedding_size_equal_to_hidden_size_matches_transformers(hf_folder_factory):
     """transformers applies embedding_hidden_mapping_in even when E == H; so must we."""
     folder, hf_model = hf_folder_factory("albert", embedding_size=32)
-    config, params, report = load_hf_checkpoint(folder, max_question_len=PARITY_MAX_Q)
+    config, params, report = load_hf_checkpoint(folder,
+                                                ReaderOverrides(max_question_len=PARITY_MAX_Q))
     assert config.embedding_size == config.hidden_size == 32
     assert "albert.encoder.embedding_hidden_mapping_in.weight" in report.loaded
     assert_parity(DelayedInteractionModel(config), params, hf_model, "albert",
@@ -148,7 +150,7 @@ def test_bad_encoder_config_json_is_named(tmp_path):
 
 def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, monkeypatch):
     import dil_jax.checkpoints as checkpoints
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.readers import encoder as readers
 
     config = EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
@@ -156,7 +158,7 @@ def test_dil_jax_checkpoint_without_tokenizer_and_bad_export_dtype(tmp_path, mon
                            max_question_len=4)
     (tmp_path / "encoder_config.json").write_text(json.dumps(config.to_dict()))
     # No orbax files needed: the refusal is about the tokenizer, after the params are read.
-    monkeypatch.setattr(readers, "load_params", lambda directory, **_: (config, {}))
+    monkeypatch.setattr(readers, "load_params", lambda directory, overrides: (config, {}))
     with pytest.raises(DilJaxError, match="without tokenizer files.*pass --tokenizer"):
         load_reader(str(tmp_path), None, 4)
     with pytest.raises(DilJaxError, match="export dtype must be float32 or bfloat16"):
@@ -180,7 +182,7 @@ def test_malformed_prescreener_manifest_is_named(tmp_path, text, problem):
 
 
 def _tiny_config():
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
 
     return EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2,
                          intermediate_size=8, embedding_size=8, max_position_embeddings=32,
@@ -222,8 +224,9 @@ def test_export_keeps_the_passage_position_offset(hf_folder_factory, tmp_path):
     from dil_jax.checkpoints import MANIFEST_FILE, export_hf_checkpoint
 
     folder, _ = hf_folder_factory("bert")
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=4, num_lower_layers=1,
-                                           passage_position_offset=5)
+    config, params, _ = load_hf_checkpoint(folder,
+                                           ReaderOverrides(max_question_len=4, num_lower_layers=1,
+                                                           passage_position_offset=5))
     expected = _pair_logits(config, params)
     # The offset changes the answers, so a loader that dropped it would fail below.
     assert not np.allclose(expected, _pair_logits(config.replace(passage_position_offset=0),
@@ -256,8 +259,9 @@ def test_export_records_the_passage_offset_once_and_old_manifests_still_give_it(
     from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest, export_hf_checkpoint
 
     folder, _ = hf_folder_factory("bert")
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=4, num_lower_layers=1,
-                                           passage_position_offset=5)
+    config, params, _ = load_hf_checkpoint(folder,
+                                           ReaderOverrides(max_question_len=4, num_lower_layers=1,
+                                                           passage_position_offset=5))
     expected = _pair_logits(config, params)
     trained = {"model": {"num_lower_layers": 1, "max_question_len": 4,
                          "passage_position_offset": 5}}
@@ -274,7 +278,7 @@ def test_export_records_the_passage_offset_once_and_old_manifests_still_give_it(
     # As exports wrote it before: the offset in "reader" and in the training config.
     written["training_config"] = trained
     (exported / MANIFEST_FILE).write_text(json.dumps(written))
-    assert ExportManifest.read(exported).reader_defaults["passage_position_offset"] == 5
+    assert ExportManifest.read(exported).reader_defaults.passage_position_offset == 5
     assert load_hf_checkpoint(exported)[0].passage_position_offset == 5
 
     offset_zero = ExportManifest(training_config={"model": {"passage_position_offset": 0}})
@@ -283,7 +287,7 @@ def test_export_records_the_passage_offset_once_and_old_manifests_still_give_it(
     other = ExportManifest(training_config={"model": {"passage_position_offset": 14}}
                            ).with_reader({"num_lower_layers": 1})
     assert other.training_config == {"model": {"passage_position_offset": 14}}
-    assert other.reader_defaults == {"num_lower_layers": 1, "passage_position_offset": 0}
+    assert other.reader_defaults == ReaderOverrides(num_lower_layers=1, passage_position_offset=0)
 
 
 def test_max_question_len_is_recorded_once_and_old_manifests_still_give_it(
@@ -296,7 +300,7 @@ def test_max_question_len_is_recorded_once_and_old_manifests_still_give_it(
     from dil_jax.defaults import bundled_reader
 
     folder, _ = hf_folder_factory("bert")
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=6)
+    config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=6))
     trained = {"model": {"max_question_len": 6, "dtype": "float32"}}
     exported = export_hf_checkpoint(tmp_path / "export", params, config,
                                     manifest={"training_config": trained})
@@ -309,11 +313,11 @@ def test_max_question_len_is_recorded_once_and_old_manifests_still_give_it(
     written["training_config"] = trained
     (exported / MANIFEST_FILE).write_text(json.dumps(written))
     old = ExportManifest.read(exported)
-    assert old.training_config == trained and old.reader_defaults["max_question_len"] == 6
+    assert old.training_config == trained and old.reader_defaults.max_question_len == 6
     assert load_hf_checkpoint(exported)[0].max_question_len == 6
     bundled = ExportManifest.read(bundled_reader("full"))  # bundled before: 32 in both
     assert bundled.training_config["model"]["max_question_len"] == 32
-    assert bundled.reader_defaults["max_question_len"] == 32
+    assert bundled.reader_defaults.max_question_len == 32
 
     other = ExportManifest(training_config=trained).with_reader(
         {"num_lower_layers": 0, "max_question_len": 8})

@@ -21,6 +21,7 @@ from dil_jax.checkpoints import (
     load_hf_checkpoint,
 )
 from dil_jax.errors import DilJaxError
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.readers import load_reader
 from dil_jax.tokenization import TokenizationError, encode_questions, load_tokenizer
 
@@ -107,7 +108,7 @@ def test_a_plain_checkpoint_with_a_non_finite_weight_is_refused_by_tensor(
     name = "bert.encoder.layer.1.attention.self.query.weight"
     _with_tensor_value(folder, name, value)
     with pytest.raises(CheckpointError, match=rf"tensor '{name}' has 1 NaN or infinite value"):
-        load_hf_checkpoint(folder, max_question_len=8)
+        load_hf_checkpoint(folder, ReaderOverrides(max_question_len=8))
 
 
 def test_an_older_export_without_a_digest_gets_the_finite_scan(tmp_path):
@@ -131,7 +132,8 @@ def _exported_reader(hf_folder_factory, tmp_path: Path) -> Path:
     """A tiny BERT reader exported with a WordPiece tokenizer of its 99-token vocabulary."""
     from dil_jax.checkpoints import export_hf_checkpoint
 
-    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0], max_question_len=8)
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0],
+                                           ReaderOverrides(max_question_len=8))
     texts = ["the tower was built in paris in 1889", "who built the tower and when"] * 20
     save_fast_tokenizer("electra", texts, 99, tmp_path / "tok")
     tokenizer = load_tokenizer(tmp_path / "tok")

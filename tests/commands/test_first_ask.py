@@ -89,9 +89,8 @@ def test_index_caches_reads_each_manifest(tmp_path):
 
 
 def test_build_command_of_an_index_repeats_its_corpus_and_split():
-    settings = {"split": {"strategy": "windows", "sources": ["wikipedia", "squad:my dev.json"],
-                          "limit": 50}, "max_passage_len": 128, "doc_stride": 64}
-    command = build_command("runs/wiki", settings, "runs/reader", 3, Storage("int8"), None)
+    split = {"strategy": "windows", "sources": ["wikipedia", "squad:my dev.json"], "limit": 50}
+    command = build_command("runs/wiki", split, 128, 64, "runs/reader", 3, Storage("int8"), None)
     assert shlex.split(command) == [
         "dil-jax", "index", "--out", "runs/wiki", "--corpus", "wikipedia",
         "--corpus", "squad:my dev.json", "--corpus-limit", "50", "--split", "windows",
@@ -100,12 +99,11 @@ def test_build_command_of_an_index_repeats_its_corpus_and_split():
 
 
 def test_build_command_of_a_demo_index_is_a_demo_run():
-    settings = {"split": {"strategy": "paragraphs", "sources": ["wikipedia"],
-                          "distractors": 2000, "max_passage_len": 192, "doc_stride": 96},
-                "max_passage_len": 192, "doc_stride": 96}
-    assert build_command("runs/demo-index", settings, "R", 3, FLOAT32) == (
+    split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": 2000,
+             "max_passage_len": 192, "doc_stride": 96}
+    assert build_command("runs/demo-index", split, 192, 96, "R", 3, FLOAT32) == (
         "dil-jax demo --index runs/demo-index --delayed-checkpoint R --k 3")
-    assert build_command("runs/demo-index", settings, "R", 0, FLOAT32) == (
+    assert build_command("runs/demo-index", split, 192, 96, "R", 0, FLOAT32) == (
         "dil-jax demo --index runs/demo-index --full-checkpoint R")
 
 

@@ -26,7 +26,7 @@ def tiny_config(**changes) -> QANetConfig:
 
 def tiny_bidaf_config(tokenizer, max_question_len: int):
     """A tiny BiDAF over the tokenizer's vocabulary (a narrow table), no dropout."""
-    from dil_jax.model.bidaf import BiDAFConfig
+    from dil_jax.model.bidaf_config import BiDAFConfig
 
     return BiDAFConfig(vocab_size=tokenizer.vocab_size, word_dim=8, max_chars=TINY["max_chars"],
                        char_dim=4, char_filters=6, char_kernel=3, hidden=8, dropout=0.0,

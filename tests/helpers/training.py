@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dil_jax.train.train_config import TrainConfig
+
 from tests.helpers import CONFIGS
 
 TINY_CONFIG = CONFIGS / "tiny.py"
@@ -31,7 +33,7 @@ BEST_BY_F1 = {"checkpoint.best_metric": "f1", "checkpoint.best_mode": "max",
 
 def tiny_encoder(**changes):
     """An EncoderConfig of TINY_ENCODER's fields (k = 1, question 8 tokens) with `changes`."""
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
 
     return EncoderConfig(**{**TINY_ENCODER, **changes})
 
@@ -90,7 +92,7 @@ def learning_rate_sum(config) -> float:
 
     steps = int(config.num_train_steps)
     schedule = warmup_linear_decay(config.optim.learning_rate, steps,
-                                   warmup_steps(config, steps))
+                                   warmup_steps(TrainConfig.of(config), steps))
     return sum(float(schedule(step)) for step in range(steps))
 
 

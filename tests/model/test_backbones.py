@@ -21,8 +21,8 @@ from dil_jax.checkpoints import (
     export_hf_checkpoint,
     load_hf_checkpoint,
 )
-from dil_jax.config import ConfigError, EncoderConfig
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ConfigError, EncoderConfig, ReaderOverrides
 
 from tests.helpers import edit_json
 from tests.helpers.hf import PARITY_MAX_Q, assert_parity, random_pairs, tiny_hf_config
@@ -45,7 +45,7 @@ def test_export_round_trips_through_transformers(hf_folder_factory, tmp_path, ar
     from transformers import AutoModelForQuestionAnswering
 
     folder, _ = hf_folder_factory(arch, **overrides)
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=PARITY_MAX_Q)
+    config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=PARITY_MAX_Q))
     # Move every param away from the checkpoint's, so the export cannot pass by echoing it.
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(np.float32),
@@ -60,7 +60,8 @@ def test_export_round_trips_through_transformers(hf_folder_factory, tmp_path, ar
                                             "mismatched_keys")), loading
     assert_parity(DelayedInteractionModel(config), params, hf_model.eval(), arch,
                   random_pairs(99, seed=2, arch=arch))
-    config_back, params_back, report = load_hf_checkpoint(exported, max_question_len=PARITY_MAX_Q)
+    config_back, params_back, report = load_hf_checkpoint(
+        exported, ReaderOverrides(max_question_len=PARITY_MAX_Q))
     assert config_back == config and not report.initialized
     jax.tree.map(np.testing.assert_array_equal, params_back, params)
 
@@ -73,7 +74,8 @@ def test_roberta_model_checkpoint_without_prefix(tmp_path):
     torch.manual_seed(0)
     model = transformers.RobertaModel(tiny_hf_config("roberta"))
     model.save_pretrained(str(tmp_path / "base"))
-    config, _, report = load_hf_checkpoint(tmp_path / "base", max_question_len=PARITY_MAX_Q)
+    config, _, report = load_hf_checkpoint(tmp_path / "base",
+                                           ReaderOverrides(max_question_len=PARITY_MAX_Q))
     assert config.architecture == "roberta" and config.first_position == 2
     assert report.initialized == ["qa_outputs.weight", "qa_outputs.bias"]
     assert "pooler.dense.weight" in report.ignored
@@ -88,7 +90,8 @@ def test_electra_discriminator_head_ignored_generator_refused(tmp_path):
     torch.manual_seed(0)
     transformers.ElectraForPreTraining(tiny_hf_config("electra")).save_pretrained(
         str(tmp_path / "disc"))
-    _, _, report = load_hf_checkpoint(tmp_path / "disc", max_question_len=PARITY_MAX_Q)
+    _, _, report = load_hf_checkpoint(tmp_path / "disc",
+                                      ReaderOverrides(max_question_len=PARITY_MAX_Q))
     assert "discriminator_predictions.dense.weight" in report.ignored
     assert "electra.embeddings_project.weight" in report.loaded
     edit_json(tmp_path / "disc" / "config.json", architectures=["ElectraForMaskedLM"])
@@ -127,7 +130,7 @@ def test_train_step_with_kd_and_lrs(hf_folder_factory, arch):
     """A delayed student (k = 2 of 4) learns under CE + DeFormer's KD and LRS from its frozen
     full-model teacher (the same weights at k = 0), through the jitted, sharded train step."""
     folder, _ = hf_folder_factory(arch)
-    teacher_config, params, _ = load_hf_checkpoint(folder, max_question_len=8)
+    teacher_config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=8))
     student = DelayedInteractionModel(teacher_config.replace(num_lower_layers=2))
     teacher = DelayedInteractionModel(teacher_config)
     losses = [{name: row[name] for name in ("loss", "kd", "lrs")}
@@ -191,7 +194,7 @@ def test_bench_peer_reads_the_grid_as_we_do(hf_folder_factory, arch):
 
     # vocab 200: the random grid's [CLS] / [SEP] are BERT's ids 101 / 102.
     config, params, _ = load_hf_checkpoint(hf_folder_factory(arch, vocab_size=200)[0],
-                                           max_question_len=8)
+                                           ReaderOverrides(max_question_len=8))
     hf_model = bench.hf_model_from_params(config, params)
     assert type(hf_model).__name__ == QA_CLASS[arch]
     spec = bench.GridSpec(num_questions=2, num_passages=3, question_len=8, passage_len=12)

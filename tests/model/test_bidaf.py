@@ -17,8 +17,9 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.config import ConfigError
-from dil_jax.model.bidaf import AttentionFlow, BiDAFConfig, BiDAFModel, BiLSTM, reverse_padded
+from dil_jax.model.bidaf import AttentionFlow, BiDAFModel, BiLSTM, reverse_padded
+from dil_jax.model.bidaf_config import BiDAFConfig
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.span_reader import PADDED_LOGIT
 
 import tests.helpers.qanet_numpy_reference as ref

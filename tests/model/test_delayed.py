@@ -19,6 +19,7 @@ import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.reading.upper import project_upper, read_upper
 
@@ -32,7 +33,9 @@ NEW_BACKBONES = ("roberta", "xlm-roberta", "electra")
 def _model_and_state(hf_folder_factory, arch, k, **overrides):
     _, hf_model = hf_folder_factory(arch, **overrides)
     hf_config = hf_model.config.to_dict()
-    config = encoder_config_from_hf(hf_config, num_lower_layers=k, max_question_len=MAX_Q)
+    config = encoder_config_from_hf(hf_config,
+                                    overrides=ReaderOverrides(num_lower_layers=k,
+                                                              max_question_len=MAX_Q))
     state = state_dict_numpy(hf_model)
     params, _ = convert_state_dict(state, config)
     return DelayedInteractionModel(config), params, state

@@ -17,10 +17,15 @@ import pytest
 import dil_jax.model.bert as bert
 from dil_jax.bench.programs import program_stats
 from dil_jax.checkpoints import encoder_config_from_hf, hf_config_from_encoder_config
-from dil_jax.config import LONG_PASSAGE_DEFAULTS, ConfigError, EncoderConfig
 from dil_jax.errors import CheckpointError
 from dil_jax.model.attention import attention_bias
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.encoder_config import (
+    LONG_PASSAGE_DEFAULTS,
+    ConfigError,
+    EncoderConfig,
+    ReaderOverrides,
+)
 from dil_jax.model.layers import Block
 from dil_jax.model.reversible import reversible_forward, reversible_layers
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
@@ -117,12 +122,13 @@ def test_xlnet_refuses_the_long_passage_options(changes):
 def test_reversible_is_refused_for_pretrained_checkpoints():
     hf = tiny_hf_config("bert").to_dict()
     with pytest.raises(CheckpointError, match="reversible"):
-        encoder_config_from_hf(hf, reversible=True)
+        encoder_config_from_hf(hf, overrides=ReaderOverrides(reversible=True))
     with pytest.raises(CheckpointError, match="reversible"):
         hf_config_from_encoder_config(_config(reversible=True))
     # The other options keep a pretrained checkpoint's function (or approximate it): accepted.
-    encoder_config_from_hf(hf, ffn_chunk_size=8, lsh_attention_layers=[0],
-                           remat_policy="full")
+    encoder_config_from_hf(hf,
+                           overrides=ReaderOverrides(ffn_chunk_size=8, lsh_attention_layers=[0],
+                                                     remat_policy="full"))
 
 
 # ----------------------------------------------------------------------------- chunked FFN

@@ -14,6 +14,7 @@ import torch
 
 from dil_jax.checkpoints import convert_state_dict, load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 
 from tests.helpers.hf import PARITY_MAX_Q as MAX_Q
 from tests.helpers.hf import assert_parity, hf_forward, pad_rows, random_pairs, state_dict_numpy
@@ -35,7 +36,7 @@ from tests.helpers.hf import assert_parity, hf_forward, pad_rows, random_pairs, 
 ])
 def test_random_init_parity(hf_folder_factory, arch, overrides):
     folder, hf_model = hf_folder_factory(arch, **overrides)
-    config, params, report = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    config, params, report = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=MAX_Q))
     assert config.architecture == arch
     assert not report.initialized, "a *ForQuestionAnswering checkpoint carries its QA head"
     model = DelayedInteractionModel(config)
@@ -47,7 +48,7 @@ def test_roberta_positions_are_hugging_faces(hf_folder_factory):
     padding_idx + 1 moves the logits far past the tolerance, so parity does pin the offset; and
     the pad id of the checkpoint is what sets the first position."""
     folder, hf_model = hf_folder_factory("roberta")
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=MAX_Q))
     assert (config.pad_token_id, config.first_position, config.num_positions) == (1, 2, 64)
     pairs = random_pairs(99, seed=4, arch="roberta")
     q, p = pairs[0]
@@ -68,7 +69,8 @@ def test_minilm_parity(minilm_dir):
 
     torch.manual_seed(0)
     hf_model = BertForQuestionAnswering.from_pretrained(str(minilm_dir)).eval()
-    config, params_from_folder, report = load_hf_checkpoint(minilm_dir, max_question_len=24)
+    config, params_from_folder, report = load_hf_checkpoint(minilm_dir,
+                                                            ReaderOverrides(max_question_len=24))
     assert report.initialized == ["qa_outputs.weight", "qa_outputs.bias"]
     assert "pooler.dense.weight" in report.ignored
     # Same backbone, and the QA head taken from the torch model so both sides share it.

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dil_jax.config import ConfigError
 from dil_jax.model.delayed import InputError
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_config import QANetConfig
 from dil_jax.model.qanet_inputs import (
@@ -271,7 +271,8 @@ def test_word_scale_reads_the_table_times_the_scale(kind):
     """A reader with word_scale s reads what the same reader with s = 1 reads over the table
     multiplied by s (the independent reference: the scaled table itself); the stored table stays
     as given, and gets no gradient."""
-    from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
+    from dil_jax.model.bidaf import BiDAFModel
+    from dil_jax.model.bidaf_config import BiDAFConfig
 
     if kind == "qanet":
         config, model_type = tiny_config(), QANetModel

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import dil_jax.model.qanet_layers as qanet_layers
-from dil_jax.config import ConfigError
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_layers import EncoderStack
 from dil_jax.model.reversible import reversible_scan, reversible_scan_forward

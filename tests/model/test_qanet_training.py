@@ -17,7 +17,8 @@ import numpy as np
 import optax
 import pytest
 
-from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
+from dil_jax.model.bidaf import BiDAFModel
+from dil_jax.model.bidaf_config import BiDAFConfig
 from dil_jax.model.qanet import QANetModel
 from dil_jax.model.qanet_inputs import QANetSegment
 
@@ -160,7 +161,7 @@ def test_stacks_number_their_sublayers_through_the_blocks():
 def test_layer_dropout_with_reversible_stacks_is_refused():
     import pytest
 
-    from dil_jax.config import ConfigError
+    from dil_jax.model.encoder_config import ConfigError
 
     with pytest.raises(ConfigError, match="layer_dropout 0.1 with reversible"):
         tiny_config(layer_dropout=0.1, reversible=True)

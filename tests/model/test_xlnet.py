@@ -26,6 +26,7 @@ import torch
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf, load_hf_checkpoint
 from dil_jax.errors import CheckpointError, DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.reading.upper import passage_attention_stats, project_upper, read_upper
 
@@ -121,7 +122,7 @@ def _assert_matches(ours, row, q, p, start, end, hidden=None, label=""):
 ])
 def test_random_init_parity_with_hugging_face(xlnet_folder, overrides):
     folder, hf_model = xlnet_folder(**overrides)
-    config, params, report = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    config, params, report = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=MAX_Q))
     assert config.architecture == "xlnet" and config.num_layers == hf_model.config.n_layer
     assert not report.initialized
     assert report.ignored == ["transformer.mask_emb"]  # the query stream's, unused here
@@ -161,8 +162,9 @@ def test_hugging_face_itself_is_layout_sensitive(xlnet_folder):
 
 def _model_and_state(xlnet_folder, k):
     _, hf_model = xlnet_folder()
-    config = encoder_config_from_hf(hf_model.config.to_dict(), num_lower_layers=k,
-                                    max_question_len=MAX_Q)
+    config = encoder_config_from_hf(hf_model.config.to_dict(),
+                                    overrides=ReaderOverrides(num_lower_layers=k,
+                                                              max_question_len=MAX_Q))
     state = state_dict_numpy(hf_model)
     params, _ = convert_state_dict(state, config)
     return DelayedInteractionModel(config), params, state
@@ -279,7 +281,7 @@ def test_export_loads_in_transformers(xlnet_folder, tmp_path):
     from dil_jax.checkpoints import export_hf_checkpoint
 
     folder, hf_model = xlnet_folder()
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=MAX_Q)
+    config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=MAX_Q))
     exported = export_hf_checkpoint(tmp_path / "out", params, config)
     reloaded = transformers.XLNetForQuestionAnsweringSimple.from_pretrained(str(exported)).eval()
     pairs = _pairs(15)
@@ -309,7 +311,8 @@ def test_unsupported_config_fields_are_refused_by_name(xlnet_folder, tmp_path, f
 
 def test_beam_search_head_tensors_are_refused(xlnet_folder):
     _, hf_model = xlnet_folder()
-    config = encoder_config_from_hf(hf_model.config.to_dict(), max_question_len=MAX_Q)
+    config = encoder_config_from_hf(hf_model.config.to_dict(),
+                                    overrides=ReaderOverrides(max_question_len=MAX_Q))
     state = dict(state_dict_numpy(hf_model))
     state["start_logits.dense.weight"] = np.zeros((1, 32), np.float32)
     with pytest.raises(CheckpointError, match="start_logits.dense.weight.*beam-search"):
@@ -329,7 +332,8 @@ def test_transformer_prefix_is_stripped_for_xlnet_only():
         == "transformer.layer.0.ffn.lin1.weight"
     assert strip_backbone_prefix("roberta.embeddings.x", "xlm-roberta") == "embeddings.x"
     bare = build_hf_qa_model("distilbert").distilbert  # DistilBertModel: `transformer.*` names
-    config = encoder_config_from_hf(bare.config.to_dict(), max_question_len=MAX_Q)
+    config = encoder_config_from_hf(bare.config.to_dict(),
+                                    overrides=ReaderOverrides(max_question_len=MAX_Q))
     _, report = convert_state_dict(state_dict_numpy(bare), config)
     assert any(name.startswith("transformer.layer.") for name in report.loaded)
     assert sorted(report.initialized) == ["qa_outputs.bias", "qa_outputs.weight"]
@@ -389,7 +393,7 @@ def test_pair_grid_equals_direct_pairs(xlnet_folder, k, reuse):
 def test_train_step_with_kd_and_lrs_learns():
     """A tiny XLNet student (k = 1) with a frozen full teacher (k = 0), dropout on, CE + KD +
     LRS: every term is finite and positive and the loss falls on a fixed batch."""
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
 
     config = EncoderConfig(architecture="xlnet", vocab_size=128, hidden_size=32, num_layers=2,
                            num_heads=2, intermediate_size=64, embedding_size=32,
@@ -413,8 +417,8 @@ def test_bench_flop_formulas_match_xla_for_xlnet(k):
     pair program's rows-only last block) are within 2% of XLA's count of the compiled programs, as
     tests/bench/test_bench.py requires of BERT; leaving the position terms out is far outside."""
     from dil_jax import bench
-    from dil_jax.config import EncoderConfig
     from dil_jax.mesh import data_mesh
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
 
     # The "tiny" bench suite's shape: at this width the elementwise work XLA also counts

@@ -11,6 +11,7 @@ import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
 from dil_jax.open_domain.cache.build import build_passage_cache
 from dil_jax.open_domain.cache.check import reader_cache_key
@@ -29,8 +30,8 @@ P_LEN = 16
 
 @pytest.fixture(scope="module")
 def reader_parts(hf_folder_factory):
-    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0], num_lower_layers=2,
-                                           max_question_len=8)
+    config, params, _ = load_hf_checkpoint(hf_folder_factory("bert")[0],
+                                           ReaderOverrides(num_lower_layers=2, max_question_len=8))
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, P_LEN + 1, 10)
     ids = np.zeros((10, P_LEN), np.int32)
@@ -298,8 +299,8 @@ def test_a_readers_key_names_the_settings_that_change_its_passage_states(kind):
     encoder, a BERT reader's upper blocks), the key is the params' fingerprint alone, as caches
     built before these settings existed recorded it."""
     from dil_jax.checkpoints.fingerprint import params_fingerprint
-    from dil_jax.config import EncoderConfig
-    from dil_jax.model.bidaf import BiDAFConfig
+    from dil_jax.model.bidaf_config import BiDAFConfig
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.model.qanet_config import QANetConfig
 
     params = {"w": np.arange(6, dtype=np.float32)}

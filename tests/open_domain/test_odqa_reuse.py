@@ -18,6 +18,7 @@ import pytest
 
 from dil_jax.checkpoints import load_hf_checkpoint
 from dil_jax.model.delayed import DelayedInteractionModel
+from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PADDED_LOGIT
 from dil_jax.open_domain.cache.build import build_passage_cache
 from dil_jax.open_domain.cache.reuse import reuse_encoder
@@ -63,7 +64,7 @@ def _zarr_bytes(folder: Path, name: str, tokens: int, row_bytes: int) -> int:
 @pytest.fixture(scope="module")
 def tiny(hf_folder_factory, minilm_dir):
     folder = hf_folder_factory("bert", vocab_size=30522)[0]
-    config, params, _ = load_hf_checkpoint(folder, max_question_len=Q_LEN)
+    config, params, _ = load_hf_checkpoint(folder, ReaderOverrides(max_question_len=Q_LEN))
     return (EncoderReader(DelayedInteractionModel(config), params, load_tokenizer(minilm_dir)),
             folder)
 

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 import pytest
 
-from dil_jax.model.bidaf import BiDAFConfig, BiDAFModel
+from dil_jax.model.bidaf import BiDAFModel
+from dil_jax.model.bidaf_config import BiDAFConfig
 from dil_jax.model.char_reader import CharModel, char_model
 from dil_jax.model.delayed import InputError
 from dil_jax.model.qanet_inputs import QANetSegment

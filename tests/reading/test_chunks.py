@@ -79,8 +79,8 @@ def test_chunks_run_short_or_at_a_booked_shape_and_score_as_the_direct_forward(k
     reference of test_grid.py); then the same with every chunk run at one booked wide shape."""
     import jax
 
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
 
     model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=k))

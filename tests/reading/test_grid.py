@@ -23,7 +23,7 @@ GRID_SCRIPT = textwrap.dedent("""
     import sys
     import jax
     import numpy as np
-    from dil_jax.config import EncoderConfig
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
     from dil_jax.reading.pairs import kept_positions
     from dil_jax.model.delayed import DelayedInteractionModel
@@ -99,8 +99,8 @@ def test_reading_kept_tokens_equals_reading_them_alone(k):
     `[CLS] q [SEP] kept [SEP]`; k > 0: the cached lower states of those tokens)."""
     import jax
 
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.model.span_reader import PASSAGE_SEGMENT, QUESTION_SEGMENT
     from dil_jax.reading.grid import PairGrid
     from dil_jax.reading.pairs import kept_positions
@@ -150,8 +150,8 @@ def test_projections_are_hoisted_only_for_segments_read_by_several_pairs(monkeyp
     span scores are the same either way and equal a direct per-pair forward."""
     import jax
 
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
 
     model = DelayedInteractionModel(EncoderConfig(**TINY_ENCODER, num_lower_layers=2))
@@ -192,8 +192,8 @@ def test_grid_reads_a_passage_position_offset_like_the_direct_forward():
     NumPy reference."""
     import jax
 
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
 
     config = EncoderConfig(**TINY_ENCODER, num_lower_layers=2, passage_position_offset=5)
@@ -217,7 +217,6 @@ def test_chunk_size_defaults_to_the_platform_of_the_mesh():
     rounded to the device count like a given one."""
     import jax
 
-    from dil_jax.config import EncoderConfig
     from dil_jax.defaults import (
         ACCELERATOR_PAIR_CHUNK_SIZE,
         PAIR_CHUNK_SIZE,
@@ -225,6 +224,7 @@ def test_chunk_size_defaults_to_the_platform_of_the_mesh():
     )
     from dil_jax.mesh import data_mesh
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.reading.grid import PairGrid
 
     assert default_pair_chunk_size("cpu") == PAIR_CHUNK_SIZE["cpu"]

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints import convert_state_dict, encoder_config_from_hf
-from dil_jax.config import EncoderConfig
 from dil_jax.model.attention import (
     attend_with_passage_stats,
     attention_bias,
     passage_attention_stats,
 )
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides
 from dil_jax.model.span_reader import PADDED_LOGIT, PASSAGE_SEGMENT, QUESTION_SEGMENT
 from dil_jax.reading import grid as grid_module
 from dil_jax.reading import upper
@@ -57,8 +57,9 @@ def _model(hf_folder_factory, arch: str, k: int):
     with 2 parameter groups, so k = 2 and k = 3 both split inside the second group."""
     overrides = {"num_hidden_groups": 2} if arch == "albert" else {}
     _, hf_model = hf_folder_factory(arch, **overrides)
-    config = encoder_config_from_hf(hf_model.config.to_dict(), num_lower_layers=k,
-                                    max_question_len=MAX_Q)
+    config = encoder_config_from_hf(hf_model.config.to_dict(),
+                                    overrides=ReaderOverrides(num_lower_layers=k,
+                                                              max_question_len=MAX_Q))
     state = state_dict_numpy(hf_model)
     params, _ = convert_state_dict(state, config)
     return DelayedInteractionModel(config), params, state

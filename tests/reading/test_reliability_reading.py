@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dil_jax.config import EncoderConfig
 from dil_jax.errors import DilJaxError
 from dil_jax.model.delayed import DelayedInteractionModel, InputError
+from dil_jax.model.encoder_config import EncoderConfig
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
 from dil_jax.reading.grid import PairGrid
 from dil_jax.samples import SAMPLE_PASSAGES

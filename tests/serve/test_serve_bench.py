@@ -31,8 +31,11 @@ def test_peer_windows_are_the_servers(tmp_path):
     # A 192-token window (191 context tokens + [SEP]) every 96 tokens, 32 question tokens
     # ([CLS] + 30 + [SEP]): the pipeline's sequence is 32 + 192 = 224 tokens, and with a
     # 30-token question its 224 - 30 - 3 = 191 context tokens overlap by 191 - 96 = 95.
-    (tmp_path / "index.json").write_text(json.dumps({"max_passage_len": 192,
-                                                     "doc_stride": 96}))
+    from dil_jax.open_domain.index.files import IndexSettings
+
+    settings = IndexSettings(split={}, max_passage_len=192, doc_stride=96, tokenizer="t",
+                             passages="p", num_passages=1, num_windows=1)
+    (tmp_path / "index.json").write_text(json.dumps(settings.to_json()))
     assert bench.peer_settings(str(tmp_path), 32) == {
         "max_seq_len": 224, "doc_stride": 95, "max_question_len": 32, "context_tokens": 191}
 

@@ -16,9 +16,13 @@ def test_full_blocks_keep_whole_blocks_only():
 
 
 def test_index_files_reads_the_recorded_bytes(tmp_path):
-    (tmp_path / "index.json").write_text(json.dumps(dict(
-        format="dil_jax.odqa_index/1", num_passages=2, num_windows=3, retriever="pyserini",
-        max_passage_len=192, files={"passages.jsonl": {"bytes": 10, "sha256": "x"}})))
+    from dil_jax.open_domain.index.files import IndexSettings
+
+    settings = IndexSettings(split={}, max_passage_len=192, doc_stride=96, tokenizer="t",
+                             passages="p", num_passages=2, num_windows=3, retriever="pyserini",
+                             files={"passages.jsonl": {"bytes": 10, "sha256": "x"}},
+                             format="dil_jax.odqa_index/1")
+    (tmp_path / "index.json").write_text(json.dumps(settings.to_json()))
     files = passages.index_files(tmp_path)
     assert files["file_bytes"] == {"passages.jsonl": 10}
     assert (files["num_passages"], files["num_windows"]) == (2, 3)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dil_jax.errors import CheckpointError
-from dil_jax.model.bidaf import BiDAFConfig
+from dil_jax.model.bidaf_config import BiDAFConfig
 from dil_jax.readers import load_reader
 from dil_jax.train.loop import train
 

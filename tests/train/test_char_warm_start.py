@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from dil_jax.checkpoints.char_readers import save_char_reader
-from dil_jax.config import ConfigError
 from dil_jax.errors import UsageError
+from dil_jax.model.encoder_config import ConfigError
 from dil_jax.readers import load_reader
 from dil_jax.train.char_data import char_windows
 from dil_jax.train.setup import load_run_models
+from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers.qanet import pointing_features, trainer_config
 
@@ -32,8 +33,8 @@ def tiny_export(tmp_path_factory):
     root = tmp_path_factory.mktemp("exports")
     folders = {}
     for kind in ("qanet", "bidaf"):
-        student = load_run_models(trainer_config(kind, root / f"run_{kind}", steps=1),
-                                  None).student
+        config = TrainConfig.of(trainer_config(kind, root / f"run_{kind}", steps=1))
+        student = load_run_models(config, None).student
         folders[kind] = save_char_reader(root / kind, student.params, student.config)
     return folders
 
@@ -76,7 +77,7 @@ def test_the_trainer_warm_starts_a_trained_qanet_with_lsh_attention(tiny_export,
                             **{"model.checkpoint": str(tiny_export["qanet"]),
                                "model.reader.lsh_encoders": "embedding,model",
                                "model.reader.dropout": 0.2})
-    student = load_run_models(config, None).student
+    student = load_run_models(TrainConfig.of(config), None).student
     trained = load_reader(tiny_export["qanet"], with_tokenizer=False)
     assert student.config == trained.config.replace(lsh_encoders=("embedding", "model"),
                                                     dropout=0.2)
@@ -91,4 +92,4 @@ def test_the_trainer_refuses_a_warm_start_that_changes_the_params_meaning(
                                "model.reader.word_scale": 18.0})
     with pytest.raises(UsageError, match=r"config.model.reader against config.model.checkpoint"
                                          r" = .*word_scale = 18.0 \(trained with 1.0\)"):
-        load_run_models(config, None)
+        load_run_models(TrainConfig.of(config), None)

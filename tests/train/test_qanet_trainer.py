@@ -34,6 +34,7 @@ from dil_jax.train.config_files import load_config_file
 from dil_jax.train.config_rules import validate_config
 from dil_jax.train.loop import train
 from dil_jax.train.setup import load_run_models
+from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers import REPO, run_cli
 from tests.helpers.qanet import learnt_pointing, pointing_features, trainer_config
@@ -120,7 +121,7 @@ def test_tiny_qanet_learns_through_the_trainer_and_its_export_reads_back(tmp_pat
     config = trainer_config("qanet", tmp_path / "run", steps=200, **{
         "model.reader.dropout": 0, "model.reader.char_dropout": 0,
         "model.reader.word_dropout": 0})
-    initial = load_run_models(config, None).student.params
+    initial = load_run_models(TrainConfig.of(config), None).student.params
     validation = pointing_features(1, 256)
     result = train(config, train_features=pointing_features(0, 4096), val_features=validation)
     batch = learnt_pointing(tmp_path / "run", validation)
@@ -156,7 +157,7 @@ def test_a_trained_word_table_moves_and_its_export_reads_back(tmp_path, kind):
     (a table among the params) reads back to the same outputs."""
     config = trainer_config(kind, tmp_path / "run", steps=20,
                             **{"model.reader.train_word_table": "true"})
-    initial = load_run_models(config, None).student.params
+    initial = load_run_models(TrainConfig.of(config), None).student.params
     assert set(initial) == {"params"} and "word_table" in initial["params"]
     train_features = pointing_features(0, 256)
     result = train(config, train_features=train_features, val_features=pointing_features(1, 64))

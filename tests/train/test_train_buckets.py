@@ -20,6 +20,7 @@ from dil_jax.train.buckets import BucketedOrder, cut_passages, parse_buckets
 from dil_jax.train.loop import _check_resume, data_identity, train
 from dil_jax.train.setup import load_run_data, load_run_models
 from dil_jax.train.step import compute_losses
+from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers.training import tiny_config
 
@@ -80,8 +81,8 @@ def test_a_remainder_is_dropped_only_at_the_top():
 
 def test_cutting_the_padding_changes_no_loss(tmp_path):
     config = tiny_config(tmp_path, {"data.length_buckets": "12"})
-    models = load_run_models(config, evaluate_fn=None)
-    data = load_run_data(config, 1, None, None)
+    models = load_run_models(TrainConfig.of(config), evaluate_fn=None)
+    data = load_run_data(TrainConfig.of(config), 1, None, None)
     assert data.buckets is not None and data.buckets.lengths == (12, 16)
     weights = losses.LossWeights(ce=1.0)
     rows_all = np.arange(data.micro)
@@ -110,7 +111,7 @@ def test_training_with_buckets_runs_and_resume_checks_them(tmp_path):
                                                   "num_train_steps": 4}))
     assert int(result.state.step) == 4 and np.isfinite(result.last_metrics["loss"])
     config = tiny_config(tmp_path / "x", {"data.length_buckets": "12"})
-    identity = data_identity(load_run_data(config, 1, None, None))
+    identity = data_identity(load_run_data(TrainConfig.of(config), 1, None, None))
     assert identity["length_buckets"] == [12, 16]
     meta = {**identity, "step": 10, "length_buckets": []}
     with pytest.raises(CheckpointError, match="length_buckets"):

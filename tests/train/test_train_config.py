@@ -167,3 +167,48 @@ def test_train_command_registers_a_subparser():
     command.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["train", "--config", "x.py"])
     assert args.accepts_config_overrides and args.func is command.run
+
+
+def test_validate_config_returns_the_typed_config_the_trainer_reads():
+    """validate_config converts the ConfigDict once: typed, frozen sections with the file's
+    values (an override included), and the ConfigDict itself kept for the featurizer and the
+    evaluator."""
+    import dataclasses
+
+    from dil_jax.model.encoder_config import ReaderOverrides
+    from dil_jax.train.config_rules import validate_config
+    from dil_jax.train.train_config import TrainConfig
+
+    config = load_config(TINY_CONFIG, [("optim.learning_rate", "1e-4"),
+                                       ("model.num_lower_layers", "1"),
+                                       ("model.lsh_attention_layers", "lower")])
+    settings = validate_config(config)
+    assert isinstance(settings, TrainConfig) and settings.source is config
+    assert settings.optim.learning_rate == 1e-4 and settings.batch_size == config.batch_size
+    assert settings.data.max_passage_len == config.data.max_passage_len
+    assert settings.model.reader_overrides() == ReaderOverrides(
+        num_lower_layers=1, max_question_len=config.model.max_question_len,
+        dtype=config.model.dtype, passage_position_offset=0, lsh_attention_layers=(0,),
+        lsh_num_hashes=config.model.lsh_num_hashes, lsh_bucket_size=config.model.lsh_bucket_size)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.optim.learning_rate = 1.0  # type: ignore[misc]
+
+
+def test_every_typed_field_is_a_key_of_the_schema():
+    """A field of a TrainConfig section takes the key of its own name, and its default where the
+    key is absent: a field named unlike the schema's key would silently keep its default."""
+    import dataclasses
+
+    from dil_jax.train.default_config import base_config
+    from dil_jax.train.train_config import TrainConfig
+
+    schema = base_config()
+    for section in dataclasses.fields(TrainConfig):
+        if section.name == "source":
+            continue
+        value = getattr(TrainConfig.of(schema), section.name)
+        if not dataclasses.is_dataclass(value):
+            assert section.name in schema, section.name
+            continue
+        for field in dataclasses.fields(value):
+            assert field.name in schema[section.name], f"{section.name}.{field.name}"

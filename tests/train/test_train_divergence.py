@@ -45,8 +45,8 @@ def test_a_nan_step_stops_the_run_by_name_and_the_last_finite_checkpoint_survive
         tmp_path, monkeypatch):
     real = loop.make_run_optimizer
 
-    def poisoned(config, total_steps):
-        tx, schedule = real(config, total_steps)
+    def poisoned(config, total_steps, student):
+        tx, schedule = real(config, total_steps, student)
         return optax.chain(tx, _nan_at_update(2)), schedule  # NaN params after step 3
 
     monkeypatch.setattr(loop, "make_run_optimizer", poisoned)
@@ -160,8 +160,8 @@ def test_a_nan_evaluation_does_not_replace_the_best_export(tmp_path):
 
 
 def test_export_refuses_a_best_checkpoint_that_went_nan_on_disk(tmp_path):
-    from dil_jax.config import EncoderConfig
     from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
     from dil_jax.readers import EncoderReader
 
     checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=1, best_metric=None,

@@ -11,6 +11,7 @@ from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.train.config_rules import validate_config
 from dil_jax.train.loop import train
 from dil_jax.train.setup import load_run_models
+from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers.training import tiny_config
 
@@ -22,7 +23,7 @@ LSH = {"model.lsh_attention_layers": "lower", "model.lsh_num_hashes": 2, "model.
 
 def test_lower_blocks_train_and_export_with_lsh(tmp_path):
     config = tiny_config(tmp_path / "run", {**LSH, "num_train_steps": 2})
-    models = load_run_models(config, evaluate_fn=None)
+    models = load_run_models(TrainConfig.of(config), evaluate_fn=None)
     assert models.student.config.lsh_attention_layers == (0,)  # k = 1: block 0
     assert (models.student.config.lsh_num_hashes, models.student.config.lsh_bucket_size) == (2, 4)
     assert models.teacher.config.lsh_attention_layers == ()
@@ -53,7 +54,7 @@ def test_lower_blocks_train_and_export_with_lsh(tmp_path):
 ])
 def test_bad_lsh_layers_are_refused_by_name(tmp_path, overrides, message):
     with pytest.raises(DilJaxError, match=message):
-        load_run_models(tiny_config(tmp_path / "run", overrides), evaluate_fn=None)
+        load_run_models(TrainConfig.of(tiny_config(tmp_path / "run", overrides)), evaluate_fn=None)
 
 
 def test_lsh_layers_must_be_a_layer_list():

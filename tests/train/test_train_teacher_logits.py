@@ -24,6 +24,7 @@ from dil_jax.train.config_rules import validate_config
 from dil_jax.train.loop import train
 from dil_jax.train.setup import load_run_data, load_run_models
 from dil_jax.train.step import compute_losses
+from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers.training import tiny_config
 
@@ -34,8 +35,8 @@ KD_ONLY = {"teacher.checkpoint": "student_init", "loss.kd_weight": 1.0, "loss.lr
 
 def _run(tmp_path, overrides=None):
     config = tiny_config(tmp_path / "run", {**KD_ONLY, **(overrides or {})})
-    models = load_run_models(config, evaluate_fn=None)
-    data = load_run_data(config, 1, None, None)
+    models = load_run_models(TrainConfig.of(config), evaluate_fn=None)
+    data = load_run_data(TrainConfig.of(config), 1, None, None)
     return config, models, data
 
 

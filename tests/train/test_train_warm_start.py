@@ -5,6 +5,7 @@ import numpy as np
 
 from dil_jax.train.loop import train
 from dil_jax.train.setup import load_run_models
+from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers.training import flat_params, tiny_config
 
@@ -19,7 +20,7 @@ def test_student_starts_from_the_teachers_fine_tuned_weights(tmp_path):
         "model.checkpoint": str(exported),
         "model.num_lower_layers": 1, "teacher.checkpoint": str(exported),
         "loss.kd_weight": 1.0, "loss.lrs_weight": 1.0, "log.every_steps": 1})
-    models = load_run_models(student_config, evaluate_fn=None)
+    models = load_run_models(TrainConfig.of(student_config), evaluate_fn=None)
     assert models.student.config.num_lower_layers == 1
     assert models.teacher.config.num_lower_layers == 0
     student_weights = flat_params(models.student.params)

@@ -88,17 +88,16 @@ def _name(storage: Storage | None) -> str:
     return "?" if storage is None else storage.name
 
 
-def build_command(index_dir: str, settings: Mapping[str, Any], checkpoint: str, k: int,
-                  storage: Storage, tokenizer: str | None = None) -> str:
+def build_command(index_dir: str, split: Mapping[str, Any], length: int, stride: int,
+                  checkpoint: str, k: int, storage: Storage, tokenizer: str | None = None) -> str:
     """The command that adds the cache of (checkpoint, k, storage) to this index.
 
-    An index keeps the corpus and split it was built with in index.json (`split`), so the same
-    `dil-jax index` run with only this reader reopens it and builds the one cache; a demo index
-    (its split records `distractors`) is rebuilt the way `dil-jax demo` builds it.
+    An index keeps the corpus and split it was built with in index.json (`split`; its windows:
+    `length` tokens every `stride`), so the same `dil-jax index` run with only this reader
+    reopens it and builds the one cache; a demo index (its split records `distractors`) is
+    rebuilt the way `dil-jax demo` builds it.
     """
-    split = settings.get("split") or {}
-    length = settings.get("max_passage_len", OPEN_DOMAIN_MAX_PASSAGE_LEN)
-    stride = settings.get("doc_stride", OPEN_DOMAIN_DOC_STRIDE)
+    split = split or {}
     if "distractors" in split:
         words = ["dil-jax", "demo", "--index", index_dir]
         if split["distractors"] != DEMO_DISTRACTORS:

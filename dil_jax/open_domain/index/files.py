@@ -3,7 +3,8 @@
     index.json   split strategy, lengths, tokenizer, passage fingerprint, counts (the settings),
                  and the size and sha256 of every file in CHECKED_FILES (`files`)
 
-`read_settings` reads and validates index.json; `check_file` refuses a file whose size or
+`read_settings` reads and validates index.json into an `IndexSettings`, the value every
+reader of an index asks (read once per open); `check_file` refuses a file whose size or
 sha256 differs from its record (its cost: docs/open_domain.md, "Checked on open"), so an index
 edited after it was built is refused, naming the file, instead of giving answers shifted by it;
 `settings_differences` names the settings a run disagrees with a built index in.
@@ -11,9 +12,11 @@ edited after it was built is refused, naming the file, instead of giving answers
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +42,58 @@ class OpenDomainIndexError(DilJaxError, ValueError):
 
 class IndexBrokenError(OpenDomainIndexError):
     """A file of a built index is missing, unreadable, or changed since the build."""
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexSettings:
+    """index.json as a value: what an index was built from and with.
+
+    split: the corpus and how it was cut into passages (strategy, sources, limit; a demo
+    index's distractors), free-form JSON, compared and repeated whole; max_passage_len,
+    doc_stride: its windows; tokenizer: the tokenizer's fingerprint; passages: the passage
+    texts' fingerprint; num_passages, num_windows (None: not windowed yet, as in the settings a
+    run asks for before it builds); retriever: the BM25 engine (indexes built before the field
+    existed were rank-bm25's); files: each checked file's {"bytes", "sha256"} (none in indexes
+    built before the check existed); format: the index's format (`READABLE_INDEX_FORMATS`: an
+    index built before keeps its own; a build writes INDEX_FORMAT).
+    """
+
+    split: Mapping[str, Any]
+    max_passage_len: int
+    doc_stride: int
+    tokenizer: str
+    passages: str
+    num_passages: int
+    num_windows: int | None = None
+    retriever: str = "rank-bm25"
+    files: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    format: str = INDEX_FORMAT
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> IndexSettings:
+        """The settings of index.json's object (its format and CORE_SETTINGS checked by
+        `read_settings`)."""
+        return cls(split=value["split"], max_passage_len=value["max_passage_len"],
+                   doc_stride=value["doc_stride"], tokenizer=value["tokenizer"],
+                   passages=value["passages"], num_passages=value["num_passages"],
+                   num_windows=value["num_windows"],
+                   retriever=value.get("retriever", "rank-bm25"),
+                   files=value.get("files") or {}, format=value["format"])
+
+    def to_json(self) -> dict[str, Any]:
+        """index.json's object, its fields in the order builds have always written them."""
+        return dict(format=self.format, split=self.split, max_passage_len=self.max_passage_len,
+                    doc_stride=self.doc_stride, tokenizer=self.tokenizer,
+                    passages=self.passages, num_passages=self.num_passages,
+                    num_windows=self.num_windows, retriever=self.retriever,
+                    files=self.files)
+
+    def same_index(self, other: IndexSettings) -> bool:
+        """Whether both describe the same passages and windows (CORE_SETTINGS but the format,
+        the windows file's layout, which the caches do not depend on): an index's caches are
+        kept across a rebuild only then."""
+        return all(getattr(self, name) == getattr(other, name)
+                   for name in CORE_SETTINGS if name != "format")
 
 
 def broken_file(path: Path, problem: str) -> IndexBrokenError:
@@ -72,37 +127,35 @@ def check_file(directory: Path, name: str, recorded: dict[str, Any],
                           "the file changed since the index was built")
 
 
-def settings_differences(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """'setting: index has A, this run B' for each setting of `wanted` the index differs in.
-
-    Both dicts are index.json settings (`wanted` as `index_settings` computes them for a run).
-    """
-    old_split, new_split = stored.get("split") or {}, wanted.get("split") or {}
+def settings_differences(stored: IndexSettings, wanted: IndexSettings) -> list[str]:
+    """'setting: index has A, this run B' for each setting of `wanted` (as `index_settings`
+    computes them for a run) the index differs in."""
+    old_split, new_split = stored.split or {}, wanted.split or {}
     pairs = [("--split", old_split.get("strategy"), new_split.get("strategy")),
              ("--corpus-limit", old_split.get("limit"), new_split.get("limit")),
-             ("--max-passage-len", stored.get("max_passage_len"), wanted["max_passage_len"]),
-             ("--doc-stride", stored.get("doc_stride"), wanted["doc_stride"]),
-             ("tokenizer", stored.get("tokenizer"), wanted["tokenizer"])]
+             ("--max-passage-len", stored.max_passage_len, wanted.max_passage_len),
+             ("--doc-stride", stored.doc_stride, wanted.doc_stride),
+             ("tokenizer", stored.tokenizer, wanted.tokenizer)]
     lines = [f"{name}: index has {old!r}, this run {new!r}" for name, old, new in pairs
              if old != new]
-    if stored.get("passages") != wanted["passages"]:
-        lines.append(f"--corpus: index has {stored.get('num_passages')} passages from "
-                     f"{old_split.get('sources')}, this run {wanted['num_passages']} passages "
-                     f"from {new_split.get('sources')} (fingerprints {stored.get('passages')} "
-                     f"vs {wanted['passages']})")
+    if stored.passages != wanted.passages:
+        lines.append(f"--corpus: index has {stored.num_passages} passages from "
+                     f"{old_split.get('sources')}, this run {wanted.num_passages} passages "
+                     f"from {new_split.get('sources')} (fingerprints {stored.passages} "
+                     f"vs {wanted.passages})")
     return lines
 
 
-def stored_settings(directory: Path) -> dict[str, Any] | None:
-    """index.json's settings, or None when there is none or it is unreadable."""
+def stored_settings(directory: Path) -> IndexSettings | None:
+    """index.json's settings (`read_settings`), or None when there is none or it is unreadable
+    or incomplete: what a build compares with, where no index is no error."""
     try:
-        settings = json.loads((directory / "index.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_settings(directory)
+    except OpenDomainIndexError:
         return None
-    return settings if isinstance(settings, dict) else None
 
 
-def read_settings(directory: str | os.PathLike) -> dict[str, Any]:
+def read_settings(directory: str | os.PathLike) -> IndexSettings:
     """index.json of an index folder; OpenDomainIndexError (naming the fix) if missing or bad."""
     directory = Path(directory)
     settings_path = directory / "index.json"
@@ -122,5 +175,5 @@ def read_settings(directory: str | os.PathLike) -> dict[str, Any]:
     missing = [f for f in CORE_SETTINGS if f not in settings]
     if missing:
         raise broken_file(settings_path, f"field(s) {', '.join(missing)} missing")
-    return settings
+    return IndexSettings.from_json(settings)
 

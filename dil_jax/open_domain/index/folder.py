@@ -54,10 +54,9 @@ from dil_jax.open_domain.cache.store_build import build_store_cache
 from dil_jax.open_domain.index.corpus import Passage
 from dil_jax.open_domain.index.files import (
     CHECKED_FILES,
-    CORE_SETTINGS,
-    INDEX_FORMAT,
     REPAIR_HINT,
     IndexBrokenError,
+    IndexSettings,
     OpenDomainIndexError,
     broken_file,
     check_file,
@@ -121,7 +120,7 @@ def record_cache_store(directory: Path, url: str) -> None:
 @dataclasses.dataclass
 class OpenDomainIndex:
     directory: Path
-    settings: dict[str, Any]
+    settings: IndexSettings
     passages: Sequence[Passage]  # a PassageStore: read from disk by offset, not held
     retriever: Retriever
     windows: PassageWindows
@@ -187,22 +186,21 @@ class OpenDomainIndex:
     def cache_key(self, reader: Reader, storage: Storage = FLOAT32) -> CacheKey:
         """What a cache of this index must have been built with to serve `reader`."""
         tokenizer_id = tokenizer_fingerprint(reader.tokenizer)
-        if tokenizer_id != self.settings["tokenizer"]:
+        if tokenizer_id != self.settings.tokenizer:
             raise OpenDomainIndexError(
                 f"{self.directory / 'index.json'}: index tokenized with "
-                f"{self.settings['tokenizer']}, reader tokenizer is {tokenizer_id}")
+                f"{self.settings.tokenizer}, reader tokenizer is {tokenizer_id}")
         return reader_cache_key(reader.config, reader.params, tokenizer_id,
-                               self.settings["max_passage_len"], self.settings["passages"],
-                               storage)
+                               self.settings.max_passage_len, self.settings.passages, storage)
 
 
 def index_settings(summary: StoreSummary, tokenizer, *, max_passage_len: int,
-                   doc_stride: int, split: dict[str, Any]) -> dict[str, Any]:
+                   doc_stride: int, split: dict[str, Any]) -> IndexSettings:
     """The index.json settings of passages of this `summary` (`store.summarize_passages`),
-    before any tokenizing (cheap: a hash)."""
-    return dict(format=INDEX_FORMAT, split=split, max_passage_len=max_passage_len,
-                doc_stride=doc_stride, tokenizer=tokenizer_fingerprint(tokenizer),
-                passages=summary.fingerprint, num_passages=summary.count)
+    before any tokenizing (cheap: a hash): no windows counted yet."""
+    return IndexSettings(split=split, max_passage_len=max_passage_len, doc_stride=doc_stride,
+                         tokenizer=tokenizer_fingerprint(tokenizer),
+                         passages=summary.fingerprint, num_passages=summary.count)
 
 
 def build_index(directory: str | os.PathLike, passages: Iterable[Passage], tokenizer, *,
@@ -235,17 +233,16 @@ def build_index(directory: str | os.PathLike, passages: Iterable[Passage], token
         remove_entry(staging)
         try:
             summary = stage_passages_and_bm25(staging, passages, retriever)
-            settings = index_settings(summary, tokenizer, max_passage_len=max_passage_len,
-                                      doc_stride=doc_stride, split=split)
-            settings["num_windows"] = _stage_windows(staging, tokenizer, max_passage_len,
-                                                     doc_stride)
-            settings["retriever"] = retriever
+            num_windows = _stage_windows(staging, tokenizer, max_passage_len, doc_stride)
             names = CHECKED_FILES + tuple(f"bm25/{file}"
                                           for file in index_files(staging / "bm25"))
-            settings["files"] = {name: file_fingerprint(staging / name) for name in names}
+            settings = dataclasses.replace(
+                index_settings(summary, tokenizer, max_passage_len=max_passage_len,
+                               doc_stride=doc_stride, split=split),
+                num_windows=num_windows, retriever=retriever,
+                files={name: file_fingerprint(staging / name) for name in names})
             # The format is the windows file's layout, which the caches do not depend on.
-            keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS
-                                           if f != "format")
+            keep = old is not None and old.same_index(settings)
             # Uncommit: from here until index.json is back, the folder holds no index.
             (directory / "index.json").unlink(missing_ok=True)
             if not keep:
@@ -257,7 +254,7 @@ def build_index(directory: str | os.PathLike, passages: Iterable[Passage], token
         finally:
             remove_entry(staging)
         with write_errors(directory / "index.json"):
-            write_atomic(directory / "index.json", json.dumps(settings, indent=2))
+            write_atomic(directory / "index.json", json.dumps(settings.to_json(), indent=2))
         return open_index(directory)
 
 
@@ -321,7 +318,7 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
     """
     directory = Path(directory)
     settings = read_settings(directory)
-    files = settings.get("files") or {}  # absent in indexes built before the check existed
+    files = settings.files  # none in indexes built before the check existed
     passages_path = directory / PASSAGES_FILE
     if not passages_path.is_file():
         raise broken_file(passages_path, "the file is missing")
@@ -335,7 +332,7 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
         raise broken_file(directory / OFFSETS_FILE, f"unreadable ({error})") from error
     _check_passages(passages, settings, checked=PASSAGES_FILE in files)
     try:
-        retriever = load_retriever(directory / "bm25", fingerprint=settings["passages"])
+        retriever = load_retriever(directory / "bm25", fingerprint=settings.passages)
     except RetrievalError as error:
         raise IndexBrokenError(f"{error}; {REPAIR_HINT}") from error
     windows_path = directory / WINDOWS_FILE
@@ -344,21 +341,21 @@ def open_index(directory: str | os.PathLike) -> OpenDomainIndex:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
         raise broken_file(windows_path, f"unreadable ({error})") from error
     if len(windows.first) != len(passages) or \
-            len(windows.passage_of_row) != settings["num_windows"]:
+            len(windows.passage_of_row) != settings.num_windows:
         raise broken_file(windows_path, f"{len(windows.first)} passages and "
                           f"{len(windows.passage_of_row)} windows, index.json says "
-                          f"{len(passages)} and {settings['num_windows']}")
+                          f"{len(passages)} and {settings.num_windows}")
     return OpenDomainIndex(directory, settings, passages, retriever, windows)
 
 
-def _check_passages(passages: PassageStore, settings: dict[str, Any], checked: bool) -> None:
+def _check_passages(passages: PassageStore, settings: IndexSettings, checked: bool) -> None:
     """Refuses (IndexBrokenError naming passages.jsonl) a store of another passage count than
     index.json's, whose first and last lines are not passages, or (unless its sha256 was
     `checked`) whose texts do not have index.json's fingerprint."""
     path = passages.path
-    if len(passages) != settings["num_passages"]:
+    if len(passages) != settings.num_passages:
         raise broken_file(path, f"{len(passages)} passages, index.json says "
-                          f"{settings['num_passages']}")
+                          f"{settings.num_passages}")
     if checked:
         for number in sorted({0, len(passages) - 1} if len(passages) else set()):
             try:
@@ -373,7 +370,7 @@ def _check_passages(passages: PassageStore, settings: dict[str, Any], checked: b
             fingerprint.add(Passage(**json.loads(line)).text)
         except (ValueError, TypeError) as error:
             raise broken_file(path, f"line {number} is not a passage ({error})") from error
-    if fingerprint.hexdigest() != settings["passages"]:
+    if fingerprint.hexdigest() != settings.passages:
         raise broken_file(path, "the passage texts differ from the ones the index was "
                           "built over (fingerprint mismatch)")
 

@@ -83,7 +83,7 @@ class SentenceStore:
                                      ) from error
         if not isinstance(manifest, dict):
             raise SentenceStoreError(f"{manifest_path}: expected a JSON object; {_REBUILD}")
-        for field, value in _expected(prescreener, index.settings["passages"]).items():
+        for field, value in _expected(prescreener, index.settings.passages).items():
             if field != "encoder" and manifest.get(field) != value:
                 raise SentenceStoreError(f"{manifest_path}: built with {field} = "
                                          f"{manifest.get(field)!r}, the prescreener has {value!r}")
@@ -156,7 +156,7 @@ def _build_sentence_store(index, prescreener, chunk: int,
         del embeddings
         np.save(staging / "first.npy", first)
         np.save(staging / "spans.npy", flat)
-        manifest = _expected(prescreener, index.settings["passages"]) | dict(
+        manifest = _expected(prescreener, index.settings.passages) | dict(
             num_passages=len(spans), num_sentences=len(texts))
         (staging / _MANIFEST).write_text(json.dumps(manifest, indent=2))
     return SentenceStore.open(index, prescreener)

@@ -68,7 +68,7 @@ def verify_index(directory: str | Path) -> VerifyReport:
         except OpenDomainIndexError as error:
             report.problems.append(str(error))
         else:
-            report.lines.append(f"index files: {len(index.settings.get('files') or {})} files, "
+            report.lines.append(f"index files: {len(index.settings.files)} files, "
                                 f"every byte matches ({time.perf_counter() - started:.1f} s)")
         for folder in sorted(entry for entry in directory.glob("cache-k*") if entry.is_dir()):
             started = time.perf_counter()

@@ -1,5 +1,5 @@
 """Encoder configuration shared by BERT, ALBERT, DistilBERT, RoBERTa, XLM-RoBERTa, ELECTRA and
-XLNet.
+XLNet (QANet's and BiDAF's beside it: `model/qanet_config.py`, `model/bidaf_config.py`).
 
 One frozen dataclass describes every supported architecture; it is hashable so it can be a Flax
 module attribute and a static argument of `jax.jit`. `num_lower_layers` (the paper's `k`) is part of
@@ -226,6 +226,45 @@ class EncoderConfig:
         if unknown:
             raise ConfigError(f"unknown EncoderConfig field(s): {unknown}; known: {sorted(known)}")
         return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderOverrides:
+    """EncoderConfig fields a load sets over a checkpoint's own config: how a reader reads (its
+    split k, question length, compute dtype, dropout, long-passage options), never what its
+    params are, so the same params serve every value. None keeps the checkpoint's own.
+
+    A typed value rather than `**kwargs`, so that k and the rest can be followed from the flag
+    or the training config that sets them to the config the model reads; `fields` hands them to
+    `EncoderConfig` by their own names at the one place a config is built.
+    """
+
+    num_lower_layers: int | None = None
+    max_question_len: int | None = None
+    dtype: str | None = None
+    passage_position_offset: int | None = None
+    hidden_dropout: float | None = None
+    attention_dropout: float | None = None
+    ffn_chunk_size: int | None = None
+    lsh_attention_layers: tuple[int, ...] | None = None
+    lsh_num_hashes: int | None = None
+    lsh_bucket_size: int | None = None
+    remat_policy: str | None = None
+    reversible: bool | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields set (not None), by their EncoderConfig names."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if getattr(self, field.name) is not None}
+
+    def over(self, under: ReaderOverrides) -> ReaderOverrides:
+        """These overrides where set, `under`'s elsewhere (a command's k over the split a
+        manifest records)."""
+        return dataclasses.replace(under, **self.fields())
+
+
+# A checkpoint's config read as it is: every default of an `overrides` parameter.
+NO_OVERRIDES = ReaderOverrides()
 
 
 # The LSH layer spec naming the passage's lower blocks, whatever k is (training's
