@@ -36,7 +36,7 @@ from dil_jax.open_domain.cache.disk import (  # noqa: F401  (DiskSpaceError: re-
     write_errors,
 )
 from dil_jax.open_domain.cache.manifest import MANIFEST_FILE, CacheKey, CacheManifest
-from dil_jax.open_domain.cache.storage import FLOAT32, PcaBasis, Storage, fit_pca
+from dil_jax.open_domain.cache.storage import FLOAT32, PcaBasis, Storage
 from dil_jax.open_domain.cache.store import (
     REUSE_LSE_ARRAY,
     REUSE_WIDE_ARRAYS,
@@ -95,8 +95,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
       progress: called with the number of passages finished after each chunk.
       reuse: (float32 lower states, mask) chunk -> the first-upper-block arrays to store beside
         them (`cache.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
-      pca: the basis a pca<d> cache stores (a shard gets its cache's, so every shard has the
-        same); None fits one on these rows' states.
+      pca: the basis a pca<d> or pq<M> cache stores (pq<M>: with its codebook; a shard gets
+        its cache's, so every shard has the same); None fits one on these rows' states.
       shard: {index, count, start, stop} when this is one shard of a sharded cache (its
         manifest records its place).
 
@@ -129,8 +129,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
                      f"the passage cache {directory.name} ({rows - (done or 0)} of {rows} "
                      "windows to write)")
     if done is None:
-        if encode is not None and storage.pca_dim is not None and pca is None:
-            pca = fit_pca(pca_sample(ids, mask, offsets, encode, first_row), storage.pca_dim)
+        if encode is not None and storage.has_basis and pca is None:
+            pca = storage.fit(pca_sample(ids, mask, offsets, encode, first_row))
         _start_fresh(staging, manifest, ids, mask, offsets, encode is not None, pca)
         done = 0
     elif done:
@@ -172,7 +172,7 @@ TOKEN_ARRAY_BYTES = 4 * (1 + 1 + 2)
 
 def cache_bytes_per_window_token(manifest: CacheManifest, has_states: bool) -> int:
     """Stored bytes of one window token's lower states and, with the manifest's `reuse`, its
-    first upper block arrays (the .npy headers and a PCA basis not counted)."""
+    first upper block arrays (the .npy headers and a basis or codebook not counted)."""
     storage, hidden_size = manifest.key.storage, manifest.key.hidden_size
     per_token = storage.bytes_per_token(hidden_size) if has_states else 0
     if manifest.reuse:
@@ -241,10 +241,7 @@ class _ArrayWriter:
         self.codes = np.load(staging / f"{stem}.npy", mmap_mode="r+")
         self.scale = (np.load(staging / f"{stem}.scale.npy", mmap_mode="r+")
                       if storage.scaled else None)
-        self.pca = None
-        if storage.pca_dim is not None:
-            self.pca = PcaBasis(np.load(staging / f"{stem}.pca_mean.npy"),
-                                np.load(staging / f"{stem}.pca_basis.npy"))
+        self.pca = load_basis(staging, stem, storage)
 
     def write(self, start: int, values: np.ndarray) -> None:
         """values: [n, p_len, width] float32 -> rows start .. start + n."""
@@ -261,15 +258,30 @@ class _ArrayWriter:
 
 def _create_array(staging: Path, stem: str, storage: Storage, shape: tuple[int, int, int],
                   pca: PcaBasis | None = None) -> None:
-    """Empty files of a StoredArray [rows, p_len, width] (and its PCA basis) in `staging`."""
+    """Empty files of a StoredArray [rows, p_len, width] (and its basis) in `staging`."""
     rows, length, width = shape
     _create_memmap(staging / f"{stem}.npy", storage.code_dtype,
                    (rows, length, storage.code_width(width)))
     if storage.scaled:
         _create_memmap(staging / f"{stem}.scale.npy", np.float32, (rows, length))
     if pca is not None:
-        _save(staging / f"{stem}.pca_mean.npy", pca.mean)
-        _save(staging / f"{stem}.pca_basis.npy", pca.basis)
+        save_basis(staging, stem, pca)
+
+
+def save_basis(folder: Path, stem: str, basis: PcaBasis) -> None:
+    """A fitted scheme's arrays (pca<d>: mean, basis; pq<M>: and codebook) as
+    `{stem}.{suffix}.npy` files (`storage.BASIS_FILES`) in `folder`."""
+    for suffix, array in basis.arrays().items():
+        _save(folder / f"{stem}.{suffix}.npy", array)
+
+
+def load_basis(folder: Path, stem: str, storage: Storage) -> PcaBasis | None:
+    """The arrays `save_basis` wrote in `folder` for a `storage` array; None for a scheme
+    without (a finished cache's are read, checked, by `store.StoredArray`)."""
+    if not storage.has_basis:
+        return None
+    return PcaBasis.of({suffix: np.load(folder / f"{stem}.{suffix}.npy")
+                        for suffix in storage.basis_files})
 
 
 def _create_memmap(path: Path, dtype, shape: tuple[int, ...]) -> None:
@@ -300,8 +312,8 @@ def pca_sample(ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray, encode: S
 
 def _start_fresh(staging: Path, manifest: CacheManifest, ids: np.ndarray, mask: np.ndarray,
                  offsets: np.ndarray, has_states: bool, pca: PcaBasis | None) -> None:
-    """A new staging folder: token arrays, empty state (and reuse) arrays, the PCA basis
-    (pca<d>, saved here so a resumed build encodes with the same one), the plan, progress 0."""
+    """A new staging folder: token arrays, empty state (and reuse) arrays, the basis (pca<d>,
+    pq<M>: saved here so a resumed build encodes with the same one), the plan, progress 0."""
     shutil.rmtree(staging, ignore_errors=True)
     with write_errors(staging):
         staging.mkdir(parents=True)

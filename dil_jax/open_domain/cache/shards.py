@@ -32,7 +32,9 @@ from dil_jax.open_domain.cache.build import (
     cache_bytes_per_window_token,
     check_free_space,
     existing_cache,
+    load_basis,
     pca_sample,
+    save_basis,
     write_json_atomic,
     write_manifest,
 )
@@ -46,7 +48,7 @@ from dil_jax.open_domain.cache.manifest import (
     ShardRange,
     shard_name,
 )
-from dil_jax.open_domain.cache.storage import PcaBasis, fit_pca
+from dil_jax.open_domain.cache.storage import PcaBasis
 from dil_jax.open_domain.cache.store import (
     CacheMismatchError,
     PassageCache,
@@ -145,21 +147,19 @@ def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: n
                      offsets: np.ndarray, encode: StatesEncoder | None
                      ) -> PcaBasis | None:
     """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
-    and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
+    and partial shards resume), else new; returns the basis every shard stores (pca<d>, pq<M>:
     fitted once here, on the sample an unsharded build fits on). plan.json is written last:
     the other processes start their shards when it appears."""
-    pca_files = (staging / "states.pca_mean.npy", staging / "states.pca_basis.npy")
-    pca_dim = top.key.storage.pca_dim
-    has_basis = encode is not None and pca_dim is not None
+    storage = top.key.storage
+    has_basis = encode is not None and storage.has_basis
     if _is_planned(staging, top):
-        return PcaBasis(*(np.load(path) for path in pca_files)) if has_basis else None
+        return load_basis(staging, "states", storage) if has_basis else None
     shutil.rmtree(staging, ignore_errors=True)
     (staging / SHARDS_DIR).mkdir(parents=True)
     pca = None
     if has_basis:
-        pca = fit_pca(pca_sample(ids, mask, offsets, encode), pca_dim)
-        np.save(pca_files[0], pca.mean)
-        np.save(pca_files[1], pca.basis)
+        pca = storage.fit(pca_sample(ids, mask, offsets, encode))
+        save_basis(staging, "states", pca)
     write_json_atomic(staging / PLAN_FILE, top.to_json())
     return pca
 
@@ -236,10 +236,7 @@ def build_sharded_passage_cache(directory: str | os.PathLike, key: CacheKey, ids
                          wait_timeout_s, peer_check=peer_check)
         if isinstance(ready, PassageCache):
             return ready
-        pca = None
-        if encode is not None and key.storage.pca_dim is not None:
-            pca = PcaBasis(np.load(staging / "states.pca_mean.npy"),
-                           np.load(staging / "states.pca_basis.npy"))
+        pca = load_basis(staging, "states", key.storage) if encode is not None else None
     mine = top.shards[process_index]
     start, stop = mine.start, mine.stop
     build_passage_cache(staging / mine.name, key, ids[start:stop], mask[start:stop],

@@ -19,13 +19,15 @@ Layout of a cache folder:
   offsets.npy     [num_passages, passage_len, 2] int32 character offsets in the passage text
   states.npy      [num_passages, passage_len, hidden]  lower states in the manifest's storage
                   (`dil_jax.open_domain.cache.storage`: float32, bfloat16 as uint16 bits, int8
-                  codes, or [.., d] int8 PCA coordinates); absent for k = 0, whose passage
-                  states depend on the question
+                  codes, [.., d] int8 PCA coordinates, or [.., M] uint8 pq codes); absent for
+                  k = 0, whose passage states depend on the question
   states.scale.npy      [num_passages, passage_len] float32, per-token int8 scales (int8, pca<d>)
-  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>)
+  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>; pq<M>: d =
+                        hidden, its rotation)
+  states.pq_codebook.npy  [M, 256, hidden / M] float32 (pq<M>)
   upper_*.npy     with `reuse` (`dil-jax index --cache-reuse`): the first upper block's passage
                   q/k/v and attention statistics (`dil_jax.open_domain.cache.reuse`), in the same
-                  storage (int8 for pca<d>), each with its `.scale.npy` where scaled
+                  storage (int8 for pca<d> and pq<M>), each with its `.scale.npy` where scaled
 
 A cache built by several processes (`dil-jax index --num-processes N`, one shard each;
 `build_sharded_passage_cache`) is a folder of complete caches, one per contiguous row range:
@@ -33,7 +35,8 @@ A cache built by several processes (`dil-jax index --num-processes N`, one shard
   manifest.json   format SHARDED_FORMAT: the fields above plus `chunk_passages` and `shards`
                   ([{name, start, stop}]: shard i holds global rows start .. stop - 1)
   shards/shard-00000-of-00002/   a cache folder as above (its manifest adds `shard`), rows
-                  [start, stop); every shard of a pca<d> cache holds the same basis
+                  [start, stop); every shard of a pca<d> or pq<M> cache holds the same basis
+                  (and codebook)
 
 `PassageCache` reads both layouts through one class: an unsharded cache is the one-shard case
 (its own folder holds rows [0, num_passages)), and a global row is mapped to (shard, local row)
@@ -101,7 +104,7 @@ class CacheBrokenError(CacheMismatchError):
 
 
 # The first-upper-block arrays of a `reuse` cache (dil_jax.open_domain.cache.reuse explains them):
-# [rows, p_len, hidden] in the cache's storage (pca<d>: int8, they have no basis of their own) ...
+# [rows, p_len, hidden] in the cache's storage (pca<d>, pq<M>: int8, `Storage.without_pca`) ...
 REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
 # ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
 REUSE_LSE_ARRAY = "upper_logsumexp"
@@ -158,7 +161,8 @@ class StoredArray:
     """One float array of a cache, [rows, p_len, width], in its storage scheme (read-only).
 
     Files: `{stem}.npy` (codes, [rows, p_len, code_width]), `{stem}.scale.npy` ([rows, p_len],
-    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>). A file missing,
+    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>, pq<M>),
+    `{stem}.pq_codebook.npy` (pq<M>). A file missing,
     truncated, or of the wrong shape or dtype is CacheBrokenError naming it.
     """
 
@@ -173,11 +177,10 @@ class StoredArray:
         self.scale = (_load_array(directory / f"{stem}.scale.npy", (rows, length))
                       if storage.scaled else None)
         self.pca = None
-        if storage.pca_dim is not None:
-            self.pca = PcaBasis(
-                np.asarray(_load_array(directory / f"{stem}.pca_mean.npy", (width,))),
-                np.asarray(_load_array(directory / f"{stem}.pca_basis.npy",
-                                       (width, storage.pca_dim))))
+        if storage.has_basis:
+            self.pca = PcaBasis.of({
+                suffix: np.asarray(_load_array(directory / f"{stem}.{suffix}.npy", shape))
+                for suffix, shape in storage.basis_shapes(width).items()})
 
     def read(self, indices: Sequence[int]) -> np.ndarray:
         """[len(indices), p_len, width] float32: those rows, decoded."""
@@ -203,12 +206,10 @@ class StoredRows:
                      else directory / SHARDS_DIR / "*" / f"{stem}.npy")
         first = self.parts[0]
         for part in self.parts[1:]:
-            if first.pca is not None and not (
-                    np.array_equal(part.pca.mean, first.pca.mean)
-                    and np.array_equal(part.pca.basis, first.pca.basis)):
+            if first.pca is not None and not part.pca.equals(first.pca):
                 raise _broken(part.path.with_name(f"{stem}.pca_basis.npy"),
-                              f"its PCA basis differs from {first.path.parent.name}'s; every "
-                              "shard must hold the same")
+                              f"its PCA basis (or pq codebook) differs from "
+                              f"{first.path.parent.name}'s; every shard must hold the same")
 
     def read(self, indices: Sequence[int]) -> np.ndarray:
         """[len(indices), p_len, width] float32: those rows, decoded."""
