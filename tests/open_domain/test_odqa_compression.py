@@ -224,6 +224,7 @@ def test_without_faiss_building_a_pq_cache_fails_in_one_line_naming_the_extra(mo
     for build in (Storage("pq8").check_buildable, lambda: fit_pq(_states(width=32), 8)):
         with pytest.raises(CacheStorageError) as raised:
             build()
+        assert "--cache-dtype pq8" in str(raised.value)
         assert "pip install 'dil_jax[pq]'" in str(raised.value)
         assert "\n" not in str(raised.value)
     Storage("pca8").check_buildable()  # the other schemes need no faiss

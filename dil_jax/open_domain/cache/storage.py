@@ -130,7 +130,7 @@ def fit_pq(samples: np.ndarray, num_codes: int, seed: int = PQ_SEED) -> PcaBasis
     over the sub-vectors (`interleaved`), and a codebook trained on the rotated rows
     (`train_pq_codebook`). Needs faiss (`require_faiss`).
     """
-    require_faiss()  # every pq build needs it, whatever the sample (one line, naming the extra)
+    require_faiss(f"pq{num_codes}")  # every pq build needs it, whatever the sample
     samples = np.asarray(samples, np.float32)
     if samples.ndim != 2 or not len(samples) or samples.shape[1] % max(num_codes, 1):
         raise CacheStorageError(f"pq needs [n >= 1, width] samples with M dividing the width, "
@@ -146,15 +146,16 @@ def fit_pq(samples: np.ndarray, num_codes: int, seed: int = PQ_SEED) -> PcaBasis
     return dataclasses.replace(rotation, codebook=codebook)
 
 
-def require_faiss():
-    """The faiss module; CacheStorageError (one line: the extra to install) without it."""
+def require_faiss(name: str = "pq<M>"):
+    """The faiss module; without it, CacheStorageError (one line naming the extra to install)
+    for a build of the storage called `name`."""
     try:
         import faiss
     except ImportError:
         raise CacheStorageError(
-            "a pq<M> cache (--cache-dtype pq...) trains its codebook with faiss, which is not "
-            f"installed: pip install 'dil_jax[{PQ_EXTRA}]' (faiss-cpu); reading one needs no "
-            "faiss") from None
+            f"--cache-dtype {name} trains its codebook with faiss, which is not installed: pip "
+            f"install 'dil_jax[{PQ_EXTRA}]' (faiss-cpu); reading a pq cache needs no faiss"
+        ) from None
     return faiss
 
 
@@ -169,7 +170,7 @@ def train_pq_codebook(rotated: np.ndarray, num_codes: int, seed: int = PQ_SEED) 
     if rows <= PQ_CENTROIDS:
         parts = rotated.reshape(rows, num_codes, sub).transpose(1, 0, 2)
         return np.ascontiguousarray(parts[:, np.arange(PQ_CENTROIDS) % rows])
-    faiss = require_faiss()
+    faiss = require_faiss(f"pq{num_codes}")
     quantizer = faiss.ProductQuantizer(width, num_codes, int(math.log2(PQ_CENTROIDS)))
     quantizer.cp.seed = seed
     # Every row is used (no subsampling of faiss's own), and a small corpus is no warning.
@@ -327,7 +328,7 @@ class Storage:
         """Itself, when this process can build a cache so stored: CacheStorageError (one line,
         the extra to install) for pq<M> without faiss (`require_faiss`)."""
         if self.pq_codes is not None:
-            require_faiss()
+            require_faiss(self.name)
         return self
 
     def fit(self, samples: np.ndarray) -> PcaBasis:
