@@ -1,15 +1,17 @@
 """Passage cache storage schemes: bytes per token and the accuracy each costs.
 
-    python benchmarks/cache_compression.py --checkpoint runs/minilm_squad_k4_distill/params \\
+    python benchmarks/cache_compression.py --checkpoint dil_jax/assets/minilm-squad-k4 \\
         --tokenizer default --data ../shared/data/squad/dev-v1.1.35-articles.json \\
         --articles 28:35 --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json \\
-        --corpus wikipedia --schemes float32 bfloat16 int8 pca64 --reuse --limit 60 \\
+        --corpus wikipedia --schemes float32 bfloat16 int8 pca64 pq32 --limit 60 \\
         --out runs/cache_compression
 
 For one reader and each storage scheme (`--cache-dtype`, `dil_jax.open_domain.cache.storage`):
   1. builds the passage cache of the corpus index in that storage (`--reuse`: with the first
      upper block's q/k/v and statistics, `dil_jax.open_domain.cache.reuse`) and measures its
-     bytes per token slot from the files (`cache_bytes_per_token`: states, reuse arrays, total);
+     bytes from the files: per token slot (`cache_bytes_per_token`: states, reuse arrays,
+     total) and per real token (`bytes_per_real_token`: as a ragged store holds them, padding
+     slots left out);
   2. open domain: EM/F1 of the answers over the top-p passages read from that cache (reader
      score alone and fused with BM25, `dil_jax.open_domain.evaluate`), the questions of
      `--articles` (`--limit` of them, seeded);
@@ -74,7 +76,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                                              "checkpoint's own)")
     parser.add_argument("--schemes", type=cache_storage, nargs="+",
                         default=[cache_storage(name) for name in ("float32", "bfloat16",
-                                                                  "int8", "pca64")])
+                                                                  "int8", "pca64", "pq32")])
     parser.add_argument("--reuse", action="store_true",
                         help="store (and read) the first upper block's arrays too")
     parser.add_argument("--limit", type=positive_int, default=None,
@@ -118,6 +120,34 @@ def build_scheme_cache(folder: Path, index, reader, storage, reuse: bool, batch_
                                num_heads=reader.config.num_heads if upper else None)
 
 
+def bytes_per_real_token(cache) -> dict[str, float]:
+    """File bytes per real (unmasked) token of each part of a cache (`states`, `reuse`, `tokens`,
+    `total`, as `cache_bytes_per_token` parts them), as a store of real tokens only would hold
+    them: an array of one row per token slot ([rows, p_len, ...]) counts its header and its real
+    tokens' rows, every other file (a basis, a codebook, the manifest) whole. The mask itself
+    counts (a ragged store keeps the window lengths instead: 4 bytes a window)."""
+    parts = dict(states=0.0, reuse=0.0, tokens=0.0, total=0.0)
+    real = 0
+    for folder in {path.parent for path in cache.directory.rglob("mask.npy")}:
+        mask = np.load(folder / "mask.npy", mmap_mode="r")
+        kept = int(np.count_nonzero(mask)) / mask.size
+        real += int(np.count_nonzero(mask))
+        for path in folder.iterdir():
+            size = path.stat().st_size
+            if path.suffix == ".npy":
+                array = np.load(path, mmap_mode="r")
+                if array.shape[:2] == mask.shape:
+                    size = size - array.nbytes + array.nbytes * kept
+            parts["total"] += size
+            if path.name.startswith("states."):
+                parts["states"] += size
+            elif path.name.startswith("upper_"):
+                parts["reuse"] += size
+            elif path.name in ("ids.npy", "mask.npy", "offsets.npy"):
+                parts["tokens"] += size
+    return {name: size / max(real, 1) for name, size in parts.items()}
+
+
 def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: int,
                    batch_size: int) -> dict[str, float]:
     """EM/F1 of the SQuAD predict path with every window's lower states replaced by their
@@ -149,26 +179,30 @@ def predict_scores(reader, examples, cache, max_passage_len: int, doc_stride: in
 
 
 def markdown(rows: list[dict[str, Any]], top_p: int) -> str:
-    lines = [f"| storage | states B/token | reuse B/token | total B/token | open-domain EM / F1 "
-             f"(p = {top_p}) | EM / F1 (+IR) | predict EM / F1 | ΔF1 open / +IR / predict |",
+    """The table: bytes per real token (states, reuse arrays, everything) and per token slot
+    (everything), EM / F1 three ways, and each EM's difference from the first row's."""
+    lines = [f"| storage | states B / real token | reuse B / real token | total B / real token "
+             f"(B / slot) | open-domain EM / F1 (p = {top_p}) | EM / F1 (+IR) | predict EM / F1 "
+             "| ΔEM open / +IR / predict |",
              "|---|---|---|---|---|---|---|---|"]
     base = rows[0]
     for row in rows:
-        odqa, predict = row["open_domain"], row["predict"]
+        odqa, predict, real = row["open_domain"], row["predict"], row["bytes_per_real_token"]
         lines.append(
-            f"| {row['scheme']} | {row['bytes_per_token']['states']:.1f} | "
-            f"{row['bytes_per_token']['reuse']:.1f} | {row['bytes_per_token']['total']:.1f} | "
+            f"| {row['scheme']} | {real['states']:.1f} | {real['reuse']:.1f} | "
+            f"{real['total']:.1f} ({row['bytes_per_token']['total']:.1f}) | "
             f"{odqa['EM']:.1f} / {odqa['F1']:.1f} | {odqa['EM_ir']:.1f} / {odqa['F1_ir']:.1f} | "
             f"{predict['EM']:.2f} / {predict['F1']:.2f} | "
-            f"{odqa['F1'] - base['open_domain']['F1']:+.1f} / "
-            f"{odqa['F1_ir'] - base['open_domain']['F1_ir']:+.1f} / "
-            f"{predict['F1'] - base['predict']['F1']:+.2f} |")
+            f"{odqa['EM'] - base['open_domain']['EM']:+.1f} / "
+            f"{odqa['EM_ir'] - base['open_domain']['EM_ir']:+.1f} / "
+            f"{predict['EM'] - base['predict']['EM']:+.2f} |")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     from dil_jax.atomic import write_atomic
+    from dil_jax.bench.machine import machine_record
     from dil_jax.checkpoints import load_reader
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.open_domain.cache.store import cache_bytes_per_token
@@ -201,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         rows.append(dict(
             scheme=scheme, reuse=cache.has_reuse, reads_cached_reuse=reader.reads_cached_reuse,
             bytes_per_token=cache_bytes_per_token(cache),
+            bytes_per_real_token=bytes_per_real_token(cache),
             open_domain={**odqa["by_p"][args.top_p], "questions": len(asked),
                          "timings": odqa["timings"]},
             predict=predict_scores(loaded, examples, cache, args.predict_max_passage_len,
@@ -211,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                   checkpoint=args.checkpoint, k=loaded.config.num_lower_layers,
                   layers=loaded.config.num_layers, hidden=loaded.config.hidden_size,
                   data=args.data, articles=args.articles, predict_questions=len(examples),
-                  corpus=args.corpus, num_windows=index.settings["num_windows"], rows=rows)
+                  corpus=args.corpus, num_windows=index.settings["num_windows"],
+                  machine=machine_record(), rows=rows)
     write_atomic(out / "cache_compression.json", json.dumps(record, indent=2, default=str))
     write_atomic(out / "cache_compression.md", table + "\n")
     return rows

@@ -434,21 +434,33 @@ def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
     bench = _benchmark("cache_compression")
     rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
                        "--max-question-len", str(Q_LEN), "--data", str(squad),
-                       "--schemes", "float32", "int8", "pca8", "--reuse", "--top-p", "3",
+                       "--schemes", "float32", "int8", "pca8", "pq8", "--reuse", "--top-p", "3",
                        "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
                        "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
                        str(STRIDE), "--batch-size", "2", "--chunk-size", "8",
                        "--out", str(tmp_path / "out")])
-    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8"]
+    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8", "pq8"]
     assert all(row["reads_cached_reuse"] for row in rows)
     hidden = 32
     states = [row["bytes_per_token"]["states"] for row in rows]
     assert states[0] > 4 * hidden and hidden + 4 < states[1] < 4 * hidden and states[2] < states[1]
+    # Per real token: each slot's bytes of the real tokens only, plus the fixed files (headers;
+    # pq8's rotation and codebook: 4 * (32 + 32 * 32 + 8 * 256 * 4) bytes) spread over them.
+    cache = tmp_path / "out" / "caches" / "pq8"
+    mask = np.load(cache / "mask.npy")
+    real = int(mask.sum())
+    assert 0 < real < mask.size
+    fixed = sum(path.stat().st_size for path in cache.glob("states.p*.npy"))
+    assert fixed == 4 * (32 + 32 * 32 + 8 * 256 * 4) + 3 * NPY_HEADER
+    assert rows[3]["bytes_per_real_token"]["states"] == pytest.approx(8 + (fixed + NPY_HEADER)
+                                                                      / real)
+    int8 = rows[1]["bytes_per_real_token"]["states"]
+    assert int8 == pytest.approx(hidden + 4 + 2 * NPY_HEADER / real)
     for row in rows:
         assert row["open_domain"]["questions"] == 3 and 0 <= row["predict"]["F1"] <= 100
     record = json.loads((tmp_path / "out" / "cache_compression.json").read_text())
     assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
-    assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
+    assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 6
 
 
 def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
