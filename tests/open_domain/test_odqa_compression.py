@@ -6,6 +6,7 @@ rows), and a hand-built codebook decodes exactly."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -228,3 +229,38 @@ def test_without_faiss_building_a_pq_cache_fails_in_one_line_naming_the_extra(mo
         assert "pip install 'dil_jax[pq]'" in str(raised.value)
         assert "\n" not in str(raised.value)
     Storage("pca8").check_buildable()  # the other schemes need no faiss
+
+
+def test_pq_variants_benchmark_measures_every_quantizer_on_a_cache(tmp_path):
+    """benchmarks/pq_variants.py on a float32 cache folder of synthetic states: a row per
+    quantizer, its pq<M> row the storage's own round trip; the eigenvalue allocation deals the
+    directions into equal sub-vectors."""
+    pytest.importorskip("faiss")
+    from tests.helpers import load_script
+
+    bench = load_script("benchmarks/pq_variants.py")
+    order = bench.eigen_allocation(np.geomspace(100.0, 1.0, 16), 4)
+    assert sorted(order) == list(range(16))
+    assert order[:4].tolist() == [0, 7, 8, 15]  # the largest, then the smallest sums fill up
+    cache = tmp_path / "float32"
+    cache.mkdir()
+    (cache / "manifest.json").write_text('{"dtype": "float32"}')
+    states = _states(rows=40 * 30, width=16, seed=10).reshape(40, 30, 16)
+    mask = np.arange(30)[None, :] < np.random.default_rng(11).integers(10, 31, size=(40, 1))
+    np.save(cache / "states.npy", states)
+    np.save(cache / "mask.npy", mask.astype(np.int32))
+    rows = bench.main(["--cache", str(cache), "--codes", "8", "--train", "600", "--test", "200",
+                       "--out", str(tmp_path / "variants")])
+    assert [row["variant"] for row in rows] == list(bench.VARIANTS)
+    assert all(0 < row["variance_lost"] < 1 and 0 < row["cosine"] <= 1 for row in rows)
+    # Its own pq8 row: Storage's round trip of the same draw, measured here.
+    real = states[mask]
+    drawn = np.random.default_rng(0).permutation(len(real))
+    train, test = real[drawn[:600]], real[drawn[600:800]]
+    storage = Storage("pq8")
+    restored = storage.round_trip(test, storage.fit(train)).astype(np.float64)
+    centered = test.astype(np.float64) - train.mean(axis=0)
+    lost = np.sum((test - restored) ** 2) / np.sum(centered ** 2)
+    [own] = [row for row in rows if row["variant"] == "pq-interleaved"]
+    assert own["variance_lost"] == pytest.approx(lost, rel=1e-6)
+    assert json.loads((tmp_path / "variants.json").read_text())["test"] == 200
