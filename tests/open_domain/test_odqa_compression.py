@@ -6,6 +6,7 @@ rows), and a hand-built codebook decodes exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -200,6 +201,9 @@ def test_pq_rotation_interleaves_the_principal_directions_and_its_fit_is_seeded(
     again = fit_pq(x, 8)
     assert basis.equals(again)
     assert not basis.equals(fit_pq(x, 8, seed=1))
+    # What every shard of a cache must agree on: all three arrays.
+    assert not basis.equals(dataclasses.replace(basis, codebook=None))
+    assert not basis.equals(dataclasses.replace(basis, mean=basis.mean + 1))
 
 
 def test_pq_fit_draws_its_sample_with_its_seed(monkeypatch):
