@@ -24,6 +24,10 @@ their variance lost) and the mean cosine of x and x^, with the seconds the fit t
                      states: its training is the slowest)
     pca<M - 4>       `--cache-dtype pca<d>` of the same bytes (d int8 coordinates and a scale)
 
+And for each M, encoding: the seconds `storage.pq_encode` (numpy, what a pq<M> build and the
+check on open run) and faiss's `ProductQuantizer.compute_codes` take for the test states with the
+same codebook (best of --repeats), and the share of codes on which they agree.
+
 Writes OUT.json and OUT.md. faiss is needed (the [pq] extra).
 """
 
@@ -53,6 +57,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--train", type=int, default=65536, help="states fitted on")
     parser.add_argument("--test", type=int, default=20000, help="states measured on")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="encoding timings: best of")
     parser.add_argument("--out", required=True, help="OUT.json and OUT.md are written")
     return parser.parse_args(argv)
 
@@ -145,6 +150,32 @@ def scores(test: np.ndarray, restored: np.ndarray, mean: np.ndarray) -> dict[str
     return {"variance_lost": lost, "cosine": float(cosine.mean())}
 
 
+def encoding(train: np.ndarray, test: np.ndarray, parts: int, repeats: int) -> dict[str, Any]:
+    """Seconds (best of `repeats`) numpy's `pq_encode` and faiss's `compute_codes` take to
+    encode test's rotated states with the pq<parts> codebook fitted on train, and their
+    agreement (the share of equal codes)."""
+    import faiss
+
+    from dil_jax.open_domain.cache.storage import Storage, pq_encode
+
+    basis = Storage(f"pq{parts}").fit(train)
+    rotated = np.ascontiguousarray(basis.project(test))
+    quantizer = faiss.ProductQuantizer(test.shape[1], parts, 8)
+    faiss.copy_array_to_vector(basis.codebook.ravel(), quantizer.centroids)
+    seconds = {}
+    for name, encode in (("numpy", lambda: pq_encode(rotated, basis.codebook)),
+                         ("faiss", lambda: quantizer.compute_codes(rotated))):
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            codes = encode()
+            best = min(best, time.perf_counter() - start)
+        seconds[name] = (best, codes)
+    return dict(codes=parts, tokens=len(test), numpy_s=seconds["numpy"][0],
+                faiss_s=seconds["faiss"][0],
+                agreement=float(np.mean(seconds["numpy"][1] == seconds["faiss"][1])))
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| M (bytes) | quantizer | variance lost | mean cosine | fit + encode s |",
              "|---|---|---|---|---|"]
@@ -171,11 +202,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             rows.append(dict(codes=parts, variant=variant, seconds=time.perf_counter() - start,
                              **scores(test, restored, mean)))
             print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
-    table = markdown(rows)
+    speeds = [encoding(train, test, parts, args.repeats) for parts in args.codes]
+    table = markdown(rows) + "\n\n" + "\n".join(
+        [f"| M | encode {len(test):,} states: numpy s | faiss compute_codes s | codes equal |",
+         "|---|---|---|---|"] + [f"| {row['codes']} | {row['numpy_s']:.2f} | "
+                                 f"{row['faiss_s']:.2f} | {row['agreement']:.6f} |"
+                                 for row in speeds])
     print(table)
     record = dict(command=" ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
                   cache=args.cache, states=len(states), train=len(train), test=len(test),
-                  machine=machine_record(), rows=rows)
+                  machine=machine_record(), rows=rows, encoding=speeds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out.with_suffix(".json"), json.dumps(record, indent=2))

@@ -267,4 +267,7 @@ def test_pq_variants_benchmark_measures_every_quantizer_on_a_cache(tmp_path):
     lost = np.sum((test - restored) ** 2) / np.sum(centered ** 2)
     [own] = [row for row in rows if row["variant"] == "pq-interleaved"]
     assert own["variance_lost"] == pytest.approx(lost, rel=1e-6)
-    assert json.loads((tmp_path / "variants.json").read_text())["test"] == 200
+    record = json.loads((tmp_path / "variants.json").read_text())
+    assert record["test"] == 200
+    [speed] = record["encoding"]
+    assert speed["codes"] == 8 and speed["agreement"] >= 0.99 and speed["numpy_s"] > 0
