@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -185,7 +186,7 @@ def test_nothing_to_store_at_k_0_or_k_l(tiny):
         assert reuse_encoder(base.with_config(num_lower_layers=k)) is None
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "pca8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "pca8", "pq8"])
 def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name(
         tiny, tmp_path, dtype):
     base, _ = tiny
@@ -208,17 +209,21 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
                                       storage.without_pca().round_trip(upper[name]) * real)
     np.testing.assert_array_equal(stored[REUSE_LSE_ARRAY], upper[REUSE_LSE_ARRAY] * real)
     # Bytes per real token from the files: the scheme's codes (and scales, basis) on the
-    # real tokens only, in the zarr layout counted by hand (`_zarr_bytes`).
+    # real tokens only, in the zarr layout counted by hand (`_zarr_bytes`); pq8: 8 uint8 codes
+    # a token, a mean, a full-width rotation and 8 x 256 centroids of hidden / 8.
     sizes = cache_bytes_per_token(cache)
     tokens = int(real.sum())
     folder = cache.directory
-    code_bytes = {"int8": hidden, "bfloat16": 2 * hidden, "pca8": 8}[dtype]
+    code_bytes = {"int8": hidden, "bfloat16": 2 * hidden, "pca8": 8, "pq8": 8}[dtype]
     expected = _zarr_bytes(folder, "states", tokens, code_bytes)
     if storage.scaled:
         expected += _zarr_bytes(folder, "states.scale", tokens, 4)
-    if storage.pca_dim:
+    if storage.has_basis:
         expected += (_zarr_bytes(folder, "states.pca_mean", hidden, 4)
-                     + _zarr_bytes(folder, "states.pca_basis", hidden, 4 * storage.pca_dim))
+                     + _zarr_bytes(folder, "states.pca_basis", hidden,
+                                   4 * (storage.pca_dim or hidden)))
+    if storage.pq_codes:
+        expected += _zarr_bytes(folder, "states.pq_codebook", 8, 4 * 256 * hidden // 8)
     assert sizes["states"] == pytest.approx(expected / tokens)
     wide = storage.without_pca()
     expected_reuse = _zarr_bytes(folder, REUSE_LSE_ARRAY, tokens, 4 * heads)
@@ -324,12 +329,13 @@ def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
     assert _cache(index, base, 3, reuse=False)[1].has_reuse
 
 
-def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
+@pytest.mark.parametrize("dtype", ["pca6", "pq8"])
+def test_interrupted_fitted_build_resumes_with_its_basis(tiny, tmp_path, dtype):
     base, _ = tiny
     index = _index(tmp_path, base.tokenizer)
     loaded = base.with_config(num_lower_layers=2)
     config = loaded.config
-    manifest = index.cache_key(loaded, Storage.parse("pca6"))
+    manifest = index.cache_key(loaded, Storage.parse(dtype))
     arrays = window_arrays(index)
     encode = loaded.passage_encoder(batch_size=4)
     reuse = reuse_encoder(loaded, batch_size=4)
@@ -339,7 +345,7 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     calls = []
 
     def failing(windows):
-        if len(calls) == 3:  # the PCA sample, then two chunks
+        if len(calls) == 3:  # the basis' sample, then two chunks
             raise KeyboardInterrupt("simulated interruption")
         calls.append(len(windows.ids))
         return encode(windows)
@@ -349,6 +355,9 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     resumed = build_passage_cache(tmp_path / "resumed", *args, encode, **options)
     names = sorted(path.name for path in whole.directory.iterdir() if path.is_dir())
     assert {"states", "states.pca_basis", "upper_context.scale"} <= set(names)
+    # pca6 stores int8 coordinates with scales, pq8 uint8 codes and a codebook.
+    assert ("states.pq_codebook" in names) == (dtype == "pq8")
+    assert ("states.scale" in names) == (dtype == "pca6")
     for name in names:  # every zarr array: codes, scales, the basis, the tokens
         np.testing.assert_array_equal(zarr_array(resumed.directory / name),
                                       zarr_array(whole.directory / name))
@@ -382,6 +391,56 @@ def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
     assert "stores its states as 'int8'" in err and "give --cache-dtype int8" in err
     status, out, err = run_cli(ask, capsys)  # no --cache-dtype: the cache's own storage
     assert status == 0 and "A: " in out, err
+
+
+def test_cli_builds_a_pq_cache_and_reads_it_without_faiss(tiny, tmp_path, capsys,
+                                                         monkeypatch):
+    """`index --cache-dtype pq8` on the sample passages, read back by `ask` and `odqa-eval`
+    with faiss unimportable (reading needs none); bad names and a missing faiss are one line."""
+    _, folder = tiny
+    squad = _sample_squad(tmp_path)
+    common = ["--checkpoint", str(folder), "--tokenizer", "default", "--max-question-len",
+              str(Q_LEN), "--batch-size", "2", "--chunk-size", "8", "--k", "3"]
+    index = tmp_path / "index"
+    build = ["index", "--out", str(index), "--corpus", f"squad:{squad}", "--max-passage-len",
+             str(P_LEN), "--doc-stride", str(STRIDE), *common]
+    with monkeypatch.context() as without:
+        without.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
+        status, _, err = run_cli([*build, "--cache-dtype", "pq8"], capsys)
+    assert status == 1 and not index.exists(), err  # refused before anything is built
+    [line] = err.strip().splitlines()
+    assert "--cache-dtype pq8" in line and "pip install 'dil_jax[pq]'" in line
+    for bad in ("pq0", "pqx"):  # no hidden size makes these valid: argparse refuses them
+        status, _, err = run_cli([*build, "--cache-dtype", bad], capsys)
+        assert status == 2 and "--cache-dtype" in err and f"'{bad}'" in err, err
+    status, _, err = run_cli([*build, "--cache-dtype", "pq7"], capsys)  # 7 does not divide 32
+    assert status == 1 and "'pq7'" in err and "one of 1, 2, 4, 8, 16, 32" in err, err
+    status, _, err = run_cli([*build, "--cache-dtype", "pq8", "--cache-reuse"], capsys)
+    assert status == 0, err
+    [cache] = index.glob("cache-k3-*")
+    assert json.loads((cache / "manifest.json").read_text())["dtype"] == "pq8"
+    assert zarr_array(cache / "states").dtype == np.uint8
+    assert zarr_array(cache / "states").shape[1] == 8  # [real tokens, M]
+    assert zarr_array(cache / "states.pq_codebook").shape == (8, 256, 4)
+    assert zarr_array(cache / "upper_key").dtype == np.int8  # int8, as pca's
+    # The rotation and codebook are digested like every array (checked on open).
+    files = json.loads((cache / "manifest.json").read_text())["digests"]["files"]
+    assert {"states.pq_codebook/zarr.json", "states.pca_basis/zarr.json"} <= set(files)
+    assert any(name.startswith("states.pq_codebook/c/") for name in files)
+    monkeypatch.setitem(sys.modules, "faiss", None)
+    ask = ["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--top-p", "2",
+           *common]
+    for storage in ([], ["--cache-dtype", "pq8"]):  # the cache's own storage, or named
+        status, out, err = run_cli([*ask, *storage], capsys)
+        assert status == 0 and "A: " in out, err
+    status, _, err = run_cli([*ask, "--cache-dtype", "pq16"], capsys)
+    assert status == 1 and "stores its states as 'pq8'" in err and "give --cache-dtype pq8" in err
+    status, _, err = run_cli(["odqa-eval", "--index", str(index), "--data", str(squad), "--p",
+                              "2", "--cache-dtype", "pq8", "--out", str(tmp_path / "eval"),
+                              *common], capsys)
+    assert status == 0, err
+    [result] = json.loads((tmp_path / "eval" / "results.json").read_text())["results"].values()
+    assert 0 <= result["by_p"]["2"]["F1"] <= 100
 
 
 def _sample_squad(tmp_path) -> Path:

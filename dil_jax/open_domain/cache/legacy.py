@@ -45,7 +45,8 @@ class StoredArray:
     """One float array of a padded cache, [rows, p_len, width], in its storage (read-only).
 
     Files: `{stem}.npy` (codes, [rows, p_len, code_width]), `{stem}.scale.npy` ([rows, p_len],
-    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>). A file missing,
+    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>, pq<M>),
+    `{stem}.pq_codebook.npy` (pq<M>). A file missing,
     truncated, or of the wrong shape or dtype is CacheBrokenError naming it.
     """
 
@@ -61,11 +62,10 @@ class StoredArray:
         self.scale = (load_array(directory / f"{stem}.scale.npy", (rows, length))
                       if storage.scaled else None)
         self.pca = None
-        if storage.pca_dim is not None:
-            self.pca = PcaBasis(
-                np.asarray(load_array(directory / f"{stem}.pca_mean.npy", (width,))),
-                np.asarray(load_array(directory / f"{stem}.pca_basis.npy",
-                                      (width, storage.pca_dim))))
+        if storage.has_basis:
+            self.pca = PcaBasis.of({
+                suffix: np.asarray(load_array(directory / f"{stem}.{suffix}.npy", shape))
+                for suffix, shape in storage.basis_shapes(width).items()})
 
     def read(self, indices: Sequence[int]) -> np.ndarray:
         """[len(indices), p_len, width] float32: those rows, decoded."""
