@@ -1,13 +1,14 @@
 """Which quantizer for `--cache-dtype pq<M>`: reconstruction error of a cache's real lower states.
 
-    python benchmarks/pq_variants.py --cache runs/cache_pq_k4/caches/float32 --codes 32 48 64 \
-        --out runs/pq_variants_k4
+    python benchmarks/pq_variants.py --cache runs/cache_compression_k4/caches/float32 \
+        --codes 32 48 64 --out runs/pq_variants_k4
 
 Reads the real (unmasked) token states of a float32 passage cache (`benchmarks/cache_compression.py`
-builds one per reader: OUT/caches/float32), draws --train token states to fit on and --test others
-to measure on (seeded, disjoint), and reports for each quantizer and code size M (bytes per token)
-the relative squared error sum |x - x^|^2 / sum |x - mean|^2 over the test states (the share of
-their variance lost) and the mean cosine of x and x^, with the seconds the fit took:
+builds one per reader: OUT/caches/float32), draws --train token states to fit on and --test
+others to measure on (seeded, disjoint; `real_states`), and reports for each quantizer and code
+size M (bytes per token) the relative squared error sum |x - x^|^2 / sum |x - mean|^2 over the
+test states (the share of their variance lost) and the mean cosine of x and x^, with the seconds
+the fit took:
 
   rotation variants of a product quantizer (faiss `ProductQuantizer(width, M, 8)` on the rotated
   states, one byte a sub-vector):
@@ -62,14 +63,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def real_states(cache: Path) -> np.ndarray:
-    """[n, width] float32: the real tokens' states of an unsharded float32 cache folder."""
-    manifest = json.loads((cache / "manifest.json").read_text())
-    if manifest.get("dtype") != "float32":
-        raise SystemExit(f"{cache}: a {manifest.get('dtype')} cache; give a float32 one")
-    states = np.load(cache / "states.npy", mmap_mode="r")
-    mask = np.load(cache / "mask.npy").astype(bool)
-    return np.asarray(states[mask], np.float32)
+def real_states(cache: Path, count: int, seed: int, block_rows: int = 256
+                ) -> tuple[np.ndarray, int]:
+    """([min(count, T), width] float32, T): `count` of the T real (unmasked) token states of a
+    float32 passage cache (any layout `PassageCache` opens), drawn as the first `count` of a
+    permutation of all T with `seed`, in that order; the cache is read `block_rows` windows at
+    a time, so memory holds the drawn states, not the cache."""
+    from dil_jax.open_domain.cache.store import PassageCache
+
+    opened = PassageCache.open(cache, verify="none")
+    if opened.storage.name != "float32" or opened.states is None:
+        raise SystemExit(f"{cache}: a {opened.storage.name} cache of k = "
+                         f"{opened.manifest.key.num_lower_layers}; give a float32 one, k >= 1")
+    total = opened.num_tokens
+    wanted = np.random.default_rng(seed).permutation(total)[:count]
+    rank = np.argsort(wanted, kind="stable")
+    positions = wanted[rank]  # ascending: the order the blocks are read in
+    picked, seen = [], 0
+    for start in range(0, len(opened), block_rows):
+        rows = np.arange(start, min(start + block_rows, len(opened)))
+        real = opened.read_states(rows)[np.asarray(opened.mask.take(rows)) != 0]
+        inside = positions[(positions >= seen) & (positions < seen + len(real))]
+        picked.append(real[inside - seen])
+        seen += len(real)
+    states = np.empty((len(wanted), opened.manifest.key.hidden_size), np.float32)
+    states[rank] = np.concatenate(picked)
+    return states, total
 
 
 def eigen_allocation(variances: np.ndarray, parts: int) -> np.ndarray:
@@ -189,10 +208,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     from dil_jax.atomic import write_atomic
     from dil_jax.bench.machine import machine_record
 
-    states = real_states(Path(args.cache))
-    chosen = np.random.default_rng(args.seed).permutation(len(states))
-    train = states[chosen[:args.train]]
-    test = states[chosen[args.train:args.train + args.test]]
+    drawn, total = real_states(Path(args.cache), args.train + args.test, args.seed)
+    train, test = drawn[:args.train], drawn[args.train:]
     mean = train.mean(axis=0).astype(np.float64)
     rows = []
     for parts in args.codes:
@@ -210,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                                  for row in speeds])
     print(table)
     record = dict(command=" ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-                  cache=args.cache, states=len(states), train=len(train), test=len(test),
+                  cache=args.cache, states=total, train=len(train), test=len(test),
                   machine=machine_record(), rows=rows, encoding=speeds)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -235,8 +235,25 @@ def test_without_faiss_building_a_pq_cache_fails_in_one_line_naming_the_extra(mo
     Storage("pca8").check_buildable()  # the other schemes need no faiss
 
 
+def _float32_cache(folder, states: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A ragged float32 passage cache of `states` [rows, p_len, width] whose row r holds
+    lengths[r] real tokens (a stand-in encoder returns the rows asked for); returns the mask."""
+    from dil_jax.open_domain.cache.build import build_passage_cache
+    from dil_jax.open_domain.cache.manifest import CacheKey
+
+    _, p_len, width = states.shape
+    mask = (np.arange(p_len)[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
+    ids = np.where(mask == 1, 7, 0).astype(np.int32)
+    offsets = np.where(mask[..., None] == 1, 0, -1).astype(np.int32) * np.ones(2, np.int32)
+    key = CacheKey(model="m", architecture="bert", num_lower_layers=1, hidden_size=width,
+                   tokenizer="t", max_passage_len=p_len, storage=Storage("float32"),
+                   passages="p")
+    build_passage_cache(folder, key, ids, mask, offsets, lambda windows: states[windows.rows])
+    return mask
+
+
 def test_pq_variants_benchmark_measures_every_quantizer_on_a_cache(tmp_path):
-    """benchmarks/pq_variants.py on a float32 cache folder of synthetic states: a row per
+    """benchmarks/pq_variants.py on a ragged float32 cache of synthetic states: a row per
     quantizer, its pq<M> row the storage's own round trip; the eigenvalue allocation deals the
     directions into equal sub-vectors."""
     pytest.importorskip("faiss")
@@ -247,18 +264,14 @@ def test_pq_variants_benchmark_measures_every_quantizer_on_a_cache(tmp_path):
     assert sorted(order) == list(range(16))
     assert order[:4].tolist() == [0, 7, 8, 15]  # the largest, then the smallest sums fill up
     cache = tmp_path / "float32"
-    cache.mkdir()
-    (cache / "manifest.json").write_text('{"dtype": "float32"}')
     states = _states(rows=40 * 30, width=16, seed=10).reshape(40, 30, 16)
-    mask = np.arange(30)[None, :] < np.random.default_rng(11).integers(10, 31, size=(40, 1))
-    np.save(cache / "states.npy", states)
-    np.save(cache / "mask.npy", mask.astype(np.int32))
+    mask = _float32_cache(cache, states, np.random.default_rng(11).integers(10, 31, size=40))
     rows = bench.main(["--cache", str(cache), "--codes", "8", "--train", "600", "--test", "200",
                        "--out", str(tmp_path / "variants")])
     assert [row["variant"] for row in rows] == list(bench.VARIANTS)
     assert all(0 < row["variance_lost"] < 1 and 0 < row["cosine"] <= 1 for row in rows)
     # Its own pq8 row: Storage's round trip of the same draw, measured here.
-    real = states[mask]
+    real = states[mask == 1]  # row after row, as the cache stores them
     drawn = np.random.default_rng(0).permutation(len(real))
     train, test = real[drawn[:600]], real[drawn[600:800]]
     storage = Storage("pq8")
