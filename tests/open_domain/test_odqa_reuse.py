@@ -503,29 +503,74 @@ def _benchmark(name: str):
     return load_script(f"benchmarks/{name}.py")
 
 
-def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
+def test_compression_benchmark_runs_on_a_tiny_reader_and_resumes(tiny, tmp_path,
+                                                                  monkeypatch):
     """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
-    file made of the sample passages: every scheme's row, bytes/token from its files."""
-    _, folder = tiny
+    file made of the sample passages: every scheme's row, bytes per real token from its files
+    (pq8's counted here by hand), the other storages holding the float32 cache's own states;
+    killed in its second row, a rerun keeps the first row and the second's questions read, and
+    a rerun of other settings is refused naming the row file."""
+    base, folder = tiny
     squad = _sample_squad(tmp_path)
     bench = _benchmark("cache_compression")
-    rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
-                       "--max-question-len", str(Q_LEN), "--data", str(squad),
-                       "--schemes", "float32", "int8", "pca8", "--reuse", "--top-p", "3",
-                       "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
-                       "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
-                       str(STRIDE), "--batch-size", "2", "--chunk-size", "8",
-                       "--out", str(tmp_path / "out")])
-    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8"]
-    assert all(row["reads_cached_reuse"] for row in rows)
-    hidden = 32
+    out = tmp_path / "out"
+    argv = ["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
+            "--max-question-len", str(Q_LEN), "--data", str(squad),
+            "--schemes", "float32", "int8", "pca8", "pq8", "--reuse", "--top-p", "3",
+            "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
+            "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
+            str(STRIDE), "--batch-size", "2", "--chunk-size", "8", "--out", str(out)]
+    predict = bench.predict_scores
+
+    def killed_in_int8(reader, examples, cache, *args):
+        if cache.storage.name == "int8":
+            raise KeyboardInterrupt("simulated kill")
+        return predict(reader, examples, cache, *args)
+
+    monkeypatch.setattr(bench, "predict_scores", killed_in_int8)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv)
+    name = f"k3-{folder.name}"
+    rows_dir, progress = out / name / "rows", out / name / "progress" / "int8.jsonl"
+    assert sorted(path.name for path in rows_dir.iterdir()) == ["float32.json"]
+    kept, read = (rows_dir / "float32.json").read_text(), progress.read_text()
+    assert len(read.splitlines()) == 2  # the settings, then the block of 3 questions
+    monkeypatch.setattr(bench, "predict_scores", predict)
+    rows = bench.main(argv)
+    assert (rows_dir / "float32.json").read_text() == kept and progress.read_text() == read
+    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8", "pq8"]
+    assert all(row["reads_cached_reuse"] and row["reader"] == name for row in rows)
+    hidden, heads = base.config.hidden_size, base.config.num_heads
     states = [row["bytes_per_token"]["states"] for row in rows]
     assert states[0] > 4 * hidden and hidden + 4 < states[1] < 4 * hidden and states[2] < states[1]
+    # pq8: 8 uint8 codes a real token, a mean, a rotation and a codebook, in zarr's layout.
+    pq8 = out / name / "caches" / "pq8"
+    tokens = json.loads((pq8 / "manifest.json").read_text())["num_tokens"]
+    by_hand = (_zarr_bytes(pq8, "states", tokens, 8) + _zarr_bytes(pq8, "states.pca_mean",
+                                                                   hidden, 4)
+               + _zarr_bytes(pq8, "states.pca_basis", hidden, 4 * hidden)
+               + _zarr_bytes(pq8, "states.pq_codebook", 8, 4 * 256 * hidden // 8))
+    assert rows[3]["bytes_per_token"]["states"] == pytest.approx(by_hand / tokens)
+    # What the reuse arrays add (stored here): int8 q, k, v, context and float32 statistics.
+    assert rows[1]["reuse_if_stored"] == 4 * (hidden + 4) + 4 * heads
+    # The int8 cache holds the float32 cache's states, quantized (by hand here).
+    caches = {scheme: PassageCache.open(out / name / "caches" / scheme, verify="none")
+              for scheme in ("float32", "int8")}
+    x = caches["float32"].read_states(range(len(caches["float32"])))
+    scale = np.abs(x).max(axis=-1, keepdims=True) / 127
+    np.testing.assert_allclose(caches["int8"].read_states(range(len(x))),
+                               np.round(x / np.where(scale > 0, scale, 1)) * scale,
+                               rtol=0, atol=1e-6)
     for row in rows:
         assert row["open_domain"]["questions"] == 3 and 0 <= row["predict"]["F1"] <= 100
-    record = json.loads((tmp_path / "out" / "cache_compression.json").read_text())
+    record = json.loads((out / name / "cache_compression.json").read_text())
     assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
-    assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
+    assert record["k"] == 3 and record["hidden"] == hidden
+    assert (out / name / "cache_compression.md").read_text().count("\n") == 6
+    with pytest.raises(SystemExit, match=r"rows/float32.json: made with top_p = 3, this run "
+                                         r"has 2; delete it"):
+        bench.main([*argv[:argv.index("--top-p")], "--top-p", "2",
+                    *argv[argv.index("--top-p") + 2:]])
 
 
 def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
