@@ -112,14 +112,14 @@ def _arrays(folder) -> list[str]:
 def assert_same_arrays(sharded, single) -> None:
     """Every array of the one-process cache `single` equals, byte for byte, the concatenation
     of the shards' (the token arrays; token_starts with each shard's first token added), or
-    each shard's copy (a PCA basis)."""
+    each shard's copy (a PCA basis, a pq rotation and codebook)."""
     shards = _shard_dirs(sharded)
     names = _arrays(single)
     assert names and all(_arrays(shard) == names for shard in shards)
     for name in names:
         expected = zarr_array(single / name)
         parts = [zarr_array(shard / name) for shard in shards]
-        if ".pca_" in name:
+        if ".pca_" in name or ".pq_" in name:
             assert all(part.tobytes() == expected.tobytes() for part in parts), name
             continue
         if name == "token_starts":
@@ -245,6 +245,21 @@ def test_a_killed_process_resumes_its_shard_only(corpus, one_process, tmp_path):
     shard1 = cache / "shards" / "shard-00001-of-00002" / "states" / "c"
     assert {name: stamps(shard1 / name) for name in before_written} == before_written
     assert_same_arrays(cache, _cache_dir(one_process["pca"]))
+
+
+def test_two_processes_build_the_pq_cache_of_one(corpus, tmp_path):
+    """pq8: process 0 fits the rotation and codebook once, every shard stores them, and the
+    shards equal a one-process build byte for byte."""
+    pytest.importorskip("faiss")
+    from dil_jax.cli import main
+
+    assert main(_index_argv(tmp_path / "one", corpus, "--cache-dtype", "pq8")) == 0
+    results = _two_processes(tmp_path / "two", corpus, "--cache-dtype", "pq8")
+    for pid, (status, log) in enumerate(results):
+        assert status == 0, f"process {pid} failed:\n{log[-4000:]}"
+    single = _cache_dir(tmp_path / "one")
+    assert "states.pq_codebook" in _arrays(single)
+    assert_same_arrays(_cache_dir(tmp_path / "two"), single)
 
 
 def test_shard_ranges_cut_whole_chunks():
