@@ -9,7 +9,8 @@ shard of a /2 cache) holds:
   offsets.npy     [rows, p_len, 2] int32 character offsets in the passage text
   states.npy      [rows, p_len, code_width] lower states in the manifest's storage
   states.scale.npy      [rows, p_len] float32 (int8, pca<d>)
-  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>)
+  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>; pq<M>:
+                  d = hidden, and states.pq_codebook.npy: `Storage.basis_shapes`)
   upper_*.npy     the first upper block's arrays (`reuse`), each with its `.scale.npy` if scaled
 
 Every array is a read-only memory map, so reading rows touches only those rows (and the padding

@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from types import ModuleType
 
 import ml_dtypes
 import numpy as np
@@ -148,7 +149,7 @@ def fit_pq(samples: np.ndarray, num_codes: int, seed: int = PQ_SEED) -> PcaBasis
     return dataclasses.replace(rotation, codebook=codebook)
 
 
-def require_faiss(name: str = "pq<M>"):
+def require_faiss(name: str = "pq<M>") -> ModuleType:
     """The faiss module; without it, CacheStorageError (one line naming the extra to install)
     for a build of the storage called `name`."""
     try:
