@@ -198,10 +198,57 @@ def answer_of(route: str, payload: dict) -> dict | None:
             "score": best["reader_score"], "passage_id": best["passage_id"]}
 
 
+def resident_mib(pid: int) -> float | None:
+    """The process's resident memory (VmRSS) in MiB, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+class RssSampler:
+    """Samples a server process's VmRSS every `every_s` seconds while a level runs, so a
+    level's record says whether its memory stayed flat (first, largest and last sample)."""
+
+    def __init__(self, pid: int | None, every_s: float = 0.5):
+        self.pid, self.every_s = pid, every_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            rss = resident_mib(self.pid)
+            if rss is not None:
+                self.samples.append(rss)
+            if self._stop.wait(self.every_s):
+                return
+
+    def __enter__(self) -> RssSampler:
+        if self.pid is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid is not None:
+            self._stop.set()
+            self._thread.join()
+
+    def summary(self) -> dict[str, float] | None:
+        if not self.samples:
+            return None
+        return {"first_mib": self.samples[0], "max_mib": max(self.samples),
+                "last_mib": self.samples[-1], "samples": len(self.samples)}
+
+
 def run_level(server: Server, route: str, items: list[Item], clients: int, extra: dict,
-              time_limit: float, api_key: str | None = None) -> dict:
-    """Sends every item once, `clients` at a time (with `api_key`, for a keyed server); the
-    level's record."""
+              time_limit: float, api_key: str | None = None, pid: int | None = None) -> dict:
+    """Sends every item once, `clients` at a time (with `api_key`, for a keyed server; with
+    `pid`, the server's process, its memory sampled meanwhile); the level's record."""
     import httpx
 
     pending = collections.deque(enumerate(items))
@@ -241,10 +288,11 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
 
     started = time.perf_counter()
     threads = [threading.Thread(target=client_loop) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with RssSampler(pid) as rss:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     wall = time.perf_counter() - started
     totals_after = fetch_totals(server.url)
     work = level_work(totals_before, totals_after, extra.get("reader"))
@@ -258,7 +306,7 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
             "work_s": work,
             "batch_max": max(batches) if batches else None,
             "statuses": {str(k): v for k, v in sorted(statuses.items())},
-            "retry_after": retry_after, "crossed": crossed,
+            "retry_after": retry_after, "crossed": crossed, "server_rss": rss.summary(),
             "answers": {str(k): v for k, v in sorted(answers.items())}}
 
 
@@ -330,8 +378,8 @@ def _work(work: dict[str, float] | None) -> str:
 def markdown(record: dict) -> str:
     rows = ["| server | reader | clients | answered / sent | q/s | p50 (s) | p95 (s) | "
             "p99 (s) | batch mean / max | worker s (pair share) | statuses | "
-            "503 with Retry-After | crossed |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "503 with Retry-After | crossed | server RSS MiB first / max / last |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["levels"]:
         batch = "-" if r["batch_mean"] is None else f"{r['batch_mean']:.2f}"
         rows.append(f"| {r['server']} | {r['reader'] or '-'} | {r['clients']} | "
@@ -340,7 +388,7 @@ def markdown(record: dict) -> str:
                     f"{_seconds(r['p95_s'])} | {_seconds(r['p99_s'])} | {batch} / "
                     f"{r['batch_max'] if r['batch_max'] is not None else '-'} | "
                     f"{_work(r.get('work_s'))} | {r['statuses']} | {r['retry_after']} | "
-                    f"{r.get('crossed', '-')} |")
+                    f"{r.get('crossed', '-')} | {_rss(r.get('server_rss'))} |")
     peer = record.get("peer")
     if peer:
         versions = ", ".join(f"{k} {v}" for k, v in peer["versions"].items())
@@ -365,6 +413,12 @@ def markdown(record: dict) -> str:
     return "\n".join(rows)
 
 
+def _rss(rss: dict | None) -> str:
+    if not rss:
+        return "-"
+    return f"{rss['first_mib']:.0f} / {rss['max_mib']:.0f} / {rss['last_mib']:.0f}"
+
+
 def cpu_model() -> str:
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -381,6 +435,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "http://127.0.0.1:8000)")
     parser.add_argument("--route", choices=("answer", "read"), default="answer")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--server-pid", type=int, action="append", default=[], metavar="PID",
+                        help="the process of each --url's server, in order: its resident "
+                             "memory is sampled during every level (first / largest / last)")
     parser.add_argument("--requests", type=int, default=32, help="items per level")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per level")
     parser.add_argument("--reader", nargs="+", default=[None],
@@ -403,6 +460,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.servers = args.servers or [server_arg("http://127.0.0.1:8000")]
     if args.peer and not args.peer_model:
         parser.error("--peer needs --peer-model (benchmarks/serve_peer.py export --out DIR)")
+    if len(args.server_pid) > len(args.servers):
+        parser.error(f"--server-pid given {len(args.server_pid)} times for "
+                     f"{len(args.servers)} --url server(s): one per server, in order")
     return args
 
 
@@ -426,7 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     infos = [server_info(server, args.api_key) for server in args.servers]
     items = squad_items(args.requests)
     load_before = os.getloadavg()
-    levels = [run_level(server, args.route, items, clients, extra, args.time_limit, args.api_key)
+    pids = dict(zip((server.name for server in args.servers), args.server_pid))
+    levels = [run_level(server, args.route, items, clients, extra, args.time_limit, args.api_key,
+                        pids.get(server.name))
               for clients in args.clients for server in args.servers for extra in extras]
     record = {"command": recorded_command(["python3", *sys.argv]), "route": args.route,
               "items": len(items), "levels": levels, "loadavg_before": load_before,

@@ -48,6 +48,13 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
         return error.code, json.loads(error.read() or b"{}")
 
 
+def commit_of(code: Path) -> str:
+    """The checkout's commit (its short hash), or "unknown" outside git: the record names it."""
+    result = subprocess.run(["git", "-C", str(code), "rev-parse", "--short=7", "HEAD"],
+                            capture_output=True, text=True)
+    return result.stdout.strip() or "unknown"
+
+
 def compilations(url: str) -> dict[str, float]:
     """/metrics' dil_jax_compilations_total by stage."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
     record = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "command": " ".join(sys.argv), "codes": {k: str(v) for k, v in args.codes.items()},
-              "rows": rows}
+              "commits": {k: commit_of(v) for k, v in args.codes.items()}, "rows": rows}
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             record["machine"] = next(line.split(":", 1)[1].strip() for line in cpuinfo

@@ -1,42 +1,58 @@
-"""Projects open-domain QA over all of Wikipedia (21M DPR passages) from costs measured here.
+"""Projects open-domain QA over all of Wikipedia (21M DPR passages) from records measured here.
 
     python tools/wikipedia_projection.py \\
-        --cache-record runs/cache_compression_k4/cache_compression.json \\
+        --passages-record benchmarks/results/wikipedia_passages.json \\
+        --cache-record docs/results/cache_compression_k4.json \\
         --retrieval-record benchmarks/results/retrieval.json \\
+        --bm25-build-record benchmarks/results/bm25_build_memory.json \\
+        --query-memory-record benchmarks/results/odqa_query_memory.json \\
         --out docs/results/wikipedia_projection
 
-Measured inputs, and what is projected from each:
-  windows   the default tokenizer's windows (`dil-jax index` defaults: 192 tokens, stride 96)
-            of 2,000 passages of the synthetic 100-word corpus (`scale_corpus`): windows per
-            passage;
-  cache     bytes per token slot of each storage scheme, from the files of a built cache
-            (`benchmarks/cache_compression.py`'s record): x slots per window x windows per
-            passage x passages = the cache's size;
-  FLOPs     the analytical matmul FLOPs of the cache build per window (`dil_jax.bench.flops`:
-            embeddings and k lower blocks at 192 tokens, plus the first upper block's passage
-            projections and attention statistics with --cache-reuse; XLA's count agrees within
-            2%, tests/bench/test_bench.py) x windows: the build's time on a TPU v4-32 slice (16
-            chips of 275 bf16 TFLOP/s peak) at peak and at an assumed 40% of it;
-  BM25      per engine, the largest corpus of the retrieval record: disk and build time per
-            passage x passages (linear), and the time of one query x (passages / measured
-            passages): a query scores every passage holding one of its terms, whose number
-            grows in proportion to the corpus (an extrapolation, stated as such);
-  reader    seconds per question of the open-domain reader at p = 29 (phase times: question
-            encoding, pair upper blocks, decoding), which do not depend on the corpus size: with
-            the BM25 query time, questions/s end to end. From `--speed-record`
-            (`benchmarks/odqa_speed.py`, a timing run on an idle machine: its fastest way at the
-            cache record's k) when given, else from the cache record's `odqa-eval` read.
+Every number comes from one of these records (named in the output beside what it gives) or
+from a definition in the code (the storage schemes' bytes, the accelerators' peaks); every
+scaling to 21M passages is linear and stated as such:
+
+  passages   `benchmarks/wikipedia_passages.py`: real 100-word Wikipedia blocks (the bundled
+             leads) through the default tokenizer: windows per passage and real tokens per
+             window (what a ragged cache stores: no padding slots); each passage's line in
+             passages.jsonl; a real index folder's windows.npz bytes per window; the k = 4
+             MiniLM cache build's windows/s and FLOP/s on this machine;
+  cache      per storage, bytes per real token of the states and of the reuse arrays
+             (`--cache-reuse`): from the cache record's row of that storage when it has
+             `bytes_per_real_token` (measured), else from the storage's definition
+             (`cache/storage.py`'s table; pq<M> from branch i60-pq-cache's, no cache of it
+             measured here yet); token ids and offsets: 12 bytes a token (int32 + 2 x int32,
+             before the zstd the store applies: an upper bound) + 8 bytes a window
+             (token_starts); open-domain EM / F1 (+IR) where the cache record has the storage;
+  Lucene     disk bytes per passage of the retrieval record's largest Lucene index; the
+             streaming build's (`dil-jax index --retriever pyserini`: one indexing thread)
+             seconds and peak RSS from the BM25 build-memory record: the marginal seconds per
+             passage between its two largest corpora, and its peak's growth per passage
+             between its smallest and largest, both carried on linearly to 21M passages;
+  build      the analytical matmul FLOPs of the cache build per window at 192 token slots
+             (`dil_jax.bench.flops`: embeddings and k lower blocks, + the first upper block's
+             projections and attention statistics with --cache-reuse; padding slots are
+             computed) x windows, on a TPU v4-32 (16 chips x 275 bf16 TFLOP/s) and 8 x H100 SXM
+             (989 dense bf16 TFLOP/s each), at peak and at an assumed 40% of it, and on this
+             machine at its measured FLOP/s; a whole `dil-jax index` of the query-memory
+             record's largest corpus (a tiny reader: the work besides a reader's FLOPs) per
+             passage;
+  query      peak RSS of ask / odqa-eval / serve at the query-memory record's smallest and
+             largest corpora, and their growth per passage carried on linearly to 21M.
 Writes OUT.json and OUT.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from dil_jax.atomic import write_atomic
 from dil_jax.bench.flops import (
     block_flops,
     embedding_flops,
@@ -46,174 +62,403 @@ from dil_jax.bench.flops import (
 from dil_jax.config import EncoderConfig
 
 WIKIPEDIA_PASSAGES = 21_015_324  # the DPR split of English Wikipedia (100-word passages)
-TPU_V4_CHIP_PEAK = 275e12  # bf16 FLOP/s per v4 chip
-TPU_V4_32_CHIPS = 16  # a v4-32 slice: 32 TensorCores, 2 per chip
+MAX_PASSAGE_LEN = 192  # `dil-jax index`'s windows: token slots computed per window
+# Accelerators: (chips, bf16 dense FLOP/s per chip).
+ACCELERATORS = {"TPU v4-32": (16, 275e12), "8 x H100 SXM": (8, 989e12)}
 ASSUMED_UTILISATION = 0.4
-MAX_PASSAGE_LEN, DOC_STRIDE = 192, 96
+# A ragged cache's token arrays (`cache/ragged_store.py`): ids int32 + offsets 2 x int32 per
+# token, before zstd; token_starts int64 per window.
+TOKEN_BYTES, TOKEN_STARTS_BYTES = 12, 8
+PASSAGE_OFFSET_BYTES = 8  # passages.offsets.npy: int64 [passages + 1]
+PQ_CENTROIDS = 256
+DEFAULT_STORAGES = ("float32", "bfloat16", "int8", "pca64", "pq32", "pq64")
+# The second reader shape projected beside the measured one: BERT-base at k = 11.
+BERT_BASE = dict(hidden=768, layers=12, num_heads=12, intermediate_size=3072, k=11)
+GB, TB, MIB = 1e9, 1e12, 2**20
+# What the retrieval record's Lucene index is (its build of 2026-11-25, before the streaming
+# one: a TextField, positions indexed); revisit when that record is rerun.
+LUCENE_SIZE_NOTE = ("the retrieval record's Lucene index was built with positions (TextField), "
+                    "the streaming build indexes terms and frequencies only: an upper bound")
 
 
-def windows_per_passage(sample: int = 2000, seed: int = 0) -> float:
-    from dil_jax.data.features import window_contexts
-    from dil_jax.open_domain.index.corpus import iter_sources
-    from dil_jax.open_domain.index.scale_corpus import resampled_passages, sentence_pool
-    from dil_jax.tokenization import load_tokenizer
-
-    pool = sentence_pool(list(iter_sources(
-        ["squad:../shared/data/squad/dev-v1.1.35-articles.json", "wikipedia"])))
-    texts = list(resampled_passages(pool, sample, seed))
-    windows = window_contexts(load_tokenizer("default"), texts, max_passage_len=MAX_PASSAGE_LEN,
-                              doc_stride=DOC_STRIDE)
-    return windows.ids.shape[0] / len(texts)
+# ----------------------------------------------------------------------------- storage
 
 
-def encoder(hidden: int, layers: int, k: int) -> EncoderConfig:
+def _scheme(name: str) -> tuple[str, int | None]:
+    """("float32" | "bfloat16" | "int8" | "pca" | "pq", d or M or None); ValueError else."""
+    match = re.fullmatch(r"(pca|pq)([1-9][0-9]*)", name)
+    if match:
+        return match.group(1), int(match.group(2))
+    if name in ("float32", "bfloat16", "int8"):
+        return name, None
+    raise ValueError(f"unknown storage {name!r} (float32, bfloat16, int8, pca<d>, pq<M>)")
+
+
+def defined_states_bytes(name: str, width: int) -> int:
+    """Bytes a token's row of `width` values takes in storage `name`, by its definition:
+    float32 4w, bfloat16 2w, int8 w + 4 (a float32 scale), pca<d> d + 4, pq<M> M."""
+    kind, size = _scheme(name)
+    return {"float32": 4 * width, "bfloat16": 2 * width, "int8": width + 4,
+            "pca": (size or 0) + 4, "pq": size or 0}[kind]
+
+
+def defined_reuse_bytes(name: str, width: int, heads: int) -> int:
+    """Bytes a token's reuse arrays take: 4 wide arrays (q, k, v, context) in the storage
+    (int8 for pca<d> / pq<M>, which fit no basis of their own) + a float32 log-sum-exp a
+    head."""
+    kind, _ = _scheme(name)
+    wide = "int8" if kind in ("pca", "pq") else name
+    return 4 * defined_states_bytes(wide, width) + 4 * heads
+
+
+def defined_side_bytes(name: str, width: int) -> int:
+    """Bytes stored once per cache: pca<d> its mean and basis 4 w (d + 1); pq<M> its mean,
+    full-width rotation and codebook 4 w (w + 1) + 4 x 256 w; none for the others."""
+    kind, size = _scheme(name)
+    if kind == "pca":
+        return 4 * width * ((size or 0) + 1)
+    if kind == "pq":
+        return 4 * width * (width + 1) + 4 * PQ_CENTROIDS * width
+    return 0
+
+
+def storage_row(name: str, measured: dict[str, Any] | None, width: int, heads: int,
+                tokens: float, windows: float, source: str) -> dict[str, Any]:
+    """One storage's cache at `tokens` real tokens in `windows` windows: bytes per real token
+    (from `measured`, a cache record's row with bytes_per_real_token, else the definition),
+    and the cache's parts in TB."""
+    if measured is not None and "bytes_per_real_token" in measured:
+        per_token = measured["bytes_per_real_token"]
+        states, reuse, token_bytes = per_token["states"], per_token["reuse"], per_token["tokens"]
+        side, origin = 0, f"measured ({source})"
+    else:
+        states, reuse = defined_states_bytes(name, width), defined_reuse_bytes(name, width, heads)
+        token_bytes, side = TOKEN_BYTES + TOKEN_STARTS_BYTES * windows / tokens, \
+            defined_side_bytes(name, width)
+        origin = "definition" + (" (branch i60-pq-cache; not measured)"
+                                 if _scheme(name)[0] == "pq" else "")
+    row = dict(storage=name, source=origin, states_bytes_per_token=states,
+               reuse_bytes_per_token=reuse, token_bytes_per_token=token_bytes,
+               side_bytes=side, states_tb=states * tokens / TB, reuse_tb=reuse * tokens / TB,
+               tokens_tb=token_bytes * tokens / TB)
+    row["cache_tb"] = row["states_tb"] + row["tokens_tb"] + side / TB
+    row["cache_with_reuse_tb"] = row["cache_tb"] + row["reuse_tb"]
+    if measured is not None and "open_domain" in measured:
+        odqa = measured["open_domain"]
+        row["accuracy"] = dict(EM_ir=odqa.get("EM_ir"), F1_ir=odqa.get("F1_ir"),
+                               EM=odqa.get("EM"), questions=odqa.get("questions"))
+    return row
+
+
+# ----------------------------------------------------------------------------- index files
+
+
+def windows_bytes(folder: dict[str, Any], windows: float, tokens: float) -> tuple[float, str]:
+    """windows.npz's bytes for `windows` windows of `tokens` real tokens, from an index
+    folder's: per real token where it stores real tokens only (format /2, whose record counts
+    them), else per window (the padded /1 file: every window the same slots)."""
+    size = folder["file_bytes"]["windows.npz"]
+    if "real_tokens" in folder:
+        per_token = size / folder["real_tokens"]
+        return per_token * tokens, f"{folder['folder']}: {per_token:,.2f} B a real token"
+    per_window = size / folder["num_windows"]
+    return per_window * windows, f"{folder['folder']}: {per_window:,.0f} B a window"
+
+
+def index_files(passages_record: dict[str, Any], retrieval_record: dict[str, Any],
+                passages: int, windows: float, tokens: float) -> list[dict[str, Any]]:
+    """The index's files besides the cache, GB: passages.jsonl (the sample's line bytes),
+    passages.offsets.npy (8 bytes a passage), windows.npz (`windows_bytes`), the Lucene index
+    (the retrieval record's largest pyserini row, per passage)."""
+    sample, folder = passages_record["sample"], passages_record["index"]
+    window_total, window_source = windows_bytes(folder, windows, tokens)
+    lucene = max((row for row in retrieval_record["rows"]
+                  if row["engine"] == "pyserini" and "error" not in row),
+                 key=lambda row: row["size"])
+    lucene_bytes = lucene["disk_mib"] * MIB / lucene["size"]
+    return [
+        dict(file="passages.jsonl", bytes_per_passage=sample["line_bytes_per_passage"],
+             gb=sample["line_bytes_per_passage"] * passages / GB,
+             source=f"{sample['passages']:,} sample lines"),
+        dict(file="passages.offsets.npy", bytes_per_passage=PASSAGE_OFFSET_BYTES,
+             gb=PASSAGE_OFFSET_BYTES * (passages + 1) / GB, source="definition (int64)"),
+        dict(file="windows.npz", bytes_per_passage=window_total / passages,
+             gb=window_total / GB, source=window_source),
+        dict(file="Lucene index (bm25/)", bytes_per_passage=lucene_bytes,
+             gb=lucene_bytes * passages / GB,
+             source=f"pyserini at {lucene['size']:,} passages"),
+    ]
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def linear_at(x: float, x0: float, y0: float, x1: float, y1: float) -> float:
+    """The line through (x0, y0) and (x1, y1) at x."""
+    return y1 + (y1 - y0) / (x1 - x0) * (x - x1)
+
+
+def lucene_build(bm25_record: dict[str, Any], passages: int) -> dict[str, Any]:
+    """The streaming Lucene build (the record's pyserini rows): hours at the marginal rate
+    between its two largest corpora, peak RSS on the line through its smallest and largest,
+    both at `passages` (linear extrapolations)."""
+    rows = sorted((row for row in bm25_record["rows"]
+                   if row["engine"] == "pyserini" and "error" not in row),
+                  key=lambda row: row["passages"])
+    small, before, large = rows[0], rows[-2], rows[-1]
+    seconds = linear_at(passages, before["passages"], before["seconds"], large["passages"],
+                        large["seconds"])
+    peak = linear_at(passages, small["passages"], small["peak_mib"], large["passages"],
+                     large["peak_mib"])
+    return dict(measured=[dict(passages=row["passages"], seconds=row["seconds"],
+                               peak_mib=row["peak_mib"]) for row in rows],
+                passages_per_s=(large["passages"] - before["passages"])
+                / (large["seconds"] - before["seconds"]),
+                hours=seconds / 3600, peak_gib=peak / 1024,
+                machine=f"{bm25_record['machine']}, {bm25_record['cpus']} CPUs")
+
+
+def reader_config(hidden: int, layers: int, num_heads: int, intermediate_size: int,
+                  k: int) -> EncoderConfig:
     return EncoderConfig(hidden_size=hidden, embedding_size=hidden, num_layers=layers,
-                         num_heads=hidden // 64 if hidden >= 64 else 1,
-                         intermediate_size=4 * hidden, num_lower_layers=k)
+                         num_heads=num_heads, intermediate_size=intermediate_size,
+                         num_lower_layers=k)
 
 
 def build_flops_per_window(config: EncoderConfig, reuse: bool) -> int:
+    """Matmul FLOPs of one window's cache entry at MAX_PASSAGE_LEN slots."""
     k = config.num_lower_layers
-    flops = embedding_flops(config, 1, MAX_PASSAGE_LEN) + k * block_flops(config, 1,
-                                                                            MAX_PASSAGE_LEN)
+    flops = (embedding_flops(config, 1, MAX_PASSAGE_LEN)
+             + k * block_flops(config, 1, MAX_PASSAGE_LEN))
     if reuse:
-        flops += projection_flops(config, 1, MAX_PASSAGE_LEN) + passage_stats_flops(
-            config, 1, MAX_PASSAGE_LEN)
+        flops += (projection_flops(config, 1, MAX_PASSAGE_LEN)
+                  + passage_stats_flops(config, 1, MAX_PASSAGE_LEN))
     return flops
 
 
-def reader_seconds_from_speed_record(speed_record: dict, k: int) -> tuple[float, str]:
-    """Seconds per question of the fastest way `benchmarks/odqa_speed.py` timed at this k
-    (phase times of its median pass, retrieval excluded), and the way's name (with its chunk
-    size where the record swept chunk sizes)."""
-    rows = [row for row in speed_record["rows"] if row["k"] == k]
-    if not rows:
-        raise ValueError(f"the speed record has no row at k = {k} (it has k = "
-                         f"{sorted({row['k'] for row in speed_record['rows']})})")
-    fastest = max(rows, key=lambda row: row["questions_per_s"])
-    seconds = sum(v for phase, v in fastest["timings"].items() if phase != "retrieval")
-    way = fastest["mode"] + (f" at chunk {fastest['chunk_size']}" if "chunk_size" in fastest
-                             else "")
-    return seconds / speed_record["questions"], way
-
-
-def project(cache_record: dict, retrieval_record: dict, windows: float,
-            speed_record: dict | None = None) -> dict:
-    passages = WIKIPEDIA_PASSAGES
-    slots = windows * MAX_PASSAGE_LEN * passages
-    cache_rows = []
-    for row in cache_record["rows"]:
-        per_token = row["bytes_per_token"]
-        cache_rows.append(dict(
-            scheme=row["scheme"], states_bytes_per_token=per_token["states"],
-            states_tb=per_token["states"] * slots / 1e12,
-            tokens_tb=per_token["tokens"] * slots / 1e12,
-            reuse_tb=per_token["reuse"] * slots / 1e12,
-            open_domain_f1=row["open_domain"].get("F1"),
-            predict_f1=row["predict"].get("F1")))
-    builds = []
-    readers = [("the cache's reader", cache_record["hidden"], cache_record["layers"],
-                cache_record["k"]), ("BERT-base shape", 768, 12, 11)]
-    for name, hidden, layers, k in readers:
-        config = encoder(hidden, layers, k)
+def cache_builds(rate: dict[str, Any], windows: float) -> list[dict[str, Any]]:
+    """The cache build of `windows` windows, for the timed reader and BERT-base, with and
+    without the reuse arrays: minutes per accelerator at peak and at ASSUMED_UTILISATION,
+    hours on this machine at the record's measured FLOP/s."""
+    timed = dict(hidden=rate["hidden"], layers=rate["layers"], num_heads=rate["num_heads"],
+                 intermediate_size=rate["intermediate_size"], k=rate["k"])
+    rows = []
+    for name, shape in ((f"{rate['checkpoint']} (timed)", timed), ("BERT-base shape",
+                                                                     BERT_BASE)):
+        config = reader_config(**shape)
         for reuse in (False, True):
-            total = build_flops_per_window(config, reuse) * windows * passages
-            peak = TPU_V4_CHIP_PEAK * TPU_V4_32_CHIPS
-            builds.append(dict(reader=name, hidden=hidden, layers=layers, k=k, reuse=reuse,
-                               flops=total, seconds_at_peak=total / peak,
-                               seconds_at_assumed=total / (peak * ASSUMED_UTILISATION)))
-    bm25 = []
-    for engine in sorted({row["engine"] for row in retrieval_record["rows"]}):
-        measured = [row for row in retrieval_record["rows"]
-                    if row["engine"] == engine and "error" not in row]
-        if not measured:
-            continue
-        largest = max(measured, key=lambda row: row["size"])
-        scale = passages / largest["size"]
-        bm25.append(dict(engine=engine, measured_passages=largest["size"],
-                         disk_gb=largest["disk_mib"] * 2**20 * scale / 1e9,
-                         build_hours=largest["build_s"] * scale / 3600,
-                         build_peak_gb=largest["build_peak_mib"] * 2**20 * scale / 1e9,
-                         query_seconds=scale / largest["single_qps"]))
-    reader_rows = [row for row in cache_record["rows"] if row["scheme"] == "bfloat16"] or \
-        cache_record["rows"][:1]
-    if speed_record is not None:
-        reader_seconds, way = reader_seconds_from_speed_record(speed_record, cache_record["k"])
-        reader_source = f"odqa_speed, {way}, {speed_record['questions']} questions"
-        questions = speed_record["questions"]
-    else:
-        timings = reader_rows[0]["open_domain"]["timings"]
-        questions = reader_rows[0]["open_domain"]["questions"]
-        reader_seconds = sum(v for phase, v in timings.items() if phase != "retrieval") / questions
-        reader_source = f"cache_compression, {reader_rows[0]['scheme']}, {questions} questions"
-    end_to_end = [dict(engine=row["engine"], reader_seconds=reader_seconds,
-                       questions_per_second=1 / (row["query_seconds"] + reader_seconds))
-                  for row in bm25]
-    return dict(passages=passages, windows_per_passage=windows, cache=cache_rows,
-                build=builds, bm25=bm25, end_to_end=end_to_end,
-                reader_source=reader_source, reader_questions=questions,
-                assumptions=dict(tpu_v4_chip_peak=TPU_V4_CHIP_PEAK, chips=TPU_V4_32_CHIPS,
-                                 utilisation=ASSUMED_UTILISATION,
-                                 max_passage_len=MAX_PASSAGE_LEN, doc_stride=DOC_STRIDE))
+            flops = build_flops_per_window(config, reuse) * windows
+            minutes = {machine: dict(at_peak=flops / (chips * peak) / 60,
+                                     at_assumed=flops / (chips * peak * ASSUMED_UTILISATION)
+                                     / 60)
+                       for machine, (chips, peak) in ACCELERATORS.items()}
+            rows.append(dict(reader=name, hidden=shape["hidden"], layers=shape["layers"],
+                             k=shape["k"], reuse=reuse, flops=flops, minutes=minutes,
+                             this_machine_hours=flops / rate["flop_per_s"] / 3600))
+    return rows
 
 
-def markdown(result: dict) -> str:
-    lines = [f"Wikipedia: {result['passages']:,} passages x {result['windows_per_passage']:.3f} "
-             f"windows of {MAX_PASSAGE_LEN} token slots.", "",
-             "| cache scheme | states B/token | states TB | + tokens TB | + reuse arrays TB | "
-             "open-domain F1 | predict F1 |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for row in result["cache"]:
-        lines.append(f"| {row['scheme']} | {row['states_bytes_per_token']:.1f} | "
-                     f"{row['states_tb']:.2f} | {row['tokens_tb']:.2f} | {row['reuse_tb']:.2f} | "
-                     f"{row['open_domain_f1']:.2f} | {row['predict_f1']:.2f} |")
-    lines += ["", "| cache build on a TPU v4-32 | k / l | --cache-reuse | PFLOP | at peak | "
-                  f"at {ASSUMED_UTILISATION:.0%} of peak |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for row in result["build"]:
-        lines.append(f"| {row['reader']} (hidden {row['hidden']}) | {row['k']} / {row['layers']} "
-                     f"| {'yes' if row['reuse'] else 'no'} | {row['flops'] / 1e15:,.0f} | "
-                     f"{row['seconds_at_peak'] / 60:.1f} min | "
-                     f"{row['seconds_at_assumed'] / 60:.1f} min |")
-    lines += ["", "| BM25 engine | extrapolated from | index on disk GB | build h (one core) | "
-                  "build peak GB | one query s | questions/s end to end (reader at p = 29 on "
-                  f"this CPU: {result['reader_source']}) |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for row, e2e in zip(result["bm25"], result["end_to_end"]):
-        lines.append(f"| {row['engine']} | {row['measured_passages']:,} passages | "
-                     f"{row['disk_gb']:.1f} | {row['build_hours']:.1f} | "
-                     f"{row['build_peak_gb']:.1f} | {row['query_seconds']:.2f} | "
-                     f"{e2e['questions_per_second']:.2f} |")
+def whole_index(query_record: dict[str, Any], passages: int) -> dict[str, Any]:
+    """A whole `dil-jax index` of the query-memory record's largest corpus (tiny reader):
+    seconds per passage, and hours at `passages` (linear)."""
+    largest = max(query_record["indexes"], key=lambda row: row["passages"])
+    per_passage = largest["index_seconds"] / largest["passages"]
+    return dict(passages=largest["passages"], windows=largest["windows"],
+                seconds=largest["index_seconds"], hours=per_passage * passages / 3600)
+
+
+# ----------------------------------------------------------------------------- query
+
+
+def query_memory(query_record: dict[str, Any], passages: int) -> list[dict[str, Any]]:
+    """Per command: peak RSS at the record's smallest and largest corpora, their ratio, the
+    growth per million passages and the peak at `passages` on that line (linear)."""
+    rows = []
+    for command in dict.fromkeys(row["command"] for row in query_record["rows"]):
+        measured = sorted((row for row in query_record["rows"] if row["command"] == command),
+                          key=lambda row: row["passages"])
+        small, large = measured[0], measured[-1]
+        slope = (large["VmHWM"] - small["VmHWM"]) / (large["passages"] - small["passages"])
+        rows.append(dict(command=command, small_passages=small["passages"],
+                         small_mib=small["VmHWM"], large_passages=large["passages"],
+                         large_mib=large["VmHWM"], ratio=large["VmHWM"] / small["VmHWM"],
+                         growth_mib_per_million=slope * 1e6,
+                         projected_mib=linear_at(passages, small["passages"], small["VmHWM"],
+                                                 large["passages"], large["VmHWM"])))
+    return rows
+
+
+# ----------------------------------------------------------------------------- projection
+
+
+@dataclasses.dataclass(frozen=True)
+class Records:
+    """The records read, by role, and the file each came from."""
+
+    passages: dict[str, Any]
+    retrieval: dict[str, Any]
+    bm25_build: dict[str, Any]
+    query_memory: dict[str, Any]
+    cache: dict[str, Any] | None
+    files: dict[str, str]
+
+
+def project(records: Records, storages: Sequence[str] = DEFAULT_STORAGES,
+            passages: int = WIKIPEDIA_PASSAGES) -> dict[str, Any]:
+    sample, rate = records.passages["sample"], records.passages["rate"]
+    windows = sample["windows_per_passage"] * passages
+    tokens = sample["real_tokens_per_window"] * windows
+    measured = {row["scheme"]: row for row in (records.cache or {}).get("rows", [])}
+    cache_source = records.files.get("cache", "")
+    cache = [storage_row(name, measured.get(name), rate["hidden"], rate["num_heads"], tokens,
+                         windows, cache_source) for name in storages]
+    files = index_files(records.passages, records.retrieval, passages, windows, tokens)
+    index_tb = sum(row["gb"] for row in files) * GB / TB
+    for row in cache:  # the whole index folder with this cache
+        row["disk_tb"], row["disk_with_reuse_tb"] = (index_tb + row["cache_tb"],
+                                                     index_tb + row["cache_with_reuse_tb"])
+    return dict(
+        passages=passages, windows=windows, real_tokens=tokens,
+        windows_per_passage=sample["windows_per_passage"],
+        real_tokens_per_window=sample["real_tokens_per_window"],
+        reader=dict(checkpoint=rate["checkpoint"], hidden=rate["hidden"],
+                    num_heads=rate["num_heads"], k=rate["k"]),
+        index_files=files, index_files_gb=sum(row["gb"] for row in files), cache=cache,
+        lucene_build=lucene_build(records.bm25_build, passages),
+        cache_builds=cache_builds(rate, windows),
+        this_machine=dict(windows_per_s=rate["windows_per_s"], flop_per_s=rate["flop_per_s"],
+                          cpu=records.passages["machine"]["cpu"],
+                          cpus=records.passages["machine"]["cpu_count"]),
+        whole_index=whole_index(records.query_memory, passages),
+        query_memory=query_memory(records.query_memory, passages),
+        assumptions=dict(accelerators={name: dict(chips=chips, peak_per_chip=peak)
+                                       for name, (chips, peak) in ACCELERATORS.items()},
+                         utilisation=ASSUMED_UTILISATION, max_passage_len=MAX_PASSAGE_LEN,
+                         token_bytes=TOKEN_BYTES, token_starts_bytes=TOKEN_STARTS_BYTES),
+        inputs=records.files)
+
+
+def _accuracy(row: dict[str, Any]) -> str:
+    accuracy = row.get("accuracy")
+    if not accuracy or accuracy.get("EM_ir") is None:
+        return "–"
+    return f"{accuracy['EM_ir']:.1f} / {accuracy['F1_ir']:.1f} ({accuracy['questions']} q.)"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    files, n = result["inputs"], result["passages"]
+    lines = [f"Wikipedia: {n:,} passages x {result['windows_per_passage']:.3f} windows x "
+             f"{result['real_tokens_per_window']:.1f} real tokens = "
+             f"{result['real_tokens'] / 1e9:.2f} G real tokens ({files['passages']}: real "
+             "100-word blocks of the bundled Wikipedia leads, the default tokenizer). Every "
+             "size and time at 21M passages is a linear extrapolation of the measured ones.",
+             "", f"Index files besides the cache ({files['passages']}, {files['retrieval']}):",
+             "", "| file | B / passage | GB | from |", "| --- | --- | --- | --- |"]
+    lines += [f"| {row['file']} | {row['bytes_per_passage']:,.0f} | {row['gb']:.1f} | "
+              f"{row['source']} |" for row in result["index_files"]]
+    lines += [f"| all | | {result['index_files_gb']:.1f} | |", "", f"Lucene: {LUCENE_SIZE_NOTE}.",
+              "",
+              f"Cache of the {result['reader']['checkpoint']} reader (hidden "
+              f"{result['reader']['hidden']}, {result['reader']['num_heads']} heads, k = "
+              f"{result['reader']['k']}), per storage (accuracy: "
+              f"{files.get('cache', 'no cache record')}):", "",
+              "| storage | bytes from | states B / real token | reuse B / real token | "
+              "states TB | + ids, offsets TB | cache TB | with reuse arrays TB | index folder TB "
+              "(with reuse arrays) | EM / F1 +IR |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {row['storage']} | {row['source']} | {row['states_bytes_per_token']:.1f} | "
+              f"{row['reuse_bytes_per_token']:.1f} | {row['states_tb']:.3f} | "
+              f"{row['tokens_tb']:.3f} | {row['cache_tb']:.3f} | "
+              f"{row['cache_with_reuse_tb']:.3f} | {row['disk_tb']:.3f} "
+              f"({row['disk_with_reuse_tb']:.3f}) | {_accuracy(row)} |" for row in result["cache"]]
+    lucene = result["lucene_build"]
+    measured = ", ".join(f"{row['passages']:,}: {row['seconds']:.0f} s, {row['peak_mib']:.0f} MiB"
+                         for row in lucene["measured"])
+    lines += ["", f"Streaming Lucene build (one indexing thread; {files['bm25_build']}, "
+                  f"{lucene['machine']}; measured {measured}; marginal rate "
+                  f"{lucene['passages_per_s']:,.0f} passages/s): {lucene['hours']:.1f} h, peak "
+                  f"RSS {lucene['peak_gib']:.2f} GiB at {n:,} passages.", ""]
+    machine = result["this_machine"]
+    names = list(result["assumptions"]["accelerators"])
+    header = " | ".join(f"{name} min at peak | at {ASSUMED_UTILISATION:.0%}" for name in names)
+    lines += [f"Cache build of {result['windows'] / 1e6:.1f}M windows of "
+              f"{MAX_PASSAGE_LEN} slots: minutes on accelerators, hours on this machine "
+              "(analytical FLOPs; peaks: "
+              + ", ".join(f"{name} {chips} x {peak / 1e12:.0f} TFLOP/s" for name, (chips, peak)
+                          in ACCELERATORS.items())
+              + f" bf16; this machine at its measured {machine['flop_per_s'] / 1e9:.1f} GFLOP/s "
+              f"= {machine['windows_per_s']:.2f} windows/s of the timed reader, "
+              f"{machine['cpus']} shared CPUs, {files['passages']}):", "",
+              f"| reader | k / l | reuse arrays | PFLOP | {header} | this machine h |",
+              "| --- | --- | --- | --- | " + "--- | " * (2 * len(names)) + "--- |"]
+    for row in result["cache_builds"]:
+        minutes = " | ".join(f"{row['minutes'][name]['at_peak']:.1f} | "
+                             f"{row['minutes'][name]['at_assumed']:.1f}" for name in names)
+        lines.append(f"| {row['reader']} | {row['k']} / {row['layers']} | "
+                     f"{'yes' if row['reuse'] else 'no'} | {row['flops'] / 1e15:,.0f} | "
+                     f"{minutes} | {row['this_machine_hours']:,.0f} |")
+    whole = result["whole_index"]
+    lines += ["", f"A whole `dil-jax index` on this machine ({files['query_memory']}: tiny "
+                  f"reader, {whole['passages']:,} passages, {whole['windows']:,} windows, "
+                  f"{whole['seconds']:.0f} s): {whole['hours']:.1f} h at {n:,} passages.", "",
+              f"Query-time peak RSS ({files['query_memory']}; tiny reader):", "",
+              "| command | MiB at smallest | MiB at largest | ratio | growth MiB / M passages "
+              f"| MiB at {n / 1e6:.0f}M (linear) |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {row['command']} | {row['small_mib']:.0f} ({row['small_passages']:,}) | "
+              f"{row['large_mib']:.0f} ({row['large_passages']:,}) | {row['ratio']:.3f} | "
+              f"{row['growth_mib_per_million']:.1f} | {row['projected_mib']:,.0f} |"
+              for row in result["query_memory"]]
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cache-record", type=Path, required=True)
-    parser.add_argument("--retrieval-record", type=Path, required=True)
-    parser.add_argument("--speed-record", type=Path,
-                        help="benchmarks/odqa_speed.py's JSON: the reader's seconds per question")
-    parser.add_argument("--out", type=Path, required=True, help="output path, no extension")
-    args = parser.parse_args(argv)
-    records = {}
-    for flag, path in (("--cache-record", args.cache_record),
-                       ("--retrieval-record", args.retrieval_record),
-                       ("--speed-record", args.speed_record)):
+def read_records(paths: dict[str, Path | None]) -> Records:
+    """The records at `paths` (role -> file; cache optional); ValueError naming a file that
+    is not JSON."""
+    loaded: dict[str, Any] = {}
+    for role, path in paths.items():
         if path is None:
             continue
         try:
-            records[flag] = json.loads(path.read_text(encoding="utf-8"))
+            loaded[role] = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as error:
-            parser.error(f"{flag} {path}: cannot be read as JSON ({error})")
-    if "--speed-record" in records:  # checked before the slow windows count
+            raise ValueError(f"{path}: cannot be read as JSON ({error})") from error
+    return Records(passages=loaded["passages"], retrieval=loaded["retrieval"],
+                   bm25_build=loaded["bm25_build"], query_memory=loaded["query_memory"],
+                   cache=loaded.get("cache"),
+                   files={role: str(path) for role, path in paths.items() if path is not None})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passages-record", type=Path, required=True,
+                        help="benchmarks/wikipedia_passages.py's JSON")
+    parser.add_argument("--cache-record", type=Path,
+                        help="benchmarks/cache_compression.py's JSON (measured storages)")
+    parser.add_argument("--retrieval-record", type=Path, required=True,
+                        help="benchmarks/retrieval.py's JSON (the Lucene index's size)")
+    parser.add_argument("--bm25-build-record", type=Path, required=True,
+                        help="benchmarks/bm25_build_memory.py's JSON")
+    parser.add_argument("--query-memory-record", type=Path, required=True,
+                        help="benchmarks/odqa_query_memory.py's JSON")
+    parser.add_argument("--storages", nargs="+", default=list(DEFAULT_STORAGES))
+    parser.add_argument("--out", type=Path, required=True, help="output path, no extension")
+    args = parser.parse_args(argv)
+    for name in args.storages:
         try:
-            reader_seconds_from_speed_record(records["--speed-record"],
-                                             records["--cache-record"]["k"])
-        except (KeyError, ValueError) as error:
-            parser.error(f"--speed-record {args.speed_record}: not a matching "
-                         f"odqa_speed record ({error})")
-    result = project(records["--cache-record"], records["--retrieval-record"],
-                     windows_per_passage(), records.get("--speed-record"))
+            _scheme(name)
+        except ValueError as error:
+            parser.error(f"--storages: {error}")
+    try:
+        records = read_records(dict(
+            passages=args.passages_record, cache=args.cache_record,
+            retrieval=args.retrieval_record, bm25_build=args.bm25_build_record,
+            query_memory=args.query_memory_record))
+    except ValueError as error:
+        parser.error(str(error))
+    from dil_jax.atomic import write_atomic
+
+    result = project(records, args.storages)
     result["command"] = " ".join(["python", *sys.argv])
     table = markdown(result)
     write_atomic(args.out.with_suffix(".json"), json.dumps(result, indent=2, default=float))

@@ -1,5 +1,6 @@
-"""An index's windows.npz: written a block of passages at a time, mapped in place on open, read
-by the open-domain reader for its retrieved windows only."""
+"""An index's windows.npz: written a block of passages at a time, real tokens only (padded back
+when read), read in place by rows, by the open-domain reader for its retrieved windows only;
+an older index's padded windows.npz still read."""
 
 from __future__ import annotations
 
@@ -15,8 +16,13 @@ from dil_jax.open_domain.index.corpus import Document, split_documents
 from dil_jax.open_domain.index.folder import build_index, build_reader_cache, open_index
 from dil_jax.open_domain.index.windows import (
     MEMBERS,
+    PADDED_MEMBERS,
+    RaggedRows,
     WindowCounts,
+    WindowsError,
     _member_layout,
+    ragged_block,
+    window_arrays,
     window_member,
     write_windows,
 )
@@ -43,30 +49,82 @@ def test_windows_written_in_blocks_equal_all_at_once(tokenizer, tmp_path):
                          doc_stride=STRIDE, block=4)  # blocks cut passages 4 at a time
     expected = _all_at_once(tokenizer, texts)
     assert rows == len(expected["ids"]) and rows > len(texts)
+    real = expected["mask"].astype(bool)
     with np.load(path) as written:  # an ordinary .npz to numpy
         assert sorted(written.files) == sorted(MEMBERS)
-        for name in MEMBERS:
-            assert written[name].dtype == expected[name].dtype, name
+        for name in ("first", "count", "passage_of_row"):
             np.testing.assert_array_equal(written[name], expected[name], err_msg=name)
-    # np.savez's own file (every index written before) maps in place too.
+        # Real tokens only, row after row: what the padded arrays hold where the mask is 1.
+        np.testing.assert_array_equal(written["token_ids"], expected["ids"][real])
+        np.testing.assert_array_equal(written["token_offsets"], expected["offsets"][real])
+        np.testing.assert_array_equal(written["token_max_context"],
+                                      expected["max_context"][real])
+        np.testing.assert_array_equal(np.diff(written["row_start"]), real.sum(1))
+        assert written["row_start"][0] == 0
+        assert written["padding"].tolist() == [P_LEN, tokenizer.pad_token_id, -1]
+    # Read back padded, by rows, as window_contexts made them: this file's and np.savez's own
+    # padded one (every index written before).
     saved = tmp_path / "saved.npz"
     buffer = io.BytesIO()
     np.savez(buffer, **expected)
     saved.write_bytes(buffer.getvalue())
-    for file in (path, saved):
-        for name in MEMBERS:
-            member = window_member(file, name)
-            assert isinstance(member, FileArray), name
+    for file, kind in ((path, RaggedRows), (saved, FileArray)):
+        arrays = window_arrays(file)
+        for name in ("ids", "mask", "offsets", "max_context"):
+            member = arrays[name]
+            assert isinstance(member, kind), name
+            assert member.shape == expected[name].shape, name
+            assert np.asarray(member).dtype == expected[name].dtype, name
             np.testing.assert_array_equal(np.asarray(member), expected[name], err_msg=name)
             some = [len(member) - 1, 0, 1, 2, 2]  # runs, repeats, from the end
             np.testing.assert_array_equal(member[some], expected[name][some], err_msg=name)
             np.testing.assert_array_equal(member[1:4], expected[name][1:4], err_msg=name)
+            np.testing.assert_array_equal(member[3], expected[name][3], err_msg=name)
+            np.testing.assert_array_equal(member[[1, 2], 0], expected[name][[1, 2], 0],
+                                          err_msg=name)
             part = member.row_range(1, 4)  # a shard's rows, read only when asked for
-            assert isinstance(part, FileArray) and len(part) == 3
+            assert isinstance(part, kind) and len(part) == 3
             np.testing.assert_array_equal(part[[2, 0]], expected[name][[3, 1]], err_msg=name)
+            np.testing.assert_array_equal(np.stack(list(member)), expected[name], err_msg=name)
+        for name in PADDED_MEMBERS[:3]:
+            np.testing.assert_array_equal(np.asarray(window_member(file, name)), expected[name])
+    # Fewer bytes: the padding slots and the mask are not stored.
+    assert path.stat().st_size < saved.stat().st_size
     counts = WindowCounts.of([expected["count"][:5], expected["count"][5:]], 3)
     assert counts.total == rows
     assert counts.largest.tolist() == sorted(expected["count"].tolist(), reverse=True)[:3]
+
+
+def test_no_passage_gives_an_empty_windows_file(tokenizer, tmp_path):
+    path = tmp_path / "windows.npz"
+    assert write_windows(path, iter([]), tokenizer, max_passage_len=P_LEN,
+                         doc_stride=STRIDE) == 0
+    arrays = window_arrays(path)
+    assert arrays["ids"].shape == (0, P_LEN) and arrays["offsets"].shape == (0, P_LEN, 2)
+    assert np.asarray(arrays["mask"]).shape == (0, P_LEN)
+
+
+def test_windows_that_padding_would_not_give_back_are_refused():
+    """A hand-made window of 3 tokens in 5 slots: stored as its 3 tokens; a mask with a hole,
+    or a padding slot holding a token, cannot be padded back and is refused."""
+    ids = np.array([[5, 6, 102, 0, 0]], np.int32)
+    mask = np.array([[1, 1, 1, 0, 0]], np.int32)
+    offsets = np.full((1, 5, 2), -1, np.int32)
+    offsets[0, :2] = [[0, 3], [4, 9]]
+    max_context = np.array([[True, True, False, False, False]])
+    ragged = ragged_block(ids, mask, offsets, max_context, pad_id=0)
+    assert ragged["length"].tolist() == [3]
+    assert ragged["token_ids"].tolist() == [5, 6, 102]
+    assert ragged["token_offsets"].tolist() == [[0, 3], [4, 9], [-1, -1]]
+    assert ragged["token_max_context"].tolist() == [True, True, False]
+    starts = np.array([0, 3])
+    padded = RaggedRows(ragged["token_offsets"], starts, 5, -1)
+    np.testing.assert_array_equal(padded[0], offsets[0])
+    np.testing.assert_array_equal(RaggedRows(None, starts, 5)[0], mask[0])
+    with pytest.raises(WindowsError, match="mask is not its real tokens"):
+        ragged_block(ids, np.array([[1, 0, 1, 0, 0]], np.int32), offsets, max_context, 0)
+    with pytest.raises(WindowsError, match="padding slots"):
+        ragged_block(np.array([[5, 6, 102, 7, 0]], np.int32), mask, offsets, max_context, 0)
 
 
 def test_a_compressed_or_cut_member_is_refused(tokenizer, tmp_path):
@@ -117,16 +175,19 @@ def test_the_reader_reads_only_its_retrieved_windows(reader_and_index):
     assert before and len(retrieved) < len(index.windows.passage_of_row)
 
     def overwrite(rows, name: str, value: int) -> None:
+        """Overwrites every real token of these windows in the ragged member `name`."""
+        starts = np.asarray(window_member(folder / "windows.npz", "row_start"))
         offset, shape, dtype, _ = _member_layout(folder / "windows.npz", name)
-        row_bytes = int(np.prod(shape[1:])) * dtype.itemsize
+        token_bytes = int(np.prod(shape[1:])) * dtype.itemsize
         with (folder / "windows.npz").open("r+b") as stream:
             for row in rows:
-                stream.seek(offset + row * row_bytes)
-                stream.write(np.full(shape[1:], value, dtype).tobytes())
+                count = int(starts[row + 1] - starts[row])
+                stream.seek(offset + int(starts[row]) * token_bytes)
+                stream.write(np.full((count,) + shape[1:], value, dtype).tobytes())
 
     others = sorted(set(range(len(index.windows.passage_of_row))) - retrieved)
-    overwrite(others, "offsets", 7)
-    overwrite(others, "max_context", 0)
+    overwrite(others, "token_offsets", 7)
+    overwrite(others, "token_max_context", 0)
     assert _answers(reader, question) == before
-    overwrite(sorted(retrieved), "offsets", -1)  # no token of the retrieved windows allowed
+    overwrite(sorted(retrieved), "token_offsets", -1)  # no token of the retrieved windows allowed
     assert _answers(reader, question) != before

@@ -130,3 +130,25 @@ def test_a_keyed_server_is_read_and_loaded_with_its_key(monkeypatch):
                                        "--api-key=s3cret", "--clients", "1"])
     assert "s3cret" not in recorded and recorded.endswith("--api-key *** --api-key=*** "
                                                           "--clients 1")
+
+
+def test_the_rss_sampler_reads_the_server_process_and_a_gone_one_as_none():
+    """The load test's "flat memory" column: VmRSS of the given process, sampled while a level
+    runs; a process that is gone reads as None, not as an error mid-level."""
+    import os
+    import subprocess
+    import time
+
+    with open(f"/proc/{os.getpid()}/status") as status:
+        kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    assert abs(bench.resident_mib(os.getpid()) - kib / 1024) < 64  # this process, same moment
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert bench.resident_mib(gone.pid) is None
+    with bench.RssSampler(os.getpid(), every_s=0.01) as rss:
+        time.sleep(0.1)
+    summary = rss.summary()
+    assert summary["samples"] >= 2 and summary["first_mib"] <= summary["max_mib"]
+    with bench.RssSampler(None) as nothing:
+        pass
+    assert nothing.summary() is None

@@ -19,7 +19,10 @@ from typing import Any
 
 from dil_jax.errors import DilJaxError
 
-INDEX_FORMAT = "dil_jax.odqa_index/1"
+# /2: windows.npz holds the windows' real tokens only (index/windows.py); /1 (padded windows)
+# still opens. The caches do not depend on it: the windows, their rows and tokens are the same.
+INDEX_FORMAT = "dil_jax.odqa_index/2"
+READABLE_INDEX_FORMATS = ("dil_jax.odqa_index/1", INDEX_FORMAT)
 # Files whose size and sha256 index.json records, besides the BM25 engine's (`bm25/...`,
 # `retrieval.engines.index_files`); the caches check themselves.
 CHECKED_FILES = ("passages.jsonl", "passages.offsets.npy", "windows.npz")
@@ -112,9 +115,10 @@ def read_settings(directory: str | os.PathLike) -> dict[str, Any]:
         raise broken_file(settings_path, f"not readable JSON ({error})") from error
     if not isinstance(settings, dict):
         raise broken_file(settings_path, "expected a JSON object")
-    if settings.get("format") != INDEX_FORMAT:
+    if settings.get("format") not in READABLE_INDEX_FORMATS:
         raise OpenDomainIndexError(f"{settings_path}: format {settings.get('format')!r}, expected "
-                                   f"{INDEX_FORMAT!r}")
+                                   f"one of {', '.join(map(repr, READABLE_INDEX_FORMATS))} (an "
+                                   "index written by a newer dil_jax?)")
     missing = [f for f in CORE_SETTINGS if f not in settings]
     if missing:
         raise broken_file(settings_path, f"field(s) {', '.join(missing)} missing")

@@ -205,7 +205,9 @@ def build_index(directory: str | os.PathLike, passages: Iterable[Passage], token
             names = CHECKED_FILES + tuple(f"bm25/{file}"
                                           for file in index_files(staging / "bm25"))
             settings["files"] = {name: file_fingerprint(staging / name) for name in names}
-            keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS)
+            # The format is the windows file's layout, which the caches do not depend on.
+            keep = old is not None and all(old.get(f) == settings[f] for f in CORE_SETTINGS
+                                           if f != "format")
             # Uncommit: from here until index.json is back, the folder holds no index.
             (directory / "index.json").unlink(missing_ok=True)
             if not keep:
