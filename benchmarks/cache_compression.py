@@ -15,11 +15,12 @@ For each reader (`--checkpoint`, with its `--k`) and storage scheme (`--cache-dt
 `dil_jax.open_domain.cache.storage`):
   1. builds the passage cache of the corpus index in that storage (`--reuse`: with the first
      upper block's q/k/v and statistics, `dil_jax.open_domain.cache.reuse`) and measures its
-     bytes per real token from its files (`cache_bytes_per_token`: states, reuse arrays, total;
-     a cache without the reuse arrays also gets what they would add, `reuse_if_stored`). The
-     reader's float32 cache is built first, by the reader; every other storage stores those
-     same float32 states (read back from it), so a row differs from the float32 row by its
-     storage alone, and the corpus is encoded once per reader;
+     bytes per real token from its files (`bytes_per_real_token`, by `cache_bytes_per_token`:
+     states, reuse arrays, tokens, total; a cache without the reuse arrays also gets what they
+     would add, `reuse_if_stored`; tools/wikipedia_projection.py reads them). The reader's
+     float32 cache is built first, by the reader; every other storage stores those same
+     float32 states (read back from it), so a row differs from the float32 row by its storage
+     alone, and the corpus is encoded once per reader;
   2. open domain: EM/F1 of the answers over the top-p passages read from that cache, by the
      reader score alone and fused with BM25 (`dil_jax.open_domain.evaluate`, the reader's own
      span score rule; every rule is in the JSON), the questions of `--articles`;
@@ -250,7 +251,7 @@ def markdown(rows: Sequence[dict[str, Any]], top_p: int) -> str:
     for row in rows:
         mine = [other for other in rows if other["reader"] == row["reader"]]
         base = next((other for other in mine if other["scheme"] == "float32"), mine[0])
-        odqa, predict, size = row["open_domain"], row["predict"], row["bytes_per_token"]
+        odqa, predict, size = row["open_domain"], row["predict"], row["bytes_per_real_token"]
         reuse = (f"{size['reuse']:.1f}" if row["reuse"] else
                  f"not stored (+{row['reuse_if_stored']:.0f})")
         lines.append(
@@ -287,7 +288,7 @@ def measure_row(args: argparse.Namespace, name: str, loaded, index, cache, asked
         reader=name, checkpoint=settings["checkpoint"],
         k=loaded.config.num_lower_layers, scheme=scheme, reuse=cache.has_reuse,
         reads_cached_reuse=reader.reads_cached_reuse,
-        bytes_per_token=cache_bytes_per_token(cache),
+        bytes_per_real_token=cache_bytes_per_token(cache),
         reuse_if_stored=reuse_bytes_if_stored(cache, loaded.config.num_heads),
         open_domain={**odqa["by_p"][args.top_p], "questions": len(asked),
                      "span_score": odqa["span_score"],

@@ -541,7 +541,7 @@ def test_compression_benchmark_runs_on_a_tiny_reader_and_resumes(tiny, tmp_path,
     assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8", "pq8"]
     assert all(row["reads_cached_reuse"] and row["reader"] == name for row in rows)
     hidden, heads = base.config.hidden_size, base.config.num_heads
-    states = [row["bytes_per_token"]["states"] for row in rows]
+    states = [row["bytes_per_real_token"]["states"] for row in rows]
     assert states[0] > 4 * hidden and hidden + 4 < states[1] < 4 * hidden and states[2] < states[1]
     # pq8: 8 uint8 codes a real token, a mean, a rotation and a codebook, in zarr's layout.
     pq8 = out / name / "caches" / "pq8"
@@ -550,7 +550,7 @@ def test_compression_benchmark_runs_on_a_tiny_reader_and_resumes(tiny, tmp_path,
                                                                    hidden, 4)
                + _zarr_bytes(pq8, "states.pca_basis", hidden, 4 * hidden)
                + _zarr_bytes(pq8, "states.pq_codebook", 8, 4 * 256 * hidden // 8))
-    assert rows[3]["bytes_per_token"]["states"] == pytest.approx(by_hand / tokens)
+    assert rows[3]["bytes_per_real_token"]["states"] == pytest.approx(by_hand / tokens)
     # What the reuse arrays add (stored here): int8 q, k, v, context and float32 statistics.
     assert rows[1]["reuse_if_stored"] == 4 * (hidden + 4) + 4 * heads
     # The int8 cache holds the float32 cache's states, quantized (by hand here).
@@ -564,8 +564,14 @@ def test_compression_benchmark_runs_on_a_tiny_reader_and_resumes(tiny, tmp_path,
     for row in rows:
         assert row["open_domain"]["questions"] == 3 and 0 <= row["predict"]["F1"] <= 100
     record = json.loads((out / name / "cache_compression.json").read_text())
-    assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
+    assert record["rows"][1]["bytes_per_real_token"] == rows[1]["bytes_per_real_token"]
     assert record["k"] == 3 and record["hidden"] == hidden
+    # What tools/wikipedia_projection.py takes from such a record: the measured bytes.
+    projection = load_script("tools/wikipedia_projection.py")
+    projected = projection.storage_row("pq8", record["rows"][3], hidden, heads, 1e6, 1e4,
+                                       "c.json")
+    assert projected["source"] == "measured (c.json)"
+    assert projected["states_bytes_per_token"] == rows[3]["bytes_per_real_token"]["states"]
     assert (out / name / "cache_compression.md").read_text().count("\n") == 6
     with pytest.raises(SystemExit, match=r"rows/float32.json: made with top_p = 3, this run "
                                          r"has 2; delete it"):
