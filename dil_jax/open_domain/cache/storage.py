@@ -18,7 +18,8 @@ A stored array is [rows, p_len, width] float32 (width = hidden for lower states)
 pq<M> details. B is the full-width PCA basis with its directions interleaved (sub-vector m holds
 principal directions m, m + M, m + 2M, ...), so every sub-vector gets an equal share of the
 spectrum, where in the PCA's own order the first sub-vectors would hold most of the variance
-(`benchmarks/pq_variants.py` measures each ordering).
+and lose more than without any rotation (`benchmarks/pq_variants.py`; docs/results/
+open_domain_log.md, "pq<M>", has the comparison).
 The codebook is trained by faiss's `ProductQuantizer` (k-means per sub-vector, seeded) on a sample
 of the cache's states, at build time only: encoding (nearest centroid) and decoding (lookup,
 inverse rotation) are numpy here, so a process that reads a pq cache, or checks one on open,
@@ -320,9 +321,9 @@ class Storage:
         Not a codebook of their own for pq<M>: the reuse arrays are the speed option (the
         first upper block's q, k, v and context, read instead of recomputed per pair), and q
         and k enter the attention logits, whose error exp() amplifies; int8 keeps each value
-        within half a step, where a product quantizer of M bytes a token loses a share of the
-        variance (`benchmarks/pq_variants.py` measures it). A cache that must be small stores
-        pq<M> states without them."""
+        within half a step, where a product quantizer of 32 bytes a token lost 14% of the
+        k = 4 reader's states' variance (docs/results/open_domain_log.md, "pq<M>"). A cache
+        that must be small stores pq<M> states without them."""
         return INT8 if self.has_basis else self
 
     def check_buildable(self) -> Storage:
