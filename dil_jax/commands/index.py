@@ -114,6 +114,7 @@ def _check_index_flags(args: argparse.Namespace) -> None:
             args.cache_store = store_url(args.cache_store)
         except ValueError as error:
             raise UsageError(f"--cache-store {error}") from error
+    args.storage.check_buildable()  # pq<M> without faiss: now, not after the BM25 build
     check_window_flags(args.max_passage_len, args.doc_stride)
     check_checkpoint_count(args)
     corpus_files = [path for kind, path in map(parse_source, corpus) if path]
@@ -161,7 +162,8 @@ def register(subparsers) -> None:
     index.add_argument("--cache-reuse", action="store_true",
                        help="also store each window's first-upper-block q/k/v and attention "
                             "statistics (0 < k < l): less work per pair, about 4x the "
-                            "states' disk (pca<d>: these are int8; docs/open_domain.md)")
+                            "states' disk (pca<d>, pq<M>: these are int8; "
+                            "docs/open_domain.md)")
     index.add_argument("--retriever", choices=("auto",) + RETRIEVER_ENGINES, default=None,
                        help="BM25 engine: rank-bm25 (small corpora), bm25s (memory-mapped, "
                             "up to ~1M passages), pyserini (Lucene, the paper's; needs Java; "

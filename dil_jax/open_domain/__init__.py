@@ -28,7 +28,7 @@ Three sub-packages hold what an index is made of, and the modules here use them:
       errors.py       the cache's errors
       manifest.py     a cache's manifest.json as values (`CacheKey`, `CacheManifest`)
       storage.py      the storage schemes of its float arrays (`Storage`: float32, bfloat16,
-                      int8, pca<d>)
+                      int8, pca<d>, pq<M>)
       row_arrays.py   arrays kept in several parts (a sharded cache's), read by global row
       digests.py      file digests recorded at build time, checked on open
       check.py        whether a cache serves a reader (`reader_cache_key`, `check_states`)

@@ -62,8 +62,8 @@ def array_names(folder: Path) -> list[str]:
 def assert_same_arrays(sharded: Path, single: Path) -> None:
     """Every array of the one-process cache `single` equals, byte for byte, the concatenation
     of the shards' of `sharded` (the token arrays; token_starts with each shard's first token
-    added), or each shard's copy (a PCA basis). Values are compared, not files: the files'
-    grids follow each folder's token count."""
+    added), or each shard's copy (a PCA basis, a pq rotation and codebook). Values are
+    compared, not files: the files' grids follow each folder's token count."""
     import numpy as np
 
     shards = shard_dirs(sharded)
@@ -72,7 +72,7 @@ def assert_same_arrays(sharded: Path, single: Path) -> None:
     for name in names:
         expected = zarr_array(single / name)
         parts = [zarr_array(shard / name) for shard in shards]
-        if ".pca_" in name:
+        if ".pca_" in name or ".pq_" in name:
             assert all(part.tobytes() == expected.tobytes() for part in parts), name
             continue
         if name == "token_starts":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -186,7 +187,7 @@ def test_nothing_to_store_at_k_0_or_k_l(tiny):
         assert reuse_encoder(base.with_config(num_lower_layers=k)) is None
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "pca8"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", "pca8", "pq8"])
 def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name(
         tiny, tmp_path, dtype):
     base, _ = tiny
@@ -200,8 +201,13 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
     real = np.asarray(arrays["mask"])[..., None] != 0
     fresh = loaded.passage_encoder(batch_size=4)(WindowBatch.of(
         np.arange(len(arrays["ids"])), arrays["ids"], arrays["mask"], arrays["offsets"]))
-    np.testing.assert_array_equal(cache.read_states(range(len(cache))),
-                                  cache.states.round_trip(fresh) * real)
+    # The real tokens row after row, as a read decodes them (one [tokens, width] batch: a
+    # matrix product's float32 rounding depends on the shapes it is given, pca's and pq's
+    # inverse rotation among them).
+    tokens = real[..., 0]
+    expected = np.zeros_like(fresh)
+    expected[tokens] = cache.states.round_trip(fresh[tokens])
+    np.testing.assert_array_equal(cache.read_states(range(len(cache))), expected)
     upper = reuse_encoder(loaded, batch_size=4)(fresh, np.asarray(arrays["mask"]))
     stored = cache.read_reuse(range(len(cache)))
     for name in REUSE_WIDE_ARRAYS:
@@ -209,17 +215,21 @@ def test_compressed_cache_reads_its_round_trip_and_is_refused_under_another_name
                                       storage.without_pca().round_trip(upper[name]) * real)
     np.testing.assert_array_equal(stored[REUSE_LSE_ARRAY], upper[REUSE_LSE_ARRAY] * real)
     # Bytes per real token from the files: the scheme's codes (and scales, basis) on the
-    # real tokens only, in the zarr layout counted by hand (`_zarr_bytes`).
+    # real tokens only, in the zarr layout counted by hand (`_zarr_bytes`); pq8: 8 uint8 codes
+    # a token, a mean, a full-width rotation and 8 x 256 centroids of hidden / 8.
     sizes = cache_bytes_per_token(cache)
     tokens = int(real.sum())
     folder = cache.directory
-    code_bytes = {"int8": hidden, "bfloat16": 2 * hidden, "pca8": 8}[dtype]
+    code_bytes = {"int8": hidden, "bfloat16": 2 * hidden, "pca8": 8, "pq8": 8}[dtype]
     expected = _zarr_bytes(folder, "states", tokens, code_bytes)
     if storage.scaled:
         expected += _zarr_bytes(folder, "states.scale", tokens, 4)
-    if storage.pca_dim:
+    if storage.has_basis:
         expected += (_zarr_bytes(folder, "states.pca_mean", hidden, 4)
-                     + _zarr_bytes(folder, "states.pca_basis", hidden, 4 * storage.pca_dim))
+                     + _zarr_bytes(folder, "states.pca_basis", hidden,
+                                   4 * (storage.pca_dim or hidden)))
+    if storage.pq_codes:
+        expected += _zarr_bytes(folder, "states.pq_codebook", 8, 4 * 256 * hidden // 8)
     assert sizes["states"] == pytest.approx(expected / tokens)
     wide = storage.without_pca()
     expected_reuse = _zarr_bytes(folder, REUSE_LSE_ARRAY, tokens, 4 * heads)
@@ -310,6 +320,39 @@ def test_truncated_or_corrupt_stats_files_are_named(tiny, tmp_path):
         PassageCache.open(cache.directory, verify="none")
 
 
+def test_pq_states_are_float32_within_the_quantizer_error_faiss_measures(tiny, tmp_path):
+    """A pq8 cache of the tiny index read back against the float32 states it was built from.
+    The bound is the quantizer's own, measured by faiss on the same states: faiss's
+    ProductQuantizer holding the cache's codebook (read from its zarr arrays) encodes and
+    decodes the rotated states; as the rotation is orthonormal and a stored code is its
+    sub-vector's nearest centroid, each token's error is at most faiss's (to float32
+    rounding), and all but ties are equal."""
+    faiss = pytest.importorskip("faiss")
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded, cache = _cache(index, base, 3, "pq8", reuse=False)
+    arrays = window_arrays(index)
+    real = np.asarray(arrays["mask"]) != 0
+    fresh = np.asarray(loaded.passage_encoder(batch_size=4)(WindowBatch.of(
+        np.arange(len(arrays["ids"])), arrays["ids"], arrays["mask"], arrays["offsets"])))
+    x = fresh[real].astype(np.float64)
+    read = cache.read_states(range(len(cache)))
+    assert not read[~real].any()  # padding slots: none stored, read as 0
+    mean, basis, codebook = (zarr_array(cache.directory / f"states.{suffix}")
+                             for suffix in ("pca_mean", "pca_basis", "pq_codebook"))
+    quantizer = faiss.ProductQuantizer(x.shape[1], 8, 8)
+    faiss.copy_array_to_vector(codebook.ravel(), quantizer.centroids)
+    rotated = np.ascontiguousarray((x - mean) @ basis, np.float32)
+    faiss_error = np.sum((rotated - quantizer.decode(quantizer.compute_codes(rotated))) ** 2,
+                         axis=1)
+    error = np.sum((x - read[real]) ** 2, axis=1)
+    rounding = 1e-5 * np.sum(x ** 2, axis=1)  # float32 rotations there and back
+    assert np.all(error <= faiss_error * (1 + 1e-4) + rounding)
+    assert np.sum(error) >= np.sum(faiss_error) * (1 - 1e-4) - np.sum(rounding)
+    # A quantizer, not a constant: far below the states' own variance.
+    assert np.sum(error) < 0.5 * np.sum((x - x.mean(axis=0)) ** 2)
+
+
 def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
     base, _ = tiny
     index = _index(tmp_path, base.tokenizer)
@@ -325,12 +368,13 @@ def test_reuse_arrays_asked_of_a_cache_without_them_are_refused(tiny, tmp_path):
     assert _cache(index, base, 3, reuse=False)[1].has_reuse
 
 
-def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
+@pytest.mark.parametrize("dtype", ["pca6", "pq8"])
+def test_interrupted_fitted_build_resumes_with_its_basis(tiny, tmp_path, dtype):
     base, _ = tiny
     index = _index(tmp_path, base.tokenizer)
     loaded = base.with_config(num_lower_layers=2)
     config = loaded.config
-    manifest = index.cache_key(loaded, Storage.parse("pca6"))
+    manifest = index.cache_key(loaded, Storage.parse(dtype))
     arrays = window_arrays(index)
     encode = loaded.passage_encoder(batch_size=4)
     reuse = reuse_encoder(loaded, batch_size=4)
@@ -340,7 +384,7 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     calls = []
 
     def failing(windows):
-        if len(calls) == 3:  # the PCA sample, then two chunks
+        if len(calls) == 3:  # the basis' sample, then two chunks
             raise KeyboardInterrupt("simulated interruption")
         calls.append(len(windows.ids))
         return encode(windows)
@@ -350,6 +394,9 @@ def test_interrupted_pca_build_resumes_with_its_basis(tiny, tmp_path):
     resumed = build_passage_cache(tmp_path / "resumed", *args, encode, **options)
     names = sorted(path.name for path in whole.directory.iterdir() if path.is_dir())
     assert {"states", "states.pca_basis", "upper_context.scale"} <= set(names)
+    # pca6 stores int8 coordinates with scales, pq8 uint8 codes and a codebook.
+    assert ("states.pq_codebook" in names) == (dtype == "pq8")
+    assert ("states.scale" in names) == (dtype == "pca6")
     for name in names:  # every zarr array: codes, scales, the basis, the tokens
         np.testing.assert_array_equal(zarr_array(resumed.directory / name),
                                       zarr_array(whole.directory / name))
@@ -385,6 +432,56 @@ def test_cli_builds_and_reads_a_compressed_reuse_cache(tiny, tmp_path, capsys):
     assert status == 0 and "A: " in out, err
 
 
+def test_cli_builds_a_pq_cache_and_reads_it_without_faiss(tiny, tmp_path, capsys,
+                                                         monkeypatch):
+    """`index --cache-dtype pq8` on the sample passages, read back by `ask` and `odqa-eval`
+    with faiss unimportable (reading needs none); bad names and a missing faiss are one line."""
+    _, folder = tiny
+    squad = _sample_squad(tmp_path)
+    common = ["--checkpoint", str(folder), "--tokenizer", "default", "--max-question-len",
+              str(Q_LEN), "--batch-size", "2", "--chunk-size", "8", "--k", "3"]
+    index = tmp_path / "index"
+    build = ["index", "--out", str(index), "--corpus", f"squad:{squad}", "--max-passage-len",
+             str(P_LEN), "--doc-stride", str(STRIDE), *common]
+    with monkeypatch.context() as without:
+        without.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
+        status, _, err = run_cli([*build, "--cache-dtype", "pq8"], capsys)
+    assert status == 1 and not index.exists(), err  # refused before anything is built
+    [line] = err.strip().splitlines()
+    assert "--cache-dtype pq8" in line and "pip install 'dil_jax[pq]'" in line
+    for bad in ("pq0", "pqx"):  # no hidden size makes these valid: argparse refuses them
+        status, _, err = run_cli([*build, "--cache-dtype", bad], capsys)
+        assert status == 2 and "--cache-dtype" in err and f"'{bad}'" in err, err
+    status, _, err = run_cli([*build, "--cache-dtype", "pq7"], capsys)  # 7 does not divide 32
+    assert status == 1 and "'pq7'" in err and "one of 1, 2, 4, 8, 16, 32" in err, err
+    status, _, err = run_cli([*build, "--cache-dtype", "pq8", "--cache-reuse"], capsys)
+    assert status == 0, err
+    [cache] = index.glob("cache-k3-*")
+    assert json.loads((cache / "manifest.json").read_text())["dtype"] == "pq8"
+    assert zarr_array(cache / "states").dtype == np.uint8
+    assert zarr_array(cache / "states").shape[1] == 8  # [real tokens, M]
+    assert zarr_array(cache / "states.pq_codebook").shape == (8, 256, 4)
+    assert zarr_array(cache / "upper_key").dtype == np.int8  # int8, as pca's
+    # The rotation and codebook are digested like every array (checked on open).
+    files = json.loads((cache / "manifest.json").read_text())["files"]
+    assert {"states.pq_codebook/zarr.json", "states.pca_basis/zarr.json"} <= set(files)
+    assert any(name.startswith("states.pq_codebook/c/") for name in files)
+    monkeypatch.setitem(sys.modules, "faiss", None)
+    ask = ["ask", "Who wrote Pride and Prejudice?", "--index", str(index), "--top-p", "2",
+           *common]
+    for storage in ([], ["--cache-dtype", "pq8"]):  # the cache's own storage, or named
+        status, out, err = run_cli([*ask, *storage], capsys)
+        assert status == 0 and "A: " in out, err
+    status, _, err = run_cli([*ask, "--cache-dtype", "pq16"], capsys)
+    assert status == 1 and "stores its states as 'pq8'" in err and "give --cache-dtype pq8" in err
+    status, _, err = run_cli(["odqa-eval", "--index", str(index), "--data", str(squad), "--p",
+                              "2", "--cache-dtype", "pq8", "--out", str(tmp_path / "eval"),
+                              *common], capsys)
+    assert status == 0, err
+    [result] = json.loads((tmp_path / "eval" / "results.json").read_text())["results"].values()
+    assert 0 <= result["by_p"]["2"]["F1"] <= 100
+
+
 def _sample_squad(tmp_path) -> Path:
     """A two-article SQuAD v1.1 file made of the sample passages and three questions."""
     questions = [("Who wrote Pride and Prejudice?", "Jane Austen"),
@@ -407,29 +504,80 @@ def _benchmark(name: str):
     return load_script(f"benchmarks/{name}.py")
 
 
-def test_compression_benchmark_runs_on_a_tiny_reader(tiny, tmp_path):
+def test_compression_benchmark_runs_on_a_tiny_reader_and_resumes(tiny, tmp_path,
+                                                                  monkeypatch):
     """benchmarks/cache_compression.py end to end on the tiny reader and a two-article SQuAD
-    file made of the sample passages: every scheme's row, bytes/token from its files."""
-    _, folder = tiny
+    file made of the sample passages: every scheme's row, bytes per real token from its files
+    (pq8's counted here by hand), the other storages holding the float32 cache's own states;
+    killed in its second row, a rerun keeps the first row and the second's questions read, and
+    a rerun of other settings is refused naming the row file."""
+    base, folder = tiny
     squad = _sample_squad(tmp_path)
     bench = _benchmark("cache_compression")
-    rows = bench.main(["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
-                       "--max-question-len", str(Q_LEN), "--data", str(squad),
-                       "--schemes", "float32", "int8", "pca8", "--reuse", "--top-p", "3",
-                       "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
-                       "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
-                       str(STRIDE), "--batch-size", "2", "--chunk-size", "8",
-                       "--out", str(tmp_path / "out")])
-    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8"]
-    assert all(row["reads_cached_reuse"] for row in rows)
-    hidden = 32
-    states = [row["bytes_per_token"]["states"] for row in rows]
+    out = tmp_path / "out"
+    argv = ["--checkpoint", str(folder), "--tokenizer", "default", "--k", "3",
+            "--max-question-len", str(Q_LEN), "--data", str(squad),
+            "--schemes", "float32", "int8", "pca8", "pq8", "--reuse", "--top-p", "3",
+            "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE),
+            "--predict-max-passage-len", str(P_LEN), "--predict-doc-stride",
+            str(STRIDE), "--batch-size", "2", "--chunk-size", "8", "--out", str(out)]
+    predict = bench.predict_scores
+
+    def killed_in_int8(reader, examples, cache, *args):
+        if cache.storage.name == "int8":
+            raise KeyboardInterrupt("simulated kill")
+        return predict(reader, examples, cache, *args)
+
+    monkeypatch.setattr(bench, "predict_scores", killed_in_int8)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv)
+    name = f"k3-{folder.name}"
+    rows_dir, progress = out / name / "rows", out / name / "progress" / "int8.jsonl"
+    assert sorted(path.name for path in rows_dir.iterdir()) == ["float32.json"]
+    kept, read = (rows_dir / "float32.json").read_text(), progress.read_text()
+    assert len(read.splitlines()) == 2  # the settings, then the block of 3 questions
+    monkeypatch.setattr(bench, "predict_scores", predict)
+    rows = bench.main(argv)
+    assert (rows_dir / "float32.json").read_text() == kept and progress.read_text() == read
+    assert [row["scheme"] for row in rows] == ["float32", "int8", "pca8", "pq8"]
+    assert all(row["reads_cached_reuse"] and row["reader"] == name for row in rows)
+    hidden, heads = base.config.hidden_size, base.config.num_heads
+    states = [row["bytes_per_real_token"]["states"] for row in rows]
     assert states[0] > 4 * hidden and hidden + 4 < states[1] < 4 * hidden and states[2] < states[1]
+    # pq8: 8 uint8 codes a real token, a mean, a rotation and a codebook, in zarr's layout.
+    pq8 = out / name / "caches" / "pq8"
+    tokens = json.loads((pq8 / "manifest.json").read_text())["num_tokens"]
+    by_hand = (_zarr_bytes(pq8, "states", tokens, 8) + _zarr_bytes(pq8, "states.pca_mean",
+                                                                   hidden, 4)
+               + _zarr_bytes(pq8, "states.pca_basis", hidden, 4 * hidden)
+               + _zarr_bytes(pq8, "states.pq_codebook", 8, 4 * 256 * hidden // 8))
+    assert rows[3]["bytes_per_real_token"]["states"] == pytest.approx(by_hand / tokens)
+    # What the reuse arrays add (stored here): int8 q, k, v, context and float32 statistics.
+    assert rows[1]["reuse_if_stored"] == 4 * (hidden + 4) + 4 * heads
+    # The int8 cache holds the float32 cache's states, quantized (by hand here).
+    caches = {scheme: PassageCache.open(out / name / "caches" / scheme, verify="none")
+              for scheme in ("float32", "int8")}
+    x = caches["float32"].read_states(range(len(caches["float32"])))
+    scale = np.abs(x).max(axis=-1, keepdims=True) / 127
+    np.testing.assert_allclose(caches["int8"].read_states(range(len(x))),
+                               np.round(x / np.where(scale > 0, scale, 1)) * scale,
+                               rtol=0, atol=1e-6)
     for row in rows:
         assert row["open_domain"]["questions"] == 3 and 0 <= row["predict"]["F1"] <= 100
-    record = json.loads((tmp_path / "out" / "cache_compression.json").read_text())
-    assert record["rows"][1]["bytes_per_token"] == rows[1]["bytes_per_token"]
-    assert (tmp_path / "out" / "cache_compression.md").read_text().count("\n") == 5
+    record = json.loads((out / name / "cache_compression.json").read_text())
+    assert record["rows"][1]["bytes_per_real_token"] == rows[1]["bytes_per_real_token"]
+    assert record["k"] == 3 and record["hidden"] == hidden
+    # What tools/wikipedia_projection.py takes from such a record: the measured bytes.
+    projection = load_script("tools/wikipedia_projection.py")
+    projected = projection.storage_row("pq8", record["rows"][3], hidden, heads, 1e6, 1e4,
+                                       "c.json")
+    assert projected["source"] == "measured (c.json)"
+    assert projected["states_bytes_per_token"] == rows[3]["bytes_per_real_token"]["states"]
+    assert (out / name / "cache_compression.md").read_text().count("\n") == 6
+    with pytest.raises(SystemExit, match=r"rows/float32.json: made with top_p = 3, this run "
+                                         r"has 2; delete it"):
+        bench.main([*argv[:argv.index("--top-p")], "--top-p", "2",
+                    *argv[argv.index("--top-p") + 2:]])
 
 
 def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):

@@ -26,7 +26,7 @@ from dil_jax.open_domain.cache.shards import shard_ranges
 from dil_jax.samples import SAMPLE_PASSAGES
 
 from tests.helpers import REPO, free_port, run_all, run_cli, subprocess_env
-from tests.helpers.index import assert_same_arrays, shard_dirs, zarr_array
+from tests.helpers.index import array_names, assert_same_arrays, shard_dirs, zarr_array
 
 # --checkpoint default: the raw embedded MiniLM (what these tests were written for), not the
 # bundled fine-tuned readers that index/ask/odqa-eval read without --checkpoint.
@@ -213,6 +213,21 @@ def test_a_killed_process_resumes_its_shard_only(corpus, one_process, tmp_path):
     shard1 = cache / "shards" / "shard-00001-of-00002" / "states" / "c"
     assert {name: stamps(shard1 / name) for name in before_written} == before_written
     assert_same_arrays(cache, _cache_dir(one_process["pca"]))
+
+
+def test_two_processes_build_the_pq_cache_of_one(corpus, tmp_path):
+    """pq8: process 0 fits the rotation and codebook once, every shard stores them, and the
+    shards equal a one-process build byte for byte."""
+    pytest.importorskip("faiss")
+    from dil_jax.cli import main
+
+    assert main(_index_argv(tmp_path / "one", corpus, "--cache-dtype", "pq8")) == 0
+    results = _two_processes(tmp_path / "two", corpus, "--cache-dtype", "pq8")
+    for pid, (status, log) in enumerate(results):
+        assert status == 0, f"process {pid} failed:\n{log[-4000:]}"
+    single = _cache_dir(tmp_path / "one")
+    assert "states.pq_codebook" in array_names(single)
+    assert_same_arrays(_cache_dir(tmp_path / "two"), single)
 
 
 def test_shard_ranges_cut_whole_chunks():

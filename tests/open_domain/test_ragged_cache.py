@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,24 +21,26 @@ from dil_jax.open_domain.cache.ragged import (
     token_index,
     unpack,
 )
-from dil_jax.open_domain.cache.storage import Storage
+from dil_jax.open_domain.cache.storage import CacheStorageError, Storage
 from dil_jax.open_domain.cache.store import CacheBrokenError, CacheMismatchError, PassageCache
 from dil_jax.open_domain.cache.zarr_store import TokenGrid
+
+from tests.helpers.index import zarr_array
 
 ROWS, P_LEN, HIDDEN, PAD = 37, 12, 6, 5
 # Shards of 16 tokens, chunks of 4: ~230 real tokens make 15 shard files per array.
 GRID = TokenGrid(4, 16)
 
 
-def _windows(seed: int = 0):
-    """ids, mask [ROWS, P_LEN] int32, offsets [ROWS, P_LEN, 2]: rows of 1..P_LEN real tokens,
+def _windows(seed: int = 0, rows: int = ROWS):
+    """ids, mask [rows, P_LEN] int32, offsets [rows, P_LEN, 2]: rows of 1..P_LEN real tokens,
     padded as window_contexts pads (PAD ids, -1 offsets)."""
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, P_LEN + 1, ROWS)
+    lengths = rng.integers(1, P_LEN + 1, rows)
     column = np.arange(P_LEN)[None, :]
     real = column < lengths[:, None]
-    ids = np.where(real, rng.integers(100, 999, (ROWS, P_LEN)), PAD).astype(np.int32)
-    offsets = np.where(real[..., None], rng.integers(0, 500, (ROWS, P_LEN, 2)), -1)
+    ids = np.where(real, rng.integers(100, 999, (rows, P_LEN)), PAD).astype(np.int32)
+    offsets = np.where(real[..., None], rng.integers(0, 500, (rows, P_LEN, 2)), -1)
     return ids, real.astype(np.int32), offsets.astype(np.int32)
 
 
@@ -129,6 +132,55 @@ def test_rows_read_from_the_store_equal_the_padded_arrays(tmp_path, storage):
                                        rtol=0, atol=1e-6)
     assert cache.num_tokens == url.num_tokens == int(mask.sum())
     assert int(cache.offsets[4, 0, 1]) == offsets[4, 0, 1]
+
+
+# pq3 over HIDDEN = 6: 3 sub-vectors of 2; enough rows for more real tokens than a codebook's
+# 256 centroids (so faiss's k-means fits it, not the sample as its own codebook).
+PQ_ROWS = 80
+
+
+def test_pq_rows_read_by_row_equal_a_full_read_and_the_codes_decoded_by_hand(tmp_path):
+    """A pq3 cache: [real tokens, 3] uint8 codes and, as side arrays, the rotation and the
+    codebook. Rows read in any order, repeated, across shards, equal the full read's rows; both
+    equal the stored codes decoded here in float64 from the zarr arrays (centroids, inverse
+    rotation; padding slots 0), and each stored code is its sub-vector's nearest centroid of
+    the rotated float32 state (brute force here)."""
+    pytest.importorskip("faiss")
+    ids, mask, offsets = _windows(seed=2, rows=PQ_ROWS)
+    folder = tmp_path / "cache"
+    cache = build_passage_cache(folder, _key("pq3"), ids, mask, offsets, _states,
+                                chunk_passages=5, pad_id=PAD, grid=GRID)
+    tokens = int(mask.sum())
+    assert cache.num_tokens == tokens > 256
+    whole = cache.read_states(range(PQ_ROWS))
+    for rows in ([PQ_ROWS - 1, 0, 5, 5, 40], list(range(PQ_ROWS))[::-1], []):
+        np.testing.assert_array_equal(cache.read_states(rows), whole[rows])
+    codes = zarr_array(folder / "states")
+    mean, basis, codebook = (zarr_array(folder / f"states.{suffix}").astype(np.float64)
+                             for suffix in ("pca_mean", "pca_basis", "pq_codebook"))
+    assert codes.dtype == np.uint8 and codes.shape == (tokens, 3)
+    assert basis.shape == (HIDDEN, HIDDEN) and codebook.shape == (3, 256, 2)
+    centroids = np.concatenate([codebook[m, codes[:, m]] for m in range(3)], axis=1)
+    real = mask == 1
+    np.testing.assert_allclose(whole[real], centroids @ basis.T + mean, rtol=0, atol=1e-5)
+    assert not whole[~real].any()
+    x = _states(type("W", (), {"ids": ids}))[real].astype(np.float64)
+    rotated = (x - mean) @ basis
+    for m in range(3):
+        distances = np.sum((rotated[:, None, 2 * m:2 * m + 2] - codebook[m][None]) ** 2, -1)
+        stored = distances[np.arange(tokens), codes[:, m]]
+        np.testing.assert_allclose(stored, distances.min(axis=1), rtol=1e-5, atol=1e-9)
+
+
+def test_without_faiss_a_pq_build_is_refused_before_anything_is_written(tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.setitem(sys.modules, "faiss", None)  # `import faiss` raises ImportError
+    ids, mask, offsets = _windows()
+    with pytest.raises(CacheStorageError, match=r"--cache-dtype pq3 .*faiss.*not installed: "
+                                                r"pip install 'dil_jax\[pq\]'"):
+        build_passage_cache(tmp_path / "cache", _key("pq3"), ids, mask, offsets, _states,
+                            chunk_passages=5, pad_id=PAD, grid=GRID)
+    assert list(tmp_path.iterdir()) == []  # no cache, no staging folder
 
 
 def _shard_files(folder: Path) -> dict[str, list[Path]]:

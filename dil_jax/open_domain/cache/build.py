@@ -68,7 +68,7 @@ from dil_jax.open_domain.cache.ragged_store import (
     stored_arrays,
     write_pca,
 )
-from dil_jax.open_domain.cache.storage import FLOAT32, PcaBasis, Storage, fit_pca
+from dil_jax.open_domain.cache.storage import FLOAT32, PcaBasis, Storage
 from dil_jax.open_domain.cache.store import (
     REUSE_LSE_ARRAY,
     REUSE_WIDE_ARRAYS,
@@ -147,8 +147,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
       progress: called with the number of passages finished after each chunk.
       reuse: (float32 lower states, mask) chunk -> the first-upper-block arrays to store beside
         them (`cache.reuse.reuse_encoder`; needs `encode` and num_heads), or None.
-      pca: the basis a pca<d> cache stores (a shard gets its cache's, so every shard has the
-        same); None fits one on these rows' states.
+      pca: the basis a pca<d> or pq<M> cache stores (pq<M>: with its codebook; a shard gets
+        its cache's, so every shard has the same); None fits one on these rows' states.
       shard: {index, count, start, stop} when this is one shard of a sharded cache (its
         manifest records its place).
       grid: the arrays' token grid (`TokenGrid`); None sizes it by the widest array's bytes
@@ -185,8 +185,8 @@ def build_passage_cache(directory: str | os.PathLike, key: CacheKey, ids: np.nda
                      f"the passage cache {directory.name} ({rows - done} of {rows} "
                      "windows to write)")
     if resume is None:
-        if encode is not None and storage.pca_dim is not None and pca is None:
-            pca = fit_pca(pca_sample(ids, mask, offsets, encode, first_row), storage.pca_dim)
+        if encode is not None and storage.has_basis and pca is None:
+            pca = storage.fit(pca_sample(ids, mask, offsets, encode, first_row))
         shutil.rmtree(staging, ignore_errors=True)
         with write_errors(staging):
             staging.mkdir(parents=True)
@@ -224,8 +224,8 @@ TOKEN_ARRAY_BYTES = 4 * (1 + 2)
 
 def cache_bytes_per_window_token(manifest: CacheManifest, has_states: bool) -> int:
     """Stored bytes of one real token's lower states and, with the manifest's `reuse`, its
-    first upper block arrays (zarr metadata, shard indexes, checksums and a PCA basis not
-    counted)."""
+    first upper block arrays (zarr metadata, shard indexes, checksums and a basis or codebook
+    not counted)."""
     storage, hidden_size = manifest.key.storage, manifest.key.hidden_size
     per_token = storage.bytes_per_token(hidden_size) if has_states else 0
     if manifest.reuse:
@@ -397,7 +397,7 @@ def write_rows(location: Location, name: object, manifest: CacheManifest, starts
                for name, array in arrays.items()}
     stems = _stems(manifest, encode is not None)
     pca = None
-    if "states" in stems and stems["states"].pca_dim is not None:
+    if "states" in stems and stems["states"].has_basis:
         pca = read_pca(location, "states", stems["states"], manifest.key.hidden_size)
     for start in range(done, rows, chunk_passages):
         stop = min(start + chunk_passages, rows)
@@ -439,9 +439,9 @@ def write_rows(location: Location, name: object, manifest: CacheManifest, starts
 def start_fresh(location: Location, manifest: CacheManifest, starts: np.ndarray,
                 has_states: bool, pca: PcaBasis | None, grid: TokenGrid | None) -> None:
     """Fills an empty cache folder (a new staging folder, or an emptied place in a store): the
-    token starts, the empty per-token arrays (zarr metadata only), the PCA basis (pca<d>,
-    saved here so a resumed build encodes with the same one), the plan, progress 0 (last: a
-    rerun resumes only a folder whose plan and progress say it was started alike)."""
+    token starts, the empty per-token arrays (zarr metadata only), the basis (pca<d>; pq<M>:
+    and codebook; saved here so a resumed build encodes with the same one), the plan, progress
+    0 (last: a rerun resumes only a folder whose plan and progress say it was started alike)."""
     grid = grid or default_grid(manifest, has_states)
     starts_array = create_array(location, TOKEN_STARTS, (len(starts),), np.int64,
                                 TokenGrid.for_bytes(8, len(starts)), compress=True)

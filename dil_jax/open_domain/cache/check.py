@@ -112,8 +112,8 @@ def reader_cache_key(config, params: Any, tokenizer_id: str, max_passage_len: in
                     passages_id: str, storage: Storage = FLOAT32) -> CacheKey:
     """The CacheKey of a reader: what a cache must have been built with to serve it.
 
-    storage: the scheme (`--cache-dtype`: float32, bfloat16, int8 or pca<d>); a PCA wider than
-    the hidden size is CacheStorageError.
+    storage: the scheme (`--cache-dtype`: float32, bfloat16, int8, pca<d> or pq<M>); a PCA
+    wider than the hidden size, or a pq whose M does not divide it, is CacheStorageError.
     """
     model = params_fingerprint(params)
     # Settings outside the params that change a passage's state (QANet's / BiDAF's word scale,

@@ -69,7 +69,7 @@ def check_free_space(folder: Path, needed_bytes: int, what: str) -> None:
         raise DiskSpaceError(
             f"{what} needs {format_size(needed_bytes)} and {folder} has {format_size(free)} "
             f"free (keeping {format_size(spare)} spare): free space, or store less "
-            "(--cache-dtype bfloat16, int8 or pca<d>; without --cache-reuse)")
+            "(--cache-dtype bfloat16, int8, pca<d> or pq<M>; without --cache-reuse)")
 
 
 def write_failure(path: Path, error: OSError) -> DilJaxError | None:
@@ -83,7 +83,7 @@ def write_failure(path: Path, error: OSError) -> DilJaxError | None:
     if error.errno in TOO_LARGE:
         return DiskSpaceError(f"{path}: cannot write it: {error.strerror} ({name}): a file-size "
                               "limit (ulimit -f) or the file system's largest file; raise the "
-                              "limit, or store less (--cache-dtype int8 or pca<d>)")
+                              "limit, or store less (--cache-dtype int8, pca<d> or pq<M>)")
     if error.errno in NOT_WRITABLE:
         return OutputPathError(f"{path}: cannot write it: {error.strerror} ({name}); give an "
                                "--out on a writable disk")

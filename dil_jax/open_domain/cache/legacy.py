@@ -9,7 +9,8 @@ shard of a /2 cache) holds:
   offsets.npy     [rows, p_len, 2] int32 character offsets in the passage text
   states.npy      [rows, p_len, code_width] lower states in the manifest's storage
   states.scale.npy      [rows, p_len] float32 (int8, pca<d>)
-  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>)
+  states.pca_mean.npy   [hidden], states.pca_basis.npy [hidden, d] float32 (pca<d>; pq<M>:
+                  d = hidden, and states.pq_codebook.npy: `Storage.basis_shapes`)
   upper_*.npy     the first upper block's arrays (`reuse`), each with its `.scale.npy` if scaled
 
 Every array is a read-only memory map, so reading rows touches only those rows (and the padding
@@ -45,7 +46,8 @@ class StoredArray:
     """One float array of a padded cache, [rows, p_len, width], in its storage (read-only).
 
     Files: `{stem}.npy` (codes, [rows, p_len, code_width]), `{stem}.scale.npy` ([rows, p_len],
-    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>). A file missing,
+    scaled schemes), `{stem}.pca_mean.npy` / `{stem}.pca_basis.npy` (pca<d>, pq<M>),
+    `{stem}.pq_codebook.npy` (pq<M>). A file missing,
     truncated, or of the wrong shape or dtype is CacheBrokenError naming it.
     """
 
@@ -61,11 +63,10 @@ class StoredArray:
         self.scale = (load_array(directory / f"{stem}.scale.npy", (rows, length))
                       if storage.scaled else None)
         self.pca = None
-        if storage.pca_dim is not None:
-            self.pca = PcaBasis(
-                np.asarray(load_array(directory / f"{stem}.pca_mean.npy", (width,))),
-                np.asarray(load_array(directory / f"{stem}.pca_basis.npy",
-                                      (width, storage.pca_dim))))
+        if storage.has_basis:
+            self.pca = PcaBasis.of({
+                suffix: np.asarray(load_array(directory / f"{stem}.{suffix}.npy", shape))
+                for suffix, shape in storage.basis_shapes(width).items()})
 
     def read(self, indices: Sequence[int]) -> np.ndarray:
         """[len(indices), p_len, width] float32: those rows, decoded."""

@@ -7,9 +7,12 @@ the folder's real tokens (`num_tokens` in its manifest):
   token_starts   [rows + 1] int64   row r is tokens token_starts[r] .. token_starts[r + 1] - 1
   ids            [T] int32          `p [SEP]` token ids (padding reads back as the pad_id)
   offsets        [T, 2] int32       character offsets in the passage text (padding: NO_OFFSET)
-  states         [T, code_width]    lower states in the storage's codes (absent for k = 0)
+  states         [T, code_width]    lower states in the storage's codes (absent for k = 0;
+                                    pq<M>: [T, M] uint8)
   states.scale   [T] float32        per-token scales (scaled schemes)
-  states.pca_mean [hidden], states.pca_basis [hidden, d] float32 (pca<d>)
+  states.pca_mean [hidden], states.pca_basis [hidden, d] float32 (pca<d>; pq<M>: d = hidden,
+                 the rotation), states.pq_codebook [M, 256, hidden / M] float32 (pq<M>): the
+                 fitted side arrays (`storage.BASIS_SUFFIXES`), each stored whole
   upper_*        the first upper block's arrays (`reuse`), as states (`.scale` where scaled)
 
 The mask is not stored: a row's real tokens are a prefix of it (`cache.ragged`). `RaggedPart`
@@ -53,25 +56,11 @@ def stored_arrays(stem: str, storage: Storage, width: int
     return arrays
 
 
-# A fitted scheme's side arrays (what `PcaBasis` holds), each a zarr array `{stem}.{suffix}`
-# stored whole, float32: PcaBasis field -> suffix. A scheme with more (a codebook) adds its own
-# here and in `pca_arrays`.
-BASIS_SUFFIXES = {"mean": "pca_mean", "basis": "pca_basis"}
-
-
-def pca_arrays(stem: str, storage: Storage, width: int) -> dict[str, tuple[int, ...]]:
-    """The side arrays of an array `stem` [rows, p_len, width] in `storage` (a pca<d> basis;
-    none for the other schemes): suffix -> shape."""
-    if storage.pca_dim is None:
-        return {}
-    return {"pca_mean": (width,), "pca_basis": (width, storage.pca_dim)}
-
-
 def write_pca(location: Location, stem: str, pca: PcaBasis) -> None:
-    """Stores the side arrays of the array `stem` (`BASIS_SUFFIXES`) under `location`, each
-    whole, as zarr arrays `{stem}.{suffix}`."""
-    for field, suffix in BASIS_SUFFIXES.items():
-        values, name = np.asarray(getattr(pca, field), np.float32), f"{stem}.{suffix}"
+    """Stores the side arrays of the array `stem` (`PcaBasis.arrays`, by `BASIS_SUFFIXES`)
+    under `location`, each whole, as zarr arrays `{stem}.{suffix}`."""
+    for suffix, array in pca.arrays().items():
+        values, name = np.asarray(array, np.float32), f"{stem}.{suffix}"
         grid = TokenGrid(max(len(values), 1), max(len(values), 1))
         write_tokens(create_array(location, name, values.shape, np.float32, grid), 0, values,
                      location / name)
@@ -79,13 +68,11 @@ def write_pca(location: Location, stem: str, pca: PcaBasis) -> None:
 
 def read_pca(location: Location, stem: str, storage: Storage, width: int) -> PcaBasis | None:
     """The side arrays `write_pca` stored (None for a scheme without any); CacheBrokenError
-    naming an array that is missing or not of the shape `pca_arrays` says."""
+    naming an array that is missing or not of the shape `Storage.basis_shapes` says."""
     side = {suffix: read_all(open_array(location, f"{stem}.{suffix}", shape, np.float32),
                              location / f"{stem}.{suffix}")
-            for suffix, shape in pca_arrays(stem, storage, width).items()}
-    if not side:
-        return None
-    return PcaBasis(**{field: side[suffix] for field, suffix in BASIS_SUFFIXES.items()})
+            for suffix, shape in storage.basis_shapes(width).items()}
+    return PcaBasis.of(side) if side else None
 
 
 class RaggedPart:

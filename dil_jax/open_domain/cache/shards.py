@@ -50,7 +50,7 @@ from dil_jax.open_domain.cache.manifest import (
     shard_name,
 )
 from dil_jax.open_domain.cache.ragged_store import read_pca, write_pca
-from dil_jax.open_domain.cache.storage import PcaBasis, fit_pca
+from dil_jax.open_domain.cache.storage import PcaBasis
 from dil_jax.open_domain.cache.store import (
     CacheMismatchError,
     PassageCache,
@@ -157,19 +157,18 @@ def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: n
                      offsets: np.ndarray, encode: StatesEncoder | None
                      ) -> PcaBasis | None:
     """(process 0) The staging folder of a sharded build, kept if planned alike (its finished
-    and partial shards resume), else new; returns the PCA basis every shard stores (pca<d>:
-    fitted once here, on the sample an unsharded build fits on, and stored in the staging
-    folder, `_shared_basis`). plan.json is written last: the other processes start their shards
-    when it appears."""
-    pca_dim = top.key.storage.pca_dim
-    has_basis = encode is not None and pca_dim is not None
+    and partial shards resume), else new; returns the basis every shard stores (pca<d>; pq<M>
+    with its codebook: fitted once here, on the sample an unsharded build fits on, and stored
+    in the staging folder, `_shared_basis`). plan.json is written last: the other processes
+    start their shards when it appears."""
+    has_basis = encode is not None and top.key.storage.has_basis
     if _is_planned(staging, top):
         return _shared_basis(staging, top, encode)
     shutil.rmtree(staging, ignore_errors=True)
     (staging / SHARDS_DIR).mkdir(parents=True)
     pca = None
     if has_basis:
-        pca = fit_pca(pca_sample(ids, mask, offsets, encode), pca_dim)
+        pca = top.key.storage.fit(pca_sample(ids, mask, offsets, encode))
         write_pca(Location.of(staging), "states", pca)
     write_json_atomic(staging / PLAN_FILE, top.to_json())
     return pca
@@ -177,8 +176,8 @@ def _prepare_staging(staging: Path, top: CacheManifest, ids: np.ndarray, mask: n
 
 def _shared_basis(staging: Path, top: CacheManifest, encode: StatesEncoder | None
                   ) -> PcaBasis | None:
-    """The PCA basis process 0 stored in the staging folder of a sharded pca<d> build (None
-    for another scheme, or k = 0)."""
+    """The basis process 0 stored in the staging folder of a sharded pca<d> or pq<M> build
+    (None for another scheme, or k = 0)."""
     if encode is None:
         return None
     return read_pca(Location.of(staging), "states", top.key.storage, top.key.hidden_size)

@@ -22,13 +22,14 @@ URL that tensorstore's kvstore opens (`cache.location`: gs://, s3://, file://), 
   ids/, offsets/  [num_tokens] int32, [num_tokens, 2] int32: real tokens only, no padding
   states/         [num_tokens, code_width] lower states in the manifest's storage
                   (`dil_jax.open_domain.cache.storage`: float32, bfloat16 as uint16 bits, int8
-                  codes, or [.., d] int8 PCA coordinates); absent for k = 0, whose passage
-                  states depend on the question
+                  codes, [.., d] int8 PCA coordinates, or [.., M] uint8 pq codes); absent for
+                  k = 0, whose passage states depend on the question
   states.scale/   [num_tokens] float32, per-token scales (int8, pca<d>)
-  states.pca_mean/ [hidden], states.pca_basis/ [hidden, d] float32 (pca<d>)
+  states.pca_mean/ [hidden], states.pca_basis/ [hidden, d] float32 (pca<d>; pq<M>: d = hidden,
+                  its rotation), states.pq_codebook/ [M, 256, hidden / M] float32 (pq<M>)
   upper_*/        with `reuse` (`dil-jax index --cache-reuse`): the first upper block's passage
                   q/k/v and attention statistics (`dil_jax.open_domain.cache.reuse`), in the same
-                  storage (int8 for pca<d>), each with its `.scale/` where scaled
+                  storage (int8 for pca<d> and pq<M>), each with its `.scale/` where scaled
 
 each a zarr v3 array, chunked along the tokens and sharded (`cache.zarr_store`: one file per
 shard, a crc32c on every chunk), read by `cache.ragged_store.RaggedPart`. Reading rows gathers
@@ -43,7 +44,8 @@ A cache built by several processes (`dil-jax index --num-processes N`, one shard
   manifest.json   the fields above plus `chunk_passages` and `shards` ([{name, start, stop}]:
                   shard i holds global rows start .. stop - 1), no arrays of its own
   shards/shard-00000-of-00002/   a cache folder as above (its manifest adds `shard`), rows
-                  [start, stop); every shard of a pca<d> cache holds the same basis
+                  [start, stop); every shard of a pca<d> or pq<M> cache holds the same basis
+                  (and codebook)
 
 Caches of earlier builds (CACHE_FORMAT /1, SHARDED_FORMAT /2: padded `.npy` arrays
 [rows, p_len, ...], memory-mapped) are read as before (`cache.legacy`), from local folders;
@@ -105,7 +107,7 @@ from dil_jax.open_domain.cache.storage import FLOAT32, CacheStorageError, Storag
 VERIFY_LEVELS = ("sampled", "full", "none")
 
 # The first-upper-block arrays of a `reuse` cache (dil_jax.open_domain.cache.reuse explains them):
-# [rows, p_len, hidden] in the cache's storage (pca<d>: int8, they have no basis of their own) ...
+# [rows, p_len, hidden] in the cache's storage (pca<d>, pq<M>: int8, `Storage.without_pca`) ...
 REUSE_WIDE_ARRAYS = ("upper_query", "upper_key", "upper_value", "upper_context")
 # ... and [rows, p_len, heads] float32 always (an error here is amplified by exp()).
 REUSE_LSE_ARRAY = "upper_logsumexp"
@@ -167,11 +169,9 @@ class StoredRows:
                      else directory / SHARDS_DIR / "*" / stem)
         first = self.parts[0]
         for part in self.parts[1:]:
-            if first.pca is not None and not (
-                    np.array_equal(part.pca.mean, first.pca.mean)
-                    and np.array_equal(part.pca.basis, first.pca.basis)):
-                raise broken(part.path, "its PCA basis differs from the first shard's; every "
-                                        "shard must hold the same")
+            if first.pca is not None and not part.pca.equals(first.pca):
+                raise broken(part.path, "its PCA basis (or pq codebook) differs from the first "
+                                        "shard's; every shard must hold the same")
 
     def read(self, indices: Sequence[int]) -> np.ndarray:
         """[len(indices), p_len, width] float32: those rows, decoded."""

@@ -67,7 +67,7 @@ from dil_jax.open_domain.cache.manifest import (
 from dil_jax.open_domain.cache.ragged import starts_of
 from dil_jax.open_domain.cache.ragged_store import read_pca, write_pca
 from dil_jax.open_domain.cache.shards import row_range, sharded_manifest, wait_for
-from dil_jax.open_domain.cache.storage import PcaBasis, fit_pca
+from dil_jax.open_domain.cache.storage import PcaBasis
 from dil_jax.open_domain.cache.store import (
     CacheBrokenError,
     CacheMismatchError,
@@ -221,8 +221,8 @@ def _prepare_plan(location: Location, top: CacheManifest, ids: np.ndarray, mask:
         return _stored_basis(location, top, encode)
     location.delete_all()
     pca = None
-    if encode is not None and top.key.storage.pca_dim is not None:
-        pca = fit_pca(pca_sample(ids, mask, offsets, encode), top.key.storage.pca_dim)
+    if encode is not None and top.key.storage.has_basis:
+        pca = top.key.storage.fit(pca_sample(ids, mask, offsets, encode))
         write_pca(location, "states", pca)
     write_json_at(location, PLAN_FILE, top.to_json())
     return pca
