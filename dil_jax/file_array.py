@@ -40,18 +40,18 @@ def _pread_exact(fd: int, size: int, offset: int, path: Path) -> bytes:
     return b"".join(parts)
 
 
-class FileArray:
-    """A read-only C-order array [shape] stored in the file at `path` from byte `offset`
-    (module docstring). The file stays open while the array lives."""
+class RowReader:
+    """Row indexing over `_range(start, stop)` (rows start .. stop - 1, one read): a[rows],
+    a[row], a[start:stop], a[rows, i], np.asarray(a), iteration; what FileArray and the
+    windows file's padded-back rows (`index.windows.RaggedRows`) share. Subclasses set `shape`
+    and `dtype` and name themselves in errors (`_name`)."""
 
-    def __init__(self, path: Path, offset: int, shape: tuple[int, ...], dtype):
-        self.path, self.offset = Path(path), int(offset)
-        self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
-        self.ndim = len(self.shape)
-        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
-        self._fd = os.open(self.path, os.O_RDONLY)
-        # Closed with the array (or at exit, while `os` is still there: not a __del__).
-        weakref.finalize(self, os.close, self._fd)
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    _name = "an array"
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -76,6 +76,39 @@ class FileArray:
             rows = self.take(np.asarray(row_key, np.int64))
         return rows[(slice(None),) + rest]
 
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """[len(rows), ...] those rows, in order (negative ones count from the end); one read
+        per run of consecutive rows."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        rows = np.where(rows < 0, rows + len(self), rows)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"row out of range for {self._name} of {len(self)} rows")
+        out = np.empty((len(rows),) + self.shape[1:], self.dtype)
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        for begin, end in zip(np.concatenate([[0], breaks]),
+                              np.concatenate([breaks, [len(rows)]]), strict=True):
+            if end > begin:
+                out[begin:end] = self._range(int(rows[begin]), int(rows[begin]) + end - begin)
+        return out
+
+
+class FileArray(RowReader):
+    """A read-only C-order array [shape] stored in the file at `path` from byte `offset`
+    (module docstring). The file stays open while the array lives."""
+
+    def __init__(self, path: Path, offset: int, shape: tuple[int, ...], dtype):
+        self.path, self.offset = Path(path), int(offset)
+        self.shape, self.dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        self.ndim = len(self.shape)
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._fd = os.open(self.path, os.O_RDONLY)
+        # Closed with the array (or at exit, while `os` is still there: not a __del__).
+        weakref.finalize(self, os.close, self._fd)
+
+    @property
+    def _name(self) -> str:
+        return str(self.path)
+
     def row_range(self, start: int, stop: int) -> FileArray:
         """Rows start .. stop - 1 as a FileArray of their own (a shard's rows): nothing read,
         where `a[start:stop]` reads them."""
@@ -90,21 +123,6 @@ class FileArray:
         data = _pread_exact(self._fd, count * self.row_bytes,
                             self.offset + start * self.row_bytes, self.path)
         return np.frombuffer(data, self.dtype).reshape((count,) + self.shape[1:]).copy()
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """[len(rows), ...] those rows, in order (negative ones count from the end); one read
-        per run of consecutive rows."""
-        rows = np.asarray(rows, np.int64).reshape(-1)
-        rows = np.where(rows < 0, rows + len(self), rows)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
-            raise IndexError(f"row out of range for {self.path} of {len(self)} rows")
-        out = np.empty((len(rows),) + self.shape[1:], self.dtype)
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        for begin, end in zip(np.concatenate([[0], breaks]),
-                              np.concatenate([breaks, [len(rows)]]), strict=True):
-            if end > begin:
-                out[begin:end] = self._range(int(rows[begin]), int(rows[begin]) + end - begin)
-        return out
 
 
 def npy_rows(path: Path) -> FileArray:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from dil_jax.data.features import window_contexts
-from dil_jax.file_array import FileArray
+from dil_jax.file_array import FileArray, RowReader
 from dil_jax.tokenization import NO_OFFSET
 
 WINDOWS_FILE = "windows.npz"
@@ -97,17 +97,6 @@ def ragged_block(ids: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
     return dict(length=length, token_ids=ids[real].astype(np.int32),
                 token_offsets=offsets[real].astype(np.int32),
                 token_max_context=max_context[real].astype(bool))
-
-
-def _blocks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
-    block = []
-    for text in texts:
-        block.append(text)
-        if len(block) == size:
-            yield block
-            block = []
-    if block:
-        yield block
 
 
 _MEMBER_DTYPES = dict(first=np.int64, count=np.int64, passage_of_row=np.int32,
@@ -271,13 +260,15 @@ def _has_member(path: Path, name: str) -> bool:
         return f"{name}.npy" in archive.namelist()
 
 
-class RaggedRows:
+class RaggedRows(RowReader):
     """Padded rows [num_rows, width, *tail] of a windows file's real tokens, read by rows like
     a `FileArray`: `a[rows]`, `a[row]`, `a[start:stop]`, `a[rows, i]`, `np.asarray(a)`,
     `a.row_range(start, stop)`. A row is its tokens (`flat[row_start[r]:row_start[r + 1]]`)
     then `pad` up to `width`; with `flat` None, the row's mask (1 for its tokens, 0 after).
 
     flat: [num_tokens, *tail] (FileArray or array); row_start: [num_rows + 1] int64."""
+
+    _name = "a windows file's rows"
 
     def __init__(self, flat: FileArray | np.ndarray | None,
                  row_start: FileArray | np.ndarray, width: int, pad: int | bool = 0,
@@ -287,29 +278,6 @@ class RaggedRows:
         self.shape = (len(row_start) - 1, self.width) + tail
         self.dtype = np.dtype(dtype or (np.int32 if flat is None else flat.dtype))
         self.ndim = len(self.shape)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = self._range(0, len(self))
-        return whole if dtype is None else whole.astype(dtype)
-
-    def __iter__(self) -> Iterator[np.ndarray]:
-        for start in range(0, len(self), 1 << 14):
-            yield from self._range(start, min(start + (1 << 14), len(self)))
-
-    def __getitem__(self, key):
-        row_key, rest = (key[0], key[1:]) if isinstance(key, tuple) else (key, ())
-        if isinstance(row_key, (int, np.integer)):
-            return self.take(np.asarray([row_key]))[(0,) + rest]
-        if isinstance(row_key, slice):
-            start, stop, step = row_key.indices(len(self))
-            rows = (self._range(start, max(start, stop)) if step == 1
-                    else self.take(np.arange(start, stop, step)))
-        else:
-            rows = self.take(np.asarray(row_key, np.int64))
-        return rows[(slice(None),) + rest]
 
     def row_range(self, start: int, stop: int) -> RaggedRows:
         """Rows start .. stop - 1 as a RaggedRows of their own (a shard's rows): nothing of
@@ -335,21 +303,6 @@ class RaggedRows:
         out = np.full((stop - start,) + self.shape[1:], self.pad, self.dtype)
         if bounds.size > 1 and bounds[-1] > bounds[0]:
             out[real] = np.asarray(self.flat[int(bounds[0]):int(bounds[-1])])
-        return out
-
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """[len(rows), width, *tail] those rows, in order (negative ones count from the end);
-        one read per run of consecutive rows."""
-        rows = np.asarray(rows, np.int64).reshape(-1)
-        rows = np.where(rows < 0, rows + len(self), rows)
-        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
-            raise IndexError(f"row out of range of {len(self)} rows")
-        out = np.empty((len(rows),) + self.shape[1:], self.dtype)
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        for begin, end in zip(np.concatenate([[0], breaks]),
-                              np.concatenate([breaks, [len(rows)]]), strict=True):
-            if end > begin:
-                out[begin:end] = self._range(int(rows[begin]), int(rows[begin]) + end - begin)
         return out
 
 
