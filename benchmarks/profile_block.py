@@ -88,7 +88,7 @@ def main() -> None:
     w1, b1, w2, b2 = (jnp.asarray(p[name][k])
                       for name in ("ffn_in", "ffn_out") for k in ("kernel", "bias"))
     norm = layer.output.LayerNorm
-    ln = layers._layer_norm(cfg, "norm")
+    ln = layers.layer_norm(cfg, "norm")
     ln_params = {"params": p["output_norm"]}
     jx = jnp.asarray(x)
 
