@@ -5,6 +5,7 @@
         --cache-record docs/results/cache_compression_k4.json \\
         --retrieval-record benchmarks/results/retrieval.json \\
         --bm25-build-record benchmarks/results/bm25_build_memory.json \\
+        --bm25-bound-record benchmarks/results/bm25_build_memory_pretouch.json \\
         --query-memory-record benchmarks/results/odqa_query_memory.json \\
         --out docs/results/wikipedia_projection
 
@@ -28,7 +29,9 @@ scaling to 21M passages is linear and stated as such:
              streaming build's (`dil-jax index --retriever pyserini`: one indexing thread)
              seconds and peak RSS from the BM25 build-memory record: the marginal seconds per
              passage between its two largest corpora, and its peak's growth per passage
-             between its smallest and largest, both carried on linearly to 21M passages;
+             between its smallest and largest, both carried on linearly to 21M passages
+             (the peak through `--bm25-bound-record`'s rows when given: the same build with
+             its heap resident from the start, so the capped heap's filling is not carried);
   build      the analytical matmul FLOPs of the cache build per window at 192 token slots
              (`dil_jax.bench.flops`: embeddings and k lower blocks, + the first upper block's
              projections and attention statistics with --cache-reuse; padding slots are
@@ -198,24 +201,40 @@ def linear_at(x: float, x0: float, y0: float, x1: float, y1: float) -> float:
     return y1 + (y1 - y0) / (x1 - x0) * (x - x1)
 
 
-def lucene_build(bm25_record: dict[str, Any], passages: int) -> dict[str, Any]:
+def lucene_build(bm25_record: dict[str, Any], passages: int,
+                 bound_record: dict[str, Any] | None = None) -> dict[str, Any]:
     """The streaming Lucene build (the record's pyserini rows): hours at the marginal rate
-    between its two largest corpora, peak RSS on the line through its smallest and largest,
-    both at `passages` (linear extrapolations)."""
-    rows = sorted((row for row in bm25_record["rows"]
-                   if row["engine"] == "pyserini" and "error" not in row),
-                  key=lambda row: row["passages"])
-    small, before, large = rows[0], rows[-2], rows[-1]
+    between its two largest corpora, and peak RSS on the line through its smallest and largest,
+    both at `passages` (linear extrapolations).
+
+    bound_record: the same build with the JVM's heap resident from its start
+    (`-XX:+AlwaysPreTouch`). The heap is capped, so most of a plain build's growth is heap pages
+    touched up to that cap, which stops at the cap: carried on linearly it overstates. With the
+    heap resident in every row, what still grows is what truly grows with the corpus, so the
+    peak is projected on the line through that record's rows instead (`peak_from` says which).
+    """
+    rows = _pyserini_rows(bm25_record)
+    before, large = rows[-2], rows[-1]
     seconds = linear_at(passages, before["passages"], before["seconds"], large["passages"],
                         large["seconds"])
-    peak = linear_at(passages, small["passages"], small["peak_mib"], large["passages"],
-                     large["peak_mib"])
+    peak_rows = _pyserini_rows(bound_record) if bound_record else rows
+    low, high = peak_rows[0], peak_rows[-1]
+    peak = linear_at(passages, low["passages"], low["peak_mib"], high["passages"],
+                     high["peak_mib"])
     return dict(measured=[dict(passages=row["passages"], seconds=row["seconds"],
                                peak_mib=row["peak_mib"]) for row in rows],
                 passages_per_s=(large["passages"] - before["passages"])
                 / (large["seconds"] - before["seconds"]),
                 hours=seconds / 3600, peak_gib=peak / 1024,
+                peak_from="heap resident from the start" if bound_record else "plain build",
                 machine=f"{bm25_record['machine']}, {bm25_record['cpus']} CPUs")
+
+
+def _pyserini_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A build-memory record's pyserini rows that finished, smallest corpus first."""
+    return sorted((row for row in record["rows"]
+                   if row["engine"] == "pyserini" and "error" not in row),
+                  key=lambda row: row["passages"])
 
 
 def reader_config(hidden: int, layers: int, num_heads: int, intermediate_size: int,
@@ -301,6 +320,7 @@ class Records:
     query_memory: dict[str, Any]
     cache: dict[str, Any] | None
     files: dict[str, str]
+    bm25_bound: dict[str, Any] | None = None  # the build with its heap resident from the start
 
 
 def project(records: Records, storages: Sequence[str] = DEFAULT_STORAGES,
@@ -324,7 +344,7 @@ def project(records: Records, storages: Sequence[str] = DEFAULT_STORAGES,
         reader=dict(checkpoint=rate["checkpoint"], hidden=rate["hidden"],
                     num_heads=rate["num_heads"], k=rate["k"]),
         index_files=files, index_files_gb=sum(row["gb"] for row in files), cache=cache,
-        lucene_build=lucene_build(records.bm25_build, passages),
+        lucene_build=lucene_build(records.bm25_build, passages, records.bm25_bound),
         cache_builds=cache_builds(rate, windows),
         this_machine=dict(windows_per_s=rate["windows_per_s"], flop_per_s=rate["flop_per_s"],
                           cpu=records.passages["machine"]["cpu"],
@@ -377,7 +397,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", f"Streaming Lucene build (one indexing thread; {files['bm25_build']}, "
                   f"{lucene['machine']}; measured {measured}; marginal rate "
                   f"{lucene['passages_per_s']:,.0f} passages/s): {lucene['hours']:.1f} h, peak "
-                  f"RSS {lucene['peak_gib']:.2f} GiB at {n:,} passages.", ""]
+                  f"RSS {lucene['peak_gib']:.2f} GiB at {n:,} passages (on the line through "
+                  f"the {lucene['peak_from']} rows"
+                  + (f", {files['bm25_bound']}" if "bm25_bound" in files else "") + ").", ""]
     machine = result["this_machine"]
     names = list(result["assumptions"]["accelerators"])
     header = " | ".join(f"{name} min at peak | at {ASSUMED_UTILISATION:.0%}" for name in names)
@@ -424,7 +446,7 @@ def read_records(paths: dict[str, Path | None]) -> Records:
             raise ValueError(f"{path}: cannot be read as JSON ({error})") from error
     return Records(passages=loaded["passages"], retrieval=loaded["retrieval"],
                    bm25_build=loaded["bm25_build"], query_memory=loaded["query_memory"],
-                   cache=loaded.get("cache"),
+                   cache=loaded.get("cache"), bm25_bound=loaded.get("bm25_bound"),
                    files={role: str(path) for role, path in paths.items() if path is not None})
 
 
@@ -439,6 +461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="benchmarks/retrieval.py's JSON (the Lucene index's size)")
     parser.add_argument("--bm25-build-record", type=Path, required=True,
                         help="benchmarks/bm25_build_memory.py's JSON")
+    parser.add_argument("--bm25-bound-record", type=Path,
+                        help="the same build with -XX:+AlwaysPreTouch (the peak's bound)")
     parser.add_argument("--query-memory-record", type=Path, required=True,
                         help="benchmarks/odqa_query_memory.py's JSON")
     parser.add_argument("--storages", nargs="+", default=list(DEFAULT_STORAGES))
@@ -453,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = read_records(dict(
             passages=args.passages_record, cache=args.cache_record,
             retrieval=args.retrieval_record, bm25_build=args.bm25_build_record,
-            query_memory=args.query_memory_record))
+            bm25_bound=args.bm25_bound_record, query_memory=args.query_memory_record))
     except ValueError as error:
         parser.error(str(error))
     from dil_jax.atomic import write_atomic

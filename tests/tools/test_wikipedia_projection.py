@@ -127,6 +127,19 @@ def test_builds_by_hand():
     assert lucene["hours"] == pytest.approx(55 / 3600)
     assert lucene["passages_per_s"] == pytest.approx(200 / 10)
     assert lucene["peak_gib"] == pytest.approx(190 / 1024)
+    assert lucene["peak_from"] == "plain build"
+    # With the heap-resident record, the peak is on its line instead, the hours unchanged:
+    # through (100, 300 MiB) and (1,000, 309 MiB): 309 + 0.01 x 0 = 309 MiB at N = 1,000.
+    bound = dict(machine="m", cpus=2, rows=[
+        dict(engine="pyserini", passages=100, seconds=1.0, peak_mib=300.0),
+        dict(engine="pyserini", passages=1000, seconds=9.0, peak_mib=309.0),
+        dict(engine="pyserini", passages=5000, error="killed")])
+    bounded = projection.project(dataclasses.replace(records(), bm25_bound=bound), ["int8"],
+                                 passages=10 * N)["lucene_build"]
+    assert bounded["peak_gib"] == pytest.approx((309 + 0.01 * 9000) / 1024)
+    assert bounded["peak_from"] == "heap resident from the start"
+    assert bounded["hours"] == pytest.approx(
+        (25 + 10 / 200 * (10 * N - 400)) / 3600)
     assert PER_WINDOW == 2_944_401_408
     plain, reuse = result["cache_builds"][:2]
     assert (plain["k"], plain["reuse"], reuse["reuse"]) == (4, False, True)
