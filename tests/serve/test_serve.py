@@ -118,6 +118,18 @@ def test_nothing_compiles_after_ready(server):
         "a request compiled a program after /readyz"
 
 
+def test_weights_are_on_the_device_once(server):
+    """The readers' params are device arrays, shared by every batch shape: a host array would
+    be copied to the device at each program call."""
+    import jax
+
+    _, engine = server
+    for served in engine.readers.values():
+        params = served.reader.reader.params
+        assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(params))
+        assert all(shaped.reader.params is params for shaped in served.shapes.values())
+
+
 def test_the_idle_warm_up_compiles_the_narrower_programs_then_stops(server):
     """Between requests the worker compiles the narrower chunk programs (/readyz counts
     them), then compiles nothing more; answers read through them are the same."""
