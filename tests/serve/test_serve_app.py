@@ -44,7 +44,7 @@ from dil_jax.serve.shapes import (
     passage_widths,
     question_widths,
 )
-from dil_jax.serve.worker import QueueFull, Worker
+from dil_jax.serve.worker import IDLE, Job, QueueFull, Worker, batch_deadline
 
 from tests.helpers import REPO, free_port
 from tests.helpers.serving import FakeEngine
@@ -279,6 +279,62 @@ def test_widths_and_the_pair_counts_of_each_class_and_chunk_rows():
 
 
 # ----------------------------------------------------------------------------- the worker
+
+def test_a_lone_job_after_a_lone_batch_leaves_at_once():
+    """The batching deadline: max_wait_s after the oldest job while there is company to wait
+    for (several queued, or the last batch held several), else at once."""
+    assert batch_deadline(100.0, 0.005, queued=1, last_batch=1) == 100.0
+    assert batch_deadline(100.0, 0.005, queued=2, last_batch=1) == 100.005
+    assert batch_deadline(100.0, 0.005, queued=1, last_batch=3) == 100.005
+
+
+class _Waits(threading.Condition):
+    """A Condition that records each wait's timeout and, instead of sleeping, runs `then`
+    (which queues what the waiter was waiting for)."""
+
+    def __init__(self, then):
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self.then = then
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        self.then()
+        return True
+
+
+def _job(payload: str) -> Job:
+    from concurrent.futures import Future
+
+    return Job("answer", "full", payload, Future())
+
+
+def test_gather_waits_for_company_only_when_there_is_some():
+    worker = Worker({"answer": lambda reader, payloads: payloads}, max_batch=2,
+                    max_wait_s=3600.0)
+    worker._cond = _Waits(lambda: worker._queue.append(_job("company")))
+    worker._queue.append(_job("alone"))
+    # A lone job (the last batch was lone too: a fresh worker): no wait for an hour.
+    assert [job.payload for job in worker._gather()] == ["alone"]
+    assert worker._cond.timeouts == []
+    # Two queued: a batch of two; then a lone job waits for company (which comes).
+    worker._queue.extend([_job("a"), _job("b")])
+    assert [job.payload for job in worker._gather()] == ["a", "b"]
+    worker._queue.append(_job("c"))
+    assert [job.payload for job in worker._gather()] == ["c", "company"]
+    assert len(worker._cond.timeouts) == 1 and 0 < worker._cond.timeouts[0] <= 3600.0
+
+
+def test_idle_work_waits_for_a_quiet_queue():
+    """The idle warm-up starts only once the queue has been empty for idle_after_s since the
+    last batch: a client that sends its next request at once never finds it compiling."""
+    worker = Worker({"answer": lambda reader, payloads: payloads}, idle=lambda: True,
+                    idle_after_s=3600.0)
+    worker._cond = _Waits(lambda: worker._queue.append(_job("next")))
+    assert worker._gather() is IDLE  # no batch yet: at once
+    worker._process([])  # a batch just ended
+    assert [job.payload for job in worker._gather()] == ["next"]  # waited; the job came
+    assert len(worker._cond.timeouts) == 1 and 0 < worker._cond.timeouts[0] <= 3600.0
 
 def _echo_worker(**options) -> tuple[Worker, list]:
     batches = []
