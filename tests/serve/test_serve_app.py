@@ -38,11 +38,13 @@ from dil_jax.serve.schemas import (
     parse_read_request,
 )
 from dil_jax.serve.shapes import (
+    ChunkProgram,
     HoistClass,
     pair_counts_by_rows,
     passage_rows,
     passage_widths,
     question_widths,
+    ready_programs,
 )
 from dil_jax.serve.worker import IDLE, Job, QueueFull, Worker, batch_deadline
 
@@ -276,6 +278,30 @@ def test_widths_and_the_pair_counts_of_each_class_and_chunk_rows():
     assert small[HoistClass(1, True, True), 8] == 12 and small[HoistClass(1, True, True), 4] == 12
     assert all(c.cached_passages and not c.passages_projected
                for c, _ in pair_counts_by_rows(_plan(True), True, 2, 6, 24, 8, rows_of_8))
+
+
+def test_a_one_window_context_has_its_one_row_program_before_ready():
+    """Before ready: the widest program of each class (most rows, widest widths), and the
+    fewest-row one of a single pair's class, which a one-window /v1/read runs (else it would
+    run padded to a whole chunk: 8x its work on a CPU)."""
+    plain = HoistClass(1, False, False)
+    counts = pair_counts_by_rows(_plan(False), False, 8, 232, 500, 8, [1, 2, 4, 8])
+    assert ready_programs(counts, 32, 192, plain, 1) == [
+        ChunkProgram(plain, 5, 8, 32, 192), ChunkProgram(plain, 1, 1, 32, 192)]
+    # Hoisting: the widest of both classes, then the lone pair's (unprojected) class at 1 row.
+    counts = pair_counts_by_rows(_plan(True), False, 8, 232, 400, 8, [1, 2, 4, 8])
+    ready = ready_programs(counts, 32, 192, plain, 1)
+    assert [(p.hoist.questions_projected, p.rows, p.pairs) for p in ready] == [
+        (False, 8, 5), (True, 8, 16), (False, 1, 1)]
+    # A batch of one question projects from 2 pairs: its single pair's class holds one row
+    # only, so its widest is the one-row program already (not added twice).
+    counts = pair_counts_by_rows(_plan(True), False, 1, 29, 40, 8, [1, 2, 4, 8])
+    ready = ready_programs(counts, 32, 192, plain, 1)
+    assert [(p.hoist, p.rows) for p in ready].count((plain, 1)) == 1
+    # Two devices: chunks run at 2 rows at least.
+    counts = pair_counts_by_rows(_plan(False), False, 8, 232, 500, 8, [2, 4, 8])
+    assert ready_programs(counts, None, None, plain, 2)[-1] == ChunkProgram(plain, 1, 2, None,
+                                                                            None)
 
 
 # ----------------------------------------------------------------------------- the worker
