@@ -251,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = uvicorn.Server(server_config(app, "127.0.0.1", port))
-    threading.Thread(target=server.run, daemon=True).start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     started = time.perf_counter()
     while not engine.worker.accepting:
         if engine.worker.failure is not None:
@@ -269,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
               "cpu": cpu_model(), "cpus": os.cpu_count(), "commit": code_commit(),
               "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
               "background_total": background["total"], "levels": levels}
+    # Stopped before the interpreter exits (its shutdown stops the worker in an executor).
     server.should_exit = True
+    thread.join(120)
     table = markdown(record)
     print(table)
     if args.out:
