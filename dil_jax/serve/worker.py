@@ -112,7 +112,8 @@ class Worker:
         self.handlers = dict(handlers)
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
         self.idle_after_s = idle_after_s
-        # The jobs of the last batch and when it ended (`batch_deadline`, the idle work's wait).
+        # The jobs of the last batch and when it ended (`batch_deadline`, the idle work's wait;
+        # before any batch: when the worker became ready).
         self._last_batch, self._last_done = 1, -math.inf
         self._setup, self._on_batch, self._on_depth = setup, on_batch, on_depth
         self._idle, self._idle_pending = idle, idle is not None
@@ -208,6 +209,8 @@ class Worker:
             self.failure = error
             log.exception("the serve worker failed to start")
             return
+        # A client that starts as soon as /readyz says so does not find the worker compiling.
+        self._last_done = time.monotonic()
         self.ready.set()
         while (jobs := self._gather()) is not None:
             if jobs is IDLE:

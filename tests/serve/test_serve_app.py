@@ -362,6 +362,7 @@ def test_idle_work_waits_for_a_quiet_queue():
     assert [job.payload for job in worker._gather()] == ["next"]  # waited; the job came
     assert len(worker._cond.timeouts) == 1 and 0 < worker._cond.timeouts[0] <= 3600.0
 
+
 def _echo_worker(**options) -> tuple[Worker, list]:
     batches = []
 
