@@ -65,7 +65,8 @@ def register(subparsers) -> None:
                              "one")
     parser.add_argument("--max-wait-ms", type=non_negative_int, default=5,
                         help="how long the worker waits for more questions after the first of "
-                             "a batch arrives")
+                             "a batch arrives (not after a lone batch: a lone request then "
+                             "leaves at once)")
     parser.add_argument("--max-queue", type=positive_int, default=64,
                         help="requests waiting for the worker before new ones get 503 with "
                              "Retry-After")

@@ -116,8 +116,9 @@ class Engine:
 
     def _setup(self) -> None:
         """Compiles the widest chunk program of every reader, batch shape and hoist class
-        (`WarmUpPlan`: enough to read anything), reads the whole request path once per reader
-        (`_check_path`), and leaves the narrower programs to `_compile_while_idle`."""
+        (`WarmUpPlan`: enough to read anything) and the one-row one of a one-window context,
+        reads the whole request path once per reader (`_check_path`), and leaves the narrower
+        programs to `_compile_while_idle`."""
         from dil_jax.reading.chunks import ShapeBook
         from dil_jax.serve.shapes import warm_up, warm_up_plan, warm_up_questions
 
@@ -138,7 +139,8 @@ class Engine:
         self.progress = {"stage": "compiling", "done": 0, "total": len(first),
                          "background": {"done": 0, "total": len(rest)}}
         log.info("warm-up: %d chunk programs before ready (the widest of each reader, batch "
-                 "shape and class), %d more while idle", len(first), len(rest))
+                 "shape and class, and a one-window context's), %d more while idle",
+                 len(first), len(rest))
         for name, shaped, program, questions in first:
             warm_up(shaped, program, questions)
             self.progress["done"] += 1

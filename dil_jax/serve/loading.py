@@ -149,7 +149,7 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     index = open_index(index_dir)
     served: dict[str, ServedReader] = {}
     for spec in specs:
-        loaded = load_spec_reader(spec, settings)
+        loaded = on_device(load_spec_reader(spec, settings))
         try:
             cache = index.open_cache(loaded, settings.storage)
         except CacheMismatchError as error:
@@ -183,6 +183,23 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
                                          shaped_readers(reader, settings.shape_counts(),
                                                         smaller))
     return served
+
+
+def on_device(reader: Any) -> Any:
+    """The reader with its weights copied to the devices once, replicated as every grid's
+    programs take them (`MeshGrid.replicated`). A reader loads them as host numpy arrays, and
+    a jitted call copies host arguments to the device at every call: for one `/v1/read` that
+    was the whole MiniLM (~90 MB) for the pair program and its word embeddings (~47 MB) for
+    the question's; the full reader's one-window read took 107 ms of CPU, 32 once placed
+    (docs/serving.md, "One context, one client"). The values are the same, so are the
+    answers."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from dil_jax.mesh import data_mesh
+
+    return reader.with_params(jax.device_put(reader.params,
+                                             NamedSharding(data_mesh(), PartitionSpec())))
 
 
 def shaped_readers(reader: Any, counts: tuple[int, ...], smaller: Callable[[int], Any]

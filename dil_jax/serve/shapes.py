@@ -29,6 +29,12 @@ Why the widest first (`WarmUpPlan`): a chunk can run at any compiled shape that 
 rows and wider widths are padding, masked as padding is: the grid's `ShapeBook`), so the widest
 shape of each class is enough to answer everything; the server is ready after those few and
 compiles the narrower ones, each a speed-up only, between requests (dil_jax.serve.engine).
+One narrower program is compiled before ready too: the fewest-row chunk (one row per device)
+at the widest widths of the class a single pair falls in (`ready_programs`), the chunk of a
+one-window `/v1/read`, which would otherwise run padded to a whole chunk (8 rows on a CPU: 8x
+its work) until the idle warm-up reaches it. Of the rest, the widest program of each row count
+comes first: the rows a chunk is padded to cost far more than its widths (up to 8x against
+~1.5x).
 
 The warm-up (`warm_up`) runs each program through the reader's own helpers
 (`_encode_question_batch`, `_passage_side`, `_cached_reuse`) and the grid's chunk loop, so the
@@ -178,6 +184,24 @@ class WarmUpPlan:
         return len(self.programs)
 
 
+def ready_programs(counts: dict[tuple[HoistClass, int], int], q_width: int | None,
+                   p_width: int | None, lone: HoistClass, fewest_rows: int
+                   ) -> list[ChunkProgram]:
+    """The programs compiled before ready, from `pair_counts_by_rows`' counts: the widest
+    (most rows, the widest widths q_width x p_width) of each hoist class, which holds every
+    chunk of its class, then the program of `lone`, the class of a single pair (a one-window
+    context), at the fewest rows a chunk runs at (`chunk_row_choices`' first: one per device),
+    when that is not one of them already."""
+    widest: dict[HoistClass, tuple[int, int]] = {}
+    for (hoist, chunk_rows), pairs in counts.items():
+        if chunk_rows > widest.get(hoist, (0, 0))[0]:
+            widest[hoist] = (chunk_rows, pairs)
+    programs = [ChunkProgram(hoist, pairs, chunk_rows, q_width, p_width)
+                for hoist, (chunk_rows, pairs) in widest.items()]
+    one_row = ChunkProgram(lone, counts[lone, fewest_rows], fewest_rows, q_width, p_width)
+    return programs + [one_row] * (one_row not in programs)
+
+
 def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
     """What `warm_up` compiles for this OpenDomainReader (its passage_rows must be set) when
     it reads at most `questions` questions at once (None: its grid's batch size)."""
@@ -205,19 +229,20 @@ def warm_up_plan(reader, questions: int | None = None) -> WarmUpPlan:
                                     grid.chunk_size, grid.chunk_row_choices())
         for key, pairs in found.items():
             counts.setdefault(key, pairs)
-    widest = {}
-    for (hoist, chunk_rows), pairs in counts.items():
-        if chunk_rows > widest.get(hoist, (0, 0))[0]:
-            widest[hoist] = (chunk_rows, pairs)
-    first = [ChunkProgram(hoist, pairs, chunk_rows, q_widths[-1], p_widths[-1])
-             for hoist, (chunk_rows, pairs) in widest.items()]
-    # The rest: whole chunks first (the answer route's), then the shorter ones (a lone
-    # context of /v1/read is one row), narrow before wide.
+    # A context's windows are never cached: a single pair's class is the uncached one.
+    lone = hoist_class_of(plan or _NO_HOIST, False, batch, rows, 1)
+    first = ready_programs(counts, q_widths[-1], p_widths[-1], lone,
+                           grid.chunk_row_choices()[0])
+    # The rest: the widest of each row count first (rows cost most), then whole chunks (the
+    # answer route's), then the shorter ones (a context of /v1/read holds few), narrow before
+    # wide.
     rest = [ChunkProgram(hoist, pairs, chunk_rows, q_width, p_width)
             for (hoist, chunk_rows), pairs in sorted(counts.items(),
                                                      key=lambda item: -item[0][1])
             for q_width in q_widths for p_width in p_widths]
-    rest = [program for program in rest if program not in first]
+    rest = sorted((program for program in rest if program not in first),
+                  key=lambda program: (program.q_width, program.p_width)
+                  != (q_widths[-1], p_widths[-1]))
     return WarmUpPlan(passage_rows=rows, programs=first + rest, ready_count=len(first),
                       question_widths=q_widths, passage_widths=p_widths)
 

@@ -4,8 +4,15 @@ Requests (on the event loop) `submit` a job and await its `Future`; the worker t
 the oldest job, waits for more until that job's arrival + `max_wait_s` (one deadline, so a
 request never waits longer than that for company, and under load, when the worker was busy
 past the deadline, a batch leaves at once) or until `max_batch` jobs, groups them by (kind,
-reader) and hands each group to its handler in one call. Every job carries its own Future, so
-results go back to the request that asked, whatever order the handler computed them in.
+reader) and hands each group to its handler in one call. A lone job after a lone batch leaves
+at once (`batch_deadline`): one client sending one request at a time never has company, and
+would wait max_wait_s for nothing each time. Every job carries its own Future, so results go
+back to the request that asked, whatever order the handler computed them in.
+
+Idle work (the narrower programs' warm-up) runs only once the queue has been empty for
+`idle_after_s` since the last batch: a piece of it cannot be interrupted (a compile, ~1 s), and
+a client sending its next request as soon as it has an answer would otherwise find the worker
+compiling, and wait, every time.
 
 Why one thread: JAX programs run one at a time on a device anyway, and a single owner makes
 the warm-up's guarantee (every shape compiled before the first request) hold: no other thread
@@ -37,6 +44,18 @@ Handler = Callable[[str, Sequence[Any]], Sequence[Any]]
 # What `_gather` returns when the queue is empty and idle work remains; compared by identity
 # (a batch whose jobs were all cancelled is another, empty, list).
 IDLE: list = []
+
+# How long the queue must have been empty since the last batch before idle work starts.
+IDLE_AFTER_S = 0.5
+
+
+def batch_deadline(oldest: float, max_wait_s: float, queued: int, last_batch: int) -> float:
+    """When a batch whose oldest job arrived at `oldest` leaves (unless max_batch jobs come
+    first): max_wait_s later while there is company to wait for (more than one job queued, or
+    the last batch held several: concurrent clients), else at once (a lone job after a lone
+    batch: nobody else is sending, and the wait would only add to its latency)."""
+    return oldest + max_wait_s if queued > 1 or last_batch > 1 else oldest
+
 
 
 class QueueFull(Exception):
@@ -77,18 +96,25 @@ class Worker:
 
     def __init__(self, handlers: Mapping[str, Handler], *, max_batch: int = 8,
                  max_wait_s: float = 0.005, max_queue: int = 64,
+                 idle_after_s: float = IDLE_AFTER_S,
                  setup: Callable[[], None] | None = None,
                  on_batch: Callable[[str, str, int, float], None] | None = None,
                  on_depth: Callable[[int], None] | None = None,
                  idle: Callable[[], bool] | None = None):
         """on_batch(kind, reader, size, seconds) after each handler call; on_depth(depth)
         whenever the queue's length changes; idle(): a short piece of background work, run in
-        the thread whenever the queue is empty, until it returns False (more to do: True)."""
-        if max_batch < 1 or max_queue < 1 or max_wait_s < 0:
+        the thread whenever the queue has been empty for idle_after_s since the last batch,
+        until it returns False (more to do: True)."""
+        if max_batch < 1 or max_queue < 1 or max_wait_s < 0 or idle_after_s < 0:
             raise ValueError(f"max_batch {max_batch}, max_queue {max_queue}: must be >= 1; "
-                             f"max_wait_s {max_wait_s}: must be >= 0")
+                             f"max_wait_s {max_wait_s}, idle_after_s {idle_after_s}: must be "
+                             ">= 0")
         self.handlers = dict(handlers)
         self.max_batch, self.max_wait_s, self.max_queue = max_batch, max_wait_s, max_queue
+        self.idle_after_s = idle_after_s
+        # The jobs of the last batch and when it ended (`batch_deadline`, the idle work's wait;
+        # before any batch: when the worker became ready).
+        self._last_batch, self._last_done = 1, -math.inf
         self._setup, self._on_batch, self._on_depth = setup, on_batch, on_depth
         self._idle, self._idle_pending = idle, idle is not None
         self._queue: collections.deque[Job] = collections.deque()
@@ -183,6 +209,8 @@ class Worker:
             self.failure = error
             log.exception("the serve worker failed to start")
             return
+        # A client that starts as soon as /readyz says so does not find the worker compiling.
+        self._last_done = time.monotonic()
         self.ready.set()
         while (jobs := self._gather()) is not None:
             if jobs is IDLE:
@@ -200,27 +228,40 @@ class Worker:
 
     def _gather(self) -> list[Job] | None:
         """The next batch: up to max_batch jobs, waiting until the oldest job's deadline for
-        more; IDLE when the queue is empty and idle work remains (run outside the lock, so
-        requests can queue meanwhile); None once stopping and the queue is empty."""
+        more (`batch_deadline`); IDLE when the queue has been empty for idle_after_s since the
+        last batch and idle work remains (run outside the lock, so requests can queue
+        meanwhile); None once stopping and the queue is empty."""
         with self._cond:
             while not self._queue:
                 if self._stopping:
                     return None
-                if self._idle_pending:
+                if not self._idle_pending:
+                    self._cond.wait()
+                    continue
+                quiet = self._last_done + self.idle_after_s - time.monotonic()
+                if quiet <= 0:
                     return IDLE
-                self._cond.wait()
-            deadline = self._queue[0].enqueued + self.max_wait_s
+                self._cond.wait(quiet)
+            deadline = batch_deadline(self._queue[0].enqueued, self.max_wait_s,
+                                      len(self._queue), self._last_batch)
             while len(self._queue) < self.max_batch and not self._stopping:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
             jobs = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+            self._last_batch = len(jobs)
             self._depth_changed()
         # A job whose request gave up (timeout, disconnect) is cancelled: skip it.
         return [job for job in jobs if job.future.set_running_or_notify_cancel()]
 
     def _process(self, jobs: list[Job]) -> None:
+        try:
+            self._process_groups(jobs)
+        finally:
+            self._last_done = time.monotonic()
+
+    def _process_groups(self, jobs: list[Job]) -> None:
         groups: dict[tuple[str, str], list[Job]] = {}
         for job in jobs:
             groups.setdefault((job.kind, job.reader), []).append(job)

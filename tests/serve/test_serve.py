@@ -118,6 +118,34 @@ def test_nothing_compiles_after_ready(server):
         "a request compiled a program after /readyz"
 
 
+def test_weights_are_on_the_device_once(server):
+    """The readers' params are device arrays, shared by every batch shape: a host array would
+    be copied to the device at each program call."""
+    import jax
+
+    _, engine = server
+    for served in engine.readers.values():
+        params = served.reader.reader.params
+        assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(params))
+        assert all(shaped.reader.params is params for shaped in served.shapes.values())
+
+
+def test_a_one_window_context_has_its_one_row_program_before_ready(server):
+    """The warm-up compiles, before ready, the one-row program of a one-window context
+    (`shapes.ready_programs`), at the widest widths."""
+    from dil_jax.serve.shapes import hoist_class_of, warm_up_plan
+
+    _, engine = server
+    for served in engine.readers.values():
+        for count, shaped in served.shapes.items():
+            plan = warm_up_plan(shaped, count)
+            grid = shaped.grid
+            lone = hoist_class_of(grid.plan, False, grid.batch_size, shaped.passage_rows, 1)
+            assert any(program.hoist == lone and program.rows == 1
+                       and program.q_width == plan.question_widths[-1]
+                       for program in plan.programs[:plan.ready_count])
+
+
 def test_the_idle_warm_up_compiles_the_narrower_programs_then_stops(server):
     """Between requests the worker compiles the narrower chunk programs (/readyz counts
     them), then compiles nothing more; answers read through them are the same."""

@@ -38,13 +38,15 @@ from dil_jax.serve.schemas import (
     parse_read_request,
 )
 from dil_jax.serve.shapes import (
+    ChunkProgram,
     HoistClass,
     pair_counts_by_rows,
     passage_rows,
     passage_widths,
     question_widths,
+    ready_programs,
 )
-from dil_jax.serve.worker import QueueFull, Worker
+from dil_jax.serve.worker import IDLE, Job, QueueFull, Worker, batch_deadline
 
 from tests.helpers import REPO, free_port
 from tests.helpers.serving import FakeEngine
@@ -278,7 +280,88 @@ def test_widths_and_the_pair_counts_of_each_class_and_chunk_rows():
                for c, _ in pair_counts_by_rows(_plan(True), True, 2, 6, 24, 8, rows_of_8))
 
 
+def test_a_one_window_context_has_its_one_row_program_before_ready():
+    """Before ready: the widest program of each class (most rows, widest widths), and the
+    fewest-row one of a single pair's class, which a one-window /v1/read runs (else it would
+    run padded to a whole chunk: 8x its work on a CPU)."""
+    plain = HoistClass(1, False, False)
+    counts = pair_counts_by_rows(_plan(False), False, 8, 232, 500, 8, [1, 2, 4, 8])
+    assert ready_programs(counts, 32, 192, plain, 1) == [
+        ChunkProgram(plain, 5, 8, 32, 192), ChunkProgram(plain, 1, 1, 32, 192)]
+    # Hoisting: the widest of both classes, then the lone pair's (unprojected) class at 1 row.
+    counts = pair_counts_by_rows(_plan(True), False, 8, 232, 400, 8, [1, 2, 4, 8])
+    ready = ready_programs(counts, 32, 192, plain, 1)
+    assert [(p.hoist.questions_projected, p.rows, p.pairs) for p in ready] == [
+        (False, 8, 5), (True, 8, 16), (False, 1, 1)]
+    # A batch of one question projects from 2 pairs: its single pair's class holds one row
+    # only, so its widest is the one-row program already (not added twice).
+    counts = pair_counts_by_rows(_plan(True), False, 1, 29, 40, 8, [1, 2, 4, 8])
+    ready = ready_programs(counts, 32, 192, plain, 1)
+    assert [(p.hoist, p.rows) for p in ready].count((plain, 1)) == 1
+    # Two devices: chunks run at 2 rows at least.
+    counts = pair_counts_by_rows(_plan(False), False, 8, 232, 500, 8, [2, 4, 8])
+    assert ready_programs(counts, None, None, plain, 2)[-1] == ChunkProgram(plain, 1, 2, None,
+                                                                            None)
+
+
 # ----------------------------------------------------------------------------- the worker
+
+def test_a_lone_job_after_a_lone_batch_leaves_at_once():
+    """The batching deadline: max_wait_s after the oldest job while there is company to wait
+    for (several queued, or the last batch held several), else at once."""
+    assert batch_deadline(100.0, 0.005, queued=1, last_batch=1) == 100.0
+    assert batch_deadline(100.0, 0.005, queued=2, last_batch=1) == 100.005
+    assert batch_deadline(100.0, 0.005, queued=1, last_batch=3) == 100.005
+
+
+class _Waits(threading.Condition):
+    """A Condition that records each wait's timeout and, instead of sleeping, runs `then`
+    (which queues what the waiter was waiting for)."""
+
+    def __init__(self, then):
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self.then = then
+
+    def wait(self, timeout=None):
+        self.timeouts.append(timeout)
+        self.then()
+        return True
+
+
+def _job(payload: str) -> Job:
+    from concurrent.futures import Future
+
+    return Job("answer", "full", payload, Future())
+
+
+def test_gather_waits_for_company_only_when_there_is_some():
+    worker = Worker({"answer": lambda reader, payloads: payloads}, max_batch=2,
+                    max_wait_s=3600.0)
+    worker._cond = _Waits(lambda: worker._queue.append(_job("company")))
+    worker._queue.append(_job("alone"))
+    # A lone job (the last batch was lone too: a fresh worker): no wait for an hour.
+    assert [job.payload for job in worker._gather()] == ["alone"]
+    assert worker._cond.timeouts == []
+    # Two queued: a batch of two; then a lone job waits for company (which comes).
+    worker._queue.extend([_job("a"), _job("b")])
+    assert [job.payload for job in worker._gather()] == ["a", "b"]
+    worker._queue.append(_job("c"))
+    assert [job.payload for job in worker._gather()] == ["c", "company"]
+    assert len(worker._cond.timeouts) == 1 and 0 < worker._cond.timeouts[0] <= 3600.0
+
+
+def test_idle_work_waits_for_a_quiet_queue():
+    """The idle warm-up starts only once the queue has been empty for idle_after_s since the
+    last batch: a client that sends its next request at once never finds it compiling."""
+    worker = Worker({"answer": lambda reader, payloads: payloads}, idle=lambda: True,
+                    idle_after_s=3600.0)
+    worker._cond = _Waits(lambda: worker._queue.append(_job("next")))
+    assert worker._gather() is IDLE  # no batch yet: at once
+    worker._process([])  # a batch just ended
+    assert [job.payload for job in worker._gather()] == ["next"]  # waited; the job came
+    assert len(worker._cond.timeouts) == 1 and 0 < worker._cond.timeouts[0] <= 3600.0
+
 
 def _echo_worker(**options) -> tuple[Worker, list]:
     batches = []

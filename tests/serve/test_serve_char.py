@@ -113,7 +113,8 @@ def test_info_names_the_kind(server, kind):
 
 def test_warm_up_enumerates_the_char_grids_programs(server):
     """2 question widths (8, 16) x 2 passage widths (32, 48) x every chunk row count, nothing
-    hoisted, per shape; the widest one (most rows, 16 x 48) before ready."""
+    hoisted, per shape; the widest one (most rows, 16 x 48) before ready, and the one-row
+    one of a one-window context at those widths."""
     from dil_jax.serve.shapes import warm_up_plan
 
     _, engine = server
@@ -123,9 +124,9 @@ def test_warm_up_enumerates_the_char_grids_programs(server):
         rows = shaped.grid.chunk_row_choices()
         assert (plan.question_widths, plan.passage_widths, plan.size) == (
             [8, 16], [32, 48], 4 * len(rows))
-        assert plan.ready_count == 1
-        assert (plan.programs[0].rows, plan.programs[0].q_width, plan.programs[0].p_width) == (
-            rows[-1], 16, 48)
+        assert plan.ready_count == 2
+        assert [(program.rows, program.q_width, program.p_width)
+                for program in plan.programs[:2]] == [(rows[-1], 16, 48), (rows[0], 16, 48)]
 
 
 def test_nothing_compiles_after_ready(server):
