@@ -190,8 +190,8 @@ def on_device(reader: Any) -> Any:
     programs take them (`MeshGrid.replicated`). A reader loads them as host numpy arrays, and
     a jitted call copies host arguments to the device at every call: for one `/v1/read` that
     was the whole MiniLM (~90 MB) for the pair program and its word embeddings (~47 MB) for
-    the question's; the full reader's one-window read took 107 ms of CPU, 32 once placed
-    (docs/serving.md, "One context, one client"). The values are the same, so are the
+    the question's: most of the full reader's CPU time for one window (measured in
+    docs/serving.md, "One context, one client"). The values are the same, so are the
     answers."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
