@@ -83,7 +83,7 @@ def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
         if unknown:
             raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
                              f"EncoderConfig takes {sorted(fields)}")
-        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides.fields()}), rng)
+        return init_reader(overrides.config_of(dict(encoder or {})), rng)
     reader = load_reader(checkpoint, overrides=overrides, rng=rng, with_tokenizer=False)
     return reader.with_params(jax.tree.map(np.asarray, reader.params))
 
