@@ -163,7 +163,7 @@ class EncoderReader(Reader):
 
     @property
     def cacheable_passage_side(self) -> bool:
-        return not ReusePlan.of(self.config).reads_passage_ids
+        return not ReusePlan.for_config(self.config).reads_passage_ids
 
     def passage_encoder(self, batch_size: int = 32, window_texts: WindowTexts | None = None
                         ) -> PassageEncoder | None:
