@@ -296,7 +296,7 @@ def build_student(config: TrainConfig, rng: jax.Array) -> Reader:
     reader of config.model.checkpoint or config.model.encoder. From here on the trainer asks
     the Reader (`check_lengths`, `optimized`, `outputs`), never the kind."""
     if config.model.kind in CHAR_READER_KINDS:
-        return char_student(config.source, rng)
+        return char_student(config.model, rng)
     return load_or_init_reader(config.model.checkpoint, config.model.encoder,
                                config.model.reader_overrides(), rng)
 
