@@ -373,7 +373,8 @@ def train(config: ml_collections.ConfigDict, *,
     # Models first: their length check is cheap, featurizing the data is not.
     models = load_run_models(config, evaluate_fn)
     check_frozen_prefixes(config.optim.frozen, models.student.params)
-    data = load_run_data(config, mesh.devices.size, train_features, val_features)
+    data = load_run_data(config, models.student, mesh.devices.size, train_features,
+                         val_features)
     data, models = with_stored_teacher(config, data, models)  # teacher.logits_file
 
     tx, schedule = make_run_optimizer(config, data.total_steps, models.student)
