@@ -23,7 +23,6 @@ score (SQuAD v1.1 only without one) and sentence prescreening.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -45,18 +44,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# The grids `pair_grid` shares, by (model, mesh, batch size), the most recently read last.
+_SHARED_GRIDS: dict[tuple[Any, Any, int], Any] = {}
+SHARED_GRIDS_KEPT = 8
+
+
 def pair_grid(reader: Reader, mesh, batch_size: int) -> Any:
     """The grid that reads for `reader`'s model (by identity) on `mesh` in batches of
-    `batch_size`: its family's grid (`Reader.grid_type`), one per combination. A grid compiles
-    its programs per instance, and a training loop evaluates the same model object again and
-    again with new params: a new grid each time recompiled every program at every evaluation
-    (tests/test_squad_predict.py counts the compilations)."""
-    return _shared_grid(reader.grid_type, reader.model, mesh, batch_size)
-
-
-@functools.lru_cache(maxsize=8)
-def _shared_grid(grid_type: type, model: Any, mesh, batch_size: int) -> Any:
-    return grid_type(model, mesh=mesh, batch_size=batch_size, chunk_size=batch_size)
+    `batch_size`: the reader's own (`Reader.pair_grid`, `batch_size` pairs per chunk), made once
+    per combination (the SHARED_GRIDS_KEPT most recently read are kept). A grid compiles its
+    programs per instance, and a training loop evaluates the same model object again and again
+    with new params (a new Reader each time): a new grid each time recompiled every program at
+    every evaluation (tests/test_squad_predict.py counts the compilations)."""
+    key = (reader.model, mesh, batch_size)
+    grid = _SHARED_GRIDS.pop(key, None)
+    if grid is None:
+        grid = reader.pair_grid(mesh, batch_size, chunk_size=batch_size)
+    _SHARED_GRIDS[key] = grid
+    if len(_SHARED_GRIDS) > SHARED_GRIDS_KEPT:
+        del _SHARED_GRIDS[next(iter(_SHARED_GRIDS))]
+    return grid
 
 
 def window_rows(features: Features, characters: SquadCharacters | None

@@ -77,7 +77,7 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     import orbax.checkpoint as ocp
 
     from dil_jax.checkpoints import TRAINED_FROM_FILE
-    from dil_jax.checkpoints.windows import WINDOWS_FIELD, TrainedWindows
+    from dil_jax.checkpoints.windows import WINDOWS_FIELD
     from dil_jax.mesh import data_mesh
     from dil_jax.model.encoder_config import ConfigError
     from dil_jax.train.checkpointing import STATE_ITEM, abstract_like, nonfinite_leaves
@@ -104,12 +104,13 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     if weights == "trained" and not float(config.optim.get("ema_decay", 0.0)) > 0:
         raise SystemExit(f"--weights trained: the run {workdir} keeps no moving average "
                          "(optim.ema_decay 0): its export already holds its params")
+    settings = TrainConfig.of(config)
     try:
-        student = char_student(config, jax.random.key(0))
+        student = char_student(settings.model, jax.random.key(0))
     except ConfigError as error:
         raise SystemExit(f"--workdir {workdir} config.model.reader: {error}") from None
     # The state's structure, not its values.
-    tx, _ = make_run_optimizer(TrainConfig.of(config), 1, student)
+    tx, _ = make_run_optimizer(settings, 1, student)
     abstract = abstract_like(jax.eval_shape(lambda p: init_train_state(p, tx), student.params),
                              replicated(data_mesh()))
     folder = workdir / CHECKPOINT_DIR / str(step) / STATE_ITEM
@@ -124,9 +125,8 @@ def export_step(workdir: Path, out: Path, step: int | None = None,
     student.with_params(params).save(staging)
     record = {"step": step, "workdir": str(workdir.resolve()),
               "exported_by": TOOL, "reader_changes": reader_changes or {}, "weights": weights}
-    windows = TrainedWindows.of_training_config(config)
-    if windows is not None:  # what `dil-jax predict` reads with by default
-        record[WINDOWS_FIELD] = windows.to_json()
+    # What `dil-jax predict` reads with by default.
+    record[WINDOWS_FIELD] = settings.data.trained_windows().to_json()
     (staging / TRAINED_FROM_FILE).write_text(json.dumps(record, indent=2))
     os.replace(staging, out)
     return out

@@ -123,7 +123,7 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
     reuse: the pair program's exact reuses on (`PairGrid.reuse`, the default) or off.
     """
     k, l_ = config.num_lower_layers, config.num_layers
-    hoisted = ReusePlan.of(config).hoists_projections
+    hoisted = ReusePlan.for_config(config).hoists_projections
     # XLNet's pair program has no passage statistics (ReusePlan.passage_stats).
     stats = reuse and hoisted and config.architecture != "xlnet"
     if phase in ("ni_q", "ni_p"):
@@ -134,7 +134,7 @@ def phase_flops(config: EncoderConfig, phase: str, batch: int, question_len: int
             total += passage_stats_flops(config, batch, passage_len)
         return total
     if phase == "pairs":
-        reads_ids = ReusePlan.of(config).reads_passage_ids
+        reads_ids = ReusePlan.for_config(config).reads_passage_ids
         embed = embedding_flops(config, batch, passage_len) if reads_ids else 0
         upper = 0
         for layer in range(k, l_):

@@ -156,15 +156,14 @@ def encoder_config_from_hf(hf: dict[str, Any], source: str = "config.json",
                   max_position_embeddings=hf.get("max_position_embeddings", 512),
                   initializer_range=hf.get("initializer_range", 0.02),
                   pad_token_id=pad_token_id or 0)
-    values.update(overrides.fields())
-    if values.get("reversible"):
+    if overrides.reversible:  # a reader's setting: no Hugging Face config has the field
         raise CheckpointError(
             f"{source}: reversible=True with a pretrained checkpoint: its post-LayerNorm blocks "
             f"compute a different function than reversible (RevNet) blocks, whose residual "
             f"stream is two halves; reversible is for readers trained from scratch (use "
             f"remat_policy to save memory with pretrained weights)")
     try:
-        return EncoderConfig(**values)
+        return overrides.config_of(values)
     except ConfigError as error:
         raise CheckpointError(f"{source}: {error}") from error
 

@@ -58,9 +58,8 @@ def load_params(directory: str | os.PathLike, overrides: ReaderOverrides = NO_OV
     if not isinstance(values, dict):
         raise CheckpointError(f"{config_path}: expected a JSON object of EncoderConfig fields, "
                               f"got {type(values).__name__}")
-    values = {**values, **overrides.fields()}
     try:
-        config = EncoderConfig.from_dict(values)
+        config = overrides.config_of(values)
     except ConfigError as error:
         raise CheckpointError(f"{config_path}: {error}") from error
     abstract = jax.eval_shape(DelayedInteractionModel(config).init, jax.random.key(0))

@@ -49,13 +49,3 @@ class TrainedWindows:
                                   f"than 'max_passage_len' {values['max_passage_len']}; fix or "
                                   "remove the record")
         return cls(**values)
-
-    @classmethod
-    def of_training_config(cls, config: Any) -> TrainedWindows | None:
-        """The windows a training config featurizes (`config.data.max_passage_len` and
-        `doc_stride`), or None when it names none (a config of another data kind)."""
-        data = config.get("data") if hasattr(config, "get") else None
-        if data is None or data.get("max_passage_len") is None or data.get("doc_stride") is None:
-            return None
-        return cls(max_passage_len=int(data["max_passage_len"]),
-                   doc_stride=int(data["doc_stride"]))

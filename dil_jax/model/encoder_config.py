@@ -235,8 +235,8 @@ class ReaderOverrides:
     params are, so the same params serve every value. None keeps the checkpoint's own.
 
     A typed value rather than `**kwargs`, so that k and the rest can be followed from the flag
-    or the training config that sets them to the config the model reads; `fields` hands them to
-    `EncoderConfig` by their own names at the one place a config is built.
+    or the training config that sets them to the config the model reads; `config_of` sets them
+    over a checkpoint's fields, the one place a reader's config is built.
     """
 
     num_lower_layers: int | None = None
@@ -256,6 +256,12 @@ class ReaderOverrides:
         """The fields set (not None), by their EncoderConfig names."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
                 if getattr(self, field.name) is not None}
+
+    def config_of(self, values: dict[str, Any]) -> EncoderConfig:
+        """The EncoderConfig of a JSON object of its fields (a checkpoint's
+        `encoder_config.json`, the fields a Hugging Face config maps to, a training config's
+        `model.encoder`) with these overrides set over them (ConfigError for a bad one)."""
+        return EncoderConfig.from_dict({**values, **self.fields()})
 
     def over(self, under: ReaderOverrides) -> ReaderOverrides:
         """These overrides where set, `under`'s elsewhere (a command's k over the split a

@@ -57,7 +57,6 @@ from dil_jax.readers.protocol import (
     WindowTexts,
 )
 from dil_jax.reading.char_grid import CharPairGrid
-from dil_jax.reading.grid import MeshGrid
 from dil_jax.tokenization import load_tokenizer
 
 # What each kind's passage side is (its fixed split), for messages.
@@ -73,7 +72,6 @@ class CharReader(Reader):
     capabilities: ClassVar[ReaderCapabilities] = ReaderCapabilities(
         null_score=False, prescreening=False, chosen_k=False, pair_reuse=False,
         reads_characters=True, hugging_face_export=False)
-    grid_type: ClassVar[type[MeshGrid]] = CharPairGrid
 
     # ------------------------------------------------------------------ loading
 

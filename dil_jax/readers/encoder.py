@@ -49,7 +49,7 @@ from dil_jax.readers.protocol import (
     TokenWindows,
     WindowTexts,
 )
-from dil_jax.reading.grid import MeshGrid, PairGrid
+from dil_jax.reading.grid import PairGrid
 from dil_jax.reading.plan import ReusePlan
 from dil_jax.tokenization import TOKENIZER_FILES, TokenizationError, load_tokenizer
 
@@ -65,7 +65,6 @@ class EncoderReader(Reader):
     capabilities: ClassVar[ReaderCapabilities] = ReaderCapabilities(
         null_score=True, prescreening=True, chosen_k=True, pair_reuse=True,
         reads_characters=False, hugging_face_export=True)
-    grid_type: ClassVar[type[MeshGrid]] = PairGrid
 
     # ------------------------------------------------------------------ loading
 
@@ -163,7 +162,7 @@ class EncoderReader(Reader):
 
     @property
     def cacheable_passage_side(self) -> bool:
-        return not ReusePlan.of(self.config).reads_passage_ids
+        return not ReusePlan.for_config(self.config).reads_passage_ids
 
     def passage_encoder(self, batch_size: int = 32, window_texts: WindowTexts | None = None
                         ) -> PassageEncoder | None:

@@ -173,8 +173,6 @@ class Reader(abc.ABC):
     checkpoint: ResolvedCheckpoint | None = None
 
     capabilities: ClassVar[ReaderCapabilities]
-    # The family's grid class: `pair_grid`'s, and what `predict.pair_grid` shares per model.
-    grid_type: ClassVar[type[MeshGrid]]
 
     # ------------------------------------------------------------------ loading
 
@@ -254,10 +252,11 @@ class Reader(abc.ABC):
     def pair_grid(self, mesh: Mesh | None = None, batch_size: int = 32,
                   chunk_size: int | None = None,
                   *, reuse: bool = True, trim_padding: bool = True) -> MeshGrid:
-        """The family's grid (`grid_type`) over its model: `batch_size` segments per encode
-        batch, `chunk_size` pairs per step (None: the platform's default). reuse: the pair
-        program's exact reuses where it has them (`pair_reuse`; False: the reference
-        computation); trim_padding: chunks cut to their real tokens where that is exact."""
+        """The family's grid over its model (`PairGrid`, `CharPairGrid`), the one way a
+        reader's grid is made: `batch_size` segments per encode batch, `chunk_size` pairs per
+        step (None: the platform's default). reuse: the pair program's exact reuses where it
+        has them (`pair_reuse`; False: the reference computation); trim_padding: chunks cut to
+        their real tokens where that is exact."""
 
     def local_grid(self, batch_size: int) -> MeshGrid:
         """The family's grid over this process's devices only, `batch_size` rows per device

@@ -120,9 +120,10 @@ class PairGrid(MeshGrid):
 
     Compiled functions are cached per instance; batch and chunk sizes are rounded up to a
     multiple of the device count so every device gets an equal slice. `plan` holds the exact
-    reuses the pairs use (`ReusePlan.of`): reuse=False is the reference computation, every row
-    of every upper block and full attention in each pair; trim_padding=False keeps the other
-    reuses but reads every segment at its full length (to time what trimming adds).
+    reuses the pairs use (`ReusePlan.for_config` of the model's config): reuse=False is the
+    reference computation, every row of every upper block and full attention in each pair;
+    trim_padding=False keeps the other reuses but reads every segment at its full length (to
+    time what trimming adds).
     """
 
     def __init__(self, model: DelayedInteractionModel, mesh: Mesh | None = None,
@@ -134,7 +135,7 @@ class PairGrid(MeshGrid):
         # The caller's switches, kept for grids made alike (bench.programs); the decisions
         # they lead to are the plan's.
         self.reuse, self.trim_padding = reuse, trim_padding
-        self.plan = ReusePlan.of(model.config, reuse=reuse, trim_padding=trim_padding)
+        self.plan = ReusePlan.for_config(model.config, reuse=reuse, trim_padding=trim_padding)
         super().__init__(mesh, batch_size, chunk_size)
 
     def programs(self) -> dict[str, Any]:

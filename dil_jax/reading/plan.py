@@ -55,8 +55,8 @@ class ReusePlan:
     min_reads: int = HOIST_MIN_READS
 
     @classmethod
-    def of(cls, config: EncoderConfig, *, reuse: bool = True,
-           trim_padding: bool = True) -> ReusePlan:
+    def for_config(cls, config: EncoderConfig, *, reuse: bool = True,
+                   trim_padding: bool = True) -> ReusePlan:
         """The plan of a reader with this config. reuse=False is the reference computation
         (every row of every upper block, full attention in each pair, full-length segments);
         hoisting stays (its outputs are the same either way). trim_padding=False keeps the

@@ -42,7 +42,7 @@ def _check_has_upper_block(model: DelayedInteractionModel) -> None:
 
 def _check_plain_upper(model: DelayedInteractionModel, what: str) -> None:
     config = model.config
-    if not ReusePlan.of(config).plain_upper:
+    if not ReusePlan.for_config(config).plain_upper:
         raise InputError(
             f"{what} is an exact reuse of post-LayerNorm, full-attention upper blocks; this "
             f"reader has reversible={config.reversible}, lsh_attention_layers="

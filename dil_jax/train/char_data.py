@@ -26,8 +26,8 @@ from dil_jax.data.characters import CHAR_DTYPE, squad_characters
 from dil_jax.data.features import FeaturizationError
 from dil_jax.errors import UsageError
 from dil_jax.model.qanet_inputs import MAX_CHARS, char_id
+from dil_jax.readers.protocol import Reader
 from dil_jax.train import data as data_lib
-from dil_jax.train.reader_kinds import is_char_kind, model_kind
 
 
 @dataclasses.dataclass
@@ -89,18 +89,20 @@ def char_windows(features: CharFeatures) -> CharWindows:
         p_source=p_source[rows])
 
 
-def windows_of(config: ml_collections.ConfigDict,
-               features: data_lib.FeaturesLike) -> data_lib.Windows:
-    """The trainer's windows of `features` for the configured model kind."""
-    if not is_char_kind(config):
+def windows_of(student: Reader, features: data_lib.FeaturesLike,
+               featurizer: str) -> data_lib.Windows:
+    """The trainer's windows of `features` for `student`: with their characters where it reads
+    them (`ReaderCapabilities.reads_characters`). featurizer: config.data.featurizer, named in
+    errors."""
+    if not student.capabilities.reads_characters:
         return data_lib.windows_from_features(features)
     if getattr(features, "q_chars", None) is None or getattr(features, "p_chars", None) is None:
-        raise UsageError(f"config.model.kind = {model_kind(config)!r} reads characters: the "
-                         f"features of config.data.featurizer = {config.data.featurizer!r} have "
+        raise UsageError(f"config.model.kind = {student.kind!r} reads characters: the "
+                         f"features of config.data.featurizer = {featurizer!r} have "
                          "none (q_chars / p_chars); use dil_jax.train.char_data:featurize")
     windows = char_windows(features)
     if not len(windows):
-        raise UsageError(f"config.data.featurizer = {config.data.featurizer!r}: no window holds "
+        raise UsageError(f"config.data.featurizer = {featurizer!r}: no window holds "
                          "its answer; a QANet / BiDAF (no no-answer score) has nothing to learn")
     return windows
 

@@ -228,7 +228,7 @@ def _window_problems(config: ml_collections.ConfigDict) -> list[str]:
 
     (_, length), (_, stride) = (_lookup(config, "data.max_passage_len"),
                                 _lookup(config, "data.doc_stride"))
-    if not featurizes_text(config) or not isinstance(length, int) \
+    if not featurizes_text(config.data.featurizer) or not isinstance(length, int) \
             or not isinstance(stride, int) or stride < length:
         return []
     return [f"config.data.doc_stride = {stride} must be smaller than config.data.max_passage_len"
@@ -317,12 +317,12 @@ def _could_be_hub_id(name: str) -> bool:
     return not slash or not Path(owner).is_dir()
 
 
-def config_path_problems(config: ml_collections.ConfigDict) -> list[str]:
+def config_path_problems(config: TrainConfig) -> list[str]:
     """Files a valid config names that do not exist. Checked when a run starts, not in
     validate_config: `--print-config` of a distillation variant must work before its teacher
     is trained."""
-    teacher = str(_lookup(config, "teacher.checkpoint")[1] or "")
-    weights = [_lookup(config, f"loss.{name}_weight")[1] or 0 for name in ("kd", "lrs")]
+    teacher = config.teacher.checkpoint
+    weights = (config.loss.kd_weight, config.loss.lrs_weight)
     if teacher in NAMED_CHECKPOINTS or not any(weight > 0 for weight in weights):
         return []  # no teacher is loaded
     path = Path(teacher).expanduser()
@@ -333,7 +333,7 @@ def config_path_problems(config: ml_collections.ConfigDict) -> list[str]:
             "fine-tuned full model"]
 
 
-def check_config_paths(config: ml_collections.ConfigDict) -> None:
+def check_config_paths(config: TrainConfig) -> None:
     """Raises UsageError naming each file the config names that does not exist."""
     problems = config_path_problems(config)
     if problems:

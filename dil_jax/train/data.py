@@ -370,11 +370,11 @@ def global_batch_rows(step: int, num_units: int, units_per_batch: int, seed: int
 # ----------------------------------------------------------------------------- synthetic
 
 
-def featurizes_text(config: ml_collections.ConfigDict) -> bool:
-    """Whether the run's featurizer windows real text with `config.data.tokenizer` (SQuAD), as
-    opposed to the synthetic windows of tests and smoke runs (`:synthetic` featurizers), which
-    have neither a tokenizer nor passage windows to record."""
-    return not str(config.data.featurizer).endswith(":synthetic")
+def featurizes_text(featurizer: str) -> bool:
+    """Whether a run's featurizer (config.data.featurizer) windows real text with
+    `config.data.tokenizer` (SQuAD), as opposed to the synthetic windows of tests and smoke runs
+    (`:synthetic` featurizers), which have neither a tokenizer nor passage windows to record."""
+    return not str(featurizer).endswith(":synthetic")
 
 
 def synthetic_features(num_questions: int = 16, windows_per_question: int = 2,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from dil_jax.errors import TrainingDiverged
 from dil_jax.train import sharding as sharding_lib
 from dil_jax.train.checkpointing import TrainCheckpointer
+from dil_jax.train.train_config import TrainConfig
 
 NO_STEP = -1  # the first-non-finite-step scalar while every step was finite
 
@@ -39,22 +39,23 @@ def tracking_nonfinite(step_fn, mesh):
                    out_shardings=(rep, rep, rep), donate_argnums=(0,))
 
 
-def divergence_hints(config: ml_collections.ConfigDict) -> list[str]:
+def divergence_hints(config: TrainConfig) -> list[str]:
     """What to change after a divergence, most likely first, for this config's values."""
-    hints = [f"lower config.optim.learning_rate (now {config.optim.learning_rate:g})"]
-    if int(config.optim.warmup_steps) >= 0:
-        hints.append(f"raise config.optim.warmup_steps (now {config.optim.warmup_steps})")
+    optim = config.optim
+    hints = [f"lower config.optim.learning_rate (now {optim.learning_rate:g})"]
+    if int(optim.warmup_steps) >= 0:
+        hints.append(f"raise config.optim.warmup_steps (now {optim.warmup_steps})")
     else:
-        hints.append(f"raise config.optim.warmup_fraction (now {config.optim.warmup_fraction:g})")
-    if not config.optim.max_grad_norm:
+        hints.append(f"raise config.optim.warmup_fraction (now {optim.warmup_fraction:g})")
+    if not optim.max_grad_norm:
         hints.append("clip gradients (config.optim.max_grad_norm = 1.0)")
-    if config.model.dtype != "float32":
+    if config.model.dtype not in (None, "float32"):  # None: unset, the checkpoint's own
         hints.append("compute in config.model.dtype = 'float32'")
     return hints
 
 
 def diverged_error(first_step: int, last_finite: int | None, directory: str,
-                   config: ml_collections.ConfigDict) -> TrainingDiverged:
+                   config: TrainConfig) -> TrainingDiverged:
     """The one-line TrainingDiverged of a run whose step `first_step` went non-finite."""
     if last_finite is None:
         where = f"no checkpoint was saved before it ({directory} holds none)"
@@ -68,7 +69,7 @@ def diverged_error(first_step: int, last_finite: int | None, directory: str,
 
 
 def check_finite(first_nonfinite: jax.Array, checkpointer: TrainCheckpointer,
-                 config: ml_collections.ConfigDict) -> None:
+                 config: TrainConfig) -> None:
     """Raises TrainingDiverged when a step so far was flagged. Reading the scalar waits for
     the steps dispatched before it: call it where the loop syncs anyway (log steps, saves)."""
     first = int(jax.device_get(first_nonfinite))

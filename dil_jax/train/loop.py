@@ -38,7 +38,6 @@ import ml_collections
 import numpy as np
 
 from dil_jax.checkpoints import CheckpointError
-from dil_jax.checkpoints.windows import TrainedWindows
 from dil_jax.mesh import data_mesh, maybe_initialize_distributed
 from dil_jax.model.delayed import Params
 from dil_jax.readers.protocol import Reader
@@ -314,11 +313,11 @@ def run_steps(config: TrainConfig, data: RunData, state: TrainState, *,
                 window_start, window_steps = time.perf_counter(), 0
                 writer.write(step, "train", last_metrics)  # a NaN row too: it shows the failure
                 progress.update(step, last_metrics["loss"])
-                check_finite(first_nonfinite, checkpointer, config.source)
+                check_finite(first_nonfinite, checkpointer, config)
             # Our own cadence (orbax's default policy would also save the very first step).
             save_now = step % every_steps == 0 or final or preempted
             if save_now:
-                check_finite(first_nonfinite, checkpointer, config.source)  # never save a NaN state
+                check_finite(first_nonfinite, checkpointer, config)  # never save a NaN state
                 # A checkpoint between evaluations is saved without metrics: it serves resuming
                 # (LatestN keeps it), never "best". So is one on a signal or a preemption, at
                 # once (config.checkpoint.evaluate_on_signal says why), unless asked otherwise.
@@ -344,7 +343,7 @@ def run_steps(config: TrainConfig, data: RunData, state: TrainState, *,
                 interrupted_by = stop.signal_name or "preemption"
             if preempted or (stop_after_step is not None and step >= stop_after_step):
                 break
-    check_finite(first_nonfinite, checkpointer, config.source)  # the state returned (and exported)
+    check_finite(first_nonfinite, checkpointer, config)  # the state returned (and exported)
     return LoopOutcome(state, step, last_metrics, eval_metrics, interrupted_by, stopped_early)
 
 
@@ -365,7 +364,7 @@ def train(config: ml_collections.ConfigDict, *,
       interrupted run would; the next call resumes.
     """
     config = validate_config(config)  # before anything loads: a bad value is named by its key
-    check_config_paths(config.source)  # the files it names exist (before any model loads)
+    check_config_paths(config)  # the files it names exist (before any model loads)
     maybe_initialize_distributed(config.distributed)
     claim_workdir(config.workdir)
     workdir = config.workdir if is_remote(config.workdir) else Path(config.workdir)
@@ -374,8 +373,9 @@ def train(config: ml_collections.ConfigDict, *,
     # Models first: their length check is cheap, featurizing the data is not.
     models = load_run_models(config, evaluate_fn)
     check_frozen_prefixes(config.optim.frozen, models.student.params)
-    data = load_run_data(config, mesh.devices.size, train_features, val_features)
-    data, models = with_stored_teacher(config.source, data, models)  # teacher.logits_file
+    data = load_run_data(config, models.student, mesh.devices.size, train_features,
+                         val_features)
+    data, models = with_stored_teacher(config, data, models)  # teacher.logits_file
 
     tx, schedule = make_run_optimizer(config, data.total_steps, models.student)
     rep = sharding_lib.replicated(mesh)
@@ -416,13 +416,13 @@ def train(config: ml_collections.ConfigDict, *,
     best_step = checkpointer.best_step()
     finished = outcome.step == data.total_steps or outcome.stopped_early
     if config.checkpoint.export_params and finished and not is_remote(workdir):
-        reads_text = train_features is None and data_lib.featurizes_text(config.source)
+        reads_text = train_features is None and data_lib.featurizes_text(config.data.featurizer)
         export_reader(checkpointer, best_step, outcome.state, rep, workdir / EXPORT_DIR,
                       models.student,
                       exported_metrics(checkpointer, best_step, outcome),
                       # Features handed in were windowed by their maker, as the config may not
                       # say; synthetic ones have no windows or tokenizer to record.
-                      TrainedWindows.of_training_config(config.source) if reads_text else None,
+                      config.data.trained_windows() if reads_text else None,
                       config.data.tokenizer if reads_text else None)
     return TrainResult(state=outcome.state, student=models.student,
                        last_metrics=outcome.last_metrics, eval_metrics=outcome.eval_metrics,

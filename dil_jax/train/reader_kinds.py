@@ -20,11 +20,14 @@ decay and no Adam moments (2 x 47 MB less per checkpoint than masking inside Ada
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 
 from dil_jax.errors import UsageError
+
+if TYPE_CHECKING:
+    from dil_jax.train.train_config import ModelSection
 
 log = logging.getLogger(__name__)
 
@@ -167,12 +170,13 @@ def word_table(spec: str, vocab_size: int, word_dim: int):
     return table
 
 
-def char_student(config: ml_collections.ConfigDict, rng):
-    """The QANet / BiDAF student as a `CharReader` (params: its variables as host arrays): a
-    fresh one from config.model.reader and config.model.word_table, or the export folder
-    config.model.checkpoint names, warm-started: its own config, but for the run settings
-    config.model.reader changes (`char_reader.switched_config`: e.g. LSH attention or dropout
-    on a trained QANet's params; any other field must be unset or as trained)."""
+def char_student(model: ModelSection, rng):
+    """The QANet / BiDAF student of config.model (`model`) as a `CharReader` (params: its
+    variables as host arrays): a fresh one of config.model.kind from config.model.reader and
+    config.model.word_table, or the export folder config.model.checkpoint names, warm-started:
+    its own config, but for the run settings config.model.reader changes
+    (`char_reader.switched_config`: e.g. LSH attention or dropout on a trained QANet's params;
+    any other field must be unset or as trained)."""
     import jax
     import numpy as np
 
@@ -186,13 +190,13 @@ def char_student(config: ml_collections.ConfigDict, rng):
     from dil_jax.model.encoder_config import ConfigError
     from dil_jax.readers import CharReader, load_reader
 
-    kind = model_kind(config)
-    fields = reader_fields(config)
-    question_len = int(config.model.max_question_len)
-    if config.model.checkpoint:
-        source = f"config.model.checkpoint = {config.model.checkpoint!r}"
+    kind = model.kind
+    fields = dict(model.reader or {})
+    question_len = int(model.max_question_len)
+    if model.checkpoint:
+        source = f"config.model.checkpoint = {model.checkpoint!r}"
         try:
-            loaded = load_reader(config.model.checkpoint, None, question_len, kind=kind,
+            loaded = load_reader(model.checkpoint, None, question_len, kind=kind,
                                  with_tokenizer=False)
         except CheckpointError as error:
             raise UsageError(f"{source}: {error}") from None
@@ -204,14 +208,13 @@ def char_student(config: ml_collections.ConfigDict, rng):
             raise UsageError(f"config.model.reader against {source}: {error}; set those "
                              "fields as trained or unset config.model.reader") from None
         if changes:
-            log.info("warm start from %s with %s", config.model.checkpoint,
+            log.info("warm start from %s with %s", model.checkpoint,
                      ", ".join(f"{name} = {value!r}" for name, value in changes.items()))
         _check_same_variables(student.model, student.params, source)
         return student.with_params(jax.tree.map(np.asarray, student.params))
-    model = char_model(reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
-    table = word_table(str(config.model.word_table), model.config.vocab_size,
-                       model.config.word_dim)
-    return CharReader(model, jax.tree.map(np.asarray, model.init(rng, word_table=table)))
+    fresh = char_model(reader_config(kind, {**fields, QUESTION_LEN_FIELD: question_len}))
+    table = word_table(str(model.word_table), fresh.config.vocab_size, fresh.config.word_dim)
+    return CharReader(fresh, jax.tree.map(np.asarray, fresh.init(rng, word_table=table)))
 
 
 def _check_same_variables(model, variables, source: str) -> None:

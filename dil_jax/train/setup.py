@@ -3,7 +3,8 @@
 Each function reads one part of a validated, typed config (`train_config.TrainConfig`, the
 sections of default_config.py):
 
-    load_run_data                 config.data, batch_size, grad_accum_steps -> RunData
+    load_run_data                 config.data, batch_size, grad_accum_steps, the student
+                                  -> RunData
     load_run_models               config.model, config.teacher, config.eval -> RunModels
     make_run_optimizer            config.optim -> (optax transformation, schedule)
 """
@@ -83,7 +84,7 @@ def load_or_init_reader(checkpoint: str | None, encoder: dict[str, Any] | None,
         if unknown:
             raise UsageError(f"config.model.encoder has unknown field(s) {unknown}; "
                              f"EncoderConfig takes {sorted(fields)}")
-        return init_reader(EncoderConfig(**{**dict(encoder or {}), **overrides.fields()}), rng)
+        return init_reader(overrides.config_of(dict(encoder or {})), rng)
     reader = load_reader(checkpoint, overrides=overrides, rng=rng, with_tokenizer=False)
     return reader.with_params(jax.tree.map(np.asarray, reader.params))
 
@@ -130,9 +131,10 @@ def loss_weights(config: TrainConfig) -> LossWeights:
                        shared_norm_group=shared_norm_group(config))
 
 
-def training_windows(config: TrainConfig,
+def training_windows(config: TrainConfig, student: Reader,
                      features: data_lib.FeaturesLike) -> data_lib.Windows:
-    """The training split's Windows, grouped per question when loss.shared_norm is on.
+    """The training split's Windows for `student` (with characters where it reads them),
+    grouped per question when loss.shared_norm is on.
 
     data.distractors_per_question > 0 needs a featurizer that marks distractor windows
     (`is_distractor`, as dil_jax.train.squad_data:featurize does): refused otherwise, instead of
@@ -144,7 +146,7 @@ def training_windows(config: TrainConfig,
                          f"features (config.data.featurizer = {config.data.featurizer!r}) have "
                          "no distractor windows; use dil_jax.train.squad_data:featurize or set "
                          "it to 0")
-    windows = windows_of(config.source, features)  # QANet / BiDAF: with characters
+    windows = windows_of(student, features, config.data.featurizer)
     fraction = float(config.data.null_window_fraction)
     if fraction < 1.0 and shared_norm_group(config):
         raise UsageError(f"config.data.null_window_fraction = {fraction:g} cannot be combined "
@@ -235,17 +237,18 @@ class RunData:
         return cut_passages(batch, self.buckets.step_units(step)[1])
 
 
-def load_run_data(config: TrainConfig, num_devices: int,
+def load_run_data(config: TrainConfig, student: Reader, num_devices: int,
                   train_features: data_lib.FeaturesLike | None,
                   val_features: data_lib.FeaturesLike | None) -> RunData:
-    """Training and validation windows (given, else from config.data.featurizer), and the batch
-    geometry checked against them and the device count."""
+    """Training and validation windows of `student` (given, else from config.data.featurizer;
+    with characters where it reads them), and the batch geometry checked against them and the
+    device count."""
     global_batch, accum, micro = batch_geometry(config, num_devices)
     if train_features is None:
         train_features = load_split(config, "train")
     if train_features is None:
         raise UsageError("no training data: pass train_features or set config.data.featurizer")
-    train_windows = training_windows(config, train_features)
+    train_windows = training_windows(config, student, train_features)
     units_per_batch = global_batch // max(train_windows.group_size, 1)
     if data_lib.steps_per_epoch(train_windows.num_units, units_per_batch) == 0:
         what = ("question groups" if train_windows.group_size else "windows")
@@ -256,7 +259,8 @@ def load_run_data(config: TrainConfig, num_devices: int,
     if val_features is None and config.eval.use_validation_loss:
         val_features = load_split(config, "validation")
     # Validation keeps per-window windows (no distractors, no groups): its loss is the span CE.
-    val_windows = None if val_features is None else windows_of(config.source, val_features)
+    val_windows = (None if val_features is None
+                   else windows_of(student, val_features, config.data.featurizer))
     buckets = length_buckets(config, train_windows, units_per_batch)
     per_epoch = (buckets.per_epoch if buckets is not None
                  else data_lib.steps_per_epoch(train_windows.num_units, units_per_batch))
@@ -296,7 +300,7 @@ def build_student(config: TrainConfig, rng: jax.Array) -> Reader:
     reader of config.model.checkpoint or config.model.encoder. From here on the trainer asks
     the Reader (`check_lengths`, `optimized`, `outputs`), never the kind."""
     if config.model.kind in CHAR_READER_KINDS:
-        return char_student(config.source, rng)
+        return char_student(config.model, rng)
     return load_or_init_reader(config.model.checkpoint, config.model.encoder,
                                config.model.reader_overrides(), rng)
 

@@ -32,6 +32,7 @@ from dil_jax.errors import UsageError
 from dil_jax.model.span_reader import PADDED_LOGIT, ReaderOutput
 from dil_jax.progress import CountBar
 from dil_jax.readers.protocol import Reader
+from dil_jax.train.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +155,11 @@ def load_teacher_logits(path: Path) -> TeacherLogits | None:
                          "not replaced: remove it, or name a new path") from error
 
 
-def teacher_logits_for(config: ml_collections.ConfigDict, teacher: Reader, windows
-                       ) -> TeacherLogits:
+def teacher_logits_for(config: TrainConfig, teacher: Reader, windows) -> TeacherLogits:
     """The scores of `windows` (train.data.Windows) by `teacher`: read from
-    config.teacher.logits_file when its fingerprint matches, else computed and written there."""
-    path = Path(str(config.teacher.logits_file))
+    config.teacher.logits_file when its fingerprint matches, else computed and written there
+    (config.eval.batch_size windows at a time)."""
+    path = Path(config.teacher.logits_file)
     q_ids, q_mask = (windows.q_ids[windows.question_index], windows.q_mask[windows.question_index])
     fingerprint = windows_fingerprint(teacher.params, q_ids, q_mask, windows.p_ids,
                                       windows.p_mask)
@@ -173,18 +174,18 @@ def teacher_logits_for(config: ml_collections.ConfigDict, teacher: Reader, windo
     main = jax.process_index() == 0
     with CountBar("teacher scores (once)", len(windows), "window", enabled=main) as bar:
         logits = compute_teacher_logits(teacher, q_ids, q_mask, windows.p_ids, windows.p_mask,
-                                        int(config.eval.batch_size), fingerprint, bar)
+                                        config.eval.batch_size, fingerprint, bar)
     if main:
         save_teacher_logits(path, logits)
         log.info("teacher scores of %d windows written to %s", len(windows), path)
     return logits
 
 
-def with_stored_teacher(config: ml_collections.ConfigDict, data, models):
+def with_stored_teacher(config: TrainConfig, data, models):
     """(data, models) with the teacher's scores attached to the training windows and the
     teacher dropped (a step no longer runs it), when config.teacher.logits_file is set; else
     unchanged. data: train.setup.RunData; models: train.setup.RunModels."""
-    if not str(config.teacher.get("logits_file", "")) or models.teacher is None:
+    if not config.teacher.logits_file or models.teacher is None:
         return data, models
     logits = teacher_logits_for(config, models.teacher, data.train)
     train = dataclasses.replace(data.train, teacher_logits=logits)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import ml_collections
 
+from dil_jax.checkpoints.windows import TrainedWindows
 from dil_jax.mesh import DistributedSettings
 from dil_jax.model.encoder_config import ReaderOverrides, lsh_layers_of
 
@@ -119,6 +120,11 @@ class DataSection:
     windows_per_question: int = 0
     null_window_fraction: float = 1.0
     length_buckets: str = ""
+
+    def trained_windows(self) -> TrainedWindows:
+        """The passage windows this section featurizes, as an export records them."""
+        return TrainedWindows(max_passage_len=int(self.max_passage_len),
+                              doc_stride=int(self.doc_stride))
 
 
 @dataclasses.dataclass(frozen=True)

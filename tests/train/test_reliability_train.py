@@ -402,12 +402,13 @@ def test_a_missing_teacher_checkpoint_is_named_before_any_model_loads(tmp_path, 
         train(config)
     # A hub id ("owner/name" whose owner is no local folder) is the loader's to fetch.
     from dil_jax.train.config_rules import config_path_problems
+    from dil_jax.train.train_config import TrainConfig
 
     config.teacher.checkpoint = "some-owner/some-model"
-    assert config_path_problems(config) == []
+    assert config_path_problems(TrainConfig.of(config)) == []
     config.loss.kd_weight = 0.0  # no loss reads a teacher: its path is not read either
     config.teacher.checkpoint = str(missing)
-    assert config_path_problems(config) == []
+    assert config_path_problems(TrainConfig.of(config)) == []
 
 
 # `python -c` of this with the limit and argv: runs `python -m dil_jax ARGV` under a file-size

@@ -82,7 +82,7 @@ def test_a_remainder_is_dropped_only_at_the_top():
 def test_cutting_the_padding_changes_no_loss(tmp_path):
     config = tiny_config(tmp_path, {"data.length_buckets": "12"})
     models = load_run_models(TrainConfig.of(config), evaluate_fn=None)
-    data = load_run_data(TrainConfig.of(config), 1, None, None)
+    data = load_run_data(TrainConfig.of(config), models.student, 1, None, None)
     assert data.buckets is not None and data.buckets.lengths == (12, 16)
     weights = losses.LossWeights(ce=1.0)
     rows_all = np.arange(data.micro)
@@ -111,7 +111,9 @@ def test_training_with_buckets_runs_and_resume_checks_them(tmp_path):
                                                   "num_train_steps": 4}))
     assert int(result.state.step) == 4 and np.isfinite(result.last_metrics["loss"])
     config = tiny_config(tmp_path / "x", {"data.length_buckets": "12"})
-    identity = data_identity(load_run_data(TrainConfig.of(config), 1, None, None))
+    settings = TrainConfig.of(config)
+    student = load_run_models(settings, evaluate_fn=None).student
+    identity = data_identity(load_run_data(settings, student, 1, None, None))
     assert identity["length_buckets"] == [12, 16]
     meta = {**identity, "step": 10, "length_buckets": []}
     with pytest.raises(CheckpointError, match="length_buckets"):

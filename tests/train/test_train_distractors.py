@@ -16,7 +16,7 @@ from dil_jax.train.config_files import apply_overrides, load_config_file
 from dil_jax.train.config_rules import config_problems
 from dil_jax.train.data import question_groups, synthetic_features, windows_from_features
 from dil_jax.train.default_config import base_config
-from dil_jax.train.setup import load_run_data
+from dil_jax.train.setup import load_run_data, load_run_models
 from dil_jax.train.squad_data import featurize
 from dil_jax.train.step import compute_losses
 from dil_jax.train.train_config import TrainConfig
@@ -305,7 +305,8 @@ def test_tiny_run_with_distractors_and_shared_norm_resumes_on_whole_groups(tmp_p
 
     squad_file = _squad_file(tmp_path)
     config = _tiny_squad_config(tmp_path / "run", squad_file)
-    data = load_run_data(TrainConfig.of(config), 1, None, None)
+    settings = TrainConfig.of(config)
+    data = load_run_data(settings, load_run_models(settings, None).student, 1, None, None)
     assert data.train.group_size == 2 and data.train.num_units == 5  # one group per question
     assert data.per_epoch == 2  # 5 groups, 2 per step
     for step in range(4):
@@ -371,4 +372,5 @@ def test_cli_refuses_shared_norm_without_g_and_synthetic_distractors(tmp_path, c
     config = apply_overrides(load_config_file(TINY_CONFIG),
                              [("data.distractors_per_question", "2")])
     with pytest.raises(UsageError, match="config.data.distractors_per_question = 2"):
-        load_run_data(TrainConfig.of(config), 1, None, None)
+        settings = TrainConfig.of(config)
+        load_run_data(settings, load_run_models(settings, None).student, 1, None, None)

@@ -8,7 +8,7 @@ import pytest
 from dil_jax.errors import UsageError
 from dil_jax.train.data import TrainingFeatures, synthetic_features, windows_from_features
 from dil_jax.train.null_windows import sample_null_windows
-from dil_jax.train.setup import training_windows
+from dil_jax.train.setup import load_run_models, training_windows
 from dil_jax.train.train_config import TrainConfig
 
 from tests.helpers.training import tiny_config
@@ -52,5 +52,7 @@ def test_the_fraction_is_refused_out_of_range_and_with_shared_normalisation(tmp_
         sample_null_windows(_windows(), 0.0, seed=0)
     config = tiny_config(tmp_path, {"data.null_window_fraction": 0.5, "loss.shared_norm": True,
                                     "data.windows_per_question": 2})
+    settings = TrainConfig.of(config)
+    student = load_run_models(settings, evaluate_fn=None).student
     with pytest.raises(UsageError, match="cannot be combined with config.loss.shared_norm"):
-        training_windows(TrainConfig.of(config), synthetic_features())
+        training_windows(settings, student, synthetic_features())

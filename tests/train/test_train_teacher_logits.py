@@ -34,9 +34,9 @@ KD_ONLY = {"teacher.checkpoint": "student_init", "loss.kd_weight": 1.0, "loss.lr
 
 
 def _run(tmp_path, overrides=None):
-    config = tiny_config(tmp_path / "run", {**KD_ONLY, **(overrides or {})})
-    models = load_run_models(TrainConfig.of(config), evaluate_fn=None)
-    data = load_run_data(TrainConfig.of(config), 1, None, None)
+    config = TrainConfig.of(tiny_config(tmp_path / "run", {**KD_ONLY, **(overrides or {})}))
+    models = load_run_models(config, evaluate_fn=None)
+    data = load_run_data(config, models.student, 1, None, None)
     return config, models, data
 
 

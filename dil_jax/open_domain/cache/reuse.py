@@ -93,7 +93,7 @@ def reuse_encoder(reader: Reader, batch_size: int = 32) -> ReuseEncoder | None:
     nothing to store (a reader without `pair_reuse`, e.g. QANet / BiDAF: no such block; k = 0:
     no question-independent passage state; k = l: no upper block)."""
     if (not reader.capabilities.pair_reuse
-            or not ReusePlan.of(reader.config).hoists_projections):
+            or not ReusePlan.for_config(reader.config).hoists_projections):
         return None
     grid = reader.local_grid(batch_size)
 
