@@ -74,6 +74,17 @@ def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
 QA_HEAD = "qa_outputs"
 
 
+def encoder_fingerprint(encoder: Reader) -> str:
+    """The sentence encoder's weights but its QA head: sentences never reach the head, and a
+    checkpoint without one (the embedded MiniLM) gets a randomly initialised head whose float
+    bits depend on the CPU's instruction set (the bundled prescreener was refused under
+    --xla_cpu_max_isa=SSE4_2)."""
+    from dil_jax.checkpoints.fingerprint import params_fingerprint
+
+    return params_fingerprint({name: value for name, value in encoder.params.items()
+                               if name != QA_HEAD})
+
+
 @dataclasses.dataclass
 class SentencePrescreener:
     """The prescreening model and the sentence encoder whose embeddings it reads."""
@@ -86,14 +97,8 @@ class SentencePrescreener:
 
     @functools.cached_property
     def encoder_fingerprint(self) -> str:
-        """The encoder's weights but its QA head: sentences never reach the head, and a
-        checkpoint without one (the embedded MiniLM) gets a randomly initialised head whose
-        float bits depend on the CPU's instruction set (the bundled prescreener was refused
-        under --xla_cpu_max_isa=SSE4_2)."""
-        from dil_jax.checkpoints.fingerprint import params_fingerprint
-
-        return params_fingerprint({name: value for name, value in self.encoder.params.items()
-                                   if name != QA_HEAD})
+        """See `encoder_fingerprint` (the module's function)."""
+        return encoder_fingerprint(self.encoder)
 
     @functools.cached_property
     def legacy_encoder_fingerprint(self) -> str:

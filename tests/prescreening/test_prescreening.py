@@ -195,8 +195,9 @@ def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
 
 
 def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
-    """`dil-jax prescreen --config ...` on three tiny article splits: a loadable checkpoint whose
-    record names the dev evaluations and the step it kept."""
+    """`dil-jax prescreen --config ...` on three tiny article splits of one file
+    (`data.eval_file=''`): a loadable checkpoint whose record names the dev evaluations and the
+    step it kept."""
     import json
 
     from dil_jax.cli import main
@@ -205,6 +206,7 @@ def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
     workdir = tmp_path / "prescreener"
     assert main(["prescreen", "--config", "configs/prescreen.py",
                  f"--config.data.file={shared_data / 'squad' / 'dev-v1.1.35-articles.json'}",
+                 "--config.data.eval_file=", f"--config.encoder.cache_dir={tmp_path / 'cache'}",
                  "--config.data.train_articles=0:1", "--config.data.dev_articles=1:2",
                  "--config.data.val_articles=2:3", "--config.model.num_layers=1",
                  "--config.train.steps=20", "--config.train.eval_every=10",
