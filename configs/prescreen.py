@@ -7,7 +7,9 @@ Trains on every article of `data.file` (../shared/data/squad/train-v1.1.json: 44
 and is scored on its articles 28:35 (validation), the readers' validation questions. A training
 article that is also a dev or validation one is refused. `--config.data.eval_file=''` takes all
 three splits from `data.file` (`configs/prescreen.py:shared`: the earlier recipe on the shared
-articles 0:25, 4,142 questions).
+articles 0:25, 4,142 questions). `--config.data.val_articles=''` leaves the validation split
+out: runs that compare configs by the dev accuracy need not see it (it is reported once, for the
+chosen config).
 
 Sentence embeddings are cached in `encoder.cache_dir` ('' = not cached) as they are computed:
 a stopped run resumes, and a second config over the same data embeds nothing.

@@ -169,7 +169,11 @@ def _load_config(args: argparse.Namespace):
         raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
                          "(overrides are --config.key=value)")
     config = load_config(args.config, overrides)
-    _splits(config)  # every split's file and slice named, before any loading
+    splits = _splits(config)  # every split's file and slice named, before any loading
+    if "validation" not in splits and (args.prescreener is not None or args.readers):
+        raise UsageError("--config.data.val_articles is '' (no validation split), but "
+                         "--prescreener and --readers score on the validation split; give "
+                         "its articles, e.g. --config.data.val_articles=28:35")
     return config
 
 
@@ -181,12 +185,12 @@ def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
     sentence count and length).
     """
     from dil_jax.prescreening.prescreener import SentencePrescreener, load_sentence_encoder
-    from dil_jax.prescreening.splits import SPLITS, load_split_examples
+    from dil_jax.prescreening.splits import load_split_examples
 
     started = time.perf_counter()
     # The files and article slices first: a bad one is refused before any model is loaded.
     examples = load_split_examples(_splits(config),
-                                   ("validation",) if args.prescreener is not None else SPLITS)
+                                   ("validation",) if args.prescreener is not None else None)
     if args.prescreener is not None:
         prescreener = SentencePrescreener.load(args.prescreener)
         splits = _split_data(config, examples, prescreener.encoder,

@@ -46,12 +46,17 @@ def _flag(key: str) -> str:
 
 def config_splits(data: Mapping) -> dict[str, Split]:
     """The Split of each name in SPLITS from a config's `data` section (a ConfigDict or a
-    dict); a missing, empty or non-string value is a UsageError naming its key."""
-    for key in ("file", *ARTICLE_KEYS.values()):
+    dict); a missing, empty or non-string value is a UsageError naming its key, but an empty
+    `val_articles` means no validation split: runs that choose a config by the dev accuracy
+    need not see the validation one, which is reported once, for the chosen config."""
+    for key in ("file", "train_articles", "dev_articles"):
         value = data.get(key)
         if not isinstance(value, str) or not value.strip():
             raise UsageError(f"{_flag(key)} = {value!r}: expected a non-empty string (a SQuAD "
                              "file for data.file, an article slice START:STOP for the others)")
+    if not isinstance(data.get("val_articles"), str):
+        raise UsageError(f"{_flag('val_articles')} = {data.get('val_articles')!r}: expected an "
+                         "article slice START:STOP, or '' for no validation split")
     eval_file = data.get("eval_file", "")
     if not isinstance(eval_file, str):
         raise UsageError(f"{_flag('eval_file')} = {eval_file!r}: expected a SQuAD file, or '' "
@@ -61,7 +66,7 @@ def config_splits(data: Mapping) -> dict[str, Split]:
                  validation=(eval_key, eval_file or data["file"]))
     return {name: Split(name, files[name][1], _flag(files[name][0]), data[ARTICLE_KEYS[name]],
                         _flag(ARTICLE_KEYS[name]))
-            for name in SPLITS}
+            for name in SPLITS if data[ARTICLE_KEYS[name]].strip()}
 
 
 def _load_file(path: str, flag: str) -> list[SquadExample]:
@@ -73,10 +78,11 @@ def _load_file(path: str, flag: str) -> list[SquadExample]:
         raise InputFileError(f"{flag} = {path!r}: {error}") from None
 
 
-def load_split_examples(splits: Mapping[str, Split], names: Sequence[str] = SPLITS
+def load_split_examples(splits: Mapping[str, Split], names: Sequence[str] | None = None
                         ) -> dict[str, list[SquadExample]]:
-    """The examples of each named split (each file read once), after checking that no
-    article is in two of the named splits when they come from the same file."""
+    """The examples of each named split (default: all of `splits`; each file read once),
+    checked: no article is in two of them."""
+    names = list(splits) if names is None else names
     loaded: dict[str, list[SquadExample]] = {}
     chosen = {}
     for name in names:

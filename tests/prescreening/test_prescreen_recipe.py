@@ -90,7 +90,8 @@ def no_model(monkeypatch):
 @pytest.mark.parametrize("overrides, named", [
     (["--config.data.dev_articles=5:9"], ["--config.data.dev_articles", "'5:9'", "none of the 2"]),
     (["--config.data.train_articles=first"], ["--config.data.train_articles", "'first'"]),
-    (["--config.data.val_articles="], ["--config.data.val_articles"]),
+    (["--config.data.dev_articles="], ["--config.data.dev_articles"]),
+    (["--config.data.val_articles=", "--readers", "R"], ["--config.data.val_articles", "''"]),
     (["--config.data.file="], ["--config.data.file"]),
     (["--config.data.eval_file=MISSING"], ["--config.data.eval_file", "MISSING"]),
     # One file for all three splits: its articles 0:1 would be both training and dev ones.
@@ -121,14 +122,17 @@ def test_an_unknown_config_variant_is_refused(capsys, no_model):
 
 
 def test_one_file_for_every_split_when_eval_file_is_empty():
-    """`data.eval_file=''`: dev and validation come from data.file, named by its flag."""
+    """`data.eval_file=''`: dev and validation come from data.file, named by its flag;
+    `data.val_articles=''`: no validation split (runs that choose by the dev accuracy)."""
     from dil_jax.prescreening.splits import config_splits
 
-    splits = config_splits(dict(file="a.json", eval_file="", train_articles="0:2",
-                                dev_articles="2:3", val_articles="3:4"))
-    assert {name: (s.file, s.file_flag) for name, s in splits.items()} == dict(
+    data = dict(file="a.json", eval_file="", train_articles="0:2", dev_articles="2:3",
+                val_articles="3:4")
+    assert {name: (s.file, s.file_flag) for name, s in config_splits(data).items()} == dict(
         train=("a.json", "--config.data.file"), dev=("a.json", "--config.data.file"),
         validation=("a.json", "--config.data.file"))
+    assert list(config_splits(dict(data, eval_file="b.json", val_articles=""))) == [
+        "train", "dev"]
 
 
 def test_embedding_cache_resumes_a_stopped_run_and_embeds_each_text_once(tmp_path):
