@@ -80,6 +80,31 @@ def test_prescreener_learns_and_respects_the_mask():
     assert accuracy["top1"] > chance + 0.3 and accuracy["top2"] >= accuracy["top1"]
 
 
+def test_batches_cut_to_their_longest_passage_score_as_full_ones():
+    """Training batches keep only the sentence slots up to the batch's longest passage (rounded
+    up to 8): the cut slots were masked, so the scores of the real sentences do not change."""
+    from dil_jax.prescreening.model import Prescreener
+    from dil_jax.prescreening.train import training_batch
+
+    data = _synthetic(64, 2)
+    data.sentences = np.pad(data.sentences, ((0, 0), (0, 26), (0, 0)))  # 32 slots, 2-6 used
+    data.sentence_mask = np.pad(data.sentence_mask, ((0, 0), (0, 26)))
+    config = PrescreenConfig(embedding_dim=16, width=32, num_layers=2, num_heads=2, mlp_dim=64,
+                             max_sentences=32, dropout=0.0)
+    rows = np.arange(10)
+    batch = training_batch(data, rows)
+    assert batch["sentences"].shape == (10, 8, 16) and batch["mask"].shape == (10, 8)
+    model = Prescreener(config)
+    params = model.init(jax.random.key(0), data.question[:1], data.sentences[:1],
+                        data.sentence_mask[:1])["params"]
+    cut = model.apply({"params": params}, batch["question"], batch["sentences"], batch["mask"])
+    full = model.apply({"params": params}, data.question[rows], data.sentences[rows],
+                       data.sentence_mask[rows])
+    real = batch["mask"] > 0
+    np.testing.assert_allclose(np.asarray(cut)[real], np.asarray(full)[:, :8][real], atol=1e-5)
+    assert training_batch(data, rows, bucket=64)["mask"].shape == (10, 32)  # at most S
+
+
 def test_topk_accuracy_by_hand():
     scores = np.array([[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]])
     assert topk_accuracy(scores, np.array([1, 2])) == {"top1": 0.5, "top2": 1.0}
