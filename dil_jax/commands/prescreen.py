@@ -128,7 +128,7 @@ def _train(config, splits, encoder):
         embedding_dim=splits["train"].question.shape[1], width=config.model.width,
         num_layers=config.model.num_layers, num_heads=config.model.num_heads,
         mlp_dim=config.model.mlp_dim, max_sentences=config.data.max_sentences,
-        dropout=config.model.dropout)
+        dropout=config.model.dropout, interaction=config.model.get("interaction", False))
     train = config.train
     result = train_prescreener(
         splits["train"], model_config, steps=train.steps, batch_size=train.batch_size,
