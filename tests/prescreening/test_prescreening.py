@@ -105,6 +105,46 @@ def test_batches_cut_to_their_longest_passage_score_as_full_ones():
     assert training_batch(data, rows, bucket=64)["mask"].shape == (10, 32)  # at most S
 
 
+def test_the_interaction_model_starts_from_the_cosine_and_round_trips(tmp_path, minilm_dir):
+    """With `interaction`, an untrained prescreener ranks sentences nearly as the raw
+    question-sentence cosine (its learned part starts small); saved, its manifest says so and it
+    loads back with the same scores; without it the manifest has no such field (as the
+    prescreeners saved before it), and a non-boolean value is refused by name."""
+    import dataclasses
+
+    from dil_jax.prescreening.model import Prescreener
+    from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
+
+    from tests.helpers import random_prescreener
+
+    def unit(a):
+        return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+    plain = random_prescreener(minilm_dir)
+    config = dataclasses.replace(plain.config, interaction=True)
+    data = _synthetic(32, 3)
+    question = np.pad(unit(data.question), ((0, 0), (0, 368)))
+    sentences = np.pad(unit(data.sentences), ((0, 0), (0, 2), (0, 368)))
+    mask = np.pad(data.sentence_mask, ((0, 0), (0, 2)))
+    params = Prescreener(config).init(jax.random.key(0), question[:1], sentences[:1],
+                                      mask[:1])["params"]
+    prescreener = dataclasses.replace(plain, config=config, params=params)
+    scores = prescreener.score(question, sentences, mask)
+    cosine = np.where(mask > 0, np.einsum("nd,nsd->ns", question, sentences), -1e9)
+    assert np.mean(scores.argmax(1) == cosine.argmax(1)) > 0.9
+    folder = prescreener.save(tmp_path / "inter")
+    manifest = json.loads((folder / "prescreener.json").read_text())
+    assert manifest["config"]["interaction"] is True
+    np.testing.assert_allclose(SentencePrescreener.load(folder, encoder=plain.encoder).score(
+        question, sentences, mask), scores, atol=1e-5)
+    assert "interaction" not in json.loads(
+        (plain.save(tmp_path / "plain") / "prescreener.json").read_text())["config"]
+    manifest["config"]["interaction"] = 1
+    (folder / "prescreener.json").write_text(json.dumps(manifest))
+    with pytest.raises(PrescreenerError, match="config.interaction = 1 is invalid"):
+        SentencePrescreener.load(folder, encoder=plain.encoder)
+
+
 def test_topk_accuracy_by_hand():
     scores = np.array([[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]])
     assert topk_accuracy(scores, np.array([1, 2])) == {"top1": 0.5, "top2": 1.0}
