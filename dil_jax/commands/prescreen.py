@@ -5,9 +5,11 @@
         --readers dil_jax/assets/minilm-squad-full --top-m 1 2 --mass 0.9
 
 Sentence embeddings come from the config's sentence encoder (default: the embedded
-all-MiniLM-L6-v2; mean pooling, normalised), computed once per distinct sentence. The prescreener
-("Prototype 4") trains on the training articles, keeps the params that score best on the dev
-articles (early stopping), and is written to `workdir` as a prescreener checkpoint folder (with
+all-MiniLM-L6-v2; mean pooling, normalised), computed once per distinct sentence and cached in
+`encoder.cache_dir` as they are computed (a stopped run resumes there). The prescreener
+("Prototype 4") trains on the training articles (of `data.file`; by default the complete SQuAD
+v1.1 training set), keeps the params that score best on the dev articles (of `data.eval_file`:
+early stopping), and is written to `workdir` as a prescreener checkpoint folder (with
 results.md). Top-1/top-2 sentence accuracy is reported next to the first-sentence baseline. With
 `--prescreener` an existing checkpoint is scored instead of training one. With `--readers`, each
 reader answers the first `--eval-limit` validation questions without prescreening and with each
@@ -29,6 +31,7 @@ from dil_jax.commands.arguments import (
     window_len,
 )
 from dil_jax.defaults import CPU_MAX_PASSAGE_LEN, CPU_MAX_QUESTION_LEN
+from dil_jax.errors import UsageError
 
 
 def check_workdir(args: argparse.Namespace, config) -> None:
@@ -42,12 +45,22 @@ def check_workdir(args: argparse.Namespace, config) -> None:
     def local(*paths) -> list[str]:  # 'default' names a bundled file, not one in the cwd
         return [str(path) for path in paths if path and str(path) != "default"]
 
-    inputs = {"--config.data.file": config.data.file, "--prescreener": local(args.prescreener),
+    inputs = {"--config.data.file": config.data.file,
+              "--config.data.eval_file": local(config.data.eval_file),
+              "--config.encoder.cache_dir": local(config.encoder.cache_dir),
+              "--prescreener": local(args.prescreener),
               "--readers": local(*args.readers),
               "--config.encoder.checkpoint": local(config.encoder.checkpoint)}
     if args.prescreener is None:
         check_output_folder(config.workdir, "--config.workdir", inputs,
                             replaced_unless=MANIFEST_FILE)
+        cache = config.encoder.cache_dir
+        # Checked even when the workdir is an earlier prescreener, which the check above lets
+        # through: replacing it would delete the embeddings the run has just cached.
+        if cache and Path(cache).resolve().is_relative_to(Path(config.workdir).resolve()):
+            raise UsageError(f"--config.encoder.cache_dir {cache} is inside --config.workdir "
+                             f"{config.workdir}, which training replaces as a whole; put the "
+                             "cache elsewhere")
     elif args.readers:
         check_output_folder(config.workdir, "--config.workdir", inputs,
                             files=("end_to_end.md", "end_to_end.json"))
@@ -80,23 +93,30 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run, accepts_config_overrides=True)
 
 
-def _article_specs(config) -> dict[str, str]:
-    """The article slice of each split (config.data.*_articles), by split name."""
-    return dict(train=config.data.train_articles, dev=config.data.dev_articles,
-                validation=config.data.val_articles)
+def _splits(config) -> dict:
+    """The config's train/dev/validation splits (dil_jax.prescreening.splits), by name."""
+    from dil_jax.prescreening.splits import config_splits
+
+    return config_splits(config.data)
 
 
-def _split_data(config, encoder, names: tuple[str, ...], max_sentences: int,
+def _split_data(config, examples: dict, encoder, max_sentences: int,
                 max_sentence_len: int) -> dict:
-    """SentenceData of the named article splits, embedded by `encoder` (a Reader)."""
-    from dil_jax.data.squad import load_squad, select_articles
+    """SentenceData of each split's examples, embedded by `encoder` (a Reader), cached in
+    config.encoder.cache_dir ('' = not cached). A split left with no question is refused."""
+    from dil_jax.prescreening.embedding_cache import encoder_cache
     from dil_jax.prescreening.train import build_sentence_data
 
-    examples = load_squad(config.data.file).examples
-    specs = _article_specs(config)
-    return {name: build_sentence_data(select_articles(examples, specs[name]), encoder,
-                                      max_sentences=max_sentences, max_len=max_sentence_len)
-            for name in names}
+    folder = config.encoder.cache_dir
+    embed = encoder_cache(Path(folder) if folder else None, encoder, max_sentence_len)
+    data = {}
+    for name, chosen in examples.items():
+        data[name] = build_sentence_data(chosen, max_sentences=max_sentences, embed=embed)
+        if not len(data[name].label):
+            split = _splits(config)[name]
+            raise UsageError(f"{split.articles_flag}={split.articles} ({split.file}): no "
+                             f"question with an answer in its first {max_sentences} sentences")
+    return data
 
 
 def _train(config, splits, encoder):
@@ -108,7 +128,7 @@ def _train(config, splits, encoder):
         embedding_dim=splits["train"].question.shape[1], width=config.model.width,
         num_layers=config.model.num_layers, num_heads=config.model.num_heads,
         mlp_dim=config.model.mlp_dim, max_sentences=config.data.max_sentences,
-        dropout=config.model.dropout)
+        dropout=config.model.dropout, interaction=config.model.get("interaction", False))
     train = config.train
     result = train_prescreener(
         splits["train"], model_config, steps=train.steps, batch_size=train.batch_size,
@@ -142,35 +162,44 @@ def run(args: argparse.Namespace) -> int:
 
 def _load_config(args: argparse.Namespace):
     """The --config file with its --config.key=value overrides (anything else is refused)."""
-    from dil_jax.errors import UsageError
     from dil_jax.train.config_files import load_config, split_overrides
 
     rest, overrides = split_overrides(args.extra_args or [])
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)} "
                          "(overrides are --config.key=value)")
-    return load_config(args.config, overrides)
+    config = load_config(args.config, overrides)
+    splits = _splits(config)  # every split's file and slice named, before any loading
+    if "validation" not in splits and (args.prescreener is not None or args.readers):
+        raise UsageError("--config.data.val_articles is '' (no validation split), but "
+                         "--prescreener and --readers score on the validation split; give "
+                         "its articles, e.g. --config.data.val_articles=28:35")
+    return config
 
 
 def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
     """(prescreener, {split: SentenceData}, TrainResult or None, {"embeddings": s, "training": s}).
 
-    Without --prescreener: embeds the train/dev/validation articles and trains one. With it:
-    loads that one and embeds the validation articles only, as it was trained (its encoder,
+    Without --prescreener: embeds the train/dev/validation splits and trains one. With it:
+    loads that one and embeds the validation split only, as it was trained (its encoder,
     sentence count and length).
     """
     from dil_jax.prescreening.prescreener import SentencePrescreener, load_sentence_encoder
+    from dil_jax.prescreening.splits import load_split_examples
 
     started = time.perf_counter()
+    # The files and article slices first: a bad one is refused before any model is loaded.
+    examples = load_split_examples(_splits(config),
+                                   ("validation",) if args.prescreener is not None else None)
     if args.prescreener is not None:
         prescreener = SentencePrescreener.load(args.prescreener)
-        splits = _split_data(config, prescreener.encoder, ("validation",),
+        splits = _split_data(config, examples, prescreener.encoder,
                              prescreener.config.max_sentences, prescreener.max_sentence_len)
         return prescreener, splits, None, dict(embeddings=time.perf_counter() - started,
                                                training=0.0)
     encoder = load_sentence_encoder(config.encoder.checkpoint, config.encoder.max_sentence_len)
-    splits = _split_data(config, encoder, ("train", "dev", "validation"),
-                         config.data.max_sentences, config.encoder.max_sentence_len)
+    splits = _split_data(config, examples, encoder, config.data.max_sentences,
+                         config.encoder.max_sentence_len)
     embedded = time.perf_counter() - started
     prescreener, training = _train(config, splits, encoder)
     trained = time.perf_counter() - started - embedded
@@ -191,9 +220,9 @@ def _accuracy_lines(report: dict, config, training, seconds: dict[str, float]) -
     """The markdown table of `report`, and after a training run its times and final loss."""
     lines = ["| split | articles | questions | first sentence | top-1 | top-2 |",
              "|---|---|---|---|---|---|"]
-    specs = _article_specs(config)
+    splits = _splits(config)
     for name, row in report.items():
-        lines.append(f"| {name} | {specs[name]} | {row['questions']} | "
+        lines.append(f"| {name} | {splits[name].describe()} | {row['questions']} | "
                      f"{100 * row['first_sentence']:.1f} | {100 * row['top1']:.1f} | "
                      f"{100 * row['top2']:.1f} |")
     if training is not None:

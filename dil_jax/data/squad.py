@@ -234,8 +234,10 @@ def _check_span(context: str, text: str, start: int, source: str, qid: str, name
 # ----------------------------------------------------------------------------- splits
 
 
-def select_articles(examples: Sequence[SquadExample], spec: str) -> list[SquadExample]:
-    """The examples of a slice "a:b" of the articles, in the file's article order."""
+def select_articles(examples: Sequence[SquadExample], spec: str, flag: str = "--articles"
+                    ) -> list[SquadExample]:
+    """The examples of a slice "a:b" of the articles, in the file's article order; errors name
+    the slice as `flag`."""
     start, colon, stop = spec.partition(":")
     titles = list(dict.fromkeys(example.title for example in examples))
     try:
@@ -243,11 +245,11 @@ def select_articles(examples: Sequence[SquadExample], spec: str) -> list[SquadEx
     except ValueError:
         bounds = None
     if bounds is None or not colon:
-        raise UsageError(f"article slice {spec!r} (--articles) is not START:STOP with integer "
+        raise UsageError(f"article slice {spec!r} ({flag}) is not START:STOP with integer "
                          f"bounds, e.g. 28:35 or :")
     chosen = set(titles[slice(*bounds)])
     if not chosen:
-        raise UsageError(f"article slice {spec!r} (--articles) selects none of the "
+        raise UsageError(f"article slice {spec!r} ({flag}) selects none of the "
                          f"{len(titles)} articles; give a slice within 0:{len(titles)}")
     return [example for example in examples if example.title in chosen]
 

@@ -74,6 +74,17 @@ def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
 QA_HEAD = "qa_outputs"
 
 
+def encoder_fingerprint(encoder: Reader) -> str:
+    """The sentence encoder's weights but its QA head: sentences never reach the head, and a
+    checkpoint without one (the embedded MiniLM) gets a randomly initialised head whose float
+    bits depend on the CPU's instruction set (the bundled prescreener was refused under
+    --xla_cpu_max_isa=SSE4_2)."""
+    from dil_jax.checkpoints.fingerprint import params_fingerprint
+
+    return params_fingerprint({name: value for name, value in encoder.params.items()
+                               if name != QA_HEAD})
+
+
 @dataclasses.dataclass
 class SentencePrescreener:
     """The prescreening model and the sentence encoder whose embeddings it reads."""
@@ -86,14 +97,8 @@ class SentencePrescreener:
 
     @functools.cached_property
     def encoder_fingerprint(self) -> str:
-        """The encoder's weights but its QA head: sentences never reach the head, and a
-        checkpoint without one (the embedded MiniLM) gets a randomly initialised head whose
-        float bits depend on the CPU's instruction set (the bundled prescreener was refused
-        under --xla_cpu_max_isa=SSE4_2)."""
-        from dil_jax.checkpoints.fingerprint import params_fingerprint
-
-        return params_fingerprint({name: value for name, value in self.encoder.params.items()
-                                   if name != QA_HEAD})
+        """See `encoder_fingerprint` (the module's function)."""
+        return encoder_fingerprint(self.encoder)
 
     @functools.cached_property
     def legacy_encoder_fingerprint(self) -> str:
@@ -183,7 +188,7 @@ class PrescreenerManifest:
     records: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(format=PRESCREENER_FORMAT, config=dataclasses.asdict(self.config),
+        return dict(format=PRESCREENER_FORMAT, config=config_json(self.config),
                     encoder=self.encoder, encoder_fingerprint=self.encoder_fingerprint,
                     max_sentence_len=self.max_sentence_len, **self.records)
 
@@ -221,6 +226,17 @@ class PrescreenerManifest:
 
 
 _MANIFEST_FIELDS = ("format", "config", "encoder", "encoder_fingerprint", "max_sentence_len")
+# PrescreenConfig fields added after the first prescreeners were saved, each off by default.
+LATER_FIELDS = ("interaction",)
+
+
+def config_json(config: PrescreenConfig) -> dict[str, Any]:
+    """The manifest's "config": a later field only when it is on, so a manifest written before
+    it reads back to the same JSON, and code older than it still loads a prescreener without
+    it."""
+    values = dataclasses.asdict(config)
+    return {key: value for key, value in values.items()
+            if key not in LATER_FIELDS or value != getattr(PrescreenConfig, key)}
 
 
 def _prescreen_config(values: dict[str, Any], path: Path) -> PrescreenConfig:
@@ -235,10 +251,13 @@ def _prescreen_config(values: dict[str, Any], path: Path) -> PrescreenConfig:
         if field.name == "dropout":
             valid = isinstance(value, (int, float)) and 0 <= value < 1
             expected = "a number in [0, 1)"
+        elif field.name in LATER_FIELDS:  # switches
+            valid = isinstance(value, bool)
+            expected = "true or false"
         else:  # widths and counts
             valid = isinstance(value, int) and value > 0
             expected = "a positive integer"
-        if isinstance(value, bool) or not valid:
+        if (isinstance(value, bool) and field.name not in LATER_FIELDS) or not valid:
             raise PrescreenerError(f"{path}: config.{field.name} = {value!r} is invalid "
                                    f"({expected} expected)")
     return config

@@ -80,6 +80,71 @@ def test_prescreener_learns_and_respects_the_mask():
     assert accuracy["top1"] > chance + 0.3 and accuracy["top2"] >= accuracy["top1"]
 
 
+def test_batches_cut_to_their_longest_passage_score_as_full_ones():
+    """Training batches keep only the sentence slots up to the batch's longest passage (rounded
+    up to 8): the cut slots were masked, so the scores of the real sentences do not change."""
+    from dil_jax.prescreening.model import Prescreener
+    from dil_jax.prescreening.train import training_batch
+
+    data = _synthetic(64, 2)
+    data.sentences = np.pad(data.sentences, ((0, 0), (0, 26), (0, 0)))  # 32 slots, 2-6 used
+    data.sentence_mask = np.pad(data.sentence_mask, ((0, 0), (0, 26)))
+    config = PrescreenConfig(embedding_dim=16, width=32, num_layers=2, num_heads=2, mlp_dim=64,
+                             max_sentences=32, dropout=0.0)
+    rows = np.arange(10)
+    batch = training_batch(data, rows)
+    assert batch["sentences"].shape == (10, 8, 16) and batch["mask"].shape == (10, 8)
+    model = Prescreener(config)
+    params = model.init(jax.random.key(0), data.question[:1], data.sentences[:1],
+                        data.sentence_mask[:1])["params"]
+    cut = model.apply({"params": params}, batch["question"], batch["sentences"], batch["mask"])
+    full = model.apply({"params": params}, data.question[rows], data.sentences[rows],
+                       data.sentence_mask[rows])
+    real = batch["mask"] > 0
+    np.testing.assert_allclose(np.asarray(cut)[real], np.asarray(full)[:, :8][real], atol=1e-5)
+    assert training_batch(data, rows, bucket=64)["mask"].shape == (10, 32)  # at most S
+
+
+def test_the_interaction_model_starts_from_the_cosine_and_round_trips(tmp_path, minilm_dir):
+    """With `interaction`, an untrained prescreener ranks sentences nearly as the raw
+    question-sentence cosine (its learned part starts small); saved, its manifest says so and it
+    loads back with the same scores; without it the manifest has no such field (as the
+    prescreeners saved before it), and a non-boolean value is refused by name."""
+    import dataclasses
+
+    from dil_jax.prescreening.model import Prescreener
+    from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
+
+    from tests.helpers import random_prescreener
+
+    def unit(a):
+        return a / np.linalg.norm(a, axis=-1, keepdims=True)
+
+    plain = random_prescreener(minilm_dir)
+    config = dataclasses.replace(plain.config, interaction=True)
+    data = _synthetic(32, 3)
+    question = np.pad(unit(data.question), ((0, 0), (0, 368)))
+    sentences = np.pad(unit(data.sentences), ((0, 0), (0, 2), (0, 368)))
+    mask = np.pad(data.sentence_mask, ((0, 0), (0, 2)))
+    params = Prescreener(config).init(jax.random.key(0), question[:1], sentences[:1],
+                                      mask[:1])["params"]
+    prescreener = dataclasses.replace(plain, config=config, params=params)
+    scores = prescreener.score(question, sentences, mask)
+    cosine = np.where(mask > 0, np.einsum("nd,nsd->ns", question, sentences), -1e9)
+    assert np.mean(scores.argmax(1) == cosine.argmax(1)) > 0.9
+    folder = prescreener.save(tmp_path / "inter")
+    manifest = json.loads((folder / "prescreener.json").read_text())
+    assert manifest["config"]["interaction"] is True
+    np.testing.assert_allclose(SentencePrescreener.load(folder, encoder=plain.encoder).score(
+        question, sentences, mask), scores, atol=1e-5)
+    assert "interaction" not in json.loads(
+        (plain.save(tmp_path / "plain") / "prescreener.json").read_text())["config"]
+    manifest["config"]["interaction"] = 1
+    (folder / "prescreener.json").write_text(json.dumps(manifest))
+    with pytest.raises(PrescreenerError, match="config.interaction = 1 is invalid"):
+        SentencePrescreener.load(folder, encoder=plain.encoder)
+
+
 def test_topk_accuracy_by_hand():
     scores = np.array([[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]])
     assert topk_accuracy(scores, np.array([1, 2])) == {"top1": 0.5, "top2": 1.0}
@@ -195,8 +260,9 @@ def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
 
 
 def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
-    """`dil-jax prescreen --config ...` on three tiny article splits: a loadable checkpoint whose
-    record names the dev evaluations and the step it kept."""
+    """`dil-jax prescreen --config ...` on three tiny article splits of one file
+    (`data.eval_file=''`): a loadable checkpoint whose record names the dev evaluations and the
+    step it kept."""
     import json
 
     from dil_jax.cli import main
@@ -205,6 +271,7 @@ def test_prescreen_command_trains_early_stops_and_saves(tmp_path, shared_data):
     workdir = tmp_path / "prescreener"
     assert main(["prescreen", "--config", "configs/prescreen.py",
                  f"--config.data.file={shared_data / 'squad' / 'dev-v1.1.35-articles.json'}",
+                 "--config.data.eval_file=", f"--config.encoder.cache_dir={tmp_path / 'cache'}",
                  "--config.data.train_articles=0:1", "--config.data.dev_articles=1:2",
                  "--config.data.val_articles=2:3", "--config.model.num_layers=1",
                  "--config.train.steps=20", "--config.train.eval_every=10",
