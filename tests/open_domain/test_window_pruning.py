@@ -328,3 +328,44 @@ def test_pruned_read_gives_the_full_reads_answer(sample_reader):
     assert all(t > 0 for t in full.tokens_read)
     assert sample_reader.pruning is None  # with_pruning leaves the reader it copies alone
 
+
+# ----------------------------------------------------------------------------- the commands
+
+
+def test_prune_windows_of_ask_and_odqa_eval(tmp_path, capsys):
+    """--prune-windows on `ask` and `odqa-eval` (each reader then evaluated without and with
+    it, the pairs a question read in the table); a bad value or --server refused naming it."""
+    import json
+
+    from dil_jax.cli import main
+
+    from tests.helpers import run_cli
+    from tests.open_domain.test_odqa_cli import COMMON, _write_corpus, _write_squad
+
+    index = tmp_path / "index"
+    assert main(["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "4",
+                 "--max-passage-len", "48", "--doc-stride", "24", *COMMON]) == 0
+    status, out, _ = run_cli(["ask", "Who wrote Pride and Prejudice?", "--index", str(index),
+                              "--k", "4", "--top-p", "3", "--prune-windows", "stop", *COMMON],
+                             capsys)
+    assert status == 0 and "Q: Who wrote" in out and "prune" in out
+    squad, _ = _write_squad(tmp_path)
+    data = json.loads(squad.read_text())
+    data["data"][0]["paragraphs"][0]["qas"][0]["question"] = "Who wrote Pride and Prejudice?"
+    squad.write_text(json.dumps(data))  # a question BM25 finds passages for
+    assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "4", "--p",
+                 "3", "--prune-windows", "stop:2", "--out", str(tmp_path / "eval"),
+                 *COMMON]) == 0
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert set(results) == {"DIL k=4", "DIL k=4 + prune stop:2"}
+    pruned, full = results["DIL k=4 + prune stop:2"], results["DIL k=4"]
+    assert pruned["pruning"] == "stop:2" and full["pruning"] is None
+    assert 1 <= pruned["pairs_per_question"] <= full["pairs_per_question"]
+    assert "| pairs / q |" in (tmp_path / "eval" / "results.md").read_text()
+    for argv in (["ask", "Who?", "--index", str(index)], ["odqa-eval", "--index", str(index),
+                                                          "--data", str(squad)]):
+        status, _, err = run_cli([*argv, "--prune-windows", "top:8"], capsys)
+        assert status == 2 and "argument --prune-windows: 'top:8': expected 'all'" in err, err
+    status, _, err = run_cli(["ask", "Who?", "--server", "http://127.0.0.1:9", "--prune-windows",
+                              "stop"], capsys)
+    assert status == 1 and "leave out --prune-windows stop" in err, err
