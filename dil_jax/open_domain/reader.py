@@ -205,6 +205,12 @@ def _take_scores(scores: SpanScores, rows: np.ndarray) -> SpanScores:
     return SpanScores(*(np.asarray(values)[rows] for values in scores.arrays))
 
 
+def round_passages(stage: int, chunk_size: int, unsettled: int) -> int:
+    """Passages each of `unsettled` questions reads in a round of a pruned read: `stage`, or
+    more when few questions are left, so that a round reads about one chunk of pairs."""
+    return max(stage, chunk_size // max(unsettled, 1))
+
+
 class OpenDomainReader:
     """Reads the top-p passages of questions with one Reader (one k) over one index."""
 
@@ -344,10 +350,12 @@ class OpenDomainReader:
                             ) -> tuple[RetrievedPairs, SpanScores, np.ndarray]:
         """The pairs `pruning` reads, their span scores and passage tokens [n_read].
 
-        Round after round, every question not settled yet reads its next `pruning.stage`
-        passages in BM25 order (all their windows: a passage is read whole), until
-        `settled_questions` says no unread passage can change its answer under the reader's
-        span score rule, or it has none left. Pair program time is added to
+        Round after round, every question not settled yet reads its next passages in BM25 order
+        (all their windows: a passage is read whole), until `settled_questions` says no unread
+        passage can change its answer under the reader's span score rule, or it has none left.
+        A round reads about one chunk of pairs (`round_passages`): when few questions are left
+        each reads more passages, so that a batch's last question does not take a round (a
+        pair program call, a cache read) per passage. Pair program time is added to
         timings["pair_upper"], the decisions' (best spans, the settle test) to
         timings["prune"]."""
         n_pairs = len(pairs.row)
@@ -359,10 +367,11 @@ class OpenDomainReader:
         tokens = np.zeros(n_pairs, np.int64)
         read = np.zeros(n_pairs, bool)
         unsettled = sorted(set(question.tolist()))
-        depth = 0
+        depth = np.zeros(int(question.max(initial=-1)) + 1, np.int64)  # passages read, by question
         while unsettled:
-            depth += self.pruning.stage
-            chosen = ~read & np.isin(question, unsettled) & (rank < depth)
+            depth[unsettled] += round_passages(self.pruning.stage, self.grid.chunk_size,
+                                               len(unsettled))
+            chosen = ~read & np.isin(question, unsettled) & (rank < depth[question])
             if chosen.any():
                 new = pairs.subset(chosen)
                 with _timed(timings, "pair_upper"):

@@ -17,6 +17,7 @@ from dil_jax.open_domain.pruning import (
     layer_norm_logit_bounds,
     reader_score_bounds,
     settled_questions,
+    span_head_bounds,
 )
 from dil_jax.open_domain.reader import OpenDomainReader, RetrievedPairs
 from dil_jax.open_domain.scoring import best_pair_of_each_hit, fusion_scores
@@ -139,12 +140,16 @@ class Hit:
         self.score, self.rows = score, rows
 
 
-def _stand_in_reader(grid: Grid, pruning: WindowPruning, logit_bounds) -> OpenDomainReader:
+def _stand_in_reader(grid: Grid, pruning: WindowPruning, logit_bounds, chunk_size: int = 8
+                     ) -> OpenDomainReader:
     """An OpenDomainReader whose pair program is a lookup of the grid's window scores (carried
     in the null start logit) and whose reader score is that value: `_read_until_settled` runs
     as it is. Records the pairs read, round by round, in `reader.rounds`."""
+    from types import SimpleNamespace
+
     reader = object.__new__(OpenDomainReader)
     reader.pruning, reader._logit_bounds, reader.span_score = pruning, logit_bounds, "logits"
+    reader.grid = SimpleNamespace(chunk_size=chunk_size)
     reader.offsets = np.zeros((1, P_LEN, 2))
     reader.rounds = []
 
@@ -185,10 +190,10 @@ def test_exact_stop_never_drops_the_window_the_full_read_picks(seed):
     the full read's (same passage and window), so the window that read picks is always read;
     and it reads no pair twice. (Each seed draws its fusion weight and stage.)"""
     mu = [None, 0.2, 0.5, 0.8, 1.0][seed % 5]
-    stage = 1 + seed // 5 % 3
+    stage, chunk_size = 1 + seed // 5 % 3, [1, 4, 8][seed // 15 % 3]
     grid = Grid(seed, reader_score_bounds(LOGIT_BOUNDS, "logits"))
     pruning = WindowPruning(stage=stage, mu=mu)
-    reader = _stand_in_reader(grid, pruning, LOGIT_BOUNDS)
+    reader = _stand_in_reader(grid, pruning, LOGIT_BOUNDS, chunk_size)
     every = grid.pairs
     every_value = np.asarray([grid.window_score[q, r] for q, r in zip(every.question, every.row)],
                              np.float32).astype(np.float64)
@@ -206,26 +211,36 @@ def test_exact_stop_never_drops_the_window_the_full_read_picks(seed):
 @pytest.mark.parametrize("seed", range(100))
 def test_approximate_stop_reads_what_its_rule_says(seed):
     """With an assumed highest score (stop:H, scores above it in the grid): each question reads
-    exactly its passages up to the first depth (a multiple of the stage) at which the settle
-    test, applied to that prefix under the assumption, holds; recomputed here from the rule."""
-    mu, stage = [None, 0.5][seed % 2], 1 + seed // 2 % 2
+    exactly its passages up to the first depth of its rounds (`round_passages` more each round,
+    by how many questions are left) at which the settle test, applied to that prefix under the
+    assumption, holds, or all of them; recomputed here from the rule."""
+    from dil_jax.open_domain.reader import round_passages
+
+    mu, stage, chunk_size = [None, 0.5][seed % 2], 1 + seed // 2 % 2, [1, 3, 8][seed // 4 % 3]
     high = float(np.random.default_rng(seed).uniform(-1, 3))
     grid = Grid(seed, reader_score_bounds(LOGIT_BOUNDS, "logits"))
     pruning = WindowPruning(high=high, stage=stage, mu=mu)
-    reader = _stand_in_reader(grid, pruning, LOGIT_BOUNDS)
+    reader = _stand_in_reader(grid, pruning, LOGIT_BOUNDS, chunk_size)
     low = reader_score_bounds(LOGIT_BOUNDS, "logits")[0]
     read, _, _ = reader._read_until_settled(None, None, grid.pairs, None, grid.hits, {
         "pair_upper": 0.0, "prune": 0.0})
+
+    def settled(question: int, depth: int) -> bool:
+        hits = grid.hits[question]
+        best = [max(grid.window_score[question, r] for r in hit.rows) for hit in hits[:depth]]
+        return depth >= len(hits) or answer_settled(
+            np.asarray(best, np.float64), [h.score for h in hits[:depth]],
+            [h.score for h in hits[depth:]], (low, high), mu)
+
+    depth = dict.fromkeys(range(len(grid.hits)), 0)
+    unsettled = list(depth)
+    while unsettled:
+        more = round_passages(stage, chunk_size, len(unsettled))
+        for question in unsettled:
+            depth[question] += more
+        unsettled = [q for q in unsettled if not settled(q, depth[q])]
     for question, question_hits in enumerate(grid.hits):
-        depth = 0
-        while depth < len(question_hits):
-            depth += stage
-            prefix = question_hits[:depth]
-            best = [max(grid.window_score[question, r] for r in hit.rows) for hit in prefix]
-            if answer_settled(np.asarray(best, np.float64), [h.score for h in prefix],
-                              [h.score for h in question_hits[depth:]], (low, high), mu):
-                break
-        expected = {(question, r) for hit in question_hits[:depth] for r in hit.rows}
+        expected = {(question, r) for hit in question_hits[:depth[question]] for r in hit.rows}
         assert {(q, r) for q, r in zip(read.question, read.row) if q == question} == expected
 
 
@@ -274,8 +289,6 @@ def test_settings_checked():
 def test_a_reader_without_the_bound_is_refused():
     from types import SimpleNamespace
 
-    from dil_jax.open_domain.pruning import span_head_bounds
-
     for kind, architecture in (("qanet", "qanet"), ("encoder", "xlnet")):
         reader = SimpleNamespace(kind=kind, config=SimpleNamespace(architecture=architecture))
         with pytest.raises(WindowPruningError, match=f"a {architecture} reader does not end"):
@@ -305,14 +318,16 @@ def sample_reader(minilm_dir, tmp_path_factory):
 
 def test_pruned_read_gives_the_full_reads_answer(sample_reader):
     """The exact stop over the real reader: the fused answer (text, passage, reader score)
-    of every question is the full read's, from no more pairs; the pairs and tokens read are
-    counted per question, and the decisions timed."""
+    of every question is the full read's, from no more pairs; an assumed highest score below
+    every score (stop:H) reads a BM25 prefix of each question's passages, fewer pairs; the
+    pairs and tokens read are counted per question, and the decisions timed."""
     from dil_jax.open_domain.retrieval.engines import bm25_tokenize
     from dil_jax.open_domain.scoring import pick_answer
 
-    every = " ".join(bm25_tokenize(p.text)[0] for p in sample_reader.index.passages)
-    questions = ["Who wrote Pride and Prejudice?", "When did Apollo 11 land on the Moon?",
-                 f"What links {every}?", "Where is the Eiffel Tower?", "Who painted it?"]
+    passages = sample_reader.index.passages
+    every = " ".join(bm25_tokenize(p.text)[0] for p in passages)
+    # Each question retrieves every passage, one of them far ahead in BM25.
+    questions = [f"{' '.join(bm25_tokenize(p.text)[1:5])} {every}?" for p in passages]
     full = sample_reader.read(questions)
     for mu in (0.5, 0.9, None):
         pruned = sample_reader.with_pruning(WindowPruning(mu=mu)).read(questions)
@@ -322,6 +337,11 @@ def test_pruned_read_gives_the_full_reads_answer(sample_reader):
             assert (answer.text, answer.passage_index) == (expected.text, expected.passage_index)
             assert answer.reader_score == pytest.approx(expected.reader_score, abs=1e-4)
         assert all(p <= f for p, f in zip(pruned.pairs_read, full.pairs_read, strict=True))
+    low = reader_score_bounds(span_head_bounds(sample_reader.reader), "logits")[0]
+    guessed = sample_reader.with_pruning(WindowPruning(high=low - 1)).read(questions)
+    assert sum(guessed.pairs_read) < sum(full.pairs_read)
+    for candidates in guessed.candidates:
+        assert [c.rank for c in candidates] == list(range(len(candidates)))  # a BM25 prefix
     windows = sample_reader.index.windows
     assert full.pairs_read == [sum(int(windows.count[h.passage_index]) for h in hits)
                                for hits in full.hits]
