@@ -16,7 +16,12 @@ every window of each) four ways, side by side in one process:
               every segment read at its full padded length;
   + trim      and each chunk of pairs cut to its longest real question and passage
               (`ReusePlan.trims_padding`);
-  + cache     and the first upper block's passage arrays read from the cache.
+  + cache     and the first upper block's passage arrays read from the cache;
+  stop        + cache, and window pruning (`dil_jax.open_domain.pruning`, issue 63): each
+              question's passages in BM25 order, `--prune-stage` at a time, until no unread one
+              can change the fused answer (mu = `--mu`, the reader's `--span-score`): exact;
+  stop:H      the same, assuming no unread passage scores above H = `--prune-high` (the
+              reader's calibrated value: docs/open_domain.md, "Window pruning"): approximate.
 `--modes` reads only some of these ways. Each way is read at every chunk size of
 `--chunk-sizes` (pairs per step of the pair program; default: the reader's default on this
 platform, `dil_jax.defaults.default_pair_chunk_size`), so a chunk sweep is timed side by side too.
@@ -24,13 +29,22 @@ Each read runs once untimed (compilation, page faults), then `--repeats` timed p
 pass is reported: the reader's phase times (`OpenDomainReader.read`'s `timings`), wall time and
 questions/s. Speed and answers are compared with `before` at the first chunk size listed (so
 `before` must be among the modes): questions/s ratio, the share of questions with the same answer
-text, and the largest |reader score difference| over all candidates (float32 rounding: the
-reuses reorder sums, they do not change what is summed). Writes OUT.json and OUT.md.
+text (the reader alone, and fused with BM25 at `--mu`), and the largest |reader score
+difference| over the candidates both read (float32 rounding: the reuses reorder sums, they do
+not change what is summed); and the pairs a question's upper blocks read, and the passage
+tokens of each. Writes OUT.json and OUT.md.
+
+    # issue 63's rows: the served k = 4 reader, exact and calibrated window pruning
+    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k4 --ks 4 \
+        --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \
+        --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \
+        --modes before "+ cache" stop stop:H --prune-high 5 --out benchmarks/results/odqa_prune
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -44,7 +58,12 @@ import numpy as np
 MODES = {"before": dict(pair_reuse=False, cached_reuse=False, trim_padding=False),
          "pair reuse": dict(pair_reuse=True, cached_reuse=False, trim_padding=False),
          "+ trim": dict(pair_reuse=True, cached_reuse=False, trim_padding=True),
-         "+ cache": dict(pair_reuse=True, cached_reuse=True, trim_padding=True)}
+         "+ cache": dict(pair_reuse=True, cached_reuse=True, trim_padding=True),
+         "stop": dict(pair_reuse=True, cached_reuse=True, trim_padding=True),
+         "stop:H": dict(pair_reuse=True, cached_reuse=True, trim_padding=True)}
+# The modes that prune windows (`mode_pruning`): read when asked for (`--modes`).
+PRUNED_MODES = ("stop", "stop:H")
+DEFAULT_MODES = [mode for mode in MODES if mode not in PRUNED_MODES]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -61,8 +80,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--chunk-sizes", type=positive_int, nargs="+", default=None,
                         help="pairs per step, each timed (default: the platform's default)")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
-                        help="ways to read (default: all); must include `before`")
+    parser.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES),
+                        help="ways to read (default: all but the pruned ones); must include "
+                             "`before`")
+    parser.add_argument("--mu", type=float, default=0.5,
+                        help="fusion weight: the pruned modes settle the fused answer at it, and "
+                             "answers are compared fused at it too")
+    parser.add_argument("--span-score", default="logits", choices=("logits", "margin"),
+                        help="the reader's span score rule (the pruned modes settle its answer)")
+    parser.add_argument("--prune-high", type=float, default=None,
+                        help="H of the stop:H mode (needed with it)")
+    parser.add_argument("--prune-stage", type=positive_int, default=1,
+                        help="passages a question reads a round in the pruned modes")
     parser.add_argument("--work", default="runs/odqa_speed",
                         help="folder for the index and the caches (reused when rerun)")
     parser.add_argument("--out", required=True, help="output stem: writes OUT.json and OUT.md")
@@ -82,19 +111,44 @@ def timed_passes(reader, questions: Sequence[str], repeats: int) -> tuple[Any, l
     return results[median_pass], walls
 
 
-def compare_answers(reference, result) -> dict[str, float]:
-    """Share of questions answered with the same text (reader score alone) and the largest
-    |reader score difference| over every candidate, against the reference read."""
+def mode_pruning(mode: str, args: argparse.Namespace):
+    """The `WindowPruning` of a mode (None: every window)."""
+    from dil_jax.open_domain.pruning import WindowPruning
+
+    if mode not in PRUNED_MODES:
+        return None
+    return WindowPruning(high=args.prune_high if mode == "stop:H" else None,
+                         stage=args.prune_stage, mu=args.mu)
+
+
+def compare_answers(reference, result, mu: float) -> dict[str, float]:
+    """Shares of questions answered with the same text, by the reader score alone and fused
+    at mu, and the largest |reader score difference| over the candidates (passages) both reads
+    have (a pruned read has fewer), against the reference read."""
     from dil_jax.open_domain.scoring import pick_answer
 
-    same, largest = 0, 0.0
+    def text(candidates, weight):
+        answer = pick_answer(candidates, weight)
+        return answer.text if answer else ""
+
+    same = same_fused = 0
+    largest = 0.0
     for ref_candidates, candidates in zip(reference.candidates, result.candidates, strict=True):
-        ref_answer, answer = pick_answer(ref_candidates, None), pick_answer(candidates, None)
-        same += (ref_answer.text if ref_answer else "") == (answer.text if answer else "")
-        for ref, candidate in zip(ref_candidates, candidates, strict=True):
-            largest = max(largest, abs(ref.reader_score - candidate.reader_score))
-    return {"same_answer_share": same / max(len(reference.candidates), 1),
+        same += text(ref_candidates, None) == text(candidates, None)
+        same_fused += text(ref_candidates, mu) == text(candidates, mu)
+        theirs = {c.passage_index: c.reader_score for c in ref_candidates}
+        for candidate in candidates:
+            largest = max(largest, abs(theirs[candidate.passage_index] - candidate.reader_score))
+    count = max(len(reference.candidates), 1)
+    return {"same_answer_share": same / count, "same_fused_answer_share": same_fused / count,
             "max_score_difference": largest}
+
+
+def read_sizes(result) -> dict[str, float]:
+    """Pairs a question's upper blocks read, and passage tokens a pair (`ReadResult`)."""
+    pairs = sum(result.pairs_read)
+    return {"pairs_per_question": pairs / max(len(result.pairs_read), 1),
+            "tokens_per_pair": sum(result.tokens_read) / max(pairs, 1)}
 
 
 def markdown(rows: list[dict[str, Any]], questions: int, top_p: int) -> str:
@@ -104,15 +158,17 @@ def markdown(rows: list[dict[str, Any]], questions: int, top_p: int) -> str:
              f"`vs before`, answers and scores against `before` at chunk {rows[0]['chunk_size']}"
              " of the same k.", "",
              "| k | reader | chunk | " + " | ".join(f"{phase} s" for phase in phases)
-             + " | wall s | questions/s | vs before | same answers | max score diff |",
-             "|---" * (len(phases) + 8) + "|"]
+             + " | wall s | questions/s | vs before | pairs / q | tokens / pair | same answers "
+             "| same answers (+IR) | max score diff |",
+             "|---" * (len(phases) + 11) + "|"]
     for row in rows:
         lines.append(
             f"| {row['k']} | {row['mode']} | {row['chunk_size']} | "
             + " | ".join(f"{row['timings'].get(phase, 0.0):.2f}" for phase in phases)
             + f" | {row['wall_s']:.2f} | {row['questions_per_s']:.2f} | "
-            f"×{row['speedup']:.2f} | {100 * row['same_answer_share']:.1f}% | "
-            f"{row['max_score_difference']:.1e} |")
+            f"×{row['speedup']:.2f} | {row['pairs_per_question']:.1f} | "
+            f"{row['tokens_per_pair']:.0f} | {100 * row['same_answer_share']:.1f}% | "
+            f"{100 * row['same_fused_answer_share']:.1f}% | {row['max_score_difference']:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -120,6 +176,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     if "before" not in args.modes:
         raise SystemExit("--modes: `before` is needed (the other ways are compared with it)")
+    if "stop:H" in args.modes and args.prune_high is None:
+        raise SystemExit("--modes stop:H: give --prune-high H (the reader's calibrated value)")
     from cache_compression import build_scheme_cache, open_or_build_index
 
     from dil_jax.atomic import write_atomic
@@ -162,22 +220,27 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             print(f"k={k} {mode}, chunk {chunk}: {len(questions)} questions ...",
                   file=sys.stderr)
             reader = OpenDomainReader(index, loaded, cache, top_p=args.top_p,
-                                      batch_size=args.batch_size, chunk_size=chunk, **flags)
+                                      batch_size=args.batch_size, chunk_size=chunk,
+                                      span_score=args.span_score,
+                                      pruning=mode_pruning(mode, args), **flags)
             result, walls = timed_passes(reader, questions, args.repeats)
             wall = statistics.median(walls)
             reference = reference or result
             reference_speed = reference_speed or len(questions) / wall
+            pruning = reader.pruning and dataclasses.asdict(reader.pruning)
             rows.append(dict(k=k, mode=mode, chunk_size=reader.grid.chunk_size, **flags,
+                             pruning=pruning, **read_sizes(result),
                              walls_s=walls, wall_s=wall, questions_per_s=len(questions) / wall,
                              speedup=len(questions) / wall / reference_speed,
                              timings=result.timings,
                              reads_cached_reuse=reader.reads_cached_reuse,
-                             **compare_answers(reference, result)))
+                             **compare_answers(reference, result, args.mu)))
     table = markdown(rows, len(questions), args.top_p)
     print(table)
     record = dict(command=" ".join(["python", *sys.argv]), machine=machine_record(),
                   load_before=load_before, load_after=load_average(),
                   checkpoint=args.checkpoint, questions=len(questions), top_p=args.top_p,
+                  mu=args.mu, span_score=args.span_score,
                   num_windows=index.settings.num_windows, rows=rows)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

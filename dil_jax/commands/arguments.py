@@ -188,6 +188,33 @@ def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
                              "much probability (at most --top-m); default: --top-m alone")
 
 
+def window_pruning(text: str):
+    """--prune-windows: "all" (None), "stop" or "stop:H", as a
+    `dil_jax.open_domain.pruning.WindowPruning` settled for fusion at the default weight (the
+    command sets its own: `WindowPruning.with_mu`)."""
+    from dil_jax.open_domain.pruning import WindowPruning, WindowPruningError
+
+    try:
+        return WindowPruning.parse(text)
+    except WindowPruningError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+window_pruning.__name__ = "window pruning"
+
+
+def add_pruning_argument(parser: argparse.ArgumentParser, where: str) -> None:
+    """--prune-windows of `ask` and `odqa-eval` (`where` completes the help)."""
+    parser.add_argument(
+        "--prune-windows", type=window_pruning, default="all", metavar="RULE",
+        help="which windows of the retrieved passages the upper blocks read: 'all'; 'stop' "
+             "reads passages in BM25 order until no unread one can change the answer (exact: "
+             "the same answer as 'all' for --span-score and the fusion weight, from a bound on "
+             "the reader's scores; saves pairs only with fusion); 'stop:H' stops sooner, "
+             "assuming no unread passage's reader score exceeds H (approximate; H calibrated "
+             f"per reader and rule: docs/open_domain.md, \"Window pruning\"){where}")
+
+
 def prescreen_from_args(args: argparse.Namespace) -> tuple | None:
     """(SentencePrescreener, SentenceRule) of --prescreen/--top-m/--mass, or None."""
     if not args.prescreen:

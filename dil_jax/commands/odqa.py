@@ -16,6 +16,7 @@ from pathlib import Path
 from dil_jax.commands.arguments import (
     NO_REUSE_HELP,
     add_compilation_cache_arguments,
+    add_pruning_argument,
     add_reader_arguments,
     add_reading_arguments,
     ask_request,
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 # `odqa-eval` takes such a progress file over under the new name and resumes it.
 PRESCREEN_LABEL = "prescreen"
 EARLIER_PRESCREEN_LABEL = "SEP"
+# A reader with window pruning is reported as "<reader> + prune <rule>" ("stop", "stop:5").
+PRUNE_LABEL = "prune"
 
 
 def _reader_prescreen(args, index):
@@ -80,6 +83,7 @@ def _check_server_flags(args: argparse.Namespace) -> None:
                                       ("--cache-dtype", args.storage),
                                       ("--prescreen", args.prescreen)) if value is not None]
     local += ["--no-cached-reuse"] if args.no_cached_reuse else []
+    local += [f"--prune-windows {args.prune_windows.label}"] if args.prune_windows else []
     if local:
         raise UsageError(f"--server {args.server} reads with the server's index and readers: "
                          f"leave out {', '.join(local)}")
@@ -126,6 +130,8 @@ def register(subparsers) -> None:
     add_reader_arguments(ask, many_k=False)
     add_reading_arguments(ask, " (the index needs its sentence embeddings: dil-jax index "
                                "--prescreen)")
+    add_pruning_argument(ask, "; settled for the fusion ask answers with (--mu, or the reader "
+                              "alone with --no-fusion)")
     add_compilation_cache_arguments(ask)
     ask.set_defaults(func=checked_first(_check_ask_flags, run_ask))
 
@@ -155,12 +161,16 @@ def register(subparsers) -> None:
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=NO_REUSE_HELP)
     add_reader_arguments(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
+    add_pruning_argument(evaluate, "; each reader is then evaluated without and with it, the "
+                                   "pruned read settled for --mu at the largest --p (the other "
+                                   "columns and depths are what that read gives)")
     add_compilation_cache_arguments(evaluate)
     evaluate.set_defaults(func=checked_first(_check_evaluate_flags, run_evaluate))
 
 
-def _open_reader(args, request, top_p, prescreen: bool = True):
-    """The `OpenDomainReader` of `request` (a `ReaderRequest`) over --index and its cache."""
+def _open_reader(args, request, top_p, prescreen: bool = True, pruning=None):
+    """The `OpenDomainReader` of `request` (a `ReaderRequest`) over --index and its cache, with
+    `pruning` (a `WindowPruning`, or None)."""
     from dil_jax.open_domain.cache.store import CacheMismatchError
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
@@ -177,10 +187,24 @@ def _open_reader(args, request, top_p, prescreen: bool = True):
         if missing is None:  # a cache is there but does not fit: its own message says how
             raise
         raise missing from error
-    return OpenDomainReader(index, reader, cache, top_p=top_p,
-                            batch_size=args.batch_size, chunk_size=args.chunk_size,
-                            prescreen=_reader_prescreen(args, index) if prescreen else None,
-                            cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
+    opened = OpenDomainReader(index, reader, cache, top_p=top_p,
+                              batch_size=args.batch_size, chunk_size=args.chunk_size,
+                              prescreen=_reader_prescreen(args, index) if prescreen else None,
+                              cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
+    return _pruned(opened, pruning)
+
+
+def _pruned(reader, pruning):
+    """`reader` with window pruning `pruning`; a reader that cannot prune (no bound on its span
+    scores) is refused naming --prune-windows."""
+    from dil_jax.open_domain.pruning import WindowPruningError
+
+    if pruning is None:
+        return reader
+    try:
+        return reader.with_pruning(pruning)
+    except WindowPruningError as error:
+        raise UsageError(f"--prune-windows {pruning.label}: {error}") from None
 
 
 def _missing_cache(args, index, reader):
@@ -232,7 +256,8 @@ def run_ask(args: argparse.Namespace) -> int:
         return ask_server(args.server, _asked(args),
                           AskOptions(p=args.top_p, k=args.k, mu=mu, span_score=args.span_score))
     request = ask_request(args)
-    reader = _open_reader(args, request, args.top_p)
+    pruning = args.prune_windows and args.prune_windows.with_mu(mu)
+    reader = _open_reader(args, request, args.top_p, pruning=pruning)
     abstention = abstention_of(request.checkpoint)
     for number, question in enumerate(_asked(args)):
         if number == 0:  # seconds of silence otherwise, on a small CPU
@@ -265,11 +290,14 @@ def _progress_of(args: argparse.Namespace, name: str, settings: dict):
 
 
 def _evaluation_settings(args: argparse.Namespace, name: str, k: int, checkpoint: str,
-                         questions: int) -> dict:
+                         questions: int, pruned: bool = False) -> dict:
     """What decides an evaluation's per-question results (`checkpoint`: the reader's, as its
     request resolved it): a progress file made under other settings is refused rather than
-    mixed in (batch and chunk sizes only change the rounding)."""
-    return dict(reader=name, data=os.path.abspath(args.data), articles=args.articles,
+    mixed in (batch and chunk sizes only change the rounding). A pruned read also depends on
+    the span score rule it settles (`pruned`: recorded then only, so that the progress files of
+    unpruned readers written before stay valid)."""
+    pruning = dict(span_score=args.span_score) if pruned else {}
+    return dict(reader=name, **pruning, data=os.path.abspath(args.data), articles=args.articles,
                 limit=args.limit, seed=args.seed, questions=questions,
                 index=os.path.abspath(args.index), checkpoint=checkpoint,
                 tokenizer=args.tokenizer, k=k, p=sorted(args.p), mu=args.mu,
@@ -301,6 +329,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
             readers[f"{next(iter(readers))} + {PRESCREEN_LABEL} {screened.prescreen.rule}"] = (
                 screened)
+        if args.prune_windows:
+            pruning = args.prune_windows.with_mu(args.mu)
+            readers.update({f"{name} + {PRUNE_LABEL} {pruning.label}": _pruned(reader, pruning)
+                            for name, reader in list(readers.items())})
         for name, reader in readers.items():
             print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} "
                   "(its first block of questions pays the compilation) ...", file=sys.stderr)
@@ -310,7 +342,8 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 # of the same command reads only the rest.
                 progress = _progress_of(
                     args, name, _evaluation_settings(args, name, k, request.checkpoint,
-                                                     len(examples)))
+                                                     len(examples),
+                                                     pruned=reader.pruning is not None))
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)

@@ -231,6 +231,9 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
             example, {rule: candidates[i] for rule, candidates in result.by_score.items()},
             hits, [reader.index.passages[h.passage_index].text for h in hits], p_values, mu)
             for i, (example, hits) in enumerate(zip(block, result.hits, strict=True))]
+        for record, pairs, tokens in zip(records, result.pairs_read, result.tokens_read,
+                                         strict=True):
+            record.update(pairs=pairs, tokens=tokens)  # what the upper blocks read
         finished = dict(questions=records, wall_seconds=wall, timings=result.timings)
         if progress is not None:
             progress.append(finished)
@@ -254,15 +257,26 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
                 questions=len(examples), unmatched=sum(r["unmatched"] for r in records), mu=mu,
                 wall_seconds=sum(block["wall_seconds"] for block in every_block),
                 timings=timings, span_score=reader.span_score,
+                pruning=None if reader.pruning is None else reader.pruning.label,
+                **read_sizes(records),
                 by_p=by_score[reader.span_score], by_score=by_score)
+
+
+def read_sizes(records: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """pairs_per_question and tokens_per_pair: what the upper blocks read, over the records
+    that say (None when none does: progress files written before they were recorded)."""
+    sized = [r for r in records if "pairs" in r]
+    pairs = sum(r["pairs"] for r in sized)
+    return dict(pairs_per_question=pairs / len(sized) if sized else None,
+                tokens_per_pair=sum(r["tokens"] for r in sized) / pairs if pairs else None)
 
 
 def markdown_table(results: dict[str, dict[str, Any]]) -> str:
     """One row per (reader, p, span score rule): R, EM/F1 without and with the IR score,
-    reader time (one read serves every rule)."""
-    lines = ["| reader | k/l | p | span score | R | EM | F1 | EM (+IR) | F1 (+IR) | pair-upper s "
-             "| total s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    the pairs a question's upper blocks read, reader time (one read serves every rule)."""
+    lines = ["| reader | k/l | p | span score | R | EM | F1 | EM (+IR) | F1 (+IR) | pairs / q "
+             "| pair-upper s | total s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, result in results.items():
         for p in result["by_p"]:
             for rule, rows in result["by_score"].items():
@@ -270,9 +284,15 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
                 lines.append(
                     f"| {name} | {result['k']}/{result['l']} | {p} | {rule} | {row['R']:.1f} | "
                     f"{row['EM']:.1f} | {row['F1']:.1f} | {row['EM_ir']:.1f} | "
-                    f"{row['F1_ir']:.1f} | {result['timings']['pair_upper']:.1f} | "
+                    f"{row['F1_ir']:.1f} | {_pairs_text(result)} | "
+                    f"{result['timings']['pair_upper']:.1f} | "
                     f"{result['wall_seconds']:.1f} |")
     return "\n".join(lines)
+
+
+def _pairs_text(result: dict[str, Any]) -> str:
+    pairs = result.get("pairs_per_question")
+    return "" if pairs is None else f"{pairs:.1f}"
 
 
 def dump_json(results: dict[str, dict[str, Any]], extra: dict[str, Any]) -> str:

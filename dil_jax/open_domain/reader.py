@@ -12,6 +12,10 @@ For a batch of questions:
   4. each pair's best span (the SQuAD decoding rule: max-context start, span length limit), text
      sliced from the passage's original characters.
 
+With window pruning (`pruning=`, `dil_jax.open_domain.pruning`), step 3 reads each question's
+passages in BM25 order, a few at a time, and stops once no unread passage can change its answer
+(exact with the reader's bound on any score; approximate with an assumed one).
+
 With sentence prescreening (`prescreen=`), between 1 and 3 the prescreener scores each retrieved
 passage's stored sentence embeddings against the question's, a `SentenceRule` keeps some, and each
 pair's upper blocks read only the kept sentences' tokens (the cached lower states of the whole
@@ -56,6 +60,12 @@ from dil_jax.open_domain.answer_text import answer_lines, passage_context
 from dil_jax.open_domain.cache.reuse import pair_inputs
 from dil_jax.open_domain.cache.store import PassageCache
 from dil_jax.open_domain.index.folder import OpenDomainIndex, PassageWindows, window_arrays
+from dil_jax.open_domain.pruning import (
+    WindowPruning,
+    reader_score_bounds,
+    settled_questions,
+    span_head_bounds,
+)
 from dil_jax.open_domain.scoring import (
     Candidate,
     best_pair_of_each_hit,
@@ -123,12 +133,16 @@ class ReadResult:
     """Candidates of each question, in retrieval order (best BM25 first), and phase times (s).
 
     candidates: under the reader's own rule (`OpenDomainReader.span_score`); by_score: the same
-    read's candidates under every rule of SPAN_SCORES (decoding only: the read is shared)."""
+    read's candidates under every rule of SPAN_SCORES (decoding only: the read is shared).
+    pairs_read, tokens_read: per question, the (question, window) pairs its upper blocks read
+    and the passage tokens those pairs held (real tokens; kept ones under prescreening)."""
 
     candidates: list[list[Candidate]]
     hits: list[list]  # BM25 hits of each question, best first
     timings: dict[str, float]
     by_score: dict[str, list[list[Candidate]]] = dataclasses.field(default_factory=dict)
+    pairs_read: list[int] = dataclasses.field(default_factory=list)
+    tokens_read: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -179,6 +193,23 @@ class RetrievedPairs:
         return RetrievedPairs(*([v for v, r in zip(values, read, strict=True) if r]
                                 for values in (self.question, self.row, self.hit)))
 
+    def per_question(self, values: np.ndarray, num_questions: int) -> list[int]:
+        """[num_questions] the sum of `values` ([n_pairs]) over each question's pairs."""
+        sums = np.zeros(num_questions, np.int64)
+        np.add.at(sums, np.asarray(self.question, np.int64), np.asarray(values, np.int64))
+        return sums.tolist()
+
+
+def _take_scores(scores: SpanScores, rows: np.ndarray) -> SpanScores:
+    """The scores of these pairs ([n] indices or bool mask of the first axis)."""
+    return SpanScores(*(np.asarray(values)[rows] for values in scores.arrays))
+
+
+def round_passages(stage: int, chunk_size: int, unsettled: int) -> int:
+    """Passages each of `unsettled` questions reads in a round of a pruned read: `stage`, or
+    more when few questions are left, so that a round reads about one chunk of pairs."""
+    return max(stage, chunk_size // max(unsettled, 1))
+
 
 class OpenDomainReader:
     """Reads the top-p passages of questions with one Reader (one k) over one index."""
@@ -188,7 +219,8 @@ class OpenDomainReader:
                  max_answer_length: int = 30, mesh=None,
                  prescreen: ReaderPrescreen | None = None, cached_reuse: bool = True,
                  pair_reuse: bool = True, trim_padding: bool = True,
-                 span_score: str = "logits", passage_rows: int | None = None):
+                 span_score: str = "logits", passage_rows: int | None = None,
+                 pruning: WindowPruning | None = None):
         """cached_reuse: read the first upper block's passage q/k/v and attention statistics
         from the cache when it holds them (`reads_cached_reuse`); False reads the cache as if it
         did not (the reference, for timing and tests). pair_reuse: the pair program's exact
@@ -199,7 +231,10 @@ class OpenDomainReader:
         passage_rows: pad every batch's passage side to exactly this many cache rows, so the
         pair program has one passage shape whatever a batch retrieves (a server compiles every
         shape before its first request: dil_jax.serve.shapes); None: whole top-p batches
-        (`_padded_rows`), which compiles a new shape the first time a batch reads more rows."""
+        (`_padded_rows`), which compiles a new shape the first time a batch reads more rows.
+        pruning: read each question's passages until its answer is settled
+        (`dil_jax.open_domain.pruning`; None: every window of every retrieved passage). A
+        reader whose span head has no bound (`span_head_bounds`) is refused."""
         if span_score not in SPAN_SCORES:
             raise ValueError(f"span_score {span_score!r}: rules are {list(SPAN_SCORES)}")
         if passage_rows is not None and passage_rows < 1:
@@ -220,6 +255,24 @@ class OpenDomainReader:
         # [n_rows, p_len, 2] and [n_rows, p_len], read by rows: a batch reads its rows' only.
         self.offsets, self.max_context = arrays["offsets"], arrays["max_context"]
         self.prescreen = prescreen
+        self.pruning: WindowPruning | None = None
+        self._logit_bounds: tuple[np.ndarray, np.ndarray] | None = None
+        self._set_pruning(pruning)
+
+    def _set_pruning(self, pruning: WindowPruning | None) -> None:
+        """Sets `pruning`, after the bounds it reads (raises WindowPruningError for a reader
+        without them; computed once per reader)."""
+        if pruning is not None and self._logit_bounds is None:
+            self._logit_bounds = span_head_bounds(self.reader)
+        self.pruning = pruning
+
+    @property
+    def pruning_bounds(self) -> tuple[float, float]:
+        """(lowest, highest) reader score the pruning assumes a passage not read can have: the
+        reader's bounds under its span score rule, the highest replaced by the pruning's
+        `high` when it has one."""
+        low, high = reader_score_bounds(self._logit_bounds, self.span_score)
+        return low, high if self.pruning.high is None else self.pruning.high
 
     @property
     def reads_cached_reuse(self) -> bool:
@@ -237,6 +290,12 @@ class OpenDomainReader:
         other.prescreen = prescreen
         return other
 
+    def with_pruning(self, pruning: WindowPruning | None) -> OpenDomainReader:
+        """The same reader (model, cache, compiled steps) with another window pruning."""
+        other = copy.copy(self)
+        other._set_pruning(pruning)
+        return other
+
     def retrieve(self, questions: Sequence[str]) -> list[list]:
         return self.index.retriever.search_batch(questions, self.top_p)
 
@@ -245,23 +304,25 @@ class OpenDomainReader:
         timings = dict(retrieval=0.0, question_lower=0.0, pair_upper=0.0, decode=0.0)
         if self.prescreen is not None:
             timings["prescreen"] = 0.0
-        by_score: dict[str, list[list[Candidate]]] = {rule: [] for rule in SPAN_SCORES}
-        all_hits: list[list] = []
+        if self.pruning is not None:
+            timings["prune"] = 0.0
+        result = ReadResult([], [], timings, {rule: [] for rule in SPAN_SCORES})
         step = self.grid.batch_size
         for start in range(0, len(questions), step):
             batch = list(questions[start:start + step])
             clock = time.perf_counter()
             hits = self.retrieve(batch)
             timings["retrieval"] += time.perf_counter() - clock
-            for rule, batch_candidates in self._read_batch(batch, hits, timings).items():
-                by_score[rule] += batch_candidates
-            all_hits += hits
-        return ReadResult(by_score[self.span_score], all_hits, timings, by_score)
+            self._read_batch(batch, hits, result)
+            result.hits += hits
+        result.candidates = result.by_score[self.span_score]
+        return result
 
-    def _read_batch(self, questions: list[str], hits: list[list], timings: dict[str, float]
-                    ) -> dict[str, list[list[Candidate]]]:
-        """The candidates of one batch of questions (at most `grid.batch_size`) under each span
-        score rule, given their BM25 hits; adds each phase's seconds to `timings`."""
+    def _read_batch(self, questions: list[str], hits: list[list], result: ReadResult) -> None:
+        """Adds the candidates of one batch of questions (at most `grid.batch_size`) under each
+        span score rule, given their BM25 hits, to `result` (`by_score`, the pairs and tokens
+        read), and each phase's seconds to its timings."""
+        timings = result.timings
         with _timed(timings, "question_lower"):
             q_lower, q_mask = self._encode_question_batch(questions)
         pairs = RetrievedPairs.of_hits(self.index.windows, hits)
@@ -269,12 +330,64 @@ class OpenDomainReader:
         if self.prescreen is not None:
             with _timed(timings, "prescreen"):
                 pairs, positions = self._prescreen_pairs(questions, hits, pairs)
-        with _timed(timings, "pair_upper"):
-            scores = self._read_pairs(q_lower, q_mask, pairs, positions)
+        if self.pruning is None:
+            with _timed(timings, "pair_upper"):
+                scores, tokens = self._read_pairs(q_lower, q_mask, pairs, positions)
+        else:
+            pairs, scores, tokens = self._read_until_settled(q_lower, q_mask, pairs, positions,
+                                                             hits, timings)
         _check_finite(scores.start_logits, scores.end_logits, pairs.hit, questions, hits,
                       self.index.passages)
         with _timed(timings, "decode"):
-            return self._candidates(hits, pairs, scores)
+            for rule, candidates in self._candidates(hits, pairs, scores).items():
+                result.by_score[rule] += candidates
+        result.pairs_read += pairs.per_question(np.ones(len(pairs.row)), len(questions))
+        result.tokens_read += pairs.per_question(tokens, len(questions))
+
+    def _read_until_settled(self, q_lower: jax.Array, q_mask: np.ndarray,
+                            pairs: RetrievedPairs, positions: np.ndarray | None,
+                            hits: list[list], timings: dict[str, float]
+                            ) -> tuple[RetrievedPairs, SpanScores, np.ndarray]:
+        """The pairs `pruning` reads, their span scores and passage tokens [n_read].
+
+        Round after round, every question not settled yet reads its next passages in BM25 order
+        (all their windows: a passage is read whole), until `settled_questions` says no unread
+        passage can change its answer under the reader's span score rule, or it has none left.
+        A round reads about one chunk of pairs (`round_passages`): when few questions are left
+        each reads more passages, so that a batch's last question does not take a round (a
+        pair program call, a cache read) per passage. Pair program time is added to
+        timings["pair_upper"], the decisions' (best spans, the settle test) to
+        timings["prune"]."""
+        n_pairs = len(pairs.row)
+        question = np.asarray(pairs.question, np.int64)
+        rank = np.asarray([h for _, h in pairs.hit], np.int64)
+        bm25 = np.asarray([hits[q][h].score for q, h in pairs.hit], np.float64)
+        scores = SpanScores.full(n_pairs, self.offsets.shape[1], np.nan, np.nan)
+        reader_scores = np.full(n_pairs, -np.inf)
+        tokens = np.zeros(n_pairs, np.int64)
+        read = np.zeros(n_pairs, bool)
+        unsettled = sorted(set(question.tolist()))
+        depth = np.zeros(int(question.max(initial=-1)) + 1, np.int64)  # passages read, by question
+        while unsettled:
+            depth[unsettled] += round_passages(self.pruning.stage, self.grid.chunk_size,
+                                               len(unsettled))
+            chosen = ~read & np.isin(question, unsettled) & (rank < depth[question])
+            if chosen.any():
+                new = pairs.subset(chosen)
+                with _timed(timings, "pair_upper"):
+                    new_scores, tokens[chosen] = self._read_pairs(
+                        q_lower, q_mask, new, None if positions is None else positions[chosen])
+                scores.set_rows(np.flatnonzero(chosen), new_scores)
+                read |= chosen
+                with _timed(timings, "prune"):
+                    reader_scores[chosen] = self._reader_scores(new.row, new_scores)
+            with _timed(timings, "prune"):
+                settled = set(settled_questions(question, rank, reader_scores, bm25, read,
+                                                self.pruning_bounds, self.pruning.mu,
+                                                unsettled))
+            unsettled = [q for q in unsettled
+                         if q not in settled and (~read[question == q]).any()]
+        return pairs.subset(read), _take_scores(scores, read), tokens[read]
 
     def _encode_question_batch(self, questions: list[str]) -> tuple[jax.Array, np.ndarray]:
         """(lower states [batch_size, q_len, hidden], mask [batch_size, q_len]) of the
@@ -298,13 +411,17 @@ class OpenDomainReader:
 
     def _padded_rows(self, rows: np.ndarray) -> int:
         """Rows the passage side of these distinct cache rows is padded to: whole top-p batches
-        (few distinct shapes, each compiled once), or exactly `passage_rows` when set."""
+        (few distinct shapes, each compiled once), or exactly `passage_rows` when set. A pruned
+        read's rounds read a few passages a question each: whole rounds of `pruning.stage`
+        passages a question (not top-p batches: that padding would be most of what a round
+        reads)."""
         if self.passage_rows is not None:
             if len(rows) > self.passage_rows:
                 raise ValueError(f"{len(rows)} distinct windows retrieved, more than "
                                  f"passage_rows={self.passage_rows}")
             return self.passage_rows
-        return round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
+        per_question = self.top_p if self.pruning is None else self.pruning.stage
+        return round_up(max(len(rows), 1), self.grid.batch_size * per_question)
 
     def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(p_source, p_mask) of these distinct cache rows, from the cache, zero-padded to
@@ -325,28 +442,33 @@ class OpenDomainReader:
         return jax.device_put((qkv, stats), self.grid.replicated)
 
     def _read_pairs(self, q_lower: jax.Array, q_mask: np.ndarray, pairs: RetrievedPairs,
-                    positions: np.ndarray | None) -> SpanScores:
-        """Span scores [n_pairs, p_len] of every pair; each distinct window's passage side (and
-        first-upper-block arrays, `reads_cached_reuse`) is read from the cache once, however
-        many questions read it."""
+                    positions: np.ndarray | None) -> tuple[SpanScores, np.ndarray]:
+        """(span scores [n_pairs, p_len] of every pair, the passage tokens each read [n_pairs]:
+        its window's real tokens, or its kept ones under prescreening); each distinct window's
+        passage side (and first-upper-block arrays, `reads_cached_reuse`) is read from the cache
+        once, however many questions read it."""
         rows, pair_p = np.unique(np.asarray(pairs.row, np.int64), return_inverse=True)
+        pair_p = pair_p.reshape(-1)
         p_source, p_mask = self._passage_side(rows)
         p_qkv = p_stats = None
         if positions is None and self.reads_cached_reuse:
             p_qkv, p_stats = self._cached_reuse(rows)
-        return self.grid.read_pairs(self.reader.params, q_lower, q_mask, p_source, p_mask,
-                                    np.asarray(pairs.question, np.int64), pair_p.reshape(-1),
-                                    positions, p_qkv=p_qkv, p_stats=p_stats)
+        scores = self.grid.read_pairs(self.reader.params, q_lower, q_mask, p_source, p_mask,
+                                      np.asarray(pairs.question, np.int64), pair_p, positions,
+                                      p_qkv=p_qkv, p_stats=p_stats)
+        if positions is None:
+            tokens = (p_mask != 0).sum(axis=1)[pair_p]
+        else:
+            tokens = (np.asarray(positions) < p_mask.shape[1]).sum(axis=1)
+        return scores, tokens
 
-    def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: SpanScores
-                    ) -> dict[str, list[list[Candidate]]]:
-        """Each question's candidates under each span score rule: per retrieved passage, the
-        best span of its best window by that rule (text sliced from the passage's characters);
-        passages with no allowed span are left out. The BM25 score rides along for fusion
-        (`pick_answer`)."""
-        pair_rows = np.asarray(pairs.row, np.int64)
-        # The windows' offsets and max-context flags, read once per distinct window.
-        rows, pair_window = np.unique(pair_rows, return_inverse=True)
+    def _best_spans(self, pair_rows: np.ndarray, scores: SpanScores
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each pair's best allowed span (the SQuAD decoding rule: max-context starts, the
+        length limit): (s_start + s_end [n_pairs] (-inf: none), start and end tokens [n_pairs],
+        the windows' offsets [n_windows, p_len, 2] and each pair's window among them
+        [n_pairs]). Offsets and max-context flags are read once per distinct window."""
+        rows, pair_window = np.unique(np.asarray(pair_rows, np.int64), return_inverse=True)
         offsets = np.asarray(self.offsets[rows])                  # [n_windows, p_len, 2]
         valid_end = offsets[..., 0] >= 0
         valid_start = valid_end & np.asarray(self.max_context[rows])
@@ -354,21 +476,38 @@ class OpenDomainReader:
         span_scores, starts, ends = window_nbest(
             scores.start_logits, scores.end_logits, valid_start[pair_window],
             valid_end[pair_window], n_best=1, max_answer_length=self.max_answer_length)
+        return span_scores[:, 0], starts[:, 0], ends[:, 0], offsets, pair_window
+
+    def _reader_scores(self, pair_rows: Sequence[int], scores: SpanScores) -> np.ndarray:
+        """[n_pairs] each pair's reader score under the reader's rule (a `Candidate`'s: the
+        rule's score of its best span, halved; -inf: no allowed span)."""
+        span_scores = self._best_spans(np.asarray(pair_rows, np.int64), scores)[0]
+        rule_scores = pair_span_scores(span_scores, scores, self.span_score)
+        return np.where(np.isfinite(span_scores), rule_scores / 2, -np.inf)
+
+    def _candidates(self, hits: list[list], pairs: RetrievedPairs, scores: SpanScores
+                    ) -> dict[str, list[list[Candidate]]]:
+        """Each question's candidates under each span score rule: per retrieved passage, the
+        best span of its best window by that rule (text sliced from the passage's characters);
+        passages with no allowed span are left out. The BM25 score rides along for fusion
+        (`pick_answer`)."""
+        span_scores, starts, ends, offsets, pair_window = self._best_spans(
+            np.asarray(pairs.row, np.int64), scores)
         by_score = {}
         for rule in SPAN_SCORES:
-            rule_scores = pair_span_scores(span_scores[:, 0], scores, rule)
+            rule_scores = pair_span_scores(span_scores, scores, rule)
             best = best_pair_of_each_hit(rule_scores, pairs.hit)
             results = []
             for qi, question_hits in enumerate(hits):
                 question_candidates = []
                 for hi, hit in enumerate(question_hits):
                     pair = best.get((qi, hi))
-                    if pair is None or not np.isfinite(span_scores[pair, 0]):
+                    if pair is None or not np.isfinite(span_scores[pair]):
                         continue  # no allowed span (an empty passage, or nothing kept)
                     passage = self.index.passages[hit.passage_index]
                     window = pair_window[pair]
-                    char_start = int(offsets[window, starts[pair, 0], 0])
-                    char_end = int(offsets[window, ends[pair, 0], 1])
+                    char_start = int(offsets[window, starts[pair], 0])
+                    char_end = int(offsets[window, ends[pair], 1])
                     question_candidates.append(Candidate(
                         hit.passage_index, hi, passage.text[char_start:char_end], char_start,
                         char_end, float(rule_scores[pair]) / 2, hit.score))

@@ -4,7 +4,7 @@
     pair_span_scores       a pair's best-span score under a rule of SPAN_SCORES ("logits",
                            "margin")
     best_pair_of_each_hit  the best window of each retrieved passage under that score
-    standardize, answer_scores, pick_answer
+    standardize, fusion_scores, answer_scores, pick_answer
                            the answer among a question's candidates: the reader score alone,
                            or fused with BM25's (mu * z(s_r) + (1 - mu) * z(s_bm25))
 
@@ -47,14 +47,20 @@ def standardize(scores: np.ndarray) -> np.ndarray:
     return np.divide(centered, std, out=np.zeros_like(centered), where=std > 0)
 
 
-def answer_scores(candidates: Sequence[Candidate], mu: float | None) -> np.ndarray:
-    """[n_candidates] the score an answer is picked by: the reader score alone (mu None), or
-    mu * z(reader) + (1 - mu) * z(bm25), z standardised over these candidates."""
-    reader = np.asarray([c.reader_score for c in candidates], np.float64)
+def fusion_scores(reader: np.ndarray, bm25: np.ndarray, mu: float | None) -> np.ndarray:
+    """[n] the score an answer is picked by, from the candidates' reader and BM25 scores [n]:
+    the reader score alone (mu None), or mu * z(reader) + (1 - mu) * z(bm25), z standardised
+    over these candidates."""
+    reader = np.asarray(reader, np.float64)
     if mu is None:
         return reader
-    bm25 = np.asarray([c.bm25_score for c in candidates], np.float64)
-    return mu * standardize(reader) + (1 - mu) * standardize(bm25)
+    return mu * standardize(reader) + (1 - mu) * standardize(np.asarray(bm25, np.float64))
+
+
+def answer_scores(candidates: Sequence[Candidate], mu: float | None) -> np.ndarray:
+    """[n_candidates] `fusion_scores` of these candidates."""
+    return fusion_scores([c.reader_score for c in candidates],
+                         [c.bm25_score for c in candidates], mu)
 
 
 def pick_answer(candidates: Sequence[Candidate], mu: float | None) -> Candidate | None:

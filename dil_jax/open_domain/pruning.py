@@ -1,0 +1,268 @@
+"""Window pruning: read fewer (question, window) pairs, decided before their upper blocks run.
+
+The open-domain reader's answer is `pick_answer` over a question's top-p candidates, one per
+retrieved passage. With fusion it maximises mu * z(r) + (1 - mu) * z(b), z standardising the
+reader scores r and the BM25 scores b over all the candidates: an unread passage moves every
+z, so no candidate can be dropped blindly, and r is a logit with no per-window bound known
+before the upper blocks run. What does hold:
+
+- **A bound on every reader score** (`span_head_bounds`). The span head of a post-LayerNorm
+  transformer reads a LayerNorm output, whose normalised vector sums to 0 and has norm at most
+  sqrt(hidden); so every start and end logit lies in a fixed interval of the reader's weights
+  (`layer_norm_logit_bounds`), and so does any reader score (`reader_score_bounds`): for the
+  bundled k = 4 reader, "logits" scores lie in [-10.60, 9.57].
+- **An answer that no unread passage can change** (`answer_settled`). The fused ranking is the
+  ranking by r + t b for one t >= 0 that depends on the std of all r; given the read scores
+  and the bounds, t lies in a known interval. A read candidate that beats every other read one
+  and the best an unread one could reach (r at the bound, the highest unread b) at both ends
+  of that interval is the answer of the full read, whatever the unread passages score.
+
+`WindowPruning` reads each question's passages in BM25 order, a few at a time (`stage` or more:
+`dil_jax.open_domain.reader.round_passages`), and stops a question once its answer is settled
+(the reader's `_read_until_settled`). With the bound it is
+exact: the answer (text, passage, reader score) is that of reading every window, for the span
+score rule and fusion weight it was settled for; a candidate list holds the read passages only.
+With `high` in place of the bound ("stop:H", an assumption calibrated on training questions,
+not a bound) it stops sooner and may differ. Without fusion no read candidate can beat an
+unread one's bound, so the exact stop reads every window.
+
+Measured (benchmarks/window_pruning.py; docs/results/window_pruning.md): on the bundled k = 4
+reader ("logits", mu = 0.5, p = 29) the exact stop reads 13.5 pairs a question instead of 32.6.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dil_jax.errors import DilJaxError
+
+if TYPE_CHECKING:
+    from dil_jax.readers.protocol import Reader
+
+# Added to the bounds, as a share of their half-width: the span head runs in the reader's compute
+# dtype, whose rounding (bfloat16: 2^-8 relative) may step past the real-number bound.
+BOUND_ROUNDING = 0.01
+
+
+class WindowPruningError(DilJaxError, ValueError):
+    """A window pruning setting that is malformed, or that this reader cannot use."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPruning:
+    """Which windows of a question's retrieved passages the upper blocks read.
+
+    Read the passages in BM25 order, at least `stage` passages a question a round, and stop
+    once the answer is settled (`answer_settled`) for the fusion weight `mu` (None: the reader
+    alone).
+    high: None, the reader's own bound on any reader score (exact); else the reader score no
+    unread passage is assumed to exceed (approximate; calibrated: docs/open_domain.md).
+    """
+
+    high: float | None = None
+    stage: int = 1
+    mu: float | None = 0.5
+
+    def __post_init__(self) -> None:
+        if self.stage < 1:
+            raise WindowPruningError(f"stage {self.stage}: read at least 1 passage a round")
+        if self.high is not None and not np.isfinite(self.high):
+            raise WindowPruningError(f"high {self.high}: must be a finite reader score")
+        if self.mu is not None and not 0 <= self.mu <= 1:
+            raise WindowPruningError(f"mu {self.mu}: must be in [0, 1] (or None)")
+
+    @property
+    def exact(self) -> bool:
+        """Whether the answer is that of reading every window (the bound, not an assumption)."""
+        return self.high is None
+
+    @property
+    def label(self) -> str:
+        """As the flag takes it: "stop" or "stop:H"."""
+        return "stop" if self.high is None else f"stop:{self.high:g}"
+
+    @classmethod
+    def parse(cls, text: str, mu: float | None = 0.5) -> WindowPruning | None:
+        """--prune-windows's value: "all" (None: every window), "stop" (exact) or "stop:H"
+        (H a finite reader score). Raises WindowPruningError naming what it takes."""
+        wanted = ("'all' (every window), 'stop' (exact early stop) or 'stop:H' (stop assuming no "
+                  "unread passage scores above the reader score H, e.g. stop:5)")
+        name, _, value = text.strip().partition(":")
+        if name == "all" and not value:
+            return None
+        if name != "stop":
+            raise WindowPruningError(f"{text!r}: expected {wanted}")
+        if not value:
+            return cls(mu=mu)
+        try:
+            high = float(value)
+        except ValueError:
+            raise WindowPruningError(f"{text!r}: H must be a number; expected {wanted}") from None
+        if not np.isfinite(high):
+            raise WindowPruningError(f"{text!r}: H must be finite; expected {wanted}")
+        return cls(high=high, mu=mu)
+
+    def with_mu(self, mu: float | None) -> WindowPruning:
+        """The same pruning settled for another fusion weight."""
+        return dataclasses.replace(self, mu=mu)
+
+
+def layer_norm_logit_bounds(scale: np.ndarray, bias: np.ndarray, kernel: np.ndarray,
+                            head_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lowest, highest) [outputs] that a linear head (kernel [hidden, outputs], head_bias
+    [outputs]) can output on a LayerNorm's output (scale, bias [hidden]), whatever its input.
+
+    Why it is a bound: LayerNorm's normalised vector n = (x - mean(x)) / sqrt(var(x) + eps) sums
+    to 0 and has |n|^2 = hidden * var / (var + eps) <= hidden. The head outputs
+    w.(scale * n + bias) + b = (w * scale).n + w.bias + b, and over every such n the dot product
+    (w * scale).n lies within +-sqrt(hidden) |c|, c the centred w * scale (n sums to 0, so only
+    c's part counts; Cauchy-Schwarz). Real-number arithmetic: `span_head_bounds` widens it.
+    """
+    scale, bias = np.asarray(scale, np.float64), np.asarray(bias, np.float64)
+    kernel, head_bias = np.asarray(kernel, np.float64), np.asarray(head_bias, np.float64)
+    weighted = kernel * scale[:, None]                                  # [hidden, outputs]
+    centred = weighted - weighted.mean(axis=0, keepdims=True)
+    reach = np.sqrt(len(scale)) * np.linalg.norm(centred, axis=0)
+    middle = kernel.T @ bias + head_bias
+    return middle - reach, middle + reach
+
+
+def span_head_bounds(reader: Reader) -> tuple[np.ndarray, np.ndarray]:
+    """(lowest, highest) [2] (start, end) logits the reader's span head can output on any input,
+    widened by BOUND_ROUNDING. Raises WindowPruningError for a reader whose span head does not
+    read a LayerNorm output it can find (not the BERT family, or XLNet)."""
+    from dil_jax.model.bert import param_block_of_layer
+
+    config = reader.config
+    if reader.kind != "encoder" or config.architecture == "xlnet":
+        raise WindowPruningError(
+            f"window pruning bounds the span head's logits by the LayerNorm it reads, which a "
+            f"{config.architecture if reader.kind == 'encoder' else reader.kind} reader does "
+            f"not end with; read every window (all)")
+    params = reader.params
+    if config.reversible:
+        norm = params["reversible_norm"]
+    else:
+        norm = params[f"block_{param_block_of_layer(config, config.num_layers - 1)}"][
+            "output_norm"]
+    low, high = layer_norm_logit_bounds(norm["scale"], norm["bias"],
+                                        params["qa_outputs"]["kernel"],
+                                        params["qa_outputs"]["bias"])
+    slack = BOUND_ROUNDING * (high - low) / 2
+    return low - slack, high + slack
+
+
+def reader_score_bounds(logit_bounds: tuple[np.ndarray, np.ndarray], rule: str
+                        ) -> tuple[float, float]:
+    """(lowest, highest) reader score (a `Candidate`'s: the rule's score / 2) of any passage
+    with an allowed span, from the (start, end) logit bounds: "logits" (s_start + s_end) / 2,
+    "margin" that less (s_null_start + s_null_end) / 2 (the null is the same head's)."""
+    from dil_jax.defaults import SPAN_SCORES
+
+    low, high = (np.asarray(bound, np.float64).sum() for bound in logit_bounds)
+    if rule == "logits":
+        return float(low) / 2, float(high) / 2
+    if rule == "margin":
+        return float(low - high) / 2, float(high - low) / 2
+    raise WindowPruningError(f"unknown span score rule {rule!r}; rules are {list(SPAN_SCORES)}")
+
+
+def largest_std(known: np.ndarray, unknown: int, low: float, high: float) -> float:
+    """The largest population std of `known` values [n] and `unknown` more, each anywhere in
+    [low, high]: the variance is convex in each unknown, so its maximum puts every unknown at
+    low or high, and only how many at high matters (every count is tried)."""
+    known = np.asarray(known, np.float64)
+    counts = np.arange(unknown + 1)
+    total = len(known) + unknown
+    sums = known.sum() + counts * high + (unknown - counts) * low
+    squares = (known ** 2).sum() + counts * high ** 2 + (unknown - counts) * low ** 2
+    variance = squares / total - (sums / total) ** 2
+    return float(np.sqrt(max(variance.max(), 0.0)))
+
+
+def answer_settled(read_r: np.ndarray, read_b: np.ndarray, unread_b: np.ndarray,
+                   bounds: tuple[float, float], mu: float | None) -> bool:
+    """Whether the answer over every candidate is decided by the read ones, whatever reader
+    scores within `bounds` the unread ones have, and is the one `pick_answer` picks among the
+    read ones alone.
+
+    read_r, read_b [n]: the read candidates' reader and BM25 scores, in candidate order;
+    unread_b [m]: the BM25 scores of the passages not read, each a candidate (each has an
+    allowed span). mu: the fusion weight (None or 1: the reader alone).
+
+    mu * z(r) + (1 - mu) * z(b) ranks the candidates as key(t) = r + t b does, with t = c s:
+    s the std of all N candidates' r, c = (1 - mu) / (mu std(b)) (every b is known). s lies in
+    [sqrt(n / N) std(read r), `largest_std`] (the low end: the unread r all at the read ones'
+    mean); key is linear in t, so a read candidate that beats every other read one, and the
+    best an unread one can reach (r = high, the highest unread b), at both ends of t's interval
+    beats them all at the true t. The reader alone is t = 0. Ties are never settled (which one
+    `pick_answer` takes depends on the order of candidates not read yet).
+    """
+    from dil_jax.open_domain.scoring import fusion_scores
+
+    read_r, read_b = np.asarray(read_r, np.float64), np.asarray(read_b, np.float64)
+    unread_b = np.asarray(unread_b, np.float64)
+    if not len(read_r):
+        return False
+    alone = fusion_scores(read_r, read_b, mu)
+    leader = int(np.argmax(alone))
+    if np.sum(alone >= alone[leader]) > 1:
+        return False
+    if not len(unread_b):
+        return True
+    low, high = bounds
+    if mu is None or mu >= 1:
+        multipliers = [0.0]
+    else:
+        std_b = np.concatenate([read_b, unread_b]).std()
+        if std_b == 0:
+            return False
+        c = (1 - mu) / (mu * std_b)
+        everything = len(read_r) + len(unread_b)
+        multipliers = [c * np.sqrt(len(read_r) / everything) * read_r.std(),
+                       c * largest_std(read_r, len(unread_b), low, high)]
+    best_unread_b = unread_b.max()
+    for t in multipliers:
+        keys = read_r + t * read_b
+        if np.sum(keys >= keys[leader]) > 1 or keys[leader] <= high + t * best_unread_b:
+            return False
+    return True
+
+
+def settled_questions(pair_question: np.ndarray, pair_rank: np.ndarray,
+                      pair_score: np.ndarray, pair_bm25: np.ndarray, read: np.ndarray,
+                      bounds: tuple[float, float], mu: float | None,
+                      questions: Sequence[int]) -> list[int]:
+    """Which of `questions` have their answer settled by the pairs read so far.
+
+    Per pair [n_pairs]: its question, its passage's BM25 rank and score, its reader score
+    (the rule's score / 2 of its best span; -inf: no allowed span) and whether it was `read`.
+    A question's candidates are its read passages' best windows (by reader score); a passage
+    with a window not read is an unread candidate (its best window may be the unread one; the
+    reader reads a passage's windows together, so it never has such a passage).
+    """
+    settled = []
+    for question in questions:
+        mine = np.flatnonzero(pair_question == question)
+        best_r: dict[int, float] = {}
+        bm25: dict[int, float] = {}
+        unread: set[int] = set()
+        for pair in mine:
+            rank = int(pair_rank[pair])
+            bm25[rank] = float(pair_bm25[pair])
+            if read[pair]:
+                best_r[rank] = max(best_r.get(rank, -np.inf), float(pair_score[pair]))
+            else:
+                unread.add(rank)
+        for rank in unread:
+            best_r.pop(rank, None)
+        ranks = sorted(rank for rank, r in best_r.items() if np.isfinite(r))
+        if answer_settled(np.asarray([best_r[r] for r in ranks]),
+                          np.asarray([bm25[r] for r in ranks]),
+                          np.asarray([bm25[r] for r in sorted(unread)]), bounds, mu):
+            settled.append(question)
+    return settled
