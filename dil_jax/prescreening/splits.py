@@ -3,9 +3,10 @@
     splits = config_splits(config.data)
     examples = load_split_examples(splits, ("train", "dev", "validation"))
 
-Training articles come from `data.file`, dev and validation ones from `data.eval_file` ("" = the
-same file), as the reader configs take `squad_file` and `validation_file`: the default trains on
-the complete SQuAD v1.1 training set and early-stops / validates on the shared dev articles. Every
+Training articles come from `--config.data.file`, dev and validation ones from
+`--config.data.eval_file` ("" = the same file), as the reader configs take `squad_file` and
+`validation_file`: the default trains on the complete SQuAD v1.1 training set and early-stops /
+validates on the shared dev articles. Every
 error names the config key the user would change; a training article that is also a dev or
 validation article is refused (the dev accuracy picks the params and the validation accuracy is
 the reported one: neither may be measured on questions the model trained on).
