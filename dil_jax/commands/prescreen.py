@@ -7,13 +7,13 @@
 Sentence embeddings come from the config's sentence encoder (default: the embedded
 all-MiniLM-L6-v2; mean pooling, normalised), computed once per distinct sentence and cached in
 `--config.encoder.cache_dir` as they are computed (a stopped run resumes there). The prescreener
-("Prototype 4") trains on the training articles (of `--config.data.file`; by default the
-complete SQuAD v1.1 training set), keeps the params that score best on the dev articles (of
-`--config.data.eval_file`: early stopping), and is written to `workdir` as a prescreener
-checkpoint folder (with results.md). Top-1/top-2 sentence accuracy is reported next to the
-first-sentence baseline. With `--prescreener` an existing checkpoint is scored instead of
-training one. With `--readers`, each reader answers the first `--eval-limit` validation questions without prescreening and with each
-sentence rule, reading only the kept sentences' tokens in the upper blocks.
+("Prototype 4") trains on the training articles (of `--config.data.file`; by default the complete
+SQuAD v1.1 training set), keeps the params that score best on the dev articles (of
+`--config.data.eval_file`: early stopping), and is written to `workdir` as a prescreener checkpoint
+folder (with results.md). Top-1/top-2 sentence accuracy is reported next to the first-sentence
+baseline. With `--prescreener` an existing checkpoint is scored instead of training one. With
+`--readers`, each reader answers the first `--eval-limit` validation questions without prescreening
+and with each sentence rule, reading only the kept sentences' tokens in the upper blocks.
 """
 
 from __future__ import annotations
