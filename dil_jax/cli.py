@@ -13,7 +13,8 @@ traceback, except the disk refusing a write (full, read-only, a file-size limit:
 `errors.disk_refusal`) wherever it surfaced (orbax, tensorstore, numpy): one line too. Ctrl-C
 exits with 130 without one. What orbax and tensorstore print around such a failure is left out
 too (unless --verbose or --debug): absl's records of the refused write (each with its
-traceback; the command reports the refusal itself) and the late "Event loop is closed"
+traceback; the command reports the refusal itself), asyncio's "exception was never retrieved"
+records of the same refusal, and the late "Event loop is closed"
 callbacks of the writes then in flight (`errors.is_late_loop_callback`); together they were
 hundreds of lines around the one that says what happened.
 """
@@ -113,9 +114,13 @@ def _quiet_failed_saves() -> None:
     """Leaves out what orbax and tensorstore print around a failed save (see the module's
     docstring); once per process. The hook stays after main returns: the late callbacks come
     until the interpreter exits."""
-    absl = logging.getLogger("absl")
-    if not any(isinstance(f, _DiskRefusalRecords) for f in absl.filters):
-        absl.addFilter(_DiskRefusalRecords())
+    # absl: orbax's record of each failed thread. asyncio: "_GatheringFuture exception was
+    # never retrieved", when a gather of tensorstore writes is dropped after one write failed
+    # (seen under load, when several writes fail before orbax gives up).
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DiskRefusalRecords) for f in logger.filters):
+            logger.addFilter(_DiskRefusalRecords())
     previous = sys.unraisablehook
     if getattr(previous, "drops_late_loop_callbacks", False):
         return

@@ -425,12 +425,17 @@ def test_a_file_size_limit_during_train_is_one_line_and_the_rerun_resumes(tmp_pa
     same writes with ENOSPC) ended in 801 lines of orbax tracebacks around the one line that
     said what happened: absl's records of each failed thread and tensorstore's writes then in
     flight finding the event loop orbax had closed ("Event loop is closed")."""
-    overrides = {"checkpoint.every_steps": 2, **QUICK}
+    # A word table of 4096 x 32 floats (512 KB; Adam's two moments as large): each is one chunk,
+    # which the checkpoint's data files never split, so whatever file holds it passes the 100 KB
+    # limit. With the tiny model's 16 KB table the step's writes could be spread over files
+    # all under the limit (how many depends on timing): the save then succeeded, and CI failed.
+    overrides = {"checkpoint.every_steps": 2, "model.encoder.vocab_size": 4096, **QUICK}
     train(tiny_config(tmp_path, {**overrides, "num_train_steps": 2}))  # checkpoint 2
     # Orbax's asynchronous save (the default) and no compilation cache: a cache entry cut short
     # by the limit would stay (JAX writes entries in place, never again once present).
     argv = train_argv(tmp_path, "--config.num_train_steps=4", "--config.checkpoint.every_steps=2",
-                      "--config.checkpoint.async_save=true", "--no-compilation-cache")
+                      "--config.checkpoint.async_save=true",
+                      "--config.model.encoder.vocab_size=4096", "--no-compilation-cache")
     result = subprocess.run([sys.executable, "-c", _UNDER_FILE_SIZE_LIMIT, "100000", *argv],
                             cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                             capture_output=True, text=True, timeout=600)
