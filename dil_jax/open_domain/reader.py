@@ -180,12 +180,17 @@ class RetrievedPairs:
     def of_hits(cls, windows: PassageWindows, hits: Sequence[Sequence]) -> RetrievedPairs:
         """Pairs for every window of every hit, question by question, in retrieval order."""
         pairs = cls([], [], [])
-        for qi, question_hits in enumerate(hits):
-            for hi, hit in enumerate(question_hits):
-                rows = windows.rows_of([hit.passage_index])
-                pairs.question += [qi] * len(rows)
-                pairs.row += rows.tolist()
-                pairs.hit += [(qi, hi)] * len(rows)
+        keys = [(qi, hi) for qi, question_hits in enumerate(hits)
+                for hi in range(len(question_hits))]
+        if not keys:
+            return pairs
+        # Every hit's first row and window count in one read each (not a read per passage).
+        passages = np.asarray([hits[qi][hi].passage_index for qi, hi in keys], np.int64)
+        firsts, counts = np.asarray(windows.first[passages]), np.asarray(windows.count[passages])
+        for (qi, hi), first, count in zip(keys, firsts.tolist(), counts.tolist(), strict=True):
+            pairs.question += [qi] * count
+            pairs.row += range(first, first + count)
+            pairs.hit += [(qi, hi)] * count
         return pairs
 
     def subset(self, read: np.ndarray) -> RetrievedPairs:
