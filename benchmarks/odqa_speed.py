@@ -36,7 +36,8 @@ not change what is summed); and the pairs a question's upper blocks read, and th
 tokens of each. Writes OUT.json and OUT.md.
 
     # issue 63's rows: the served k = 4 reader and the full one, exact and calibrated window
-    # pruning (H: docs/open_domain.md, "Window pruning"; the full reader's rule is margin)
+    # pruning (H: docs/open_domain.md, "Window pruning"; the readers' default rule, logits;
+    # the full reader with --span-score margin: --prune-high 6.75)
     python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k4 --ks 4 \\
         --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \\
         --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \\
@@ -45,7 +46,7 @@ tokens of each. Writes OUT.json and OUT.md.
     python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-full --ks 0 \\
         --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \\
         --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \\
-        --modes before "+ cache" stop stop:H --span-score margin --prune-high 6.75 \\
+        --modes before "+ cache" stop stop:H --prune-high 5.25 \\
         --out benchmarks/results/odqa_prune_full
 """
 
