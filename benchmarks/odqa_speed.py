@@ -7,7 +7,8 @@
 
 For each k (the same weights read at each split; a k the reader was not trained for gives worse
 answers, not a different cost) it builds the float32 passage cache of the corpus index with the
-first upper block's arrays (`--cache-reuse`), then reads the same questions (top-p passages,
+first upper block's arrays (`--cache-reuse`; at k = 0, the full reader, a cache of token ids
+without them: its `+ cache` reads as `+ trim` does), then reads the same questions (top-p passages,
 every window of each) four ways, side by side in one process:
   before      `PairGrid(reuse=False)`, cache read without its reuse arrays: the reader as it was
               before issue 15 (the q/k/v hoisting of earlier rounds kept);
@@ -34,11 +35,19 @@ difference| over the candidates both read (float32 rounding: the reuses reorder 
 not change what is summed); and the pairs a question's upper blocks read, and the passage
 tokens of each. Writes OUT.json and OUT.md.
 
-    # issue 63's rows: the served k = 4 reader, exact and calibrated window pruning
-    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k4 --ks 4 \
-        --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \
-        --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \
-        --modes before "+ cache" stop stop:H --prune-high 5 --out benchmarks/results/odqa_prune
+    # issue 63's rows: the served k = 4 reader and the full one, exact and calibrated window
+    # pruning (H: docs/open_domain.md, "Window pruning"; the readers' default rule, logits;
+    # the full reader with --span-score margin: --prune-high 6.75)
+    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k4 --ks 4 \\
+        --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \\
+        --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \\
+        --modes before "+ cache" stop stop:H --prune-high 4.75 \\
+        --out benchmarks/results/odqa_prune_k4
+    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-full --ks 0 \\
+        --data ../shared/data/squad/dev-v1.1.35-articles.json --articles 28:35 --limit 100 \\
+        --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \\
+        --modes before "+ cache" stop stop:H --prune-high 5.25 \\
+        --out benchmarks/results/odqa_prune_full
 """
 
 from __future__ import annotations
@@ -73,8 +82,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from dil_jax.commands.arguments import positive_int
 
     parser = open_domain_parser(__doc__)
-    parser.add_argument("--ks", type=positive_int, nargs="+", required=True,
-                        help="split points to time (each 0 < k < l)")
+    parser.add_argument("--ks", type=int, nargs="+", required=True,
+                        help="split points to time (each 0 <= k < l; k = 0, the full reader, "
+                             "has no cached first-upper-block arrays)")
     parser.add_argument("--limit", type=positive_int, default=100,
                         help="questions: a seeded random N of the articles' questions")
     parser.add_argument("--repeats", type=positive_int, default=3)
@@ -191,8 +201,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
 
     base = load_reader(args.checkpoint, None, args.max_question_len, args.tokenizer)
     for k in args.ks:
-        if not 0 < k < base.config.num_layers:
-            raise UsageError(f"--ks {k}: the reuses need 0 < k < l = {base.config.num_layers}")
+        if not 0 <= k < base.config.num_layers:
+            raise UsageError(f"--ks {k}: the reuses need 0 <= k < l = {base.config.num_layers}")
     examples = [e for e in select_articles(load_squad(args.data).examples, args.articles)
                 if e.answer_texts]
     if args.limit < len(examples):
@@ -212,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     load_before = load_average()
     for k in args.ks:
         loaded = base.with_config(num_lower_layers=k)
-        cache = build_scheme_cache(work / "caches" / f"k{k}", index, loaded, FLOAT32, True,
+        # The first upper block's arrays exist for 0 < k < l only.
+        cache = build_scheme_cache(work / "caches" / f"k{k}", index, loaded, FLOAT32, k > 0,
                                    args.batch_size)
         reference, reference_speed = None, None
         for chunk, mode in reads:

@@ -8,7 +8,7 @@
     # 2. every rule of `--rules` applied to those pairs: pairs read, recall of the window the
     #    exact read picks, EM / F1 without and with the IR score against the exact read's;
     #    with --target, per setting the stop1~H of the sweep reading fewest pairs at that recall
-    python benchmarks/window_pruning.py simulate --pairs DIR --out OUT --target 99.5 \
+    python benchmarks/window_pruning.py simulate --pairs DIR --out OUT --target 99.5 \\
         --rules all stop1 stop1~4 stop1~4.5 stop1~5 ... bm25:8 mix0.5:8 lower:8 embed:8
 
 The simulation is exact for the rules it applies, not a model of them: a pruned read reads a

@@ -18,14 +18,15 @@ before the upper blocks run. What does hold:
 
 `WindowPruning` reads each question's passages in BM25 order, a few at a time (`stage` or more:
 `dil_jax.open_domain.reader.round_passages`), and stops a question once its answer is settled
-(the reader's `_read_until_settled`). With the bound it is
-exact: the answer (text, passage, reader score) is that of reading every window, for the span
-score rule and fusion weight it was settled for; a candidate list holds the read passages only.
-With `high` in place of the bound ("stop:H", an assumption calibrated on training questions,
-not a bound) it stops sooner and may differ. Without fusion no read candidate can beat an
-unread one's bound, so the exact stop reads every window.
+(the reader's `_read_until_settled`). With the bound it is exact: the answer (text, passage,
+reader score) is that of reading every window, for the span score rule and fusion weight it was
+settled for; a candidate list holds the read passages only. With `high` in place of the bound
+("stop:H", an assumption calibrated on questions outside the validation set, not a bound) it
+stops sooner and may differ. Without fusion no read candidate can beat an unread one's bound,
+so the exact stop reads every window.
 
-What it saves, measured: docs/open_domain.md, "Window pruning" (benchmarks/window_pruning.py).
+What it saves, measured: docs/open_domain.md, "Window pruning" (benchmarks/window_pruning.py;
+docs/results/window_pruning_log.md).
 """
 
 from __future__ import annotations

@@ -180,12 +180,17 @@ class RetrievedPairs:
     def of_hits(cls, windows: PassageWindows, hits: Sequence[Sequence]) -> RetrievedPairs:
         """Pairs for every window of every hit, question by question, in retrieval order."""
         pairs = cls([], [], [])
-        for qi, question_hits in enumerate(hits):
-            for hi, hit in enumerate(question_hits):
-                rows = windows.rows_of([hit.passage_index])
-                pairs.question += [qi] * len(rows)
-                pairs.row += rows.tolist()
-                pairs.hit += [(qi, hi)] * len(rows)
+        keys = [(qi, hi) for qi, question_hits in enumerate(hits)
+                for hi in range(len(question_hits))]
+        if not keys:
+            return pairs
+        # Every hit's first row and window count in one read each (not a read per passage).
+        passages = np.asarray([hits[qi][hi].passage_index for qi, hi in keys], np.int64)
+        firsts, counts = np.asarray(windows.first[passages]), np.asarray(windows.count[passages])
+        for (qi, hi), first, count in zip(keys, firsts.tolist(), counts.tolist(), strict=True):
+            pairs.question += [qi] * count
+            pairs.row += range(first, first + count)
+            pairs.hit += [(qi, hi)] * count
         return pairs
 
     def subset(self, read: np.ndarray) -> RetrievedPairs:
@@ -412,16 +417,18 @@ class OpenDomainReader:
     def _padded_rows(self, rows: np.ndarray) -> int:
         """Rows the passage side of these distinct cache rows is padded to: whole top-p batches
         (few distinct shapes, each compiled once), or exactly `passage_rows` when set. A pruned
-        read's rounds read a few passages a question each: whole rounds of `pruning.stage`
-        passages a question (not top-p batches: that padding would be most of what a round
-        reads)."""
+        read's round reads a few windows: a power of two of at least a chunk (not top-p batches:
+        that padding would be most of what a round reads)."""
         if self.passage_rows is not None:
             if len(rows) > self.passage_rows:
                 raise ValueError(f"{len(rows)} distinct windows retrieved, more than "
                                  f"passage_rows={self.passage_rows}")
             return self.passage_rows
-        per_question = self.top_p if self.pruning is None else self.pruning.stage
-        return round_up(max(len(rows), 1), self.grid.batch_size * per_question)
+        if self.pruning is None:
+            return round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
+        # A round reads about one chunk of pairs (`round_passages`): a power of two from the
+        # chunk size up gives its rounds one or two shapes, not one per row count.
+        return max(self.grid.chunk_size, 1 << (max(len(rows), 1) - 1).bit_length())
 
     def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(p_source, p_mask) of these distinct cache rows, from the cache, zero-padded to

@@ -605,22 +605,23 @@ def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
 
 
 def test_odqa_speed_benchmark_rows_of_window_pruning(tiny, tmp_path):
-    """The pruned modes (issue 63): the exact stop gives the fused answers of the full read
-    from no more pairs; stop:H reads what it reads (here H = the lowest score: after the first
-    passage); pairs and tokens recorded in every row."""
+    """The pruned modes (issue 63), at a split and for the full reader (k = 0): the exact stop
+    gives the fused answers of the full read from no more pairs; stop:H reads what it reads;
+    pairs and tokens recorded in every row."""
     _, folder = tiny
     squad = _sample_squad(tmp_path)
     rows = _benchmark("odqa_speed").main([
-        "--checkpoint", str(folder), "--tokenizer", "default", "--ks", "3",
+        "--checkpoint", str(folder), "--tokenizer", "default", "--ks", "3", "0",
         "--max-question-len", str(Q_LEN), "--data", str(squad), "--limit", "3", "--top-p", "3",
         "--max-passage-len", str(P_LEN), "--doc-stride", str(STRIDE), "--repeats", "1",
         "--batch-size", "2", "--chunk-size", "8", "--work", str(tmp_path / "work"),
         "--modes", "before", "stop", "stop:H", "--prune-high", "-100",
         "--out", str(tmp_path / "out" / "odqa_speed")])
-    before, stop, guess = rows
-    assert [row["mode"] for row in rows] == ["before", "stop", "stop:H"]
-    assert stop["same_fused_answer_share"] == 1.0 and stop["max_score_difference"] < 1e-5
-    assert stop["pruning"]["high"] is None and guess["pruning"]["high"] == -100
-    assert guess["pairs_per_question"] <= stop["pairs_per_question"] <= \
-        before["pairs_per_question"]
+    assert [(row["k"], row["mode"]) for row in rows] == [
+        (k, mode) for k in (3, 0) for mode in ("before", "stop", "stop:H")]
+    for before, stop, guess in (rows[:3], rows[3:]):
+        assert stop["same_fused_answer_share"] == 1.0 and stop["max_score_difference"] < 1e-5
+        assert stop["pruning"]["high"] is None and guess["pruning"]["high"] == -100
+        assert guess["pairs_per_question"] <= stop["pairs_per_question"] <= \
+            before["pairs_per_question"]
     assert all(row["tokens_per_pair"] > 0 for row in rows)
