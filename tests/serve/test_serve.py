@@ -1,7 +1,8 @@
 """`dil-jax serve` with the bundled readers over a tiny index, through a real uvicorn server
 on loopback: answers routed to the request that asked under concurrency, batched reads equal
 single reads, no compilation after /readyz, `/v1/read` against the model's plain call, the
-reference client.
+reference client, window pruning (the exact stop: a pruned request's answer is its unpruned
+read's).
 
 One server for the module (loading and warming two readers takes ~40 s on 2 busy cores).
 """
@@ -19,6 +20,7 @@ import pytest
 from dil_jax.cli import main
 from dil_jax.client import Client, ServiceError, format_answer
 from dil_jax.defaults import bundled_reader
+from dil_jax.open_domain.pruning import WindowPruning
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.serve.metrics import CompileCounter
 
@@ -54,9 +56,12 @@ def server(tmp_path_factory):
                  "--checkpoint", str(bundled_reader("full")), str(bundled_reader("delayed")),
                  "--max-question-len", "16", "--max-passage-len", "48",
                  "--doc-stride", "24"]) == 0
+    # The exact stop: a request the pruning settles (the defaults: use_ir, logits, p = 3,
+    # top_k 1) is read pruned, every other one unpruned (test_pruned_requests_...).
     readers = load_served_readers(str(index), default_specs(None, None, None),
                                   ReadSettings(top_p=3, batch_size=4, chunk_size=8,
-                                               max_question_len=16, batch_shapes=(1,)))
+                                               max_question_len=16, batch_shapes=(1,),
+                                               pruning=WindowPruning(), mu=0.5))
     # A long gathering deadline, so that concurrent requests meet in one batch here.
     engine = Engine(readers, Limits(max_p=3), ServeMetrics(), max_batch=4, max_wait_s=0.3)
     app = create_app(engine, AppSettings(request_timeout_s=120))
@@ -329,3 +334,49 @@ def test_readiness_waits(server):
     started = time.monotonic()
     client.wait_ready(timeout=5)
     assert time.monotonic() - started < 5
+
+
+def _info(client) -> dict:
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(client.url + "/v1/info").read())
+
+
+def test_pruned_requests_get_the_answer_of_reading_every_window(server):
+    """With --prune-windows stop, a request the pruning settles (use_ir, the server's span
+    score, p = --top-p, top_k 1) is read pruned: its answer (text, passage, reader score,
+    abstention) is the one its unpruned read gives, from no more pairs. Read concurrently, so
+    that pruned and unpruned requests of a reader meet in one batch (two reads) and the pruned
+    read takes rounds; nothing compiles."""
+    client, engine = server
+    before = engine.metrics.compiles_by_requests()
+    asks = [(question, reader, top_k) for question in QUESTIONS for reader in ("full", "delayed")
+            for top_k in (1, 2)]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        payloads = list(pool.map(lambda ask: client.answer(ask[0], reader=ask[1], top_k=ask[2]),
+                                 asks))
+    by_ask = {ask[:2] + (ask[2] == 1,): payload for ask, payload in zip(asks, payloads)}
+    for question, reader in {(q, r) for q, r, _ in asks}:
+        pruned, unpruned = by_ask[question, reader, True], by_ask[question, reader, False]
+        assert (pruned["pruning"], unpruned["pruning"]) == ("stop", None)
+        ours, theirs = pruned["answers"][0], unpruned["answers"][0]
+        assert (ours["text"], ours["passage_id"], ours["start"]) == \
+            (theirs["text"], theirs["passage_id"], theirs["start"]), (question, reader)
+        assert ours["reader_score"] == pytest.approx(theirs["reader_score"], abs=1e-4)
+        assert pruned["no_answer"] == unpruned["no_answer"]
+        assert 1 <= pruned["pairs_read"] <= unpruned["pairs_read"]
+        assert pruned["retrieved"] == unpruned["retrieved"]
+        assert "prune" in pruned["timings_ms"] and "prune" not in unpruned["timings_ms"]
+    question = next(iter(QUESTIONS))
+    for options in ({"use_ir": False}, {"p": 2}, {"span_score": "margin"}):
+        assert client.answer(question, reader="delayed", **options)["pruning"] is None
+    assert engine.metrics.compiles_by_requests() == before, \
+        "a pruned read compiled a program after /readyz"
+
+
+def test_info_shows_the_pruning(server):
+    client, _ = server
+    for reader in _info(client)["readers"].values():
+        assert (reader["pruning"], reader["pruning_exact"]) == ("stop", True)
+        assert reader["pruned_requests"] == {"use_ir": True, "mu": 0.5, "span_score": "logits",
+                                             "p": 3, "top_k": 1}
