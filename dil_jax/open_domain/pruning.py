@@ -27,6 +27,11 @@ so the exact stop reads every window.
 
 What it saves, measured: docs/open_domain.md, "Window pruning" (benchmarks/window_pruning.py;
 docs/results/window_pruning_log.md).
+
+An H belongs to a reader, a span score rule, a fusion weight and a depth: a reader's calibrated
+H are recorded in its manifest (`PruningCalibration`, the `window_pruning` record beside the
+abstention thresholds), and --prune-windows calibrated (`CALIBRATED`, serve's default) reads
+with the recorded stop:H where it covers the read, else with the exact stop (`resolve_pruning`).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def load_spec_reader(spec: ReaderSpec, settings: ReadSettings) -> Any:
 def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings
                         ) -> Mapping[str, ServedReader]:
     """Opens the index once and each reader over it, with its passage cache, abstention
-    thresholds and window pruning (`settings.pruning`, `add_pruning`). Each reader pads
+    thresholds and window pruning (settings.pruning: `add_pruning`). Each reader pads
     every batch's passage side to the most windows one batch can read
     (`shapes.passage_rows`), so its programs have one passage shape."""
     from dil_jax.open_domain.abstention import abstention_of
@@ -204,8 +204,8 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
 
 def add_pruning(served: ServedReader, settings: ReadSettings, calibration: Any
                 ) -> ServedReader:
-    """`served` with its window pruning (`pruning.with_setting` of `settings.pruning`, settled
-    for `settings.mu`; `calibration`: its manifest's record, for "calibrated") and a pruned
+    """`served` with its window pruning (`pruning.with_setting` of settings.pruning, settled
+    for settings.mu; calibration: its manifest's record, for "calibrated") and a pruned
     copy of each batch shape, set after their `passage_rows` (a copy keeps the padding, so
     a pruned read runs the programs the warm-up compiled for the unpruned one). An explicit
     stop for a reader that cannot prune is a UsageError naming --prune-windows and the

@@ -336,12 +336,6 @@ def test_readiness_waits(server):
     assert time.monotonic() - started < 5
 
 
-def _info(client) -> dict:
-    import urllib.request
-
-    return json.loads(urllib.request.urlopen(client.url + "/v1/info").read())
-
-
 def test_pruned_requests_get_the_answer_of_reading_every_window(server):
     """With --prune-windows stop, a request the pruning settles (use_ir, the server's span
     score, p = --top-p, top_k 1) is read pruned: its answer (text, passage, reader score,
@@ -376,7 +370,7 @@ def test_pruned_requests_get_the_answer_of_reading_every_window(server):
 
 def test_info_shows_the_pruning(server):
     client, _ = server
-    for reader in _info(client)["readers"].values():
+    for reader in client.info()["readers"].values():
         assert (reader["pruning"], reader["pruning_exact"]) == ("stop", True)
         assert reader["pruned_requests"] == {"use_ir": True, "mu": 0.5, "span_score": "logits",
                                              "p": 3, "top_k": 1}
