@@ -14,7 +14,7 @@
     #    `--prune-windows calibrated` read: `PruningCalibration`), the values as simulate
     #    chose them, for the rule, fusion weight and depth they were calibrated at
     python benchmarks/window_pruning.py record --reader dil_jax/assets/minilm-squad-k4 \\
-        --high logits=4.75 --high margin=7 --recall logits=0.997 --recall margin=0.997 \\
+        --high logits=4.75 --high margin=7 --recall logits=0.9966 --recall margin=0.9966 \\
         --mu 0.5 --top-p 29 --calibrated-on "593 questions of dev articles 25-27, ..."
 
 The simulation is exact for the rules it applies, not a model of them: a pruned read reads a
