@@ -316,7 +316,7 @@ def test_calibration_reads_back_and_covers_one_rule_mu_and_depth():
 
 @pytest.mark.parametrize("change, message", [
     ({"logits": float("nan"), "margin": None}, "'window_pruning.logits' must be a finite"),
-    ({"logits": None, "margin": None}, "records no H"),
+    ({"logits": None, "margin": None}, "'window_pruning' records no H"),
     ({"mu": 2}, r"'window_pruning.mu' must be a finite number within \[0, 1\], got 2"),
     ({"top_p": 0}, "'window_pruning.top_p' must be a positive integer, got 0"),
     ({"recall": {"logits": 99.7}}, "'window_pruning.recall.logits' must be a finite number "
