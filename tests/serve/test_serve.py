@@ -35,6 +35,12 @@ QUESTIONS = {"Who wrote Pride and Prejudice?": "T1",
              "When did Apollo 11 land on the Moon?": "T3",
              "What is the largest coral reef system?": "T4"}
 LONG_CONTEXT = " ".join(SAMPLE_PASSAGES[:4])  # ~120 tokens: several 48-token windows
+# Questions BM25 finds 2-3 passages for (the ones above find one): read 4 together by the exact
+# stop, a round reads 2 passages each (`round_passages`), and some settle after it.
+SPREAD_QUESTIONS = ("Who wrote Pride and Prejudice, in Paris or on the Moon?",
+                    "Which city is the capital of France, near the coral reef or the Moon?",
+                    "When did Apollo 11 land on the Moon, and what does photosynthesis release?",
+                    "What is the largest coral reef system, near Paris or BERT?")
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +175,16 @@ def test_the_idle_warm_up_compiles_the_narrower_programs_then_stops(server):
     assert again["answers"][0]["text"] == first["answers"][0]["text"]
     assert again["answers"][0]["reader_score"] == pytest.approx(
         first["answers"][0]["reader_score"], abs=1e-4)
+
+
+def _wait_for_the_idle_warm_up(engine, seconds: float = 600) -> dict:
+    """/readyz's background progress once the idle warm-up is done (or `seconds` passed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        background = engine.progress["background"]
+        if background["done"] == background["total"] or time.monotonic() > deadline:
+            return background
+        time.sleep(1)
 
 
 def test_metrics_count_no_compilation_while_serving(server):
@@ -344,8 +360,8 @@ def test_pruned_requests_get_the_answer_of_reading_every_window(server):
     read takes rounds; nothing compiles."""
     client, engine = server
     before = engine.metrics.compiles_by_requests()
-    asks = [(question, reader, top_k) for question in QUESTIONS for reader in ("full", "delayed")
-            for top_k in (1, 2)]
+    asks = [(question, reader, top_k) for question in (*QUESTIONS, *SPREAD_QUESTIONS)
+            for reader in ("full", "delayed") for top_k in (1, 2)]
     with ThreadPoolExecutor(len(asks)) as pool:
         payloads = list(pool.map(lambda ask: client.answer(ask[0], reader=ask[1], top_k=ask[2]),
                                  asks))
@@ -366,6 +382,29 @@ def test_pruned_requests_get_the_answer_of_reading_every_window(server):
         assert client.answer(question, reader="delayed", **options)["pruning"] is None
     assert engine.metrics.compiles_by_requests() == before, \
         "a pruned read compiled a program after /readyz"
+
+
+def test_a_pruned_batch_reads_fewer_pairs_for_the_same_answers(server):
+    """The served readers' pruned copies (the batch's padding, the grid and its compiled
+    programs shared) read a batch of questions that retrieve several passages: the same fused
+    answers as the unpruned copies, from fewer pairs, compiling nothing. Read here once the
+    worker is idle (no request in flight, its idle warm-up done: no two threads read at
+    once)."""
+    from dil_jax.open_domain.scoring import pick_answer
+
+    _, engine = server
+    _wait_for_the_idle_warm_up(engine)
+    before = CompileCounter.count
+    for served in engine.readers.values():
+        count = len(SPREAD_QUESTIONS)
+        pruned = served.for_questions(count, pruned=True).read(list(SPREAD_QUESTIONS))
+        full = served.for_questions(count).read(list(SPREAD_QUESTIONS))
+        for ours, theirs in zip(pruned.candidates, full.candidates, strict=True):
+            answer, expected = pick_answer(ours, 0.5), pick_answer(theirs, 0.5)
+            assert (answer.text, answer.passage_index) == (expected.text, expected.passage_index)
+            assert answer.reader_score == pytest.approx(expected.reader_score, abs=1e-4)
+        assert sum(pruned.pairs_read) < sum(full.pairs_read), (served.name, pruned.pairs_read)
+    assert CompileCounter.count == before
 
 
 def test_info_shows_the_pruning(server):
