@@ -175,8 +175,9 @@ def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
           "(compiling first: GET /readyz says when ready)", file=sys.stderr, flush=True)
     for name, served in readers.items():
         shown = "all" if served.pruning is None else served.pruning.label
-        print(f"  window pruning of the {name} reader: {shown} ({served.pruning_reason})",
-              file=sys.stderr, flush=True)
+        why = f" ({served.pruning_reason})" if served.pruning_reason else ""
+        print(f"  window pruning of the {name} reader: {shown}{why}", file=sys.stderr,
+              flush=True)
     run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5,
                sockets=sockets)
     if engine.worker.failure is not None:
