@@ -10,6 +10,12 @@
     #    with --target, per setting the stop1~H of the sweep reading fewest pairs at that recall
     python benchmarks/window_pruning.py simulate --pairs DIR --out OUT --target 99.5 \\
         --rules all stop1 stop1~4 stop1~4.5 stop1~5 ... bm25:8 mix0.5:8 lower:8 embed:8
+    # 3. record the calibrated H of a reader in its manifest (what `serve` and
+    #    `--prune-windows calibrated` read: `PruningCalibration`), the values as simulate
+    #    chose them, for the rule, fusion weight and depth they were calibrated at
+    python benchmarks/window_pruning.py record --reader dil_jax/assets/minilm-squad-k4 \\
+        --high logits=4.75 --high margin=7 --recall logits=0.9966 --recall margin=0.9966 \\
+        --mu 0.5 --top-p 29 --calibrated-on "593 questions of dev articles 25-27, ..."
 
 The simulation is exact for the rules it applies, not a model of them: a pruned read reads a
 subset of the same pairs, and a pair's scores do not depend on which other pairs are read (pairs
@@ -65,7 +71,41 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                "there) reading the fewest pairs whose recall of the exact "
                                "pick's window is at least this percentage")
     simulate.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    record = commands.add_parser("record", help="write a reader's calibrated stop:H into its "
+                                                "manifest (the 'window_pruning' record)")
+    record.add_argument("--reader", required=True, help="reader folder (dil_jax_manifest.json)")
+    record.add_argument("--high", type=rule_value, action="append", required=True,
+                        metavar="RULE=H", help="a span score rule's calibrated H (repeat)")
+    record.add_argument("--recall", type=rule_value, action="append", default=[],
+                        metavar="RULE=FRACTION",
+                        help="the recall of the exact pick's window at that H (0..1)")
+    record.add_argument("--mu", type=float, required=True,
+                        help="the fusion weight it was calibrated at")
+    record.add_argument("--top-p", type=positive_int, required=True,
+                        help="the depth it was calibrated at")
+    record.add_argument("--calibrated-on", required=True,
+                        help="what it was calibrated on (questions, index, command)")
     return parser.parse_args(argv)
+
+
+def rule_value(text: str) -> tuple[str, float]:
+    """RULE=VALUE of --high / --recall: a span score rule and a finite number."""
+    from dil_jax.defaults import SPAN_SCORES
+
+    rule, _, value = text.partition("=")
+    if rule not in SPAN_SCORES:
+        raise argparse.ArgumentTypeError(f"{text!r}: RULE=VALUE with RULE one of "
+                                         f"{list(SPAN_SCORES)}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be a number") from None
+    if not np.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be finite")
+    return rule, number
+
+
+rule_value.__name__ = "RULE=VALUE"
 
 
 # ----------------------------------------------------------------------------- collect
@@ -503,12 +543,42 @@ def markdown(records: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- record
+
+
+def record(args: argparse.Namespace) -> None:
+    """Adds (or replaces) the reader manifest's `window_pruning` record, written atomically,
+    after checking it reads back (`PruningCalibration.from_manifest`); the manifest is left
+    untouched when it would not."""
+    import dataclasses
+
+    from dil_jax.atomic import write_atomic
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
+    from dil_jax.errors import CheckpointError
+    from dil_jax.open_domain.pruning import MANIFEST_KEY, PruningCalibration
+
+    folder = Path(args.reader)
+    if not (folder / MANIFEST_FILE).is_file():
+        raise SystemExit(f"window_pruning: --reader {folder}: no {MANIFEST_FILE} there (the "
+                         "calibration is recorded in a reader folder's manifest)")
+    calibration = PruningCalibration(dict(args.high), args.mu, args.top_p, args.calibrated_on,
+                                     dict(args.recall))
+    manifest = ExportManifest.read(folder)
+    # In the order `ExportManifest.to_json` writes: a later rewrite then moves nothing.
+    written = dataclasses.replace(manifest, records={**manifest.records,
+                                                     MANIFEST_KEY: calibration.to_json()})
+    try:
+        PruningCalibration.from_manifest(written.to_json(), folder / MANIFEST_FILE)
+    except CheckpointError as error:
+        raise SystemExit(f"window_pruning: not recorded: {error}") from None
+    write_atomic(folder / MANIFEST_FILE, json.dumps(written.to_json(), indent=2) + "\n")
+    print(f"recorded {MANIFEST_KEY} in {folder / MANIFEST_FILE}: "
+          f"{json.dumps(calibration.to_json())}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.command == "collect":
-        collect(args)
-    else:
-        simulate(args)
+    {"collect": collect, "simulate": simulate, "record": record}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -191,28 +191,34 @@ def add_reading_arguments(parser: argparse.ArgumentParser, where: str) -> None:
 def window_pruning(text: str):
     """--prune-windows: "all" (None), "stop" or "stop:H", as a
     `dil_jax.open_domain.pruning.WindowPruning` settled for fusion at the default weight (the
-    command sets its own: `WindowPruning.with_mu`)."""
-    from dil_jax.open_domain.pruning import WindowPruning, WindowPruningError
+    command sets its own: `WindowPruning.with_mu`), or "calibrated" (`pruning.CALIBRATED`:
+    each reader's own, `pruning.resolve_pruning`)."""
+    from dil_jax.open_domain.pruning import WindowPruningError, parse_setting
 
     try:
-        return WindowPruning.parse(text)
+        return parse_setting(text)
     except WindowPruningError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
 window_pruning.__name__ = "window pruning"
 
+PRUNING_HELP = (
+    "which windows of the retrieved passages the upper blocks read: 'all'; 'stop' reads "
+    "passages in BM25 order until no unread one can change the answer (exact: the same answer "
+    "as 'all' for --span-score and the fusion weight, from a bound on the reader's scores; "
+    "saves pairs only with fusion); 'stop:H' stops sooner, assuming no unread passage's reader "
+    "score exceeds H (approximate; H calibrated per reader and rule: docs/open_domain.md, "
+    "\"Window pruning\"); 'calibrated': the stop:H recorded in the reader's manifest for "
+    "--span-score, the fusion weight and the depth, else 'stop', else 'all' (a reader that "
+    "cannot prune, or no fusion)")
 
-def add_pruning_argument(parser: argparse.ArgumentParser, where: str) -> None:
-    """--prune-windows of `ask` and `odqa-eval` (`where` completes the help)."""
-    parser.add_argument(
-        "--prune-windows", type=window_pruning, default="all", metavar="RULE",
-        help="which windows of the retrieved passages the upper blocks read: 'all'; 'stop' "
-             "reads passages in BM25 order until no unread one can change the answer (exact: "
-             "the same answer as 'all' for --span-score and the fusion weight, from a bound on "
-             "the reader's scores; saves pairs only with fusion); 'stop:H' stops sooner, "
-             "assuming no unread passage's reader score exceeds H (approximate; H calibrated "
-             f"per reader and rule: docs/open_domain.md, \"Window pruning\"){where}")
+
+def add_pruning_argument(parser: argparse.ArgumentParser, where: str,
+                         default: str = "all") -> None:
+    """--prune-windows of `ask`, `odqa-eval` and `serve` (`where` completes the help)."""
+    parser.add_argument("--prune-windows", type=window_pruning, default=default, metavar="RULE",
+                        help=f"{PRUNING_HELP}{where} (default: {default})")
 
 
 def prescreen_from_args(args: argparse.Namespace) -> tuple | None:

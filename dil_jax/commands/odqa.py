@@ -168,9 +168,10 @@ def register(subparsers) -> None:
     evaluate.set_defaults(func=checked_first(_check_evaluate_flags, run_evaluate))
 
 
-def _open_reader(args, request, top_p, prescreen: bool = True, pruning=None):
+def _open_reader(args, request, top_p, prescreen: bool = True, pruning=None,
+                 mu: float | None = None):
     """The `OpenDomainReader` of `request` (a `ReaderRequest`) over --index and its cache, with
-    `pruning` (a `WindowPruning`, or None)."""
+    the --prune-windows setting `pruning` (`pruning.PruningSetting`) settled for `mu`."""
     from dil_jax.open_domain.cache.store import CacheMismatchError
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.reader import OpenDomainReader
@@ -191,20 +192,32 @@ def _open_reader(args, request, top_p, prescreen: bool = True, pruning=None):
                               batch_size=args.batch_size, chunk_size=args.chunk_size,
                               prescreen=_reader_prescreen(args, index) if prescreen else None,
                               cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
-    return _pruned(opened, pruning)
+    return _pruned(opened, pruning, request.checkpoint, mu)
 
 
-def _pruned(reader, pruning):
-    """`reader` with window pruning `pruning`; a reader that cannot prune (no bound on its span
-    scores) is refused naming --prune-windows."""
-    from dil_jax.open_domain.pruning import WindowPruningError
+def _pruned(reader, setting, checkpoint, mu: float | None):
+    """`reader` with the --prune-windows `setting` (`pruning.with_setting`: "calibrated" reads
+    the calibration recorded in `checkpoint`'s manifest) settled for fusion weight `mu`; a
+    reader that cannot prune (no bound on its span scores) is refused naming --prune-windows,
+    unless the setting is "calibrated" (it then reads every window)."""
+    from dil_jax.open_domain.pruning import (
+        Calibrated,
+        WindowPruningError,
+        calibration_of,
+        with_setting,
+    )
 
-    if pruning is None:
+    if setting is None:
         return reader
+    calibration = calibration_of(checkpoint) if isinstance(setting, Calibrated) else None
     try:
-        return reader.with_pruning(pruning)
+        pruned, why = with_setting(reader, setting, calibration, mu)
     except WindowPruningError as error:
-        raise UsageError(f"--prune-windows {pruning.label}: {error}") from None
+        raise UsageError(f"--prune-windows {setting.label}: {error}") from None
+    if isinstance(setting, Calibrated):
+        shown = pruned.pruning.label if pruned.pruning is not None else "all"
+        print(f"window pruning: {shown} for {reader.reader.label} ({why})", file=sys.stderr)
+    return pruned
 
 
 def _missing_cache(args, index, reader):
@@ -256,8 +269,7 @@ def run_ask(args: argparse.Namespace) -> int:
         return ask_server(args.server, _asked(args),
                           AskOptions(p=args.top_p, k=args.k, mu=mu, span_score=args.span_score))
     request = ask_request(args)
-    pruning = args.prune_windows and args.prune_windows.with_mu(mu)
-    reader = _open_reader(args, request, args.top_p, pruning=pruning)
+    reader = _open_reader(args, request, args.top_p, pruning=args.prune_windows, mu=mu)
     abstention = abstention_of(request.checkpoint)
     for number, question in enumerate(_asked(args)):
         if number == 0:  # seconds of silence otherwise, on a small CPU
@@ -330,9 +342,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
             readers[f"{next(iter(readers))} + {PRESCREEN_LABEL} {screened.prescreen.rule}"] = (
                 screened)
         if args.prune_windows:
-            pruning = args.prune_windows.with_mu(args.mu)
-            readers.update({f"{name} + {PRUNE_LABEL} {pruning.label}": _pruned(reader, pruning)
-                            for name, reader in list(readers.items())})
+            for name, reader in list(readers.items()):
+                pruned = _pruned(reader, args.prune_windows, request.checkpoint, args.mu)
+                if pruned.pruning is not None:  # "calibrated" may leave a reader unpruned
+                    readers[f"{name} + {PRUNE_LABEL} {pruned.pruning.label}"] = pruned
         for name, reader in readers.items():
             print(f"reading {len(examples)} questions x {max(args.p)} passages with {name} "
                   "(its first block of questions pays the compilation) ...", file=sys.stderr)

@@ -15,6 +15,7 @@ import sys
 
 from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
+    add_pruning_argument,
     cache_storage,
     non_negative_int,
     option_type,
@@ -88,6 +89,10 @@ def register(subparsers) -> None:
                         help="fusion weight of the reader score when a request has use_ir")
     parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
                         help="a request's default span score rule (docs/open_domain.md)")
+    add_pruning_argument(
+        parser, "; a reader prunes only the requests its pruning is settled for (use_ir, "
+                "--span-score, p = --top-p, top_k 1: docs/serving.md, \"Window pruning\"), "
+                "the others read every window", default="calibrated")
     parser.add_argument("--max-question-len", type=option_type("max_question_len"),
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]` (the bundled readers were "
@@ -135,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     settings = ReadSettings(top_p=args.top_p, batch_size=args.batch_size,
                             chunk_size=args.chunk_size, max_question_len=args.max_question_len,
                             storage=args.storage, span_score=args.span_score,
-                            tokenizer=args.tokenizer, batch_shapes=tuple(args.batch_shapes))
+                            tokenizer=args.tokenizer, batch_shapes=tuple(args.batch_shapes),
+                            pruning=args.prune_windows, mu=args.mu)
     limits = Limits(max_question_chars=args.max_question_chars,
                     max_context_chars=args.max_context_chars, max_top_k=args.max_top_k,
                     max_p=args.top_p, max_body_bytes=args.max_body_bytes)
@@ -167,6 +173,11 @@ def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
                                          read_timeout_s=args.read_timeout))
     print(f"serving {', '.join(readers)} over {args.index} on http://{args.host}:{args.port}/ "
           "(compiling first: GET /readyz says when ready)", file=sys.stderr, flush=True)
+    for name, served in readers.items():
+        shown = "all" if served.pruning is None else served.pruning.label
+        why = f" ({served.pruning_reason})" if served.pruning_reason else ""
+        print(f"  window pruning of the {name} reader: {shown}{why}", file=sys.stderr,
+              flush=True)
     run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5,
                sockets=sockets)
     if engine.worker.failure is not None:

@@ -27,19 +27,26 @@ so the exact stop reads every window.
 
 What it saves, measured: docs/open_domain.md, "Window pruning" (benchmarks/window_pruning.py;
 docs/results/window_pruning_log.md).
+
+An H belongs to a reader, a span score rule, a fusion weight and a depth: a reader's calibrated
+H are recorded in its manifest (`PruningCalibration`, the `window_pruning` record beside the
+abstention thresholds), and --prune-windows calibrated (`CALIBRATED`, serve's default) reads
+with the recorded stop:H where it covers the read, else with the exact stop (`resolve_pruning`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dil_jax.errors import DilJaxError
 
 if TYPE_CHECKING:
+    from dil_jax.open_domain.reader import OpenDomainReader
     from dil_jax.readers.protocol import Reader
 
 # Added to the bounds, as a share of their half-width: the span head runs in the reader's compute
@@ -108,6 +115,32 @@ class WindowPruning:
     def with_mu(self, mu: float | None) -> WindowPruning:
         """The same pruning settled for another fusion weight."""
         return dataclasses.replace(self, mu=mu)
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibrated:
+    """--prune-windows calibrated: each reader's own setting (`resolve_pruning`), the stop:H
+    recorded in its manifest for the span score rule, fusion weight and depth it reads with,
+    else the exact stop, else every window (a reader that cannot prune)."""
+
+    label: str = "calibrated"
+
+
+CALIBRATED = Calibrated()
+# What --prune-windows takes: every window (None), a pruning, or each reader's calibrated one.
+PruningSetting = WindowPruning | Calibrated | None
+
+
+def parse_setting(text: str) -> PruningSetting:
+    """--prune-windows's value: `WindowPruning.parse`'s, or "calibrated" (`CALIBRATED`).
+    Raises WindowPruningError naming what it takes."""
+    if text.strip() == CALIBRATED.label:
+        return CALIBRATED
+    try:
+        return WindowPruning.parse(text)
+    except WindowPruningError as error:
+        raise WindowPruningError(f"{error}, or 'calibrated' (each reader's recorded stop:H, "
+                                 "else stop)") from None
 
 
 def layer_norm_logit_bounds(scale: np.ndarray, bias: np.ndarray, kernel: np.ndarray,
@@ -265,3 +298,152 @@ def settled_questions(pair_question: np.ndarray, pair_rank: np.ndarray,
                           np.asarray([bm25[r] for r in sorted(unread)]), bounds, mu):
             settled.append(question)
     return settled
+
+
+# ----------------------------------------------------------------------------- calibration
+
+# The reader manifest's record of its calibrated H (`PruningCalibration`), beside `abstention`.
+MANIFEST_KEY = "window_pruning"
+_FIX = ("re-run benchmarks/window_pruning.py record, or remove the 'window_pruning' record "
+        "(--prune-windows calibrated then reads with the exact stop)")
+
+
+def _finite(where: str, value: Any, low: float = -np.inf, high: float = np.inf) -> str | None:
+    """What is wrong with a record's number (a finite JSON number within [low, high]), or
+    None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not np.isfinite(value) or not low <= value <= high:
+        within = "" if (low, high) == (-np.inf, np.inf) else f" within [{low:g}, {high:g}]"
+        return f"'{where}' must be a finite number{within}, got {value!r:.80}"
+    return None
+
+
+def _calibration_problem(record: Any) -> str | None:
+    """What is wrong with a manifest's `window_pruning` record (the field path and value), or
+    None: an H per span score rule (at least one), the fusion weight and depth it was
+    calibrated at, and optionally each rule's recall and what it was calibrated on."""
+    from dil_jax.defaults import SPAN_SCORES
+
+    if not isinstance(record, Mapping):
+        return f"'{MANIFEST_KEY}' must be an object, got {record!r:.80}"
+    rules = [rule for rule in SPAN_SCORES if rule in record]
+    if not rules:
+        return (f"'{MANIFEST_KEY}' records no H: give one of {list(SPAN_SCORES)} "
+                f"(rule -> the reader score H of stop:H)")
+    problems = [_finite(f"{MANIFEST_KEY}.{rule}", record[rule]) for rule in rules]
+    problems.append(_finite(f"{MANIFEST_KEY}.mu", record.get("mu"), 0.0, 1.0))
+    top_p = record.get("top_p")
+    if isinstance(top_p, bool) or not isinstance(top_p, int) or top_p < 1:
+        problems.append(f"'{MANIFEST_KEY}.top_p' must be a positive integer, got {top_p!r:.80}")
+    recall = record.get("recall", {})
+    if not isinstance(recall, Mapping):
+        problems.append(f"'{MANIFEST_KEY}.recall' must be an object of rule -> fraction, got "
+                        f"{recall!r:.80}")
+    else:
+        problems += [_finite(f"{MANIFEST_KEY}.recall.{rule}", value, 0.0, 1.0)
+                     for rule, value in recall.items()]
+    if not isinstance(record.get("calibrated_on", ""), str):
+        problems.append(f"'{MANIFEST_KEY}.calibrated_on' must be a string")
+    return next((problem for problem in problems if problem), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class PruningCalibration:
+    """A reader's calibrated stop:H (benchmarks/window_pruning.py `simulate --target`, then
+    `record`): per span score rule, the H whose stop read the exact pick's window for the
+    `recall` share of the calibration questions, at fusion weight `mu` and depth `top_p`.
+    H is an assumption about this reader's scores, checked there only: another rule, weight
+    or depth is not covered (`high_for`)."""
+
+    highs: Mapping[str, float]
+    mu: float
+    top_p: int
+    calibrated_on: str = ""
+    recall: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any] | None,
+                      path: Path | str = "dil_jax_manifest.json") -> PruningCalibration | None:
+        """The manifest's `window_pruning` record, or None when it has none (a manifest written
+        before the record existed); a record that cannot be read is a CheckpointError naming
+        `path`, the field and its value."""
+        from dil_jax.defaults import SPAN_SCORES
+        from dil_jax.errors import CheckpointError
+
+        record = (manifest or {}).get(MANIFEST_KEY)
+        if record is None:
+            return None
+        problem = _calibration_problem(record)
+        if problem:
+            raise CheckpointError(f"{path}: {problem}; {_FIX}")
+        return cls({rule: float(record[rule]) for rule in SPAN_SCORES if rule in record},
+                   float(record["mu"]), int(record["top_p"]), str(record.get("calibrated_on", "")),
+                   {rule: float(value) for rule, value in record.get("recall", {}).items()})
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest record (`from_manifest` reads it back)."""
+        record: dict[str, Any] = {**self.highs, "mu": self.mu, "top_p": self.top_p,
+                                  "calibrated_on": self.calibrated_on}
+        if self.recall:
+            record["recall"] = dict(self.recall)
+        return record
+
+    def high_for(self, rule: str, mu: float, top_p: int) -> tuple[float | None, str]:
+        """(H, why) for a read with this rule, fusion weight and depth: the recorded H when it
+        was calibrated for exactly those, else (None, why not)."""
+        if rule not in self.highs:
+            return None, f"no H recorded for the {rule!r} rule"
+        if not np.isclose(mu, self.mu) or top_p != self.top_p:
+            return None, (f"H calibrated at mu {self.mu:g}, p {self.top_p}; this reads at mu "
+                          f"{mu:g}, p {top_p}")
+        return self.highs[rule], (f"calibrated at mu {self.mu:g}, p {self.top_p}"
+                                  + (f": {self.calibrated_on}" if self.calibrated_on else ""))
+
+
+def calibration_of(checkpoint: str | Path | None) -> PruningCalibration | None:
+    """The calibration recorded in a reader folder's manifest (None: not a folder, no manifest,
+    or no record); CheckpointError naming the manifest and the field when it cannot be read."""
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
+
+    if not checkpoint or not (Path(checkpoint) / MANIFEST_FILE).is_file():
+        return None
+    return PruningCalibration.from_manifest(ExportManifest.read(checkpoint).to_json(),
+                                            Path(checkpoint) / MANIFEST_FILE)
+
+
+def resolve_pruning(setting: PruningSetting, calibration: PruningCalibration | None,
+                    span_score: str, mu: float | None, top_p: int
+                    ) -> tuple[WindowPruning | None, str]:
+    """(the pruning a reader reads with, why) for --prune-windows `setting`, the reader's
+    `calibration` (read for CALIBRATED only), its span score rule, the fusion weight (None:
+    the reader alone) and depth. An explicit setting is taken as given (settled for `mu`);
+    CALIBRATED is the recorded stop:H when it covers this rule, weight and depth, else the
+    exact stop; without fusion every window (the exact stop would read them all anyway, a
+    round at a time). Whether the reader can prune at all is `with_setting`'s."""
+    if not isinstance(setting, Calibrated):
+        return (None if setting is None else setting.with_mu(mu)), "as given"
+    if mu is None or mu >= 1:
+        return None, "without fusion the exact stop reads every window"
+    if calibration is None:
+        return WindowPruning(mu=mu), "exact: the reader records no calibrated H"
+    high, why = calibration.high_for(span_score, mu, top_p)
+    if high is None:
+        return WindowPruning(mu=mu), f"exact: {why}"
+    return WindowPruning(high=high, mu=mu), why
+
+
+def with_setting(reader: OpenDomainReader, setting: PruningSetting,
+                 calibration: PruningCalibration | None, mu: float | None
+                 ) -> tuple[OpenDomainReader, str]:
+    """(`reader` with the pruning `resolve_pruning` gives it, why). A reader that cannot prune
+    (no bound on its span head: QANet, BiDAF, XLNet) reads every window under CALIBRATED, and
+    raises WindowPruningError under an explicit stop."""
+    pruning, why = resolve_pruning(setting, calibration, reader.span_score, mu, reader.top_p)
+    if pruning is None:
+        return reader, why
+    try:
+        return reader.with_pruning(pruning), why
+    except WindowPruningError as error:
+        if not isinstance(setting, Calibrated):
+            raise
+        return reader, str(error)

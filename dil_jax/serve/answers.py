@@ -5,6 +5,10 @@ candidate (its best span and reader score) does not depend on the other passages
 request for p < max_p gets exactly what a read at depth p gives by keeping the candidates of
 its top-p passages (`Candidate.rank < p`) and fusing over those. Questions asking for
 different depths are read in one batch that way.
+
+A question read with window pruning (`reads_pruned`) has candidates for the passages it read
+only: their top answer is the full read's (exactly, under "stop") for one span score rule,
+fusion weight and depth, so only a request asking for exactly that one answer is read so.
 """
 
 from __future__ import annotations
@@ -15,12 +19,28 @@ from typing import Any
 import numpy as np
 
 from dil_jax.open_domain.abstention import Abstention
+from dil_jax.open_domain.pruning import WindowPruning
 from dil_jax.open_domain.scoring import Candidate, answer_scores
 from dil_jax.serve.schemas import AnswerRequest, finite
 
-# Phase names of `OpenDomainReader.read`'s timings, as the API reports them.
+# Phase names of `OpenDomainReader.read`'s timings, as the API reports them ("prune": a pruned
+# read's decisions, which passages to read next).
 PHASES = {"retrieval": "retrieve", "question_lower": "encode_question",
-          "pair_upper": "read_pairs", "decode": "decode"}
+          "pair_upper": "read_pairs", "decode": "decode", "prune": "prune"}
+
+
+def reads_pruned(request: AnswerRequest, pruning: WindowPruning | None, span_score: str,
+                 max_p: int, mu: float) -> bool:
+    """Whether `request` is read by its reader's pruned copy (`pruning`, settled for the
+    reader's `span_score` rule at the server's depth `max_p`): only when its answer is the
+    one the pruning settles, the top (top_k 1) one fused at the server's `mu` (use_ir) under
+    that rule over all max_p passages. Any other request is read unpruned: a pruned read's
+    other candidates, another rule's best, the reader-alone best or a shallower depth's best
+    may differ from a full read's."""
+    return bool(pruning is not None and pruning.mu is not None
+                and np.isclose(pruning.mu, mu) and request.use_ir
+                and request.span_score == span_score and request.p == max_p
+                and request.top_k == 1)
 
 
 def ranked(candidates: Sequence[Candidate], p: int, top_k: int, mu: float | None
@@ -40,7 +60,8 @@ def ranked(candidates: Sequence[Candidate], p: int, top_k: int, mu: float | None
 def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits: Sequence,
                    passages: Sequence, mu: float, abstention: Abstention | None,
                    timings_ms: Mapping[str, float], k: int, batch_size: int,
-                   match: float | None = None) -> dict[str, Any]:
+                   match: float | None = None, pruning: str | None = None,
+                   pairs_read: int | None = None) -> dict[str, Any]:
     """The JSON of one answered question.
 
     passages: the index's passages (title, id, text by index); hits: the question's BM25
@@ -48,7 +69,10 @@ def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits
     reader's abstention has a logistic rule: `Abstention.uses_retrieval`). no_answer: the
     best answer is refused by the reader's abstention (its reader score below the calibrated
     threshold, or under a logistic rule its probability of being right below that rule's;
-    the best guess is still listed), or there is no candidate.
+    the best guess is still listed), or there is no candidate. pruning: the label of the
+    window pruning the question was read with (None: every window of its passages);
+    pairs_read: the (question, window) pairs read for it at the server's depth (a pruned
+    read's candidates are its read passages', so its fused score is standardised over those).
     """
     used_mu = mu if request.use_ir else None
     answers = []
@@ -110,6 +134,8 @@ def answer_payload(request: AnswerRequest, candidates: Sequence[Candidate], hits
         # Passages retrieved at depth p (what `ask` reports as "BM25 rank r of N").
         "retrieved": min(len(hits), request.p),
         "answers": answers,
+        "pruning": pruning,
+        "pairs_read": pairs_read,
         "batch_size": batch_size,
         "timings_ms": dict(timings_ms),
     }

@@ -39,7 +39,7 @@ from starlette.routing import Route
 from dil_jax.errors import DilJaxError
 from dil_jax.open_domain.abstention import retrieval_match
 from dil_jax.serve.answers import answer_payload, phase_ms
-from dil_jax.serve.engine import Engine
+from dil_jax.serve.engine import AnswerJob, Engine
 from dil_jax.serve.metrics import CONTENT_TYPE, ServeMetrics
 from dil_jax.serve.schemas import (
     ANSWER_FIELDS,
@@ -112,6 +112,22 @@ def shown_checkpoint(checkpoint: str) -> str:
         return str(resolved.relative_to(Path.cwd().resolve()))
     except ValueError:
         return path.name
+
+
+def pruning_info(served, max_p: int, mu: float) -> dict[str, Any]:
+    """A reader's window pruning as /v1/info shows it: its label (None: every window is read),
+    whether its answers are the full read's ("stop") or an approximation ("stop:H"), why it
+    was chosen (`pruning.resolve_pruning`), and which requests it reads
+    (`answers.reads_pruned`: null when none)."""
+    pruning = served.pruning
+    if pruning is None:
+        return {"pruning": None, "pruning_exact": None,
+                "pruning_reason": served.pruning_reason or None, "pruned_requests": None}
+    return {"pruning": pruning.label, "pruning_exact": pruning.exact,
+            "pruning_reason": served.pruning_reason or None,
+            "pruned_requests": {"use_ir": True, "mu": mu,
+                                "span_score": served.reader.span_score, "p": max_p,
+                                "top_k": 1}}
 
 
 def key_matches(given: str | None, expected: str) -> bool:
@@ -263,7 +279,8 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
     async def answer(request: Request) -> Response:
         data = await body_of(request)
         parsed = parse_answer_request(data, limits, engine.names, settings.span_score)
-        done = await wait(request, submit("answer", parsed.reader, parsed.question))
+        job = AnswerJob(parsed.question, engine.reads_pruned(parsed))
+        done = await wait(request, submit("answer", parsed.reader, job))
         clock = time.perf_counter()
         served = engine.readers[parsed.reader]
         outcome = done.value
@@ -275,7 +292,8 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
                                     served.reader.index.retriever.attainable(parsed.question))
         payload = answer_payload(parsed, outcome.by_score[parsed.span_score], outcome.hits,
                                  served.reader.index.passages, engine.mu, served.abstention,
-                                 timings, served.k, done.batch_size, match)
+                                 timings, served.k, done.batch_size, match, outcome.pruning,
+                                 outcome.pairs_read)
         payload["timings_ms"]["fuse"] = round(1e3 * (time.perf_counter() - clock), 3)
         metrics.phases.labels(parsed.reader, "queue").observe(done.queue_s)
         return JSONResponse(payload)
@@ -294,7 +312,8 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
         readers = {name: {"k": served.k, "kind": served.kind,
                           "layers": served.reader.reader.config.num_layers,
                           "checkpoint": shown_checkpoint(served.checkpoint),
-                          "abstention": served.abstention is not None}
+                          "abstention": served.abstention is not None,
+                          **pruning_info(served, limits.max_p, engine.mu)}
                    for name, served in engine.readers.items()}
         first = next(iter(engine.readers.values())).reader
         return JSONResponse({"readers": readers, "passages": len(first.index.passages),

@@ -19,7 +19,7 @@ import numpy as np
 from dil_jax.readers.protocol import TokenRows
 from dil_jax.serve.loading import ServedReader
 from dil_jax.serve.metrics import CompileCounter, ServeMetrics
-from dil_jax.serve.schemas import Limits, ReadRequest, RequestError
+from dil_jax.serve.schemas import AnswerRequest, Limits, ReadRequest, RequestError
 from dil_jax.serve.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -44,14 +44,28 @@ def several_window_context(window_count: Callable[[str], int], rows: int,
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class AnswerJob:
+    """An "answer" job's payload: the question, and whether it is read by its reader's pruned
+    copy (`answers.reads_pruned`, decided per request: a batch's questions are read in at most
+    two reads, pruned and not)."""
+
+    question: str
+    pruned: bool = False
+
+
 @dataclasses.dataclass
 class Outcome:
     """One question's read: its candidates under every span score rule, its BM25 hits, and
-    the phase seconds of the batch it was read in (`OpenDomainReader.read`'s timings)."""
+    the phase seconds of the batch it was read in (`OpenDomainReader.read`'s timings);
+    pruning: the label of the window pruning it was read with (None: every window);
+    pairs_read: the (question, window) pairs read for it (`ReadResult.pairs_read`)."""
 
     by_score: dict[str, list]
     hits: list
     timings: dict[str, float]
+    pruning: str | None = None
+    pairs_read: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +206,11 @@ class Engine:
         before = CompileCounter.count
         for count, shaped in (served.shapes or {len(CHECK_QUESTIONS): served.reader}).items():
             shaped.read(list(CHECK_QUESTIONS[:count]))
+        # A pruned read reads each question's passages in rounds of fewer pairs, through the
+        # same programs (its copies share the grid and the passage padding): it must compile
+        # nothing more either.
+        for count, shaped in served.pruned.items():
+            shaped.read(list(CHECK_QUESTIONS[:count]))
         # A reader without a no-answer score refuses handle_impossible_answer (`no_null_score`).
         impossible = served.reader.reader.capabilities.null_score
         self._read_context(served, ReadRequest(CHECK_QUESTIONS[1], CHECK_CONTEXT, name, 2, 15,
@@ -216,26 +235,46 @@ class Engine:
     def _batch_done(self, kind: str, reader: str, size: int, seconds: float) -> None:
         self.metrics.batch_size.labels(kind, reader).observe(size)
 
-    def _answer_jobs(self, name: str, questions: Sequence[str]) -> list[Any]:
-        """Reads the distinct questions of these jobs together; one Outcome (or a
-        RequestError, for a question that has no token) per job."""
+    def reads_pruned(self, request: AnswerRequest) -> bool:
+        """Whether `request` is read by its reader's pruned copy (`answers.reads_pruned`)."""
+        from dil_jax.serve.answers import reads_pruned
+
+        served = self.readers[request.reader]
+        return served.pruning is not None and reads_pruned(
+            request, served.pruning, served.reader.span_score, self.limits.max_p, self.mu)
+
+    def _answer_jobs(self, name: str, jobs: Sequence[AnswerJob]) -> list[Any]:
+        """Reads these jobs' questions: the distinct ones of the pruned jobs together with the
+        reader's pruned copy, the others together with the reader itself (at most two reads);
+        one Outcome (or a RequestError, for a question that has no token) per job."""
         served = self.readers[name]
-        distinct = list(dict.fromkeys(questions))
+        distinct = list(dict.fromkeys(job.question for job in jobs))
         token_ids = served.reader.reader.tokenizer(distinct, add_special_tokens=False)["input_ids"]
         empty = {q for q, ids in zip(distinct, token_ids) if not ids}
-        readable = [q for q in distinct if q not in empty]
-        outcomes: dict[str, Any] = {
-            q: RequestError(422, "question", f"question {q!r} has no token this reader knows",
-                            q) for q in empty}
-        if readable:
-            result = served.for_questions(len(readable)).read(readable)
-            for phase, seconds in result.timings.items():
-                self.metrics.phases.labels(name, phase).observe(seconds)
-            for i, question in enumerate(readable):
-                outcomes[question] = Outcome(
-                    {rule: candidates[i] for rule, candidates in result.by_score.items()},
-                    result.hits[i], dict(result.timings))
-        return [outcomes[q] for q in questions]
+        refused = {q: RequestError(422, "question", f"question {q!r} has no token this reader "
+                                                    "knows", q) for q in empty}
+        outcomes: dict[tuple[str, bool], Any] = {}
+        for pruned in (False, True):
+            readable = list(dict.fromkeys(job.question for job in jobs
+                                          if job.pruned == pruned and job.question not in empty))
+            if readable:
+                read = self._read_questions(name, served.for_questions(len(readable), pruned),
+                                            readable)
+                outcomes.update({(q, pruned): outcome for q, outcome in read.items()})
+        return [refused[job.question] if job.question in refused
+                else outcomes[job.question, job.pruned] for job in jobs]
+
+    def _read_questions(self, name: str, reader: Any, questions: list[str]
+                        ) -> dict[str, Outcome]:
+        """Each question's Outcome, read together by `reader` (an OpenDomainReader)."""
+        result = reader.read(questions)
+        for phase, seconds in result.timings.items():
+            self.metrics.phases.labels(name, phase).observe(seconds)
+        label = None if reader.pruning is None else reader.pruning.label
+        return {question: Outcome(
+            {rule: candidates[i] for rule, candidates in result.by_score.items()},
+            result.hits[i], dict(result.timings), label, result.pairs_read[i])
+            for i, question in enumerate(questions)}
 
     def _read_jobs(self, name: str, requests: Sequence[ReadRequest]) -> list[Any]:
         """The contexts of these jobs read together: every window of every context is one

@@ -49,6 +49,10 @@ class ReadSettings:
     # Question counts whose batches get their own passage-row padding (`ServedReader.shapes`);
     # batch_size is always one. (): batch_size alone, one padding for every batch.
     batch_shapes: tuple[int, ...] = ()
+    # --prune-windows (`pruning.PruningSetting`: None every window, a WindowPruning, or
+    # CALIBRATED), settled for the fusion weight `mu` requests with use_ir are answered with.
+    pruning: Any = None
+    mu: float = 0.5
 
     def shape_counts(self) -> tuple[int, ...]:
         """The question counts batches are padded to, smallest first, batch_size last."""
@@ -74,6 +78,12 @@ class ServedReader:
     reader: Any          # OpenDomainReader
     abstention: Any      # Abstention | None
     shapes: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # The window pruning of the requests it is exact for (`answers.reads_pruned`; None: none
+    # pruned), why (`pruning.resolve_pruning`), and `shapes` with it: the same readers,
+    # programs and caches (`OpenDomainReader.with_pruning` copies), reading fewer pairs.
+    pruning: Any = None  # WindowPruning | None
+    pruning_reason: str = ""
+    pruned: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def k(self) -> int:
@@ -84,9 +94,11 @@ class ServedReader:
         """What the reader is: "encoder" (the BERT family) or "qanet" / "bidaf"."""
         return self.reader.reader.kind
 
-    def for_questions(self, count: int) -> Any:
-        """The reader whose padding holds `count` questions: the smallest shape that does."""
-        return next((self.shapes[n] for n in sorted(self.shapes) if n >= count), self.reader)
+    def for_questions(self, count: int, pruned: bool = False) -> Any:
+        """The reader whose padding holds `count` questions: the smallest shape that does;
+        pruned: its window-pruning copy (the unpruned one when this reader has none)."""
+        shapes = self.pruned if pruned and self.pruned else self.shapes
+        return next((shapes[n] for n in sorted(shapes) if n >= count), self.reader)
 
     def for_contexts(self, contexts: int, windows: int) -> Any:
         """The reader for `/v1/read` contexts read together: the smallest shape holding that
@@ -125,9 +137,10 @@ def load_spec_reader(spec: ReaderSpec, settings: ReadSettings) -> Any:
 
 def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings
                         ) -> Mapping[str, ServedReader]:
-    """Opens the index once and each reader over it, with its passage cache and abstention
-    thresholds. Each reader pads every batch's passage side to the most windows one batch
-    can read (`shapes.passage_rows`), so its programs have one passage shape."""
+    """Opens the index once and each reader over it, with its passage cache, abstention
+    thresholds and window pruning (settings.pruning: `add_pruning`). Each reader pads
+    every batch's passage side to the most windows one batch can read
+    (`shapes.passage_rows`), so its programs have one passage shape."""
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.cache.missing import (
         THIS_READER,
@@ -138,11 +151,15 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     )
     from dil_jax.open_domain.cache.store import CacheMismatchError
     from dil_jax.open_domain.index.folder import open_index
+    from dil_jax.open_domain.pruning import Calibrated, calibration_of
     from dil_jax.open_domain.reader import OpenDomainReader
     from dil_jax.serve.shapes import passage_rows
 
     # Thresholds first: a manifest's bad record is named before anything is loaded.
     abstentions = {spec.name: abstention_of(spec.checkpoint) for spec in specs}
+    # Read for "calibrated" only: an explicit setting overrides the record, whatever it holds.
+    calibrations = {spec.name: calibration_of(spec.checkpoint)
+                    if isinstance(settings.pruning, Calibrated) else None for spec in specs}
     if not (Path(index_dir) / "index.json").is_file():
         raise UsageError(f"--index {index_dir}: no index there (build one with `dil-jax demo`, "
                          "which writes runs/demo-index, or `dil-jax index --out DIR ...`)")
@@ -178,10 +195,32 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
                                     batch_size=count, chunk_size=settings.chunk_size,
                                     span_score=settings.span_score)
 
-        served[spec.name] = ServedReader(spec.name, spec.checkpoint, reader,
-                                         abstentions[spec.name],
-                                         shaped_readers(reader, settings.shape_counts(),
-                                                        smaller))
+        served[spec.name] = add_pruning(
+            ServedReader(spec.name, spec.checkpoint, reader, abstentions[spec.name],
+                         shaped_readers(reader, settings.shape_counts(), smaller)),
+            settings, calibrations[spec.name])
+    return served
+
+
+def add_pruning(served: ServedReader, settings: ReadSettings, calibration: Any
+                ) -> ServedReader:
+    """`served` with its window pruning (`pruning.with_setting` of settings.pruning, settled
+    for settings.mu; calibration: its manifest's record, for "calibrated") and a pruned
+    copy of each batch shape, set after their `passage_rows` (a copy keeps the padding, so
+    a pruned read runs the programs the warm-up compiled for the unpruned one). An explicit
+    stop for a reader that cannot prune is a UsageError naming --prune-windows and the
+    reader."""
+    from dil_jax.open_domain.pruning import WindowPruningError, with_setting
+
+    try:
+        pruned, why = with_setting(served.reader, settings.pruning, calibration, settings.mu)
+    except WindowPruningError as error:
+        raise UsageError(f"--prune-windows {settings.pruning.label}: the {served.name} reader "
+                         f"({served.checkpoint}): {error}") from None
+    served.pruning, served.pruning_reason = pruned.pruning, why
+    if pruned.pruning is not None:
+        served.pruned = {count: shaped.with_pruning(pruned.pruning)
+                         for count, shaped in served.shapes.items()}
     return served
 
 

@@ -4,7 +4,9 @@
 engine's app on a loopback port (tests/serve/test_serve_ask.py, tests/serve/test_serve_bench.py).
 
 Its "answer" jobs answer each question with its own text upper-cased (so a test sees whose
-answer came back), after `delay_s`; a question "fail" makes the handler raise; the "read" jobs
+answer came back), after `delay_s`, a job marked pruned (`AnswerJob.pruned`) with its reader's
+pruning label and fewer pairs read (`jobs` keeps each handler call's jobs); a question "fail"
+makes the handler raise; the "read" jobs
 answer the first word of the context. `gate` (a threading.Event), when set up, holds every
 job until the test opens it: the queue then fills deterministically; `entered` is set once a
 batch reached the handler.
@@ -53,6 +55,7 @@ class FakeEngine(Engine):
         self.entered = threading.Event()
         self.setup_gate: threading.Event | None = None  # holds the "warm-up" until set
         self.batches: list[tuple[str, list[str]]] = []
+        self.jobs: list[tuple[str, list]] = []  # each handler call's `AnswerJob`s
         super().__init__(readers, limits or Limits(max_p=5), ServeMetrics(), **worker_args)
 
     def _setup(self) -> None:
@@ -67,19 +70,24 @@ class FakeEngine(Engine):
             self.gate.wait(30)
         time.sleep(self.delay_s)
 
-    def _answer_jobs(self, name, questions):
+    def _answer_jobs(self, name, jobs):
         self._hold()
+        questions = [job.question for job in jobs]  # `AnswerJob`s
         self.batches.append((name, list(questions)))
+        self.jobs.append((name, list(jobs)))
         if "fail" in questions:
             raise RuntimeError("the fake reader failed")
+        pruning = self.readers[name].pruning
         outcomes = []
-        for question in questions:
-            answer = question.upper()
+        for job in jobs:
+            answer = job.question.upper()
             candidate = Candidate(0, 0, answer, 14, 18, 2.0, 1.0)
+            label = pruning.label if job.pruned and pruning is not None else None
             outcomes.append(Outcome({"logits": [candidate], "margin": [candidate]},
                                     [SimpleNamespace(passage_index=0, score=1.0)],
                                     {"retrieval": 0.001, "question_lower": 0.002,
-                                     "pair_upper": 0.003, "decode": 0.0005}))
+                                     "pair_upper": 0.003, "decode": 0.0005},
+                                    label, 2 if label else 5))
         return outcomes
 
     def _read_jobs(self, name, requests):

@@ -283,6 +283,148 @@ def test_settings_checked():
     assert WindowPruning().with_mu(None).mu is None
 
 
+def test_parse_setting_takes_calibrated_and_names_it_when_refusing():
+    from dil_jax.open_domain.pruning import CALIBRATED, parse_setting
+
+    assert parse_setting(" calibrated ") is CALIBRATED and CALIBRATED.label == "calibrated"
+    assert parse_setting("stop:5") == WindowPruning(high=5.0)
+    with pytest.raises(WindowPruningError, match="expected 'all'.*or 'calibrated'"):
+        parse_setting("calibrated:3")
+
+
+# ----------------------------------------------------------------------------- calibration
+
+CALIBRATION = {"logits": 4.75, "margin": 7, "mu": 0.5, "top_p": 29,
+               "calibrated_on": "593 questions", "recall": {"logits": 0.9966}}
+
+
+def test_calibration_reads_back_and_covers_one_rule_mu_and_depth():
+    from dil_jax.open_domain.pruning import PruningCalibration
+
+    calibration = PruningCalibration.from_manifest({"window_pruning": CALIBRATION})
+    assert calibration.highs == {"logits": 4.75, "margin": 7.0}
+    assert calibration.to_json() == {**CALIBRATION, "margin": 7.0}
+    assert PruningCalibration.from_manifest({"abstention": {}}) is None  # written before it
+    assert calibration.high_for("margin", 0.5, 29)[0] == 7.0
+    assert calibration.high_for("logits", 0.7, 29) == (
+        None, "H calibrated at mu 0.5, p 29; this reads at mu 0.7, p 29")
+    assert calibration.high_for("logits", 0.5, 10)[0] is None
+    only = PruningCalibration.from_manifest({"window_pruning": {"logits": 5, "mu": 0.5,
+                                                                 "top_p": 29}})
+    assert only.high_for("margin", 0.5, 29) == (None, "no H recorded for the 'margin' rule")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"logits": float("nan"), "margin": None}, "'window_pruning.logits' must be a finite"),
+    ({"logits": None, "margin": None}, "'window_pruning' records no H"),
+    ({"mu": 2}, r"'window_pruning.mu' must be a finite number within \[0, 1\], got 2"),
+    ({"top_p": 0}, "'window_pruning.top_p' must be a positive integer, got 0"),
+    ({"recall": {"logits": 99.7}}, "'window_pruning.recall.logits' must be a finite number "
+                                   r"within \[0, 1\]"),
+    ({"recall": [0.99]}, "'window_pruning.recall' must be an object"),
+    ({"calibrated_on": 3}, "'window_pruning.calibrated_on' must be a string"),
+])
+def test_a_bad_calibration_record_is_named(change, message):
+    from dil_jax.errors import CheckpointError
+    from dil_jax.open_domain.pruning import PruningCalibration
+
+    record = {key: value for key, value in {**CALIBRATION, **change}.items()
+              if value is not None}
+    with pytest.raises(CheckpointError, match=f"^reader/manifest.json: {message}"):
+        PruningCalibration.from_manifest({"window_pruning": record}, "reader/manifest.json")
+
+
+def test_resolve_pruning_prefers_the_recorded_high_then_the_exact_stop():
+    from dil_jax.open_domain.pruning import CALIBRATED, PruningCalibration, resolve_pruning
+
+    calibration = PruningCalibration.from_manifest({"window_pruning": CALIBRATION})
+    assert resolve_pruning(CALIBRATED, calibration, "margin", 0.5, 29)[0] == WindowPruning(
+        high=7.0)
+    for mu, top_p in ((0.4, 29), (0.5, 10)):  # not what H was calibrated at: exact
+        assert resolve_pruning(CALIBRATED, calibration, "logits", mu, top_p)[0] == \
+            WindowPruning(mu=mu)
+    assert resolve_pruning(CALIBRATED, None, "logits", 0.5, 29) == (
+        WindowPruning(), "exact: the reader records no calibrated H")
+    for mu in (None, 1.0):  # no fusion: the stop reads every window anyway
+        assert resolve_pruning(CALIBRATED, calibration, "logits", mu, 29)[0] is None
+    # An explicit setting is taken as given, for the fusion weight of the read.
+    assert resolve_pruning(WindowPruning(high=2.0), calibration, "logits", 0.3, 29)[0] == \
+        WindowPruning(high=2.0, mu=0.3)
+    assert resolve_pruning(None, calibration, "logits", 0.5, 29)[0] is None
+
+
+def test_the_bundled_readers_record_their_calibrated_high():
+    """The table of docs/open_domain.md, "Window pruning", in the bundled manifests; the k = 2
+    reader, whose manifest was written before the record, has none and still loads."""
+    from dil_jax.defaults import bundled_reader
+    from dil_jax.open_domain.pruning import calibration_of
+
+    full, k4 = bundled_reader("full"), bundled_reader("delayed")
+    if full is None or k4 is None:
+        pytest.skip("needs the bundled readers")
+    assert calibration_of(full).highs == {"logits": 5.25, "margin": 6.75}
+    assert calibration_of(k4).highs == {"logits": 4.75, "margin": 7.0}
+    assert (calibration_of(k4).mu, calibration_of(k4).top_p) == (0.5, 29)
+    assert calibration_of(full.parent / "minilm-squad-k2") is None
+    assert calibration_of(None) is None
+
+
+def test_record_writes_the_calibration_into_a_manifest(tmp_path, capsys):
+    """benchmarks/window_pruning.py record: the values given, written atomically beside the
+    manifest's other records (which stay as they were); a bad value is refused naming its
+    flag, and a folder without a manifest in one line."""
+    import json
+    import shutil
+
+    from dil_jax.checkpoints import MANIFEST_FILE
+    from dil_jax.defaults import bundled_reader
+    from dil_jax.open_domain.pruning import calibration_of
+
+    from tests.helpers import load_script
+
+    if bundled_reader("delayed") is None:
+        pytest.skip("needs the bundled readers")
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    shutil.copy(bundled_reader("delayed") / MANIFEST_FILE, folder / MANIFEST_FILE)
+    before = json.loads((folder / MANIFEST_FILE).read_text())
+    script = load_script("benchmarks/window_pruning.py")
+    script.main(["record", "--reader", str(folder), "--high", "logits=3.5", "--recall",
+                 "logits=0.99", "--mu", "0.4", "--top-p", "10", "--calibrated-on", "a test"])
+    after = json.loads((folder / MANIFEST_FILE).read_text())
+    assert after["window_pruning"] == {"logits": 3.5, "mu": 0.4, "top_p": 10,
+                                       "calibrated_on": "a test", "recall": {"logits": 0.99}}
+    assert {key: value for key, value in after.items() if key != "window_pruning"} == \
+        {key: value for key, value in before.items() if key != "window_pruning"}
+    assert calibration_of(folder).high_for("logits", 0.4, 10)[0] == 3.5
+    with pytest.raises(SystemExit):
+        script.main(["record", "--reader", str(folder), "--high", "prob=3", "--mu", "0.5",
+                     "--top-p", "29", "--calibrated-on", "x"])
+    assert "argument --high: 'prob=3': RULE=VALUE with RULE one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="not recorded: .*'window_pruning.mu'"):
+        script.main(["record", "--reader", str(folder), "--high", "logits=3", "--mu", "1.5",
+                     "--top-p", "29", "--calibrated-on", "x"])
+    assert json.loads((folder / MANIFEST_FILE).read_text()) == after  # left as it was
+    with pytest.raises(SystemExit, match="no dil_jax_manifest.json there"):
+        script.main(["record", "--reader", str(tmp_path), "--high", "logits=3", "--mu", "0.5",
+                     "--top-p", "29", "--calibrated-on", "x"])
+
+
+def test_with_setting_leaves_a_reader_that_cannot_prune_unpruned_under_calibrated():
+    from types import SimpleNamespace
+
+    from dil_jax.open_domain.pruning import CALIBRATED, with_setting
+
+    def refuse(pruning):
+        raise WindowPruningError("a bidaf reader does not end with a LayerNorm")
+
+    reader = SimpleNamespace(span_score="logits", top_p=29, with_pruning=refuse)
+    assert with_setting(reader, CALIBRATED, None, 0.5) == (
+        reader, "a bidaf reader does not end with a LayerNorm")
+    with pytest.raises(WindowPruningError, match="bidaf"):
+        with_setting(reader, WindowPruning(), None, 0.5)
+
+
 # ----------------------------------------------------------------------------- the reader
 
 
@@ -369,6 +511,13 @@ def test_prune_windows_of_ask_and_odqa_eval(tmp_path, capsys):
                               "--k", "4", "--top-p", "3", "--prune-windows", "stop", *COMMON],
                              capsys)
     assert status == 0 and "Q: Who wrote" in out and "prune" in out
+    # "calibrated": the base MiniLM (--checkpoint default) records no H: the exact stop.
+    status, out, err = run_cli(["ask", "Who wrote Pride and Prejudice?", "--index", str(index),
+                                "--k", "4", "--top-p", "3", "--prune-windows", "calibrated",
+                                *COMMON], capsys)
+    assert status == 0 and "Q: Who wrote" in out and "prune" in out
+    assert "window pruning: stop for DIL k=4 (exact: the reader records no calibrated H)" \
+        in err, err
     squad, _ = _write_squad(tmp_path)
     data = json.loads(squad.read_text())
     data["data"][0]["paragraphs"][0]["qas"][0]["question"] = "Who wrote Pride and Prejudice?"

@@ -1,7 +1,8 @@
 """`dil-jax serve` with the bundled readers over a tiny index, through a real uvicorn server
 on loopback: answers routed to the request that asked under concurrency, batched reads equal
 single reads, no compilation after /readyz, `/v1/read` against the model's plain call, the
-reference client.
+reference client, window pruning (the exact stop: a pruned request's answer is its unpruned
+read's).
 
 One server for the module (loading and warming two readers takes ~40 s on 2 busy cores).
 """
@@ -19,6 +20,7 @@ import pytest
 from dil_jax.cli import main
 from dil_jax.client import Client, ServiceError, format_answer
 from dil_jax.defaults import bundled_reader
+from dil_jax.open_domain.pruning import WindowPruning
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.serve.metrics import CompileCounter
 
@@ -33,6 +35,12 @@ QUESTIONS = {"Who wrote Pride and Prejudice?": "T1",
              "When did Apollo 11 land on the Moon?": "T3",
              "What is the largest coral reef system?": "T4"}
 LONG_CONTEXT = " ".join(SAMPLE_PASSAGES[:4])  # ~120 tokens: several 48-token windows
+# Questions BM25 finds 2-3 passages for (the ones above find one): read 4 together by the exact
+# stop, a round reads 2 passages each (`round_passages`), and some settle after it.
+SPREAD_QUESTIONS = ("Who wrote Pride and Prejudice, in Paris or on the Moon?",
+                    "Which city is the capital of France, near the coral reef or the Moon?",
+                    "When did Apollo 11 land on the Moon, and what does photosynthesis release?",
+                    "What is the largest coral reef system, near Paris or BERT?")
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +62,12 @@ def server(tmp_path_factory):
                  "--checkpoint", str(bundled_reader("full")), str(bundled_reader("delayed")),
                  "--max-question-len", "16", "--max-passage-len", "48",
                  "--doc-stride", "24"]) == 0
+    # The exact stop: a request the pruning settles (the defaults: use_ir, logits, p = 3,
+    # top_k 1) is read pruned, every other one unpruned (test_pruned_requests_...).
     readers = load_served_readers(str(index), default_specs(None, None, None),
                                   ReadSettings(top_p=3, batch_size=4, chunk_size=8,
-                                               max_question_len=16, batch_shapes=(1,)))
+                                               max_question_len=16, batch_shapes=(1,),
+                                               pruning=WindowPruning(), mu=0.5))
     # A long gathering deadline, so that concurrent requests meet in one batch here.
     engine = Engine(readers, Limits(max_p=3), ServeMetrics(), max_batch=4, max_wait_s=0.3)
     app = create_app(engine, AppSettings(request_timeout_s=120))
@@ -164,6 +175,16 @@ def test_the_idle_warm_up_compiles_the_narrower_programs_then_stops(server):
     assert again["answers"][0]["text"] == first["answers"][0]["text"]
     assert again["answers"][0]["reader_score"] == pytest.approx(
         first["answers"][0]["reader_score"], abs=1e-4)
+
+
+def _wait_for_the_idle_warm_up(engine, seconds: float = 600) -> dict:
+    """/readyz's background progress once the idle warm-up is done (or `seconds` passed)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        background = engine.progress["background"]
+        if background["done"] == background["total"] or time.monotonic() > deadline:
+            return background
+        time.sleep(1)
 
 
 def test_metrics_count_no_compilation_while_serving(server):
@@ -329,3 +350,66 @@ def test_readiness_waits(server):
     started = time.monotonic()
     client.wait_ready(timeout=5)
     assert time.monotonic() - started < 5
+
+
+def test_pruned_requests_get_the_answer_of_reading_every_window(server):
+    """With --prune-windows stop, a request the pruning settles (use_ir, the server's span
+    score, p = --top-p, top_k 1) is read pruned: its answer (text, passage, reader score,
+    abstention) is the one its unpruned read gives, from no more pairs. Read concurrently, so
+    that pruned and unpruned requests of a reader meet in one batch (two reads) and the pruned
+    read takes rounds; nothing compiles."""
+    client, engine = server
+    before = engine.metrics.compiles_by_requests()
+    asks = [(question, reader, top_k) for question in (*QUESTIONS, *SPREAD_QUESTIONS)
+            for reader in ("full", "delayed") for top_k in (1, 2)]
+    with ThreadPoolExecutor(len(asks)) as pool:
+        payloads = list(pool.map(lambda ask: client.answer(ask[0], reader=ask[1], top_k=ask[2]),
+                                 asks))
+    by_ask = {ask[:2] + (ask[2] == 1,): payload for ask, payload in zip(asks, payloads)}
+    for question, reader in {(q, r) for q, r, _ in asks}:
+        pruned, unpruned = by_ask[question, reader, True], by_ask[question, reader, False]
+        assert (pruned["pruning"], unpruned["pruning"]) == ("stop", None)
+        ours, theirs = pruned["answers"][0], unpruned["answers"][0]
+        assert (ours["text"], ours["passage_id"], ours["start"]) == \
+            (theirs["text"], theirs["passage_id"], theirs["start"]), (question, reader)
+        assert ours["reader_score"] == pytest.approx(theirs["reader_score"], abs=1e-4)
+        assert pruned["no_answer"] == unpruned["no_answer"]
+        assert 1 <= pruned["pairs_read"] <= unpruned["pairs_read"]
+        assert pruned["retrieved"] == unpruned["retrieved"]
+        assert "prune" in pruned["timings_ms"] and "prune" not in unpruned["timings_ms"]
+    question = next(iter(QUESTIONS))
+    for options in ({"use_ir": False}, {"p": 2}, {"span_score": "margin"}):
+        assert client.answer(question, reader="delayed", **options)["pruning"] is None
+    assert engine.metrics.compiles_by_requests() == before, \
+        "a pruned read compiled a program after /readyz"
+
+
+def test_a_pruned_batch_reads_fewer_pairs_for_the_same_answers(server):
+    """The served readers' pruned copies (the batch's padding, the grid and its compiled
+    programs shared) read a batch of questions that retrieve several passages: the same fused
+    answers as the unpruned copies, from fewer pairs, compiling nothing. Read here once the
+    worker is idle (no request in flight, its idle warm-up done: no two threads read at
+    once)."""
+    from dil_jax.open_domain.scoring import pick_answer
+
+    _, engine = server
+    _wait_for_the_idle_warm_up(engine)
+    before = CompileCounter.count
+    for served in engine.readers.values():
+        count = len(SPREAD_QUESTIONS)
+        pruned = served.for_questions(count, pruned=True).read(list(SPREAD_QUESTIONS))
+        full = served.for_questions(count).read(list(SPREAD_QUESTIONS))
+        for ours, theirs in zip(pruned.candidates, full.candidates, strict=True):
+            answer, expected = pick_answer(ours, 0.5), pick_answer(theirs, 0.5)
+            assert (answer.text, answer.passage_index) == (expected.text, expected.passage_index)
+            assert answer.reader_score == pytest.approx(expected.reader_score, abs=1e-4)
+        assert sum(pruned.pairs_read) < sum(full.pairs_read), (served.name, pruned.pairs_read)
+    assert CompileCounter.count == before
+
+
+def test_info_shows_the_pruning(server):
+    client, _ = server
+    for reader in client.info()["readers"].values():
+        assert (reader["pruning"], reader["pruning_exact"]) == ("stop", True)
+        assert reader["pruned_requests"] == {"use_ir": True, "mu": 0.5, "span_score": "logits",
+                                             "p": 3, "top_k": 1}

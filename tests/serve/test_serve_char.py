@@ -19,6 +19,7 @@ import pytest
 
 from dil_jax.client import Client, ServiceError
 from dil_jax.errors import UsageError
+from dil_jax.open_domain.pruning import WindowPruning
 from dil_jax.samples import SAMPLE_PASSAGES
 from dil_jax.serve.loading import ReaderSpec, ReadSettings, default_specs, load_served_readers
 
@@ -109,6 +110,7 @@ def test_info_names_the_kind(server, kind):
     client, _ = server
     info = client.info()["readers"]["delayed"]
     assert (info["kind"], info["k"]) == (kind, 1)
+    assert info["pruning"] is None and info["pruned_requests"] is None
 
 
 def test_warm_up_enumerates_the_char_grids_programs(server):
@@ -250,5 +252,14 @@ def test_serve_loads_a_full_reader_beside_a_char_reader(char_reader, kind, tmp_p
     assert status == 0, err
     assert [(name, r.kind, r.k) for name, r in loaded.items()] == [("full", "encoder", 0),
                                                                    ("delayed", kind, 1)]
+    # --prune-windows calibrated (the default): the bundled full reader's H was calibrated at
+    # p = 29, so at --top-p 3 it reads with the exact stop; a char reader cannot prune (no
+    # LayerNorm-bounded span head) and reads every window.
+    assert loaded["full"].pruning == WindowPruning() and loaded["full"].pruned
+    assert loaded["delayed"].pruning is None and loaded["delayed"].pruned == {}
+    assert f"a {kind} reader does not end with" in loaded["delayed"].pruning_reason
+    status, _, err = run_cli([*common, "--prune-windows", "stop"], capsys)
+    assert status != 0 and "Traceback" not in err
+    assert f"--prune-windows stop: the delayed reader ({export}): window pruning" in err, err
     status, _, err = run_cli([*common, "--k", "2"], capsys)
     assert status != 0 and "--k 2 with --delayed-checkpoint" in err and "pass --k 1" in err

@@ -95,6 +95,9 @@ def test_the_page_shows_both_readers_answers_highlighted(page_url, browser, tmp_
         assert column.find_element(By.CLASS_NAME, "passage").text == "the answer is HERE"
         assert "read_pairs" in column.find_element(By.CLASS_NAME, "times").text
         assert "T0 (doc0-p0), BM25 rank 1" in column.text
+        # The fake readers do not prune (/v1/info), and read 5 pairs a question.
+        assert "reads every window" in column.text
+        assert "5 question × window pairs read" in column.text
     # No resource from anywhere but the server itself.
     resources = browser.execute_script(
         "return performance.getEntriesByType('resource').map(e => e.name)")
