@@ -28,6 +28,10 @@ def test_tiny_bidaf_learns_through_the_trainer(tmp_path):
         load_reader(tmp_path / "run" / "params", kind="qanet")
 
 
+# Slow (not in CI): resuming is the trainer's, the same for every reader family; CI resumes
+# runs to the same params in tests/train/test_train_loop.py and on whole groups in
+# tests/train/test_train_distractors.py.
+@pytest.mark.slow
 def test_a_resumed_bidaf_run_equals_the_uninterrupted_one(tmp_path):
     # The batch of a step and its dropout keys are pure functions of (seed, step), and the
     # checkpoint holds the whole train state (the frozen table and the optimizer's state of
