@@ -48,8 +48,8 @@ def test_predict_cli_end_to_end_with_the_default_minilm(tmp_path, monkeypatch, c
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.predict",
                                                  "dil_jax.commands.evaluate"))
     output = tmp_path / "out" / "preds.json"
-    code = cli.main(["predict", "--data", str(squad_file(V20)), "--output", str(output),
-                     "--allow-untrained-head", "--limit", "3", "--k", "3",
+    code = cli.main(["predict", "--checkpoint", "default", "--data", str(squad_file(V20)),
+                     "--output", str(output), "--allow-untrained-head", "--limit", "3", "--k", "3",
                      "--max-question-len", "24",
                      "--max-passage-len", "48", "--doc-stride", "24", "--batch-size", "4",
                      "--no-progress"])
@@ -70,8 +70,8 @@ def test_predict_cli_refuses_lengths_beyond_the_position_table(tmp_path, monkeyp
     from dil_jax import cli
 
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.predict",))
-    code = cli.main(["predict", "--data", str(squad_file(V11)), "--output",
-                     str(tmp_path / "p.json"), "--limit", "1", "--k", "0",
+    code = cli.main(["predict", "--checkpoint", "default", "--data", str(squad_file(V11)),
+                     "--output", str(tmp_path / "p.json"), "--limit", "1", "--k", "0",
                      "--allow-untrained-head",
                      "--max-question-len", "200", "--max-passage-len", "384", "--no-progress"])
     assert code == 1
@@ -111,3 +111,26 @@ def test_reading_again_with_the_same_model_compiles_nothing(tokenizer):
         counting[0] = False
     assert first > 0 and other_count > 0
     assert again == 0
+
+
+@pytest.mark.parametrize("k, role", [(None, "full"), (4, "delayed")])
+def test_predict_without_a_checkpoint_reads_the_bundled_reader_of_its_k(tmp_path, monkeypatch,
+                                                                        capsys, k, role):
+    """`ask`'s rule (`ReaderRequest.resolved`): no --checkpoint is the bundled reader of --k,
+    the full one without --k; not the embedded MiniLM, whose QA head is untrained."""
+    from dil_jax import cli
+    from dil_jax.defaults import bundled_reader
+
+    requested = []
+
+    def stop(request):
+        requested.append(request)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("dil_jax.commands.predict",))
+    monkeypatch.setattr("dil_jax.readers.load_requested", stop)
+    argv = ["predict", "--data", str(squad_file(V11)), "--output", str(tmp_path / "p.json"),
+            "--limit", "1", "--no-progress", *(["--k", str(k)] if k is not None else [])]
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert [r.checkpoint for r in requested] == [str(bundled_reader(role))]

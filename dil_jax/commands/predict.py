@@ -32,9 +32,11 @@ def register(subparsers) -> None:
         "predict", help="answer the questions of a SQuAD file",
         description="Reads a SQuAD v1.1/v2.0 JSON file with a reader checkpoint and writes the "
                     "official predictions format ({question id: answer}).")
-    parser.add_argument("--checkpoint", default="default",
-                        help="'default' (the embedded MiniLM), a Hugging Face folder, or a "
-                             "dil_jax (orbax) checkpoint folder")
+    parser.add_argument("--checkpoint", default=None,
+                        help="a reader folder (a Hugging Face or dil_jax export, or a dil_jax "
+                             "orbax checkpoint), a hub id, or 'default' (the embedded MiniLM, "
+                             "QA head untrained); default: the bundled reader of --k (the full "
+                             "one without --k), as `ask` picks it")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder (default: the checkpoint's own files)")
     parser.add_argument("--allow-untrained-head", action="store_true",
@@ -117,9 +119,10 @@ def check_lsh_flags(args: argparse.Namespace) -> None:
                 raise UsageError(f"--{flag.replace('_', '-')} needs --lsh-layers")
 
 
-def with_lsh_flags(reader: Reader, args: argparse.Namespace) -> Reader:
+def with_lsh_flags(reader: Reader, args: argparse.Namespace, checkpoint_name: str) -> Reader:
     """The Reader with the --lsh-* flags' LSH attention (the same params), or as it is: layers
-    of the BERT family, encoders of a QANet (`Reader.with_lsh_attention`)."""
+    of the BERT family, encoders of a QANet (`Reader.with_lsh_attention`); checkpoint_name: what
+    a refusal names."""
     from dil_jax.errors import UsageError
     from dil_jax.readers import LshLayersError
 
@@ -130,7 +133,7 @@ def with_lsh_flags(reader: Reader, args: argparse.Namespace) -> Reader:
                                          args.lsh_bucket_size, source="--lsh-layers")
     except LshLayersError as error:  # ConfigError (a bad layer) is named as it is
         raise UsageError(f"--lsh-layers {','.join(map(str, args.lsh_layers))}: "
-                         f"{args.checkpoint} {error}") from None
+                         f"{checkpoint_name} {error}") from None
 
 
 def check_reader_flags(args: argparse.Namespace, checkpoint: ResolvedCheckpoint,
@@ -151,9 +154,9 @@ def check_reader_flags(args: argparse.Namespace, checkpoint: ResolvedCheckpoint,
                "it has no no-answer score"}
     for flag, why in refused.items():
         if why:
-            raise UsageError(f"{flag}: {args.checkpoint} is a {kind} reader; {why}")
+            raise UsageError(f"{flag}: {checkpoint.name} is a {kind} reader; {why}")
     if version == "2.0" and not can.null_score:
-        raise UsageError(f"--data {args.data}: a SQuAD 2.0 file, but {args.checkpoint} is a "
+        raise UsageError(f"--data {args.data}: a SQuAD 2.0 file, but {checkpoint.name} is a "
                          f"{kind} reader without a no-answer score: give a SQuAD v1.1 file")
 
 
@@ -217,15 +220,18 @@ def run(args: argparse.Namespace) -> int:
         check_window_flags(args.max_passage_len, args.doc_stride)
     check_lsh_flags(args)
     require_file(args.data, "--data", "SQuAD file")
+    # Without --checkpoint: the bundled reader of --k (`ReaderRequest.resolved`, ask's rule).
+    request = ReaderRequest(args.checkpoint, args.k, args.max_question_len, args.tokenizer,
+                            require_qa_head=not args.allow_untrained_head).resolved()
     check_output_path(args.output, "--output",
-                      {"--data": args.data, "--checkpoint": _local(args.checkpoint),
+                      {"--data": args.data, "--checkpoint": _local(request.checkpoint),
                        "--tokenizer": args.tokenizer, "--cache-dir": args.cache_dir,
                        "--prescreen": _local(args.prescreen)})
     dataset = load_squad(args.data)
     examples = dataset.examples[:args.limit] if args.limit is not None else dataset.examples
     if not examples:
         raise InputFileError(f"--data {args.data}: no questions to answer")
-    checkpoint = resolve_reader_checkpoint(args.checkpoint)
+    checkpoint = resolve_reader_checkpoint(request.checkpoint)
     max_passage_len, doc_stride = reading_windows(args, checkpoint)
     check_reader_flags(args, checkpoint, dataset.version)
     recorded = checkpoint.recorded_null_threshold() if dataset.version == "2.0" else None
@@ -236,10 +242,8 @@ def run(args: argparse.Namespace) -> int:
                     "an answer)", args.data)
     if null_threshold is not None:
         log.info("null threshold %g (%s)", null_threshold, source)
-    reader = load_requested(ReaderRequest(args.checkpoint, args.k, args.max_question_len,
-                                          args.tokenizer,
-                                          require_qa_head=not args.allow_untrained_head))
-    reader = with_lsh_flags(reader, args)
+    reader = load_requested(request)
+    reader = with_lsh_flags(reader, args, checkpoint.name)
     prescreen = prescreen_from_args(args)
     started = time.perf_counter()
     report: dict = {}

@@ -394,8 +394,9 @@ def test_predict_reads_with_lsh_in_the_lower_blocks(tmp_path, capsys):
 
     def predict(name, *flags):
         output = tmp_path / f"{name}.json"
-        status, _, err = run_cli(["predict", "--data", str(squad), "--output", str(output),
-                                  "--k", "3", "--no-progress", "--allow-untrained-head",
+        status, _, err = run_cli(["predict", "--checkpoint", "default", "--data", str(squad),
+                                  "--output", str(output), "--k", "3", "--no-progress",
+                                  "--allow-untrained-head",
                                   *flags], capsys)
         assert status == 0, err
         return json.loads(output.read_text()), err
@@ -427,13 +428,13 @@ def test_predict_lsh_flags_are_checked():
 
     with pytest.raises(UsageError, match="--lsh-bucket-size needs --lsh-layers"):
         check_lsh_flags(flags(bucket=8))
-    assert with_lsh_flags(model, flags()) is model
-    config = with_lsh_flags(model, flags("lower", 4, 8)).config
+    assert with_lsh_flags(model, flags(), "reader") is model
+    config = with_lsh_flags(model, flags("lower", 4, 8), "reader").config
     assert (config.lsh_attention_layers, config.lsh_num_hashes, config.lsh_bucket_size) == (
         (0, 1), 4, 8)
-    assert with_lsh_flags(model, flags("1,3")).config.lsh_attention_layers == (1, 3)
+    assert with_lsh_flags(model, flags("1,3"), "reader").config.lsh_attention_layers == (1, 3)
     with pytest.raises(ConfigError, match="lsh_attention_layers"):
-        with_lsh_flags(model, flags("9"))
+        with_lsh_flags(model, flags("9"), "reader")
     with pytest.raises(UsageError, match="no lower blocks"):
         with_lsh_flags(EncoderReader(DelayedInteractionModel(_config()), params={}),
-                       flags("lower"))
+                       flags("lower"), "reader")
