@@ -39,14 +39,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from dil_jax.errors import DilJaxError
 
 if TYPE_CHECKING:
-    from dil_jax.open_domain.reader import OpenDomainReader
     from dil_jax.readers.protocol import Reader
 
 # Added to the bounds, as a share of their half-width: the span head runs in the reader's compute
@@ -432,9 +431,19 @@ def resolve_pruning(setting: PruningSetting, calibration: PruningCalibration | N
     return WindowPruning(high=high, mu=mu), why
 
 
-def with_setting(reader: OpenDomainReader, setting: PruningSetting,
+class PrunableReader(Protocol):
+    """What `with_setting` reads of a reader (an `OpenDomainReader`, which imports this
+    module: named by its shape, not imported, so the two modules make no circle)."""
+
+    span_score: str
+    top_p: int
+
+    def with_pruning(self, pruning: WindowPruning | None) -> PrunableReader: ...
+
+
+def with_setting(reader: PrunableReader, setting: PruningSetting,
                  calibration: PruningCalibration | None, mu: float | None
-                 ) -> tuple[OpenDomainReader, str]:
+                 ) -> tuple[PrunableReader, str]:
     """(`reader` with the pruning `resolve_pruning` gives it, why). A reader that cannot prune
     (no bound on its span head: QANet, BiDAF, XLNet) reads every window under CALIBRATED, and
     raises WindowPruningError under an explicit stop."""
