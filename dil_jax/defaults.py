@@ -76,6 +76,18 @@ def default_pair_chunk_size(platform: str) -> int:
     return PAIR_CHUNK_SIZE.get(platform, ACCELERATOR_PAIR_CHUNK_SIZE)
 
 
+# `--chunk-size auto` (dil_jax.open_domain.chunk_size): the sizes a start-up measurement may try,
+# from the platform's default outwards, and the share of the best throughput within which the
+# smaller size is chosen (it pads a batch's last chunk less). Each size tried compiles one pair
+# program and runs it CHUNK_PROBE_REPS + 1 times; no new size is tried after
+# CHUNK_PROBE_BUDGET_S seconds. Accelerators are measured only with `--chunk-size measure`.
+CPU_CHUNK_CANDIDATES = (4, 8, 16, 32)
+ACCELERATOR_CHUNK_CANDIDATES = (16, 32, 64, 128, 256)
+CHUNK_TOLERANCE = 0.05
+CHUNK_PROBE_REPS = 2
+CHUNK_PROBE_BUDGET_S = 15.0
+
+
 # ----------------------------------------------------------------------------- benchmark suites
 
 # `dil-jax bench --suite` (dil_jax.bench.suites): here rather than in dil_jax.bench, which imports
