@@ -159,6 +159,19 @@ def run(args: argparse.Namespace) -> int:
             sock.close()
 
 
+def reader_lines(readers) -> list[str]:
+    """The start log's lines of each served reader: its window pruning and its pairs per
+    chunk, each with why."""
+    lines = []
+    for name, served in readers.items():
+        shown = "all" if served.pruning is None else served.pruning.label
+        why = f" ({served.pruning_reason})" if served.pruning_reason else ""
+        lines.append(f"  window pruning of the {name} reader: {shown}{why}")
+        if served.chunk is not None:
+            lines.append(f"  pairs per chunk of the {name} reader: {served.chunk.reason}")
+    return lines
+
+
 def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
           sockets: list | None = None) -> int:
     """Runs uvicorn until SIGTERM / Ctrl-C: in-flight requests are answered first (uvicorn's
@@ -177,14 +190,8 @@ def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
                                          read_timeout_s=args.read_timeout))
     print(f"serving {', '.join(readers)} over {args.index} on http://{args.host}:{args.port}/ "
           "(compiling first: GET /readyz says when ready)", file=sys.stderr, flush=True)
-    for name, served in readers.items():
-        shown = "all" if served.pruning is None else served.pruning.label
-        why = f" ({served.pruning_reason})" if served.pruning_reason else ""
-        print(f"  window pruning of the {name} reader: {shown}{why}", file=sys.stderr,
-              flush=True)
-        if served.chunk is not None:
-            print(f"  pairs per chunk of the {name} reader: {served.chunk.reason}",
-                  file=sys.stderr, flush=True)
+    for line in reader_lines(readers):
+        print(line, file=sys.stderr, flush=True)
     run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5,
                sockets=sockets)
     if engine.worker.failure is not None:

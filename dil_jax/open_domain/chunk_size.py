@@ -334,11 +334,12 @@ def measure_chunk_sizes(reader: Any, candidates: Sequence[int], default: int,
 def resolve_chunk_size(setting: int | str | None, reader: Any,
                        env: Mapping[str, str] | None = None,
                        say: Callable[[str], None] | None = None,
-                       measure: Callable[..., dict[int, float]] = measure_chunk_sizes,
+                       measure: Callable[..., dict[int, float]] | None = None,
                        clock: Callable[[], float] = time.perf_counter) -> ChunkChoice:
     """The chunk size an `OpenDomainReader` reads with under `setting` (see the module
     docstring: an integer, AUTO, MEASURE or None), set on its grid, and why. say: told a
-    line before a measurement starts (it takes seconds). measure, clock: for tests."""
+    line before a measurement starts (it takes seconds). measure (None:
+    `measure_chunk_sizes`), clock: for tests."""
     if isinstance(setting, int) and not isinstance(setting, bool):
         if setting < 1:
             raise UsageError(f"--chunk-size {setting}: must be an integer >= 1, {AUTO!r} or "
@@ -381,7 +382,7 @@ def resolve_chunk_size(setting: int | str | None, reader: Any,
     log.info(line)
     if say is not None:
         say(line)
-    rates = measure(reader, candidates, default)
+    rates = (measure or measure_chunk_sizes)(reader, candidates, default)
     size = choose_chunk_size(rates)
     if records is not None:
         records.put(key, size, rates, clock() - began)

@@ -133,9 +133,11 @@ def pruning_info(served, max_p: int, mu: float) -> dict[str, Any]:
 def chunk_info(served) -> dict[str, Any]:
     """A reader's pairs per chunk as /v1/info shows it: the size, where it came from ("given",
     "measured now", "read from the record", "default") and why, in one line
-    (`chunk_size.ChunkChoice`); the grid's size and nulls for a reader loaded without one."""
+    (`chunk_size.ChunkChoice`); for a reader loaded without one, its grid's size (if any) and
+    nulls."""
     if getattr(served, "chunk", None) is None:
-        return {"chunk_size": served.reader.grid.chunk_size, "chunk_size_source": None,
+        grid = getattr(served.reader, "grid", None)
+        return {"chunk_size": getattr(grid, "chunk_size", None), "chunk_size_source": None,
                 "chunk_size_reason": None}
     return served.chunk.info()
 

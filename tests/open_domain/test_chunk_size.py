@@ -295,3 +295,57 @@ def test_a_measurement_times_the_readers_own_pair_program(k):
     reader.grid.read_pairs(reader.reader.params, q_lower, q_mask, p_source, p_mask, index,
                            index, **given)
     assert reader.grid._pair_fn._cache_size() == before
+
+
+# ----------------------------------------------------------------------------- the commands
+
+
+def test_serve_and_ask_choose_read_and_show_the_size(tmp_path, monkeypatch, capsys):
+    """`dil-jax serve` (the server itself not started: `serve` is replaced) measures each
+    reader once with its default `auto`, says so and why, and sets every batch shape's grid;
+    a second start reads the record; `ask --chunk-size measure` measures again."""
+    from dil_jax.commands import serve as serve_command
+    from dil_jax.defaults import bundled_reader
+
+    from tests.helpers import free_port
+    from tests.helpers.index import build_sample_index
+
+    if bundled_reader("full") is None or bundled_reader("delayed") is None:
+        pytest.skip("needs the bundled readers")
+    index, _ = build_sample_index(tmp_path, "--max-passage-len", "48", "--doc-stride", "24",
+                                  ks=("0", "4"))
+    path = tmp_path / "chunk_sizes.json"
+    monkeypatch.setenv(cs.ENV, str(path))
+    measure = FakeMeasure({8: 1.0, 16: 2.0})
+    monkeypatch.setattr(cs, "measure_chunk_sizes", measure)
+    loaded = {}
+
+    def capture(readers, limits, args, api_key, sockets=None) -> int:
+        loaded.clear()
+        loaded.update(readers)
+        return 0
+
+    monkeypatch.setattr(serve_command, "serve", capture)
+    common = ["serve", "--index", str(index), "--top-p", "3", "--max-question-len", "16",
+              "--port", str(free_port())]
+    status, _, err = run_cli(common, capsys)
+    assert status == 0, err
+    assert measure.calls == 2 and "measuring the pair program's chunk size" in err
+    for served in loaded.values():
+        assert (served.chunk.size, served.chunk.source) == (16, MEASURED)
+        assert {reader.grid.chunk_size for reader in served.shapes.values()} == {16}
+    assert len(json.loads(path.read_text())["records"]) == 2
+    lines = serve_command.reader_lines(loaded)
+    assert "  pairs per chunk of the full reader: 16, measured now (pairs/s 8: 1.0, 16: 2.0)" \
+        f", recorded in {path}" in lines
+    status, _, err = run_cli(common, capsys)
+    assert status == 0 and measure.calls == 2, err
+    assert {served.chunk.source for served in loaded.values()} == {RECORDED}
+    status, _, err = run_cli([*common, "--chunk-size", "4"], capsys)
+    assert status == 0 and {served.chunk.reason for served in loaded.values()} == {"4 (given)"}
+    status, out, err = run_cli(["ask", "Who wrote Pride and Prejudice?", "--index", str(index),
+                                "--k", "4", "--max-question-len", "16", "--top-p", "3",
+                                "--chunk-size", "measure"], capsys)
+    assert status == 0 and measure.calls == 3, err
+    assert "pairs per chunk for" in err and "16, measured now" in err
+    assert "Austen" in out
