@@ -52,6 +52,7 @@ from dil_jax.defaults import (
     default_pair_chunk_size,
 )
 from dil_jax.errors import UsageError
+from dil_jax.rounding import round_up
 
 log = logging.getLogger(__name__)
 
@@ -374,7 +375,10 @@ def resolve_chunk_size(setting: int | str | None, reader: Any,
         note = ("no record for this machine and reader" if setting is None else
                 "accelerators are measured only with --chunk-size measure")
         return ChunkChoice(grid.chunk_size, DEFAULT, note=note)
-    candidates = CPU_CHUNK_CANDIDATES if on_cpu else ACCELERATOR_CHUNK_CANDIDATES
+    # Every device reads an equal slice: sizes are multiples of the device count.
+    candidates = sorted({round_up(size, len(devices)) for size in
+                         (CPU_CHUNK_CANDIDATES if on_cpu else ACCELERATOR_CHUNK_CANDIDATES)})
+    default = round_up(default, len(devices))
     began = clock()
     line = (f"measuring the pair program's chunk size for {reader.reader.label} on this "
             "machine (a few seconds" + (f"; recorded in {path}, read at later starts)"
