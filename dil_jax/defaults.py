@@ -66,7 +66,9 @@ OPEN_DOMAIN_BATCH_SIZE = 8
 # temporaries stay small (at 64 pairs of 224 tokens the attention weights alone are ~150 MB), and
 # a batch's last chunk pads fewer pairs; 8 was the fastest of 64/32/16/8/4 in the chunk sweeps
 # (benchmarks/results/odqa_speed_chunks*.md, docs/open_domain.md). On accelerators a large chunk
-# keeps the device busy; 64 there is the earlier default, not measured on one.
+# keeps the device busy; 64 there is the earlier default, not measured on one. These are the
+# fallbacks: `--chunk-size auto` (serve's default) measures the machine's own
+# (dil_jax.open_domain.chunk_size), and ask / odqa-eval read that record when there is one.
 PAIR_CHUNK_SIZE = {"cpu": 8}
 ACCELERATOR_PAIR_CHUNK_SIZE = 64
 
