@@ -283,8 +283,9 @@ def measure_chunk_sizes(reader: Any, candidates: Sequence[int], default: int,
     through the reader's own grid and inputs (its question batch, its passage side padded as
     its reads pad it, the cached first-upper-block arrays where it reads them), every
     question and window at its full length (the widest program, the one a server compiles
-    first), in the hoist class of a whole batch: one call compiles it, then `reps` timed
-    calls, the fastest counted. The grid's chunk size is restored afterwards."""
+    first), in the hoist class of a whole batch of top_p windows a question: one call
+    compiles it, then `reps` timed calls, the fastest counted. The grid's chunk size is
+    restored afterwards."""
     import jax
     import numpy as np
 
@@ -295,15 +296,19 @@ def measure_chunk_sizes(reader: Any, candidates: Sequence[int], default: int,
     rows = np.zeros(1, np.int64)
     p_source, p_mask = reader._passage_side(rows)
     p_mask = np.ones_like(p_mask)
+    # The hoist class of a whole batch (`PairGrid.iter_pair_chunks`' rule): its questions
+    # reading top_p windows each, one per passage row.
     given: dict[str, Any] = {}
     plan = getattr(grid, "plan", None)
     if reader.reader.capabilities.pair_reuse and plan is not None and plan.hoists_projections:
-        given["q_qkv"] = grid.project_segments(params, q_lower)
+        pairs = grid.batch_size * getattr(reader, "top_p", 1)
+        if plan.projects(pairs, q_lower.shape[0]):
+            given["q_qkv"] = grid.project_segments(params, q_lower)
         if reader.reads_cached_reuse:
             given["p_qkv"], given["p_stats"] = reader._cached_reuse(rows)
-        else:
+        elif plan.projects_passages(pairs, p_source.shape[0], False):
             given["p_qkv"] = grid.project_segments(params, p_source)
-            if plan.passage_stats:
+            if plan.computes_passage_stats(pairs, p_source.shape[0], False):
                 given["p_stats"] = grid.passage_attention_stats(given["p_qkv"], p_mask)
     start = clock()
     kept = grid.chunk_size

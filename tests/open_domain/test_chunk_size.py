@@ -254,6 +254,7 @@ class TinyOpenDomainReader:
     tokens), no cached first-upper-block arrays."""
 
     reads_cached_reuse = False
+    top_p = 8  # a whole batch reads 16 pairs of 2 questions: they are projected once
 
     def __init__(self, k=1):
         import jax
@@ -287,7 +288,8 @@ def test_a_measurement_times_the_readers_own_pair_program(k):
     p_source, p_mask = reader._passage_side(None)
     index = np.zeros(size, np.int64)
     given = {}
-    if reader.grid.plan.hoists_projections:
+    if reader.grid.plan.hoists_projections:  # 16 pairs: both sides projected (min_reads 2)
+        assert reader.grid.plan.projects_passages(16, 3, False)
         given["q_qkv"] = reader.grid.project_segments(reader.reader.params, q_lower)
         given["p_qkv"] = reader.grid.project_segments(reader.reader.params, p_source)
         if reader.grid.plan.passage_stats:
