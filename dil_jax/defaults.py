@@ -66,7 +66,9 @@ OPEN_DOMAIN_BATCH_SIZE = 8
 # temporaries stay small (at 64 pairs of 224 tokens the attention weights alone are ~150 MB), and
 # a batch's last chunk pads fewer pairs; 8 was the fastest of 64/32/16/8/4 in the chunk sweeps
 # (benchmarks/results/odqa_speed_chunks*.md, docs/open_domain.md). On accelerators a large chunk
-# keeps the device busy; 64 there is the earlier default, not measured on one.
+# keeps the device busy; 64 there is the earlier default, not measured on one. These are the
+# fallbacks: `--chunk-size auto` (serve's default) measures the machine's own
+# (dil_jax.open_domain.chunk_size), and ask / odqa-eval read that record when there is one.
 PAIR_CHUNK_SIZE = {"cpu": 8}
 ACCELERATOR_PAIR_CHUNK_SIZE = 64
 
@@ -74,6 +76,18 @@ ACCELERATOR_PAIR_CHUNK_SIZE = 64
 def default_pair_chunk_size(platform: str) -> int:
     """Pairs per chunk for a reader whose devices are of `platform` ("cpu", "gpu", "tpu")."""
     return PAIR_CHUNK_SIZE.get(platform, ACCELERATOR_PAIR_CHUNK_SIZE)
+
+
+# `--chunk-size auto` (dil_jax.open_domain.chunk_size): the sizes a start-up measurement may try,
+# from the platform's default outwards, and the share of the best throughput within which the
+# smaller size is chosen (it pads a batch's last chunk less). Each size tried compiles one pair
+# program and runs it CHUNK_PROBE_REPS + 1 times; no new size is tried after
+# CHUNK_PROBE_BUDGET_S seconds. Accelerators are measured only with `--chunk-size measure`.
+CPU_CHUNK_CANDIDATES = (4, 8, 16, 32)
+ACCELERATOR_CHUNK_CANDIDATES = (16, 32, 64, 128, 256)
+CHUNK_TOLERANCE = 0.05
+CHUNK_PROBE_REPS = 2
+CHUNK_PROBE_BUDGET_S = 15.0
 
 
 # ----------------------------------------------------------------------------- benchmark suites

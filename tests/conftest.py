@@ -31,6 +31,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", "/tmp/dil_jax_test_jax_cache")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# `--chunk-size auto` (serve's default) neither reads the user's record of this machine nor
+# measures: the platform's default, as before it existed; tests/open_domain/test_chunk_size.py
+# points the record elsewhere to test it.
+os.environ.setdefault("DIL_JAX_CHUNK_SIZES", "off")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -105,6 +105,25 @@ window_len = option_type("max_passage_len")
 """Passage window length: at least one passage token and the [SEP]."""
 
 
+def chunk_size_setting(text: str) -> int | str:
+    """--chunk-size: pairs per step of the pair program, `auto` (measured once on this machine
+    for the reader, then read from the record) or `measure` (measured again)
+    (`dil_jax.open_domain.chunk_size`)."""
+    from dil_jax.open_domain.chunk_size import parse_setting
+
+    try:
+        return parse_setting(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+chunk_size_setting.__name__ = "chunk size"
+CHUNK_SIZE_HELP = ("pairs per step of the pair program: N, 'auto' (on CPU: measured once per "
+                   "machine and reader in a few seconds, then read from the record; "
+                   "accelerators: 64 unless measured) or 'measure' (measure again); "
+                   "docs/open_domain.md, \"Pairs per chunk\"")
+
+
 def cache_storage(text: str):
     """A passage cache storage scheme (--cache-dtype): float32, bfloat16, int8, pca<d> or
     pq<M>, as the `dil_jax.open_domain.cache.storage.Storage` the commands carry from here on
@@ -275,9 +294,10 @@ def add_reader_arguments(parser: argparse.ArgumentParser, many_k: bool) -> None:
                              "were trained with 32)")
     parser.add_argument("--batch-size", type=positive_int, default=OPEN_DOMAIN_BATCH_SIZE,
                         help="questions per batch")
-    parser.add_argument("--chunk-size", type=positive_int, default=None,
-                        help="pairs per device step (default: 8 on CPU, 64 on accelerators: "
-                        "dil_jax.defaults.default_pair_chunk_size)")
+    parser.add_argument("--chunk-size", type=chunk_size_setting, default=None,
+                        help=CHUNK_SIZE_HELP + "; default: the size recorded on this machine "
+                        "for the reader (by `serve` or an earlier 'auto'), else 8 on CPU and "
+                        "64 on accelerators, never measured")
     parser.add_argument("--span-score", choices=SPAN_SCORES, default="logits",
                         help="how passages' best spans compare: 'logits' (s_start + s_end, the "
                              "paper's) or 'margin' (less the window's no-answer score)"

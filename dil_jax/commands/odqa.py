@@ -189,10 +189,22 @@ def _open_reader(args, request, top_p, prescreen: bool = True, pruning=None,
             raise
         raise missing from error
     opened = OpenDomainReader(index, reader, cache, top_p=top_p,
-                              batch_size=args.batch_size, chunk_size=args.chunk_size,
+                              batch_size=args.batch_size,
                               prescreen=_reader_prescreen(args, index) if prescreen else None,
                               cached_reuse=not args.no_cached_reuse, span_score=args.span_score)
+    _chunk_size(opened, args.chunk_size)
     return _pruned(opened, pruning, request.checkpoint, mu)
+
+
+def _chunk_size(reader, setting) -> None:
+    """Sets the reader's pairs per chunk from --chunk-size (`chunk_size.resolve_chunk_size`:
+    N, 'auto', 'measure', or None: the record's, else the platform's); a measurement is
+    said on stderr (it takes seconds)."""
+    from dil_jax.open_domain.chunk_size import MEASURED, resolve_chunk_size
+
+    choice = resolve_chunk_size(setting, reader, say=lambda line: print(line, file=sys.stderr))
+    if choice.source == MEASURED:
+        print(f"pairs per chunk for {reader.reader.label}: {choice.reason}", file=sys.stderr)
 
 
 def _pruned(reader, setting, checkpoint, mu: float | None):

@@ -14,9 +14,11 @@ import os
 import sys
 
 from dil_jax.commands.arguments import (
+    CHUNK_SIZE_HELP,
     add_compilation_cache_arguments,
     add_pruning_argument,
     cache_storage,
+    chunk_size_setting,
     non_negative_int,
     option_type,
     positive_float,
@@ -97,8 +99,9 @@ def register(subparsers) -> None:
                         default=OPEN_DOMAIN_MAX_QUESTION_LEN,
                         help="tokens of `[CLS] question [SEP]` (the bundled readers were "
                              "trained with 32)")
-    parser.add_argument("--chunk-size", type=positive_int, default=None,
-                        help="pairs per step of the pair program (default: the platform's)")
+    parser.add_argument("--chunk-size", type=chunk_size_setting, default="auto",
+                        help=CHUNK_SIZE_HELP + "; the start log and /v1/info say which and "
+                                               "why")
     parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
                         metavar="STORAGE",
                         help="the storage the index's caches were built with (default: read "
@@ -148,11 +151,25 @@ def run(args: argparse.Namespace) -> int:
     # The port first: one in use is said now, not after loading and the warm-up.
     sockets = bind_sockets(args.host, args.port)
     try:
-        readers = load_served_readers(args.index, specs, settings)
+        readers = load_served_readers(args.index, specs, settings,
+                                      say=lambda line: print(line, file=sys.stderr, flush=True))
         return serve(readers, limits, args, api_key, sockets)
     finally:
         for sock in sockets:
             sock.close()
+
+
+def reader_lines(readers) -> list[str]:
+    """The start log's lines of each served reader: its window pruning and its pairs per
+    chunk, each with why."""
+    lines = []
+    for name, served in readers.items():
+        shown = "all" if served.pruning is None else served.pruning.label
+        why = f" ({served.pruning_reason})" if served.pruning_reason else ""
+        lines.append(f"  window pruning of the {name} reader: {shown}{why}")
+        if served.chunk is not None:
+            lines.append(f"  pairs per chunk of the {name} reader: {served.chunk.reason}")
+    return lines
 
 
 def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
@@ -173,11 +190,8 @@ def serve(readers, limits, args: argparse.Namespace, api_key: str | None,
                                          read_timeout_s=args.read_timeout))
     print(f"serving {', '.join(readers)} over {args.index} on http://{args.host}:{args.port}/ "
           "(compiling first: GET /readyz says when ready)", file=sys.stderr, flush=True)
-    for name, served in readers.items():
-        shown = "all" if served.pruning is None else served.pruning.label
-        why = f" ({served.pruning_reason})" if served.pruning_reason else ""
-        print(f"  window pruning of the {name} reader: {shown}{why}", file=sys.stderr,
-              flush=True)
+    for line in reader_lines(readers):
+        print(line, file=sys.stderr, flush=True)
     run_server(app, args.host, args.port, graceful_s=args.request_timeout + 5,
                sockets=sockets)
     if engine.worker.failure is not None:

@@ -46,6 +46,8 @@ Three sub-packages hold what an index is made of, and the modules here use them:
                     pair upper -> best span per passage -> score fusion (`format_answer`)
     answer_text.py  an answer as `dil-jax ask` shows it, read here or by a server (the
                     client imports it: the standard library only)
+    chunk_size.py   pairs per chunk chosen on this machine (`--chunk-size auto`): a short
+                    measurement of the reader's pair program, recorded per machine and reader
     scoring.py      answer candidates, span score rules, score fusion (`pick_answer`)
     abstention.py   "no answer found in the corpus": the threshold, its manifest record
     evaluate.py     OpenSQuAD-style R and EM/F1 of readers

@@ -87,6 +87,14 @@ class MeshGrid:
         # its own shape.
         self.shape_book: ShapeBook | None = None
 
+    def set_chunk_size(self, chunk_size: int) -> None:
+        """Reads pairs `chunk_size` at a time from now on (rounded up to a multiple of the
+        device count). The jitted programs take any chunk size (one compilation per shape);
+        a shape book of compiled shapes is the caller's to keep right (set it before one)."""
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.chunk_size = round_up(chunk_size, self.mesh.devices.size)
+
     def chunk_shape(self, signature: Hashable, pairs: int, q_width: int | None,
                     p_width: int | None, book: bool = True) -> ChunkShape:
         """The shape a chunk of `pairs` real pairs reading these widths runs at: its own

@@ -130,6 +130,18 @@ def pruning_info(served, max_p: int, mu: float) -> dict[str, Any]:
                                 "top_k": 1}}
 
 
+def chunk_info(served) -> dict[str, Any]:
+    """A reader's pairs per chunk as /v1/info shows it: the size, where it came from ("given",
+    "measured now", "read from the record", "default") and why, in one line
+    (`chunk_size.ChunkChoice`); for a reader loaded without one, its grid's size (if any) and
+    nulls."""
+    if getattr(served, "chunk", None) is None:
+        grid = getattr(served.reader, "grid", None)
+        return {"chunk_size": getattr(grid, "chunk_size", None), "chunk_size_source": None,
+                "chunk_size_reason": None}
+    return served.chunk.info()
+
+
 def key_matches(given: str | None, expected: str) -> bool:
     """Constant-time comparison (hmac.compare_digest), so the time of a refusal does not
     tell how many leading characters of a guess were right."""
@@ -313,7 +325,8 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
                           "layers": served.reader.reader.config.num_layers,
                           "checkpoint": shown_checkpoint(served.checkpoint),
                           "abstention": served.abstention is not None,
-                          **pruning_info(served, limits.max_p, engine.mu)}
+                          **pruning_info(served, limits.max_p, engine.mu),
+                          **chunk_info(served)}
                    for name, served in engine.readers.items()}
         first = next(iter(engine.readers.values())).reader
         return JSONResponse({"readers": readers, "passages": len(first.index.passages),

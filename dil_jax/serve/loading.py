@@ -40,7 +40,9 @@ class ReadSettings:
 
     top_p: int = 29
     batch_size: int = 8
-    chunk_size: int | None = None
+    # Pairs per chunk: N, "auto", "measure" or None (`open_domain.chunk_size.resolve_chunk_size`:
+    # `dil-jax serve` gives "auto"; None reads the machine's record, else the platform's).
+    chunk_size: int | str | None = None
     max_question_len: int = 32
     # How the index's caches were built (`--cache-dtype`); None: each cache's own.
     storage: Storage | None = None
@@ -84,6 +86,8 @@ class ServedReader:
     pruning: Any = None  # WindowPruning | None
     pruning_reason: str = ""
     pruned: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # Its pairs per chunk and why (`chunk_size.ChunkChoice`; None: not resolved, the grid's).
+    chunk: Any = None
 
     @property
     def k(self) -> int:
@@ -135,12 +139,15 @@ def load_spec_reader(spec: ReaderSpec, settings: ReadSettings) -> Any:
                                         k_flag=spec.k_flag, fix=fix))
 
 
-def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings
+def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadSettings,
+                        say: Callable[[str], None] | None = None
                         ) -> Mapping[str, ServedReader]:
     """Opens the index once and each reader over it, with its passage cache, abstention
     thresholds and window pruning (settings.pruning: `add_pruning`). Each reader pads
     every batch's passage side to the most windows one batch can read
-    (`shapes.passage_rows`), so its programs have one passage shape."""
+    (`shapes.passage_rows`), so its programs have one passage shape, and reads pairs
+    settings.chunk_size at a time (`chunk_size.resolve_chunk_size`, measured on that
+    passage shape; say: told a line before a measurement)."""
     from dil_jax.open_domain.abstention import abstention_of
     from dil_jax.open_domain.cache.missing import (
         THIS_READER,
@@ -150,6 +157,7 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
         missing_cache_message,
     )
     from dil_jax.open_domain.cache.store import CacheMismatchError
+    from dil_jax.open_domain.chunk_size import resolve_chunk_size
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.pruning import Calibrated, calibration_of
     from dil_jax.open_domain.reader import OpenDomainReader
@@ -187,17 +195,21 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
                 folder.with_name(f".{folder.name}.partial").exists())) from error
         reader = OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
                                   batch_size=settings.batch_size,
-                                  chunk_size=settings.chunk_size, span_score=settings.span_score)
+                                  span_score=settings.span_score)
         reader.passage_rows = passage_rows(index.windows.counts(settings.top_p),
                                            reader.grid.batch_size, settings.top_p)
-        def smaller(count: int, loaded=loaded, cache=cache) -> OpenDomainReader:
+        chunk = resolve_chunk_size(settings.chunk_size, reader, say=say)
+
+        def smaller(count: int, loaded=loaded, cache=cache, size=chunk.size
+                    ) -> OpenDomainReader:
             return OpenDomainReader(index, loaded, cache, top_p=settings.top_p,
-                                    batch_size=count, chunk_size=settings.chunk_size,
+                                    batch_size=count, chunk_size=size,
                                     span_score=settings.span_score)
 
         served[spec.name] = add_pruning(
             ServedReader(spec.name, spec.checkpoint, reader, abstentions[spec.name],
-                         shaped_readers(reader, settings.shape_counts(), smaller)),
+                         shaped_readers(reader, settings.shape_counts(), smaller),
+                         chunk=chunk),
             settings, calibrations[spec.name])
     return served
 
