@@ -23,10 +23,11 @@ from dil_jax.train.workdir import WORKDIR_MARK, workdir_problem
 from tests.helpers import REPO, run_cli
 from tests.helpers.training import QUICK, tiny_config, train_argv
 
-# The in-process runs here have num_train_steps STEPS (or, where a test changes it, STEPS - 1):
-# the learning-rate schedule's length is a constant of the compiled train step, so each other
-# length compiles the whole step again. Shorter runs stop with `stop_after_step`, as an
-# interrupted run does (checkpoints and data position as any run's).
+# The in-process runs here have num_train_steps STEPS (or, where a test changes it, STEPS - 1);
+# shorter runs stop with `stop_after_step` (tests/helpers/training.py's STEPS says why). Not
+# that STEPS (10): 5 and 4 are one schedule under tiny.py's 4 warm-up steps (up over 4 steps,
+# then a decay over max(total - 4, 1) = 1 step), so the tests that change the length compile
+# no second step for it; 10 and 9 are two.
 STEPS = 5
 
 

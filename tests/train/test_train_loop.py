@@ -11,17 +11,15 @@ from dil_jax.train.loop import train
 
 from tests.helpers.training import (
     BEST_BY_F1,
+    STEPS,
     flat_params,
     max_abs_diff,
     scripted_f1,
     tiny_config,
 )
 
-# Every run here has the same num_train_steps: the learning-rate schedule's length is a constant
-# of the compiled train step, so each other length compiles the whole step again. Shorter runs
-# stop with `stop_after_step`, as an interrupted run does (the checkpoints and data position are
-# those of any run; only the schedule's later learning rates, unused, differ).
-STEPS = 10
+# Every run here has num_train_steps STEPS (10; tests/helpers/training.py says why); shorter
+# runs stop with `stop_after_step`.
 
 
 def test_interrupted_run_resumes_to_the_same_params(tmp_path):
@@ -147,10 +145,10 @@ def test_evaluations_every_few_checkpoints_and_best_only_among_them(tmp_path):
                  "checkpoint.keep": 1, **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines if line["split"] == "eval"] == [4, 8, 10]
+    assert [line["step"] for line in lines if line["split"] == "eval"] == [4, 8, STEPS]
     assert result.best_step == 4
     steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2, keep=1).all_steps()
-    assert sorted(steps) == [4, 10]  # the best and the last
+    assert sorted(steps) == [4, STEPS]  # the best and the last
 
 
 def test_evaluations_must_fall_on_checkpoints(tmp_path):
