@@ -26,6 +26,15 @@ TINY_ENCODER = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=2,
                     max_question_len=8, num_lower_layers=1)
 # A few steps, no validation pass, no export: the cheapest run that writes checkpoints.
 QUICK = {"checkpoint.export_params": "false", "eval.use_validation_loss": "false"}
+# The num_train_steps of the tiny config's runs in tests/train/test_train_loop.py,
+# test_train_divergence.py and test_train_curves.py (test_reliability_train.py has its own): the
+# learning-rate schedule's length is a constant of the compiled train step, so every other length
+# compiles the whole step again (the compilation cache shares a program across tests, files and
+# processes only if its constants are the same). A test that needs a shorter run stops it with
+# `train(..., stop_after_step=n)`, as an interrupted run stops: the same data order, dropout keys
+# and checkpoint cadence; only each step's learning rate is not an n-step run's (none of these
+# tests asserts on it).
+STEPS = 10
 # The best checkpoint chosen by the F1 of the run's evaluate_fn (no validation loss pass).
 BEST_BY_F1 = {"checkpoint.best_metric": "f1", "checkpoint.best_mode": "max",
               "eval.use_validation_loss": "false"}

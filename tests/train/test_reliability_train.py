@@ -23,6 +23,13 @@ from dil_jax.train.workdir import WORKDIR_MARK, workdir_problem
 from tests.helpers import REPO, run_cli
 from tests.helpers.training import QUICK, tiny_config, train_argv
 
+# The in-process runs here have num_train_steps STEPS (or, where a test changes it, STEPS - 1);
+# shorter runs stop with `stop_after_step` (tests/helpers/training.py's STEPS says why). Not
+# that STEPS (10): 5 and 4 are one schedule under tiny.py's 4 warm-up steps (up over 4 steps,
+# then a decay over max(total - 4, 1) = 1 step), so the tests that change the length compile
+# no second step for it; 10 and 9 are two.
+STEPS = 5
+
 
 @pytest.mark.parametrize("override,named", [
     ("batch_size=0", "config.batch_size = 0: must be an integer >= 1"),
@@ -49,9 +56,10 @@ def test_override_of_the_wrong_type_names_key_value_and_type(tmp_path, capsys):
 
 def test_resume_with_another_model_shape_names_the_checkpoint_and_the_difference(
         tmp_path, capsys):
-    train(tiny_config(tmp_path, {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}))
+    train(tiny_config(tmp_path, {"num_train_steps": STEPS, "checkpoint.every_steps": 2, **QUICK}),
+          stop_after_step=2)
     saved_config = (tmp_path / "config.json").read_text()
-    status, _, err = run_cli(train_argv(tmp_path, "--config.num_train_steps=4",
+    status, _, err = run_cli(train_argv(tmp_path, f"--config.num_train_steps={STEPS}",
                                         "--config.model.encoder.num_layers=3"), capsys)
     assert status == 1
     assert f"{tmp_path / 'checkpoints'} step 2 holds another model" in err
@@ -75,16 +83,16 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ca
     """Steps without a digest record (written by older code): orbax's own read fails."""
     from dil_jax.train.checkpoint_digests import DIGESTS_FILE
 
-    overrides = {"num_train_steps": 4, "checkpoint.every_steps": 2, **QUICK}
-    train(tiny_config(tmp_path, overrides))
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, overrides), stop_after_step=4)
     (tmp_path / "checkpoints" / "4" / DIGESTS_FILE).unlink()
     _damage(tmp_path / "checkpoints" / "4")
     with caplog.at_level(logging.WARNING, logger="dil_jax.train.checkpointing"):
-        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 5}))
+        result = train(tiny_config(tmp_path, overrides))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("checkpoint step 4" in w and "cannot be read" in w for w in warnings)
     assert any("resuming from step 2" in w and "[4]" in w for w in warnings)
-    assert int(result.state.step) == 5
+    assert int(result.state.step) == STEPS
     # The damaged step was kept aside for inspection, not overwritten; 4 was trained again.
     assert (tmp_path / "checkpoints.broken" / "4" / "state").is_dir()
     assert 4 in TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps()
@@ -106,9 +114,9 @@ def test_a_flipped_byte_in_a_checkpoint_is_named_and_the_previous_step_resumes(
     files' sha256 once final; a changed file is named and the step set aside."""
     from dil_jax.train.checkpoint_digests import DIGESTS_FILE, step_file_digests
 
-    overrides = {"num_train_steps": 4, "checkpoint.every_steps": 2,
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2,
                  "checkpoint.async_save": async_save, **QUICK}
-    train(tiny_config(tmp_path, overrides))
+    train(tiny_config(tmp_path, overrides), stop_after_step=4)
     for step in (2, 4):  # the record is complete: every file, the same bytes as on disk now
         step_dir = tmp_path / "checkpoints" / str(step)
         assert json.loads((step_dir / DIGESTS_FILE).read_text()) == step_file_digests(step_dir)
@@ -118,17 +126,17 @@ def test_a_flipped_byte_in_a_checkpoint_is_named_and_the_previous_step_resumes(
     content[len(content) // 2] ^= 0x01
     data.write_bytes(bytes(content))
     with caplog.at_level(logging.WARNING, logger="dil_jax.train.checkpointing"):
-        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 5}))
+        result = train(tiny_config(tmp_path, overrides))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("checkpoint step 4" in w and "bytes changed on disk after the save" in w
                and str(data) in w for w in warnings), warnings
     assert any("resuming from step 2" in w for w in warnings), warnings
-    assert int(result.state.step) == 5
+    assert int(result.state.step) == STEPS
     assert (tmp_path / "checkpoints.broken" / "4").is_dir()
 
 
 def test_metrics_have_each_step_once_after_an_interrupted_run_resumes(tmp_path):
-    overrides = {"num_train_steps": 5, "checkpoint.every_steps": 2, "log.every_steps": 1,
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, "log.every_steps": 1,
                  **QUICK}
     train(tiny_config(tmp_path, overrides), stop_after_step=3)  # step 3 is after checkpoint 2
     train(tiny_config(tmp_path, overrides))
@@ -205,7 +213,8 @@ def test_the_loop_bounds_its_queue_at_every_step(tmp_path, monkeypatch):
     bounded = loop.wait_for_steps_in_flight
     monkeypatch.setattr(loop, "wait_for_steps_in_flight",
                         lambda in_flight, metrics: calls.append(bounded(in_flight, metrics)))
-    train(tiny_config(tmp_path, {"num_train_steps": 3, "checkpoint.every_steps": 3, **QUICK}))
+    train(tiny_config(tmp_path, {"num_train_steps": STEPS, "checkpoint.every_steps": 3, **QUICK}),
+          stop_after_step=3)
     assert len(calls) == 3
 
 
@@ -232,8 +241,9 @@ def test_reachable_errors_of_the_train_command_are_reported_not_traced(tmp_path,
                               "--print-config"], capsys)
     assert status == 1 and "unknown variant 'k7'" in err
     with pytest.raises(CheckpointError, match="data order"):
-        train(tiny_config(tmp_path / "order", {"num_train_steps": 2, **QUICK}))
-        train(tiny_config(tmp_path / "order", {"num_train_steps": 4, "data_seed": 5, **QUICK}))
+        order = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, **QUICK}
+        train(tiny_config(tmp_path / "order", order), stop_after_step=2)
+        train(tiny_config(tmp_path / "order", {**order, "data_seed": 5}))
 
 
 # ----------------------------------------------------------------------------- workdir ownership
@@ -289,14 +299,15 @@ def test_train_refuses_an_empty_workdir_instead_of_writing_into_the_current_fold
 
 def test_workdirs_written_by_train_resume_whatever_they_hold(tmp_path, capsys):
     run = tmp_path / "run"
-    train(tiny_config(run, {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}))
+    train(tiny_config(run, {"num_train_steps": STEPS, "checkpoint.every_steps": 2, **QUICK}),
+          stop_after_step=2)
     assert (run / WORKDIR_MARK).is_file()
     (run / "notes.txt").write_text("mine")  # the mark says the folder is train's
-    assert run_cli(train_argv(run, "--config.num_train_steps=3",
+    assert run_cli(train_argv(run, f"--config.num_train_steps={STEPS - 1}",
                               "--config.checkpoint.every_steps=2"), capsys)[0] == 0
     # Written by older code (no mark): checkpoints/ identifies it.
     (run / WORKDIR_MARK).unlink()
-    assert run_cli(train_argv(run, "--config.num_train_steps=4",
+    assert run_cli(train_argv(run, f"--config.num_train_steps={STEPS}",
                               "--config.checkpoint.every_steps=2"), capsys)[0] == 0
     # An older run stopped before its first checkpoint: only train's own files.
     early = tmp_path / "early"
@@ -313,18 +324,18 @@ def test_workdirs_written_by_train_resume_whatever_they_hold(tmp_path, capsys):
 
 def test_resume_with_another_config_warns_by_key_and_keeps_the_previous_config(
         tmp_path, caplog):
-    overrides = {"num_train_steps": 2, "checkpoint.every_steps": 2, **QUICK}
-    train(tiny_config(tmp_path, overrides))
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, **QUICK}
+    train(tiny_config(tmp_path, overrides), stop_after_step=2)
     first = json.loads((tmp_path / "config.json").read_text())
     with caplog.at_level(logging.WARNING, logger="dil_jax.train.workdir"):
-        train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
+        train(tiny_config(tmp_path, {**overrides, "num_train_steps": STEPS - 1,
                                      "optim.learning_rate": 1e-3}))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     changed = [w for w in warnings if "the config differs" in w]
     assert len(changed) == 1, warnings
-    # tiny.py's learning rate is 3e-3 and its num_train_steps was overridden to 2 above.
+    # tiny.py's learning rate is 3e-3 and its num_train_steps was overridden to 5 above.
     assert "optim.learning_rate 0.003 -> 0.001" in changed[0]
-    assert "num_train_steps 2 -> 3" in changed[0] and "from step 2" in changed[0]
+    assert "num_train_steps 5 -> 4" in changed[0] and "from step 2" in changed[0]
     history = [json.loads(line) for line in
                (tmp_path / "config_history.jsonl").read_text().splitlines()]
     assert len(history) == 1 and history[0]["config"] == first
@@ -332,7 +343,7 @@ def test_resume_with_another_config_warns_by_key_and_keeps_the_previous_config(
     assert json.loads((tmp_path / "config.json").read_text())["optim"]["learning_rate"] == 1e-3
     # The same config again: nothing changed, nothing added.
     caplog.clear()
-    train(tiny_config(tmp_path, {**overrides, "num_train_steps": 3,
+    train(tiny_config(tmp_path, {**overrides, "num_train_steps": STEPS - 1,
                                  "optim.learning_rate": 1e-3}))
     assert not any("the config differs" in r.getMessage() for r in caplog.records)
     assert len((tmp_path / "config_history.jsonl").read_text().splitlines()) == 1
@@ -426,10 +437,12 @@ def test_a_file_size_limit_during_train_is_one_line_and_the_rerun_resumes(tmp_pa
     said what happened: absl's records of each failed thread and tensorstore's writes then in
     flight finding the event loop orbax had closed ("Event loop is closed")."""
     overrides = {"checkpoint.every_steps": 2, **QUICK}
-    train(tiny_config(tmp_path, {**overrides, "num_train_steps": 2}))  # checkpoint 2
+    train(tiny_config(tmp_path, {**overrides, "num_train_steps": STEPS - 1}),
+          stop_after_step=2)  # checkpoint 2
     # Orbax's asynchronous save (the default) and no compilation cache: a cache entry cut short
     # by the limit would stay (JAX writes entries in place, never again once present).
-    argv = train_argv(tmp_path, "--config.num_train_steps=4", "--config.checkpoint.every_steps=2",
+    argv = train_argv(tmp_path, f"--config.num_train_steps={STEPS - 1}",
+                      "--config.checkpoint.every_steps=2",
                       "--config.checkpoint.async_save=true", "--no-compilation-cache")
     # 40 KB: every save of the tiny model writes its tree's metadata (state/_METADATA, ~47 KB),
     # so the limit always stops the save of step 4. Its data files would not: how many there
@@ -448,7 +461,7 @@ def test_a_file_size_limit_during_train_is_one_line_and_the_rerun_resumes(tmp_pa
         "config.workdir, then rerun the same command: training resumes from the last complete "
         "checkpoint (step 2)"], err
     with caplog.at_level(logging.INFO, logger="dil_jax.train.loop"):
-        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 4}))
+        result = train(tiny_config(tmp_path, {**overrides, "num_train_steps": STEPS - 1}))
     assert int(result.state.step) == 4
     assert any("resumed from step 2" in r.getMessage() for r in caplog.records)
     assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).latest_step() == 4

@@ -74,7 +74,7 @@ def test_plot_of_a_metrics_file_without_rows_is_refused(tmp_path, capsys):
 def test_train_redraws_curves_png_at_each_evaluation(tmp_path, monkeypatch):
     from dil_jax.train.loop import train
 
-    from tests.helpers.training import BEST_BY_F1, tiny_config
+    from tests.helpers.training import BEST_BY_F1, STEPS, tiny_config
 
     drawn_through = []
     real = curves.draw_curves
@@ -85,15 +85,17 @@ def test_train_redraws_curves_png_at_each_evaluation(tmp_path, monkeypatch):
         return real(metrics_file, *args, **kwargs)
 
     monkeypatch.setattr(curves, "draw_curves", recording)
-    overrides = {"num_train_steps": 6, "checkpoint.every_steps": 2, "eval.every_steps": 4,
+    # num_train_steps STEPS = 10 (tests/helpers/training.py says why): evaluations at 4 and 8,
+    # then (resumed) at the last step, 10, not a multiple of 4.
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, "eval.every_steps": 4,
                  "log.every_steps": 1, **BEST_BY_F1}
+    train(tiny_config(tmp_path, overrides), stop_after_step=8,
+          evaluate_fn=lambda params: {"exact": 1.0, "f1": 2.0})
+    assert drawn_through == [4, 8]  # every evaluation, each with its own row
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
     train(tiny_config(tmp_path, overrides),
           evaluate_fn=lambda params: {"exact": 1.0, "f1": 2.0})
-    assert drawn_through == [4, 6]  # every evaluation, each with its own row
-    assert (tmp_path / "curves.png").read_bytes().startswith(PNG_MAGIC)
-    train(tiny_config(tmp_path, {**overrides, "num_train_steps": 8}),
-          evaluate_fn=lambda params: {"exact": 1.0, "f1": 2.0})
-    assert drawn_through == [4, 6, 8]
+    assert drawn_through == [4, 8, STEPS]
 
 
 def test_a_workdir_holding_curves_png_is_still_trains_own(tmp_path):

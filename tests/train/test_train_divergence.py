@@ -21,11 +21,15 @@ from tests.helpers import run_cli
 from tests.helpers.training import (
     BEST_BY_F1,
     QUICK,
+    STEPS,
     flat_params,
     scripted_f1,
     tiny_config,
     train_argv,
 )
+
+# The finite runs here have num_train_steps STEPS (tests/helpers/training.py says why); shorter
+# runs stop with `stop_after_step`.
 
 
 def _all_finite(tree) -> bool:
@@ -94,8 +98,8 @@ def test_cli_run_with_a_huge_learning_rate_fails_with_one_line_and_saves_only_fi
 
 def test_a_checkpoint_holding_nan_is_set_aside_and_the_previous_one_resumed(tmp_path, caplog):
     # What a diverged run of older code saved, or bytes changed on disk that still decode.
-    overrides = {"num_train_steps": 4, "checkpoint.every_steps": 2, **QUICK}
-    first = train(tiny_config(tmp_path, overrides))
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, **QUICK}
+    first = train(tiny_config(tmp_path, overrides), stop_after_step=4)
     checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2, best_metric=None,
                                      async_save=False)
     meta = json.loads((tmp_path / "checkpoints" / "4" / "meta" / "metadata").read_text())
@@ -105,7 +109,7 @@ def test_a_checkpoint_holding_nan_is_set_aside_and_the_previous_one_resumed(tmp_
     checkpointer.save(4, first.state.replace(params=params), meta, force=True)
     checkpointer.close()
     with caplog.at_level(logging.WARNING, logger="dil_jax.train.checkpointing"):
-        resumed = train(tiny_config(tmp_path, {**overrides, "num_train_steps": 5}))
+        resumed = train(tiny_config(tmp_path, overrides), stop_after_step=5)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("checkpoint step 4" in w and "non-finite values (NaN/Inf) in "
                "params/qa_outputs" in w for w in warnings), warnings
@@ -149,14 +153,14 @@ def test_a_nan_metric_saved_by_older_code_ranks_last(tmp_path):
 
 
 def test_a_nan_evaluation_does_not_replace_the_best_export(tmp_path):
-    evaluate_fn, _ = scripted_f1(10.0, 20.0, math.nan)
-    overrides = {"num_train_steps": 3, "checkpoint.every_steps": 1, "checkpoint.keep": 1,
+    evaluate_fn, _ = scripted_f1(10.0, 20.0, *[math.nan] * (STEPS - 2))
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 1, "checkpoint.keep": 1,
                  **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     assert result.best_step == 2
     assert json.loads((tmp_path / "params" / "trained_from.json").read_text())["step"] == 2
     steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=1, best_metric="f1").all_steps()
-    assert steps == [2, 3]  # the best and the last
+    assert steps == [2, STEPS]  # the best and the last
 
 
 def test_export_refuses_a_best_checkpoint_that_went_nan_on_disk(tmp_path):

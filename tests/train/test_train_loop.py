@@ -11,15 +11,19 @@ from dil_jax.train.loop import train
 
 from tests.helpers.training import (
     BEST_BY_F1,
+    STEPS,
     flat_params,
     max_abs_diff,
     scripted_f1,
     tiny_config,
 )
 
+# Every run here has num_train_steps STEPS (10; tests/helpers/training.py says why); shorter
+# runs stop with `stop_after_step`.
+
 
 def test_interrupted_run_resumes_to_the_same_params(tmp_path):
-    overrides = {"num_train_steps": 9, "checkpoint.every_steps": 4}
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 4}
     straight = train(tiny_config(tmp_path / "straight", overrides))
     # Stop after step 6: the latest checkpoint is step 4, so steps 5-6 are redone on resume,
     # from the restored data position and dropout key.
@@ -29,7 +33,7 @@ def test_interrupted_run_resumes_to_the_same_params(tmp_path):
     assert TrainCheckpointer(tmp_path / "interrupted" / "checkpoints",
                              every_steps=4).latest_step() == 4
     resumed = train(interrupted)
-    assert int(resumed.state.step) == 9
+    assert int(resumed.state.step) == STEPS
     assert max_abs_diff(flat_params(straight.state.params),
                         flat_params(resumed.state.params)) < 1e-6
     meta = json.loads((tmp_path / "interrupted" / "checkpoints" / "8" / "meta" /
@@ -41,7 +45,7 @@ def test_interrupted_run_resumes_to_the_same_params(tmp_path):
 
 
 def test_checkpoints_keep_last_k_plus_best_metrics_and_export(tmp_path):
-    result = train(tiny_config(tmp_path, {"num_train_steps": 12, "checkpoint.every_steps": 2,
+    result = train(tiny_config(tmp_path, {"num_train_steps": STEPS, "checkpoint.every_steps": 2,
                                           "checkpoint.keep": 2, "log.tensorboard": "true"}))
     steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2,
                               best_metric="val_loss", best_mode="min").all_steps()
@@ -49,7 +53,7 @@ def test_checkpoints_keep_last_k_plus_best_metrics_and_export(tmp_path):
     evals = {line["step"]: line["val_loss"] for line in lines if line["split"] == "eval"}
     best = min(evals, key=evals.get)
     assert result.best_step == best
-    assert sorted(steps) == sorted({10, 12, best})
+    assert sorted(steps) == sorted({STEPS - 2, STEPS, best})
     assert any(line["split"] == "train" and "examples_per_sec" in line for line in lines)
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     trained_from = json.loads((tmp_path / "params" / "trained_from.json").read_text())
@@ -62,7 +66,8 @@ def test_checkpoints_keep_last_k_plus_best_metrics_and_export(tmp_path):
 
 
 def test_resume_ignores_a_half_written_step_and_refuses_another_data_order(tmp_path):
-    train(tiny_config(tmp_path, {"num_train_steps": 2, "checkpoint.every_steps": 2}))
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2}
+    train(tiny_config(tmp_path, overrides), stop_after_step=2)
     # What a save killed mid-write leaves: orbax's temporary folder, never renamed to "4".
     partial = tmp_path / "checkpoints" / "4.orbax-checkpoint-tmp" / "state"
     partial.mkdir(parents=True)
@@ -70,12 +75,11 @@ def test_resume_ignores_a_half_written_step_and_refuses_another_data_order(tmp_p
     checkpointer = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2)
     assert checkpointer.latest_step() == 2 and checkpointer.all_steps() == [2]
     # Resuming restores step 2 and writes step 4 over the leftover.
-    assert int(train(tiny_config(tmp_path, {"num_train_steps": 4,
-                                            "checkpoint.every_steps": 2})).state.step) == 4
+    assert int(train(tiny_config(tmp_path, overrides), stop_after_step=4).state.step) == 4
     assert checkpointer.latest_step() is not None
     assert TrainCheckpointer(tmp_path / "checkpoints", every_steps=2).all_steps() == [2, 4]
     with pytest.raises(ValueError, match="data order"):
-        train(tiny_config(tmp_path, {"num_train_steps": 6, "data_seed": 5}))
+        train(tiny_config(tmp_path, {**overrides, "data_seed": 5}))
 
 
 def test_data_order_is_a_function_of_seed_and_step():
@@ -100,7 +104,7 @@ def test_features_are_validated():
 def test_early_stopping_stops_after_patience_and_exports_the_best(tmp_path):
     # F1 by evaluation (one per step): best at step 2, then 2 evaluations without a new best.
     evaluate_fn, f1_by_call = scripted_f1(10.0, 20.0, 15.0, 12.0, 30.0, 40.0)
-    overrides = {"num_train_steps": 6, "checkpoint.every_steps": 1, "eval.patience": 2,
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 1, "eval.patience": 2,
                  **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     assert result.stopped_early and int(result.state.step) == 4 and result.best_step == 2
@@ -137,14 +141,14 @@ def test_evaluations_every_few_checkpoints_and_best_only_among_them(tmp_path):
         evaluated_at.append(len(evaluated_at))
         return {"exact": 0.0, "f1": next(f1_by_call)}
 
-    overrides = {"num_train_steps": 10, "checkpoint.every_steps": 2, "eval.every_steps": 4,
+    overrides = {"num_train_steps": STEPS, "checkpoint.every_steps": 2, "eval.every_steps": 4,
                  "checkpoint.keep": 1, **BEST_BY_F1}
     result = train(tiny_config(tmp_path, overrides), evaluate_fn=evaluate_fn)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines if line["split"] == "eval"] == [4, 8, 10]
+    assert [line["step"] for line in lines if line["split"] == "eval"] == [4, 8, STEPS]
     assert result.best_step == 4
     steps = TrainCheckpointer(tmp_path / "checkpoints", every_steps=2, keep=1).all_steps()
-    assert sorted(steps) == [4, 10]  # the best and the last
+    assert sorted(steps) == [4, STEPS]  # the best and the last
 
 
 def test_evaluations_must_fall_on_checkpoints(tmp_path):
