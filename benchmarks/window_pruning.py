@@ -409,20 +409,21 @@ def batch_stop(data: dict[str, Any], batch: list[np.ndarray], scores: np.ndarray
                ) -> list[np.ndarray]:
     """The pairs each question of a batch (its pair indices, in retrieval order) reads under
     the early stop, round by round as `OpenDomainReader._read_until_settled` reads them: the
-    same schedule (`round_passages`) and settle test (`settled_questions`), on these pairs'
+    same schedule (`round_depths`) and settle test (`settled_questions`), on these pairs'
     scores (`scores`: the rule's, [n_pairs])."""
     from dil_jax.open_domain.pruning import settled_questions
-    from dil_jax.open_domain.reader import round_passages
+    from dil_jax.open_domain.reader import passage_windows, round_depths
 
     pairs = np.concatenate(batch)
     question = np.concatenate([np.full(len(p), q) for q, p in enumerate(batch)])
     rank, bm25 = data["rank"][pairs], data["bm25"][pairs]
     reader = np.where(np.isfinite(data["best_span"][pairs]), scores[pairs] / 2, -np.inf)
     read = np.zeros(len(pairs), bool)
+    windows = passage_windows(question, rank)
     depth = np.zeros(len(batch), np.int64)
     unsettled = [q for q, p in enumerate(batch) if len(p)]
     while unsettled:
-        depth[unsettled] += round_passages(stage, chunk_size, len(unsettled))
+        depth = round_depths(depth, unsettled, windows, stage, chunk_size)
         read |= np.isin(question, unsettled) & (rank < depth[question])
         settled = set(settled_questions(question, rank, reader, bm25, read, bounds, mu,
                                         unsettled))

@@ -16,8 +16,9 @@ before the upper blocks run. What does hold:
   and the best an unread one could reach (r at the bound, the highest unread b) at both ends
   of that interval is the answer of the full read, whatever the unread passages score.
 
-`WindowPruning` reads each question's passages in BM25 order, a few at a time (`stage` or more:
-`dil_jax.open_domain.reader.round_passages`), and stops a question once its answer is settled
+`WindowPruning` reads each question's passages in BM25 order, round by round (`stage` first,
+then at least doubling: `dil_jax.open_domain.reader.round_depths`), and stops a question once
+its answer is settled
 (the reader's `_read_until_settled`). With the bound it is exact: the answer (text, passage,
 reader score) is that of reading every window, for the span score rule and fusion weight it was
 settled for; a candidate list holds the read passages only. With `high` in place of the bound
@@ -61,9 +62,9 @@ class WindowPruningError(DilJaxError, ValueError):
 class WindowPruning:
     """Which windows of a question's retrieved passages the upper blocks read.
 
-    Read the passages in BM25 order, at least `stage` passages a question a round, and stop
-    once the answer is settled (`answer_settled`) for the fusion weight `mu` (None: the reader
-    alone).
+    Read the passages in BM25 order, `stage` passages a question first, then at least doubling
+    the depth each round (`round_depths`), and stop once the answer is settled
+    (`answer_settled`) for the fusion weight `mu` (None: the reader alone).
     high: None, the reader's own bound on any reader score (exact); else the reader score no
     unread passage is assumed to exceed (approximate; calibrated: docs/open_domain.md).
     """

@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -73,6 +74,7 @@ from dil_jax.open_domain.scoring import (
     pick_answer,
 )
 from dil_jax.readers.protocol import TokenRows
+from dil_jax.reading.chunks import padded_pairs
 from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
 from dil_jax.tokenization import encode_questions
@@ -91,6 +93,72 @@ class ReaderScoreError(DilJaxError, ValueError):
 def _pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
     """array [n, ...] zero-padded to [rows, ...]."""
     return np.pad(array, ((0, rows - array.shape[0]),) + ((0, 0),) * (array.ndim - 1))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_first_rows(buffers, values):
+    """`buffers` (a tree of [rows, ...] arrays) with their first n rows replaced by `values`'
+    ([n, ...] each, n <= rows), in place: the buffers are donated, so only n rows are written."""
+    return jax.tree.map(
+        lambda buffer, new: jax.lax.dynamic_update_slice_in_dim(buffer, new.astype(buffer.dtype),
+                                                                0, axis=0), buffers, values)
+
+
+# The buffers of `ResidentRows`: the passage side and the cached first-upper-block arrays.
+PASSAGE_SIDE, CACHED_REUSE = "passage_side", "cached_reuse"
+
+
+class ResidentRows:
+    """A served reader's passage side, kept on its devices at the fixed `passage_rows`.
+
+    A server pads every read's passage side to one row count, so that its pair programs have one
+    passage shape (dil_jax.serve.shapes). Padding a fresh copy each read costs a whole
+    [passage_rows, p_len, hidden] array of float32 written and placed on the devices: for a lone
+    question's pruned round of a few windows that was much of its time (measured in
+    docs/serving.md). Here each read writes only its own rows, packed first, into buffers
+    that stay on the devices (`_write_first_rows`, donated: in place). Rows past them hold an
+    earlier read's values, which no pair reads (a pair's passage index is one of this read's
+    rows) and which the mask, built fresh each read, marks as padding. A write of n rows runs
+    at n rounded up to a power of two (`write_rows`), so a reader has log2(passage_rows)
+    programs of it (`compile_writes`). Shared by a reader's copies (`with_pruning`), used from
+    the one thread that reads (the server's worker): not thread-safe."""
+
+    def __init__(self, rows: int, sharding) -> None:
+        self.rows, self.sharding = rows, sharding
+        self._buffers: dict[str, object] = {}
+
+    def write_rows(self, name: str, values):
+        """The `name` buffers (a tree of [rows, ...] device arrays) with `values` (the same tree
+        of [n, ...] numpy arrays, 0 <= n <= rows) as their first rows. The arrays returned by an
+        earlier call for `name` are deleted (donated): hold only the latest."""
+        n = jax.tree.leaves(values)[0].shape[0]
+        if n > self.rows:
+            raise ValueError(f"{n} rows to write: the passage side holds at most {self.rows}")
+        buffers = self._buffers.get(name)
+        if buffers is None:
+            buffers = jax.tree.map(lambda array: jax.device_put(
+                np.zeros((self.rows, *np.shape(array)[1:]), np.asarray(array).dtype),
+                self.sharding), values)
+        if n == 0:  # a read with nothing retrieved: no pair reads the passage side
+            self._buffers[name] = buffers
+            return buffers
+        padded = min(self.rows, 1 << (n - 1).bit_length())
+        values = jax.tree.map(lambda array: _pad_rows(np.asarray(array), padded), values)
+        self._buffers[name] = _write_first_rows(buffers, jax.device_put(values, self.sharding))
+        return self._buffers[name]
+
+    def compile_writes(self, name: str, example) -> None:
+        """Compiles every write size of the `name` buffers (`example`: a tree of [n, ...]
+        arrays of their dtypes and trailing shapes), so that no read compiles one."""
+        n = 1
+        while True:
+            size = min(n, self.rows)
+            self.write_rows(name, jax.tree.map(
+                lambda array, size=size: np.zeros((size, *np.shape(array)[1:]),
+                                                  np.asarray(array).dtype), example))
+            if size == self.rows:
+                return
+            n *= 2
 
 
 def check_read_lengths(reader: Reader, max_passage_len: int) -> None:
@@ -210,10 +278,50 @@ def _take_scores(scores: SpanScores, rows: np.ndarray) -> SpanScores:
     return SpanScores(*(np.asarray(values)[rows] for values in scores.arrays))
 
 
-def round_passages(stage: int, chunk_size: int, unsettled: int) -> int:
-    """Passages each of `unsettled` questions reads in a round of a pruned read: `stage`, or
-    more when few questions are left, so that a round reads about one chunk of pairs."""
-    return max(stage, chunk_size // max(unsettled, 1))
+def passage_windows(pair_question: np.ndarray, pair_rank: np.ndarray) -> np.ndarray:
+    """[n_questions, max_hits] each question's passages' window counts in BM25 order (0 past
+    its last), from its pairs' questions and passage ranks [n_pairs] (a pair is a window)."""
+    pair_question = np.asarray(pair_question, np.int64)
+    pair_rank = np.asarray(pair_rank, np.int64)
+    windows = np.zeros((int(pair_question.max(initial=-1)) + 1,
+                        int(pair_rank.max(initial=-1)) + 1), np.int64)
+    np.add.at(windows, (pair_question, pair_rank), 1)
+    return windows
+
+
+def round_depths(depth: np.ndarray, unsettled: Sequence[int], windows: np.ndarray,
+                 stage: int, chunk_size: int, num_devices: int = 1) -> np.ndarray:
+    """The depths (passages read in BM25 order, [n_questions]) after the next round of a
+    pruned read.
+
+    windows [n_questions, max_hits]: the window count of each question's passages in BM25
+    order (0 past its last). Each `unsettled` question at least doubles what it has read
+    (`stage` passages in its first round): a question that settles on its first passages (most
+    do, with fusion) reads few pairs, one that does not takes log2(p) rounds, not p. The round
+    then takes more passages, one per question in turn, while its pairs still fit the program
+    rows it runs at anyway (`padded_pairs`: the rest would be padding rows, computed and
+    dropped), so a batch of questions fills its chunks as a lone question fills its small one.
+    """
+    depth = np.asarray(depth, np.int64).copy()
+    windows = np.asarray(windows, np.int64)
+    # A passage past the last one with windows is not there (prescreening may leave a passage
+    # with none: it is read, for free, on the way to the next).
+    passages = np.where(windows > 0, np.arange(windows.shape[1]) + 1, 0).max(axis=1, initial=0)
+    questions = np.asarray(unsettled, np.int64)
+    before = depth[questions]
+    depth[questions] = np.minimum(before + np.maximum(stage, before), passages[questions])
+    pairs = sum(int(windows[q, b:d].sum()) for q, b, d in zip(questions, before,
+                                                              depth[questions]))
+    rows = padded_pairs(pairs, chunk_size, num_devices) if pairs else 0
+    filling = True
+    while filling:
+        filling = False
+        for q in questions:
+            if depth[q] < passages[q] and pairs + windows[q, depth[q]] <= rows:
+                pairs += int(windows[q, depth[q]])
+                depth[q] += 1
+                filling = True
+    return depth
 
 
 class OpenDomainReader:
@@ -244,7 +352,6 @@ class OpenDomainReader:
             raise ValueError(f"span_score {span_score!r}: rules are {list(SPAN_SCORES)}")
         if passage_rows is not None and passage_rows < 1:
             raise ValueError(f"passage_rows {passage_rows}: must be at least 1 (or None)")
-        self.passage_rows = passage_rows
         self.span_score = span_score
         self.index, self.reader = index, reader
         self.cached_reuse = cached_reuse
@@ -257,12 +364,35 @@ class OpenDomainReader:
                              f"{reader.kind}")
         self.grid = reader.pair_grid(mesh, batch_size, chunk_size, reuse=pair_reuse,
                                      trim_padding=trim_padding)
+        self.passage_rows = passage_rows
         # [n_rows, p_len, 2] and [n_rows, p_len], read by rows: a batch reads its rows' only.
         self.offsets, self.max_context = arrays["offsets"], arrays["max_context"]
         self.prescreen = prescreen
         self.pruning: WindowPruning | None = None
         self._logit_bounds: tuple[np.ndarray, np.ndarray] | None = None
         self._set_pruning(pruning)
+
+    @property
+    def passage_rows(self) -> int | None:
+        """The rows every read's passage side is padded to (None: `_padded_rows`' rule)."""
+        return self._passage_rows
+
+    @passage_rows.setter
+    def passage_rows(self, rows: int | None) -> None:
+        # A fixed passage side stays on the devices, each read writing its own rows into it.
+        self._passage_rows = rows
+        self._resident = None if rows is None else ResidentRows(rows, self.grid.replicated)
+
+    def compile_resident_writes(self) -> None:
+        """Compiles the writes of every row count into the resident passage side (and the
+        cached first-upper-block arrays, `reads_cached_reuse`), so that no read compiles one
+        (a server calls this before it is ready); nothing without `passage_rows`."""
+        if self._resident is None:
+            return
+        rows = np.zeros(1, np.int64)
+        self._resident.compile_writes(PASSAGE_SIDE, self.cache.passage_side(rows))
+        if self.reads_cached_reuse:
+            self._resident.compile_writes(CACHED_REUSE, self._reuse_inputs(rows))
 
     def _set_pruning(self, pruning: WindowPruning | None) -> None:
         """Sets `pruning`, after the bounds it reads (raises WindowPruningError for a reader
@@ -358,10 +488,10 @@ class OpenDomainReader:
         Round after round, every question not settled yet reads its next passages in BM25 order
         (all their windows: a passage is read whole), until `settled_questions` says no unread
         passage can change its answer under the reader's span score rule, or it has none left.
-        A round reads about one chunk of pairs (`round_passages`): when few questions are left
-        each reads more passages, so that a batch's last question does not take a round (a
-        pair program call, a cache read) per passage. Pair program time is added to
-        timings["pair_upper"], the decisions' (best spans, the settle test) to
+        Each round at least doubles what a question has read and fills the program rows it runs
+        at (`round_depths`): a lone question reads its first passages at a one- or two-row
+        program and stops there when they settle it, a batch fills whole chunks. Pair program
+        time is added to timings["pair_upper"], the decisions' (best spans, the settle test) to
         timings["prune"]."""
         n_pairs = len(pairs.row)
         question = np.asarray(pairs.question, np.int64)
@@ -372,10 +502,11 @@ class OpenDomainReader:
         tokens = np.zeros(n_pairs, np.int64)
         read = np.zeros(n_pairs, bool)
         unsettled = sorted(set(question.tolist()))
-        depth = np.zeros(int(question.max(initial=-1)) + 1, np.int64)  # passages read, by question
+        windows = passage_windows(question, rank)
+        depth = np.zeros(len(windows), np.int64)  # passages read, by question
         while unsettled:
-            depth[unsettled] += round_passages(self.pruning.stage, self.grid.chunk_size,
-                                               len(unsettled))
+            depth = round_depths(depth, unsettled, windows, self.pruning.stage,
+                                 self.grid.chunk_size, self.grid.mesh.devices.size)
             chosen = ~read & np.isin(question, unsettled) & (rank < depth[question])
             if chosen.any():
                 new = pairs.subset(chosen)
@@ -426,27 +557,36 @@ class OpenDomainReader:
             return self.passage_rows
         if self.pruning is None:
             return round_up(max(len(rows), 1), self.grid.batch_size * self.top_p)
-        # A round reads about one chunk of pairs (`round_passages`): a power of two from the
-        # chunk size up gives its rounds one or two shapes, not one per row count.
+        # A round reads a few windows (`round_depths`): a power of two from the chunk size up
+        # gives its rounds one or two shapes, not one per row count.
         return max(self.grid.chunk_size, 1 << (max(len(rows), 1) - 1).bit_length())
 
-    def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _passage_side(self, rows: np.ndarray) -> tuple[np.ndarray | jax.Array, np.ndarray]:
         """(p_source, p_mask) of these distinct cache rows, from the cache, zero-padded to
-        `_padded_rows`: [padded, p_len(, hidden)] and [padded, p_len]."""
+        `_padded_rows`: [padded, p_len(, hidden)] and [padded, p_len]. With `passage_rows`
+        p_source is the resident buffer (`ResidentRows`: these rows first, on the devices)."""
         padded = self._padded_rows(rows)
         p_mask = _pad_rows(np.asarray(self.cache.mask[rows]), padded)
+        if self._resident is not None:
+            return self._resident.write_rows(PASSAGE_SIDE, self.cache.passage_side(rows)), p_mask
         return _pad_rows(self.cache.passage_side(rows), padded), p_mask
+
+    def _reuse_inputs(self, rows: np.ndarray) -> tuple[QKV, PassageAttentionStats]:
+        """(p_qkv, p_stats) of these distinct cache rows, from the cache, as numpy arrays
+        [n, ...] (`pair_inputs`)."""
+        config = self.reader.config
+        return pair_inputs(self.cache.read_reuse(rows), config.num_heads, config.compute_dtype)
 
     def _cached_reuse(self, rows: np.ndarray) -> tuple[QKV, PassageAttentionStats]:
         """(p_qkv, p_stats) of these distinct cache rows, from the cache, padded like
         `_passage_side` and placed on the devices once (replicated, as the pair program reads
         them)."""
+        values = self._reuse_inputs(rows)
+        if self._resident is not None:
+            return self._resident.write_rows(CACHED_REUSE, values)
         padded = self._padded_rows(rows)
-        arrays = {name: _pad_rows(values, padded)
-                  for name, values in self.cache.read_reuse(rows).items()}
-        config = self.reader.config
-        qkv, stats = pair_inputs(arrays, config.num_heads, config.compute_dtype)
-        return jax.device_put((qkv, stats), self.grid.replicated)
+        return jax.device_put(jax.tree.map(lambda array: _pad_rows(array, padded), values),
+                              self.grid.replicated)
 
     def _read_pairs(self, q_lower: jax.Array, q_mask: np.ndarray, pairs: RetrievedPairs,
                     positions: np.ndarray | None) -> tuple[SpanScores, np.ndarray]:

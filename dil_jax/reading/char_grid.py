@@ -177,6 +177,10 @@ class CharPairGrid(MeshGrid):
         p_mask_host = np.asarray(p_mask, np.int32)
         q_mask = jax.device_put(q_mask_host, self.replicated)
         p_mask = jax.device_put(p_mask_host, self.replicated)
+        # Placed as the programs take it whether it comes from the host (a context's windows)
+        # or already on the devices (a served reader's resident passage side): one sharding,
+        # so one compiled program for both.
+        p_state = jax.device_put(p_state, self.replicated)
         q_index = np.asarray(q_index, np.int32)
         p_index = np.asarray(p_index, np.int32)
         if self.trim_padding:

@@ -75,6 +75,13 @@ def chunk_rows(pairs: int, chunk_size: int, num_devices: int = 1) -> int:
     return next(rows for rows in chunk_row_choices(chunk_size, num_devices) if rows >= pairs)
 
 
+def padded_pairs(num_pairs: int, chunk_size: int, num_devices: int = 1) -> int:
+    """The program rows a list of num_pairs pairs runs at (`chunk_spans`, `chunk_rows`):
+    whole chunks, and the short remainder at the smallest row choice that holds it."""
+    short = num_pairs % chunk_size
+    return (num_pairs - short) + (chunk_rows(short, chunk_size, num_devices) if short else 0)
+
+
 def chunk_spans(num_pairs: int, chunk_size: int) -> Iterator[slice]:
     """The chunks of a list of num_pairs pairs, as slices of it: the short remainder first (if
     any), then whole chunks of chunk_size."""

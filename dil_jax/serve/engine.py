@@ -160,6 +160,11 @@ class Engine:
             self.progress["done"] += 1
             log.info("warm-up: %d of %d programs (%s reader, %d-row chunks)",
                      self.progress["done"], len(first), name, program.rows)
+        if self.warm:
+            # Each read writes its passage rows into buffers kept on the devices: one small
+            # program per power-of-two row count, compiled here rather than by a request.
+            for _, _, shaped in shaped_readers:
+                shaped.compile_resident_writes()
         for name, served in self.readers.items():
             self._check_path(name, served)
         self._idle_jobs = collections.deque(rest)

@@ -625,3 +625,38 @@ def test_odqa_speed_benchmark_rows_of_window_pruning(tiny, tmp_path):
         assert guess["pairs_per_question"] <= stop["pairs_per_question"] <= \
             before["pairs_per_question"]
     assert all(row["tokens_per_pair"] > 0 for row in rows)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_resident_passage_side_reads_what_a_padded_copy_reads(tiny, tmp_path, cached):
+    """A served reader (`passage_rows` set) keeps its passage side on the devices and writes
+    only each read's rows into it (`ResidentRows`); rows past them hold an earlier read's. The
+    same candidates and scores as the reader that pads a fresh copy every read, question by
+    question (so a later read writes fewer rows over more: the every-window question first)
+    and under the exact window pruning (rounds of different row counts). Identical pairs run
+    the same programs on the same values: only the chunk a pair lands in differs, which
+    changes float32 summation order, so 1e-5 as above."""
+    from dil_jax.open_domain.pruning import WindowPruning
+
+    base, _ = tiny
+    index = _index(tmp_path, base.tokenizer)
+    loaded, cache = _cache(index, base, 3)
+    questions = _questions(index)[::-1]
+
+    def reader(passage_rows, pruning=None):
+        return OpenDomainReader(index, loaded, cache, top_p=len(index.passages), batch_size=1,
+                                chunk_size=4, cached_reuse=cached, passage_rows=passage_rows,
+                                pruning=pruning)
+
+    total = int(np.asarray(index.windows.count).sum())
+    for pruning in (None, WindowPruning(mu=0.5)):
+        copied, resident = reader(None, pruning), reader(total, pruning)
+        assert resident.reads_cached_reuse == cached
+        for question in questions:
+            before, after = copied.read([question]), resident.read([question])
+            assert before.pairs_read == after.pairs_read
+            assert [(c.passage_index, c.text, c.char_start) for c in before.candidates[0]] == \
+                [(c.passage_index, c.text, c.char_start) for c in after.candidates[0]]
+            np.testing.assert_allclose([c.reader_score for c in after.candidates[0]],
+                                       [c.reader_score for c in before.candidates[0]],
+                                       rtol=1e-5, atol=1e-5)

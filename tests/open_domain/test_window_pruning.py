@@ -149,7 +149,7 @@ def _stand_in_reader(grid: Grid, pruning: WindowPruning, logit_bounds, chunk_siz
 
     reader = object.__new__(OpenDomainReader)
     reader.pruning, reader._logit_bounds, reader.span_score = pruning, logit_bounds, "logits"
-    reader.grid = SimpleNamespace(chunk_size=chunk_size)
+    reader.grid = SimpleNamespace(chunk_size=chunk_size, mesh=SimpleNamespace(devices=np.zeros(1)))
     reader.offsets = np.zeros((1, P_LEN, 2))
     reader.rounds = []
 
@@ -211,10 +211,10 @@ def test_exact_stop_never_drops_the_window_the_full_read_picks(seed):
 @pytest.mark.parametrize("seed", range(100))
 def test_approximate_stop_reads_what_its_rule_says(seed):
     """With an assumed highest score (stop:H, scores above it in the grid): each question reads
-    exactly its passages up to the first depth of its rounds (`round_passages` more each round,
-    by how many questions are left) at which the settle test, applied to that prefix under the
-    assumption, holds, or all of them; recomputed here from the rule."""
-    from dil_jax.open_domain.reader import round_passages
+    exactly its passages up to the first depth of its rounds (`round_depths`, tested by hand
+    below) at which the settle test, applied to that prefix under the assumption, holds, or all
+    of them; recomputed here from the rule."""
+    from dil_jax.open_domain.reader import round_depths
 
     mu, stage, chunk_size = [None, 0.5][seed % 2], 1 + seed // 2 % 2, [1, 3, 8][seed // 4 % 3]
     high = float(np.random.default_rng(seed).uniform(-1, 3))
@@ -232,16 +232,60 @@ def test_approximate_stop_reads_what_its_rule_says(seed):
             np.asarray(best, np.float64), [h.score for h in hits[:depth]],
             [h.score for h in hits[depth:]], (low, high), mu)
 
-    depth = dict.fromkeys(range(len(grid.hits)), 0)
-    unsettled = list(depth)
+    windows = np.zeros((len(grid.hits), max(map(len, grid.hits))), np.int64)
+    for question, hits in enumerate(grid.hits):
+        windows[question, :len(hits)] = [len(hit.rows) for hit in hits]
+    depth = np.zeros(len(grid.hits), np.int64)
+    unsettled = list(range(len(grid.hits)))
     while unsettled:
-        more = round_passages(stage, chunk_size, len(unsettled))
-        for question in unsettled:
-            depth[question] += more
+        depth = round_depths(depth, unsettled, windows, stage, chunk_size)
         unsettled = [q for q in unsettled if not settled(q, depth[q])]
     for question, question_hits in enumerate(grid.hits):
         expected = {(question, r) for hit in question_hits[:depth[question]] for r in hit.rows}
         assert {(q, r) for q, r in zip(read.question, read.row) if q == question} == expected
+
+
+@pytest.mark.parametrize("depth, unsettled, stage, chunk_size, expected", [
+    # A lone question, 1 window a passage, chunks of 16: 1 passage (1 row), then 1 more
+    # (doubling 1 -> 2: 1 row), then 2 (2 rows), 4, 8; capped at its 20 passages.
+    ([0], [0], 1, 16, [1]), ([1], [0], 1, 16, [2]), ([2], [0], 1, 16, [4]),
+    ([4], [0], 1, 16, [8]), ([16], [0], 1, 16, [20]),
+    # stage 3: 3 pairs run at 4 rows, so a 4th passage rides in the padding row.
+    ([0], [0], 3, 16, [4]),
+    # chunks of 3: 3 pairs are one whole chunk, nothing to fill.
+    ([0], [0], 3, 3, [3]),
+])
+def test_round_depths_by_hand_lone_question(depth, unsettled, stage, chunk_size, expected):
+    from dil_jax.open_domain.reader import round_depths
+
+    windows = np.ones((1, 20), np.int64)
+    assert round_depths(np.array(depth), unsettled, windows, stage,
+                        chunk_size).tolist() == expected
+
+
+def test_round_depths_by_hand_fills_the_rows_in_turn():
+    """Three questions; passages of 2, 1, 3 windows (question 0), 1, 1, 1, ... (question 1),
+    question 2 settled. Chunks of 8. Doubling: q0 reads 1 passage (2 pairs), q1 1 (1 pair): 3
+    pairs run at 4 rows; the filling round gives q0 its next (1 pair: 4 <= 4), then q1's next
+    would be 5 > 4: stop. Depths [2, 1, 0]. From depths [2, 1]: q0 reads its last passage
+    (3 pairs: it has 3 passages, the 4th has no windows), q1 1 more: 4 pairs at 4 rows, and q1's
+    next does not fit."""
+    from dil_jax.open_domain.reader import round_depths
+
+    windows = np.array([[2, 1, 3, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    first = round_depths(np.zeros(3, np.int64), [0, 1], windows, 1, 8)
+    assert first.tolist() == [2, 1, 0]
+    assert round_depths(first, [0, 1], windows, 1, 8).tolist() == [3, 2, 0]
+
+
+def test_round_depths_after_prescreening_reads_past_an_empty_passage():
+    """A passage left with no windows (prescreening kept none of its sentences) in the middle
+    is passed, for free; one past the last with windows is not there."""
+    from dil_jax.open_domain.reader import round_depths
+
+    windows = np.array([[1, 0, 0, 1, 0, 0]])
+    assert round_depths(np.zeros(1, np.int64), [0], windows, 1, 8).tolist() == [3]
+    assert round_depths(np.array([3]), [0], windows, 1, 8).tolist() == [4]
 
 
 def test_settled_questions_counts_a_partly_read_passage_as_unread():

@@ -117,3 +117,15 @@ def test_chunks_run_short_or_at_a_booked_shape_and_score_as_the_direct_forward(k
                                        err_msg=f"{n} pairs, book {book is not None}")
         if book is not None:  # passages 1-4 alone would read 32 tokens: all read at 48
             assert {shape.p_width for shape in book.handed} == {48}
+
+
+@pytest.mark.parametrize("pairs, chunk_size, devices, rows", [
+    (0, 16, 1, 0), (1, 16, 1, 1), (3, 16, 1, 4), (16, 16, 1, 16),
+    # 19 = one whole chunk and a remainder of 3, run at 4 rows
+    (19, 16, 1, 20), (33, 16, 1, 33),
+    # two devices: rows come in 2, 4, 8 (per-device slices); 3 -> 4, 1 -> 2
+    (1, 8, 2, 2), (11, 8, 2, 12)])
+def test_padded_pairs_by_hand(pairs, chunk_size, devices, rows):
+    from dil_jax.reading.chunks import padded_pairs
+
+    assert padded_pairs(pairs, chunk_size, devices) == rows

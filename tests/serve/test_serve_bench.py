@@ -155,3 +155,19 @@ def test_the_rss_sampler_reads_the_server_process_and_a_gone_one_as_none():
     with bench.RssSampler(None) as nothing:
         pass
     assert nothing.summary() is None
+
+
+def test_answer_scores_are_the_official_rules_by_hand():
+    """EM / F1 of answered items against their SQuAD answers: "Paris" is exact (100 / 100);
+    "the city of Paris" normalises to city of paris, 1 of 3 tokens right: EM 0, F1
+    2 x (1/3 x 1) / (1/3 + 1) = 50; an empty answer scores 0 / 0; an item without answers is
+    not scored, nor one not answered."""
+    items = [bench.Item("q0?", "", ("Paris",)), bench.Item("q1?", "", ("Paris", "Lyon")),
+             bench.Item("q2?", "", ("Rome",)), bench.Item("q3?", ""),
+             bench.Item("q4?", "", ("Oslo",))]
+    answers = {0: {"answer": "Paris"}, 1: {"answer": "the city of Paris"}, 2: None,
+               3: {"answer": "x"}}
+    scores = bench.answer_scores(items, answers)
+    assert scores["scored"] == 3
+    assert scores["EM"] == pytest.approx(100 / 3) and scores["F1"] == pytest.approx(150 / 3)
+    assert bench.answer_scores([bench.Item("q?", "")], {0: {"answer": "x"}}) is None
