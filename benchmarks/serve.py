@@ -14,14 +14,14 @@ For each number of concurrent clients, and for each server in turn (so that the 
 measured side by side, under the same load from other processes), exactly --requests items are
 sent by that many threads, each waiting for its answer before sending the next; a level stops
 early at --time-limit seconds. Items: the questions of the validation articles 28-34 of the
-shared SQuAD dev file in file order (with --route read, each with its paragraph as the
-context). Reported per level: answered / sent, questions per second, latency p50/p95/p99, the
-worker's batch sizes (the mean from /metrics' `dil_jax_batch_size`, the largest from the
-responses), the worker's seconds in each phase of a read (from /metrics'
-`dil_jax_phase_seconds`, queue wait excluded) and the pair phase's share of them, each
-status's count and how many 503s carried Retry-After (0 errors expected below the queue limit;
-only 503s above it). A refused item is not sent again: what was sent is
-answered or refused, nothing else.
+shared SQuAD dev file in file order, or a seeded sample of them (--sample-seed); with --route
+read, each with its paragraph as the context. Reported per level: answered / sent, questions
+per second, latency p50/p95/p99, the worker's batch sizes (the mean from /metrics'
+`dil_jax_batch_size`, the largest from the responses), the worker's seconds in each phase of a
+read (from /metrics' `dil_jax_phase_seconds`, queue wait excluded) and the pair phase's share
+of them, each status's count and how many 503s carried Retry-After (0 errors expected below the
+queue limit; only 503s above it). A refused item is not sent again: what was sent is answered
+or refused, nothing else.
 
 --peer PYTHON runs benchmarks/serve_peer.py under that interpreter (a venv with transformers
 4.x) on the same items after the servers' levels: /v1/read's items one pipeline call each, or
@@ -65,10 +65,12 @@ class Server:
 
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """One request's content: a question, and its context for /v1/read."""
+    """One request's content: a question, and its context for /v1/read; the SQuAD answers
+    it is scored against (none: not scored)."""
 
     question: str
     context: str
+    answers: tuple[str, ...] = ()
 
 
 def server_arg(text: str) -> Server:
@@ -111,14 +113,22 @@ def recorded_command(argv: list[str]) -> str:
     return " ".join(shown)
 
 
-def squad_items(count: int, path: Path = SQUAD) -> list[Item]:
-    """The first `count` questions of articles 28-34, each with its paragraph."""
+def squad_items(count: int, path: Path = SQUAD, seed: int | None = None) -> list[Item]:
+    """`count` questions of articles 28-34, each with its paragraph: the first ones in file
+    order, or (seed) a seeded sample spread over every article (the first ones are all of
+    article 28: one BM25 neighbourhood, which window pruning may settle unusually early)."""
     data = json.loads(path.read_text())["data"][28:35]
-    items = [Item(qa["question"], paragraph["context"]) for article in data
+    items = [Item(qa["question"], paragraph["context"],
+                  tuple(answer["text"] for answer in qa["answers"])) for article in data
              for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
     if count > len(items):
         raise SystemExit(f"--requests {count}: articles 28-34 hold {len(items)} questions")
-    return items[:count]
+    if seed is None:
+        return items[:count]
+    import numpy as np
+
+    chosen = np.random.default_rng(seed).permutation(len(items))[:count]
+    return [items[i] for i in sorted(chosen)]
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -196,6 +206,22 @@ def answer_of(route: str, payload: dict) -> dict | None:
     best = payload["answers"][0]
     return {"answer": best["text"], "start": best["start"], "end": best["end"],
             "score": best["reader_score"], "passage_id": best["passage_id"]}
+
+
+def answer_scores(items: list[Item], answers: dict[int, dict | None]) -> dict[str, float] | None:
+    """EM and F1 (the official SQuAD v1.1 rules, in %) of the answered items against their
+    answers, an item answered with nothing scoring 0; None when no item has answers."""
+    from dil_jax.metrics.squad_metric import exact_score, f1_score_v1
+
+    scored = [(number, items[number]) for number in answers if items[number].answers]
+    if not scored:
+        return None
+    texts = [(answers[number] or {}).get("answer", "") for number, _ in scored]
+    em = sum(max(exact_score(text, gold) for gold in item.answers)
+             for text, (_, item) in zip(texts, scored))
+    f1 = sum(max(f1_score_v1(text, gold) for gold in item.answers)
+             for text, (_, item) in zip(texts, scored))
+    return {"EM": 100 * em / len(scored), "F1": 100 * f1 / len(scored), "scored": len(scored)}
 
 
 def resident_mib(pid: int) -> float | None:
@@ -307,6 +333,7 @@ def run_level(server: Server, route: str, items: list[Item], clients: int, extra
             "batch_max": max(batches) if batches else None,
             "statuses": {str(k): v for k, v in sorted(statuses.items())},
             "retry_after": retry_after, "crossed": crossed, "server_rss": rss.summary(),
+            "scores": answer_scores(items, answers),
             "answers": {str(k): v for k, v in sorted(answers.items())}}
 
 
@@ -376,8 +403,8 @@ def _work(work: dict[str, float] | None) -> str:
 def markdown(record: dict) -> str:
     rows = ["| server | reader | clients | answered / sent | q/s | p50 (s) | p95 (s) | "
             "p99 (s) | batch mean / max | worker s (pair share) | statuses | "
-            "503 with Retry-After | crossed | server RSS MiB first / max / last |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "503 with Retry-After | crossed | server RSS MiB first / max / last | EM / F1 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in record["levels"]:
         batch = "-" if r["batch_mean"] is None else f"{r['batch_mean']:.2f}"
         rows.append(f"| {r['server']} | {r['reader'] or '-'} | {r['clients']} | "
@@ -386,7 +413,8 @@ def markdown(record: dict) -> str:
                     f"{_seconds(r['p95_s'])} | {_seconds(r['p99_s'])} | {batch} / "
                     f"{r['batch_max'] if r['batch_max'] is not None else '-'} | "
                     f"{_work(r.get('work_s'))} | {r['statuses']} | {r['retry_after']} | "
-                    f"{r.get('crossed', '-')} | {_rss(r.get('server_rss'))} |")
+                    f"{r.get('crossed', '-')} | {_rss(r.get('server_rss'))} | "
+                    f"{_scores(r.get('scores'))} |")
     peer = record.get("peer")
     if peer:
         versions = ", ".join(f"{k} {v}" for k, v in peer["versions"].items())
@@ -409,6 +437,10 @@ def markdown(record: dict) -> str:
                  f"{record['loadavg_before'][0]:.1f} before, {record['loadavg_after'][0]:.1f} "
                  "after (other jobs share the machine)."]
     return "\n".join(rows)
+
+
+def _scores(scores: dict | None) -> str:
+    return "-" if not scores else f"{scores['EM']:.1f} / {scores['F1']:.1f}"
 
 
 def _rss(rss: dict | None) -> str:
@@ -437,6 +469,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the process of each --url's server, in order: its resident "
                              "memory is sampled during every level (first / largest / last)")
     parser.add_argument("--requests", type=int, default=32, help="items per level")
+    parser.add_argument("--sample-seed", type=int, default=None,
+                        help="items: a seeded sample of articles 28-34's questions (default: the "
+                             "first ones in file order)")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per level")
     parser.add_argument("--reader", nargs="+", default=[None],
                         help="the readers asked, each level in turn (default: the server's "
@@ -482,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     # Read before anything else: a keyed server without its key is named now, not as 401s
     # counted in every level.
     infos = [server_info(server, args.api_key) for server in args.servers]
-    items = squad_items(args.requests)
+    items = squad_items(args.requests, seed=args.sample_seed)
     load_before = os.getloadavg()
     pids = dict(zip((server.name for server in args.servers), args.server_pid))
     levels = [run_level(server, args.route, items, clients, extra, args.time_limit, args.api_key,

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Served window pruning, one client: a server with --prune-windows calibrated, then one with
+# --prune-windows all, over the same index, each measured alone once its idle warm-up is done
+# (or after 300 s), one client, REQUESTS seeded questions of articles 28-34 (benchmarks/serve.py
+# --sample-seed), both readers.
+#   bash benchmarks/serve_prune_1client.sh INDEX OUT [REQUESTS=256] [SEED=0] [MODES="calibrated all"]
+# Writes OUT/bench_MODE.{md,json} (each answer included) and each server's log.
+set -euo pipefail
+INDEX=${1:?INDEX}; OUT=${2:?OUT}; REQUESTS=${3:-256}; SEED=${4:-0}; MODES=${5:-calibrated all}
+cd "$(dirname "$0")/.."
+mkdir -p "$OUT"
+for mode in $MODES; do
+  port=$([ "$mode" = calibrated ] && echo 8781 || echo 8782)
+  python3 -m dil_jax serve --index "$INDEX" --port "$port" --prune-windows "$mode" \
+    > "$OUT/$mode.log" 2>&1 &
+  server=$!
+  trap 'kill $server 2>/dev/null' EXIT
+  state=""
+  for second in $(seq 1 900); do
+    state=$(curl -s "http://127.0.0.1:$port/readyz" | python3 -c "
+import json, sys
+progress = json.load(sys.stdin).get('progress', {})
+background = progress.get('background', {})
+print(progress.get('stage'), background.get('done'), background.get('total'))" 2>/dev/null || true)
+    read -r stage done total <<< "${state:-none 0 1}"
+    if [ "$stage" = ready ] && { [ "$done" = "$total" ] || [ "$second" -gt 300 ]; }; then break; fi
+    sleep 1
+  done
+  echo "$mode: $state (stage, idle programs done / total) after ${second} s"
+  python3 benchmarks/serve.py --url "$mode=http://127.0.0.1:$port" --clients 1 \
+    --requests "$REQUESTS" --sample-seed "$SEED" --reader delayed full --index "$INDEX" \
+    --out "$OUT/bench_$mode"
+  kill "$server"; wait "$server" 2>/dev/null || true
+done
