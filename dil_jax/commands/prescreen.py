@@ -101,9 +101,10 @@ def _splits(config) -> dict:
 
 
 def _split_data(config, examples: dict, encoder, max_sentences: int,
-                max_sentence_len: int) -> dict:
+                max_sentence_len: int, overlap=None) -> dict:
     """SentenceData of each split's examples, embedded by `encoder` (a Reader), cached in
-    config.encoder.cache_dir ('' = not cached). A split left with no question is refused."""
+    config.encoder.cache_dir ('' = not cached), with their word overlaps when `overlap` (a
+    `WordOverlap`) is given. A split left with no question is refused."""
     from dil_jax.prescreening.embedding_cache import encoder_cache
     from dil_jax.prescreening.train import build_sentence_data
 
@@ -111,7 +112,8 @@ def _split_data(config, examples: dict, encoder, max_sentences: int,
     embed = encoder_cache(Path(folder) if folder else None, encoder, max_sentence_len)
     data = {}
     for name, chosen in examples.items():
-        data[name] = build_sentence_data(chosen, max_sentences=max_sentences, embed=embed)
+        data[name] = build_sentence_data(chosen, max_sentences=max_sentences, embed=embed,
+                                         overlap=overlap)
         if not len(data[name].label):
             split = _splits(config)[name]
             raise UsageError(f"{split.articles_flag}={split.articles} ({split.file}): no "
@@ -119,7 +121,7 @@ def _split_data(config, examples: dict, encoder, max_sentences: int,
     return data
 
 
-def _train(config, splits, encoder):
+def _train(config, splits, encoder, idf):
     from dil_jax.prescreening.model import PrescreenConfig
     from dil_jax.prescreening.prescreener import SentencePrescreener
     from dil_jax.prescreening.train import train_prescreener
@@ -128,14 +130,16 @@ def _train(config, splits, encoder):
         embedding_dim=splits["train"].question.shape[1], width=config.model.width,
         num_layers=config.model.num_layers, num_heads=config.model.num_heads,
         mlp_dim=config.model.mlp_dim, max_sentences=config.data.max_sentences,
-        dropout=config.model.dropout, interaction=config.model.get("interaction", False))
+        dropout=config.model.dropout, interaction=config.model.get("interaction", False),
+        overlap=idf is not None)
     train = config.train
     result = train_prescreener(
         splits["train"], model_config, steps=train.steps, batch_size=train.batch_size,
         learning_rate=train.learning_rate, weight_decay=train.weight_decay, seed=train.seed,
         dev=splits["dev"], eval_every=train.eval_every)
     prescreener = SentencePrescreener(model_config, result.params, encoder,
-                                      config.encoder.checkpoint, config.encoder.max_sentence_len)
+                                      config.encoder.checkpoint, config.encoder.max_sentence_len,
+                                      idf)
     return prescreener, result
 
 
@@ -184,6 +188,7 @@ def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
     loads that one and embeds the validation split only, as it was trained (its encoder,
     sentence count and length).
     """
+    from dil_jax.prescreening.overlap import WordOverlap, fit_idf
     from dil_jax.prescreening.prescreener import SentencePrescreener, load_sentence_encoder
     from dil_jax.prescreening.splits import load_split_examples
 
@@ -193,15 +198,24 @@ def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
                                    ("validation",) if args.prescreener is not None else None)
     if args.prescreener is not None:
         prescreener = SentencePrescreener.load(args.prescreener)
+        overlap = (WordOverlap(prescreener.encoder.tokenizer, prescreener.idf)
+                   if prescreener.config.overlap else None)
         splits = _split_data(config, examples, prescreener.encoder,
-                             prescreener.config.max_sentences, prescreener.max_sentence_len)
+                             prescreener.config.max_sentences, prescreener.max_sentence_len,
+                             overlap)
         return prescreener, splits, None, dict(embeddings=time.perf_counter() - started,
                                                training=0.0)
     encoder = load_sentence_encoder(config.encoder.checkpoint, config.encoder.max_sentence_len)
+    idf = overlap = None
+    if config.model.get("overlap", False):
+        # The IDF of the training passages only: dev and validation stay unseen.
+        idf = fit_idf(encoder.tokenizer, list(dict.fromkeys(
+            example.context for example in examples["train"])))
+        overlap = WordOverlap(encoder.tokenizer, idf)
     splits = _split_data(config, examples, encoder, config.data.max_sentences,
-                         config.encoder.max_sentence_len)
+                         config.encoder.max_sentence_len, overlap)
     embedded = time.perf_counter() - started
-    prescreener, training = _train(config, splits, encoder)
+    prescreener, training = _train(config, splits, encoder, idf)
     trained = time.perf_counter() - started - embedded
     return prescreener, splits, training, dict(embeddings=embedded, training=trained)
 

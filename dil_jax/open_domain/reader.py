@@ -679,8 +679,16 @@ class OpenDomainReader:
         if not hit_number:
             return np.zeros((0, self.offsets.shape[1]), bool)
         question_vectors = prescreener.embed(questions)
-        sentences, mask = store.matrix(hit_passage, prescreener.config.max_sentences)
-        logits = prescreener.score(question_vectors[hit_question], sentences, mask)
+        max_sentences = prescreener.config.max_sentences
+        sentences, mask = store.matrix(hit_passage, max_sentences)
+        overlap = None
+        if prescreener.config.overlap:
+            texts = [self.index.passages[p].text for p in hit_passage]
+            overlap = prescreener.overlap(
+                [questions[q] for q in hit_question],
+                [[text[a:b] for a, b in spans] for text, spans in
+                 zip(texts, store.spans_of(np.asarray(hit_passage), max_sentences), strict=True)])
+        logits = prescreener.score(question_vectors[hit_question], sentences, mask, overlap)
         kept = rule.select(logits, mask)                          # [n_hits, S]
         pair_kept = kept[[hit_number[key] for key in pair_hit]]
         return window_keep(self._token_sentences(pair_row), pair_kept,

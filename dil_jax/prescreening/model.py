@@ -34,6 +34,12 @@ class PrescreenConfig:
     # top-1 on the dev articles), but after the projection to `width` the model had to relearn it
     # and barely beat it. False: the model of the first bundled prescreener (no such params).
     interaction: bool = False
+    # Each sentence's input also holds its IDF-weighted word overlap with the question
+    # (dil_jax.prescreening.overlap), projected, and its score adds that overlap times a
+    # learned scale. Why: the sentence embeddings lose which words a sentence holds, and
+    # SQuAD's questions reuse their sentence's rarer words (docs/prescreening.md). False: no
+    # such input or params (the prescreeners saved before it).
+    overlap: bool = False
 
 
 class _Block(nn.Module):
@@ -58,10 +64,14 @@ class Prescreener(nn.Module):
 
     @nn.compact
     def __call__(self, question: jax.Array, sentences: jax.Array, sentence_mask: jax.Array,
-                 deterministic: bool = True) -> jax.Array:
-        """question: [batch, D]; sentences: [batch, S, D]; sentence_mask: [batch, S]
+                 overlap: jax.Array | None = None, deterministic: bool = True) -> jax.Array:
+        """question: [batch, D]; sentences: [batch, S, D]; sentence_mask: [batch, S];
+        overlap: [batch, S] (`overlap_scores`; required with `config.overlap`, else unused)
         -> [batch, S] sentence logits (NEG_INF where masked)."""
         cfg = self.config
+        if cfg.overlap and overlap is None:
+            raise ValueError("this prescreener reads each sentence's word overlap with the "
+                             "question: give `overlap` [batch, S]")
         x = jnp.concatenate([question[:, None, :], sentences], axis=1)
         mask = jnp.concatenate([jnp.ones_like(sentence_mask[:, :1]), sentence_mask], axis=1)
         x = nn.Dense(cfg.width)(x)
@@ -70,6 +80,9 @@ class Prescreener(nn.Module):
         product = question[:, None, :] * sentences  # [batch, S, D]
         if cfg.interaction:
             x = x.at[:, 1:].add(nn.Dense(cfg.width, name="interaction")(product))
+        if cfg.overlap:
+            # / 10: overlaps run 0-30; the projection's input then has the embeddings' scale.
+            x = x.at[:, 1:].add(nn.Dense(cfg.width, name="overlap")(overlap[..., None] / 10.0))
         positions = jnp.arange(x.shape[1])
         x = x + nn.Embed(cfg.max_sentences + 1, cfg.width)(positions)[None]
         for _ in range(cfg.num_layers):
@@ -80,4 +93,9 @@ class Prescreener(nn.Module):
             # sentences (0.1-0.3) a logit gap of 1-3 from the start.
             scale = self.param("similarity_scale", nn.initializers.constant(10.0), ())
             scores = scores + scale * product.sum(axis=-1)
+        if cfg.overlap:
+            # Overlaps run 0-30 (a rare piece weighs ~7): 0.2 makes a typical gap between the
+            # best sentence and the next (2-5) a logit gap of about 1 from the start.
+            weight = self.param("overlap_scale", nn.initializers.constant(0.2), ())
+            scores = scores + weight * overlap
         return jnp.where(sentence_mask > 0, scores, NEG_INF)

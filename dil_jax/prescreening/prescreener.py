@@ -26,6 +26,7 @@ import numpy as np
 from dil_jax.atomic import staged_directory
 from dil_jax.errors import DilJaxError
 from dil_jax.prescreening.model import PrescreenConfig, Prescreener
+from dil_jax.prescreening.overlap import IDF_FILE
 from dil_jax.prescreening.screen import SentenceRule, token_sentences, window_keep
 from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 from dil_jax.rounding import round_up
@@ -46,17 +47,23 @@ class PrescreenerError(DilJaxError, ValueError):
 @functools.lru_cache(maxsize=8)
 def _apply_fn(config: PrescreenConfig):
     model = Prescreener(config)
-    return jax.jit(lambda params, q, s, m: model.apply({"params": params}, q, s, m))
+    return jax.jit(lambda params, q, s, m, o: model.apply({"params": params}, q, s, m, o))
 
 
 def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
-                    sentences: np.ndarray, mask: np.ndarray, batch_size: int = 256
-                    ) -> np.ndarray:
+                    sentences: np.ndarray, mask: np.ndarray, overlap: np.ndarray | None = None,
+                    batch_size: int = 256) -> np.ndarray:
     """[n, S] sentence logits (-1e9 where masked).
 
-    question: [n, D]; sentences: [n, S, D]; mask: [n, S]. Rows are padded to a multiple of 32
-    (few shapes, one compilation each).
+    question: [n, D]; sentences: [n, S, D]; mask: [n, S]; overlap: [n, S] (required with
+    `config.overlap`, else unused). Rows are padded to a multiple of 32 (few shapes, one
+    compilation each).
     """
+    if config.overlap and overlap is None:
+        raise PrescreenerError("this prescreener reads each sentence's word overlap with the "
+                               "question (config.overlap): give `overlap` [n, S]")
+    if overlap is None:
+        overlap = np.zeros(np.shape(mask), np.float32)
     apply = _apply_fn(config)
     n = len(question)
     out = []
@@ -65,7 +72,7 @@ def sentence_scores(params: Any, config: PrescreenConfig, question: np.ndarray,
         count = rows.stop - rows.start
         pad = round_up(count, 32) - count
         pieces = [np.pad(np.asarray(a[rows]), ((0, pad),) + ((0, 0),) * (a.ndim - 1))
-                  for a in (question, sentences, mask)]
+                  for a in (question, sentences, mask, overlap)]
         out.append(np.asarray(apply(params, *pieces))[:count])
     return np.concatenate(out) if out else np.zeros((0, sentences.shape[1]), np.float32)
 
@@ -94,6 +101,13 @@ class SentencePrescreener:
     encoder: Reader  # the sentence encoder (all its blocks, mean-pooled: `embed`)
     encoder_name: str = "default"
     max_sentence_len: int = 64
+    # [vocab] IDF of the encoder's word pieces (`overlap.fit_idf`), with `config.overlap`.
+    idf: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.config.overlap and self.idf is None:
+            raise PrescreenerError("this prescreener reads word overlaps (config.overlap): it "
+                                   "needs the IDF table of its training passages")
 
     @functools.cached_property
     def encoder_fingerprint(self) -> str:
@@ -115,9 +129,22 @@ class SentencePrescreener:
             return np.zeros((0, self.config.embedding_dim), np.float32)
         return sentence_embeddings(self.encoder, texts, max_len=self.max_sentence_len)
 
-    def score(self, question: np.ndarray, sentences: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """[n, S] logits; see `sentence_scores`."""
-        return sentence_scores(self.params, self.config, question, sentences, mask)
+    def overlap(self, questions: Sequence[str], sentences: Sequence[Sequence[str]]
+                ) -> np.ndarray | None:
+        """[n, S] each question's IDF-weighted word overlap with each of its sentences' texts
+        (`overlap.overlap_scores`; sentences: per question, its sentences), or None when this
+        prescreener does not read it."""
+        from dil_jax.prescreening.overlap import WordOverlap
+
+        if not self.config.overlap:
+            return None
+        return WordOverlap(self.encoder.tokenizer, self.idf)(questions, sentences,
+                                                             self.config.max_sentences)
+
+    def score(self, question: np.ndarray, sentences: np.ndarray, mask: np.ndarray,
+              overlap: np.ndarray | None = None) -> np.ndarray:
+        """[n, S] logits; see `sentence_scores` (overlap: `overlap`'s, with config.overlap)."""
+        return sentence_scores(self.params, self.config, question, sentences, mask, overlap)
 
     def save(self, directory: str | os.PathLike, **record: Any) -> Path:
         """Writes the checkpoint folder (replacing one that exists); `record`: JSON extras."""
@@ -130,6 +157,8 @@ class SentencePrescreener:
             checkpointer = ocp.StandardCheckpointer()
             checkpointer.save(staging / PARAMS_DIR, jax.tree.map(np.asarray, self.params))
             checkpointer.wait_until_finished()
+            if self.idf is not None:
+                np.save(staging / IDF_FILE, np.asarray(self.idf, np.float32))
             (staging / MANIFEST_FILE).write_text(json.dumps(manifest.to_json(), indent=2,
                                                             default=str))
         return directory
@@ -153,7 +182,8 @@ class SentencePrescreener:
             lambda: Prescreener(config).init(
                 jax.random.key(0), np.zeros((1, config.embedding_dim), np.float32),
                 np.zeros((1, config.max_sentences, config.embedding_dim), np.float32),
-                np.ones((1, config.max_sentences), np.int32))["params"])
+                np.ones((1, config.max_sentences), np.int32),
+                np.zeros((1, config.max_sentences), np.float32))["params"])
         params_dir = directory.absolute() / PARAMS_DIR
         if not params_dir.is_dir():
             raise PrescreenerError(f"{params_dir}: missing; retrain or re-copy the prescreener")
@@ -164,8 +194,14 @@ class SentencePrescreener:
                 f"{params_dir}: cannot restore the prescreener's params ({type(error).__name__}: "
                 f"{str(error)[:500]}); the folder is damaged or was written for another config: "
                 "retrain or re-copy it") from error
+        idf = _read_idf(directory.absolute() / IDF_FILE) if config.overlap else None
         encoder = encoder or load_sentence_encoder(manifest.encoder, manifest.max_sentence_len)
-        prescreener = cls(config, params, encoder, manifest.encoder, manifest.max_sentence_len)
+        if idf is not None and len(idf) != len(encoder.tokenizer):
+            raise PrescreenerError(
+                f"{directory.absolute() / IDF_FILE}: {len(idf)} IDF values, but the sentence "
+                f"encoder's vocabulary has {len(encoder.tokenizer)} pieces")
+        prescreener = cls(config, params, encoder, manifest.encoder, manifest.max_sentence_len,
+                          idf)
         if manifest.encoder_fingerprint not in (prescreener.encoder_fingerprint,
                                                 prescreener.legacy_encoder_fingerprint):
             raise PrescreenerError(
@@ -173,6 +209,22 @@ class SentencePrescreener:
                 f"{manifest.encoder!r} with weights {manifest.encoder_fingerprint}, but the "
                 f"loaded encoder's weights are {prescreener.encoder_fingerprint}")
         return prescreener
+
+
+def _read_idf(path: Path) -> np.ndarray:
+    """The [vocab] float32 IDF table of a prescreener that reads word overlaps."""
+    if not path.is_file():
+        raise PrescreenerError(f"{path}: missing (this prescreener reads word overlaps, "
+                               "config.overlap); retrain or re-copy the prescreener")
+    try:
+        idf = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise PrescreenerError(f"{path}: not a readable .npy file ({error}); retrain or "
+                               "re-copy the prescreener") from None
+    if idf.ndim != 1 or idf.dtype != np.float32 or not np.isfinite(idf).all():
+        raise PrescreenerError(f"{path}: expected a finite float32 vector, got "
+                               f"{idf.dtype} {idf.shape}; retrain or re-copy the prescreener")
+    return idf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +279,7 @@ class PrescreenerManifest:
 
 _MANIFEST_FIELDS = ("format", "config", "encoder", "encoder_fingerprint", "max_sentence_len")
 # PrescreenConfig fields added after the first prescreeners were saved, each off by default.
-LATER_FIELDS = ("interaction",)
+LATER_FIELDS = ("interaction", "overlap")
 
 
 def config_json(config: PrescreenConfig) -> dict[str, Any]:
@@ -324,7 +376,11 @@ def screen_features(prescreener: SentencePrescreener, rule: SentenceRule, exampl
         sentences[row, :count] = vectors[first[c]:first[c + 1]]
         mask[row, :count] = 1
     questions = prescreener.embed([example.question for example in examples])
-    kept = rule.select(prescreener.score(questions, sentences, mask), mask)
+    overlap = prescreener.overlap(
+        [example.question for example in examples],
+        [[example.context[a:b] for a, b in context_spans[c]]
+         for example, c in zip(examples, owner, strict=True)])
+    kept = rule.select(prescreener.score(questions, sentences, mask, overlap), mask)
     window_example = np.asarray(features.example_index)
     token_sentence = token_sentences(features.offsets, owner[window_example], context_spans)
     keep = window_keep(token_sentence, kept[window_example], features.p_mask)

@@ -25,6 +25,7 @@ from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:
+    from dil_jax.prescreening.overlap import WordOverlap
     from dil_jax.readers.protocol import Reader
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ class SentenceData:
     dropped: int
     examples: list[SquadExample] = dataclasses.field(default_factory=list)
     spans: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
+    # [n, S] each question's word overlap with its sentences (`WordOverlap`); None: not read.
+    overlap: np.ndarray | None = None
 
 
 Embed = Callable[[Sequence[str], str], np.ndarray]
@@ -89,9 +92,11 @@ Embed = Callable[[Sequence[str], str], np.ndarray]
 
 def build_sentence_data(examples: Sequence[SquadExample], encoder: Reader | None = None, *,
                         max_sentences: int = 32, max_len: int = 64,
-                        embed: Embed | None = None) -> SentenceData:
+                        embed: Embed | None = None,
+                        overlap: WordOverlap | None = None) -> SentenceData:
     """Splits each distinct context once and embeds every sentence and question once: with
-    `embed(texts, what)` if given (e.g. an `EmbeddingCache`), else with the sentence `encoder`."""
+    `embed(texts, what)` if given (e.g. an `EmbeddingCache`), else with the sentence `encoder`;
+    with `overlap`, each question's word overlap with its sentences too."""
     if embed is None:
         if encoder is None:
             raise ValueError("build_sentence_data needs a sentence encoder or an embed function")
@@ -122,9 +127,13 @@ def build_sentence_data(examples: Sequence[SquadExample], encoder: Reader | None
         index[row, :len(spans)] = np.arange(start, start + len(spans))
         mask[row, :len(spans)] = 1
         labels[row] = answer_sentence(spans, example.answer_starts[0])
+    spans = [contexts[e.context] for e in kept]
+    overlaps = None if overlap is None else overlap(
+        [e.question for e in kept],
+        [[e.context[a:b] for a, b in own] for e, own in zip(kept, spans, strict=True)],
+        max_sentences)
     return SentenceData(question_vectors, PassageSentences(table, index), mask, labels,
-                        [e.qid for e in kept], len(examples) - len(kept), kept,
-                        [contexts[e.context] for e in kept])
+                        [e.qid for e in kept], len(examples) - len(kept), kept, spans, overlaps)
 
 
 @dataclasses.dataclass
@@ -140,7 +149,8 @@ class PrescreenerTrainResult:
 
 def data_scores(params, config: PrescreenConfig, data: SentenceData) -> np.ndarray:
     """[n, S] sentence logits of every example of `data`."""
-    return sentence_scores(params, config, data.question, data.sentences, data.sentence_mask)
+    return sentence_scores(params, config, data.question, data.sentences, data.sentence_mask,
+                           data.overlap)
 
 
 def training_batch(data: SentenceData, rows: np.ndarray, bucket: int = 8) -> dict:
@@ -153,8 +163,10 @@ def training_batch(data: SentenceData, rows: np.ndarray, bucket: int = 8) -> dic
     """
     mask = data.sentence_mask[rows]
     width = min(round_up(max(int(mask.sum(axis=1).max()), 1), bucket), mask.shape[1])
+    overlap = (np.zeros(mask.shape, np.float32) if data.overlap is None
+               else data.overlap[rows])
     return {"question": data.question[rows], "sentences": data.sentences[rows][:, :width],
-            "mask": mask[:, :width], "label": data.label[rows]}
+            "mask": mask[:, :width], "overlap": overlap[:, :width], "label": data.label[rows]}
 
 
 def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int = 1500,
@@ -172,8 +184,12 @@ def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int
     rng = jax.random.key(seed)
     init_rng, rng = jax.random.split(rng)
     # Jitted: run op by op, the init compiles each of its ~100 small ops (20 s of a 4-step run).
+    if config.overlap and data.overlap is None:
+        raise ValueError("config.overlap: the training data needs its word overlaps "
+                         "(build_sentence_data(overlap=...))")
     params = jax.jit(model.init)(init_rng, data.question[:1], data.sentences[:1],
-                                 data.sentence_mask[:1])["params"]
+                                 data.sentence_mask[:1],
+                                 np.zeros(data.sentence_mask[:1].shape, np.float32))["params"]
     tx = optax.adamw(optax.warmup_cosine_decay_schedule(0.0, learning_rate, steps // 10, steps),
                      weight_decay=weight_decay)
     opt_state = tx.init(params)
@@ -182,7 +198,7 @@ def train_prescreener(data: SentenceData, config: PrescreenConfig, *, steps: int
     def step(params, opt_state, batch, dropout_rng):
         def loss_fn(p):
             logits = model.apply({"params": p}, batch["question"], batch["sentences"],
-                                 batch["mask"], deterministic=False,
+                                 batch["mask"], batch["overlap"], deterministic=False,
                                  rngs={"dropout": dropout_rng})
             return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
 
