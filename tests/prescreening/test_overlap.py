@@ -12,7 +12,7 @@ class WordTokenizer:
     """A stand-in for the encoder's tokenizer: lower-cased words, ids from a fixed vocabulary
     (specials never added: the overlap asks for none)."""
 
-    VOCAB = ["[PAD]", "the", "river", "flows", "paris", "rome", "capital", "city", "is"]
+    VOCAB = ("[PAD]", "the", "river", "flows", "paris", "rome", "capital", "city", "is")
 
     def __len__(self) -> int:
         return len(self.VOCAB)

@@ -172,14 +172,13 @@ def test_embedding_cache_resumes_a_stopped_run_and_embeds_each_text_once(tmp_pat
 
 def test_the_recipe_with_word_overlaps_saves_its_idf_and_scores_as_trained(tmp_path, files,
                                                                           capsys):
-    """--config.model.overlap=true: the IDF of the training passages (3 here) is fitted and
-    saved beside the params; the loaded prescreener scores the validation split as the run
-    reported (its table's top-1 recomputed from the loaded folder); without idf.npy the
-    folder is refused naming the file."""
+    """--config.model.overlap=true: the IDF of the training passages (3 here, by the same
+    tokenizer) is fitted and saved beside the params, the manifest says the prescreener reads
+    overlaps, and without idf.npy the folder is refused naming the file."""
     from dil_jax.prescreening.overlap import IDF_FILE, fit_idf
     from dil_jax.prescreening.prescreener import PrescreenerError, SentencePrescreener
 
-    status, out, err = run_cli(_argv(tmp_path, *files, *TINY, "--config.model.overlap=true"),
+    status, _, err = run_cli(_argv(tmp_path, *files, *TINY, "--config.model.overlap=true"),
                                capsys)
     assert status == 0, err
     workdir = tmp_path / "prescreener"
