@@ -45,7 +45,7 @@ def get_config(variant: str = "full") -> ml_collections.ConfigDict:
     # overlap: each sentence's IDF-weighted word overlap with the question, the IDF fitted on
     # the training passages (dil_jax.prescreening.model.PrescreenConfig).
     c.model = ml_collections.ConfigDict(dict(width=128, num_layers=4, num_heads=4, mlp_dim=256,
-                                             dropout=0.1, interaction=False, overlap=False))
+                                             dropout=0.1, interaction=True, overlap=True))
     c.train = ml_collections.ConfigDict(dict(steps=3000, batch_size=64, learning_rate=1e-3,
                                              weight_decay=0.01, seed=0, eval_every=100))
     if variant == "shared":

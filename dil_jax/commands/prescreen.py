@@ -198,11 +198,9 @@ def _obtain_prescreener(args: argparse.Namespace, config) -> tuple:
                                    ("validation",) if args.prescreener is not None else None)
     if args.prescreener is not None:
         prescreener = SentencePrescreener.load(args.prescreener)
-        overlap = (WordOverlap(prescreener.encoder.tokenizer, prescreener.idf)
-                   if prescreener.config.overlap else None)
         splits = _split_data(config, examples, prescreener.encoder,
                              prescreener.config.max_sentences, prescreener.max_sentence_len,
-                             overlap)
+                             prescreener.word_overlap)
         return prescreener, splits, None, dict(embeddings=time.perf_counter() - started,
                                                training=0.0)
     encoder = load_sentence_encoder(config.encoder.checkpoint, config.encoder.max_sentence_len)

@@ -37,8 +37,8 @@ class PrescreenConfig:
     # Each sentence's input also holds its IDF-weighted word overlap with the question
     # (dil_jax.prescreening.overlap), projected, and its score adds that overlap times a
     # learned scale. Why: the sentence embeddings lose which words a sentence holds, and
-    # SQuAD's questions reuse their sentence's rarer words (docs/prescreening.md). False: no
-    # such input or params (the prescreeners saved before it).
+    # SQuAD's questions reuse their sentence's rarer words (docs/prescreening.md, "Sentence
+    # accuracy"). False: no such input or params (the prescreeners saved before it).
     overlap: bool = False
 
 

@@ -1,11 +1,9 @@
 """How much of a question's vocabulary a sentence shares, weighted by how rare each word is.
 
-SQuAD's questions were written by reading one sentence, and most reuse its rarer words: on the
-dev articles 25-27 the sentence sharing the most IDF-weighted word pieces with the question is
-the answer's more often than the sentence-embedding prescreener alone picks it (the measurement:
-docs/prescreening.md). A sentence encoder squeezes a sentence into one vector and loses exactly
-which words it holds, so the prescreener reads this score beside the embeddings
-(`PrescreenConfig.overlap`).
+SQuAD's questions were written by reading one sentence, and most reuse its rarer words. A
+sentence encoder squeezes a sentence into one vector and loses exactly which words it holds, so
+the prescreener reads this score beside the embeddings (`PrescreenConfig.overlap`; what it adds
+on the dev articles: docs/prescreening.md, "Sentence accuracy").
 
 The words are the sentence encoder's own word pieces (its tokenizer, without special tokens),
 so no second vocabulary is kept: the IDF table is one float per vocabulary entry, fitted on the

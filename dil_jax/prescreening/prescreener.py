@@ -32,6 +32,7 @@ from dil_jax.prescreening.sentences import answer_sentence, split_sentences
 from dil_jax.rounding import round_up
 
 if TYPE_CHECKING:
+    from dil_jax.prescreening.overlap import WordOverlap
     from dil_jax.readers.protocol import Reader
 
 PRESCREENER_FORMAT = "dil_jax.prescreener/1"
@@ -129,17 +130,22 @@ class SentencePrescreener:
             return np.zeros((0, self.config.embedding_dim), np.float32)
         return sentence_embeddings(self.encoder, texts, max_len=self.max_sentence_len)
 
+    @property
+    def word_overlap(self) -> WordOverlap | None:
+        """The word overlap this prescreener reads (its encoder's tokenizer and its IDF), or
+        None when it reads none."""
+        from dil_jax.prescreening.overlap import WordOverlap
+
+        return WordOverlap(self.encoder.tokenizer, self.idf) if self.config.overlap else None
+
     def overlap(self, questions: Sequence[str], sentences: Sequence[Sequence[str]]
                 ) -> np.ndarray | None:
         """[n, S] each question's IDF-weighted word overlap with each of its sentences' texts
         (`overlap.overlap_scores`; sentences: per question, its sentences), or None when this
         prescreener does not read it."""
-        from dil_jax.prescreening.overlap import WordOverlap
-
-        if not self.config.overlap:
-            return None
-        return WordOverlap(self.encoder.tokenizer, self.idf)(questions, sentences,
-                                                             self.config.max_sentences)
+        overlap = self.word_overlap
+        return None if overlap is None else overlap(questions, sentences,
+                                                    self.config.max_sentences)
 
     def score(self, question: np.ndarray, sentences: np.ndarray, mask: np.ndarray,
               overlap: np.ndarray | None = None) -> np.ndarray:

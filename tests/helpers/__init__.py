@@ -152,8 +152,10 @@ def file_digests(folder: Path) -> dict[str, str]:
             for path in sorted(folder.rglob("*")) if path.is_file() and path.name != ".lock"}
 
 
-def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = None):
-    """An untrained prescreener (random scores are enough to check where they lead)."""
+def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = None,
+                       overlap: bool = False):
+    """An untrained prescreener (random scores are enough to check where they lead); with
+    `overlap`, one that reads word overlaps too (an IDF of 1 for every piece)."""
     import jax
     import numpy as np
 
@@ -162,9 +164,12 @@ def random_prescreener(minilm_dir, seed: int = 0, encoder_name: str | None = Non
     from dil_jax.readers import load_reader
 
     config = PrescreenConfig(embedding_dim=384, width=16, num_layers=1, num_heads=2, mlp_dim=16,
-                             max_sentences=8, dropout=0.0)
+                             max_sentences=8, dropout=0.0, overlap=overlap)
     params = Prescreener(config).init(jax.random.key(seed), np.zeros((1, 384), np.float32),
                                       np.zeros((1, 8, 384), np.float32),
-                                      np.ones((1, 8), np.int32))["params"]
-    return SentencePrescreener(config, params, load_reader(str(minilm_dir), None, 32),
-                               encoder_name or str(minilm_dir), 32)
+                                      np.ones((1, 8), np.int32),
+                                      np.zeros((1, 8), np.float32))["params"]
+    encoder = load_reader(str(minilm_dir), None, 32)
+    idf = np.ones(len(encoder.tokenizer), np.float32) if overlap else None
+    return SentencePrescreener(config, params, encoder, encoder_name or str(minilm_dir), 32,
+                               idf)

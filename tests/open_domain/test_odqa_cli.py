@@ -86,13 +86,16 @@ def test_index_ask_and_eval(tmp_path, capsys):
 
 
 def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, minilm_dir):
-    """--prescreen on every command that reads: a random prescreener over the default encoder."""
+    """--prescreen on every command that reads: a random prescreener over the default encoder,
+    one that reads word overlaps as the bundled one does (computed from the passages' stored
+    sentence spans and texts in the open domain, from the contexts in predict)."""
     from dil_jax.prescreening.sentences import split_sentences
 
     from tests.helpers import random_prescreener
 
     # The CLI readers use the default checkpoint: the same MiniLM weights as minilm_dir.
-    folder = random_prescreener(minilm_dir, encoder_name="default").save(tmp_path / "prescreener")
+    folder = random_prescreener(minilm_dir, encoder_name="default", overlap=True).save(
+        tmp_path / "prescreener")
     index = tmp_path / "index"
     common = COMMON
     build = ["index", "--out", str(index), "--corpus", _write_corpus(tmp_path), "--k", "4",

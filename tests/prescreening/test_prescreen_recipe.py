@@ -183,7 +183,7 @@ def test_the_recipe_with_word_overlaps_saves_its_idf_and_scores_as_trained(tmp_p
     assert status == 0, err
     workdir = tmp_path / "prescreener"
     loaded = SentencePrescreener.load(workdir)
-    assert loaded.config.overlap and not loaded.config.interaction
+    assert loaded.config.overlap
     contexts = [_article(*fact)["paragraphs"][0]["context"] for fact in FACTS[:3]]
     np.testing.assert_array_equal(loaded.idf, fit_idf(loaded.encoder.tokenizer, contexts))
     record = json.loads((workdir / "prescreener.json").read_text())

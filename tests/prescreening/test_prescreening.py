@@ -233,7 +233,9 @@ def test_reading_kept_sentences_equals_reading_their_text():
 
 def test_bundled_prescreener_beats_the_first_sentence(shared_data):
     """The bundled prescreener on two validation articles it was not trained on (28, 29): well
-    above always picking the first sentence (the seed's baseline)."""
+    above always picking the first sentence (the seed's baseline), and above the seed's own
+    73.5% top-1 (bounds far below the 84.1 / 93.1 it measured on all of 28-34: float rounding
+    across CPUs moves a score by ~1e-6, a ranking almost never)."""
     from dil_jax.data.squad import load_squad, select_articles
     from dil_jax.prescreening.prescreener import SentencePrescreener
     from dil_jax.prescreening.train import build_sentence_data, first_sentence_accuracy
@@ -241,12 +243,13 @@ def test_bundled_prescreener_beats_the_first_sentence(shared_data):
     prescreener = SentencePrescreener.load("default")
     examples = select_articles(
         load_squad(shared_data / "squad" / "dev-v1.1.35-articles.json").examples, "28:30")
-    data = build_sentence_data(examples, prescreener.encoder, max_sentences=32)
+    data = build_sentence_data(examples, prescreener.encoder, max_sentences=32,
+                               overlap=prescreener.word_overlap)
     accuracy = topk_accuracy(data_scores(prescreener.params, prescreener.config, data),
                              data.label)
-    assert len(data.label) > 100
+    assert len(data.label) > 100 and prescreener.config.overlap
     assert accuracy["top1"] > first_sentence_accuracy(data) + 0.15
-    assert accuracy["top2"] > 0.7
+    assert accuracy["top1"] > 0.735 and accuracy["top2"] > 0.85
 
 
 def test_a_folder_that_is_not_a_prescreener_is_named(tmp_path):
