@@ -11,21 +11,7 @@ INDEX=${1:?INDEX}; OUT=${2:?OUT}; PEER_PYTHON=${3:?PEER_PYTHON}; PEER_MODEL=${4:
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 PEER=(--peer "$PEER_PYTHON" --peer-model "$PEER_MODEL")
-wait_ready() {  # PORT
-  local state stage done total
-  for second in $(seq 1 900); do
-    state=$(curl -s "http://127.0.0.1:$1/readyz" | python3 -c "
-import json, sys
-progress = json.load(sys.stdin).get('progress', {})
-background = progress.get('background', {})
-print(progress.get('stage'), background.get('done'), background.get('total'))" 2>/dev/null || true)
-    read -r stage done total <<< "${state:-none 0 1}"
-    if [ "$stage" = ready ] && { [ "$done" = "$total" ] || [ "$second" -gt 300 ]; }; then
-      echo "port $1: $state (stage, idle programs done / total) after $second s"; return
-    fi
-    sleep 1
-  done
-}
+source benchmarks/wait_ready.sh
 python3 -m dil_jax serve --index "$INDEX" --port 8790 --prune-windows all > "$OUT/server_all.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null' EXIT

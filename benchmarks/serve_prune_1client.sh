@@ -9,24 +9,14 @@ set -euo pipefail
 INDEX=${1:?INDEX}; OUT=${2:?OUT}; REQUESTS=${3:-256}; SEED=${4:-0}; MODES=${5:-calibrated all}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
+source benchmarks/wait_ready.sh
 for mode in $MODES; do
   port=$([ "$mode" = calibrated ] && echo 8781 || echo 8782)
   python3 -m dil_jax serve --index "$INDEX" --port "$port" --prune-windows "$mode" \
     > "$OUT/$mode.log" 2>&1 &
   server=$!
   trap 'kill $server 2>/dev/null' EXIT
-  state=""
-  for second in $(seq 1 900); do
-    state=$(curl -s "http://127.0.0.1:$port/readyz" | python3 -c "
-import json, sys
-progress = json.load(sys.stdin).get('progress', {})
-background = progress.get('background', {})
-print(progress.get('stage'), background.get('done'), background.get('total'))" 2>/dev/null || true)
-    read -r stage done total <<< "${state:-none 0 1}"
-    if [ "$stage" = ready ] && { [ "$done" = "$total" ] || [ "$second" -gt 300 ]; }; then break; fi
-    sleep 1
-  done
-  echo "$mode: $state (stage, idle programs done / total) after ${second} s"
+  wait_ready "$port"
   python3 benchmarks/serve.py --url "$mode=http://127.0.0.1:$port" --clients 1 \
     --requests "$REQUESTS" --sample-seed "$SEED" --reader delayed full --index "$INDEX" \
     --out "$OUT/bench_$mode"
