@@ -116,10 +116,11 @@ def instrument(engine, trace: Trace) -> None:
             grid.read_pairs = timed(trace, "pairs", grid.read_pairs)
             chunk_shape = grid.chunk_shape
 
-            def traced_shape(signature, pairs, q_width, p_width, book=True,
+            def traced_shape(signature, pairs, q_width, p_width, book=True, record=True,
                              chunk_shape=chunk_shape, grid=grid):
-                shape = chunk_shape(signature, pairs, q_width, p_width, book)
-                if trace.current is not None:
+                shape = chunk_shape(signature, pairs, q_width, p_width, book, record)
+                # Chunks read, not the prices `width_spans` asks before cutting a list.
+                if trace.current is not None and record:
                     needed = chunk_shape(signature, pairs, q_width, p_width, False)
                     trace.current["shapes"].append(
                         {"ran": [shape.rows, shape.q_width, shape.p_width],

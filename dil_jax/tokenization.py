@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -227,13 +228,32 @@ class PairLayout:
         return 1 + len(self.question_end)
 
 
+# pair_layout of each tokenizer read so far: every question batch asks (a served request
+# too), and reading it costs a tokenizer call.
+_PAIR_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def pair_layout(tokenizer) -> PairLayout:
-    """The tokenizer's pair layout, read from what it builds for a pair of one-word texts.
+    """The tokenizer's pair layout, read from what it builds for a pair of one-word texts
+    (once per tokenizer object).
 
     Raises TokenizationError when the layout is not `first q question_end p sep` with one
     token before the question (the null score reads it) and the tokenizer's sep after the
     passage (SQuAD windows end with it), nor XLNet's `a sep b sep cls` (`_is_xlnet_layout`).
     """
+    try:
+        return _PAIR_LAYOUTS[tokenizer]
+    except (KeyError, TypeError):  # TypeError: an object that cannot be weakly referenced
+        pass
+    layout = _read_pair_layout(tokenizer)
+    try:
+        _PAIR_LAYOUTS[tokenizer] = layout
+    except TypeError:
+        pass
+    return layout
+
+
+def _read_pair_layout(tokenizer) -> PairLayout:
     encoded = tokenizer("a", "b")
     ids, sequence = encoded["input_ids"], encoded.sequence_ids()
     question = [i for i, s in enumerate(sequence) if s == 0]

@@ -77,7 +77,7 @@ from dil_jax.readers.protocol import TokenRows
 from dil_jax.reading.chunks import padded_pairs
 from dil_jax.reading.pairs import SpanScores, kept_positions
 from dil_jax.rounding import round_up
-from dil_jax.tokenization import encode_questions
+from dil_jax.tokenization import Segments, encode_questions
 
 if TYPE_CHECKING:
     from dil_jax.open_domain.index.sentences import SentenceStore
@@ -525,11 +525,13 @@ class OpenDomainReader:
                          if q not in settled and (~read[question == q]).any()]
         return pairs.subset(read), _take_scores(scores, read), tokens[read]
 
-    def _encode_question_batch(self, questions: list[str]) -> tuple[jax.Array, np.ndarray]:
+    def _encode_question_batch(self, questions: list[str], encoded: Segments | None = None
+                               ) -> tuple[jax.Array, np.ndarray]:
         """(lower states [batch_size, q_len, hidden], mask [batch_size, q_len]) of the
-        questions, padded to a whole batch (one compiled shape)."""
-        q = encode_questions(self.reader.tokenizer, questions,
-                             self.reader.config.max_question_len)
+        questions, padded to a whole batch (one compiled shape). encoded: the questions'
+        `encode_questions` when the caller has it already (a server's request check)."""
+        q = encoded if encoded is not None else encode_questions(
+            self.reader.tokenizer, questions, self.reader.config.max_question_len)
         rows = TokenRows(q.ids, q.mask, self.reader.characters(list(questions), q.offsets,
                                                                 q.mask))
         rows = rows.take(slice(None), self.grid.batch_size)

@@ -10,6 +10,13 @@ the question and passage widths it reads (`chunk_width`). Two rules here:
   Pairs are independent rows of the program, so the rows a chunk is padded to change no pair's
   scores beyond float rounding. The short chunk comes first (`chunk_spans`), so a warm-up that
   runs one chunk of a list compiles the short shape (dil_jax.serve.shapes).
+- **Pairs of unequal widths may be split** (`width_spans`, a short list only: at most one
+  chunk of pairs, e.g. a context's windows or a lone question's round). A chunk is as wide as
+  its widest pair, so a context of a full window and a short tail read in one chunk reads the
+  tail at the full width; two chunks read each at its own width but pay a second program call.
+  The cut with the least rows x widths, each call counted as CHUNK_CALL_TOKENS more, is taken;
+  pairs of equal widths are never split (a list of identical pairs, as the server's warm-up
+  reads, is cut as `chunk_spans` cuts it).
 - **A served chunk runs at a compiled shape** (`ShapeBook`). A server compiles the widest shapes
   first, says it is ready, and compiles the others while idle; until then a chunk runs at the
   cheapest compiled shape that holds it (more rows, wider widths: padding, masked as padding
@@ -20,7 +27,7 @@ the question and passage widths it reads (`chunk_width`). Two rules here:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -92,6 +99,40 @@ def chunk_spans(num_pairs: int, chunk_size: int) -> Iterator[slice]:
         yield slice(start, start + chunk_size)
 
 
+# What one more chunk program call costs beyond its rows x widths, in tokens of one row: the
+# dispatch and every op's fixed overhead, whatever the rows read. On the 2-core Xeon a MiniLM
+# pair program's time is about 1.6 ms + 0.11 ms a token of one row (benchmarks/README.md,
+# "One context"): ~14 tokens; a wider model's tokens cost more, so fewer.
+CHUNK_CALL_TOKENS = 16
+
+
+def width_spans(widths: Sequence[Hashable], chunk_cost: Callable[[int, int], int],
+                chunk_size: int) -> list[slice]:
+    """The cheapest cut of a short list of pairs (at most chunk_size, in the order they are
+    read, widest last) into chunks, cut only between pairs of unequal widths.
+
+    widths: [num_pairs] each pair's (question, passage) widths; chunk_cost(start, end): the
+    cost of reading pairs start..end as one chunk (its rows x widths at the shape it runs at),
+    to which each chunk adds CHUNK_CALL_TOKENS. Dynamic programming over the cut points; the
+    chunks come in list order.
+    """
+    num_pairs = len(widths)
+    if not 1 <= num_pairs <= chunk_size:
+        raise ValueError(f"width_spans cuts 1..{chunk_size} pairs, got {num_pairs}")
+    cuts = [0] + [end for end in range(1, num_pairs) if widths[end] != widths[end - 1]]
+    cuts.append(num_pairs)
+    best = {0: (0, 0)}  # cut -> (least cost of pairs before it, the cut before it)
+    for end in cuts[1:]:
+        best[end] = min((best[start][0] + chunk_cost(start, end) + CHUNK_CALL_TOKENS, start)
+                        for start in cuts if start < end)
+    spans, end = [], num_pairs
+    while end:
+        start = best[end][1]
+        spans.append(slice(start, end))
+        end = start
+    return spans[::-1]
+
+
 def padded_chunk(index: np.ndarray, rows: int) -> np.ndarray:
     """A chunk's pair indices [n] padded to [rows] by repeating its last pair (the caller
     drops the padding rows' outputs)."""
@@ -122,9 +163,15 @@ class ShapeBook:
         return shape in self._shapes.get(signature, ())
 
     def shape_for(self, signature: Hashable, needed: ChunkShape) -> ChunkShape:
-        """The shape a chunk that needs `needed` runs at (see the class docstring)."""
+        """The shape a chunk that needs `needed` runs at (see the class docstring); while
+        compiling, recorded."""
         if self.compiling:
             self.add(signature, needed)
+        return self.would_run_at(signature, needed)
+
+    def would_run_at(self, signature: Hashable, needed: ChunkShape) -> ChunkShape:
+        """`shape_for` without recording anything (to price a chunk before reading it)."""
+        if self.compiling:
             return needed
         holding = [shape for shape in self._shapes.get(signature, ()) if shape.holds(needed)]
         return min(holding, key=lambda shape: (shape.cost, shape.rows)) if holding else needed

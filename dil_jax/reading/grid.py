@@ -43,6 +43,7 @@ from dil_jax.reading.chunks import (
     chunk_rows,
     chunk_spans,
     padded_chunk,
+    width_spans,
 )
 from dil_jax.reading.pairs import (
     KEPT_BUCKET,
@@ -96,13 +97,16 @@ class MeshGrid:
         self.chunk_size = round_up(chunk_size, self.mesh.devices.size)
 
     def chunk_shape(self, signature: Hashable, pairs: int, q_width: int | None,
-                    p_width: int | None, book: bool = True) -> ChunkShape:
+                    p_width: int | None, book: bool = True, record: bool = True) -> ChunkShape:
         """The shape a chunk of `pairs` real pairs reading these widths runs at: its own
-        (`chunk_rows`), or through the grid's `shape_book` when it has one and `book`."""
+        (`chunk_rows`), or through the grid's `shape_book` when it has one and `book`.
+        record=False: only to price the chunk (a compiling book records nothing)."""
         needed = ChunkShape(chunk_rows(pairs, self.chunk_size, self.mesh.devices.size), q_width,
                             p_width)
         if self.shape_book is None or not book:
             return needed
+        if not record:
+            return self.shape_book.would_run_at(signature, needed)
         return self.shape_book.shape_for(signature, needed)
 
     def chunk_row_choices(self) -> list[int]:
@@ -388,7 +392,12 @@ class PairGrid(MeshGrid):
         # What the chunk program's shape depends on besides the chunk's own (`ShapeBook`).
         signature = (np.shape(q_mask_host), np.shape(p_mask_host), q_qkv is not None,
                      p_qkv is not None, p_stats is not None)
-        for span in chunk_spans(num_pairs, self.chunk_size):
+        if trim and 0 < num_pairs <= self.chunk_size:
+            spans = self._width_spans(signature, order, q_real[q_index], p_real[p_index], q_len,
+                                      p_len)
+        else:
+            spans = chunk_spans(num_pairs, self.chunk_size)
+        for span in spans:
             pairs = order[span]
             chunk_positions = q_width = p_width = None
             if trim:
@@ -407,6 +416,22 @@ class PairGrid(MeshGrid):
                                     chunk_positions, q_qkv, p_qkv, p_stats, shape.q_width,
                                     shape.p_width)
             yield pairs, outputs
+
+    def _width_spans(self, signature: Hashable, order: np.ndarray, q_real: np.ndarray,
+                     p_real: np.ndarray, q_len: int, p_len: int) -> list[slice]:
+        """`width_spans` of a short list of trimmed pairs read in `order`: q_real, p_real
+        [num_pairs] their real question and passage lengths, each chunk priced at the shape
+        it would run at (`chunk_shape`, nothing recorded)."""
+        q_real, p_real = q_real[order], p_real[order]
+
+        def cost(start: int, end: int) -> int:
+            return self.chunk_shape(
+                signature, end - start, chunk_width(q_real[start:end], QUESTION_BUCKET, q_len),
+                chunk_width(p_real[start:end], KEPT_BUCKET, p_len), record=False).cost
+
+        widths = [(chunk_width(q_real[[pair]], QUESTION_BUCKET, q_len),
+                   chunk_width(p_real[[pair]], KEPT_BUCKET, p_len)) for pair in range(len(order))]
+        return width_spans(widths, cost, self.chunk_size)
 
     def read_pairs(self, params: Params, q_lower: jax.Array, q_mask: np.ndarray,
                    p_source: jax.Array | np.ndarray, p_mask: np.ndarray,

@@ -21,6 +21,7 @@ from dil_jax.serve.loading import ServedReader
 from dil_jax.serve.metrics import CompileCounter, ServeMetrics
 from dil_jax.serve.schemas import AnswerRequest, Limits, ReadRequest, RequestError
 from dil_jax.serve.worker import Worker
+from dil_jax.tokenization import Segments
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,15 @@ class Outcome:
 @dataclasses.dataclass(frozen=True)
 class PreparedContext:
     """A `/v1/read` request and its context's windows (`window_contexts`), ready to read;
-    chars: what the reader reads of each window token beside its id (`Reader.characters`,
-    from the context through the tokens' offsets, as the index's cache builder reads a
-    passage's text: a QANet / BiDAF's characters [n_windows, p_len, max_chars]), else None."""
+    question: its question encoded (`encode_questions`, [1, q_len]: the check that it has a
+    token, kept for the read); chars: what the reader reads of each window token beside its
+    id (`Reader.characters`, from the context through the tokens' offsets, as the index's
+    cache builder reads a passage's text: a QANet / BiDAF's characters [n_windows, p_len,
+    max_chars]), else None."""
 
     request: ReadRequest
     windows: Any  # dil_jax.data.features.ContextWindows
+    question: Any  # dil_jax.tokenization.Segments of the question alone
     chars: np.ndarray | None = None
 
 
@@ -327,10 +331,9 @@ class Engine:
         if request.handle_impossible_answer and not reader.capabilities.null_score:
             raise no_null_score(served.name, reader.kind)
         tokenizer = reader.tokenizer
-        # A question the tokenizer reads as nothing raises here, for this request alone
-        # (its group's questions are encoded together later).
-        encode_questions(tokenizer, [request.question],
-                         served.reader.reader.config.max_question_len)
+        # A question the tokenizer reads as nothing raises here, for this request alone.
+        question = encode_questions(tokenizer, [request.question],
+                                    served.reader.reader.config.max_question_len)
         p_len = served.reader.cache.mask.shape[1]
         windows = window_contexts(tokenizer, [request.context], max_passage_len=p_len,
                                   doc_stride=int(served.reader.index.settings.doc_stride))
@@ -344,7 +347,7 @@ class Engine:
             raise RequestError(422, "context", "context has no token this reader knows",
                                request.context)
         chars = reader.characters([request.context] * count, windows.offsets, windows.mask)
-        return PreparedContext(request, windows, chars)
+        return PreparedContext(request, windows, question, chars)
 
     def _read_group(self, served: ServedReader, contexts: list[PreparedContext]
                     ) -> list[list[dict]]:
@@ -356,7 +359,11 @@ class Engine:
         reader = served.for_contexts(len(contexts), sum(counts))
         rows = TokenRows.join([TokenRows(context.windows.ids, context.windows.mask, context.chars)
                                for context in contexts])
-        q_lower, q_mask = reader._encode_question_batch([c.request.question for c in contexts])
+        questions = Segments(*(np.concatenate([getattr(context.question, field)
+                                               for context in contexts])
+                               for field in ("ids", "mask", "offsets")))
+        q_lower, q_mask = reader._encode_question_batch(
+            [context.request.question for context in contexts], questions)
         p_source, p_mask = self._context_side(reader, rows)
         scores = reader.grid.read_pairs(reader.reader.params, q_lower, q_mask, p_source, p_mask,
                                         np.repeat(np.arange(len(contexts)), counts),

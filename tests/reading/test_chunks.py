@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 from dil_jax.reading.chunks import (
+    CHUNK_CALL_TOKENS,
     ChunkShape,
     ShapeBook,
     chunk_row_choices,
     chunk_rows,
     chunk_spans,
     padded_chunk,
+    width_spans,
 )
 
 from tests.reading.test_grid import TINY_ENCODER, _tiny_segments
@@ -112,7 +114,10 @@ def test_chunks_run_short_or_at_a_booked_shape_and_score_as_the_direct_forward(k
                                                         p_mask, qi[:n], pi[:n]):
                 rows.append(np.shape(outputs[0])[0])
                 scores[pairs] = np.asarray(outputs[0])[:len(pairs)]
-            assert rows == ([chunk_rows(n % 8, 8)] if n % 8 else []) + [8] * (n // 8), n
+            if n > 8:  # more than a chunk: the short remainder first, then whole chunks
+                assert rows == [chunk_rows(n % 8, 8), 8], n
+            else:  # a short list: cut where its widths differ when that is cheaper
+                assert sum(rows) <= chunk_rows(n, 8), (n, rows)
             np.testing.assert_allclose(scores, np.asarray(direct.start_logits)[:n], atol=1e-5,
                                        err_msg=f"{n} pairs, book {book is not None}")
         if book is not None:  # passages 1-4 alone would read 32 tokens: all read at 48
@@ -129,3 +134,64 @@ def test_padded_pairs_by_hand(pairs, chunk_size, devices, rows):
     from dil_jax.reading.chunks import padded_pairs
 
     assert padded_pairs(pairs, chunk_size, devices) == rows
+
+
+def test_width_spans_takes_the_cheapest_cut_between_unequal_widths():
+    """By hand, with rows x width as each chunk's cost (rows: `chunk_rows` on chunks of 8) and
+    CHUNK_CALL_TOKENS (F) more per chunk."""
+    def cost_of(widths):
+        def cost(start, end):
+            return chunk_rows(end - start, 8) * max(widths[start:end])
+        return cost
+
+    call = CHUNK_CALL_TOKENS
+    # Equal widths are never cut, even where cutting would drop padding rows (3 -> 2 + 1).
+    assert width_spans([64] * 3, cost_of([64] * 3), 8) == [slice(0, 3)]
+    # A short tail and a full window: 2 x 200 + F = 416 as one chunk, 40 + 200 + 2F = 272 cut.
+    assert width_spans([40, 200], cost_of([40, 200]), 8) == [slice(0, 1), slice(1, 2)]
+    # Nearly equal: 2 x 200 + F = 416 against 192 + 200 + 2F = 424: one chunk.
+    assert width_spans([192, 200], cost_of([192, 200]), 8) == [slice(0, 2)]
+    # Three: [40, 48, 200]: {40, 48} + {200} = 2 x 48 + 200 + 2F = 328 beats each alone
+    # (40 + 48 + 200 + 3F = 336) and all together (4 x 200 + F = 816).
+    widths = [40, 48, 200]
+    assert width_spans(widths, cost_of(widths), 8) == [slice(0, 2), slice(2, 3)]
+    assert 2 * 48 + 200 + 2 * call < min(40 + 48 + 200 + 3 * call, 4 * 200 + call)
+    for bad in (0, 9):
+        with pytest.raises(ValueError, match=f"got {bad}"):
+            width_spans([1] * bad, cost_of([1] * max(bad, 1)), 8)
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_window_and_its_short_tail_are_read_apart_and_score_as_the_direct_forward(k):
+    """A context's full window and its short tail (96 and 4 real tokens of 96; the question's 5
+    read as 8): one chunk would read 2 x (8 + 96) = 208 tokens + CHUNK_CALL_TOKENS, two
+    chunks (8 + 32) + (8 + 96) + 2 x CHUNK_CALL_TOKENS = 176: two one-row chunks, each at its
+    own width, scoring as the direct forward."""
+    import jax
+
+    from dil_jax.model.delayed import DelayedInteractionModel
+    from dil_jax.model.encoder_config import EncoderConfig
+    from dil_jax.reading.grid import PairGrid
+
+    config = EncoderConfig(**{**TINY_ENCODER, "max_position_embeddings": 128},
+                           num_lower_layers=k)
+    model = DelayedInteractionModel(config)
+    params = model.init(jax.random.key(0))
+    rng = np.random.default_rng(5)
+    q_ids, q_mask, _, _ = _tiny_segments(1, (16,))
+    p_ids = rng.integers(1, 50, (2, 96)).astype(np.int32)
+    p_mask = (np.arange(96)[None] < np.array([[96], [4]])).astype(np.int32)
+    grid = PairGrid(model, batch_size=1, chunk_size=8)
+    q_lower = grid.encode_questions(params, q_ids, q_mask)
+    p_source = p_ids if k == 0 else grid.encode_passages(params, p_ids, p_mask)
+    qi, pi = np.zeros(2, np.int64), np.arange(2)
+    direct = model(params, q_ids[qi], q_mask[qi], p_ids, p_mask)
+    chunks = [(pairs.tolist(), np.asarray(outputs[0]))
+              for pairs, outputs in grid.iter_pair_chunks(params, q_lower, q_mask, p_source,
+                                                          p_mask, qi, pi)]
+    assert [pairs for pairs, _ in chunks] == [[1], [0]]  # the tail first, each alone
+    assert [start.shape[0] for _, start in chunks] == [1, 1]
+    assert (8 + 32) + (8 + 96) + 2 * CHUNK_CALL_TOKENS < 2 * (8 + 96) + CHUNK_CALL_TOKENS
+    for pairs, start in chunks:
+        np.testing.assert_allclose(start[0], np.asarray(direct.start_logits)[pairs[0]],
+                                   atol=1e-5)

@@ -66,7 +66,7 @@ def test_a_batch_or_context_is_read_with_the_smallest_padding_that_holds_it():
 
 
 def _contexts(*window_counts: int) -> list[tuple[int, PreparedContext]]:
-    return [(i, PreparedContext(None, SimpleNamespace(ids=np.zeros((n, 4)))))
+    return [(i, PreparedContext(None, SimpleNamespace(ids=np.zeros((n, 4))), None))
             for i, n in enumerate(window_counts)]
 
 
