@@ -100,9 +100,10 @@ def chunk_spans(num_pairs: int, chunk_size: int) -> Iterator[slice]:
 
 
 # What one more chunk program call costs beyond its rows x widths, in tokens of one row: the
-# dispatch and every op's fixed overhead, whatever the rows read. On the 2-core Xeon a MiniLM
-# pair program's time is about 1.6 ms + 0.11 ms a token of one row (benchmarks/README.md,
-# "One context"): ~14 tokens; a wider model's tokens cost more, so fewer.
+# dispatch and every op's fixed overhead, whatever the rows read. Sized for MiniLM-sized
+# readers on a CPU, where a lone pair's program is mostly per-token work; a wider model's
+# token costs more, so there the same call is worth fewer tokens and this errs toward one
+# chunk (docs/serving.md, "Measured": what the cut gained on /v1/read).
 CHUNK_CALL_TOKENS = 16
 
 
