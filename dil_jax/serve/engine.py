@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,25 @@ log = logging.getLogger(__name__)
 CHECK_QUESTIONS = ("Who wrote Pride and Prejudice?", "What is the capital of France?")
 CHECK_CONTEXT = ("Pride and Prejudice is an 1813 novel of manners written by Jane Austen. It "
                  "follows Elizabeth Bennet as she deals with matters of upbringing.")
+
+
+# The idle warm-up stops once the process holds this share of the kernel's memory-map limit:
+# every compiled XLA:CPU program holds its own maps (about a hundred for a MiniLM chunk
+# program), and a process past the limit fails its next allocation (LLVM: "Cannot allocate
+# memory") and dies. The programs left would only have been faster shapes for some chunks.
+IDLE_MAP_SHARE = 0.8
+
+
+def memory_map_share() -> float | None:
+    """The share of the kernel's per-process memory-map limit (`vm.max_map_count`) this process
+    holds, or None where either cannot be read (not Linux)."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            held = sum(1 for _ in maps)
+    except (OSError, ValueError):
+        return None
+    return held / limit if limit > 0 else None
 
 
 def several_window_context(window_count: Callable[[str], int], rows: int,
@@ -181,10 +201,25 @@ class Engine:
     def _compile_while_idle(self) -> bool:
         """Compiles one narrower chunk program (the worker calls this when its queue is
         empty; a request that arrives meanwhile waits for this one program only). True while
-        more remain."""
+        more remain. Stops for good, with a warning, once the process holds more than
+        IDLE_MAP_SHARE of the kernel's memory-map limit (`memory_map_share`)."""
         from dil_jax.serve.shapes import warm_up
 
         if not self._idle_jobs:
+            return False
+        share = memory_map_share()
+        if share is not None and share > IDLE_MAP_SHARE:
+            background = self.progress["background"]
+            background["stopped"] = (f"memory maps: {share:.0%} of vm.max_map_count held, "
+                                     f"{len(self._idle_jobs)} programs left")
+            log.warning("background warm-up stopped with %d narrower chunk programs left: this "
+                        "process holds %.0f%% of the kernel's memory-map limit "
+                        "(/proc/sys/vm/max_map_count; each compiled program holds its own maps, "
+                        "and past the limit the process dies). The chunks they would have run "
+                        "read at wider compiled shapes: slower, the same scores. Serve fewer "
+                        "--batch-shapes, or raise vm.max_map_count", len(self._idle_jobs),
+                        100 * share)
+            self._idle_jobs.clear()
             return False
         _, shaped, program, questions = self._idle_jobs.popleft()
         with CompileCounter.in_background():

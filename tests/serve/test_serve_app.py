@@ -684,3 +684,33 @@ def test_openapi_lists_each_field_the_checks_take(client):
     assert json.dumps(schema["properties"]["p"]) == json.dumps(
         {"type": "integer", "minimum": 1, "maximum": 5, "default": 5,
          "description": "passages read"})
+
+
+def test_the_idle_warm_up_stops_short_of_the_memory_map_limit(monkeypatch, caplog):
+    """Each compiled program holds its own memory maps and a process past vm.max_map_count
+    dies: with the process past IDLE_MAP_SHARE of the limit, the idle warm-up compiles nothing
+    more, drops what is left and says so (in the log and in /readyz's progress)."""
+    import collections
+    import logging
+
+    from dil_jax.serve import engine as engine_module
+    from dil_jax.serve.engine import IDLE_MAP_SHARE, Engine
+    from dil_jax.serve.metrics import ServeMetrics
+
+    engine = Engine({}, LIMITS, ServeMetrics(), warm=False)
+    engine.progress = {"stage": "ready", "background": {"done": 0, "total": 3}}
+    compiled = []
+    monkeypatch.setattr("dil_jax.serve.shapes.warm_up", lambda *job: compiled.append(job))
+    engine._idle_jobs = collections.deque([("full", "shaped", f"program {i}", {})
+                                           for i in range(3)])
+    monkeypatch.setattr(engine_module, "memory_map_share", lambda: IDLE_MAP_SHARE / 2)
+    assert engine._compile_while_idle() and len(compiled) == 1  # below the share: compiles
+    monkeypatch.setattr(engine_module, "memory_map_share", lambda: IDLE_MAP_SHARE + 0.01)
+    with caplog.at_level(logging.WARNING, logger="dil_jax.serve.engine"):
+        assert not engine._compile_while_idle()
+    assert len(compiled) == 1 and not engine._idle_jobs
+    assert "2 programs left" in engine.progress["background"]["stopped"]
+    assert "max_map_count" in caplog.text and "2 narrower chunk programs left" in caplog.text
+    # Read from /proc here (Linux): a share of a positive limit.
+    share = engine_module.memory_map_share()
+    assert share is None or 0 < share < 1
