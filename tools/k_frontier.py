@@ -163,9 +163,21 @@ def frontier_plot(scores: list[RunScore], speedups: dict[int, float], path: Path
 
     full_f1 = next(score.f1 for score in scores if score.k == 0)
     figure, axes = plt.subplots(figsize=(5.5, 4))
-    ordered = sorted(scores, key=lambda score: score.k)
+    # The line joins the best reader of each k (the frontier); other readers of a k (another
+    # recipe, a shorter run) are open markers below it.
+    best: dict[int, RunScore] = {}
+    for score in scores:
+        if score.k not in best or score.f1 > best[score.k].f1:
+            best[score.k] = score
+    ordered = [best[k] for k in sorted(best)]
+    others = [score for score in scores if best[score.k] is not score]
     axes.plot([speedups[score.k] for score in ordered],
-              [100 * score.f1 / full_f1 for score in ordered], "o-")
+              [100 * score.f1 / full_f1 for score in ordered], "o-", label="best of each k")
+    if others:
+        axes.plot([speedups[score.k] for score in others],
+                  [100 * score.f1 / full_f1 for score in others], "o", fillstyle="none",
+                  color="C0", label="other readers (see the table)")
+        axes.legend(loc="lower left", fontsize="small")
     for position, score in enumerate(ordered):
         # Neighbouring k sit close together at small speedups, on a line falling to the right:
         # alternate above-right / below the point (both off the line), the first above.
