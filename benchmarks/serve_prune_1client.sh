@@ -4,7 +4,8 @@
 # (or after 300 s), one client, REQUESTS seeded questions of articles 28-34 (benchmarks/serve.py
 # --sample-seed), both readers.
 #   bash benchmarks/serve_prune_1client.sh INDEX OUT [REQUESTS=256] [SEED=0] [MODES="calibrated all"]
-# Writes OUT/bench_MODE.{md,json} (each answer included) and each server's log.
+# Writes OUT/bench_MODE.{md,json} (each answer included) and each server's log. The delayed
+# reader is the bundled one of k = DELAYED_K (default 4, the reader issue 63's targets name).
 set -euo pipefail
 INDEX=${1:?INDEX}; OUT=${2:?OUT}; REQUESTS=${3:-256}; SEED=${4:-0}; MODES=${5:-calibrated all}
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ mkdir -p "$OUT"
 source benchmarks/wait_ready.sh
 for mode in $MODES; do
   port=$([ "$mode" = calibrated ] && echo 8781 || echo 8782)
-  python3 -m dil_jax serve --index "$INDEX" --port "$port" --prune-windows "$mode" \
+  python3 -m dil_jax serve --index "$INDEX" --port "$port" --prune-windows "$mode" --k "${DELAYED_K:-4}" \
     > "$OUT/$mode.log" 2>&1 &
   server=$!
   trap 'kill $server 2>/dev/null' EXIT

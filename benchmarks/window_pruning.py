@@ -130,7 +130,7 @@ def _open_reader(args: argparse.Namespace):
     from dil_jax.readers import load_reader
 
     index = open_index(args.index)
-    checkpoint = args.checkpoint or bundled_reader("full" if args.k == 0 else "delayed")
+    checkpoint = args.checkpoint or bundled_reader("full" if args.k == 0 else "delayed", args.k)
     reader = load_reader(checkpoint, k=args.k, max_question_len=args.max_question_len)
     cache = index.open_cache(reader, None)
     return OpenDomainReader(index, reader, cache, top_p=args.top_p, batch_size=args.batch_size)

@@ -146,33 +146,57 @@ def default_checkpoint_dir() -> Path:
 
 
 # Fine-tuned readers bundled with the package (see dil_jax/assets/README.md for how they were
-# trained), by role: "full" (k = 0) and "delayed".
-BUNDLED_READERS = {"full": "minilm-squad-full", "delayed": "minilm-squad-k4"}
-# The split the raw embedded MiniLM is read at as a delayed reader where none is bundled (it
-# records none; k = 0 would be no delayed reader): the bundled delayed reader's.
-EMBEDDED_DELAYED_K = 4
+# trained), by role: "full" (k = 0) and "delayed": the delayed reader that answers best in the
+# open domain (the k = 2 student after the open-domain stage, issue 61: README, "Results").
+BUNDLED_READERS = {"full": "minilm-squad-full", "delayed": "minilm-squad-k2-open"}
+# The split of the bundled delayed reader; also the split the raw embedded MiniLM is read at as a
+# delayed reader where none is bundled (it records none; k = 0 would be no delayed reader).
+EMBEDDED_DELAYED_K = 2
 
 
-def bundled_reader(role: str) -> Path | None:
-    """Folder of a bundled fine-tuned reader, or None when this install has none."""
-    folder = Path(__file__).parent / "assets" / BUNDLED_READERS[role]
+# The other bundled readers, by the split they were trained for: a delayed reader asked for at
+# another k than EMBEDDED_DELAYED_K (`--k 4`, no checkpoint) reads with the bundled one of that
+# k rather than with weights trained for another split.
+OTHER_BUNDLED_READERS = {2: "minilm-squad-k2", 4: "minilm-squad-k4"}
+
+
+def _bundled_folder(name: str) -> Path | None:
+    folder = Path(__file__).parent / "assets" / name
     return folder if (folder / "config.json").is_file() else None
 
 
+def bundled_reader(role: str, k: int | None = None) -> Path | None:
+    """Folder of a bundled fine-tuned reader of `role` ("full", "delayed"), or None when this
+    install has none. A delayed one asked for at a `k` other than the bundled delayed reader's
+    is the bundled reader trained at that k when there is one (OTHER_BUNDLED_READERS)."""
+    if role == "delayed" and k not in (None, EMBEDDED_DELAYED_K) and k in OTHER_BUNDLED_READERS:
+        folder = _bundled_folder(OTHER_BUNDLED_READERS[k])
+        if folder is not None:
+            return folder
+    return _bundled_folder(BUNDLED_READERS[role])
+
+
 def default_reader_role(k: int | None, index_ks: Collection[int] = (),
-                        delayed_k: int | None = None) -> str:
+                        delayed_ks: Collection[int] = ()) -> str:
     """Which bundled reader ("full" or "delayed") reads when no --checkpoint is given.
 
     k given: the full reader for k = 0, else the delayed one (its weights learnt to read split;
     the full reader's did not). k left out (`ask`): the full reader, the better one, unless the
-    index holds no k = 0 cache but one at the delayed reader's own k (`index_ks`, `delayed_k`):
-    a user who built an index for the delayed reader only expects `ask` to answer from it.
+    index holds no k = 0 cache but one at the k of a bundled delayed reader (`index_ks`,
+    `delayed_ks`): a user who built an index for a delayed reader only expects `ask` to answer
+    from it.
     """
     if k is not None:
         return "full" if k == 0 else "delayed"
-    if 0 not in index_ks and delayed_k is not None and delayed_k in index_ks:
+    if 0 not in index_ks and any(delayed_k in index_ks for delayed_k in delayed_ks):
         return "delayed"
     return "full"
+
+
+def bundled_delayed_ks() -> tuple[int, ...]:
+    """The k of each bundled delayed reader this install has, the default one's first."""
+    return tuple(k for k in dict.fromkeys((EMBEDDED_DELAYED_K, *OTHER_BUNDLED_READERS))
+                 if bundled_reader("delayed", k) is not None)
 
 # BM25 engines of `dil-jax index --retriever` (dil_jax.open_domain.retrieval.engines), and the
 # corpus size from which "auto" picks bm25s (docs/open_domain.md, "Retrievers": where rank-bm25's

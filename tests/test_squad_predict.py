@@ -113,11 +113,12 @@ def test_reading_again_with_the_same_model_compiles_nothing(tokenizer):
     assert again == 0
 
 
-@pytest.mark.parametrize("k, role", [(None, "full"), (4, "delayed")])
+@pytest.mark.parametrize("k, role", [(None, "full"), (2, "delayed"), (4, "delayed")])
 def test_predict_without_a_checkpoint_reads_the_bundled_reader_of_its_k(tmp_path, monkeypatch,
                                                                         capsys, k, role):
-    """`ask`'s rule (`ReaderRequest.resolved`): no --checkpoint is the bundled reader of --k,
-    the full one without --k; not the embedded MiniLM, whose QA head is untrained."""
+    """`ask`'s rule (`ReaderRequest.resolved`): no --checkpoint is the bundled reader of --k
+    (k = 2: the default delayed one; k = 4: the bundled k = 4 reader), the full one without
+    --k; not the embedded MiniLM, whose QA head is untrained."""
     from dil_jax import cli
     from dil_jax.defaults import bundled_reader
 
@@ -133,4 +134,6 @@ def test_predict_without_a_checkpoint_reads_the_bundled_reader_of_its_k(tmp_path
             "--limit", "1", "--no-progress", *(["--k", str(k)] if k is not None else [])]
     with pytest.raises(SystemExit):
         cli.main(argv)
-    assert [r.checkpoint for r in requested] == [str(bundled_reader(role))]
+    assert [r.checkpoint for r in requested] == [str(bundled_reader(role, k))]
+    assert bundled_reader(role, k).name == {None: "minilm-squad-full", 2: "minilm-squad-k2-open",
+                                            4: "minilm-squad-k4"}[k]

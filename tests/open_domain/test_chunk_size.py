@@ -315,7 +315,7 @@ def test_serve_and_ask_choose_read_and_show_the_size(tmp_path, monkeypatch, caps
     if bundled_reader("full") is None or bundled_reader("delayed") is None:
         pytest.skip("needs the bundled readers")
     index, _ = build_sample_index(tmp_path, "--max-passage-len", "48", "--doc-stride", "24",
-                                  ks=("0", "4"))
+                                  ks=("0", "2"))
     path = tmp_path / "chunk_sizes.json"
     monkeypatch.setenv(cs.ENV, str(path))
     measure = FakeMeasure({8: 1.0, 16: 2.0})
@@ -346,7 +346,7 @@ def test_serve_and_ask_choose_read_and_show_the_size(tmp_path, monkeypatch, caps
     status, _, err = run_cli([*common, "--chunk-size", "4"], capsys)
     assert status == 0 and {served.chunk.reason for served in loaded.values()} == {"4 (given)"}
     status, out, err = run_cli(["ask", "Who wrote Pride and Prejudice?", "--index", str(index),
-                                "--k", "4", "--max-question-len", "16", "--top-p", "3",
+                                "--k", "2", "--max-question-len", "16", "--top-p", "3",
                                 "--chunk-size", "measure"], capsys)
     assert status == 0 and measure.calls == 3, err
     assert "pairs per chunk for" in err and "16, measured now" in err

@@ -54,7 +54,7 @@ def test_manifests_written_before_read_back_to_the_same_json():
         assert manifest.key.folder_name == folder.name
     written = _json(index / "bm25" / "manifest.json")
     assert Bm25Manifest.from_json(written, index / "bm25").to_json() == written
-    for folder in (bundled_reader("full"), bundled_reader("delayed"),
+    for folder in (bundled_reader("full"), bundled_reader("delayed"), bundled_reader("delayed", 4),
                    bundled_reader("full").parent / "minilm-squad-k2"):
         assert ExportManifest.read(folder).to_json() == _json(folder / "dil_jax_manifest.json")
     # The prescreener bundled before issue 63 (kept as a fixture: its config has no
@@ -87,12 +87,12 @@ def test_k_is_recorded_once_and_old_readers_still_give_it():
     """A new export records k in `reader` only (the training config's model.num_lower_layers
     is derived from it on load); a bundled reader written before records it in both and reads
     as it did. A k that differs from the training run's is kept beside the exported one."""
-    # minilm-squad-full was bundled before k was recorded once; minilm-squad-k4 and -k2 (the
-    # complete-set k = 2 student, bundled 2026-11-28) after.
+    # minilm-squad-full was bundled before k was recorded once; minilm-squad-k4, -k2 (the
+    # complete-set k = 2 student, bundled 2026-11-28) and -k2-open (2026-11-30) after.
     old = ExportManifest.read(bundled_reader("full"))
     assert old.training_config["model"]["num_lower_layers"] == old.reader["num_lower_layers"]
     assert old.trained_k == old.reader["num_lower_layers"] == 0
-    for new_folder, k in ((bundled_reader("delayed"), 4),
+    for new_folder, k in ((bundled_reader("delayed"), 2), (bundled_reader("delayed", 4), 4),
                           (bundled_reader("full").parent / "minilm-squad-k2", 2)):
         new = ExportManifest.read(new_folder)
         assert "num_lower_layers" not in new.training_config["model"]

@@ -398,17 +398,20 @@ def test_resolve_pruning_prefers_the_recorded_high_then_the_exact_stop():
 
 
 def test_the_bundled_readers_record_their_calibrated_high():
-    """The table of docs/open_domain.md, "Window pruning", in the bundled manifests; the k = 2
-    reader, whose manifest was written before the record, has none and still loads."""
+    """The table of docs/open_domain.md, "Window pruning", in the bundled manifests; the plain
+    k = 2 reader, whose manifest was written before the record, has none and still loads."""
     from dil_jax.defaults import bundled_reader
     from dil_jax.open_domain.pruning import calibration_of
 
-    full, k4 = bundled_reader("full"), bundled_reader("delayed")
+    full, k4 = bundled_reader("full"), bundled_reader("delayed", 4)
     if full is None or k4 is None:
         pytest.skip("needs the bundled readers")
     assert calibration_of(full).highs == {"logits": 5.25, "margin": 6.75}
     assert calibration_of(k4).highs == {"logits": 4.75, "margin": 7.0}
     assert (calibration_of(k4).mu, calibration_of(k4).top_p) == (0.5, 29)
+    k2_open = bundled_reader("delayed")
+    assert calibration_of(k2_open).highs == {"logits": 5.75, "margin": 7.25}
+    assert (calibration_of(k2_open).mu, calibration_of(k2_open).top_p) == (0.5, 29)
     assert calibration_of(full.parent / "minilm-squad-k2") is None
     assert calibration_of(None) is None
 

@@ -50,7 +50,7 @@ def test_without_a_bundled_reader_the_embedded_one_or_a_refusal(monkeypatch, cap
     from dil_jax import defaults
     from dil_jax.errors import UsageError
 
-    monkeypatch.setattr(defaults, "bundled_reader", lambda role: None)
+    monkeypatch.setattr(defaults, "bundled_reader", lambda role, k=None: None)
     delayed = ReaderRequest(None, None, bundled="delayed",
                             checkpoint_flag="--delayed-checkpoint").resolved()
     assert (delayed.checkpoint, delayed.k) == ("default", defaults.EMBEDDED_DELAYED_K)

@@ -58,7 +58,7 @@ def server(tmp_path_factory):
     corpus.write_text("".join(json.dumps({"id": f"doc{i}", "title": f"T{i}", "text": text})
                               + "\n" for i, text in enumerate(SAMPLE_PASSAGES)))
     index = root / "index"
-    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "4",
+    assert main(["index", "--out", str(index), "--corpus", f"jsonl:{corpus}", "--k", "0", "2",
                  "--checkpoint", str(bundled_reader("full")), str(bundled_reader("delayed")),
                  "--max-question-len", "16", "--max-passage-len", "48",
                  "--doc-stride", "24"]) == 0
@@ -305,7 +305,7 @@ def test_client_command_line(server, capsys):
     assert "reader 'tiny' is not one of" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("reader,k", [("full", "0"), ("delayed", "4")])
+@pytest.mark.parametrize("reader,k", [("full", "0"), ("delayed", "2")])
 def test_ask_server_prints_what_a_local_read_prints(server, capsys, reader, k):
     """`dil-jax ask --server` prints, but for the time line, what `ask` prints for a read of
     the same reader at the same depth in this process (`open_domain.reader.format_answer`)."""

@@ -90,3 +90,26 @@ def test_record_integrity_of_a_bundled_reader_records_what_its_manifest_holds(tm
     record = bundle_readers.record_integrity(folder)
     assert list(record["weights"]) == [PARTIAL_SAFETENSORS_FILE]
     assert json.loads((folder / MANIFEST_FILE).read_text()) == before
+
+
+def test_read_back_is_recorded_beside_the_training_runs_own_scores(tmp_path):
+    """`--read-back`: predict's scores of the folder as bundled go under `read_back`, the
+    manifest's other fields (the training run's `final_eval` among them) as they were; scores
+    without F1 are refused."""
+
+    from dil_jax.checkpoints import MANIFEST_FILE
+
+    from tests.helpers import ASSETS
+
+    folder = tmp_path / "reader"
+    folder.mkdir()
+    before = json.loads((ASSETS / "minilm-squad-k2" / MANIFEST_FILE).read_text())
+    before.pop("read_back", None)
+    (folder / MANIFEST_FILE).write_text(json.dumps(before))
+    scores = {"exact": 72.5, "f1": 82.25, "total": 6013}
+    record = bundle_readers.record_read_back(folder, scores, "dev.json", "predict, a CPU")
+    after = json.loads((folder / MANIFEST_FILE).read_text())
+    assert after["read_back"] == record == {**scores, "data": "dev.json", "how": "predict, a CPU"}
+    assert {key: value for key, value in after.items() if key != "read_back"} == before
+    with pytest.raises(SystemExit, match=r"lack \['f1'\]"):
+        bundle_readers.record_read_back(folder, {"exact": 1.0, "total": 3}, "d", "h")
