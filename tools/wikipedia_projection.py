@@ -133,6 +133,12 @@ def storage_row(name: str, measured: dict[str, Any] | None, width: int, heads: i
     if measured is not None and "bytes_per_real_token" in measured:
         per_token = measured["bytes_per_real_token"]
         states, reuse, token_bytes = per_token["states"], per_token["reuse"], per_token["tokens"]
+        if not measured.get("reuse", True) and "reuse_if_stored" in measured:
+            # The run read without storing the reuse arrays: the record gives what they would
+            # take (`benchmarks/cache_compression.py`'s "not stored (+N)").
+            reuse = measured["reuse_if_stored"]
+        # The measured states bytes carry the pca / pq side arrays (basis, rotation, codebook)
+        # spread over the measured corpus's tokens: an upper bound at 21M passages.
         side, origin = 0, f"measured ({source})"
     else:
         states, reuse = defined_states_bytes(name, width), defined_reuse_bytes(name, width, heads)
@@ -341,8 +347,11 @@ def project(records: Records, storages: Sequence[str] = DEFAULT_STORAGES,
         passages=passages, windows=windows, real_tokens=tokens,
         windows_per_passage=sample["windows_per_passage"],
         real_tokens_per_window=sample["real_tokens_per_window"],
-        reader=dict(checkpoint=rate["checkpoint"], hidden=rate["hidden"],
-                    num_heads=rate["num_heads"], k=rate["k"]),
+        # The reader whose cache the storage rows are of: the cache record's when given (its
+        # states have the same width as the timed reader's), else the timed one.
+        reader=dict(checkpoint=(records.cache or {}).get("checkpoint", rate["checkpoint"]),
+                    hidden=rate["hidden"], num_heads=rate["num_heads"],
+                    k=(records.cache or {}).get("k", rate["k"])),
         index_files=files, index_files_gb=sum(row["gb"] for row in files), cache=cache,
         lucene_build=lucene_build(records.bm25_build, passages, records.bm25_bound),
         cache_builds=cache_builds(rate, windows),

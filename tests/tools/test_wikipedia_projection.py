@@ -100,6 +100,22 @@ def test_cache_rows_measured_or_defined():
     assert "accuracy" not in pq32
 
 
+def test_a_run_that_did_not_store_the_reuse_arrays_gives_their_bytes_if_stored():
+    """benchmarks/cache_compression.py's rows read without storing the reuse arrays record 0
+    bytes of them and what they would take ("not stored (+N)"): the projection takes the
+    latter; the storage rows are named after the cache record's reader and k."""
+    cache = dict(checkpoint="readers/k2", k=2, rows=[dict(
+        scheme="pq64", reuse=False, reuse_if_stored=1600.0,
+        bytes_per_real_token=dict(states=64.8, reuse=0.0, tokens=4.0),
+        open_domain=dict(EM=56.8, EM_ir=64.2, F1_ir=72.2, questions=1278))])
+    result = projection.project(records(cache), ["pq64"], passages=N)
+    (pq64,) = result["cache"]
+    assert pq64["reuse_bytes_per_token"] == 1600.0
+    assert pq64["states_tb"] == pytest.approx(64.8 * 200_000 / 1e12)
+    assert pq64["cache_with_reuse_tb"] == pytest.approx((64.8 + 4.0 + 1600.0) * 200_000 / 1e12)
+    assert (result["reader"]["checkpoint"], result["reader"]["k"]) == ("readers/k2", 2)
+
+
 def test_index_files_by_hand():
     result = projection.project(records(), ["int8"], passages=N)
     jsonl, offsets, windows, lucene = result["index_files"]
