@@ -157,3 +157,23 @@ def test_bm25_matches_rank_bm25_and_round_trips(tmp_path):
         RankBM25Retriever.load(tmp_path / "bm25", fingerprint="xyz")
     manifest = json.loads((tmp_path / "bm25" / "manifest.json").read_text())
     assert manifest["num_passages"] == 60
+
+
+def test_no_dev_paragraph_is_a_training_paragraph():
+    """`squad-open` puts SQuAD train's paragraphs beside the dev articles' as distractors: a dev
+    question's answer must come from its own paragraph, never from a copy of it in train. The
+    shared files share no paragraph (whitespace-normalised) and no article title."""
+    import re
+
+    from tests.helpers import V11, squad_file
+
+    def paragraphs(path):
+        data = json.loads(path.read_text())["data"]
+        return ({re.sub(r"\s+", " ", p["context"]).strip()
+                 for article in data for p in article["paragraphs"]},
+                {article["title"] for article in data})
+
+    train, train_titles = paragraphs(squad_file("train-v1.1.json"))
+    dev, dev_titles = paragraphs(squad_file(V11))
+    assert len(train) > 18_000 and len(dev) > 1_200
+    assert not dev & train and not dev_titles & train_titles
