@@ -183,7 +183,13 @@ def main() -> int:
         flag, scores_path = args.read_back
         if flag not in folders:
             parser.error(f"--read-back {flag}: not one of {', '.join(folders)}")
-        scores = json.loads(Path(scores_path).read_text())
+        try:
+            scores = json.loads(Path(scores_path).read_text())
+        except (OSError, ValueError) as error:  # missing, unreadable, or not JSON
+            parser.error(f"--read-back {flag} {scores_path}: not the JSON `dil-jax evaluate` "
+                         f"writes ({error})")
+        if not isinstance(scores, dict):
+            parser.error(f"--read-back {flag} {scores_path}: a JSON object expected")
         record = record_read_back(ASSETS / folders[flag][0], scores, args.read_back_data,
                                   args.read_back_how)
         print(f"{ASSETS / folders[flag][0]}: read_back {json.dumps(record)}")

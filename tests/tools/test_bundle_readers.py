@@ -113,3 +113,19 @@ def test_read_back_is_recorded_beside_the_training_runs_own_scores(tmp_path):
     assert {key: value for key, value in after.items() if key != "read_back"} == before
     with pytest.raises(SystemExit, match=r"lack \['f1'\]"):
         bundle_readers.record_read_back(folder, {"exact": 1.0, "total": 3}, "d", "h")
+
+
+def test_read_back_of_a_missing_or_bad_scores_file_is_refused_by_flag(tmp_path, monkeypatch,
+                                                                      capsys):
+    """--read-back names the file that is not `dil-jax evaluate`'s JSON and exits 2; no
+    manifest is touched (record_read_back is never reached)."""
+    monkeypatch.setattr(bundle_readers, "record_read_back",
+                        lambda *args: pytest.fail("a manifest was written"))
+    bad = tmp_path / "scores.json"
+    bad.write_text("not json")
+    for path in (tmp_path / "missing.json", bad):
+        monkeypatch.setattr("sys.argv", ["bundle_readers.py", "--read-back", "k2", str(path)])
+        with pytest.raises(SystemExit) as stop:
+            bundle_readers.main()
+        assert stop.value.code == 2
+        assert f"--read-back k2 {path}: not the JSON" in capsys.readouterr().err
