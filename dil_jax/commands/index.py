@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dil_jax.commands.arguments import (
+    DEFAULT_STORAGE_HELP,
     STORAGE_HELP,
     add_compilation_cache_arguments,
     add_reader_arguments,
@@ -114,7 +115,8 @@ def _check_index_flags(args: argparse.Namespace) -> None:
             args.cache_store = store_url(args.cache_store)
         except ValueError as error:
             raise UsageError(f"--cache-store {error}") from error
-    args.storage.check_buildable()  # pq<M> without faiss: now, not after the BM25 build
+    if args.storage is not None:  # pq<M> without faiss: now, not after the BM25 build
+        args.storage.check_buildable()
     check_window_flags(args.max_passage_len, args.doc_stride)
     check_checkpoint_count(args)
     corpus_files = [path for kind, path in map(parse_source, corpus) if path]
@@ -157,8 +159,8 @@ def register(subparsers) -> None:
     index.add_argument("--doc-stride", type=option_type("doc_stride"),
                        default=OPEN_DOMAIN_DOC_STRIDE,
                        help="tokens between window starts (< --max-passage-len)")
-    index.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
-                       metavar="STORAGE", help=STORAGE_HELP)
+    index.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
+                       metavar="STORAGE", help=STORAGE_HELP + DEFAULT_STORAGE_HELP)
     index.add_argument("--cache-reuse", action="store_true",
                        help="also store each window's first-upper-block q/k/v and attention "
                             "statistics (0 < k < l): less work per pair, about 4x the "

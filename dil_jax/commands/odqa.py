@@ -156,8 +156,10 @@ def register(subparsers) -> None:
     evaluate.add_argument("--out", default=None,
                           help="write results.md and results.json here, resumable (default: "
                                "print only)")
-    evaluate.add_argument("--cache-dtype", dest="storage", type=cache_storage, default="float32",
-                          metavar="STORAGE", help="the storage the index's cache was built with")
+    evaluate.add_argument("--cache-dtype", dest="storage", type=cache_storage, default=None,
+                          metavar="STORAGE",
+                          help="the storage the index's cache was built with (default: read "
+                               "from the cache)")
     evaluate.add_argument("--no-cached-reuse", action="store_true", help=NO_REUSE_HELP)
     add_reader_arguments(evaluate, many_k=True)
     add_reading_arguments(evaluate, "; each reader is then evaluated without and with it")
@@ -243,9 +245,7 @@ def _missing_cache(args, index, reader):
         index_caches,
         missing_cache_message,
     )
-    from dil_jax.open_domain.cache.storage import FLOAT32
-
-    storage = args.storage or FLOAT32  # `ask` without --cache-dtype: the plain cache
+    storage = index.storage_to_build(reader, args.storage)  # what `index` would build
     key = index.cache_key(reader, storage)
     folder = index.cache_dir(key)
     # A cache in the index's store (`dil-jax index --cache-store`) is there too.
@@ -314,7 +314,7 @@ def _progress_of(args: argparse.Namespace, name: str, settings: dict):
 
 
 def _evaluation_settings(args: argparse.Namespace, name: str, k: int, checkpoint: str,
-                         questions: int, pruned: bool = False) -> dict:
+                         questions: int, storage: str, pruned: bool = False) -> dict:
     """What decides an evaluation's per-question results (`checkpoint`: the reader's, as its
     request resolved it): a progress file made under other settings is refused rather than
     mixed in (batch and chunk sizes only change the rounding). A pruned read also depends on
@@ -327,7 +327,8 @@ def _evaluation_settings(args: argparse.Namespace, name: str, k: int, checkpoint
                 tokenizer=args.tokenizer, k=k, p=sorted(args.p), mu=args.mu,
                 max_question_len=args.max_question_len,
                 # Its name as progress files have recorded it (a file is refused on a change).
-                cache_dtype=args.storage.name,
+                # The storage of the cache read (--cache-dtype, else the cache's own).
+                cache_dtype=storage,
                 prescreen=str((args.prescreen, args.top_m, args.mass)))
 
 
@@ -367,7 +368,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 # of the same command reads only the rest.
                 progress = _progress_of(
                     args, name, _evaluation_settings(args, name, k, request.checkpoint,
-                                                     len(examples),
+                                                     len(examples), reader.cache.storage.name,
                                                      pruned=reader.pruning is not None))
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "

@@ -27,7 +27,7 @@ from dil_jax.open_domain.build_peers import (
 from dil_jax.open_domain.cache.check import tokenizer_fingerprint
 from dil_jax.open_domain.cache.reuse import reuse_encoder
 from dil_jax.open_domain.cache.shards import shard_ranges, wait_for
-from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.storage import Storage
 from dil_jax.open_domain.cache.store import PassageCache
 from dil_jax.open_domain.index.corpus import (
     MIN_PASSAGE_CHARS,
@@ -86,7 +86,9 @@ class BuildSettings:
     doc_stride: int
     split: str = "paragraphs"
     corpus_limit: int | None = None
-    storage: Storage = FLOAT32  # how the caches store their states (--cache-dtype)
+    # How the caches store their states (--cache-dtype); None: per reader, the existing
+    # cache's own, else DEFAULT_STORAGE (`OpenDomainIndex.storage_to_build`).
+    storage: Storage | None = None
     batch_size: int = 32
     # Also store each window's first-upper-block q/k/v and attention statistics (k > 0 caches;
     # `dil_jax.open_domain.cache.reuse`): less work per pair, more disk.
@@ -346,7 +348,8 @@ def _reader_cache(index: OpenDomainIndex, reader: Reader, settings: BuildSetting
     cache = build_reader_cache(index, reader,
                                encode=reader.passage_encoder(settings.batch_size,
                                                              index.window_texts),
-                               storage=settings.storage, reuse=reuse,
+                               storage=index.storage_to_build(reader, settings.storage),
+                               reuse=reuse,
                                chunk_passages=settings.chunk_passages,
                                progress=lambda done: report(BuildStep(stage, done, total)),
                                process_index=process.index, process_count=process.count,

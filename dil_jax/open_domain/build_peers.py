@@ -106,7 +106,8 @@ def check_refusals(directory: Path, by: dict[str, Any] | None) -> None:
             raise UsageError(f"process {number} refused this build: {refusal.get('message')}")
 
 
-def peer_settings(readers: list[tuple[int, str]], *, chunk_passages: int, storage: Storage,
+def peer_settings(readers: list[tuple[int, str]], *, chunk_passages: int,
+                  storage: Storage | None,
                   cache_reuse: bool, num_processes: int, max_passage_len: int,
                   doc_stride: int) -> dict[str, Any]:
     """The settings every process of a sharded build must share, keyed by flag (JSON values:
@@ -114,7 +115,8 @@ def peer_settings(readers: list[tuple[int, str]], *, chunk_passages: int, storag
     differ between hosts; weights may not)."""
     return {"--k": [k for k, _ in readers], "--checkpoint (weights fingerprint)":
             [model for _, model in readers], "--cache-chunk": chunk_passages,
-            "--cache-dtype": storage.name, "--cache-reuse": cache_reuse,
+            # None: not given, resolved alike by every process (`storage_to_build`).
+            "--cache-dtype": storage.name if storage else None, "--cache-reuse": cache_reuse,
             "--num-processes": num_processes, "--max-passage-len": max_passage_len,
             "--doc-stride": doc_stride}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dil_jax.errors import UsageError
-from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.storage import Storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +179,7 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
             cache = index.open_cache(loaded, settings.storage)
         except CacheMismatchError as error:
             # No cache at all: name the plain one's folder and command, as `ask` does.
-            storage = settings.storage or FLOAT32
+            storage = index.storage_to_build(loaded, settings.storage)  # what `index` builds
             key = index.cache_key(loaded, storage)
             folder = index.cache_dir(key)
             # A cache in the index's store (`dil-jax index --cache-store`) is there too.

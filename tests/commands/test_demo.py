@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from dil_jax.cli import main
-from dil_jax.commands.demo import demo_storage
 from dil_jax.defaults import bundled_reader
-from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.location import Location
+from dil_jax.open_domain.cache.storage import DEFAULT_STORAGE, FLOAT32, Storage
+from dil_jax.open_domain.index.folder import OpenDomainIndex
 
 
 def test_demo_answers_with_the_bundled_readers(tmp_path, capsys):
@@ -48,12 +50,19 @@ def test_demo_answers_with_the_bundled_readers(tmp_path, capsys):
 
 
 class _Index:
-    """An index whose cache of the reader exists or not, built with `built`."""
+    """The parts of an index `storage_to_build` reads: one reader's cache folder, finished
+    (a manifest naming `built`), unfinished (a staging folder whose plan names `built`) or
+    absent."""
 
-    def __init__(self, tmp_path, exists: bool, built: str):
+    def __init__(self, tmp_path, state: str, built: str = "float32"):
         self.folder = tmp_path / "cache-k4-x"
-        if exists:
-            self.folder.mkdir(parents=True, exist_ok=True)
+        if state == "finished":
+            self.folder.mkdir(parents=True)
+            (self.folder / "manifest.json").write_text(json.dumps({"dtype": built}))
+        elif state == "unfinished":
+            staging = tmp_path / ".cache-k4-x.partial"
+            staging.mkdir(parents=True)
+            (staging / "plan.json").write_text(json.dumps({"dtype": built}))
         self.built = Storage.parse(built)
 
     def cache_key(self, reader, storage):
@@ -62,12 +71,29 @@ class _Index:
     def cache_dir(self, key):
         return self.folder
 
+    def cache_location(self, key):
+        return Location.of(self.folder)
+
     def built_storage(self, reader):
         return self.built
 
 
-def test_demo_storage_keeps_an_existing_cache_and_defaults_to_int8(tmp_path):
-    assert demo_storage(_Index(tmp_path / "a", False, "float32"), None, None) == Storage("int8")
-    assert demo_storage(_Index(tmp_path / "b", True, "float32"), None, None) == FLOAT32
-    assert demo_storage(_Index(tmp_path / "b", True, "float32"), None,
-                        Storage("bfloat16")) == Storage("bfloat16")
+_READER = SimpleNamespace(config=SimpleNamespace(hidden_size=384, num_lower_layers=4))
+
+
+def _storage_to_build(index: _Index, asked: Storage | None) -> Storage:
+    return OpenDomainIndex.storage_to_build(index, _READER, asked)
+
+
+def test_a_new_cache_is_int8_and_an_existing_or_unfinished_one_keeps_its_storage(tmp_path):
+    # The default of `index` and `demo`: int8 (issue 60's storage table chose it).
+    assert DEFAULT_STORAGE == Storage("int8")
+    assert _storage_to_build(_Index(tmp_path / "a", "absent"), None) == Storage("int8")
+    # A cache built before (float32 was the default of `index` then) is kept, and an unfinished
+    # build resumes in the storage it was started with, rather than starting over as int8.
+    assert _storage_to_build(_Index(tmp_path / "b", "finished"), None) == FLOAT32
+    assert _storage_to_build(_Index(tmp_path / "c", "unfinished"), None) == FLOAT32
+    assert _storage_to_build(_Index(tmp_path / "d", "unfinished", "pq64"), None) == Storage("pq64")
+    # Asked for, it is what is built (a mismatch with a finished cache is refused later).
+    assert _storage_to_build(_Index(tmp_path / "e", "finished"),
+                             Storage("bfloat16")) == Storage("bfloat16")

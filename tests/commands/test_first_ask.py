@@ -102,14 +102,22 @@ def test_build_command_of_an_index_repeats_its_corpus_and_split():
         "dil-jax", "index", "--out", "runs/wiki", "--corpus", "wikipedia",
         "--corpus", "squad:my dev.json", "--corpus-limit", "50", "--split", "windows",
         "--max-passage-len", "128", "--doc-stride", "64", "--checkpoint", "runs/reader",
-        "--k", "3", "--cache-dtype", "int8"]
+        "--k", "3"]
+    # int8 is what `index` builds without the flag (at k = 0, whose cache holds token ids,
+    # float32): only another storage is named.
+    assert shlex.split(build_command("runs/wiki", split, 128, 64, "R", 3, FLOAT32))[-2:] == [
+        "--cache-dtype", "float32"]
+    assert shlex.split(build_command("runs/wiki", split, 128, 64, "R", 0, FLOAT32))[-2:] == [
+        "--k", "0"]
 
 
 def test_build_command_of_a_demo_index_is_a_demo_run():
     split = {"strategy": "paragraphs", "sources": ["wikipedia"], "distractors": 2000,
              "max_passage_len": 192, "doc_stride": 96}
-    assert build_command("runs/demo-index", split, 192, 96, "R", 3, FLOAT32) == (
+    assert build_command("runs/demo-index", split, 192, 96, "R", 3, Storage("int8")) == (
         "dil-jax demo --index runs/demo-index --delayed-checkpoint R --k 3")
+    assert build_command("runs/demo-index", split, 192, 96, "R", 3, FLOAT32) == (
+        "dil-jax demo --index runs/demo-index --delayed-checkpoint R --k 3 --cache-dtype float32")
     assert build_command("runs/demo-index", split, 192, 96, "R", 0, FLOAT32) == (
         "dil-jax demo --index runs/demo-index --full-checkpoint R")
 

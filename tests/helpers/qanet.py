@@ -44,7 +44,7 @@ def tiny_bidaf_variables(config, seed: int = 0):
 
 def tiny_char_index(root, tokenizer, q_len: int, p_len: int, stride: int, kind: str = "qanet"):
     """A tiny QANet or BiDAF export (`kind`) over MiniLM's vocabulary (random, perturbed
-    weights) and an index of the sample passages with its cache (`dil-jax index --k 1`,
+    weights) and an index of the sample passages with its float32 cache (`dil-jax index --k 1`,
     windows of p_len tokens): (export folder, index folder, corpus source)."""
     from dil_jax.checkpoints.char_readers import save_char_reader
 
@@ -60,9 +60,12 @@ def tiny_char_index(root, tokenizer, q_len: int, p_len: int, stride: int, kind: 
     else:
         raise ValueError(f"kind {kind!r}: qanet or bidaf")
     export = save_char_reader(root / kind, variables, config)
+    # float32 states: the tests compare the reads with the whole model within float32 rounding
+    # (int8, the default storage, has its own tests).
     index, source = build_sample_index(
         root, "--checkpoint", str(export), "--max-passage-len", str(p_len), "--doc-stride",
-        str(stride), "--max-question-len", str(q_len), "--batch-size", "2", ks=("1",))
+        str(stride), "--max-question-len", str(q_len), "--batch-size", "2",
+        "--cache-dtype", "float32", ks=("1",))
     return export, index, source
 
 

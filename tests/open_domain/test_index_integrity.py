@@ -73,8 +73,14 @@ def test_noise_in_middle_rows_of_the_states_is_refused_not_answered(index_copy, 
         "driver": "file", "path": f"{folder / 'token_starts'}/"}}).result().read().result()
     assert len(starts) == 11  # 10 windows; rows 1..8 are never re-encoded on open
     middle = states[int(starts[3]):int(starts[7])]
-    noise = np.random.default_rng(0).normal(0, 1, middle.shape).astype(np.float32)
-    middle.write(middle.read().result() + noise).result()
+    values = middle.read().result()  # int8 codes (the default storage) or floats
+    noise = np.random.default_rng(0).normal(0, 30, middle.shape)
+    if np.issubdtype(values.dtype, np.integer):
+        noisy = np.clip(values + np.rint(noise), -127, 127).astype(values.dtype)
+    else:
+        noisy = (values + noise / 30).astype(values.dtype)
+    assert (noisy != values).any()
+    middle.write(noisy).result()
     changed = folder / "states" / "c" / "0" / "0"  # the one shard of this small cache
     status, out, err = run_cli(_ask_argv(index, 1), capsys)
     assert status == 1, out

@@ -54,8 +54,9 @@ def test_index_ask_and_eval(tmp_path, capsys):
     # command that adds the missing one; run as printed, it makes the question answerable.
     caches = sorted(path.name for path in index.glob("cache-k*"))
     assert [name[:9] for name in caches] == ["cache-k0-", "cache-k4-"]
-    for name, k in zip(caches, (0, 4)):
-        assert f"{name}: k = {k}, float32, model {name[-8:]} (this reader's weights)" in err, err
+    # Stored int8 without --cache-dtype; a k = 0 cache holds token ids, recorded as float32.
+    for name, k, storage in zip(caches, (0, 4), ("float32", "int8")):
+        assert f"{name}: k = {k}, {storage}, model {name[-8:]} (this reader's weights)" in err, err
     command = (f"dil-jax index --out {index} --corpus {corpus} --max-passage-len 48 "
                "--doc-stride 24 --checkpoint default --k 3")
     assert f"build it with: {command}" in err, err

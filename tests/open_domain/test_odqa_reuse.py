@@ -599,9 +599,38 @@ def test_odqa_speed_benchmark_reads_the_same_answers_four_ways(tiny, tmp_path):
         assert row["same_answer_share"] == 1.0 and row["max_score_difference"] < 1e-5
         assert row["reads_cached_reuse"] == (row["mode"] == "+ cache")
         assert row["speedup"] > 0 and len(row["walls_s"]) == 1
+        # The same answers as `before` of its k: the same EM / F1, without and with IR.
+        before = next(r for r in rows if r["k"] == row["k"] and r["mode"] == "before")
+        assert [row[m] for m in ("em", "f1", "em_ir", "f1_ir")] == [
+            before[m] for m in ("em", "f1", "em_ir", "f1_ir")]
     record = json.loads((tmp_path / "out" / "odqa_speed.json").read_text())
     assert record["questions"] == 3 and len(record["rows"]) == 8
     assert (tmp_path / "out" / "odqa_speed.md").read_text().count("| 3 | ") == 4
+
+
+def test_odqa_speed_scores_answers_without_and_with_the_ir_score():
+    """EM / F1 of a read's answers, by hand. Question 1 has two candidates, question 2 none
+    (EM 0, F1 0). F1 of "Paris France" against "Paris": precision 1/2, recall 1 -> 2/3."""
+    from types import SimpleNamespace
+
+    from dil_jax.open_domain.scoring import Candidate
+
+    answer_scores = _benchmark("odqa_speed").answer_scores
+
+    def candidate(index, text, reader, bm25):
+        return Candidate(passage_index=index, rank=index, text=text, char_start=0,
+                         char_end=len(text), reader_score=reader, bm25_score=bm25)
+
+    examples = [SimpleNamespace(answer_texts=["Paris"]), SimpleNamespace(answer_texts=["x"])]
+    read = SimpleNamespace(candidates=[[candidate(0, "Paris France", 3.0, 0.0),
+                                        candidate(1, "Paris", 1.0, 10.0)], []])
+    scores = answer_scores(examples, read, 0.9)
+    # Reader alone: "Paris France" (EM 0, F1 2/3); fused at 0.9 with BM25's 0.1 weight:
+    # standardized reader (1, -1), BM25 (-1, 1): 0.9 - 0.1 = 0.8 vs -0.8: still "Paris France".
+    assert scores == {"em": 0.0, "f1": 100 * (2 / 3) / 2, "em_ir": 0.0,
+                      "f1_ir": 100 * (2 / 3) / 2}
+    scores = answer_scores(examples, read, 0.1)  # BM25 weighs 0.9: "Paris" wins fused
+    assert scores["em_ir"] == 50.0 and scores["f1_ir"] == 50.0 and scores["em"] == 0.0
 
 
 def test_odqa_speed_benchmark_rows_of_window_pruning(tiny, tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 
 from dil_jax.defaults import OPEN_DOMAIN_DOC_STRIDE, OPEN_DOMAIN_MAX_PASSAGE_LEN
 from dil_jax.open_domain.cache.manifest import STORAGE_FIELD
-from dil_jax.open_domain.cache.storage import FLOAT32, CacheStorageError, Storage
+from dil_jax.open_domain.cache.storage import CacheStorageError, Storage, default_storage
 from dil_jax.open_domain.cache.store import CacheMismatchError
 
 # Folder names of an index's caches: cache-k{k}-{first 8 hex digits of the model fingerprint}
@@ -106,6 +106,8 @@ def build_command(index_dir: str, split: Mapping[str, Any], length: int, stride:
             words += ["--max-passage-len", str(length), "--doc-stride", str(stride)]
         words += (["--full-checkpoint", checkpoint] if k == 0
                   else ["--delayed-checkpoint", checkpoint, "--k", str(k)])
+        if storage != default_storage(k):
+            words += ["--cache-dtype", storage.name]
         return shlex.join(words)
     words = ["dil-jax", "index", "--out", index_dir]
     for source in split.get("sources", []):
@@ -118,7 +120,7 @@ def build_command(index_dir: str, split: Mapping[str, Any], length: int, stride:
               "--checkpoint", checkpoint, "--k", str(k)]
     if tokenizer:
         words += ["--tokenizer", tokenizer]
-    if storage != FLOAT32:
+    if storage != default_storage(k):
         words += ["--cache-dtype", storage.name]
     return shlex.join(words)
 
@@ -126,11 +128,7 @@ def build_command(index_dir: str, split: Mapping[str, Any], length: int, stride:
 def missing_cache_message(index_dir: str, wanted_folder: str, reader: str, k: int,
                           storage: Storage, caches: Sequence[CacheEntry],
                           names: Mapping[str, str], command: str, partial: bool = False) -> str:
-    """The whole message: what is missing, what the index has, how to build it.
-
-    demo indexes hold float32 caches only, so a demo command is not offered for another
-    storage.
-    """
+    """The whole message: what is missing, what the index has, how to build it."""
     lines = [f"{index_dir}: no passage cache here for the reader {reader} at k = {k}, "
              f"{storage.name} (it would be {wanted_folder})"]
     if partial:
@@ -147,8 +145,5 @@ def missing_cache_message(index_dir: str, wanted_folder: str, reader: str, k: in
             stored = _name(entry.storage)
             lines.append(f"  this reader's weights are cached at k = {entry.k}, {stored}: "
                          f"read with --k {entry.k} --cache-dtype {stored} to use it")
-    if command.startswith("dil-jax demo") and storage != FLOAT32:
-        lines.append("  demo indexes hold float32 caches only: leave out --cache-dtype")
-    else:
-        lines.append(f"  build it with: {command}")
+    lines.append(f"  build it with: {command}")
     return "\n".join(lines)

@@ -388,3 +388,15 @@ class Storage:
 # The schemes code names itself (the default, and those of arrays without a choice).
 FLOAT32 = Storage("float32")
 INT8 = Storage("int8")
+# What `index` and `demo` build a new cache with when --cache-dtype is not given. int8 because
+# issue 60's storage table (docs/results/cache_compression_i60/table.md) measured it within
+# 0.16 EM of float32 for both bundled delayed readers at a quarter of the disk, with no extra
+# dependency; pq64 is 6x smaller again but costs 0.8-0.9 EM and needs faiss: a named choice.
+DEFAULT_STORAGE = INT8
+
+
+def default_storage(k: int) -> Storage:
+    """What a new cache at k is built with when --cache-dtype is not given: DEFAULT_STORAGE;
+    float32 at k = 0, whose cache holds token ids only (the storage it records is moot, and
+    float32 is what such caches have always recorded)."""
+    return FLOAT32 if k == 0 else DEFAULT_STORAGE

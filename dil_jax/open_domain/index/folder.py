@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dil_jax.atomic import write_atomic
-from dil_jax.open_domain.cache.build import build_passage_cache
+from dil_jax.open_domain.cache.build import PLAN_FILE, build_passage_cache
 from dil_jax.open_domain.cache.check import (
     CHECKED_ROWS,
     check_states,
@@ -48,7 +48,7 @@ from dil_jax.open_domain.cache.disk import write_errors
 from dil_jax.open_domain.cache.location import Location
 from dil_jax.open_domain.cache.manifest import MANIFEST_FILE, STORAGE_FIELD, CacheKey
 from dil_jax.open_domain.cache.shards import build_sharded_passage_cache
-from dil_jax.open_domain.cache.storage import FLOAT32, Storage
+from dil_jax.open_domain.cache.storage import FLOAT32, Storage, default_storage
 from dil_jax.open_domain.cache.store import PassageCache, ReuseEncoder, StatesEncoder
 from dil_jax.open_domain.cache.store_build import build_store_cache
 from dil_jax.open_domain.index.corpus import Passage
@@ -147,7 +147,28 @@ class OpenDomainIndex:
         except (OSError, ValueError, KeyError, TypeError):  # opening it names what is wrong
             return FLOAT32
 
-    def open_cache(self, reader: Reader, storage: Storage | None = FLOAT32,
+    def storage_to_build(self, reader: Reader, asked: Storage | None) -> Storage:
+        """The storage a build of `reader`'s cache uses: `asked` (--cache-dtype) when given;
+        else float32 for a k = 0 cache (it holds token ids only); else the existing cache's
+        own, or the one an unfinished build of it was started with (so a rerun without the
+        flag keeps or resumes what is there, whatever the default was then); else
+        DEFAULT_STORAGE."""
+        if asked is not None:
+            return asked
+        if reader.config.num_lower_layers == 0:
+            return default_storage(0)
+        key = self.cache_key(reader, FLOAT32)
+        if self.cache_location(key).exists(MANIFEST_FILE):
+            return self.built_storage(reader)
+        folder = self.cache_dir(key)
+        try:
+            plan = json.loads((folder.with_name(f".{folder.name}.partial") / PLAN_FILE)
+                              .read_bytes())
+            return Storage.parse(str(plan[STORAGE_FIELD]), reader.config.hidden_size)
+        except (OSError, ValueError, KeyError, TypeError):  # none, or unreadable: started over
+            return default_storage(reader.config.num_lower_layers)
+
+    def open_cache(self, reader: Reader, storage: Storage | None = None,
                    verify: str = "sampled") -> PassageCache:
         """The passage cache for `reader`; a mismatch is an error naming the field.
 
