@@ -263,7 +263,7 @@ STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-
                 "extra); readers must name the same (docs/open_domain.md)")
 
 DEFAULT_STORAGE_HELP = ("; default: int8 for a new cache (within 0.16 EM of float32 at a "
-                        "quarter of its disk: docs/open_domain.md, \"Cache storage\"), the "
+                        "quarter of its disk: docs/open_domain.md, \"The passage cache\"), the "
                         "existing cache's own otherwise")
 
 NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
