@@ -49,6 +49,10 @@ Writes OUT.json and OUT.md.
         --corpus squad:../shared/data/squad/dev-v1.1.35-articles.json --corpus wikipedia \\
         --modes before "+ cache" stop stop:H --prune-high 5.25 \\
         --out benchmarks/results/odqa_prune_full
+    # and the default delayed reader (k = 2 after the open-domain stage), calibrated H 5.75
+    python benchmarks/odqa_speed.py --checkpoint dil_jax/assets/minilm-squad-k2-open --ks 2 \\
+        ... --modes before "+ cache" stop stop:H --prune-high 5.75 \\
+        --out benchmarks/results/odqa_prune_k2-open
 """
 
 from __future__ import annotations
