@@ -262,9 +262,9 @@ STORAGE_HELP = ("how the cached states are stored: float32, bfloat16, int8 (per-
                 "M bytes a token, product-quantized; building one needs faiss, the [pq] "
                 "extra); readers must name the same (docs/open_domain.md)")
 
-DEFAULT_STORAGE_HELP = ("; default: int8 for a new cache (within 0.16 EM of float32 at a "
-                        "quarter of its disk: docs/open_domain.md, \"The passage cache\"), the "
-                        "existing cache's own otherwise")
+DEFAULT_STORAGE_HELP = ("; default: int8 for a new cache (a quarter of float32's disk, as "
+                        "accurate in docs/open_domain.md, \"The passage cache\"), the existing "
+                        "cache's own otherwise")
 
 NO_REUSE_HELP = ("read the cache as if it held no first-upper-block arrays (dil-jax index "
                  "--cache-reuse): the reference, for timing")

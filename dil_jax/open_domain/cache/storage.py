@@ -388,10 +388,10 @@ class Storage:
 # The schemes code names itself (the default, and those of arrays without a choice).
 FLOAT32 = Storage("float32")
 INT8 = Storage("int8")
-# What `index` and `demo` build a new cache with when --cache-dtype is not given. int8 because
-# issue 60's storage table (docs/results/cache_compression_i60/table.md) measured it within
-# 0.16 EM of float32 for both bundled delayed readers at a quarter of the disk, with no extra
-# dependency; pq64 is 6x smaller again but costs 0.8-0.9 EM and needs faiss: a named choice.
+# What `index` and `demo` build a new cache with when --cache-dtype is not given: the storage
+# issue 60's table (docs/results/cache_compression_i60/table.md; why: docs/results/
+# open_domain_log.md, "The default storage, from the table") found as accurate as float32 for
+# both bundled delayed readers, needing nothing beyond numpy; pq<M> needs faiss to build.
 DEFAULT_STORAGE = INT8
 
 
