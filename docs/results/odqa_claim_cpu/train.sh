@@ -9,8 +9,8 @@
 #      1,000 steps, as the k = 2 one had 700);
 #   4. k4_stage: the bundled k = 4 reader + the open-domain stage (the served default delayed
 #      reader's split, 5.8 EM behind the full reader with the IR score without it);
-#   5. k3_more: k3 trained 1,000 steps more (its first 1,000 reached 90.5% of the full F1);
-#   6. k3_stage: that student + the open-domain stage.
+#   5. k3_stage: k3 + the open-domain stage;
+#   6. k3_more: k3 trained 1,000 steps more (its first 1,000 reached 90.5% of the full F1).
 # Pinned code: a worktree at the commit named in PIN (git worktree add $CODE $PIN); workdirs
 # under $RUNS, outside any work tree; normal CPU priority (tests and helpers beside it run niced).
 #   bash docs/results/odqa_claim_cpu/train.sh [CODE] [RUNS]
@@ -55,7 +55,9 @@ train k3 k3_warm,multi "$FULL" 1000
 # 98.8% at 700): the bundled k = 4 reader's open-domain stage goes first, then k3 trained
 # 1,000 steps more (a second schedule from its params), then its stage.
 train k4_stage k4_warm,shared "$ASSETS/minilm-squad-k4" 400
-# k3's workdir went with the Xeon (2026-11-30); k3_more then starts from its committed export
-# (the bfloat16 cast of the same params: +0.06 F1 when k2_stage's was read back).
+# k3's workdir went with the Xeon (2026-11-30, k3_more not yet at its first checkpoint); the
+# chain now gives k3 the issue's recipe first, its open-domain stage from the 1,000-step
+# student, then k3_more (from k3's committed export: the bfloat16 cast of the same params, +0.06
+# F1 when k2_stage's was read back) for the F1 target.
+train k3_stage k3_warm,shared "$(params_of k3)" 400
 train k3_more k3_warm,multi "$(params_of k3)" 1000
-train k3_stage k3_warm,shared "$(params_of k3_more)" 400
