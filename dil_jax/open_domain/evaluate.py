@@ -48,17 +48,22 @@ class ProgressFileError(DilJaxError, ValueError):
 
 
 def question_record(example: SquadExample, by_score: dict[str, list[Candidate]], hits: list,
-                    passage_texts: Sequence[str], p_values: Sequence[int], mu: float
-                    ) -> dict[str, Any]:
+                    passage_texts: Sequence[str], p_values: Sequence[int], mu: float,
+                    kept_texts: Sequence[str] | None = None) -> dict[str, Any]:
     """One question's results: R per p (0/1), and per span score rule and p, EM / F1 (0..1)
     without (EM, F1) and with (EM_ir, F1_ir) the IR score, and the picked answer's reader score
     (score, score_ir); JSON-ready (p as strings).
 
     by_score: rule -> this question's candidates; passage_texts: of `hits`, best first.
+    kept_texts: under prescreening, the kept sentences of each of `hits`: then R_kept per p
+    (0/1), a gold answer in the kept text of the first p passages (the seed's P(SEP)).
     """
     record: dict[str, Any] = dict(id=example.qid, unmatched=not hits, R={}, scores={})
     for p in p_values:
         record["R"][str(p)] = float(recall_at_p(example, passage_texts[:p]))
+    if kept_texts is not None:
+        record["R_kept"] = {str(p): float(recall_at_p(example, kept_texts[:p]))
+                            for p in p_values}
     for rule, candidates in by_score.items():
         rows = record["scores"][rule] = {}
         for p in p_values:
@@ -76,10 +81,14 @@ def question_record(example: SquadExample, by_score: dict[str, list[Candidate]],
 
 def aggregate(records: Sequence[dict[str, Any]], p_values: Sequence[int]
               ) -> dict[str, dict[int, dict[str, float]]]:
-    """rule -> p -> R, EM, F1, EM_ir, F1_ir in percent: the means of `question_record`s."""
+    """rule -> p -> R, EM, F1, EM_ir, F1_ir in percent: the means of `question_record`s;
+    with R_kept (prescreening) when every record has it."""
     n = len(records)
     rules = records[0]["scores"] if records else {}
+    kept = bool(records) and all("R_kept" in r for r in records)
     return {rule: {p: dict(R=100 * sum(r["R"][str(p)] for r in records) / n,
+                           **({"R_kept": 100 * sum(r["R_kept"][str(p)] for r in records) / n}
+                              if kept else {}),
                            **{name: 100 * sum(r["scores"][rule][str(p)][name] for r in records) / n
                               for name in ("EM", "F1", "EM_ir", "F1_ir")})
                    for p in sorted(p_values)}
@@ -229,7 +238,8 @@ def evaluate_reader(reader: OpenDomainReader, examples: Sequence[SquadExample],
         wall = time.perf_counter() - started
         records = [question_record(
             example, {rule: candidates[i] for rule, candidates in result.by_score.items()},
-            hits, [reader.index.passages[h.passage_index].text for h in hits], p_values, mu)
+            hits, [reader.index.passages[h.passage_index].text for h in hits], p_values, mu,
+            result.kept_texts[i] if result.kept_texts else None)
             for i, (example, hits) in enumerate(zip(block, result.hits, strict=True))]
         for record, pairs, tokens in zip(records, result.pairs_read, result.tokens_read,
                                          strict=True):
@@ -281,8 +291,11 @@ def markdown_table(results: dict[str, dict[str, Any]]) -> str:
         for p in result["by_p"]:
             for rule, rows in result["by_score"].items():
                 row = rows[p]
+                recall = f"{row['R']:.1f}"
+                if "R_kept" in row:  # prescreening: the answer still in the kept sentences
+                    recall += f" (kept {row['R_kept']:.1f})"
                 lines.append(
-                    f"| {name} | {result['k']}/{result['l']} | {p} | {rule} | {row['R']:.1f} | "
+                    f"| {name} | {result['k']}/{result['l']} | {p} | {rule} | {recall} | "
                     f"{row['EM']:.1f} | {row['F1']:.1f} | {row['EM_ir']:.1f} | "
                     f"{row['F1_ir']:.1f} | {_pairs_text(result)} | "
                     f"{result['timings']['pair_upper']:.1f} | "

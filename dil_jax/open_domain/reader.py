@@ -203,7 +203,9 @@ class ReadResult:
     candidates: under the reader's own rule (`OpenDomainReader.span_score`); by_score: the same
     read's candidates under every rule of SPAN_SCORES (decoding only: the read is shared).
     pairs_read, tokens_read: per question, the (question, window) pairs its upper blocks read
-    and the passage tokens those pairs held (real tokens; kept ones under prescreening)."""
+    and the passage tokens those pairs held (real tokens; kept ones under prescreening).
+    kept_texts: under prescreening, per question, each retrieved passage's kept sentences as
+    one text (the seed's P(SEP): does the kept text still hold the answer?)."""
 
     candidates: list[list[Candidate]]
     hits: list[list]  # BM25 hits of each question, best first
@@ -211,6 +213,9 @@ class ReadResult:
     by_score: dict[str, list[list[Candidate]]] = dataclasses.field(default_factory=dict)
     pairs_read: list[int] = dataclasses.field(default_factory=list)
     tokens_read: list[int] = dataclasses.field(default_factory=list)
+    # Under prescreening, per question and retrieved passage (BM25 order), the text its kept
+    # sentences hold (what the upper blocks may answer from); empty without prescreening.
+    kept_texts: list[list[str]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -464,7 +469,8 @@ class OpenDomainReader:
         positions = None
         if self.prescreen is not None:
             with _timed(timings, "prescreen"):
-                pairs, positions = self._prescreen_pairs(questions, hits, pairs)
+                pairs, positions, kept_texts = self._prescreen_pairs(questions, hits, pairs)
+            result.kept_texts += kept_texts
         if self.pruning is None:
             with _timed(timings, "pair_upper"):
                 scores, tokens = self._read_pairs(q_lower, q_mask, pairs, positions)
@@ -540,12 +546,14 @@ class OpenDomainReader:
         return q_lower, rows.mask
 
     def _prescreen_pairs(self, questions: list[str], hits: list[list], pairs: RetrievedPairs
-                         ) -> tuple[RetrievedPairs, np.ndarray]:
-        """The pairs that read at least one kept token, and their kept positions
-        [n_read, kept_len] (`kept_positions`)."""
-        keep = self._screen(questions, hits, pairs.hit, np.asarray(pairs.row, np.int64))
+                         ) -> tuple[RetrievedPairs, np.ndarray, list[list[str]]]:
+        """The pairs that read at least one kept token, their kept positions
+        [n_read, kept_len] (`kept_positions`), and each question's retrieved passages' kept
+        text (`ReadResult.kept_texts`)."""
+        keep, kept_texts = self._screen(questions, hits, pairs.hit,
+                                        np.asarray(pairs.row, np.int64))
         read = keep.any(axis=1)  # a window with no kept sentence is not read at all
-        return pairs.subset(read), kept_positions(keep[read])
+        return pairs.subset(read), kept_positions(keep[read]), kept_texts
 
     def _padded_rows(self, rows: np.ndarray) -> int:
         """Rows the passage side of these distinct cache rows is padded to: whole top-p batches
@@ -665,8 +673,9 @@ class OpenDomainReader:
         return by_score
 
     def _screen(self, questions: list[str], hits: list[list], pair_hit: list[tuple[int, int]],
-                pair_row: np.ndarray) -> np.ndarray:
-        """[n_pairs, p_len] bool: the tokens each pair reads (kept sentences and [SEP])."""
+                pair_row: np.ndarray) -> tuple[np.ndarray, list[list[str]]]:
+        """([n_pairs, p_len] bool: the tokens each pair reads (kept sentences and [SEP]),
+        per question and retrieved passage the text of its kept sentences, joined by spaces)."""
         from dil_jax.prescreening.screen import window_keep
 
         prescreener, rule, store = (self.prescreen.prescreener, self.prescreen.rule,
@@ -679,22 +688,27 @@ class OpenDomainReader:
                 hit_question.append(qi)
                 hit_passage.append(hit.passage_index)
         if not hit_number:
-            return np.zeros((0, self.offsets.shape[1]), bool)
+            return np.zeros((0, self.offsets.shape[1]), bool), [[] for _ in hits]
         question_vectors = prescreener.embed(questions)
         max_sentences = prescreener.config.max_sentences
         sentences, mask = store.matrix(hit_passage, max_sentences)
+        texts = [self.index.passages[p].text for p in hit_passage]
+        hit_sentences = [[text[a:b] for a, b in spans] for text, spans in
+                         zip(texts, store.spans_of(np.asarray(hit_passage), max_sentences),
+                             strict=True)]
         overlap = None
         if prescreener.config.overlap:
-            texts = [self.index.passages[p].text for p in hit_passage]
-            overlap = prescreener.overlap(
-                [questions[q] for q in hit_question],
-                [[text[a:b] for a, b in spans] for text, spans in
-                 zip(texts, store.spans_of(np.asarray(hit_passage), max_sentences), strict=True)])
+            overlap = prescreener.overlap([questions[q] for q in hit_question], hit_sentences)
         logits = prescreener.score(question_vectors[hit_question], sentences, mask, overlap)
         kept = rule.select(logits, mask)                          # [n_hits, S]
+        kept_texts: list[list[str]] = [[] for _ in hits]
+        for (qi, _), number in hit_number.items():  # retrieval order within each question
+            kept_texts[qi].append(" ".join(
+                sentence for sentence, keep in zip(hit_sentences[number], kept[number])
+                if keep))
         pair_kept = kept[[hit_number[key] for key in pair_hit]]
         return window_keep(self._token_sentences(pair_row), pair_kept,
-                           np.asarray(self.cache.mask[pair_row]))
+                           np.asarray(self.cache.mask[pair_row])), kept_texts
 
     def _token_sentences(self, rows: np.ndarray) -> np.ndarray:
         """[len(rows), p_len] the sentence of each token of these windows (`token_sentences`),

@@ -193,6 +193,17 @@ def test_prescreened_reader_equals_prescreened_squad_predict(minilm, index, mini
                        for a, b in split_sentences(text))
             differ += candidate.text != before.text
     assert differ > 0  # prescreening changed what was read
+    # The kept text of each retrieved passage is its one kept sentence (top-1), in BM25 order,
+    # and holds the span read from that passage.
+    assert plain.kept_texts == [] and len(result.kept_texts) == len(questions)
+    for candidates, hits, kept in zip(result.candidates, result.hits, result.kept_texts,
+                                      strict=True):
+        assert len(kept) == len(hits)
+        for hit, text in zip(hits, kept, strict=True):
+            passage_text = index.passages[hit.passage_index].text
+            assert text in [passage_text[a:b] for a, b in split_sentences(passage_text)]
+        for candidate in candidates:
+            assert candidate.text in kept[candidate.rank]
 
 
 def test_evaluation_resumes_from_its_progress_file(minilm, index, tmp_path):
@@ -290,3 +301,29 @@ def test_progress_line_without_a_block_is_refused_by_line(tmp_path, line, proble
     path.write_text(json.dumps({"settings": settings}) + "\n" + line + "\n")
     with pytest.raises(ProgressFileError, match=rf"reader.jsonl: line 2 is not a block.*{problem}"):
         EvaluationProgress(path, settings)
+
+
+def test_answer_kept_by_prescreening_is_recall_over_the_kept_sentences():
+    """R_kept (the seed's P(SEP) in the open domain) counts a question when a gold answer is in
+    the kept text of one of its first p passages; R when it is anywhere in them (by hand)."""
+    from dil_jax.open_domain.evaluate import aggregate, markdown_table, question_record
+
+    example = SquadExample("q", "", "", "Who wrote Hamlet?", answer_texts=["Shakespeare"])
+    passages = ["Hamlet is a play. It was written by Shakespeare.", "Shakespeare was English."]
+    answer = Candidate(0, 0, "Shakespeare", 36, 47, 1.0, 2.0)
+    by_score = {"logits": [answer]}
+    hits = [object(), object()]
+    # Passage 0 kept its first sentence only (no answer); passage 1 kept its answer.
+    kept = ["Hamlet is a play.", "Shakespeare was English."]
+    record = question_record(example, by_score, hits, passages, [1, 2], 0.5, kept)
+    assert record["R"] == {"1": 1.0, "2": 1.0}
+    assert record["R_kept"] == {"1": 0.0, "2": 1.0}
+    assert "R_kept" not in question_record(example, by_score, hits, passages, [1, 2], 0.5)
+    other = question_record(example, by_score, hits, passages, [1, 2], 0.5, ["", ""])
+    rows = aggregate([record, other], [1, 2])["logits"]
+    assert rows[1]["R_kept"] == 0.0 and rows[2]["R_kept"] == 50.0 and rows[2]["R"] == 100.0
+    assert "R_kept" not in aggregate([record, question_record(
+        example, by_score, hits, passages, [1, 2], 0.5)], [1, 2])["logits"][2]
+    result = dict(k=0, l=6, by_p=rows, by_score={"logits": rows}, wall_seconds=1.0,
+                  timings={"pair_upper": 0.5})
+    assert "| 100.0 (kept 50.0) |" in markdown_table({"full + prescreen": result})
