@@ -3,7 +3,8 @@
 # bundled readers were measured (docs/results/odqa_squad_v11_k2/run.sh, gold_2834/run.sh): its
 # cache added to the 12k-passage index (35 dev articles + 10,033 Wikipedia leads, windows of 192
 # tokens, stride 96), all 1,278 questions of articles 28-34 at p = 29 with and without the IR
-# score, both span score rules; then `predict` on the gold paragraphs of those articles.
+# score, both span score rules; then `predict` on the gold paragraphs of those articles. The
+# caches are float32, as the first rows' were (before int8 became the default: within 0.16 EM).
 # Run from the repository root; each step resumes where a killed run stopped. A run that has not
 # finished (no trained_from.json) is skipped with a line.
 #   bash docs/results/odqa_claim_cpu/eval.sh [RUNS] [INDEX] [OUT] [NAME:K ...]
@@ -31,7 +32,8 @@ for reader in "${READERS[@]}"; do
     ckpt=$RUNS/minilm_squad_v11_$name/params
     if [ ! -f "$ckpt/trained_from.json" ]; then echo "$name: not finished ($ckpt)"; continue; fi
     python3 -m dil_jax index --out "$INDEX" --corpus squad:$DATA --corpus wikipedia \
-        --checkpoint "$ckpt" --tokenizer $TOK --k "$k" --max-passage-len 192 --doc-stride 96
+        --checkpoint "$ckpt" --tokenizer $TOK --k "$k" --max-passage-len 192 --doc-stride 96 \
+        --cache-dtype float32
     python3 -m dil_jax odqa-eval --index "$INDEX" --data $DATA --articles 28:35 --p 29 \
         --batch-size 4 --chunk-size 64 --k "$k" --checkpoint "$ckpt" --tokenizer $TOK --out "$OUT/$name"
     [ -f "$OUT/$name.gold.json" ] || python3 -m dil_jax predict --checkpoint "$ckpt" --tokenizer $TOK \
