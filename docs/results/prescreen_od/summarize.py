@@ -7,8 +7,9 @@ For each reader: R@p (a gold answer in the first p passages) and, with prescreen
 (in their kept sentences: the seed's P(SEP)); EM without and with the IR score; EM given the
 answer was there to read (among the questions with R = 1, or R_kept = 1 with prescreening: the
 seed's P(reader | SEP) against the reader alone); the questions each read answers that the other
-does not (with the IR score); the pairs and passage tokens the upper blocks read, and their
-seconds (pair_upper, from the same run). Prints a markdown table.
+does not (with the IR score); the passage tokens the upper blocks read a question, and their
+seconds a question (pair_upper; a speed only when nothing else ran beside the run). Prints a
+markdown table.
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ def read_progress(path: Path) -> tuple[dict[str, dict], float]:
 
 
 def summarize(base: dict[str, dict], screened: dict[str, dict], p: str, rule: str) -> dict:
-    """The table's numbers for one reader (percentages over the questions of `base`)."""
-    ids = sorted(base)
-    missing = [qid for qid in ids if qid not in screened]
-    if missing:
-        raise SystemExit(f"{len(missing)} questions of the plain read are missing from the "
-                         "prescreened one: let run.sh finish first")
+    """The table's numbers for one reader (percentages over the questions both reads hold)."""
+    # The questions both reads hold (all of them once run.sh has finished; fewer while the
+    # prescreened read is under way: the row then says how many).
+    ids = sorted(set(base) & set(screened))
     n = len(ids)
 
     def mean(values: list[float]) -> float:
@@ -78,7 +77,7 @@ def main() -> None:
     print("| reader | R | R_kept (P(SEP)) | EM: plain → prescreened | EM +IR: plain → prescreened "
           "| EM +IR given the answer there: plain (R) → prescreened (R_kept) | right only "
           "prescreened / only plain (+IR) | passage tokens a question: plain → prescreened "
-          "| pair phase s: plain → prescreened |")
+          "| pair phase s a question: plain → prescreened |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.names:
         files = sorted((args.out / name / "progress").glob("*.jsonl"))
@@ -96,7 +95,7 @@ def main() -> None:
               f"{row['EM_ir_given_R']:.1f} → {row['EM_ir_given_kept']:.1f} | "
               f"{row['only_screened']} / {row['only_plain']} | "
               f"{row['tokens_plain']:.0f} → {row['tokens_screened']:.0f} | "
-              f"{base_s:.0f} → {kept_s:.0f} |")
+              f"{base_s / len(base):.2f} → {kept_s / len(kept):.2f} |")
 
 
 if __name__ == "__main__":
