@@ -8,12 +8,14 @@
 # (benchmarks/serve_peer.py export). Writes OUT/{answer_all,read,answer_calibrated}.{md,json}.
 # The delayed reader served is the bundled one of k = DELAYED_K (default 4: issue 63's targets
 # name the k = 4 reader; DELAYED_K=2 serves the default delayed reader, minilm-squad-k2-open).
+# MATMUL_DTYPE=bfloat16 serves both readers with --matmul-dtype bfloat16 (default float32: the
+# pipeline's); EXACT_ONLY=1 stops after the exact server (no calibrated one).
 set -euo pipefail
 INDEX=${1:?INDEX}; OUT=${2:?OUT}; PEER_PYTHON=${3:?PEER_PYTHON}; PEER_MODEL=${4:?PEER_MODEL}
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 PEER=(--peer "$PEER_PYTHON" --peer-model "$PEER_MODEL")
-DELAYED=(--k "${DELAYED_K:-4}")
+DELAYED=(--k "${DELAYED_K:-4}" --matmul-dtype "${MATMUL_DTYPE:-float32}")
 source benchmarks/wait_ready.sh
 python3 -m dil_jax serve --index "$INDEX" --port 8790 --prune-windows all "${DELAYED[@]}" > "$OUT/server_all.log" 2>&1 &
 server=$!
@@ -26,6 +28,7 @@ python3 benchmarks/serve.py --url all=http://127.0.0.1:8790 --route read --reade
   --clients 1 --requests 64 --sample-seed 0 --peer-batch-sizes 1 "${PEER[@]}" --index "$INDEX" \
   --out "$OUT/read"
 kill "$server"; wait "$server" 2>/dev/null || true
+[ "${EXACT_ONLY:-0}" = 1 ] && exit 0
 python3 -m dil_jax serve --index "$INDEX" --port 8791 --prune-windows calibrated "${DELAYED[@]}" \
   > "$OUT/server_calibrated.log" 2>&1 &
 server=$!

@@ -207,3 +207,9 @@ AUTO_BM25S_FROM = 50_000
 # How the open-domain reader compares passages' best spans (dil_jax.open_domain.reader, "Scores"):
 # "logits" (s_start + s_end, the DilBert paper's) or "margin" (less the window's no-answer score).
 SPAN_SCORES = ("logits", "margin")
+
+# --matmul-dtype (`dil_jax.readers.matmul`): what a BERT-family reader's dense matmuls read;
+# "auto" takes bfloat16 where its dot measures at least BFLOAT16_MARGIN times as fast (a tie
+# goes to float32, which rounds nothing).
+MATMUL_CHOICES = ("float32", "bfloat16", "auto")
+BFLOAT16_MARGIN = 1.2

@@ -233,6 +233,19 @@ PRUNING_HELP = (
     "cannot prune, or no fusion)")
 
 
+def add_matmul_argument(parser: argparse.ArgumentParser) -> None:
+    """--matmul-dtype of `predict`, `ask`, `odqa-eval` and `serve` (`readers.matmul`)."""
+    from dil_jax.defaults import BFLOAT16_MARGIN, MATMUL_CHOICES
+
+    parser.add_argument("--matmul-dtype", choices=MATMUL_CHOICES, default="float32",
+                        help="what a BERT-family reader's dense matmuls read: float32 (exact), "
+                             "bfloat16 (both operands rounded, float32 accumulation: faster "
+                             "on CPUs with AVX512-BF16 or AMX, slower elsewhere; its cost in "
+                             "EM is in docs/serving.md) or auto (bfloat16 where a start-up "
+                             f"measurement finds its dot x{BFLOAT16_MARGIN} float32's or "
+                             "faster) (default: float32)")
+
+
 def add_pruning_argument(parser: argparse.ArgumentParser, where: str,
                          default: str = "all") -> None:
     """--prune-windows of `ask`, `odqa-eval` and `serve` (`where` completes the help)."""
@@ -351,8 +364,10 @@ def reader_requests(args: argparse.Namespace) -> list[ReaderRequest]:
     --tokenizer. Resolved: each names its checkpoint, so every later use sees one path."""
     from dil_jax.readers.request import ReaderRequest
 
+    # `index` builds caches in float32 (it has no --matmul-dtype).
+    matmul_dtype = getattr(args, "matmul_dtype", "float32")
     return [ReaderRequest(checkpoint_for(args, position), k, args.max_question_len,
-                          args.tokenizer).resolved()
+                          args.tokenizer, matmul_dtype=matmul_dtype).resolved()
             for position, k in enumerate(args.k)]
 
 
@@ -362,7 +377,8 @@ def ask_request(args: argparse.Namespace) -> ReaderRequest:
     (`defaults.default_reader_role`), named on stderr."""
     from dil_jax.readers.request import ReaderRequest
 
-    request = ReaderRequest(args.checkpoint, args.k, args.max_question_len, args.tokenizer)
+    request = ReaderRequest(args.checkpoint, args.k, args.max_question_len, args.tokenizer,
+                            matmul_dtype=args.matmul_dtype)
     if request.checkpoint is not None:
         return request
     index_ks: set[int] = set()

@@ -16,6 +16,7 @@ from pathlib import Path
 from dil_jax.commands.arguments import (
     NO_REUSE_HELP,
     add_compilation_cache_arguments,
+    add_matmul_argument,
     add_pruning_argument,
     add_reader_arguments,
     add_reading_arguments,
@@ -132,6 +133,7 @@ def register(subparsers) -> None:
                                "--prescreen)")
     add_pruning_argument(ask, "; settled for the fusion ask answers with (--mu, or the reader "
                               "alone with --no-fusion)")
+    add_matmul_argument(ask)
     add_compilation_cache_arguments(ask)
     ask.set_defaults(func=checked_first(_check_ask_flags, run_ask))
 
@@ -166,6 +168,7 @@ def register(subparsers) -> None:
     add_pruning_argument(evaluate, "; each reader is then evaluated without and with it, the "
                                    "pruned read settled for --mu at the largest --p (the other "
                                    "columns and depths are what that read gives)")
+    add_matmul_argument(evaluate)
     add_compilation_cache_arguments(evaluate)
     evaluate.set_defaults(func=checked_first(_check_evaluate_flags, run_evaluate))
 

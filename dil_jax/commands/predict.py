@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from dil_jax.commands.arguments import (
     add_compilation_cache_arguments,
+    add_matmul_argument,
     add_reading_arguments,
     finite_float,
     int_list,
@@ -89,6 +90,7 @@ def register(subparsers) -> None:
     parser.add_argument("--lsh-bucket-size", type=option_type("lsh_bucket_size"), default=None,
                         help="tokens per chunk of --lsh-layers (default 64)")
     add_reading_arguments(parser, "")
+    add_matmul_argument(parser)
     add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -222,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
     require_file(args.data, "--data", "SQuAD file")
     # Without --checkpoint: the bundled reader of --k (`ReaderRequest.resolved`, ask's rule).
     request = ReaderRequest(args.checkpoint, args.k, args.max_question_len, args.tokenizer,
+                            matmul_dtype=args.matmul_dtype,
                             require_qa_head=not args.allow_untrained_head).resolved()
     check_output_path(args.output, "--output",
                       {"--data": args.data, "--checkpoint": _local(request.checkpoint),

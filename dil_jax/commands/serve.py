@@ -16,6 +16,7 @@ import sys
 from dil_jax.commands.arguments import (
     CHUNK_SIZE_HELP,
     add_compilation_cache_arguments,
+    add_matmul_argument,
     add_pruning_argument,
     cache_storage,
     chunk_size_setting,
@@ -112,6 +113,7 @@ def register(subparsers) -> None:
     parser.add_argument("--no-warm-up", action="store_true",
                         help="skip compiling every program before /readyz (development only: "
                              "early requests then pay compilations)")
+    add_matmul_argument(parser)
     # A restart reads the warm-up's programs back instead of compiling them again.
     add_compilation_cache_arguments(parser)
     parser.set_defaults(func=run)
@@ -144,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
                             chunk_size=args.chunk_size, max_question_len=args.max_question_len,
                             storage=args.storage, span_score=args.span_score,
                             tokenizer=args.tokenizer, batch_shapes=tuple(args.batch_shapes),
-                            pruning=args.prune_windows, mu=args.mu)
+                            pruning=args.prune_windows, mu=args.mu,
+                            matmul_dtype=args.matmul_dtype)
     limits = Limits(max_question_chars=args.max_question_chars,
                     max_context_chars=args.max_context_chars, max_top_k=args.max_top_k,
                     max_p=args.top_p, max_body_bytes=args.max_body_bytes)

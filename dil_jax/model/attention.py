@@ -10,6 +10,9 @@
     attends_per_example, _per_example
                         whether inference attention loops over the batch (the CPU form), and
                         that loop
+    dense, bfloat16_operands_dot, matmul_params
+                        the reader's Dense layer, at float32 or with bfloat16 matmul operands
+                        (`EncoderConfig.matmul_dtype`), and the kernels that mode reads
     SelfAttention       the Flax module: q/k/v projections (`project`, reusable per segment),
                         full, LSH (`lsh.py`) and row-subset (`attend_rows`) attention, W_o
 
@@ -48,14 +51,47 @@ def attention_bias(mask: jax.Array) -> jax.Array:
     return jnp.where(mask[:, None, None, :] > 0, 0.0, MASK_BIAS).astype(jnp.float32)
 
 
+def bfloat16_operands_dot(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any,
+                          precision: Any = None, preferred_element_type: Any = None
+                          ) -> jax.Array:
+    """`lax.dot_general` of the two operands rounded to bfloat16, accumulated and returned in
+    float32 (`EncoderConfig.matmul_dtype` "bfloat16"). XLA:CPU multiplies bfloat16 pairs
+    natively where the CPU has AVX512-BF16 or AMX; a bfloat16 *result* would take its slow
+    path, hence the float32 one. A kernel already held in bfloat16 (`matmul_params`) is not
+    rounded again (XLA folds the float32 round trip that `nn.Dense`'s promotion adds)."""
+    del precision, preferred_element_type  # this dot's precision is its operands' dtype
+    return jax.lax.dot_general(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
+                               dimension_numbers, preferred_element_type=jnp.float32)
+
+
 def dense(config: EncoderConfig, features: int, name: str | None = None) -> nn.Dense:
+    """The reader's Dense layer: `config.compute_dtype` throughout, or, at `matmul_dtype`
+    "bfloat16", its matmul's operands rounded to bfloat16 (`bfloat16_operands_dot`)."""
+    extra = ({"dot_general": bfloat16_operands_dot}
+             if config.matmul_dtype == "bfloat16" else {})
     return nn.Dense(
         features,
         dtype=config.compute_dtype,
         param_dtype=jnp.float32,
         kernel_init=nn.initializers.normal(config.initializer_range),
         name=name,
+        **extra,
     )
+
+
+def matmul_params(params: Any, config: EncoderConfig) -> Any:
+    """The params a reader reads with at `config.matmul_dtype`: every dense kernel (a 2-D
+    "kernel" leaf) rounded to bfloat16 once, rather than at every call, where it is
+    "bfloat16"; the params as they are otherwise. Embeddings, biases and LayerNorms stay
+    float32. The result is for reading only: training and saving want the float32 kernels."""
+    if config.matmul_dtype == "float32":
+        return params
+
+    def rounded(path: tuple[Any, ...], leaf: Any) -> Any:
+        name = getattr(path[-1], "key", None)
+        return leaf.astype(jnp.bfloat16) if name == "kernel" and leaf.ndim == 2 else leaf
+
+    return jax.tree_util.tree_map_with_path(rounded, params)
 
 
 def attends_per_example(config: EncoderConfig) -> bool:

@@ -27,6 +27,9 @@ ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION_FORMS = ("auto", "batched", "per_example")
+# What a dense layer's matmul reads (`matmul_dtype`): "bfloat16" rounds its two operands to
+# bfloat16 and accumulates in float32 (the rest of the model stays in float32).
+MATMUL_DTYPES = ("float32", "bfloat16")
 # `remat_policy` names -> the `jax.checkpoint_policies` entry they select ("none": no remat;
 # "full": save nothing, recompute the whole block in the backward pass).
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -74,6 +77,12 @@ class EncoderConfig:
         "batched" is one batched op, "auto" picks per_example on CPU and batched elsewhere (see
         `dil_jax.model.attention.attends_per_example`). The same operations either way, so not a
         hyper-parameter: `to_dict` leaves the default out and saved configs stay as they were.
+      matmul_dtype: what the dense layers' matmuls read: "float32", or "bfloat16" (inference
+        only: both operands rounded to bfloat16, products accumulated in float32, everything
+        else float32; the kernels are held in bfloat16, `matmul_params`). Where the CPU
+        multiplies bfloat16 natively (AVX512-BF16, AMX) that is the fastest dot XLA:CPU has;
+        where it does not, it is slower (`dil_jax.readers.matmul` measures which). Not a
+        hyper-parameter: `to_dict` leaves the default out.
 
     Long passages (docs/long_passages.md, "Long passages"); every field is off by default and
     `to_dict` leaves it out then, so saved configs are unchanged:
@@ -115,6 +124,7 @@ class EncoderConfig:
     max_question_len: int = MAX_QUESTION_LEN
     dtype: str = "float32"
     attention_form: str = "auto"
+    matmul_dtype: str = "float32"
     passage_position_offset: int = 0
     ffn_chunk_size: int = 0
     lsh_attention_layers: tuple[int, ...] = ()
@@ -191,6 +201,8 @@ class EncoderConfig:
         values = dataclasses.asdict(self)
         if values["attention_form"] == "auto":
             del values["attention_form"]
+        if values["matmul_dtype"] == "float32":
+            del values["matmul_dtype"]
         if values["passage_position_offset"] == 0:
             del values["passage_position_offset"]
         for name, default in LONG_PASSAGE_DEFAULTS.items():
@@ -306,7 +318,8 @@ _INT_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermed
                "passage_position_offset", "ffn_chunk_size", "lsh_num_hashes",
                "lsh_bucket_size", "lsh_num_buckets", "lsh_seed")
 _FLOAT_FIELDS = ("layer_norm_eps", "hidden_dropout", "attention_dropout", "initializer_range")
-_STR_FIELDS = ("architecture", "hidden_act", "dtype", "attention_form", "remat_policy")
+_STR_FIELDS = ("architecture", "hidden_act", "dtype", "attention_form", "matmul_dtype",
+               "remat_policy")
 _BOOL_FIELDS = ("lsh_exclude_self", "reversible")
 
 
@@ -381,6 +394,9 @@ def check_encoder_config(config: EncoderConfig) -> None:
         raise ConfigError(f"unsupported hidden_act {config.hidden_act!r}; supported: {ACTIVATIONS}")
     if config.dtype not in DTYPES:
         raise ConfigError(f"unsupported dtype {config.dtype!r}; supported: {list(DTYPES)}")
+    if config.matmul_dtype not in MATMUL_DTYPES:
+        raise ConfigError(f"unsupported matmul_dtype {config.matmul_dtype!r}; supported: "
+                          f"{list(MATMUL_DTYPES)}")
     if config.attention_form not in ATTENTION_FORMS:
         raise ConfigError(f"unknown attention_form {config.attention_form!r}; supported: "
                           f"{list(ATTENTION_FORMS)}")

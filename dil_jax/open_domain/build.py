@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dil_jax.checkpoints.fingerprint import params_fingerprint
 from dil_jax.open_domain.build_peers import (
     check_peer_settings,
     check_refusals,
@@ -186,7 +185,7 @@ def build_open_domain_index(out: str, corpus: Sequence[str], readers: Sequence[R
 def _peer_settings(readers: Sequence[Reader], settings: BuildSettings,
                    process: BuildProcess) -> dict[str, Any]:
     """What every process of a sharded build must share (`build_peers.peer_settings`)."""
-    return peer_settings([(reader.config.num_lower_layers, params_fingerprint(reader.params))
+    return peer_settings([(reader.config.num_lower_layers, reader.weights_fingerprint())
                           for reader in readers],
                          chunk_passages=settings.chunk_passages,
                          storage=settings.storage, cache_reuse=settings.cache_reuse,

@@ -71,7 +71,7 @@ class CharReader(Reader):
 
     capabilities: ClassVar[ReaderCapabilities] = ReaderCapabilities(
         null_score=False, prescreening=False, chosen_k=False, pair_reuse=False,
-        reads_characters=True, hugging_face_export=False)
+        reads_characters=True, hugging_face_export=False, bfloat16_matmuls=False)
 
     # ------------------------------------------------------------------ loading
 

@@ -35,6 +35,7 @@ from dil_jax.checkpoints.orbax_io import load_params, save_params
 from dil_jax.checkpoints.resolved import ResolvedCheckpoint
 from dil_jax.errors import CheckpointError
 from dil_jax.hub import resolve_checkpoint
+from dil_jax.model.attention import matmul_params
 from dil_jax.model.char_reader import ENCODER_KIND
 from dil_jax.model.delayed import DelayedInteractionModel, Params, check_segment_lengths
 from dil_jax.model.encoder_config import EncoderConfig, ReaderOverrides, lsh_layers_of
@@ -64,7 +65,7 @@ class EncoderReader(Reader):
 
     capabilities: ClassVar[ReaderCapabilities] = ReaderCapabilities(
         null_score=True, prescreening=True, chosen_k=True, pair_reuse=True,
-        reads_characters=False, hugging_face_export=True)
+        reads_characters=False, hugging_face_export=True, bfloat16_matmuls=True)
 
     # ------------------------------------------------------------------ loading
 
@@ -96,13 +97,31 @@ class EncoderReader(Reader):
         return cls(DelayedInteractionModel(config), params, tokenizer, checkpoint)
 
     def save(self, directory: str | os.PathLike) -> Path:
-        """A dil_jax folder: orbax params beside `encoder_config.json` (`save_params`)."""
+        """A dil_jax folder: orbax params beside `encoder_config.json` (`save_params`). A
+        reader loaded at `matmul_dtype` "bfloat16" holds rounded kernels: refused."""
+        if self.config.matmul_dtype != "float32":
+            raise CheckpointError(
+                f"this reader was loaded with matmul_dtype {self.config.matmul_dtype!r} "
+                "(its dense kernels rounded for reading): load it at float32 to save it")
         return save_params(directory, self.params, self.config)
 
     def with_config(self, **changes: Any) -> EncoderReader:
-        """Other EncoderConfig fields (another k, LSH attention), the same params."""
-        return dataclasses.replace(self, model=DelayedInteractionModel(
-            self.config.replace(**changes)))
+        """Other EncoderConfig fields (another k, LSH attention), the same params (their dense
+        kernels rounded once at a new `matmul_dtype` "bfloat16", `matmul_params`; a reader
+        whose kernels are rounded cannot go back: CheckpointError)."""
+        config = self.config.replace(**changes)
+        if config.matmul_dtype != self.config.matmul_dtype:
+            if self.config.matmul_dtype != "float32":
+                raise CheckpointError(
+                    f"this reader's dense kernels were rounded for matmul_dtype "
+                    f"{self.config.matmul_dtype!r}: load it again for {config.matmul_dtype!r}")
+            return dataclasses.replace(self, model=DelayedInteractionModel(config),
+                                       params=matmul_params(self.params, config),
+                                       rounded_from=self.weights_fingerprint())
+        return dataclasses.replace(self, model=DelayedInteractionModel(config))
+
+    def with_matmul_dtype(self, dtype: str) -> EncoderReader:
+        return self if dtype == self.config.matmul_dtype else self.with_config(matmul_dtype=dtype)
 
     def with_lsh_attention(self, layers: str | tuple[int, ...] | tuple[str, ...],
                            num_hashes: int | None = None, bucket_size: int | None = None,

@@ -60,6 +60,8 @@ class ReaderCapabilities:
       hoisted q/k/v and statistics, which an open-domain cache may store: --cache-reuse).
     reads_characters: it reads each token's characters beside its id (`Reader.characters`).
     hugging_face_export: transformers has the model, so `dil-jax export` can write it.
+    bfloat16_matmuls: it can read with its dense matmuls' operands in bfloat16
+      (`Reader.with_matmul_dtype`); without it, float32 only.
     """
 
     null_score: bool
@@ -68,6 +70,7 @@ class ReaderCapabilities:
     pair_reuse: bool
     reads_characters: bool
     hugging_face_export: bool
+    bfloat16_matmuls: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +174,9 @@ class Reader(abc.ABC):
     params: Any
     tokenizer: Any = None
     checkpoint: ResolvedCheckpoint | None = None
+    # The fingerprint of the float32 weights `params` were rounded from (`with_matmul_dtype`);
+    # None: params are those weights. Caches are keyed by the weights, not their rounding.
+    rounded_from: str | None = None
 
     capabilities: ClassVar[ReaderCapabilities]
 
@@ -201,7 +207,28 @@ class Reader(abc.ABC):
 
     def with_params(self, params: Any) -> Reader:
         """The same model and tokenizer with other weights (a training step's)."""
+        return dataclasses.replace(self, params=params, rounded_from=None)
+
+    def with_placed_params(self, params: Any) -> Reader:
+        """The same weights placed elsewhere (copied to the devices): what was said of them,
+        `rounded_from` included, still holds."""
         return dataclasses.replace(self, params=params)
+
+    def weights_fingerprint(self) -> str:
+        """The fingerprint of the weights this reader reads (`params_fingerprint`), those its
+        params were rounded from where they were: what its caches are keyed by."""
+        from dil_jax.checkpoints.fingerprint import params_fingerprint
+
+        return self.rounded_from or params_fingerprint(self.params)
+
+    def with_matmul_dtype(self, dtype: str) -> Reader:
+        """The same reader with its dense matmuls reading `dtype` operands ("float32",
+        "bfloat16": `EncoderConfig.matmul_dtype`); a family without `bfloat16_matmuls` reads
+        float32 only (UsageError for another)."""
+        if dtype != "float32":
+            raise UsageError(f"{self.label} reader ({self.kind}): matmul dtype {dtype!r} is "
+                             "for BERT-family readers; this one reads in float32")
+        return self
 
     @abc.abstractmethod
     def with_config(self, **changes: Any) -> Reader:

@@ -42,6 +42,8 @@ class ReaderRequest:
     this install, the raw embedded MiniLM where `embedded_fallback`, else a UsageError.
     k, max_question_len, tokenizer: as `load_reader` takes them (None: the checkpoint's own);
     dtype: the compute dtype ("float32", "bfloat16"; None: the checkpoint's own);
+    matmul_dtype: what its dense matmuls read, `readers.matmul.MATMUL_CHOICES` ("auto":
+    measured at load);
     require_qa_head: refuse a checkpoint without a trained QA head (`UntrainedHeadError`:
     `predict`'s answers must mean something). checkpoint_flag, k_flag: the flags that gave the
     checkpoint and k, named in messages (k_flag None: k is implied by checkpoint_flag, as a
@@ -54,6 +56,7 @@ class ReaderRequest:
     max_question_len: int | None = None
     tokenizer: str | None = None
     dtype: str | None = None
+    matmul_dtype: str = "float32"
     require_qa_head: bool = False
     bundled: str | None = None
     embedded_fallback: bool = True
@@ -114,9 +117,9 @@ def load_requested(request: ReaderRequest) -> Reader:
     naming the request's flags."""
     request = request.resolved()
     try:
-        return load_reader(request.checkpoint, request.k, request.max_question_len,
-                           request.tokenizer, require_qa_head=request.require_qa_head,
-                           overrides=ReaderOverrides(dtype=request.dtype))
+        reader = load_reader(request.checkpoint, request.k, request.max_question_len,
+                             request.tokenizer, require_qa_head=request.require_qa_head,
+                             overrides=ReaderOverrides(dtype=request.dtype))
     except FixedSplitError as error:
         asked = (f"{request.k_flag} {request.k} with {request.checkpoint_flag} "
                  f"{request.checkpoint}" if request.k_flag
@@ -125,3 +128,7 @@ def load_requested(request: ReaderRequest) -> Reader:
         raise UsageError(f"{asked}: a {error.kind} reader's split is fixed (its passages' "
                          f"cached side is its {error.side}, k = {error.split}); {instead}"
                          ) from None
+    from dil_jax.readers.matmul import resolve_matmul_dtype
+
+    return reader.with_matmul_dtype(resolve_matmul_dtype(
+        request.matmul_dtype, reader.capabilities.bfloat16_matmuls))

@@ -142,6 +142,13 @@ def chunk_info(served) -> dict[str, Any]:
     return served.chunk.info()
 
 
+def matmul_info(served) -> dict[str, Any]:
+    """What a reader's dense matmuls read (`--matmul-dtype`) and why, as /v1/info shows it;
+    float32 and no reason for a reader loaded without a setting (the tests' fakes)."""
+    return {"matmul_dtype": getattr(served, "matmul_dtype", "float32"),
+            "matmul_dtype_reason": getattr(served, "matmul_reason", "") or None}
+
+
 def key_matches(given: str | None, expected: str) -> bool:
     """Constant-time comparison (hmac.compare_digest), so the time of a refusal does not
     tell how many leading characters of a guess were right."""
@@ -326,7 +333,7 @@ def create_app(engine: Engine, settings: AppSettings) -> Starlette:
                           "checkpoint": shown_checkpoint(served.checkpoint),
                           "abstention": served.abstention is not None,
                           **pruning_info(served, limits.max_p, engine.mu),
-                          **chunk_info(served)}
+                          **chunk_info(served), **matmul_info(served)}
                    for name, served in engine.readers.items()}
         first = next(iter(engine.readers.values())).reader
         return JSONResponse({"readers": readers, "passages": len(first.index.passages),

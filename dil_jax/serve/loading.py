@@ -55,6 +55,8 @@ class ReadSettings:
     # CALIBRATED), settled for the fusion weight `mu` requests with use_ir are answered with.
     pruning: Any = None
     mu: float = 0.5
+    # --matmul-dtype (`readers.matmul.MATMUL_CHOICES`): what the readers' dense matmuls read.
+    matmul_dtype: str = "float32"
 
     def shape_counts(self) -> tuple[int, ...]:
         """The question counts batches are padded to, smallest first, batch_size last."""
@@ -88,6 +90,8 @@ class ServedReader:
     pruned: dict[int, Any] = dataclasses.field(default_factory=dict)
     # Its pairs per chunk and why (`chunk_size.ChunkChoice`; None: not resolved, the grid's).
     chunk: Any = None
+    # Why its matmuls read what they read (`readers.matmul.matmul_reason`; "": not said).
+    matmul_reason: str = ""
 
     @property
     def k(self) -> int:
@@ -97,6 +101,12 @@ class ServedReader:
     def kind(self) -> str:
         """What the reader is: "encoder" (the BERT family) or "qanet" / "bidaf"."""
         return self.reader.reader.kind
+
+    @property
+    def matmul_dtype(self) -> str:
+        """What its dense matmuls read (`EncoderConfig.matmul_dtype`; float32 for a family
+        that has no other)."""
+        return getattr(self.reader.reader.config, "matmul_dtype", "float32")
 
     def for_questions(self, count: int, pruned: bool = False) -> Any:
         """The reader whose padding holds `count` questions: the smallest shape that does;
@@ -135,7 +145,8 @@ def load_spec_reader(spec: ReaderSpec, settings: ReadSettings) -> Any:
     fix = ("the full reader is read at k = 0: serve it as --delayed-checkpoint"
            if spec.k_flag is None else None)
     return load_requested(ReaderRequest(spec.checkpoint, spec.k, settings.max_question_len,
-                                        settings.tokenizer, checkpoint_flag=spec.checkpoint_flag,
+                                        settings.tokenizer, matmul_dtype=settings.matmul_dtype,
+                                        checkpoint_flag=spec.checkpoint_flag,
                                         k_flag=spec.k_flag, fix=fix))
 
 
@@ -161,6 +172,7 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
     from dil_jax.open_domain.index.folder import open_index
     from dil_jax.open_domain.pruning import Calibrated, calibration_of
     from dil_jax.open_domain.reader import OpenDomainReader
+    from dil_jax.readers.matmul import matmul_reason
     from dil_jax.serve.shapes import passage_rows
 
     # Thresholds first: a manifest's bad record is named before anything is loaded.
@@ -209,7 +221,8 @@ def load_served_readers(index_dir: str, specs: list[ReaderSpec], settings: ReadS
         served[spec.name] = add_pruning(
             ServedReader(spec.name, spec.checkpoint, reader, abstentions[spec.name],
                          shaped_readers(reader, settings.shape_counts(), smaller),
-                         chunk=chunk),
+                         chunk=chunk, matmul_reason=matmul_reason(settings.matmul_dtype,
+                                                                  reader.reader)),
             settings, calibrations[spec.name])
     return served
 
@@ -249,8 +262,8 @@ def on_device(reader: Any) -> Any:
 
     from dil_jax.mesh import data_mesh
 
-    return reader.with_params(jax.device_put(reader.params,
-                                             NamedSharding(data_mesh(), PartitionSpec())))
+    return reader.with_placed_params(jax.device_put(
+        reader.params, NamedSharding(data_mesh(), PartitionSpec())))
 
 
 def shaped_readers(reader: Any, counts: tuple[int, ...], smaller: Callable[[int], Any]

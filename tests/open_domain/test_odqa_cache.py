@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dil_jax.checkpoints import load_hf_checkpoint
+from dil_jax.checkpoints import load_hf_checkpoint, params_fingerprint
 from dil_jax.model.delayed import DelayedInteractionModel
 from dil_jax.model.encoder_config import ReaderOverrides
 from dil_jax.model.span_reader import PASSAGE_SEGMENT
@@ -64,7 +64,8 @@ def _real(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1", Storage.parse(dtype))
+    manifest = reader_cache_key(config, params_fingerprint(params),
+                                "tok", P_LEN, "passages-v1", Storage.parse(dtype))
     encode = _encoder(config, params)
     cache = build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets, encode,
                                 chunk_passages=3)
@@ -88,17 +89,18 @@ def test_cache_reads_equal_encode_lower(reader_parts, tmp_path, dtype):
 
 def test_mismatched_reader_is_refused(reader_parts, tmp_path):
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params_fingerprint(params), "tok", P_LEN, "passages-v1")
     build_passage_cache(tmp_path / "cache", manifest, ids, mask, offsets,
                         _encoder(config, params))
-    other_k = reader_cache_key(config.replace(num_lower_layers=3), params, "tok", P_LEN,
+    other_k = reader_cache_key(config.replace(num_lower_layers=3), params_fingerprint(params),
+                               "tok", P_LEN,
                               "passages-v1")
     with pytest.raises(CacheMismatchError, match="num_lower_layers = 2, but the reader has "
                                                  "num_lower_layers = 3"):
         PassageCache.open(tmp_path / "cache", other_k)
     changed = {**params, "qa_outputs": {"kernel": params["qa_outputs"]["kernel"] + 1,
                                         "bias": params["qa_outputs"]["bias"]}}
-    other_model = reader_cache_key(config, changed, "tok", P_LEN, "passages-v1")
+    other_model = reader_cache_key(config, params_fingerprint(changed), "tok", P_LEN, "passages-v1")
     with pytest.raises(CacheMismatchError, match="cache built with model = "):
         PassageCache.open(tmp_path / "cache", other_model)
     with pytest.raises(CacheMismatchError, match="tokenizer"):
@@ -123,7 +125,7 @@ def _resumed_chunks(mask: np.ndarray, chunks_done: int, chunk: int) -> list[list
 
 def test_interrupted_build_resumes(reader_parts, tmp_path):
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params_fingerprint(params), "tok", P_LEN, "passages-v1")
     encode = _encoder(config, params)
     calls = []
 
@@ -165,7 +167,7 @@ def test_a_resumed_build_does_not_count_what_it_wrote_again(reader_parts, tmp_pa
     from dil_jax.open_domain.cache import build as cache_build
 
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params_fingerprint(params), "tok", P_LEN, "passages-v1")
     encode = _encoder(config, params)
     calls = []
 
@@ -215,7 +217,7 @@ def test_build_that_would_not_fit_is_refused_before_writing(reader_parts, tmp_pa
     assert cache_build.cache_bytes_per_window_token(
         CacheManifest(key, num_passages=1, reuse=True, num_heads=12), True) == \
         384 * 4 * 5 + 12 * 4
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params_fingerprint(params), "tok", P_LEN, "passages-v1")
     needed = int(mask.sum()) * (4 * hidden + 12) + 8 * 11
     usage = collections.namedtuple("usage", "total used free")
     margin = 16 << 20  # the least spare (5% of this small cache is less)
@@ -238,7 +240,7 @@ def test_a_shard_encodes_its_own_index_rows(reader_parts, tmp_path):
     """A shard's arrays start at its first row, but its encoder is told the index's rows (a
     reader of characters finds each window's passage text by them)."""
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params_fingerprint(params), "tok", P_LEN, "passages-v1")
     encode = _encoder(config, params)
     seen = []
 
@@ -263,7 +265,7 @@ def test_sharded_build_is_checked_for_all_its_shards(reader_parts, tmp_path, mon
     from dil_jax.open_domain.cache.store import ShardWaitError
 
     config, params, ids, mask, offsets = reader_parts
-    manifest = reader_cache_key(config, params, "tok", P_LEN, "passages-v1")
+    manifest = reader_cache_key(config, params_fingerprint(params), "tok", P_LEN, "passages-v1")
     whole = int(mask.sum()) * (4 * config.hidden_size + 12) + 8 * 11
     margin = 16 << 20  # the least spare (5% of this small cache is less)
     usage = collections.namedtuple("usage", "total used free")
@@ -308,7 +310,8 @@ def test_a_readers_key_names_the_settings_that_change_its_passage_states(kind):
             "encoder": EncoderConfig(num_layers=4, num_lower_layers=2)}[kind]
 
     def model(config):
-        return reader_cache_key(config, params, "tok", P_LEN, "passages-v1").model
+        return reader_cache_key(config, params_fingerprint(params),
+                                "tok", P_LEN, "passages-v1").model
 
     assert model(base) == params_fingerprint(params)
     if kind == "encoder":

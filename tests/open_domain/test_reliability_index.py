@@ -254,7 +254,7 @@ def test_reachable_errors_are_dil_jax_errors(index_copy, tmp_path):
     with pytest.raises(DilJaxError, match="must be positive"):
         split_windows("a b c", 0, 1)
     with pytest.raises(DilJaxError, match="float16"):
-        reader_cache_key(None, {}, "tok", 32, "p", Storage.parse("float16"))
+        reader_cache_key(None, "model", "tok", 32, "p", Storage.parse("float16"))
     (index / "bm25" / "weights.npz").write_bytes(b"not a zip")
     with pytest.raises(DilJaxError, match="weights.npz"):
         RankBM25Retriever.load(index / "bm25")

@@ -413,3 +413,18 @@ def test_info_shows_the_pruning(server):
         assert (reader["pruning"], reader["pruning_exact"]) == ("stop", True)
         assert reader["pruned_requests"] == {"use_ir": True, "mu": 0.5, "span_score": "logits",
                                              "p": 3, "top_k": 1}
+
+
+def test_info_says_what_the_matmuls_read_and_a_rounded_reader_reads_the_same_cache(server):
+    """/v1/info names each reader's --matmul-dtype and why; a reader whose kernels are
+    rounded for bfloat16 matmuls (`--matmul-dtype bfloat16`) opens the float32-built cache
+    of its weights (caches are keyed by the weights, not their rounding)."""
+    client, engine = server
+    for name, info in client.info()["readers"].items():
+        assert info["matmul_dtype"] == "float32", name
+        assert info["matmul_dtype_reason"] == "--matmul-dtype float32 (exact)", name
+    served = engine.readers["delayed"].reader
+    rounded = served.reader.with_matmul_dtype("bfloat16")
+    assert rounded.config.matmul_dtype == "bfloat16"
+    cache = served.index.open_cache(rounded)
+    assert cache.num_tokens == served.index.open_cache(served.reader).num_tokens

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from dil_jax.checkpoints.fingerprint import params_fingerprint, short_sha256
+from dil_jax.checkpoints.fingerprint import short_sha256
 from dil_jax.open_domain.cache.manifest import CacheKey
 from dil_jax.open_domain.cache.storage import FLOAT32, Storage
 from dil_jax.open_domain.cache.store import (
@@ -108,14 +107,16 @@ def check_states(cache: PassageCache,
                 "index` with the same --out and reader to rebuild the cache")
 
 
-def reader_cache_key(config, params: Any, tokenizer_id: str, max_passage_len: int,
+def reader_cache_key(config, weights_id: str, tokenizer_id: str, max_passage_len: int,
                     passages_id: str, storage: Storage = FLOAT32) -> CacheKey:
     """The CacheKey of a reader: what a cache must have been built with to serve it.
+
+    weights_id: the fingerprint of its weights (`Reader.weights_fingerprint`).
 
     storage: the scheme (`--cache-dtype`: float32, bfloat16, int8, pca<d> or pq<M>); a PCA
     wider than the hidden size, or a pq whose M does not divide it, is CacheStorageError.
     """
-    model = params_fingerprint(params)
+    model = weights_id
     # Settings outside the params that change a passage's state (QANet's / BiDAF's word scale,
     # LSH in a lower block): the same weights read otherwise need another cache. Only settings
     # away from their defaults count, so existing caches keep their keys.

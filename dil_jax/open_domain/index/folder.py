@@ -211,7 +211,7 @@ class OpenDomainIndex:
             raise OpenDomainIndexError(
                 f"{self.directory / 'index.json'}: index tokenized with "
                 f"{self.settings.tokenizer}, reader tokenizer is {tokenizer_id}")
-        return reader_cache_key(reader.config, reader.params, tokenizer_id,
+        return reader_cache_key(reader.config, reader.weights_fingerprint(), tokenizer_id,
                                self.settings.max_passage_len, self.settings.passages, storage)
 
 
