@@ -163,8 +163,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def reader_lines(readers) -> list[str]:
-    """The start log's lines of each served reader: its window pruning and its pairs per
-    chunk, each with why."""
+    """The start log's lines of each served reader: its window pruning, its pairs per chunk
+    and what its matmuls read, each with why."""
     lines = []
     for name, served in readers.items():
         shown = "all" if served.pruning is None else served.pruning.label
@@ -172,6 +172,8 @@ def reader_lines(readers) -> list[str]:
         lines.append(f"  window pruning of the {name} reader: {shown}{why}")
         if served.chunk is not None:
             lines.append(f"  pairs per chunk of the {name} reader: {served.chunk.reason}")
+        if getattr(served, "matmul_reason", ""):
+            lines.append(f"  matmuls of the {name} reader: {served.matmul_reason}")
     return lines
 
 

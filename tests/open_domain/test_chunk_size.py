@@ -351,3 +351,11 @@ def test_serve_and_ask_choose_read_and_show_the_size(tmp_path, monkeypatch, caps
     assert status == 0 and measure.calls == 3, err
     assert "pairs per chunk for" in err and "16, measured now" in err
     assert "Austen" in out
+    # --matmul-dtype: both readers read bfloat16 operands over the caches built in float32,
+    # and the start log says so.
+    status, _, err = run_cli([*common, "--chunk-size", "4", "--matmul-dtype", "bfloat16"],
+                             capsys)
+    assert status == 0, err
+    assert {served.matmul_dtype for served in loaded.values()} == {"bfloat16"}
+    assert ("  matmuls of the delayed reader: --matmul-dtype bfloat16 (approximate: operands "
+            "rounded to bfloat16)") in serve_command.reader_lines(loaded)
