@@ -317,13 +317,17 @@ def _progress_of(args: argparse.Namespace, name: str, settings: dict):
 
 
 def _evaluation_settings(args: argparse.Namespace, name: str, k: int, checkpoint: str,
-                         questions: int, storage: str, pruned: bool = False) -> dict:
+                         questions: int, storage: str, pruned: bool = False,
+                         matmul_dtype: str = "float32") -> dict:
     """What decides an evaluation's per-question results (`checkpoint`: the reader's, as its
     request resolved it): a progress file made under other settings is refused rather than
     mixed in (batch and chunk sizes only change the rounding). A pruned read also depends on
     the span score rule it settles (`pruned`: recorded then only, so that the progress files of
-    unpruned readers written before stay valid)."""
+    unpruned readers written before stay valid), and so does a reader's matmul dtype other than
+    float32 (the one `--matmul-dtype` resolved to)."""
     pruning = dict(span_score=args.span_score) if pruned else {}
+    if matmul_dtype != "float32":
+        pruning["matmul_dtype"] = matmul_dtype
     return dict(reader=name, **pruning, data=os.path.abspath(args.data), articles=args.articles,
                 limit=args.limit, seed=args.seed, questions=questions,
                 index=os.path.abspath(args.index), checkpoint=checkpoint,
@@ -352,7 +356,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     results = {}
     for k, request in zip(args.k, requests, strict=True):
         base = _open_reader(args, request, max(args.p), prescreen=False)
-        readers = {base.reader.label: base}
+        matmul = getattr(base.reader.config, "matmul_dtype", "float32")
+        # A reader read with rounded matmul operands is named so in the tables.
+        readers = {base.reader.label + ("" if matmul == "float32" else f" ({matmul} matmuls)"):
+                   base}
         if args.prescreen:
             screened = base.with_prescreen(_reader_prescreen(args, base.index))
             readers[f"{next(iter(readers))} + {PRESCREEN_LABEL} {screened.prescreen.rule}"] = (
@@ -372,7 +379,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
                 progress = _progress_of(
                     args, name, _evaluation_settings(args, name, k, request.checkpoint,
                                                      len(examples), reader.cache.storage.name,
-                                                     pruned=reader.pruning is not None))
+                                                     pruned=reader.pruning is not None,
+                                                     matmul_dtype=getattr(
+                                                         reader.reader.config, "matmul_dtype",
+                                                         "float32")))
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)

@@ -84,6 +84,14 @@ def test_index_ask_and_eval(tmp_path, capsys):
     assert capsys.readouterr().err.count("resuming: 1 questions already read") == 2
     again = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
     assert [r["by_score"] for r in again.values()] == [r["by_score"] for r in results.values()]
+    # With bfloat16 matmul operands: named so, over the same (float32-built) caches, and
+    # never resumed from the float32 reads' progress.
+    assert main(["odqa-eval", "--index", str(index), "--data", str(squad), "--k", "0", "4",
+                 "--p", "1", "3", "--out", str(tmp_path / "eval"), "--matmul-dtype",
+                 "bfloat16", *common]) == 0
+    assert "resuming" not in capsys.readouterr().err
+    rounded = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert set(rounded) == {"full (bfloat16 matmuls)", "DIL k=4 (bfloat16 matmuls)"}
 
 
 def test_prescreening_options_of_index_ask_eval_and_predict(tmp_path, capsys, minilm_dir):
