@@ -356,7 +356,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
     results = {}
     for k, request in zip(args.k, requests, strict=True):
         base = _open_reader(args, request, max(args.p), prescreen=False)
-        matmul = getattr(base.reader.config, "matmul_dtype", "float32")
+        matmul = base.reader.matmul_dtype
         # A reader read with rounded matmul operands is named so in the tables.
         readers = {base.reader.label + ("" if matmul == "float32" else f" ({matmul} matmuls)"):
                    base}
@@ -380,9 +380,7 @@ def run_evaluate(args: argparse.Namespace) -> int:
                     args, name, _evaluation_settings(args, name, k, request.checkpoint,
                                                      len(examples), reader.cache.storage.name,
                                                      pruned=reader.pruning is not None,
-                                                     matmul_dtype=getattr(
-                                                         reader.reader.config, "matmul_dtype",
-                                                         "float32")))
+                                                     matmul_dtype=reader.reader.matmul_dtype))
                 if progress.done:
                     print(f"  resuming: {len(progress.done)} questions already read "
                           f"({progress.path})", file=sys.stderr)

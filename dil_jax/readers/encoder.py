@@ -120,8 +120,12 @@ class EncoderReader(Reader):
                                        rounded_from=self.weights_fingerprint())
         return dataclasses.replace(self, model=DelayedInteractionModel(config))
 
+    @property
+    def matmul_dtype(self) -> str:
+        return self.config.matmul_dtype
+
     def with_matmul_dtype(self, dtype: str) -> EncoderReader:
-        return self if dtype == self.config.matmul_dtype else self.with_config(matmul_dtype=dtype)
+        return self if dtype == self.matmul_dtype else self.with_config(matmul_dtype=dtype)
 
     def with_lsh_attention(self, layers: str | tuple[int, ...] | tuple[str, ...],
                            num_hashes: int | None = None, bucket_size: int | None = None,

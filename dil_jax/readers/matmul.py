@@ -109,7 +109,7 @@ def matmul_reason(choice: str, reader: Any) -> str:
     """Why a reader's matmuls read what they read, in one line (`/v1/info`, the page): the
     `--matmul-dtype` choice, and for "auto" the start-up measurement behind it."""
     exactness = {"float32": "exact", "bfloat16": "approximate: operands rounded to bfloat16"}
-    dtype = getattr(reader.config, "matmul_dtype", "float32")
+    dtype = reader.matmul_dtype
     if choice != "auto":
         return f"--matmul-dtype {choice} ({exactness[dtype]})"
     if not reader.capabilities.bfloat16_matmuls:

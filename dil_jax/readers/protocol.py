@@ -221,6 +221,12 @@ class Reader(abc.ABC):
 
         return self.rounded_from or params_fingerprint(self.params)
 
+    @property
+    def matmul_dtype(self) -> str:
+        """What its dense matmuls read ("float32", or "bfloat16" operands:
+        `EncoderConfig.matmul_dtype`); float32 for a family without `bfloat16_matmuls`."""
+        return "float32"
+
     def with_matmul_dtype(self, dtype: str) -> Reader:
         """The same reader with its dense matmuls reading `dtype` operands ("float32",
         "bfloat16": `EncoderConfig.matmul_dtype`); a family without `bfloat16_matmuls` reads

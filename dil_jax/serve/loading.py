@@ -104,9 +104,8 @@ class ServedReader:
 
     @property
     def matmul_dtype(self) -> str:
-        """What its dense matmuls read (`EncoderConfig.matmul_dtype`; float32 for a family
-        that has no other)."""
-        return getattr(self.reader.reader.config, "matmul_dtype", "float32")
+        """What its dense matmuls read (`Reader.matmul_dtype`)."""
+        return self.reader.reader.matmul_dtype
 
     def for_questions(self, count: int, pruned: bool = False) -> Any:
         """The reader whose padding holds `count` questions: the smallest shape that does;
